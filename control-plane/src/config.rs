@@ -1,0 +1,258 @@
+//! Server configuration: command-line options and `KUMO_*` variables over a
+//! TOML file over defaults. Resolution is a pure function so that the
+//! precedence is tested without touching the environment.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_DATA_DIR: &str = "./.kumo";
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 30;
+pub const DEFAULT_BODY_LIMIT_BYTES: usize = 1 << 20;
+
+/// Values given on the command line or through `KUMO_*` variables (clap
+/// merges the two); `None` means "not given here".
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "KUMO_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "KUMO_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Directory for the SQLite database and the bootstrap admin token [default: ./.kumo].
+    #[arg(long, env = "KUMO_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// `sqlite://PATH` or `postgres://…` [default: sqlite://<data-dir>/kumo.db].
+    #[arg(long, env = "KUMO_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Log format: `json` (default) or `text`.
+    #[arg(long, env = "KUMO_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// The TOML file. Unknown keys are an error so that a misspelt setting is
+/// not silently ignored.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub database_url: Option<String>,
+    pub log_format: Option<LogFormat>,
+    #[serde(default)]
+    pub http: HttpFileConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpFileConfig {
+    pub request_timeout_secs: Option<u64>,
+    pub body_limit_bytes: Option<usize>,
+}
+
+/// Everything the server needs, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub database_url: String,
+    pub log_format: LogFormat,
+    pub request_timeout: Duration,
+    pub body_limit_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid setting {key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+impl Config {
+    /// Reads the file named by `args.config`, if any, and resolves.
+    pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => parse_file(path)?,
+            None => FileConfig::default(),
+        };
+        resolve(args, &file)
+    }
+
+    /// A configuration for tests and embedded use: everything under
+    /// `data_dir`, listening on an ephemeral loopback port.
+    pub fn for_data_dir(data_dir: &Path, database_url: Option<String>) -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: data_dir.to_path_buf(),
+            database_url: database_url.unwrap_or_else(|| sqlite_url(data_dir)),
+            log_format: LogFormat::Json,
+            request_timeout: Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS),
+            body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
+        }
+    }
+}
+
+pub fn parse_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn sqlite_url(data_dir: &Path) -> String {
+    format!("sqlite://{}?mode=rwc", data_dir.join("kumo.db").display())
+}
+
+/// Command line and environment win over the file, the file over defaults.
+pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigError> {
+    let listen = match args.listen.or(file.listen) {
+        Some(l) => l,
+        None => DEFAULT_LISTEN
+            .parse()
+            .map_err(|e: std::net::AddrParseError| ConfigError::Invalid {
+                key: "listen",
+                message: e.to_string(),
+            })?,
+    };
+    let data_dir = args
+        .data_dir
+        .clone()
+        .or_else(|| file.data_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let database_url = args
+        .database_url
+        .clone()
+        .or_else(|| file.database_url.clone())
+        .unwrap_or_else(|| sqlite_url(&data_dir));
+    if !(database_url.starts_with("sqlite:")
+        || database_url.starts_with("postgres://")
+        || database_url.starts_with("postgresql://"))
+    {
+        return Err(ConfigError::Invalid {
+            key: "database_url",
+            message: "must start with sqlite:, postgres:// or postgresql://".into(),
+        });
+    }
+    let request_timeout_secs = file
+        .http
+        .request_timeout_secs
+        .unwrap_or(DEFAULT_REQUEST_TIMEOUT_SECS);
+    if request_timeout_secs == 0 {
+        return Err(ConfigError::Invalid {
+            key: "http.request_timeout_secs",
+            message: "must be at least 1".into(),
+        });
+    }
+    let body_limit_bytes = file
+        .http
+        .body_limit_bytes
+        .unwrap_or(DEFAULT_BODY_LIMIT_BYTES);
+    if body_limit_bytes < 1024 {
+        return Err(ConfigError::Invalid {
+            key: "http.body_limit_bytes",
+            message: "must be at least 1024".into(),
+        });
+    }
+    Ok(Config {
+        listen,
+        data_dir,
+        database_url,
+        log_format: args
+            .log_format
+            .or(file.log_format)
+            .unwrap_or(LogFormat::Json),
+        request_timeout: Duration::from_secs(request_timeout_secs),
+        body_limit_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_put_sqlite_in_the_data_dir() {
+        let c = resolve(&ServeArgs::default(), &FileConfig::default()).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.data_dir, PathBuf::from("./.kumo"));
+        assert_eq!(c.database_url, "sqlite://./.kumo/kumo.db?mode=rwc");
+        assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn command_line_wins_over_file() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            listen = "0.0.0.0:9000"
+            data_dir = "/var/lib/kumo"
+            [http]
+            request_timeout_secs = 5
+            "#,
+        )
+        .unwrap();
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:7000".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        let c = resolve(&args, &file).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7000");
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/kumo"));
+        assert_eq!(c.database_url, "sqlite:///var/lib/kumo/kumo.db?mode=rwc");
+        assert_eq!(c.request_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn unknown_file_keys_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kumo.toml");
+        std::fs::write(&path, "listn = \"127.0.0.1:1\"\n").unwrap();
+        let err = parse_file(&path).unwrap_err().to_string();
+        assert!(err.contains("unknown field `listn`"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let args = ServeArgs {
+            database_url: Some("mysql://x".into()),
+            ..ServeArgs::default()
+        };
+        let err = resolve(&args, &FileConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("database_url"), "{err}");
+        let file: FileConfig = toml::from_str("[http]\nbody_limit_bytes = 10\n").unwrap();
+        let err = resolve(&ServeArgs::default(), &file)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http.body_limit_bytes"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_a_clear_error() {
+        let err = parse_file(Path::new("/nonexistent/kumo.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/kumo.toml"), "{err}");
+    }
+}

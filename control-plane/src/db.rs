@@ -1,0 +1,56 @@
+//! Opening the database and bringing its schema up to date.
+
+use std::time::Duration;
+
+use kumo_migrations::{Migrator, MigratorTrait};
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseBackend, DatabaseConnection};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbOpenError {
+    #[error("cannot connect to the database: {0}")]
+    Connect(sea_orm::DbErr),
+    #[error("cannot migrate the database schema: {0}")]
+    Migrate(sea_orm::DbErr),
+}
+
+/// Connects and runs pending migrations. Migrations are safe to start from
+/// several replicas at once on PostgreSQL: sea-orm runs each in a
+/// transaction and records it in `seaql_migrations`.
+pub async fn open(url: &str) -> Result<DatabaseConnection, DbOpenError> {
+    let mut opts = ConnectOptions::new(url.to_owned());
+    let sqlite = url.starts_with("sqlite:");
+    opts.max_connections(if sqlite { 8 } else { 16 })
+        .min_connections(1)
+        .connect_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(10))
+        .sqlx_logging(false);
+    let db = Database::connect(opts)
+        .await
+        .map_err(DbOpenError::Connect)?;
+    if db.get_database_backend() == DatabaseBackend::Sqlite {
+        // WAL lets readers proceed while one writer commits; the setting is
+        // stored in the database file.
+        db.execute_unprepared("PRAGMA journal_mode=WAL")
+            .await
+            .map_err(DbOpenError::Connect)?;
+    }
+    Migrator::up(&db, None)
+        .await
+        .map_err(DbOpenError::Migrate)?;
+    Ok(db)
+}
+
+/// Size and idle connections of the pool, for `/metrics`.
+pub fn pool_stats(db: &DatabaseConnection) -> (u32, u32) {
+    match db.get_database_backend() {
+        DatabaseBackend::Sqlite => {
+            let p = db.get_sqlite_connection_pool();
+            (p.size(), p.num_idle() as u32)
+        }
+        DatabaseBackend::Postgres => {
+            let p = db.get_postgres_connection_pool();
+            (p.size(), p.num_idle() as u32)
+        }
+        _ => (0, 0),
+    }
+}

@@ -1,0 +1,252 @@
+//! The errors a handler can answer with, each mapped to an RFC 9457 problem
+//! with a stable `type`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kumo_api_types::{FieldError, Problem, PROBLEM_JSON};
+
+/// Every kind of problem the API reports: `(type suffix, title, status)`.
+/// `/problems` documents these, and tests check that each is reachable.
+pub const PROBLEM_KINDS: &[(&str, &str, u16)] = &[
+    ("validation", "Invalid request", 400),
+    ("unauthenticated", "Authentication required", 401),
+    ("forbidden", "Not allowed", 403),
+    ("not-found", "Not found", 404),
+    ("method-not-allowed", "Method not allowed", 405),
+    ("timeout", "Request timed out", 408),
+    ("conflict", "Conflict", 409),
+    ("payload-too-large", "Request body too large", 413),
+    ("unsupported-media-type", "Unsupported media type", 415),
+    ("idempotency-key-reuse", "Idempotency key reused", 422),
+    ("quota-exceeded", "Quota exceeded", 409),
+    ("internal", "Internal server error", 500),
+    ("unavailable", "Service unavailable", 503),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{detail}")]
+    Validation {
+        detail: String,
+        errors: Vec<FieldError>,
+    },
+    #[error("authentication required: {0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    IdempotencyKeyReuse(String),
+    #[error("quota exceeded for {resource}: {detail}")]
+    QuotaExceeded { resource: String, detail: String },
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("database unavailable")]
+    Unavailable,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn validation(detail: impl Into<String>) -> Self {
+        ApiError::Validation {
+            detail: detail.into(),
+            errors: Vec::new(),
+        }
+    }
+
+    pub fn field(field: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        ApiError::Validation {
+            detail: format!("{field}: {message}"),
+            errors: vec![FieldError {
+                field: field.to_owned(),
+                message,
+            }],
+        }
+    }
+
+    pub fn not_found(what: impl Into<String>) -> Self {
+        ApiError::NotFound(what.into())
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::Validation { .. } => "validation",
+            ApiError::Unauthenticated(_) => "unauthenticated",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::NotFound(_) => "not-found",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::IdempotencyKeyReuse(_) => "idempotency-key-reuse",
+            ApiError::QuotaExceeded { .. } => "quota-exceeded",
+            ApiError::PayloadTooLarge(_) => "payload-too-large",
+            ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
+            ApiError::Unavailable => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    pub fn to_problem(&self) -> Problem {
+        let kind = self.kind();
+        let mut p = problem_of_kind(kind);
+        p.detail = match self {
+            // Internal details go to the log, never to the client.
+            ApiError::Internal(_) => None,
+            other => Some(other.to_string()),
+        };
+        match self {
+            ApiError::Validation { errors, .. } => p.errors = errors.clone(),
+            ApiError::QuotaExceeded { resource, .. } => p.resource = Some(resource.clone()),
+            _ => {}
+        }
+        p
+    }
+}
+
+/// A problem with the type, title and status of one of [`PROBLEM_KINDS`].
+pub fn problem_of_kind(kind: &str) -> Problem {
+    let (kind, title, status) = PROBLEM_KINDS
+        .iter()
+        .find(|(k, _, _)| *k == kind)
+        .copied()
+        .unwrap_or(("internal", "Internal server error", 500));
+    Problem {
+        kind: format!("/problems/{kind}"),
+        title: title.to_owned(),
+        status,
+        detail: None,
+        instance: None,
+        request_id: None,
+        errors: Vec::new(),
+        resource: None,
+    }
+}
+
+/// The problem kind that answers a bare HTTP status (from a layer that
+/// produced no problem of its own).
+pub fn problem_for_status(status: StatusCode) -> Problem {
+    let kind = match status.as_u16() {
+        400 => "validation",
+        401 => "unauthenticated",
+        403 => "forbidden",
+        404 => "not-found",
+        405 => "method-not-allowed",
+        408 => "timeout",
+        409 => "conflict",
+        413 => "payload-too-large",
+        415 => "unsupported-media-type",
+        503 => "unavailable",
+        _ => "internal",
+    };
+    let mut p = problem_of_kind(kind);
+    p.status = status.as_u16();
+    if p.status != 500 && kind == "internal" {
+        p.title = status.canonical_reason().unwrap_or("Error").to_owned();
+        p.kind = "about:blank".to_owned();
+    }
+    p
+}
+
+pub fn problem_response(problem: &Problem) -> Response {
+    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = serde_json::to_vec(problem).unwrap_or_default();
+    let mut resp = (status, body).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    if status == StatusCode::UNAUTHORIZED {
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"kumo\""),
+        );
+    }
+    resp
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(msg) = &self {
+            tracing::error!(error = %msg, "internal error");
+        }
+        problem_response(&self.to_problem())
+    }
+}
+
+impl From<sea_orm::DbErr> for ApiError {
+    fn from(e: sea_orm::DbErr) -> Self {
+        use sea_orm::{DbErr, RuntimeErr};
+        match &e {
+            DbErr::ConnectionAcquire(_) | DbErr::Conn(RuntimeErr::SqlxError(_)) => {
+                tracing::error!(error = %e, "database unavailable");
+                ApiError::Unavailable
+            }
+            _ => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// True when the database refused a write because of a unique constraint:
+/// the arbiter of every "at most one" rule.
+pub fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
+    matches!(
+        e.sql_err(),
+        Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_maps_to_a_declared_kind() {
+        let errors = [
+            ApiError::validation("x"),
+            ApiError::Unauthenticated("x".into()),
+            ApiError::Forbidden("x".into()),
+            ApiError::not_found("x"),
+            ApiError::Conflict("x".into()),
+            ApiError::IdempotencyKeyReuse("x".into()),
+            ApiError::QuotaExceeded {
+                resource: "vcpus".into(),
+                detail: "x".into(),
+            },
+            ApiError::PayloadTooLarge("x".into()),
+            ApiError::UnsupportedMediaType("x".into()),
+            ApiError::Unavailable,
+            ApiError::Internal("secret detail".into()),
+        ];
+        for e in errors {
+            let p = e.to_problem();
+            let kind = p.kind.trim_start_matches("/problems/");
+            assert!(
+                PROBLEM_KINDS
+                    .iter()
+                    .any(|(k, _, s)| *k == kind && *s == p.status),
+                "{p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn internal_errors_hide_their_detail() {
+        let p = ApiError::Internal("password=hunter2".into()).to_problem();
+        assert_eq!(p.status, 500);
+        assert!(p.detail.is_none());
+    }
+
+    #[test]
+    fn quota_problem_names_the_resource() {
+        let p = ApiError::QuotaExceeded {
+            resource: "gpus.H100".into(),
+            detail: "8 > 4".into(),
+        }
+        .to_problem();
+        assert_eq!(p.kind, "/problems/quota-exceeded");
+        assert_eq!(p.resource.as_deref(), Some("gpus.H100"));
+    }
+}

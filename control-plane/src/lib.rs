@@ -1,0 +1,21 @@
+//! `kumo-server`: the control plane. The database is the source of truth;
+//! handlers are thin and pure rules (names, roles, paging) live in small
+//! modules beside them.
+
+pub mod access;
+pub mod api;
+pub mod audit;
+pub mod auth;
+pub mod bootstrap;
+pub mod config;
+pub mod db;
+pub mod entity;
+pub mod error;
+pub mod extract;
+pub mod metrics;
+pub mod middleware;
+pub mod names;
+pub mod paging;
+pub mod server;
+
+pub use server::{AppState, RunningServer};

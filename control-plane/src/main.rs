@@ -1,0 +1,112 @@
+//! `kumo-server`: the control plane's binary.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use kumo_server::config::{Config, LogFormat, ServeArgs};
+use kumo_server::RunningServer;
+
+#[derive(Parser)]
+#[command(name = "kumo-server", version, about = "Kumo control plane")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API (migrates the database and bootstraps the admin on first start).
+    Serve(ServeArgs),
+    /// Print the OpenAPI document.
+    Openapi,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KUMO_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,sea_orm=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args)?;
+    init_tracing(config.log_format);
+    let mut server = RunningServer::start(config).await?;
+    if let Some(path) = &server.admin_token_file {
+        // The path, never the token: logs are read by more people than the data dir.
+        println!(
+            "Created the platform admin `admin`; its API token is in {}",
+            path.display()
+        );
+    }
+    println!(
+        "Kumo API listening on {}  (docs: {}/api/docs)",
+        server.url(),
+        server.url()
+    );
+    tracing::info!(addr = %server.addr, "listening");
+    let stop = server.shutdown_handle();
+    tokio::select! {
+        res = server.wait() => res?,
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down");
+            if let Some(tx) = stop {
+                let _ = tx.send(());
+            }
+            server.wait().await?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Openapi => {
+            print!("{}", kumo_server::api::openapi_json());
+            Ok(())
+        }
+        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(serve(args))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kumo-server: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

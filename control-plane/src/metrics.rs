@@ -1,0 +1,128 @@
+//! Prometheus metrics: requests by route and status, latency histograms,
+//! and the database pool.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
+}
+
+type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms … ~4 s
+    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: HistogramFamily,
+    db_pool_connections: Gauge,
+    db_pool_idle: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("kumo");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        let db_pool_connections = Gauge::default();
+        let db_pool_idle = Gauge::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency by route",
+            latency.clone(),
+        );
+        registry.register(
+            "db_pool_connections",
+            "Open connections in the database pool",
+            db_pool_connections.clone(),
+        );
+        registry.register(
+            "db_pool_idle_connections",
+            "Idle connections in the database pool",
+            db_pool_idle.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            db_pool_connections,
+            db_pool_idle,
+        }
+    }
+
+    pub fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+                status,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RouteLabels {
+                method: method.to_owned(),
+                route: route.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn set_pool(&self, connections: u32, idle: u32) {
+        self.db_pool_connections.set(i64::from(connections));
+        self.db_pool_idle.set(i64::from(idle));
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_show_up_by_route_and_status() {
+        let m = Metrics::new();
+        m.observe("GET", "/api/v1/tenants/{tenant}", 404, 0.002);
+        m.observe("GET", "/api/v1/tenants/{tenant}", 404, 0.003);
+        m.set_pool(3, 2);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"kumo_http_requests_total{method="GET",route="/api/v1/tenants/{tenant}",status="404"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains("kumo_http_request_duration_seconds_bucket"));
+        assert!(text.contains("kumo_db_pool_connections 3"));
+    }
+}

@@ -1,0 +1,7 @@
+//! Request middleware, outermost first: problem normalisation, metrics,
+//! authentication, idempotency.
+
+pub mod authn;
+pub mod idempotency;
+pub mod metrics;
+pub mod problems;

@@ -1,0 +1,140 @@
+//! The rules for names and free text that users choose.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+use crate::error::ApiError;
+
+static TENANT_NAME: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::unwrap_used)] // a literal, checked by the tests
+    Regex::new(r"^[a-z][a-z0-9-]{2,62}$").unwrap()
+});
+static USER_NAME: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::unwrap_used)] // a literal, checked by the tests
+    Regex::new(r"^[a-z][a-z0-9._-]{1,62}$").unwrap()
+});
+static GPU_MODEL: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::unwrap_used)] // a literal, checked by the tests
+    Regex::new(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$").unwrap()
+});
+
+pub fn tenant_name(field: &str, name: &str) -> Result<(), ApiError> {
+    if TENANT_NAME.is_match(name) {
+        Ok(())
+    } else {
+        Err(ApiError::field(
+            field,
+            "must match [a-z][a-z0-9-]{2,62}: 3–63 lowercase letters, digits and dashes, starting with a letter",
+        ))
+    }
+}
+
+pub fn user_name(field: &str, name: &str) -> Result<(), ApiError> {
+    if USER_NAME.is_match(name) {
+        Ok(())
+    } else {
+        Err(ApiError::field(
+            field,
+            "must match [a-z][a-z0-9._-]{1,62}: 2–63 lowercase letters, digits, dots, underscores and dashes, starting with a letter",
+        ))
+    }
+}
+
+pub fn gpu_model(field: &str, model: &str) -> Result<(), ApiError> {
+    if GPU_MODEL.is_match(model) {
+        Ok(())
+    } else {
+        Err(ApiError::field(
+            field,
+            "GPU model names are 1–64 letters, digits, dots, underscores and dashes",
+        ))
+    }
+}
+
+/// Free text: bounded length, no control characters (they break tables,
+/// logs and terminals).
+pub fn text(field: &str, value: &str, max_chars: usize) -> Result<(), ApiError> {
+    if value.chars().count() > max_chars {
+        return Err(ApiError::field(
+            field,
+            format!("at most {max_chars} characters"),
+        ));
+    }
+    if value.chars().any(|c| c.is_control() && c != '\n') {
+        return Err(ApiError::field(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+pub fn email(field: &str, value: &str) -> Result<(), ApiError> {
+    text(field, value, 254)?;
+    let ok = value.split_once('@').is_some_and(|(local, domain)| {
+        !local.is_empty() && domain.contains('.') && !value.contains(char::is_whitespace)
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::field(field, "not an e-mail address"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_names() {
+        for ok in [
+            "abc",
+            "proj-1",
+            "a23456789012345678901234567890123456789012345678901234567890123",
+        ] {
+            assert!(tenant_name("name", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "ab",
+            "1abc",
+            "Abc",
+            "a_b",
+            "abc ",
+            "",
+            "a234567890123456789012345678901234567890123456789012345678901234",
+        ] {
+            assert!(tenant_name("name", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn user_names() {
+        assert!(user_name("name", "alice.smith").is_ok());
+        assert!(user_name("name", "a").is_err());
+        assert!(user_name("name", "alice@x").is_err());
+    }
+
+    #[test]
+    fn gpu_models() {
+        assert!(gpu_model("gpus", "H100-SXM5-80GB").is_ok());
+        assert!(gpu_model("gpus", "").is_err());
+        assert!(gpu_model("gpus", "h100 pcie").is_err());
+    }
+
+    #[test]
+    fn free_text() {
+        assert!(text("d", "line\nline", 20).is_ok());
+        assert!(text("d", "bell\u{7}", 20).is_err());
+        assert!(text("d", "ぐ".repeat(20).as_str(), 20).is_ok());
+        assert!(text("d", "ぐ".repeat(21).as_str(), 20).is_err());
+    }
+
+    #[test]
+    fn emails() {
+        assert!(email("email", "a@u-tokyo.ac.jp").is_ok());
+        assert!(email("email", "a@localhost").is_err());
+        assert!(email("email", "@x.jp").is_err());
+        assert!(email("email", "a b@x.jp").is_err());
+    }
+}

@@ -1,0 +1,15 @@
+//! Schema migrations of Kumo's database. Each migration is written once with
+//! sea-query's schema builder and runs unchanged on SQLite and PostgreSQL.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m0001_foundation;
+
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m0001_foundation::Migration)]
+    }
+}
