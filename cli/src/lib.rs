@@ -1,1 +1,9 @@
+//! The `kumo` command-line client, and the typed HTTP client it is built on
+//! (the tests use the same client).
 
+pub mod client;
+pub mod commands;
+pub mod output;
+pub mod profile;
+
+pub use client::{Client, ClientError};

@@ -1,1 +1,12 @@
+//! Tests of the whole API through real HTTP against a real server on SQLite
+//! and on PostgreSQL. One test binary, so the world is linked once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod harness;
+
+mod authz;
+mod bad_input;
+mod cli;
+mod idempotency;
+mod openapi;
+mod resources;

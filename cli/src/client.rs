@@ -1,0 +1,375 @@
+//! A typed client of the REST API. Errors keep the server's problem so
+//! callers can branch on its `type`.
+
+use kumo_api_types::{
+    AuditEntry, Me, Member, MemberPut, Page, Problem, Quota, Tenant, TenantCreate, TenantUpdate,
+    TokenCreate, TokenCreated, TokenInfo, User, UserCreate, PROBLEM_JSON,
+};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{}", describe(.0))]
+    Api(Box<Problem>),
+    #[error("cannot reach {url}: {source}")]
+    Transport { url: String, source: reqwest::Error },
+    #[error("unexpected answer from the server (HTTP {status}): {body}")]
+    Unexpected { status: u16, body: String },
+    #[error("invalid server URL {0:?}: it must start with http:// or https://")]
+    BadUrl(String),
+}
+
+fn describe(p: &Problem) -> String {
+    let mut s = format!("{} (HTTP {})", p.title, p.status);
+    if let Some(d) = &p.detail {
+        s.push_str(": ");
+        s.push_str(d);
+    }
+    if let Some(id) = &p.request_id {
+        s.push_str(&format!(" [request {id}]"));
+    }
+    s
+}
+
+impl ClientError {
+    /// The problem's status, for API errors.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api(p) => Some(p.status),
+            ClientError::Unexpected { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub fn problem(&self) -> Option<&Problem> {
+        match self {
+            ClientError::Api(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// Percent-encodes one path segment so that any name the user types stays
+/// one segment.
+pub fn segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(server: &str, token: Option<String>) -> Result<Client, ClientError> {
+        if !(server.starts_with("http://") || server.starts_with("https://")) {
+            return Err(ClientError::BadUrl(server.to_owned()));
+        }
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("kumo-cli/", env!("CARGO_PKG_VERSION")))
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .map_err(|source| ClientError::Transport {
+                url: server.to_owned(),
+                source,
+            })?;
+        Ok(Client {
+            base: server.trim_end_matches('/').to_owned(),
+            token,
+            http,
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let mut req = self.http.request(method, format!("{}{}", self.base, path));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        req
+    }
+
+    async fn send_raw(&self, req: RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let resp = req.send().await.map_err(|source| ClientError::Transport {
+            url: self.base.clone(),
+            source,
+        })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let is_problem = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+        let body = resp.text().await.unwrap_or_default();
+        if is_problem {
+            if let Ok(p) = serde_json::from_str::<Problem>(&body) {
+                return Err(ClientError::Api(Box::new(p)));
+            }
+        }
+        Err(ClientError::Unexpected {
+            status: status.as_u16(),
+            body,
+        })
+    }
+
+    pub async fn send<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T, ClientError> {
+        let resp = self.send_raw(req).await?;
+        let status = resp.status();
+        let body = resp.text().await.map_err(|source| ClientError::Transport {
+            url: self.base.clone(),
+            source,
+        })?;
+        serde_json::from_str(&body).map_err(|_| ClientError::Unexpected {
+            status: status.as_u16(),
+            body,
+        })
+    }
+
+    async fn send_empty(&self, req: RequestBuilder) -> Result<(), ClientError> {
+        let resp = self.send_raw(req).await?;
+        if resp.status() == StatusCode::NO_CONTENT || resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(ClientError::Unexpected {
+                status: resp.status().as_u16(),
+                body: String::new(),
+            })
+        }
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.send(self.request(Method::GET, path)).await
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.send(self.request(Method::POST, path).json(body)).await
+    }
+
+    async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.send(self.request(Method::PUT, path).json(body)).await
+    }
+
+    async fn patch<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        self.send(self.request(Method::PATCH, path).json(body))
+            .await
+    }
+
+    async fn delete(&self, path: &str) -> Result<(), ClientError> {
+        self.send_empty(self.request(Method::DELETE, path)).await
+    }
+
+    /// Every item of a paginated list, following `next_page_token`.
+    pub async fn list_all<T: DeserializeOwned>(&self, path: &str) -> Result<Vec<T>, ClientError> {
+        let mut items = Vec::new();
+        let mut token: Option<String> = None;
+        let sep = if path.contains('?') { '&' } else { '?' };
+        loop {
+            let url = match &token {
+                Some(t) => format!("{path}{sep}page_token={}", segment(t)),
+                None => path.to_owned(),
+            };
+            let page: Page<T> = self.get(&url).await?;
+            items.extend(page.items);
+            match page.next_page_token {
+                Some(t) => token = Some(t),
+                None => return Ok(items),
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ tenants
+
+    pub async fn create_tenant(&self, body: &TenantCreate) -> Result<Tenant, ClientError> {
+        self.post("/api/v1/tenants", body).await
+    }
+
+    pub async fn list_tenants(&self) -> Result<Vec<Tenant>, ClientError> {
+        self.list_all("/api/v1/tenants").await
+    }
+
+    pub async fn tenant(&self, tenant: &str) -> Result<Tenant, ClientError> {
+        self.get(&format!("/api/v1/tenants/{}", segment(tenant)))
+            .await
+    }
+
+    pub async fn update_tenant(
+        &self,
+        tenant: &str,
+        body: &TenantUpdate,
+    ) -> Result<Tenant, ClientError> {
+        self.patch(&format!("/api/v1/tenants/{}", segment(tenant)), body)
+            .await
+    }
+
+    pub async fn delete_tenant(&self, tenant: &str) -> Result<(), ClientError> {
+        self.delete(&format!("/api/v1/tenants/{}", segment(tenant)))
+            .await
+    }
+
+    // ------------------------------------------------------------ users
+
+    pub async fn create_user(&self, body: &UserCreate) -> Result<User, ClientError> {
+        self.post("/api/v1/users", body).await
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<User>, ClientError> {
+        self.list_all("/api/v1/users").await
+    }
+
+    pub async fn me(&self) -> Result<Me, ClientError> {
+        self.get("/api/v1/users/me").await
+    }
+
+    // ------------------------------------------------------------ members
+
+    pub async fn put_member(
+        &self,
+        tenant: &str,
+        user: &str,
+        body: &MemberPut,
+    ) -> Result<Member, ClientError> {
+        self.put(
+            &format!(
+                "/api/v1/tenants/{}/members/{}",
+                segment(tenant),
+                segment(user)
+            ),
+            body,
+        )
+        .await
+    }
+
+    pub async fn remove_member(&self, tenant: &str, user: &str) -> Result<(), ClientError> {
+        self.delete(&format!(
+            "/api/v1/tenants/{}/members/{}",
+            segment(tenant),
+            segment(user)
+        ))
+        .await
+    }
+
+    pub async fn list_members(&self, tenant: &str) -> Result<Vec<Member>, ClientError> {
+        self.list_all(&format!("/api/v1/tenants/{}/members", segment(tenant)))
+            .await
+    }
+
+    // ------------------------------------------------------------ tokens
+
+    pub async fn create_token(&self, body: &TokenCreate) -> Result<TokenCreated, ClientError> {
+        self.post("/api/v1/tokens", body).await
+    }
+
+    pub async fn create_token_for(
+        &self,
+        user: &str,
+        body: &TokenCreate,
+    ) -> Result<TokenCreated, ClientError> {
+        self.post(&format!("/api/v1/users/{}/tokens", segment(user)), body)
+            .await
+    }
+
+    pub async fn list_tokens(&self) -> Result<Vec<TokenInfo>, ClientError> {
+        self.list_all("/api/v1/tokens").await
+    }
+
+    pub async fn revoke_token(&self, id: &str) -> Result<(), ClientError> {
+        self.delete(&format!("/api/v1/tokens/{}", segment(id)))
+            .await
+    }
+
+    // ------------------------------------------------------------ quota
+
+    pub async fn quota(&self, tenant: &str) -> Result<Quota, ClientError> {
+        self.get(&format!("/api/v1/tenants/{}/quota", segment(tenant)))
+            .await
+    }
+
+    pub async fn set_quota(&self, tenant: &str, quota: &Quota) -> Result<Quota, ClientError> {
+        self.put(&format!("/api/v1/tenants/{}/quota", segment(tenant)), quota)
+            .await
+    }
+
+    // ------------------------------------------------------------ audit
+
+    pub async fn audit(
+        &self,
+        tenant: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<AuditEntry>, ClientError> {
+        let mut path = format!("/api/v1/audit?limit={limit}");
+        if let Some(t) = tenant {
+            path.push_str(&format!("&tenant={}", segment(t)));
+        }
+        let page: Page<AuditEntry> = self.get(&path).await?;
+        Ok(page.items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_stay_one_segment() {
+        assert_eq!(segment("proj-a"), "proj-a");
+        assert_eq!(segment("../admin"), "..%2Fadmin");
+        assert_eq!(segment("a b?c"), "a%20b%3Fc");
+    }
+
+    #[test]
+    fn urls_must_be_http() {
+        assert!(matches!(
+            Client::new("localhost:8080", None),
+            Err(ClientError::BadUrl(_))
+        ));
+        let c = Client::new("http://127.0.0.1:8080/", None).unwrap();
+        assert_eq!(c.base(), "http://127.0.0.1:8080");
+    }
+
+    #[test]
+    fn problems_read_well() {
+        let p = Problem {
+            kind: "/problems/forbidden".into(),
+            title: "Not allowed".into(),
+            status: 403,
+            detail: Some("creating tenants is for platform administrators".into()),
+            instance: None,
+            request_id: Some("r1".into()),
+            errors: vec![],
+            resource: None,
+        };
+        assert_eq!(
+            ClientError::Api(Box::new(p)).to_string(),
+            "Not allowed (HTTP 403): creating tenants is for platform administrators [request r1]"
+        );
+    }
+}

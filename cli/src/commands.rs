@@ -1,0 +1,664 @@
+//! `kumo`'s commands. Each resolves its server and token (flags, then
+//! `KUMO_SERVER`/`KUMO_TOKEN`, then the profile), calls the API through
+//! [`Client`], and prints a table or JSON.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use kumo_api_types::{
+    MemberPut, Quota, Role, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind,
+};
+
+use crate::client::Client;
+use crate::output::{json, opt, Format, Table};
+use crate::profile::{default_path, Profile, ProfileFile};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kumo",
+    version,
+    about = "Command-line client of the Kumo GPU cloud"
+)]
+pub struct Cli {
+    /// API server URL, e.g. http://127.0.0.1:8080.
+    #[arg(long, global = true, env = "KUMO_SERVER")]
+    pub server: Option<String>,
+    /// API token (kumo_…).
+    #[arg(long, global = true, env = "KUMO_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Profile in the profile file [default: its `current`, else "default"].
+    #[arg(long, global = true, env = "KUMO_PROFILE")]
+    pub profile: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    pub output: Format,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check a token against a server and save both as a profile.
+    Login {
+        #[arg(long)]
+        server: String,
+        #[arg(long)]
+        token: String,
+    },
+    /// Research projects.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Members of a tenant and their roles.
+    #[command(subcommand)]
+    Member(MemberCmd),
+    /// People and service accounts.
+    #[command(subcommand)]
+    User(UserCmd),
+    /// API tokens.
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// Tenant limits.
+    #[command(subcommand)]
+    Quota(QuotaCmd),
+    /// Who did what, newest first.
+    Audit {
+        #[arg(long, env = "KUMO_TENANT")]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Print a shell completion script.
+    Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TenantCmd {
+    Create {
+        name: String,
+        #[arg(long)]
+        display_name: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    List,
+    Show {
+        tenant: String,
+    },
+    Update {
+        tenant: String,
+        #[arg(long)]
+        display_name: Option<String>,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    Delete {
+        tenant: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct TenantArg {
+    /// Tenant name or id.
+    #[arg(long, short = 't', env = "KUMO_TENANT")]
+    pub tenant: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MemberCmd {
+    /// Add a member, or change their role.
+    Add {
+        user: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long, value_parser = parse_role, default_value = "member")]
+        role: Role,
+    },
+    Remove {
+        user: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    List {
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserCmd {
+    Create {
+        name: String,
+        #[arg(long)]
+        display_name: Option<String>,
+        #[arg(long)]
+        email: Option<String>,
+        /// A service account for automation.
+        #[arg(long)]
+        service: bool,
+        /// A platform administrator.
+        #[arg(long)]
+        admin: bool,
+    },
+    List,
+    /// Who am I, and where do I belong.
+    Me,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    Create {
+        #[arg(long)]
+        description: Option<String>,
+        /// Lifetime, e.g. 90d, 12h, 30m.
+        #[arg(long, value_parser = parse_duration)]
+        expires_in: Option<u64>,
+        /// Mint for this user instead of yourself (admins).
+        #[arg(long)]
+        user: Option<String>,
+    },
+    List,
+    Revoke {
+        id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum QuotaCmd {
+    Show {
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Change the given limits; others keep their value.
+    Set {
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// GPUs per model, e.g. --gpus H100-SXM5-80GB=16 (0 removes the model).
+        #[arg(long, value_parser = parse_gpu_limit)]
+        gpus: Vec<(String, u32)>,
+        #[arg(long)]
+        vcpus: Option<u32>,
+        #[arg(long)]
+        memory_gib: Option<u32>,
+        #[arg(long)]
+        vms: Option<u32>,
+        #[arg(long)]
+        segments: Option<u32>,
+        #[arg(long)]
+        public_ips: Option<u32>,
+    },
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    Role::parse(s).ok_or_else(|| "role must be owner, member or viewer".into())
+}
+
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let err = || format!("{s:?} is not a duration like 90d, 12h, 30m or 45s");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| err())?;
+    let mul = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(err()),
+    };
+    if n == 0 {
+        return Err("a duration must be positive".into());
+    }
+    n.checked_mul(mul).ok_or_else(err)
+}
+
+fn parse_gpu_limit(s: &str) -> Result<(String, u32), String> {
+    let (model, n) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected MODEL=COUNT"))?;
+    let n = n
+        .parse()
+        .map_err(|_| format!("{s:?}: COUNT must be a number"))?;
+    Ok((model.to_owned(), n))
+}
+
+struct Env {
+    profile_path: Option<PathBuf>,
+    profiles: ProfileFile,
+}
+
+fn client(cli: &Cli, env: &Env) -> anyhow::Result<Client> {
+    let profile = env.profiles.get(cli.profile.as_deref());
+    let server = cli
+        .server
+        .clone()
+        .or_else(|| profile.map(|p| p.server.clone()))
+        .ok_or_else(|| anyhow!("no server: pass --server, set KUMO_SERVER, or run `kumo login`"))?;
+    let token = cli
+        .token
+        .clone()
+        .or_else(|| profile.and_then(|p| p.token.clone()));
+    Ok(Client::new(&server, token)?)
+}
+
+pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    let profile_path = default_path();
+    let profiles = match &profile_path {
+        Some(p) => ProfileFile::load(p)?,
+        None => ProfileFile::default(),
+    };
+    let env = Env {
+        profile_path,
+        profiles,
+    };
+    let fmt = cli.output;
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(*shell, &mut cmd, "kumo", out);
+        }
+        Command::Login { server, token } => {
+            let c = Client::new(server, Some(token.clone()))?;
+            let me = c
+                .me()
+                .await
+                .context("the server did not accept this token")?;
+            let path = env.profile_path.clone().ok_or_else(|| {
+                anyhow!("cannot find a config directory: set HOME or KUMO_CLI_CONFIG")
+            })?;
+            let mut profiles = env.profiles.clone();
+            let name = cli.profile.clone().unwrap_or_else(|| "default".into());
+            profiles.profiles.insert(
+                name.clone(),
+                Profile {
+                    server: c.base().to_owned(),
+                    token: Some(token.clone()),
+                },
+            );
+            profiles.current = Some(name.clone());
+            profiles.save(&path)?;
+            writeln!(
+                out,
+                "Logged in to {} as {} (profile {name:?}, saved in {})",
+                c.base(),
+                me.user.name,
+                path.display()
+            )?;
+        }
+        Command::Tenant(cmd) => tenant(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Member(cmd) => member(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::User(cmd) => user(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Token(cmd) => token(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Quota(cmd) => quota(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Audit { tenant, limit } => {
+            let entries = client(&cli, &env)?.audit(tenant.as_deref(), *limit).await?;
+            if fmt == Format::Json {
+                write!(out, "{}", json(&entries))?;
+            } else {
+                let mut t = Table::new(&[
+                    "at", "actor", "action", "tenant", "target", "from", "request",
+                ]);
+                for e in entries {
+                    t.row(vec![
+                        e.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        e.actor,
+                        e.action,
+                        opt(&e.tenant),
+                        e.target,
+                        e.source_ip,
+                        e.request_id,
+                    ]);
+                }
+                write!(out, "{}", t.render())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn tenants_table(items: &[kumo_api_types::Tenant]) -> String {
+    let mut t = Table::new(&["name", "display name", "id", "created"]);
+    for x in items {
+        t.row(vec![
+            x.name.clone(),
+            x.display_name.clone(),
+            x.id.to_string(),
+            x.created_at.format("%Y-%m-%d %H:%M").to_string(),
+        ]);
+    }
+    t.render()
+}
+
+async fn tenant(
+    cmd: &TenantCmd,
+    c: &Client,
+    fmt: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    match cmd {
+        TenantCmd::Create {
+            name,
+            display_name,
+            description,
+        } => {
+            let t = c
+                .create_tenant(&TenantCreate {
+                    name: name.clone(),
+                    display_name: display_name.clone(),
+                    description: description.clone(),
+                })
+                .await?;
+            print_one(out, fmt, &t, || tenants_table(std::slice::from_ref(&t)))?;
+        }
+        TenantCmd::List => {
+            let ts = c.list_tenants().await?;
+            print_one(out, fmt, &ts, || tenants_table(&ts))?;
+        }
+        TenantCmd::Show { tenant } => {
+            let t = c.tenant(tenant).await?;
+            print_one(out, fmt, &t, || {
+                format!(
+                    "Name:         {}\nDisplay name: {}\nId:           {}\nDescription:  {}\nCreated:      {}\n",
+                    t.name, t.display_name, t.id, t.description, t.created_at
+                )
+            })?;
+        }
+        TenantCmd::Update {
+            tenant,
+            display_name,
+            description,
+        } => {
+            let t = c
+                .update_tenant(
+                    tenant,
+                    &TenantUpdate {
+                        display_name: display_name.clone(),
+                        description: description.clone(),
+                    },
+                )
+                .await?;
+            print_one(out, fmt, &t, || tenants_table(std::slice::from_ref(&t)))?;
+        }
+        TenantCmd::Delete { tenant } => {
+            c.delete_tenant(tenant).await?;
+            if fmt == Format::Table {
+                writeln!(out, "Deleted tenant {tenant}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_one<T: serde::Serialize>(
+    out: &mut dyn Write,
+    fmt: Format,
+    value: &T,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match fmt {
+        Format::Json => write!(out, "{}", json(value))?,
+        Format::Table => write!(out, "{}", table())?,
+    }
+    Ok(())
+}
+
+fn members_table(items: &[kumo_api_types::Member]) -> String {
+    let mut t = Table::new(&["user", "role", "since"]);
+    for m in items {
+        t.row(vec![
+            m.user.clone(),
+            m.role.as_str().into(),
+            m.since.format("%Y-%m-%d %H:%M").to_string(),
+        ]);
+    }
+    t.render()
+}
+
+async fn member(
+    cmd: &MemberCmd,
+    c: &Client,
+    fmt: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    match cmd {
+        MemberCmd::Add { user, tenant, role } => {
+            let m = c
+                .put_member(&tenant.tenant, user, &MemberPut { role: *role })
+                .await?;
+            print_one(out, fmt, &m, || members_table(std::slice::from_ref(&m)))?;
+        }
+        MemberCmd::Remove { user, tenant } => {
+            c.remove_member(&tenant.tenant, user).await?;
+            if fmt == Format::Table {
+                writeln!(out, "Removed {user} from {}", tenant.tenant)?;
+            }
+        }
+        MemberCmd::List { tenant } => {
+            let ms = c.list_members(&tenant.tenant).await?;
+            print_one(out, fmt, &ms, || members_table(&ms))?;
+        }
+    }
+    Ok(())
+}
+
+fn users_table(items: &[kumo_api_types::User]) -> String {
+    let mut t = Table::new(&["name", "display name", "kind", "admin", "email"]);
+    for u in items {
+        t.row(vec![
+            u.name.clone(),
+            u.display_name.clone(),
+            u.kind.as_str().into(),
+            if u.is_admin { "yes" } else { "no" }.into(),
+            opt(&u.email),
+        ]);
+    }
+    t.render()
+}
+
+async fn user(cmd: &UserCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cmd {
+        UserCmd::Create {
+            name,
+            display_name,
+            email,
+            service,
+            admin,
+        } => {
+            let u = c
+                .create_user(&UserCreate {
+                    name: name.clone(),
+                    display_name: display_name.clone(),
+                    email: email.clone(),
+                    kind: Some(if *service {
+                        UserKind::Service
+                    } else {
+                        UserKind::Local
+                    }),
+                    is_admin: *admin,
+                })
+                .await?;
+            print_one(out, fmt, &u, || users_table(std::slice::from_ref(&u)))?;
+        }
+        UserCmd::List => {
+            let us = c.list_users().await?;
+            print_one(out, fmt, &us, || users_table(&us))?;
+        }
+        UserCmd::Me => {
+            let me = c.me().await?;
+            print_one(out, fmt, &me, || {
+                let mut s = users_table(std::slice::from_ref(&me.user));
+                let mut t = Table::new(&["tenant", "role"]);
+                for m in &me.memberships {
+                    t.row(vec![m.tenant.clone(), m.role.as_str().into()]);
+                }
+                s.push('\n');
+                s.push_str(&t.render());
+                s
+            })?;
+        }
+    }
+    Ok(())
+}
+
+async fn token(cmd: &TokenCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cmd {
+        TokenCmd::Create {
+            description,
+            expires_in,
+            user,
+        } => {
+            let expires_at = match expires_in {
+                Some(secs) => {
+                    let secs =
+                        i64::try_from(*secs).map_err(|_| anyhow!("--expires-in is too long"))?;
+                    let lifetime = chrono::Duration::try_seconds(secs)
+                        .ok_or_else(|| anyhow!("--expires-in is too long"))?;
+                    Some(
+                        chrono::Utc::now()
+                            .checked_add_signed(lifetime)
+                            .ok_or_else(|| anyhow!("--expires-in is too long"))?,
+                    )
+                }
+                None => None,
+            };
+            let body = TokenCreate {
+                description: description.clone(),
+                expires_at,
+            };
+            let created = match user {
+                Some(u) => c.create_token_for(u, &body).await?,
+                None => c.create_token(&body).await?,
+            };
+            print_one(out, fmt, &created, || {
+                format!(
+                    "Token {} (expires {}). It is shown only once:\n{}\n",
+                    created.id,
+                    opt(&created.expires_at),
+                    created.token
+                )
+            })?;
+        }
+        TokenCmd::List => {
+            let ts = c.list_tokens().await?;
+            print_one(out, fmt, &ts, || {
+                let mut t = Table::new(&["id", "description", "created", "expires", "last used"]);
+                for x in &ts {
+                    t.row(vec![
+                        x.id.to_string(),
+                        x.description.clone(),
+                        x.created_at.format("%Y-%m-%d %H:%M").to_string(),
+                        opt(&x.expires_at.map(|e| e.format("%Y-%m-%d %H:%M").to_string())),
+                        opt(&x
+                            .last_used_at
+                            .map(|e| e.format("%Y-%m-%d %H:%M").to_string())),
+                    ]);
+                }
+                t.render()
+            })?;
+        }
+        TokenCmd::Revoke { id } => {
+            c.revoke_token(id).await?;
+            if fmt == Format::Table {
+                writeln!(out, "Revoked token {id}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn quota_table(q: &Quota) -> String {
+    let mut t = Table::new(&["resource", "limit"]);
+    for (model, n) in &q.gpus {
+        t.row(vec![format!("gpus.{model}"), n.to_string()]);
+    }
+    for (name, v) in [
+        ("vcpus", q.vcpus),
+        ("memory_gib", q.memory_gib),
+        ("vms", q.vms),
+        ("segments", q.segments),
+        ("public_ips", q.public_ips),
+    ] {
+        t.row(vec![name.into(), v.to_string()]);
+    }
+    t.render()
+}
+
+async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cmd {
+        QuotaCmd::Show { tenant } => {
+            let q = c.quota(&tenant.tenant).await?;
+            print_one(out, fmt, &q, || quota_table(&q))?;
+        }
+        QuotaCmd::Set {
+            tenant,
+            gpus,
+            vcpus,
+            memory_gib,
+            vms,
+            segments,
+            public_ips,
+        } => {
+            let mut q = c.quota(&tenant.tenant).await?;
+            let mut models: BTreeMap<String, u32> = q.gpus.clone();
+            for (model, n) in gpus {
+                if *n == 0 {
+                    models.remove(model);
+                } else {
+                    models.insert(model.clone(), *n);
+                }
+            }
+            q.gpus = models;
+            for (slot, v) in [
+                (&mut q.vcpus, vcpus),
+                (&mut q.memory_gib, memory_gib),
+                (&mut q.vms, vms),
+                (&mut q.segments, segments),
+                (&mut q.public_ips, public_ips),
+            ] {
+                if let Some(v) = v {
+                    *slot = *v;
+                }
+            }
+            if gpus.is_empty()
+                && [vcpus, memory_gib, vms, segments, public_ips]
+                    .iter()
+                    .all(|v| v.is_none())
+            {
+                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --segments, --public-ips");
+            }
+            let q = c.set_quota(&tenant.tenant, &q).await?;
+            print_one(out, fmt, &q, || quota_table(&q))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90d"), Ok(90 * 86_400));
+        assert_eq!(parse_duration("12h"), Ok(43_200));
+        assert!(parse_duration("12").is_err());
+        assert!(parse_duration("h").is_err());
+        assert!(parse_duration("0d").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("99999999999999999999d").is_err());
+    }
+
+    #[test]
+    fn gpu_limits_parse() {
+        assert_eq!(parse_gpu_limit("H100=8"), Ok(("H100".into(), 8)));
+        assert!(parse_gpu_limit("H100").is_err());
+        assert!(parse_gpu_limit("H100=x").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

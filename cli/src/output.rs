@@ -1,0 +1,87 @@
+//! Output: aligned tables for people, JSON for scripts.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+/// A table with a header row; columns are padded to their widest cell.
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|h| h.to_uppercase()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let cols = self.header.len();
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate().take(cols) {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for r in std::iter::once(&self.header).chain(self.rows.iter()) {
+            let mut line = String::new();
+            for (i, c) in r.iter().enumerate().take(cols) {
+                if i + 1 < cols {
+                    let pad = widths[i] - c.chars().count();
+                    line.push_str(c);
+                    line.push_str(&" ".repeat(pad + 2));
+                } else {
+                    line.push_str(c);
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+pub fn json<T: Serialize>(value: &T) -> String {
+    let mut s = serde_json::to_string_pretty(value).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// `-` for absent values, so columns never collapse.
+pub fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_else(|| "-".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align() {
+        let mut t = Table::new(&["name", "role"]);
+        t.row(vec!["alice".into(), "owner".into()]);
+        t.row(vec!["bo".into(), "viewer".into()]);
+        assert_eq!(t.render(), "NAME   ROLE\nalice  owner\nbo     viewer\n");
+    }
+
+    #[test]
+    fn wide_characters_count_once() {
+        let mut t = Table::new(&["n", "x"]);
+        t.row(vec!["雲".into(), "1".into()]);
+        assert_eq!(t.render(), "N  X\n雲  1\n");
+    }
+}

@@ -1,0 +1,336 @@
+//! The authorization matrix: every operation in the OpenAPI document ×
+//! every kind of caller, with the exact status each must get. Outsiders
+//! must not be able to tell a foreign tenant from one that does not exist.
+
+use std::collections::BTreeSet;
+
+use chrono::{Duration, Utc};
+use kumo_api_types::{Problem, Role, TokenCreate};
+use kumo_server::entity::api_tokens;
+use reqwest::Method;
+use sea_orm::{ActiveModelTrait, EntityTrait, Set};
+use serde_json::{json, Value};
+
+use crate::harness::{on_both_backends, TestServer};
+
+/// The callers, in the column order of the expectations below.
+const CALLERS: [&str; 8] = [
+    "admin", "owner", "member", "viewer", "outsider", "no token", "expired", "revoked",
+];
+
+struct World {
+    tokens: [Option<String>; 8],
+    serial: std::sync::atomic::AtomicU32,
+}
+
+impl World {
+    async fn new(s: &TestServer) -> World {
+        let (_, owner) = s.user("olga").await;
+        let (_, member) = s.user("mika").await;
+        let (_, viewer) = s.user("vera").await;
+        let (_, outsider) = s.user("oscar").await;
+        // Outsider is an owner elsewhere: a real, active user, just not of ours.
+        s.tenant("beta").await;
+        s.add("beta", "oscar", Role::Owner).await;
+        s.tenant("alpha").await;
+        s.add("alpha", "olga", Role::Owner).await;
+        s.add("alpha", "mika", Role::Member).await;
+        s.add("alpha", "vera", Role::Viewer).await;
+
+        let expired = s
+            .admin
+            .create_token_for("olga", &TokenCreate::default())
+            .await
+            .unwrap();
+        let row = api_tokens::Entity::find_by_id(expired.id)
+            .one(s.db())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut row: api_tokens::ActiveModel = row.into();
+        row.expires_at = Set(Some(Utc::now() - Duration::seconds(1)));
+        row.update(s.db()).await.unwrap();
+
+        let revoked = s
+            .admin
+            .create_token_for("olga", &TokenCreate::default())
+            .await
+            .unwrap();
+        s.client(Some(&revoked.token))
+            .revoke_token(&revoked.id.to_string())
+            .await
+            .unwrap();
+
+        World {
+            tokens: [
+                Some(s.admin_token.clone()),
+                Some(owner),
+                Some(member),
+                Some(viewer),
+                Some(outsider),
+                None,
+                Some(expired.token),
+                Some(revoked.token),
+            ],
+            serial: Default::default(),
+        }
+    }
+
+    fn next(&self) -> u32 {
+        self.serial
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A tenant with the same members as `alpha`, for operations that
+    /// destroy what they act on.
+    async fn scratch_tenant(&self, s: &TestServer) -> String {
+        let name = format!("scratch-{}", self.next());
+        s.tenant(&name).await;
+        s.add(&name, "olga", Role::Owner).await;
+        s.add(&name, "mika", Role::Member).await;
+        s.add(&name, "vera", Role::Viewer).await;
+        name
+    }
+}
+
+/// What one operation sends; built fresh for each caller.
+struct Call {
+    path: String,
+    body: Option<Value>,
+}
+
+/// `(method, path template, expected statuses in CALLERS order)`.
+const MATRIX: &[(&str, &str, [u16; 8])] = &[
+    (
+        "POST",
+        "/api/v1/tenants",
+        [201, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants",
+        [200, 200, 200, 200, 200, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "PATCH",
+        "/api/v1/tenants/{tenant}",
+        [200, 200, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}",
+        [204, 403, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/members",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "PUT",
+        "/api/v1/tenants/{tenant}/members/{user}",
+        [201, 201, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/members/{user}",
+        [204, 204, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/quota",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "PUT",
+        "/api/v1/tenants/{tenant}/quota",
+        [200, 403, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/users",
+        [201, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/users",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/users/me",
+        [200, 200, 200, 200, 200, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/users/{user}/tokens",
+        [201, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tokens",
+        [201, 201, 201, 201, 201, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tokens",
+        [200, 200, 200, 200, 200, 401, 401, 401],
+    ),
+    // The target is a token of the owner's: only they and admins may revoke it.
+    (
+        "DELETE",
+        "/api/v1/tokens/{id}",
+        [204, 204, 404, 404, 404, 401, 401, 401],
+    ),
+    // Without `tenant`: admins all, owners (here also the outsider, owner of beta) their own.
+    (
+        "GET",
+        "/api/v1/audit",
+        [200, 200, 403, 403, 200, 401, 401, 401],
+    ),
+    ("GET", "/healthz", [200, 200, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/readyz", [200, 200, 200, 200, 200, 200, 200, 200]),
+    ("GET", "/metrics", [200, 200, 200, 200, 200, 200, 200, 200]),
+];
+
+async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Call {
+    let n = w.next();
+    let tenant = match (method, template) {
+        ("DELETE", "/api/v1/tenants/{tenant}")
+        | ("PUT", "/api/v1/tenants/{tenant}/members/{user}")
+        | ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => w.scratch_tenant(s).await,
+        _ => "alpha".to_owned(),
+    };
+    let mut path = template.replace("{tenant}", &tenant);
+    let body = match (method, template) {
+        ("POST", "/api/v1/tenants") => Some(json!({"name": format!("new-{n}")})),
+        ("PATCH", _) => Some(json!({"description": format!("edit {n}")})),
+        ("PUT", "/api/v1/tenants/{tenant}/members/{user}") => {
+            let user = format!("joiner-{n}");
+            s.user(&user).await;
+            path = path.replace("{user}", &user);
+            Some(json!({"role": "viewer"}))
+        }
+        ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => {
+            path = path.replace("{user}", "vera");
+            None
+        }
+        ("PUT", "/api/v1/tenants/{tenant}/quota") => {
+            Some(json!({"vcpus": 64, "gpus": {"H100-SXM5-80GB": 8}}))
+        }
+        ("POST", "/api/v1/users") => Some(json!({"name": format!("user-{n}")})),
+        ("POST", "/api/v1/users/{user}/tokens") => {
+            path = path.replace("{user}", "mika");
+            Some(json!({}))
+        }
+        ("POST", "/api/v1/tokens") => Some(json!({"description": "matrix"})),
+        ("DELETE", "/api/v1/tokens/{id}") => {
+            let t = s
+                .admin
+                .create_token_for("olga", &TokenCreate::default())
+                .await
+                .unwrap();
+            path = path.replace("{id}", &t.id.to_string());
+            None
+        }
+        _ => None,
+    };
+    Call { path, body }
+}
+
+async fn send(s: &TestServer, method: &str, call: &Call, token: Option<&str>) -> reqwest::Response {
+    let mut req = s.http().request(
+        Method::from_bytes(method.as_bytes()).unwrap(),
+        format!("{}{}", s.url, call.path),
+    );
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    if let Some(b) = &call.body {
+        req = req.json(b);
+    }
+    req.send().await.unwrap()
+}
+
+fn operations_in_openapi() -> BTreeSet<(String, String)> {
+    let doc: Value = serde_json::from_str(&kumo_server::api::openapi_json()).unwrap();
+    let mut ops = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            ops.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    ops
+}
+
+#[test]
+fn the_matrix_covers_every_operation() {
+    let in_matrix: BTreeSet<_> = MATRIX
+        .iter()
+        .map(|(m, p, _)| (m.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(
+        in_matrix,
+        operations_in_openapi(),
+        "add new operations to the authorization matrix"
+    );
+}
+
+on_both_backends! {
+    async fn every_operation_for_every_caller(s: &TestServer) {
+        let w = World::new(s).await;
+        let mut failures = Vec::new();
+        for (method, template, expected) in MATRIX {
+            for (i, caller) in CALLERS.iter().enumerate() {
+                let call = prepare(s, &w, method, template).await;
+                let resp = send(s, method, &call, w.tokens[i].as_deref()).await;
+                let status = resp.status().as_u16();
+                if status != expected[i] {
+                    let body = resp.text().await.unwrap_or_default();
+                    failures.push(format!("{method} {} as {caller}: {status}, expected {} ({body})", call.path, expected[i]));
+                    continue;
+                }
+                if status >= 400 {
+                    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+                    assert_eq!(ct, "application/problem+json", "{method} {} as {caller}", call.path);
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    async fn outsiders_cannot_tell_foreign_tenants_from_missing_ones(s: &TestServer) {
+        let w = World::new(s).await;
+        let outsider = w.tokens[4].as_deref();
+        for (method, template, _) in MATRIX.iter().filter(|(_, p, _)| p.contains("{tenant}")) {
+            let mut answers = Vec::new();
+            for tenant in ["alpha", "no-such-tenant"] {
+                let mut call = prepare(s, &w, method, template).await;
+                call.path = template.replace("{tenant}", tenant).replace("{user}", "vera");
+                let resp = send(s, method, &call, outsider).await;
+                let status = resp.status().as_u16();
+                let p: Problem = resp.json().await.unwrap();
+                answers.push((status, p.kind, p.title, p.detail.map(|d| d.replace(tenant, "T"))));
+            }
+            assert_eq!(answers[0], answers[1], "{method} {template}");
+            assert_eq!(answers[0].0, 404);
+        }
+        // Lists and the audit log show nothing of alpha to the outsider.
+        let c = s.client(outsider);
+        let names: Vec<_> = c.list_tenants().await.unwrap().into_iter().map(|t| t.name).collect();
+        assert_eq!(names, vec!["beta"]);
+        let audit = c.audit(None, 500).await.unwrap();
+        assert!(!audit.is_empty());
+        assert!(audit.iter().all(|e| e.tenant.as_deref() == Some("beta")), "{audit:?}");
+        let me = serde_json::to_string(&c.me().await.unwrap()).unwrap();
+        assert!(!me.contains("alpha"));
+        // Nor does the audit log of alpha's owner mention beta.
+        let owner_audit = s.client(w.tokens[1].as_deref()).audit(None, 500).await.unwrap();
+        assert!(owner_audit.iter().all(|e| e.tenant.as_deref() != Some("beta")));
+    }
+}

@@ -1,0 +1,228 @@
+//! The real `kumo` binary against a real server: the README's walk-through.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::harness::{Backend, TestServer};
+
+/// `target/<profile>/kumo`, built by cargo with the rest of the workspace.
+fn kumo_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("kumo");
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace (`cargo build --workspace`) first",
+        bin.display()
+    );
+    bin
+}
+
+struct Kumo {
+    home: tempfile::TempDir,
+}
+
+impl Kumo {
+    fn new() -> Kumo {
+        Kumo {
+            home: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Runs `kumo ARGS` with a private HOME; returns (success, stdout, stderr).
+    fn run(&self, args: &[&str], token: Option<&str>) -> (bool, String, String) {
+        let mut cmd = Command::new(kumo_bin());
+        cmd.args(args)
+            .env_clear()
+            .env("HOME", self.home.path())
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        if let Some(t) = token {
+            cmd.env("KUMO_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn ok(&self, args: &[&str], token: Option<&str>) -> String {
+        let (ok, out, err) = self.run(args, token);
+        assert!(ok, "kumo {args:?} failed: {err}");
+        out
+    }
+
+    fn json(&self, args: &[&str], token: Option<&str>) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&all, token)).unwrap()
+    }
+}
+
+#[tokio::test]
+async fn readme_walkthrough_with_two_tenants() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    let url = s.url.clone();
+    tokio::task::spawn_blocking(move || walkthrough(&url, &s.admin_token.clone()))
+        .await
+        .unwrap();
+}
+
+fn walkthrough(url: &str, admin_token: &str) {
+    let admin = Kumo::new();
+    let out = admin.ok(&["login", "--server", url, "--token", admin_token], None);
+    assert!(out.contains("as admin"), "{out}");
+    let config = admin.home.path().join(".config/kumo/config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains(url));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&config).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    admin.ok(
+        &["tenant", "create", "vision", "--display-name", "Vision Lab"],
+        None,
+    );
+    admin.ok(&["tenant", "create", "speech"], None);
+    let table = admin.ok(&["tenant", "list"], None);
+    let lines: Vec<_> = table.lines().collect();
+    assert!(lines[0].starts_with("NAME"), "{table}");
+    assert!(
+        lines[1].starts_with("speech") && lines[2].starts_with("vision"),
+        "{table}"
+    );
+
+    admin.ok(&["user", "create", "aiko", "--email", "aiko@u.ac.jp"], None);
+    admin.ok(&["user", "create", "ben"], None);
+    admin.ok(
+        &[
+            "member", "add", "aiko", "--tenant", "vision", "--role", "owner",
+        ],
+        None,
+    );
+    let members = admin.json(&["member", "list", "--tenant", "vision"], None);
+    assert_eq!(members[0]["user"], "aiko");
+    assert_eq!(members[0]["role"], "owner");
+
+    let minted = admin.json(
+        &[
+            "token",
+            "create",
+            "--user",
+            "aiko",
+            "--description",
+            "cli",
+            "--expires-in",
+            "30d",
+        ],
+        None,
+    );
+    let aiko_token = minted["token"].as_str().unwrap().to_owned();
+    assert!(minted["expires_at"].is_string());
+
+    // Aiko sees her tenant only, manages its members, but cannot create tenants.
+    let aiko = Kumo::new();
+    aiko.ok(&["login", "--server", url, "--token", &aiko_token], None);
+    let tenants = aiko.json(&["tenant", "list"], None);
+    assert_eq!(tenants.as_array().unwrap().len(), 1);
+    assert_eq!(tenants[0]["name"], "vision");
+    let (ok, _, err) = aiko.run(&["tenant", "show", "speech"], None);
+    assert!(!ok);
+    assert!(err.contains("Not found (HTTP 404)"), "{err}");
+    let (ok, _, err) = aiko.run(&["tenant", "create", "mine"], None);
+    assert!(!ok && err.contains("HTTP 403"), "{err}");
+    aiko.ok(
+        &[
+            "member", "add", "ben", "--tenant", "vision", "--role", "viewer",
+        ],
+        None,
+    );
+    let me = aiko.json(&["user", "me"], None);
+    assert_eq!(me["memberships"][0]["tenant"], "vision");
+
+    // Ben, a viewer, may read but not change.
+    let ben_token = admin.json(&["token", "create", "--user", "ben"], None)["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ben = Kumo::new();
+    assert!(ben
+        .ok(
+            &["--server", url, "quota", "show", "--tenant", "vision"],
+            Some(&ben_token)
+        )
+        .contains("vcpus"));
+    let (ok, _, err) = ben.run(
+        &[
+            "--server",
+            url,
+            "tenant",
+            "update",
+            "vision",
+            "--description",
+            "x",
+        ],
+        Some(&ben_token),
+    );
+    assert!(!ok && err.contains("HTTP 403"), "{err}");
+
+    // Quota set changes only what is named.
+    admin.ok(
+        &[
+            "quota",
+            "set",
+            "--tenant",
+            "vision",
+            "--gpus",
+            "H100-SXM5-80GB=16",
+            "--vcpus",
+            "512",
+        ],
+        None,
+    );
+    admin.ok(&["quota", "set", "--tenant", "vision", "--vms", "8"], None);
+    let q = admin.json(&["quota", "show", "--tenant", "vision"], None);
+    assert_eq!(q["gpus"]["H100-SXM5-80GB"], 16);
+    assert_eq!(q["vcpus"], 512);
+    assert_eq!(q["vms"], 8);
+
+    // Tokens: list and revoke.
+    let tokens = aiko.json(&["token", "list"], None);
+    let id = tokens[0]["id"].as_str().unwrap().to_owned();
+    aiko.ok(&["token", "revoke", &id], None);
+    let (ok, _, err) = aiko.run(&["tenant", "list"], None);
+    assert!(!ok && err.contains("HTTP 401"), "{err}");
+
+    let audit = admin.json(&["audit", "--tenant", "vision"], None);
+    assert!(audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["action"] == "quota.set"));
+
+    admin.ok(&["tenant", "delete", "speech"], None);
+    assert_eq!(
+        admin
+            .json(&["tenant", "list"], None)
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let completions = admin.ok(&["completions", "bash"], None);
+    assert!(
+        completions.contains("_kumo()"),
+        "bash completion defines its function"
+    );
+
+    // No server anywhere: a clear message, not a panic.
+    let nobody = Kumo::new();
+    let (ok, _, err) = nobody.run(&["tenant", "list"], None);
+    assert!(!ok && err.contains("kumo login"), "{err}");
+}

@@ -1,0 +1,208 @@
+//! Starts a real `kumo-server` in process, on SQLite in a temporary
+//! directory or on the running PostgreSQL in a schema of its own, so that
+//! tests never collide.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kumo_api_types::{MemberPut, Role, TenantCreate, TokenCreate, UserCreate};
+use kumo_cli::Client;
+use kumo_server::config::Config;
+use kumo_server::RunningServer;
+use sea_orm::{ConnectionTrait, Database, Statement};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub const DEFAULT_PG_URL: &str = "postgres://root@127.0.0.1:5432/test";
+
+pub fn pg_base_url() -> String {
+    std::env::var("KUMO_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_PG_URL.into())
+}
+
+pub struct TestServer {
+    pub server: RunningServer,
+    pub url: String,
+    pub admin_token: String,
+    pub admin: Client,
+    pub data_dir: PathBuf,
+    pg_schema: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Creates a fresh schema, dropping leftovers of runs older than an hour
+/// (a test that panicked does not get to clean up after itself).
+async fn fresh_pg_schema() -> String {
+    let base = pg_base_url();
+    let db = Database::connect(&base).await.unwrap_or_else(|e| {
+        panic!("PostgreSQL at {base} is required for these tests (the README's test command starts it): {e}")
+    });
+    let rows = db
+        .query_all(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'kumo_t_%'".to_owned(),
+        ))
+        .await
+        .unwrap();
+    let cutoff = now_secs().saturating_sub(3600);
+    for row in rows {
+        let name: String = row.try_get("", "nspname").unwrap();
+        let ts = name.split('_').nth(2).and_then(|t| t.parse::<u64>().ok());
+        if ts.is_some_and(|t| t < cutoff) {
+            let _ = db
+                .execute_unprepared(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+                .await;
+        }
+    }
+    let schema = format!("kumo_t_{}_{}", now_secs(), uuid::Uuid::new_v4().simple());
+    db.execute_unprepared(&format!("CREATE SCHEMA \"{schema}\""))
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+    schema
+}
+
+impl TestServer {
+    pub async fn start(backend: Backend) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, pg_schema) = match backend {
+            Backend::Sqlite => (None, None),
+            Backend::Postgres => {
+                let schema = fresh_pg_schema().await;
+                let sep = if pg_base_url().contains('?') {
+                    '&'
+                } else {
+                    '?'
+                };
+                (
+                    Some(format!(
+                        "{}{sep}options[search_path]={schema}",
+                        pg_base_url()
+                    )),
+                    Some(schema),
+                )
+            }
+        };
+        let config = Config::for_data_dir(dir.path(), url);
+        let server = RunningServer::start(config).await.unwrap();
+        let token_file = server
+            .admin_token_file
+            .clone()
+            .expect("a fresh database bootstraps the admin");
+        let admin_token = std::fs::read_to_string(&token_file)
+            .unwrap()
+            .trim()
+            .to_owned();
+        let url = server.url();
+        let admin = Client::new(&url, Some(admin_token.clone())).unwrap();
+        TestServer {
+            server,
+            url,
+            admin_token,
+            admin,
+            data_dir: dir.path().to_path_buf(),
+            pg_schema,
+            _dir: dir,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.server.stop().await.unwrap();
+        if let Some(schema) = self.pg_schema {
+            let db = Database::connect(&pg_base_url()).await.unwrap();
+            db.execute_unprepared(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await
+                .unwrap();
+            db.close().await.unwrap();
+        }
+    }
+
+    pub fn client(&self, token: Option<&str>) -> Client {
+        Client::new(&self.url, token.map(str::to_owned)).unwrap()
+    }
+
+    pub fn http(&self) -> reqwest::Client {
+        reqwest::Client::new()
+    }
+
+    pub fn db(&self) -> &sea_orm::DatabaseConnection {
+        &self.server.state.db
+    }
+
+    /// Creates a user and returns a client holding a fresh token of theirs.
+    pub async fn user(&self, name: &str) -> (Client, String) {
+        self.admin
+            .create_user(&UserCreate {
+                name: name.into(),
+                display_name: None,
+                email: None,
+                kind: None,
+                is_admin: false,
+            })
+            .await
+            .unwrap();
+        let t = self
+            .admin
+            .create_token_for(name, &TokenCreate::default())
+            .await
+            .unwrap();
+        (self.client(Some(&t.token)), t.token)
+    }
+
+    pub async fn tenant(&self, name: &str) {
+        self.admin
+            .create_tenant(&TenantCreate {
+                name: name.into(),
+                display_name: None,
+                description: None,
+            })
+            .await
+            .unwrap();
+    }
+
+    pub async fn add(&self, tenant: &str, user: &str, role: Role) {
+        self.admin
+            .put_member(tenant, user, &MemberPut { role })
+            .await
+            .unwrap();
+    }
+}
+
+/// Runs each scenario against SQLite and against PostgreSQL.
+macro_rules! on_both_backends {
+    ($(async fn $name:ident($s:ident: &TestServer) $body:block)*) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                async fn scenario($s: &$crate::harness::TestServer) $body
+
+                #[tokio::test]
+                async fn sqlite() {
+                    let s = $crate::harness::TestServer::start($crate::harness::Backend::Sqlite).await;
+                    scenario(&s).await;
+                    s.stop().await;
+                }
+
+                #[tokio::test]
+                async fn postgres() {
+                    let s = $crate::harness::TestServer::start($crate::harness::Backend::Postgres).await;
+                    scenario(&s).await;
+                    s.stop().await;
+                }
+            }
+        )*
+    };
+}
+pub(crate) use on_both_backends;

@@ -1,0 +1,95 @@
+//! `Idempotency-Key` replays the first answer and creates nothing twice.
+
+use kumo_api_types::{Problem, Tenant, TokenCreated};
+
+use crate::harness::{on_both_backends, TestServer};
+
+async fn post(s: &TestServer, path: &str, key: &str, body: &str) -> reqwest::Response {
+    s.http()
+        .post(format!("{}{path}", s.url))
+        .bearer_auth(&s.admin_token)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+on_both_backends! {
+    async fn a_retry_replays_the_first_answer(s: &TestServer) {
+        let first = post(s, "/api/v1/tenants", "k-1", r#"{"name":"once"}"#).await;
+        assert_eq!(first.status(), 201);
+        assert!(first.headers().get("idempotent-replayed").is_none());
+        let first: Tenant = first.json().await.unwrap();
+        let again = post(s, "/api/v1/tenants", "k-1", r#"{"name":"once"}"#).await;
+        assert_eq!(again.status(), 201);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.headers()["content-type"], "application/json");
+        let again: Tenant = again.json().await.unwrap();
+        assert_eq!(again, first);
+        assert_eq!(s.admin.list_tenants().await.unwrap().len(), 1);
+        let creates = s.admin.audit(None, 100).await.unwrap().into_iter().filter(|e| e.action == "tenant.create").count();
+        assert_eq!(creates, 1);
+
+        // A token is minted once: the replay hands out the same secret, not a second token.
+        let t1: TokenCreated = post(s, "/api/v1/tokens", "tok-1", "{}").await.json().await.unwrap();
+        let t2: TokenCreated = post(s, "/api/v1/tokens", "tok-1", "{}").await.json().await.unwrap();
+        assert_eq!(t1.token, t2.token);
+        assert_eq!(s.admin.list_tokens().await.unwrap().len(), 2);
+    }
+
+    async fn errors_replay_too_and_keys_are_per_request(s: &TestServer) {
+        let bad = post(s, "/api/v1/tenants", "k-2", r#"{"name":"X"}"#).await;
+        assert_eq!(bad.status(), 400);
+        let again = post(s, "/api/v1/tenants", "k-2", r#"{"name":"X"}"#).await;
+        assert_eq!(again.status(), 400);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        // The same key for a different body is refused.
+        let other = post(s, "/api/v1/tenants", "k-2", r#"{"name":"different"}"#).await;
+        assert_eq!(other.status(), 422);
+        let p: Problem = other.json().await.unwrap();
+        assert_eq!(p.kind, "/problems/idempotency-key-reuse");
+        assert!(s.admin.list_tenants().await.unwrap().is_empty());
+        // Keys are scoped to the caller: another user's identical key is theirs alone.
+        let (_, token) = s.user("alice").await;
+        let mine = s.http().post(format!("{}/api/v1/tokens", s.url)).bearer_auth(&token)
+            .header("content-type", "application/json").header("idempotency-key", "tok-x").body("{}").send().await.unwrap();
+        let theirs = post(s, "/api/v1/tokens", "tok-x", "{}").await;
+        assert_eq!(mine.status(), 201);
+        assert_eq!(theirs.status(), 201);
+        assert!(theirs.headers().get("idempotent-replayed").is_none());
+        // A malformed key is a validation problem.
+        let resp = post(s, "/api/v1/tenants", "bad key with spaces", r#"{"name":"spaced"}"#).await;
+        assert_eq!(resp.status(), 400);
+    }
+
+    async fn concurrent_retries_create_once(s: &TestServer) {
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let url = format!("{}/api/v1/tenants", s.url);
+            let token = s.admin_token.clone();
+            tasks.push(tokio::spawn(async move {
+                reqwest::Client::new()
+                    .post(url)
+                    .bearer_auth(token)
+                    .header("content-type", "application/json")
+                    .header("idempotency-key", "race-1")
+                    .body(r#"{"name":"raced"}"#)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            }));
+        }
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.unwrap());
+        }
+        // Every answer is the replayed 201 or "still in progress" (409); never a second tenant.
+        assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+        assert!(statuses.contains(&201));
+        assert_eq!(s.admin.list_tenants().await.unwrap().len(), 1);
+    }
+}
