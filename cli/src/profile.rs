@@ -112,8 +112,10 @@ mod tests {
     fn round_trip_with_private_mode() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kumo/config.toml");
-        let mut f = ProfileFile::default();
-        f.current = Some("lab".into());
+        let mut f = ProfileFile {
+            current: Some("lab".into()),
+            ..ProfileFile::default()
+        };
         f.profiles.insert(
             "lab".into(),
             Profile {

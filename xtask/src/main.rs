@@ -1,1 +1,138 @@
-fn main() {}
+//! `cargo xtask start | test | openapi`: the project's tasks, in Rust so
+//! they run wherever cargo does.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: {shown}");
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("cannot run {shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed with {status}"))
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn has_nextest() -> bool {
+    cargo()
+        .args(["nextest", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Everything CI checks: formatting, lints, and every test on SQLite and
+/// PostgreSQL (started or installed here when missing).
+fn test(extra: &[String]) -> Result<(), String> {
+    if std::env::var_os("KUMO_TEST_DATABASE_URL").is_none() {
+        run(Command::new("bash").arg("scripts/ensure-postgres.sh"))?;
+    }
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // The CLI tests run the real `kumo` binary: build every binary first.
+    run(cargo().args(["build", "--workspace", "--bins"]))?;
+    if has_nextest() {
+        run(cargo()
+            .args(["nextest", "run", "--workspace", "--no-fail-fast"])
+            .args(extra))
+    } else {
+        run(cargo()
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .args(extra))
+    }
+}
+
+/// Starts the server on its embedded default: SQLite under `./.kumo`.
+fn start(extra: &[String]) -> Result<(), String> {
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "--package",
+            "kumo-server",
+            "--bin",
+            "kumo-server",
+            "--",
+            "serve",
+        ])
+        .args(extra))
+}
+
+/// Rewrites `api-spec/openapi.json` from the code.
+fn openapi() -> Result<(), String> {
+    let out = cargo()
+        .args([
+            "run",
+            "--quiet",
+            "--package",
+            "kumo-server",
+            "--bin",
+            "kumo-server",
+            "--",
+            "openapi",
+        ])
+        .current_dir(root())
+        .output()
+        .map_err(|e| format!("cannot run kumo-server openapi: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "kumo-server openapi failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let path = root().join("api-spec/openapi.json");
+    std::fs::write(&path, &out.stdout)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    eprintln!("xtask: wrote {}", path.display());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (task, extra) = match args.split_first() {
+        Some((t, rest)) => (t.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    let result = match task {
+        "test" => test(extra),
+        "start" => start(extra),
+        "openapi" => openapi(),
+        _ => {
+            eprintln!("usage: cargo xtask <start|test|openapi> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  test     fmt, clippy and every test (starts PostgreSQL if needed)\n  openapi  regenerate api-spec/openapi.json");
+            return if task == "help" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
