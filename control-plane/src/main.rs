@@ -37,30 +37,15 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
-
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
     let config = Config::load(&args)?;
     init_tracing(config.log_format);
+    // Install the handlers before announcing the address: a supervisor may
+    // send SIGTERM the moment it sees us, and the default action would
+    // kill the process without draining requests.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let mut server = RunningServer::start(config).await?;
     if let Some(path) = &server.admin_token_file {
         // The path, never the token: logs are read by more people than the data dir.
@@ -77,15 +62,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %server.addr, "listening");
     let stop = server.shutdown_handle();
     tokio::select! {
-        res = server.wait() => res?,
-        _ = shutdown_signal() => {
-            tracing::info!("shutting down");
-            if let Some(tx) = stop {
-                let _ = tx.send(());
-            }
-            server.wait().await?;
-        }
+        res = server.wait() => return res,
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
+    tracing::info!("shutting down");
+    if let Some(tx) = stop {
+        let _ = tx.send(());
+    }
+    server.wait().await?;
     Ok(())
 }
 

@@ -15,7 +15,8 @@ use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -56,7 +57,10 @@ pub fn router(state: AppState) -> Router {
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("");
                     tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id)
-                }))
+                })
+                // One access-log line per request, with status and latency.
+                .on_response(DefaultOnResponse::new().level(Level::INFO))
+                .on_failure(DefaultOnFailure::new().level(Level::WARN)))
                 .layer(PropagateRequestIdLayer::x_request_id())
                 .layer(from_fn(middleware::problems::layer))
                 .layer(CompressionLayer::new())

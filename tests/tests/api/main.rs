@@ -9,4 +9,5 @@ mod bad_input;
 mod cli;
 mod idempotency;
 mod openapi;
+mod process;
 mod resources;

@@ -1,0 +1,175 @@
+//! The real `kumo-server` binary: configuration, JSON logs with request ids,
+//! no token in any output, graceful shutdown.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+fn server_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("kumo-server");
+    assert!(
+        bin.exists(),
+        "{} is missing: build the workspace first",
+        bin.display()
+    );
+    bin
+}
+
+/// Starts the server and reads stdout until it says where it listens.
+/// (A failed assertion here leaves the child to the test process's exit.)
+#[allow(clippy::zombie_processes)]
+fn start(args: &[&str], env: &[(&str, &str)]) -> (Child, String, Vec<String>) {
+    let mut child = Command::new(server_bin())
+        .arg("serve")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "server exited early: {lines:?}"
+        );
+        lines.push(line.trim_end().to_owned());
+        if let Some(rest) = line.strip_prefix("Kumo API listening on ") {
+            let url = rest.split_whitespace().next().unwrap().to_owned();
+            return (child, url, lines);
+        }
+    }
+}
+
+fn terminate(mut child: Child) -> String {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "SIGTERM is a clean shutdown: {status}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    err
+}
+
+#[tokio::test]
+async fn binary_logs_json_with_request_ids_and_never_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kumo.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n[http]\nrequest_timeout_secs = 10\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let data_s = data.to_str().unwrap();
+    // The data dir comes from the environment, the rest from the file.
+    let (child, url, stdout) = start(
+        &["--config", config.to_str().unwrap()],
+        &[("KUMO_DATA_DIR", data_s)],
+    );
+    let token = std::fs::read_to_string(data.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(
+        stdout[0].contains(&data.join("admin-token").display().to_string()),
+        "{stdout:?}"
+    );
+
+    let resp = reqwest::Client::new()
+        .get(format!("{url}/api/v1/users/me"))
+        .bearer_auth(&token)
+        .header("x-request-id", "proc-req-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let stderr = tokio::task::spawn_blocking(move || terminate(child))
+        .await
+        .unwrap();
+
+    let secret = kumo_server::auth::parse(&token).unwrap().1.to_owned();
+    for output in stdout.iter().map(String::as_str).chain(stderr.lines()) {
+        assert!(
+            !output.contains(&secret),
+            "a token leaked into the output: {output}"
+        );
+    }
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}"))
+        })
+        .collect();
+    let access = lines
+        .iter()
+        .find(|l| l["request_id"] == "proc-req-1" || l["span"]["request_id"] == "proc-req-1")
+        .unwrap_or_else(|| panic!("no log line carries the request id: {stderr}"));
+    assert_eq!(access["level"], "INFO");
+
+    // A second start finds its admin and bootstraps nothing.
+    let (child, _, stdout) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_s,
+            "--log-format",
+            "text",
+        ],
+        &[],
+    );
+    assert!(
+        !stdout
+            .iter()
+            .any(|l| l.contains("Created the platform admin")),
+        "{stdout:?}"
+    );
+    tokio::task::spawn_blocking(move || terminate(child))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kumo.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\ndatabase = \"sqlite://x\"\n",
+    )
+    .unwrap();
+    let out = Command::new(server_bin())
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown field `database`") && err.contains("kumo.toml"),
+        "{err}"
+    );
+
+    let out = Command::new(server_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--database-url",
+            "sqlite:///proc/no-such-dir/kumo.db?mode=rwc",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot connect to the database"), "{err}");
+}
