@@ -26,6 +26,16 @@ impl Access {
         }
     }
 
+    /// For actions on a tenant that only platform admins may take.
+    pub fn require_admin(self, action: &str) -> Result<(), ApiError> {
+        match self {
+            Access::Admin => Ok(()),
+            Access::Member(_) => Err(ApiError::Forbidden(format!(
+                "{action} is for platform administrators"
+            ))),
+        }
+    }
+
     pub fn require(self, need: Role, action: &str) -> Result<(), ApiError> {
         if self.allows(need) {
             Ok(())
@@ -78,10 +88,12 @@ pub async fn tenant_access(
         .one(db)
         .await?
         .ok_or_else(not_found)?;
-    let role = Role::parse(&membership.role).ok_or_else(|| {
-        ApiError::Internal(format!("stored role {:?} is unknown", membership.role))
-    })?;
-    Ok((tenant, Access::Member(role)))
+    Ok((tenant, Access::Member(stored_role(&membership.role)?)))
+}
+
+/// A role read back from the database; anything else there is a bug, not bad input.
+pub fn stored_role(role: &str) -> Result<Role, ApiError> {
+    Role::parse(role).ok_or_else(|| ApiError::Internal(format!("stored role {role:?} is unknown")))
 }
 
 /// Ids of the tenants the user belongs to, with at least role `need`.

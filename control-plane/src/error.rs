@@ -189,6 +189,16 @@ impl From<sea_orm::DbErr> for ApiError {
     }
 }
 
+/// A 409 with `detail` when the database refused a write for a unique
+/// constraint; any other database error as usual.
+pub fn conflict_if_unique(e: sea_orm::DbErr, detail: impl FnOnce() -> String) -> ApiError {
+    if is_unique_violation(&e) {
+        ApiError::Conflict(detail())
+    } else {
+        e.into()
+    }
+}
+
 /// True when the database refused a write because of a unique constraint:
 /// the arbiter of every "at most one" rule.
 pub fn is_unique_violation(e: &sea_orm::DbErr) -> bool {

@@ -9,7 +9,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{users, Problems};
-use crate::access::tenant_access;
+use crate::access::{stored_role, tenant_access};
 use crate::audit;
 use crate::entity::{memberships, tenants};
 use crate::error::ApiError;
@@ -18,12 +18,10 @@ use crate::paging::Paging;
 use crate::server::AppState;
 
 fn to_api(m: memberships::Model, user: String) -> Result<Member, ApiError> {
-    let role = Role::parse(&m.role)
-        .ok_or_else(|| ApiError::Internal(format!("stored role {:?} is unknown", m.role)))?;
     Ok(Member {
         user,
         user_id: m.user_id,
-        role,
+        role: stored_role(&m.role)?,
         since: m.created_at,
     })
 }

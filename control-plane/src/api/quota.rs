@@ -104,11 +104,7 @@ pub async fn set(
     Json(body): Json<Quota>,
 ) -> Result<axum::Json<Quota>, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    if access != crate::access::Access::Admin {
-        return Err(ApiError::Forbidden(
-            "quotas are set by platform administrators; ask them for more".into(),
-        ));
-    }
+    access.require_admin("setting a quota (ask a platform administrator for more)")?;
     validate(&body)?;
     let txn = st.db.begin().await?;
     let row = tenant_quotas::ActiveModel {

@@ -12,7 +12,7 @@ use super::Problems;
 use crate::access::{require_admin, tenant_access, tenant_ids_with_role};
 use crate::audit;
 use crate::entity::{tenant_quotas, tenants};
-use crate::error::{is_unique_violation, ApiError};
+use crate::error::{conflict_if_unique, ApiError};
 use crate::extract::{Ctx, Json, Path, Query};
 use crate::names;
 use crate::paging::Paging;
@@ -73,11 +73,9 @@ pub async fn create(
     .insert(&txn)
     .await
     .map_err(|e| {
-        if is_unique_violation(&e) {
-            ApiError::Conflict(format!("a tenant named {:?} already exists", body.name))
-        } else {
-            e.into()
-        }
+        conflict_if_unique(e, || {
+            format!("a tenant named {:?} already exists", body.name)
+        })
     })?;
     tenant_quotas::ActiveModel {
         tenant_id: Set(tenant.id),
@@ -181,11 +179,7 @@ pub async fn delete(
     Path(tenant): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    if access != crate::access::Access::Admin {
-        return Err(ApiError::Forbidden(
-            "deleting a tenant is for platform administrators".into(),
-        ));
-    }
+    access.require_admin("deleting a tenant")?;
     let txn = st.db.begin().await?;
     tenants::Entity::delete_by_id(tenant.id).exec(&txn).await?;
     audit::record(&txn, &ctx, "tenant.delete", Some(&tenant), &tenant.name).await?;

@@ -1,7 +1,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::Utc;
-use kumo_api_types::{Me, Membership, Page, PageParams, Role, User, UserCreate, UserKind};
+use kumo_api_types::{Me, Membership, Page, PageParams, User, UserCreate, UserKind};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect, Set, TransactionTrait,
@@ -9,10 +9,10 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::Problems;
-use crate::access::require_admin;
+use crate::access::{require_admin, stored_role};
 use crate::audit;
 use crate::entity::{memberships, tenants, users};
-use crate::error::{is_unique_violation, ApiError};
+use crate::error::{conflict_if_unique, ApiError};
 use crate::extract::{Ctx, Json, Query};
 use crate::names;
 use crate::paging::Paging;
@@ -87,11 +87,7 @@ pub async fn create(
     .insert(&txn)
     .await
     .map_err(|e| {
-        if is_unique_violation(&e) {
-            ApiError::Conflict(format!("a user named {:?} already exists", body.name))
-        } else {
-            e.into()
-        }
+        conflict_if_unique(e, || format!("a user named {:?} already exists", body.name))
     })?;
     audit::record(&txn, &ctx, "user.create", None, &user.name).await?;
     txn.commit().await?;
@@ -137,12 +133,10 @@ pub async fn me(State(st): State<AppState>, ctx: Ctx) -> Result<axum::Json<Me>, 
     let mut memberships = Vec::with_capacity(rows.len());
     for (m, t) in rows {
         let Some(t) = t else { continue };
-        let role = Role::parse(&m.role)
-            .ok_or_else(|| ApiError::Internal(format!("stored role {:?} is unknown", m.role)))?;
         memberships.push(Membership {
             tenant: t.name,
             tenant_id: t.id,
-            role,
+            role: stored_role(&m.role)?,
         });
     }
     memberships.sort_by(|a, b| a.tenant.cmp(&b.tenant));
