@@ -1,0 +1,755 @@
+//! Sysfs trees of real GPU server designs, generated rather than copied:
+//! each machine is a plain description here, and [`write`] lays it out as
+//! directories, files and (relative) symlinks the way Linux does, so that
+//! discovery runs on it exactly as on `/sys`.
+//!
+//! Sources for each design are cited on its function and in
+//! `../shared/reference/topology.md`.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::sysfs::{format_cpulist, Hints, NvLinkHint, HINTS_FILE};
+use crate::{
+    Bdf, CpuIdentity, CLASS_3D_CONTROLLER, CLASS_BRIDGE_OTHER, CLASS_BRIDGE_PCI, CLASS_ETHERNET,
+    CLASS_INFINIBAND, CLASS_VGA, VENDOR_MELLANOX, VENDOR_NVIDIA,
+};
+
+pub const MACHINES: &[&str] = &[
+    "dgx-a100",
+    "hgx-h100",
+    "hgx-h100-2nic",
+    "l40s-pcie",
+    "cpu-only",
+];
+
+#[derive(Debug, Clone)]
+pub struct Machine {
+    pub name: &'static str,
+    pub cpu: CpuIdentity,
+    pub numa: Vec<NumaSpec>,
+    pub complexes: Vec<Complex>,
+    pub nvlinks: BTreeMap<Bdf, Vec<NvLinkHint>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NumaSpec {
+    pub id: u32,
+    pub cpus: Vec<u32>,
+    pub memory_kib: u64,
+}
+
+/// A host bridge (`pci0000:00`) and what hangs below it.
+#[derive(Debug, Clone)]
+pub struct Complex {
+    pub domain: u16,
+    pub bus: u8,
+    pub numa: Option<u32>,
+    pub children: Vec<Node>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Node {
+    Bridge {
+        function: Function,
+        children: Vec<Node>,
+    },
+    Endpoint(Function),
+}
+
+#[derive(Debug, Clone)]
+pub struct Function {
+    pub bdf: Bdf,
+    pub class: u32,
+    pub vendor: u16,
+    pub device: u16,
+    pub subsystem: (u16, u16),
+    pub link_speed: &'static str,
+    pub link_width: u32,
+    pub driver: &'static str,
+    pub rdma: Option<Rdma>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Rdma {
+    pub name: String,
+    pub netdev: String,
+    pub rate: &'static str,
+    pub link_layer: &'static str,
+    pub total_vfs: u32,
+}
+
+const GEN4: &str = "16.0 GT/s PCIe";
+const GEN5: &str = "32.0 GT/s PCIe";
+
+fn bdf(bus: u8, device: u8, function: u8) -> Bdf {
+    Bdf::new(0, bus, device, function)
+}
+
+fn bridge(at: Bdf, vendor: u16, device: u16, speed: &'static str, children: Vec<Node>) -> Node {
+    Node::Bridge {
+        function: Function {
+            bdf: at,
+            class: CLASS_BRIDGE_PCI,
+            vendor,
+            device,
+            subsystem: (vendor, 0xa096),
+            link_speed: speed,
+            link_width: 16,
+            driver: "pcieport",
+            rdma: None,
+        },
+        children,
+    }
+}
+
+/// A root port (AMD `1022:1483` or Intel `8086:352a`) holding one child.
+fn root_port(at: Bdf, intel: bool, speed: &'static str, child: Node) -> Node {
+    let (v, d) = if intel {
+        (0x8086, 0x352a)
+    } else {
+        (0x1022, 0x1483)
+    };
+    bridge(at, v, d, speed, vec![child])
+}
+
+/// A PCIe switch: an upstream port at `up` and one downstream port per
+/// child on the next bus (`bus+1:NN.0`).
+fn switch(up: Bdf, vendor: u16, device: u16, speed: &'static str, children: Vec<Node>) -> Node {
+    let down_bus = up.bus.wrapping_add(1);
+    let downs = children
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| bridge(bdf(down_bus, i as u8, 0), vendor, device, speed, vec![c]))
+        .collect();
+    bridge(up, vendor, device, speed, downs)
+}
+
+fn gpu(at: Bdf, device: u16, class: u32, speed: &'static str) -> Node {
+    Node::Endpoint(Function {
+        bdf: at,
+        class,
+        vendor: VENDOR_NVIDIA,
+        device,
+        subsystem: (VENDOR_NVIDIA, 0x1490),
+        link_speed: speed,
+        link_width: 16,
+        driver: "nvidia",
+        rdma: None,
+    })
+}
+
+fn nvswitch(at: Bdf, device: u16) -> Node {
+    Node::Endpoint(Function {
+        bdf: at,
+        class: CLASS_BRIDGE_OTHER,
+        vendor: VENDOR_NVIDIA,
+        device,
+        subsystem: (VENDOR_NVIDIA, 0x1600),
+        link_speed: "8.0 GT/s PCIe",
+        link_width: 2,
+        driver: "nvidia",
+        rdma: None,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn mlx(
+    at: Bdf,
+    device: u16,
+    class: u32,
+    name: &str,
+    netdev: &str,
+    rate: &'static str,
+    link_layer: &'static str,
+    speed: &'static str,
+) -> Node {
+    Node::Endpoint(Function {
+        bdf: at,
+        class,
+        vendor: VENDOR_MELLANOX,
+        device,
+        subsystem: (VENDOR_MELLANOX, 0x0007),
+        link_speed: speed,
+        link_width: 16,
+        driver: "mlx5_core",
+        rdma: Some(Rdma {
+            name: name.to_owned(),
+            netdev: netdev.to_owned(),
+            rate,
+            link_layer,
+            total_vfs: 16,
+        }),
+    })
+}
+
+fn plain(at: Bdf, class: u32, vendor: u16, device: u16, driver: &'static str) -> Node {
+    Node::Endpoint(Function {
+        bdf: at,
+        class,
+        vendor,
+        device,
+        subsystem: (vendor, 0x0000),
+        link_speed: "8.0 GT/s PCIe",
+        link_width: 4,
+        driver,
+        rdma: None,
+    })
+}
+
+/// `count` cores per node with SMT siblings `smt_offset` higher.
+fn smt_nodes(nodes: u32, cores_per_node: u32, smt_offset: u32, memory_kib: u64) -> Vec<NumaSpec> {
+    (0..nodes)
+        .map(|n| {
+            let first = n * cores_per_node;
+            let mut cpus: Vec<u32> = (first..first + cores_per_node).collect();
+            cpus.extend((first + smt_offset)..(first + smt_offset + cores_per_node));
+            NumaSpec {
+                id: n,
+                cpus,
+                memory_kib,
+            }
+        })
+        .collect()
+}
+
+/// DGX A100: 8 × A100-SXM4-40GB (`10de:20b0`) at buses 07 0f 47 4e 87 90
+/// b7 bd, each behind a lower Broadcom `1000:c010` switch under an upper
+/// one shared with its pair and two ConnectX-6 (`15b3:101b`) HCAs (GPU↔NIC
+/// PXB); 6 NVSwitches (`10de:1af1`) at c4…c9 with 2 links from every GPU
+/// (NV12); GPU pairs on NUMA nodes 3, 1, 7, 5 of an AMD Rome (family 23,
+/// model 49) in NPS4; two more HCAs for storage.
+/// Sources: the NCCL topology dump in NVIDIA/nccl issue #1505; the DGX
+/// A100 user guide's `nvidia-smi topo -m`.
+pub fn dgx_a100() -> Machine {
+    const SW: (u16, u16) = (0x1000, 0xc010);
+    let pair = |rc: u8, numa: u32, gpus: [u8; 2], nics: [(u8, &str, &str); 2]| {
+        let lower = |up: u8, child: Node| switch(bdf(up, 0, 0), SW.0, SW.1, GEN4, vec![child]);
+        let gpu_a = lower(
+            gpus[0] - 4,
+            gpu(bdf(gpus[0], 0, 0), 0x20b0, CLASS_3D_CONTROLLER, GEN4),
+        );
+        let nic_a = lower(
+            nics[0].0 - 2,
+            mlx(
+                bdf(nics[0].0, 0, 0),
+                0x101b,
+                CLASS_INFINIBAND,
+                nics[0].1,
+                nics[0].2,
+                "200 Gb/sec (4X HDR)",
+                "InfiniBand",
+                GEN4,
+            ),
+        );
+        let gpu_b = lower(
+            gpus[1] - 2,
+            gpu(bdf(gpus[1], 0, 0), 0x20b0, CLASS_3D_CONTROLLER, GEN4),
+        );
+        let nic_b = lower(
+            nics[1].0 - 2,
+            mlx(
+                bdf(nics[1].0, 0, 0),
+                0x101b,
+                CLASS_INFINIBAND,
+                nics[1].1,
+                nics[1].2,
+                "200 Gb/sec (4X HDR)",
+                "InfiniBand",
+                GEN4,
+            ),
+        );
+        let upper = switch(
+            bdf(rc + 1, 0, 0),
+            SW.0,
+            SW.1,
+            GEN4,
+            vec![gpu_a, nic_a, gpu_b, nic_b],
+        );
+        Complex {
+            domain: 0,
+            bus: rc,
+            numa: Some(numa),
+            children: vec![root_port(bdf(rc, 1, 1), false, GEN4, upper)],
+        }
+    };
+    let nvswitch_buses = [0xc4u8, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9];
+    let gpu_buses = [0x07u8, 0x0f, 0x47, 0x4e, 0x87, 0x90, 0xb7, 0xbd];
+    let nvlinks = gpu_buses
+        .iter()
+        .map(|g| {
+            let links = nvswitch_buses
+                .iter()
+                .map(|s| NvLinkHint {
+                    target: bdf(*s, 0, 0),
+                    count: 2,
+                })
+                .collect();
+            (bdf(*g, 0, 0), links)
+        })
+        .collect();
+    let mut nvswitch_ports = Vec::new();
+    for (i, s) in nvswitch_buses.iter().enumerate() {
+        nvswitch_ports.push(root_port(
+            bdf(0xc0, 1 + i as u8, 1),
+            false,
+            GEN4,
+            nvswitch(bdf(*s, 0, 0), 0x1af1),
+        ));
+    }
+    let storage = Complex {
+        domain: 0,
+        bus: 0xe0,
+        numa: Some(2),
+        children: vec![root_port(
+            bdf(0xe0, 1, 1),
+            false,
+            GEN4,
+            switch(
+                bdf(0xe1, 0, 0),
+                SW.0,
+                SW.1,
+                GEN4,
+                vec![
+                    mlx(
+                        bdf(0xe3, 0, 0),
+                        0x101b,
+                        CLASS_INFINIBAND,
+                        "mlx5_4",
+                        "ibp227s0",
+                        "200 Gb/sec (4X HDR)",
+                        "InfiniBand",
+                        GEN4,
+                    ),
+                    mlx(
+                        bdf(0xe4, 0, 0),
+                        0x101b,
+                        CLASS_INFINIBAND,
+                        "mlx5_5",
+                        "ibp228s0",
+                        "200 Gb/sec (4X HDR)",
+                        "InfiniBand",
+                        GEN4,
+                    ),
+                ],
+            ),
+        )],
+    };
+    Machine {
+        name: "dgx-a100",
+        cpu: CpuIdentity {
+            arch: "x86_64".into(),
+            vendor: "AuthenticAMD".into(),
+            family_id: 23,
+            model_id: 49,
+        },
+        numa: smt_nodes(8, 16, 128, 132_000_000),
+        complexes: vec![
+            pair(
+                0x00,
+                3,
+                [0x07, 0x0f],
+                [(0x0c, "mlx5_0", "ibp12s0"), (0x12, "mlx5_1", "ibp18s0")],
+            ),
+            pair(
+                0x40,
+                1,
+                [0x47, 0x4e],
+                [(0x4b, "mlx5_2", "ibp75s0"), (0x54, "mlx5_3", "ibp84s0")],
+            ),
+            pair(
+                0x80,
+                7,
+                [0x87, 0x90],
+                [(0x8d, "mlx5_6", "ibp141s0"), (0x94, "mlx5_7", "ibp148s0")],
+            ),
+            pair(
+                0xb0,
+                5,
+                [0xb7, 0xbd],
+                [(0xba, "mlx5_8", "ibp186s0"), (0xc1, "mlx5_9", "ibp193s0")],
+            ),
+            Complex {
+                domain: 0,
+                bus: 0xc0,
+                numa: Some(6),
+                children: nvswitch_ports,
+            },
+            storage,
+        ],
+        nvlinks,
+    }
+}
+
+/// HGX H100 8-GPU: 8 × H100-SXM5-80GB (`10de:2330`), each with one
+/// ConnectX-7 (`15b3:1021`) under the same Broadcom `1000:c030` Gen5
+/// switch (GPU↔NIC PIX), each switch on its own host bridge; GPUs 0–3 on
+/// NUMA 0 and 4–7 on NUMA 1 of an Intel Sapphire Rapids (family 6,
+/// model 143); 4 NVSwitches (`10de:22a3`) at 05…08 with 4/5/5/4 links from
+/// every GPU (NV18). `nics` picks which GPUs' switches carry a NIC.
+/// Sources: NVIDIA/nccl issues #1264 and #1182 (`nvidia-smi nvlink -R`),
+/// aliyun/SimAI issue #128; the DGX H100 `nvidia-smi topo -m`.
+fn hgx_h100(name: &'static str, nic_on: &[usize]) -> Machine {
+    const SW: (u16, u16) = (0x1000, 0xc030);
+    let gpu_buses = [0x18u8, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+    let mut complexes = Vec::new();
+    let mut nic_index = 0;
+    for (i, g) in gpu_buses.iter().enumerate() {
+        let rc = g - 3;
+        let mut below = vec![gpu(bdf(*g, 0, 0), 0x2330, CLASS_3D_CONTROLLER, GEN5)];
+        if nic_on.contains(&i) {
+            let bus = g + 1;
+            below.push(mlx(
+                bdf(bus, 0, 0),
+                0x1021,
+                CLASS_INFINIBAND,
+                &format!("mlx5_{nic_index}"),
+                &format!("ibp{bus}s0"),
+                "400 Gb/sec (4X NDR)",
+                "InfiniBand",
+                GEN5,
+            ));
+            nic_index += 1;
+        }
+        complexes.push(Complex {
+            domain: 0,
+            bus: rc,
+            numa: Some(if i < 4 { 0 } else { 1 }),
+            children: vec![root_port(
+                bdf(rc, 1, 0),
+                true,
+                GEN5,
+                switch(bdf(rc + 1, 0, 0), SW.0, SW.1, GEN5, below),
+            )],
+        });
+    }
+    let switches = [(0x05u8, 4u32), (0x06, 5), (0x07, 5), (0x08, 4)];
+    complexes.push(Complex {
+        domain: 0,
+        bus: 0x00,
+        numa: Some(0),
+        children: switches
+            .iter()
+            .enumerate()
+            .map(|(i, (b, _))| {
+                root_port(
+                    bdf(0x00, 1 + i as u8, 0),
+                    true,
+                    GEN4,
+                    nvswitch(bdf(*b, 0, 0), 0x22a3),
+                )
+            })
+            .collect(),
+    });
+    let nvlinks = gpu_buses
+        .iter()
+        .map(|g| {
+            let links = switches
+                .iter()
+                .map(|(b, n)| NvLinkHint {
+                    target: bdf(*b, 0, 0),
+                    count: *n,
+                })
+                .collect();
+            (bdf(*g, 0, 0), links)
+        })
+        .collect();
+    Machine {
+        name,
+        cpu: CpuIdentity {
+            arch: "x86_64".into(),
+            vendor: "GenuineIntel".into(),
+            family_id: 6,
+            model_id: 143,
+        },
+        numa: smt_nodes(2, 56, 112, 1_056_000_000),
+        complexes,
+        nvlinks,
+    }
+}
+
+/// A PCIe-card server: 4 × L40S (`10de:26b9`, class VGA) on root ports of
+/// two sockets, no NVLink, one ConnectX-6 Dx (`15b3:101d`, RoCE) on
+/// socket 0, an NVMe drive.
+fn l40s_pcie() -> Machine {
+    let socket = |rc: u8, numa: u32, with_nic: bool| {
+        let mut ports = vec![
+            root_port(
+                bdf(rc, 1, 0),
+                true,
+                GEN4,
+                gpu(bdf(rc + 1, 0, 0), 0x26b9, CLASS_VGA, GEN4),
+            ),
+            root_port(
+                bdf(rc, 3, 0),
+                true,
+                GEN4,
+                gpu(bdf(rc + 2, 0, 0), 0x26b9, CLASS_VGA, GEN4),
+            ),
+            root_port(
+                bdf(rc, 5, 0),
+                true,
+                GEN4,
+                plain(bdf(rc + 4, 0, 0), 0x010802, 0x144d, 0xa80a, "nvme"),
+            ),
+        ];
+        if with_nic {
+            ports.push(root_port(
+                bdf(rc, 7, 0),
+                true,
+                GEN4,
+                mlx(
+                    bdf(rc + 3, 0, 0),
+                    0x101d,
+                    CLASS_ETHERNET,
+                    "mlx5_0",
+                    "ens7f0np0",
+                    "100 Gb/sec (4X EDR)",
+                    "Ethernet",
+                    GEN4,
+                ),
+            ));
+        }
+        Complex {
+            domain: 0,
+            bus: rc,
+            numa: Some(numa),
+            children: ports,
+        }
+    };
+    Machine {
+        name: "l40s-pcie",
+        cpu: CpuIdentity {
+            arch: "x86_64".into(),
+            vendor: "GenuineIntel".into(),
+            family_id: 6,
+            model_id: 143,
+        },
+        numa: smt_nodes(2, 32, 64, 528_000_000),
+        complexes: vec![socket(0x00, 0, true), socket(0x80, 1, false)],
+        nvlinks: BTreeMap::new(),
+    }
+}
+
+/// A CPU-only host: two sockets, an Intel Ethernet NIC, an NVMe drive.
+fn cpu_only() -> Machine {
+    Machine {
+        name: "cpu-only",
+        cpu: CpuIdentity {
+            arch: "x86_64".into(),
+            vendor: "AuthenticAMD".into(),
+            family_id: 25,
+            model_id: 17,
+        },
+        numa: smt_nodes(2, 32, 64, 264_000_000),
+        complexes: vec![Complex {
+            domain: 0,
+            bus: 0x00,
+            numa: Some(0),
+            children: vec![
+                root_port(
+                    bdf(0x00, 1, 1),
+                    false,
+                    GEN4,
+                    plain(bdf(0x01, 0, 0), CLASS_ETHERNET, 0x8086, 0x1521, "igb"),
+                ),
+                root_port(
+                    bdf(0x00, 3, 1),
+                    false,
+                    GEN4,
+                    plain(bdf(0x02, 0, 0), 0x010802, 0x144d, 0xa80a, "nvme"),
+                ),
+            ],
+        }],
+        nvlinks: BTreeMap::new(),
+    }
+}
+
+pub fn machine(name: &str) -> Option<Machine> {
+    Some(match name {
+        "dgx-a100" => dgx_a100(),
+        "hgx-h100" => hgx_h100("hgx-h100", &[0, 1, 2, 3, 4, 5, 6, 7]),
+        "hgx-h100-2nic" => hgx_h100("hgx-h100-2nic", &[0, 4]),
+        "l40s-pcie" => l40s_pcie(),
+        "cpu-only" => cpu_only(),
+        _ => return None,
+    })
+}
+
+/// Hex words of a CPU set as in `nodeN/cpumap` (most significant first).
+pub fn cpumap(cpus: &[u32], total: u32) -> String {
+    let words = total.div_ceil(32).max(1) as usize;
+    let mut w = vec![0u32; words];
+    for c in cpus {
+        if let Some(word) = w.get_mut((*c / 32) as usize) {
+            *word |= 1 << (c % 32);
+        }
+    }
+    w.iter()
+        .rev()
+        .map(|x| format!("{x:08x}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+struct Writer<'a> {
+    root: &'a Path,
+    next_group: u32,
+}
+
+fn up(depth: usize) -> String {
+    "../".repeat(depth)
+}
+
+impl Writer<'_> {
+    fn file(&self, rel: &Path, content: &str) -> io::Result<()> {
+        let p = self.root.join(rel);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(p, content)
+    }
+
+    fn link(&self, rel: &Path, target: &str) -> io::Result<()> {
+        let p = self.root.join(rel);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::os::unix::fs::symlink(target, p)
+    }
+
+    fn node(&mut self, parent: &Path, numa: Option<u32>, node: &Node) -> io::Result<()> {
+        let (f, children) = match node {
+            Node::Bridge { function, children } => (function, children.as_slice()),
+            Node::Endpoint(function) => (function, &[][..]),
+        };
+        let dir = parent.join(f.bdf.to_string());
+        let depth = dir.components().count();
+        self.file(&dir.join("class"), &format!("0x{:06x}\n", f.class))?;
+        self.file(&dir.join("vendor"), &format!("0x{:04x}\n", f.vendor))?;
+        self.file(&dir.join("device"), &format!("0x{:04x}\n", f.device))?;
+        self.file(
+            &dir.join("subsystem_vendor"),
+            &format!("0x{:04x}\n", f.subsystem.0),
+        )?;
+        self.file(
+            &dir.join("subsystem_device"),
+            &format!("0x{:04x}\n", f.subsystem.1),
+        )?;
+        self.file(
+            &dir.join("numa_node"),
+            &format!("{}\n", numa.map(i64::from).unwrap_or(-1)),
+        )?;
+        for prefix in ["max", "current"] {
+            self.file(
+                &dir.join(format!("{prefix}_link_speed")),
+                &format!("{}\n", f.link_speed),
+            )?;
+            self.file(
+                &dir.join(format!("{prefix}_link_width")),
+                &format!("{}\n", f.link_width),
+            )?;
+        }
+        let group = self.next_group;
+        self.next_group += 1;
+        std::fs::create_dir_all(
+            self.root
+                .join(format!("kernel/iommu_groups/{group}/devices")),
+        )?;
+        self.link(
+            &dir.join("iommu_group"),
+            &format!("{}kernel/iommu_groups/{group}", up(depth)),
+        )?;
+        std::fs::create_dir_all(self.root.join(format!("bus/pci/drivers/{}", f.driver)))?;
+        self.link(
+            &dir.join("driver"),
+            &format!("{}bus/pci/drivers/{}", up(depth), f.driver),
+        )?;
+        self.link(
+            &PathBuf::from(format!("bus/pci/devices/{}", f.bdf)),
+            &format!("../../../{}", dir.display()),
+        )?;
+        if let Some(r) = &f.rdma {
+            self.file(&dir.join("sriov_totalvfs"), &format!("{}\n", r.total_vfs))?;
+            self.file(&dir.join("sriov_numvfs"), "0\n")?;
+            let ib = PathBuf::from(format!("class/infiniband/{}", r.name));
+            self.link(&ib.join("device"), &format!("../../../{}", dir.display()))?;
+            self.file(&ib.join("ports/1/rate"), &format!("{}\n", r.rate))?;
+            self.file(
+                &ib.join("ports/1/link_layer"),
+                &format!("{}\n", r.link_layer),
+            )?;
+            let net = PathBuf::from(format!("class/net/{}", r.netdev));
+            self.link(&net.join("device"), &format!("../../../{}", dir.display()))?;
+        }
+        for c in children {
+            self.node(&dir, numa, c)?;
+        }
+        Ok(())
+    }
+}
+
+/// Lays the machine out under `root` (which must be empty or absent).
+pub fn write(m: &Machine, root: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(root)?;
+    let mut w = Writer {
+        root,
+        next_group: 0,
+    };
+    let total: u32 = m.numa.iter().map(|n| n.cpus.len() as u32).sum();
+    for n in &m.numa {
+        let dir = PathBuf::from(format!("devices/system/node/node{}", n.id));
+        w.file(
+            &dir.join("cpulist"),
+            &format!("{}\n", format_cpulist(&n.cpus)),
+        )?;
+        w.file(
+            &dir.join("cpumap"),
+            &format!("{}\n", cpumap(&n.cpus, total)),
+        )?;
+        w.file(
+            &dir.join("meminfo"),
+            &format!(
+                "Node {} MemTotal:       {} kB\nNode {} MemFree:        {} kB\n",
+                n.id,
+                n.memory_kib,
+                n.id,
+                n.memory_kib / 2
+            ),
+        )?;
+    }
+    std::fs::create_dir_all(root.join("bus/pci/devices"))?;
+    for c in &m.complexes {
+        let rc = PathBuf::from(format!("devices/pci{:04x}:{:02x}", c.domain, c.bus));
+        std::fs::create_dir_all(root.join(&rc))?;
+        for child in &c.children {
+            w.node(&rc, c.numa, child)?;
+        }
+    }
+    let hints = Hints {
+        cpu: Some(m.cpu.clone()),
+        nvlinks: m.nvlinks.clone(),
+    };
+    let json = serde_json::to_string_pretty(&hints).map_err(io::Error::other)?;
+    std::fs::write(root.join(HINTS_FILE), json + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpumaps_are_most_significant_word_first() {
+        assert_eq!(cpumap(&[0, 1, 2, 3], 64), "00000000,0000000f");
+        assert_eq!(cpumap(&[32], 64), "00000001,00000000");
+    }
+
+    #[test]
+    fn every_listed_machine_exists() {
+        for name in MACHINES {
+            assert_eq!(machine(name).unwrap().name, *name);
+        }
+        assert!(machine("nope").is_none());
+    }
+}

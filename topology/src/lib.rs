@@ -1,0 +1,212 @@
+//! A GPU host's topology — NUMA nodes, the PCIe tree, GPUs, RDMA NICs,
+//! NVSwitches and NVLinks — as plain data, with the functions over it.
+//!
+//! `sysfs` reads it from a host (IO at the edge); `relation` computes
+//! `nvidia-smi topo -m` relations and the GPU↔NIC pairing; `matrix`
+//! prints them; `fixtures` writes sysfs trees of real machine designs for
+//! tests and simulated hosts.
+
+use serde::{Deserialize, Serialize};
+
+pub mod bdf;
+pub mod fixtures;
+pub mod matrix;
+pub mod relation;
+pub mod sysfs;
+
+pub use bdf::Bdf;
+pub use relation::{pairing, relations, Relation, Relations};
+
+pub const VENDOR_NVIDIA: u16 = 0x10de;
+pub const VENDOR_MELLANOX: u16 = 0x15b3;
+pub const CLASS_3D_CONTROLLER: u32 = 0x030200;
+pub const CLASS_VGA: u32 = 0x030000;
+pub const CLASS_INFINIBAND: u32 = 0x020700;
+pub const CLASS_ETHERNET: u32 = 0x020000;
+pub const CLASS_BRIDGE_PCI: u32 = 0x060400;
+pub const CLASS_BRIDGE_OTHER: u32 = 0x068000;
+
+/// What an agent reports about its host.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostTopology {
+    /// CPU identity for NCCL's `cpu` element; unknown when neither
+    /// `/proc/cpuinfo` nor a hint file says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuIdentity>,
+    pub numa_nodes: Vec<NumaNode>,
+    /// Every PCI function read, bridges included, by address.
+    pub pci_devices: Vec<PciDevice>,
+    pub gpus: Vec<Gpu>,
+    pub nics: Vec<Nic>,
+    pub nvswitches: Vec<NvSwitch>,
+    /// What could not be read or made sense of, in words. Never fatal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuIdentity {
+    pub arch: String,
+    pub vendor: String,
+    pub family_id: u32,
+    pub model_id: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NumaNode {
+    pub id: u32,
+    pub cpus: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_kib: Option<u64>,
+}
+
+/// Where a PCI function sits: its root complex and the bridges above it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PciLocation {
+    pub bdf: Bdf,
+    /// The host bridge, as sysfs names it (`pci0000:00`).
+    pub root_complex: String,
+    /// Bridges from the root complex down to the device's parent.
+    pub pcie_path: Vec<Bdf>,
+    /// `None` when sysfs says `-1` or nothing: no affinity known.
+    pub numa_node: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PciDevice {
+    #[serde(flatten)]
+    pub location: PciLocation,
+    pub class: u32,
+    pub vendor: u16,
+    pub device: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsystem_vendor: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsystem_device: Option<u16>,
+    /// `max_link_speed`, e.g. `16.0 GT/s PCIe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_speed: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_width: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu_group: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+}
+
+impl PciDevice {
+    pub fn bdf(&self) -> Bdf {
+        self.location.bdf
+    }
+
+    pub fn is_bridge(&self) -> bool {
+        self.class >> 8 == CLASS_BRIDGE_PCI >> 8
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    #[serde(flatten)]
+    pub location: PciLocation,
+    /// Marketing model from the PCI ids, e.g. `H100-SXM5-80GB`.
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu_group: Option<u32>,
+    /// NVLinks to NVSwitches or peer GPUs (from NVML or a hint file;
+    /// sysfs does not show them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlinks: Vec<NvLink>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLink {
+    pub target: Bdf,
+    pub count: u32,
+    /// `0x068000` NVSwitch, `0x030200` GPU (NCCL's `tclass`).
+    pub target_class: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nic {
+    #[serde(flatten)]
+    pub location: PciLocation,
+    /// The RDMA device name NCCL matches, e.g. `mlx5_0`.
+    pub rdma_device: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netdev: Option<String>,
+    /// Port 1 speed in Mb/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_speed_mbps: Option<u64>,
+    /// `InfiniBand` or `Ethernet` (RoCE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_layer: Option<String>,
+    pub sriov_total_vfs: u32,
+    pub sriov_num_vfs: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu_group: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvSwitch {
+    #[serde(flatten)]
+    pub location: PciLocation,
+}
+
+/// A GPU's marketing name from its PCI device id.
+pub fn gpu_model(device: u16) -> String {
+    match device {
+        0x20b0 => "A100-SXM4-40GB".into(),
+        0x20b2 => "A100-SXM4-80GB".into(),
+        0x20b5 => "A100-PCIE-80GB".into(),
+        0x20f1 => "A100-PCIE-40GB".into(),
+        0x2330 => "H100-SXM5-80GB".into(),
+        0x2331 => "H100-PCIE-80GB".into(),
+        0x2335 => "H200-SXM5-141GB".into(),
+        0x26b5 => "L40".into(),
+        0x26b9 => "L40S".into(),
+        0x2230 => "RTX-A6000".into(),
+        0x27b8 => "L4".into(),
+        other => format!("NVIDIA-{other:04x}"),
+    }
+}
+
+impl HostTopology {
+    pub fn gpu(&self, bdf: Bdf) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.location.bdf == bdf)
+    }
+
+    pub fn nic(&self, rdma_device: &str) -> Option<&Nic> {
+        self.nics.iter().find(|n| n.rdma_device == rdma_device)
+    }
+
+    pub fn pci(&self, bdf: Bdf) -> Option<&PciDevice> {
+        self.pci_devices.iter().find(|d| d.location.bdf == bdf)
+    }
+
+    pub fn numa(&self, id: u32) -> Option<&NumaNode> {
+        self.numa_nodes.iter().find(|n| n.id == id)
+    }
+}
+
+/// What `kumo-agent topology` prints: the topology, every GPU's relation
+/// to every NIC (`relations`) and GPU (`gpu_relations`), and the pairing.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopologyReport<'a> {
+    #[serde(flatten)]
+    pub topology: &'a HostTopology,
+    pub relations: std::collections::BTreeMap<Bdf, std::collections::BTreeMap<String, Relation>>,
+    pub gpu_relations: std::collections::BTreeMap<Bdf, std::collections::BTreeMap<Bdf, Relation>>,
+    pub pairing: std::collections::BTreeMap<Bdf, Option<String>>,
+}
+
+impl<'a> TopologyReport<'a> {
+    pub fn new(topology: &'a HostTopology) -> TopologyReport<'a> {
+        let r = relations(topology);
+        TopologyReport {
+            topology,
+            relations: r.gpu_nic,
+            gpu_relations: r.gpu_gpu,
+            pairing: pairing(topology),
+        }
+    }
+}
