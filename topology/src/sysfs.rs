@@ -111,8 +111,7 @@ pub fn discover(root: &Path, hints: Option<&Path>) -> Result<HostTopology, Disco
             });
         }
     }
-    topo.nics
-        .sort_by(|a, b| natural_key(&a.rdma_device).cmp(&natural_key(&b.rdma_device)));
+    topo.nics.sort_by_key(|n| natural_key(&n.rdma_device));
 
     for (gpu_bdf, links) in &hints.nvlinks {
         let Some(gpu) = topo.gpus.iter().position(|g| g.location.bdf == *gpu_bdf) else {
