@@ -9,10 +9,15 @@
 use serde::{Deserialize, Serialize};
 
 pub mod bdf;
+pub mod domain_xml;
 pub mod fixtures;
+pub mod guest_layout;
 pub mod matrix;
+pub mod nccl_xml;
 pub mod relation;
+pub mod render;
 pub mod sysfs;
+pub mod xml;
 
 pub use bdf::Bdf;
 pub use relation::{pairing, relations, Relation, Relations};

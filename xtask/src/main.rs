@@ -36,12 +36,58 @@ fn has_nextest() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+/// Installs Debian packages for the tools the tests run, when missing.
+fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(t, _)| !on_path(t))
+        .map(|(_, p)| *p)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let apt = |args: &[&str]| {
+        let mut c = if is_root() {
+            Command::new("apt-get")
+        } else {
+            let mut c = Command::new("sudo");
+            c.arg("apt-get");
+            c
+        };
+        c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        run(&mut c)
+    };
+    apt(&["update", "-qq"])?;
+    let mut args = vec!["install", "-y", "-qq"];
+    args.extend(missing);
+    apt(&args)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
 /// Everything CI checks: formatting, lints, and every test on SQLite and
-/// PostgreSQL (started or installed here when missing).
+/// PostgreSQL (started or installed here when missing), with the libvirt
+/// tools the rendering tests check domains with.
 fn test(extra: &[String]) -> Result<(), String> {
     if std::env::var_os("KUMO_TEST_DATABASE_URL").is_none() {
         run(Command::new("bash").arg("scripts/ensure-postgres.sh"))?;
     }
+    ensure_tools(&[
+        ("virsh", "libvirt-clients"),
+        ("virt-xml-validate", "libvirt-clients"),
+        ("xmllint", "libxml2-utils"),
+    ])?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args([
         "clippy",

@@ -1,32 +1,12 @@
 //! Discovery on generated sysfs trees of real machine designs, checked
 //! against the topology matrices published for those machines.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 
 use kumo_topology::{fixtures, matrix, pairing, sysfs, Bdf, HostTopology, TopologyReport};
 use proptest::prelude::*;
 
-/// A scratch directory on tmpfs when there is one: a fixture is ~1,600
-/// small files, which this machine's disk writes 50 times slower.
-fn scratch() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        if let Ok(d) = tempfile::Builder::new().prefix("kumo-topo").tempdir_in(shm) {
-            return d;
-        }
-    }
-    tempfile::tempdir().unwrap()
-}
-
-fn discover_fixture(name: &str) -> (tempfile::TempDir, HostTopology) {
-    let dir = scratch();
-    let root = dir.path().join(name);
-    fixtures::write(&fixtures::machine(name).unwrap(), &root).unwrap();
-    let topo = sysfs::discover(&root, None).unwrap();
-    assert!(topo.warnings.is_empty(), "{name}: {:?}", topo.warnings);
-    (dir, topo)
-}
+use crate::common::{discover_fixture, scratch};
 
 /// The GPU rows of the matrix, cells separated by whitespace.
 fn gpu_rows(topo: &HostTopology) -> Vec<String> {

@@ -1,0 +1,224 @@
+//! libvirt domain XML for a guest layout: q35, one `pcie-expander-bus`
+//! per host switch group on its guest NUMA cell, a `pcie-root-port` per
+//! device, managed `hostdev`s (whole IOMMU groups), pinned vCPUs, strict
+//! per-cell hugepage memory, a guest-agent channel, a virtio disk and a
+//! cloud-init seed slot.
+
+use crate::fixtures::cpumap;
+use crate::guest_layout::GuestLayout;
+use crate::sysfs::format_cpulist;
+use crate::xml::{el, Element};
+use crate::Bdf;
+
+/// What the domain needs besides the layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainSpec {
+    pub name: String,
+    pub uuid: String,
+    /// `kvm` in production; `qemu` (TCG) where KVM is unavailable.
+    pub virt_type: String,
+    pub disk_path: String,
+    /// A NoCloud seed image (label `cidata`), attached read-only.
+    pub seed_path: Option<String>,
+    /// Back memory with hugepages (needs them reserved on the host).
+    pub hugepages: bool,
+}
+
+pub const GUEST_AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
+pub const METADATA_NS: &str = "https://kumo.example/xmlns/domain/1";
+
+fn pci_address(bdf: Bdf) -> Element {
+    el("address")
+        .attr("domain", format!("0x{:04x}", bdf.domain))
+        .attr("bus", format!("0x{:02x}", bdf.bus))
+        .attr("slot", format!("0x{:02x}", bdf.device))
+        .attr("function", format!("0x{:x}", bdf.function))
+}
+
+fn guest_address(bus_index: u32, slot: u8, function: u8) -> Element {
+    el("address")
+        .attr("type", "pci")
+        .attr("domain", "0x0000")
+        .attr("bus", format!("0x{bus_index:02x}"))
+        .attr("slot", format!("0x{slot:02x}"))
+        .attr("function", format!("0x{function:x}"))
+}
+
+pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
+    let vcpus: usize = layout.cells.iter().map(|c| c.vcpus.len()).sum();
+    let memory_mib: u64 = layout.cells.iter().map(|c| c.memory_mib).sum();
+    let host_nodes: Vec<u32> = layout.cells.iter().map(|c| c.host_node).collect();
+
+    let mut devices = el("devices").child(
+        el("disk")
+            .attr("type", "file")
+            .attr("device", "disk")
+            .child(el("driver").attr("name", "qemu").attr("type", "qcow2"))
+            .child(el("source").attr("file", &spec.disk_path))
+            .child(el("target").attr("dev", "vda").attr("bus", "virtio")),
+    );
+    if let Some(seed) = &spec.seed_path {
+        devices = devices.child(
+            el("disk")
+                .attr("type", "file")
+                .attr("device", "cdrom")
+                .child(el("driver").attr("name", "qemu").attr("type", "raw"))
+                .child(el("source").attr("file", seed))
+                .child(el("target").attr("dev", "sda").attr("bus", "sata"))
+                .child(el("readonly")),
+        );
+    }
+    devices = devices.child(
+        el("controller")
+            .attr("type", "pci")
+            .attr("index", 0)
+            .attr("model", "pcie-root"),
+    );
+    for e in &layout.expanders {
+        devices = devices.child(
+            el("controller")
+                .attr("type", "pci")
+                .attr("index", e.index)
+                .attr("model", "pcie-expander-bus")
+                .child(
+                    el("target")
+                        .attr("busNr", e.bus_nr)
+                        .child(el("node").text(e.guest_node)),
+                ),
+        );
+    }
+    for e in &layout.expanders {
+        for p in &e.ports {
+            devices = devices.child(
+                el("controller")
+                    .attr("type", "pci")
+                    .attr("index", p.index)
+                    .attr("model", "pcie-root-port")
+                    .child(
+                        el("target")
+                            .attr("chassis", p.index)
+                            .attr("port", format!("0x{:x}", p.slot)),
+                    )
+                    .child(guest_address(e.index, p.slot, 0)),
+            );
+        }
+    }
+    for e in &layout.expanders {
+        for p in &e.ports {
+            let d = &p.device;
+            let functions = std::iter::once(d.host_bdf).chain(d.group_peers.iter().copied());
+            for host in functions {
+                devices = devices.child(
+                    el("hostdev")
+                        .attr("mode", "subsystem")
+                        .attr("type", "pci")
+                        .attr("managed", "yes")
+                        .child(el("source").child(pci_address(host)))
+                        .child(guest_address(p.index, 0, host.function)),
+                );
+            }
+        }
+    }
+    devices = devices
+        .child(
+            el("channel").attr("type", "unix").child(
+                el("target")
+                    .attr("type", "virtio")
+                    .attr("name", GUEST_AGENT_CHANNEL),
+            ),
+        )
+        .child(el("serial").attr("type", "pty"))
+        .child(el("console").attr("type", "pty"))
+        // A balloon cannot reclaim memory pinned for VFIO DMA.
+        .child(el("memballoon").attr("model", "none"));
+
+    let mut domain = el("domain")
+        .attr("type", &spec.virt_type)
+        .child(el("name").text(&spec.name))
+        .child(el("uuid").text(&spec.uuid))
+        .child(
+            el("metadata").child(
+                el("kumo:layout")
+                    .attr("xmlns:kumo", METADATA_NS)
+                    .attr("expanders", layout.expanders.len())
+                    .attr("cells", layout.cells.len()),
+            ),
+        )
+        .child(el("memory").attr("unit", "MiB").text(memory_mib));
+    if spec.hugepages {
+        domain = domain.child(el("memoryBacking").child(el("hugepages")));
+    }
+    domain = domain
+        .child(el("vcpu").attr("placement", "static").text(vcpus))
+        .child(
+            el("cputune").children(
+                layout
+                    .vcpu_pins
+                    .iter()
+                    .map(|(v, h)| el("vcpupin").attr("vcpu", v).attr("cpuset", h)),
+            ),
+        );
+    if !host_nodes.is_empty() {
+        domain = domain.child(
+            el("numatune")
+                .child(
+                    el("memory")
+                        .attr("mode", "strict")
+                        .attr("nodeset", format_cpulist(&host_nodes)),
+                )
+                .children(layout.cells.iter().map(|c| {
+                    el("memnode")
+                        .attr("cellid", c.id)
+                        .attr("mode", "strict")
+                        .attr("nodeset", c.host_node)
+                })),
+        );
+    }
+    domain = domain
+        .child(
+            el("os")
+                .child(
+                    el("type")
+                        .attr("arch", "x86_64")
+                        .attr("machine", "q35")
+                        .text("hvm"),
+                )
+                .child(el("boot").attr("dev", "hd")),
+        )
+        .child(el("features").child(el("acpi")).child(el("apic")))
+        .child(
+            el("cpu")
+                .attr(
+                    "mode",
+                    if spec.virt_type == "kvm" {
+                        "host-passthrough"
+                    } else {
+                        "host-model"
+                    },
+                )
+                .child(el("numa").children(layout.cells.iter().map(|c| {
+                    el("cell")
+                        .attr("id", c.id)
+                        .attr("cpus", format_cpulist(&c.vcpus))
+                        .attr("memory", c.memory_mib)
+                        .attr("unit", "MiB")
+                }))),
+        )
+        .child(el("clock").attr("offset", "utc"))
+        .child(el("on_poweroff").text("destroy"))
+        .child(el("on_reboot").text("restart"))
+        .child(el("on_crash").text("destroy"))
+        .child(devices);
+    domain.render()
+}
+
+/// Each guest cell's CPUs as the hex words NCCL's `affinity` expects.
+pub fn cell_affinity(layout: &GuestLayout, cell: u32) -> String {
+    let total: u32 = layout.cells.iter().map(|c| c.vcpus.len() as u32).sum();
+    layout
+        .cells
+        .iter()
+        .find(|c| c.id == cell)
+        .map(|c| cpumap(&c.vcpus, total))
+        .unwrap_or_default()
+}

@@ -1,0 +1,412 @@
+//! What a guest sees of its passed-through devices, derived from where
+//! they sit on the host.
+//!
+//! Devices that share a host PCIe switch group (the top switch below a root
+//! port; the root port itself for cards directly on it) go behind one
+//! `pcie-expander-bus` on the guest NUMA cell that mirrors their host node,
+//! each on a `pcie-root-port` of its own. Guest bus numbers are fixed by
+//! the layout: expander *i* (from 0) has `busNr = 0x10·(i+1)` and its root
+//! ports' buses follow it in port order, which is how firmware numbers the
+//! buses below a PCI expander bridge.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::{pairing, Bdf, HostTopology, PciLocation};
+
+pub const BUS_STEP: u8 = 0x10;
+/// Expanders fit `0x10…0xf0`; each holds up to 15 root ports.
+pub const MAX_GROUPS: usize = 15;
+pub const MAX_PORTS_PER_GROUP: usize = (BUS_STEP as usize) - 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{0} is not a GPU of this host")]
+    UnknownGpu(Bdf),
+    #[error("GPU {0} is listed twice")]
+    DuplicateGpu(Bdf),
+    #[error("a VM needs at least one vCPU")]
+    NoVcpus,
+    #[error("the devices sit on {nodes} NUMA nodes; the guest needs a vCPU on each, but {vcpus} were asked")]
+    TooFewVcpus { nodes: usize, vcpus: u32 },
+    #[error("NUMA node {node} has {available} CPUs; {wanted} were asked of it")]
+    NotEnoughCpus {
+        node: u32,
+        available: usize,
+        wanted: usize,
+    },
+    #[error("the host reports no NUMA nodes")]
+    NoNumaNodes,
+    #[error("{0} PCIe switch groups exceed the {MAX_GROUPS} a guest layout holds")]
+    TooManyGroups(usize),
+    #[error(
+        "{0} devices behind one switch exceed the {MAX_PORTS_PER_GROUP} root ports of an expander"
+    )]
+    TooManyPorts(usize),
+}
+
+/// A VM's share of a host: GPUs with their NICs, pinned CPUs, memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    pub gpus: Vec<Bdf>,
+    /// NICs passed through, by host function (a PF, or a VF of it), with
+    /// the RDMA device of the physical NIC.
+    pub nics: Vec<PlacedNic>,
+    /// Host CPUs, one per vCPU, grouped by host NUMA node.
+    pub cpus: BTreeMap<u32, Vec<u32>>,
+    pub memory_mib: BTreeMap<u32, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlacedNic {
+    pub host_bdf: Bdf,
+    pub rdma_device: String,
+    /// The GPUs this NIC serves (its pairing).
+    pub for_gpus: Vec<Bdf>,
+}
+
+fn split(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u64 = weights.iter().sum::<u64>().max(1);
+    let mut parts: Vec<u64> = weights.iter().map(|w| total * w / sum).collect();
+    let mut rest = total - parts.iter().sum::<u64>();
+    for p in parts.iter_mut() {
+        if rest == 0 {
+            break;
+        }
+        *p += 1;
+        rest -= 1;
+    }
+    parts
+}
+
+/// A simple placement of `gpus` with their paired NICs: vCPUs and memory
+/// split over the NUMA nodes of those devices in proportion to how many sit
+/// on each, at least one vCPU per node so every device has a guest cell to
+/// belong to (a CPU-only VM uses the first node); CPUs are taken from the
+/// start of each node's list. The scheduler makes smarter ones; the layout
+/// takes any.
+pub fn place(
+    topo: &HostTopology,
+    gpus: &[Bdf],
+    vcpus: u32,
+    memory_gib: u32,
+) -> Result<Placement, LayoutError> {
+    if vcpus == 0 {
+        return Err(LayoutError::NoVcpus);
+    }
+    let mut seen = Vec::new();
+    for g in gpus {
+        if topo.gpu(*g).is_none() {
+            return Err(LayoutError::UnknownGpu(*g));
+        }
+        if seen.contains(g) {
+            return Err(LayoutError::DuplicateGpu(*g));
+        }
+        seen.push(*g);
+    }
+    let first_node = topo.numa_nodes.first().ok_or(LayoutError::NoNumaNodes)?.id;
+    let pairs = pairing(topo);
+    let mut nics: Vec<PlacedNic> = Vec::new();
+    for g in gpus {
+        let Some(Some(rdma)) = pairs.get(g) else {
+            continue;
+        };
+        match nics.iter_mut().find(|n| &n.rdma_device == rdma) {
+            Some(n) => n.for_gpus.push(*g),
+            None => {
+                if let Some(nic) = topo.nic(rdma) {
+                    nics.push(PlacedNic {
+                        host_bdf: nic.location.bdf,
+                        rdma_device: rdma.clone(),
+                        for_gpus: vec![*g],
+                    });
+                }
+            }
+        }
+    }
+    let device_nodes = gpus
+        .iter()
+        .filter_map(|g| topo.gpu(*g).map(|x| x.location.numa_node))
+        .chain(
+            nics.iter()
+                .filter_map(|n| topo.nic(&n.rdma_device).map(|x| x.location.numa_node)),
+        );
+    let mut weight: BTreeMap<u32, u64> = BTreeMap::new();
+    for node in device_nodes {
+        *weight.entry(node.unwrap_or(first_node)).or_default() += 1;
+    }
+    if weight.is_empty() {
+        weight.insert(first_node, 1);
+    }
+    if (vcpus as usize) < weight.len() {
+        return Err(LayoutError::TooFewVcpus {
+            nodes: weight.len(),
+            vcpus,
+        });
+    }
+    let nodes: Vec<u32> = weight.keys().copied().collect();
+    let weights: Vec<u64> = weight.values().copied().collect();
+    // One vCPU per node first, the rest by weight.
+    let cpu_split: Vec<u64> = split(u64::from(vcpus) - nodes.len() as u64, &weights)
+        .into_iter()
+        .map(|n| n + 1)
+        .collect();
+    let mem_split = split(u64::from(memory_gib) * 1024, &weights);
+    let mut cpus = BTreeMap::new();
+    let mut memory_mib = BTreeMap::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let want = cpu_split[i] as usize;
+        let available = topo.numa(*node).map(|n| n.cpus.len()).unwrap_or(0);
+        if want > available {
+            return Err(LayoutError::NotEnoughCpus {
+                node: *node,
+                available,
+                wanted: want,
+            });
+        }
+        let list = topo
+            .numa(*node)
+            .map(|n| n.cpus[..want].to_vec())
+            .unwrap_or_default();
+        cpus.insert(*node, list);
+        memory_mib.insert(*node, mem_split[i]);
+    }
+    Ok(Placement {
+        gpus: gpus.to_vec(),
+        nics,
+        cpus,
+        memory_mib,
+    })
+}
+
+/// The host switch group a device belongs to (see the module docs).
+pub fn switch_group(loc: &PciLocation) -> String {
+    match loc.pcie_path.as_slice() {
+        [_, top, ..] => top.to_string(),
+        [port] => port.to_string(),
+        [] => loc.root_complex.clone(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestLayout {
+    pub cells: Vec<GuestCell>,
+    pub expanders: Vec<Expander>,
+    /// `(vcpu, host cpu)`.
+    pub vcpu_pins: Vec<(u32, u32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestCell {
+    pub id: u32,
+    pub host_node: u32,
+    pub vcpus: Vec<u32>,
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Expander {
+    /// libvirt controller index.
+    pub index: u32,
+    pub bus_nr: u8,
+    pub guest_node: u32,
+    /// The host switch (or root port) the group mirrors.
+    pub host_group: String,
+    /// Link of the host switch's upstream port, for the NCCL file.
+    pub link_speed: Option<String>,
+    pub link_width: Option<u32>,
+    pub switch_vendor: Option<u16>,
+    pub switch_device: Option<u16>,
+    pub ports: Vec<RootPort>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RootPort {
+    /// libvirt controller index; also the chassis number.
+    pub index: u32,
+    /// Slot on the expander's bus.
+    pub slot: u8,
+    pub device: GuestDevice,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    Gpu,
+    Nic { rdma_device: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GuestDevice {
+    pub kind: DeviceKind,
+    pub host_bdf: Bdf,
+    pub guest_bdf: Bdf,
+    /// Other functions of the same IOMMU group: they must go along.
+    pub group_peers: Vec<Bdf>,
+    pub class: u32,
+    pub vendor: u16,
+    pub device: u16,
+    pub link_speed: Option<String>,
+    pub link_width: Option<u32>,
+}
+
+impl GuestLayout {
+    pub fn devices(&self) -> impl Iterator<Item = (&Expander, &RootPort)> {
+        self.expanders
+            .iter()
+            .flat_map(|e| e.ports.iter().map(move |p| (e, p)))
+    }
+
+    pub fn guest_bdf(&self, host: Bdf) -> Option<Bdf> {
+        self.devices()
+            .find(|(_, p)| p.device.host_bdf == host)
+            .map(|(_, p)| p.device.guest_bdf)
+    }
+
+    pub fn expander_of(&self, host: Bdf) -> Option<&Expander> {
+        self.devices()
+            .find(|(_, p)| p.device.host_bdf == host)
+            .map(|(e, _)| e)
+    }
+}
+
+/// The guest's NUMA cells, expanders, root ports and vCPU pinning.
+pub fn guest_layout(
+    topo: &HostTopology,
+    placement: &Placement,
+) -> Result<GuestLayout, LayoutError> {
+    let mut host_nodes: Vec<u32> = placement
+        .cpus
+        .keys()
+        .chain(placement.memory_mib.keys())
+        .copied()
+        .collect();
+    host_nodes.sort_unstable();
+    host_nodes.dedup();
+    let mut cells = Vec::new();
+    let mut vcpu_pins = Vec::new();
+    let mut next_vcpu = 0u32;
+    for (i, node) in host_nodes.iter().enumerate() {
+        let host_cpus = placement.cpus.get(node).cloned().unwrap_or_default();
+        let vcpus: Vec<u32> = (next_vcpu..next_vcpu + host_cpus.len() as u32).collect();
+        next_vcpu += host_cpus.len() as u32;
+        vcpu_pins.extend(vcpus.iter().copied().zip(host_cpus.iter().copied()));
+        cells.push(GuestCell {
+            id: i as u32,
+            host_node: *node,
+            vcpus,
+            memory_mib: placement.memory_mib.get(node).copied().unwrap_or(0),
+        });
+    }
+    let guest_node = |host: Option<u32>| {
+        cells
+            .iter()
+            .find(|c| Some(c.host_node) == host)
+            .or(cells.first())
+            .map(|c| c.id)
+            .unwrap_or(0)
+    };
+
+    // Group devices by host switch group, ordered by guest node then group.
+    let mut members: Vec<(&PciLocation, DeviceKind)> = Vec::new();
+    for g in &placement.gpus {
+        if let Some(gpu) = topo.gpu(*g) {
+            members.push((&gpu.location, DeviceKind::Gpu));
+        }
+    }
+    for n in &placement.nics {
+        let loc = topo
+            .pci(n.host_bdf)
+            .map(|d| &d.location)
+            .or_else(|| topo.nic(&n.rdma_device).map(|x| &x.location));
+        if let Some(loc) = loc {
+            members.push((
+                loc,
+                DeviceKind::Nic {
+                    rdma_device: n.rdma_device.clone(),
+                },
+            ));
+        }
+    }
+    let mut groups: BTreeMap<(u32, String), Vec<(&PciLocation, DeviceKind)>> = BTreeMap::new();
+    for (loc, kind) in members {
+        groups
+            .entry((guest_node(loc.numa_node), switch_group(loc)))
+            .or_default()
+            .push((loc, kind));
+    }
+    if groups.len() > MAX_GROUPS {
+        return Err(LayoutError::TooManyGroups(groups.len()));
+    }
+    let mut expanders = Vec::new();
+    let mut next_index = groups.len() as u32 + 1;
+    for (i, ((node, group), mut devs)) in groups.into_iter().enumerate() {
+        if devs.len() > MAX_PORTS_PER_GROUP {
+            return Err(LayoutError::TooManyPorts(devs.len()));
+        }
+        devs.sort_by_key(|(loc, _)| loc.bdf);
+        let bus_nr = BUS_STEP * (i as u8 + 1);
+        let top = group.parse::<Bdf>().ok().and_then(|b| topo.pci(b));
+        let mut ports = Vec::new();
+        for (slot, (loc, kind)) in devs.into_iter().enumerate() {
+            let host = topo.pci(loc.bdf);
+            let group_peers = match host.and_then(|h| h.iommu_group) {
+                Some(g) => topo
+                    .pci_devices
+                    .iter()
+                    .filter(|d| {
+                        d.iommu_group == Some(g) && d.location.bdf != loc.bdf && !d.is_bridge()
+                    })
+                    .map(|d| d.location.bdf)
+                    .collect(),
+                None => Vec::new(),
+            };
+            ports.push(RootPort {
+                index: next_index,
+                slot: slot as u8,
+                device: GuestDevice {
+                    kind,
+                    host_bdf: loc.bdf,
+                    guest_bdf: Bdf::new(0, bus_nr + 1 + slot as u8, 0, loc.bdf.function),
+                    group_peers,
+                    class: host.map(|h| h.class).unwrap_or(0),
+                    vendor: host.map(|h| h.vendor).unwrap_or(0),
+                    device: host.map(|h| h.device).unwrap_or(0),
+                    link_speed: host.and_then(|h| h.link_speed.clone()),
+                    link_width: host.and_then(|h| h.link_width),
+                },
+            });
+            next_index += 1;
+        }
+        expanders.push(Expander {
+            index: i as u32 + 1,
+            bus_nr,
+            guest_node: node,
+            host_group: group,
+            link_speed: top.and_then(|t| t.link_speed.clone()),
+            link_width: top.and_then(|t| t.link_width),
+            switch_vendor: top.map(|t| t.vendor),
+            switch_device: top.map(|t| t.device),
+            ports,
+        });
+    }
+    Ok(GuestLayout {
+        cells,
+        expanders,
+        vcpu_pins,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_are_proportional_and_exact() {
+        assert_eq!(split(10, &[1, 1]), vec![5, 5]);
+        assert_eq!(split(7, &[3, 1]), vec![6, 1]);
+        assert_eq!(split(5, &[1, 1, 1]), vec![2, 2, 1]);
+        assert_eq!(split(0, &[1]), vec![0]);
+    }
+}

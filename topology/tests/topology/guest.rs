@@ -1,0 +1,340 @@
+//! Guest layout, domain XML and NCCL topology files from placements on the
+//! fixture machines: golden files, and properties over random GPU subsets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::OnceLock;
+
+use kumo_topology::domain_xml::DomainSpec;
+use kumo_topology::guest_layout::{switch_group, DeviceKind, LayoutError};
+use kumo_topology::relation::pci_relation;
+use kumo_topology::render::{render, Rendered};
+use kumo_topology::{pairing, Bdf, HostTopology, Relation};
+use proptest::prelude::*;
+
+use crate::common::discover_fixture;
+
+const GPU_MACHINES: [&str; 4] = ["dgx-a100", "hgx-h100", "hgx-h100-2nic", "l40s-pcie"];
+
+fn spec() -> DomainSpec {
+    DomainSpec {
+        name: "vm".into(),
+        uuid: "00000000-0000-4000-8000-000000000001".into(),
+        virt_type: "kvm".into(),
+        disk_path: "/var/lib/kumo/vms/vm/disk.qcow2".into(),
+        seed_path: Some("/var/lib/kumo/vms/vm/seed.iso".into()),
+        hugepages: true,
+    }
+}
+
+/// Topologies of the GPU machines, discovered once.
+fn machines() -> &'static BTreeMap<&'static str, HostTopology> {
+    static M: OnceLock<BTreeMap<&'static str, HostTopology>> = OnceLock::new();
+    M.get_or_init(|| {
+        GPU_MACHINES
+            .iter()
+            .map(|n| (*n, discover_fixture(n).1))
+            .collect()
+    })
+}
+
+/// Checks everything the issue asks of a rendering; returns nothing, fails loudly.
+fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
+    let layout = &r.report.layout;
+    let pairs = pairing(topo);
+
+    // Every GPU is placed once, with a guest address no other device has.
+    let guest: BTreeSet<Bdf> = r.report.bdf_map.values().copied().collect();
+    assert_eq!(
+        guest.len(),
+        r.report.bdf_map.len(),
+        "guest addresses are unique"
+    );
+    for g in gpus {
+        assert!(r.report.bdf_map.contains_key(g), "{g} is in the guest");
+    }
+
+    // A GPU and its paired NIC that share a host switch share the guest
+    // expander and the fake NCCL switch; others never pretend to.
+    for g in gpus {
+        let Some(Some(nic)) = pairs.get(g) else {
+            continue;
+        };
+        let nic = topo.nic(nic).unwrap();
+        let ge = layout.expander_of(*g).unwrap();
+        let ne = layout.expander_of(nic.location.bdf).unwrap();
+        let host = pci_relation(&topo.gpu(*g).unwrap().location, &nic.location);
+        let same_group =
+            switch_group(&topo.gpu(*g).unwrap().location) == switch_group(&nic.location);
+        if matches!(host, Relation::Pix | Relation::Pxb) {
+            assert_eq!(
+                ge.index, ne.index,
+                "{g} and {} share an expander",
+                nic.rdma_device
+            );
+        }
+        assert_eq!(ge.index == ne.index, same_group);
+    }
+
+    // Guest NUMA cells map back to the host nodes of their devices and CPUs.
+    for (e, p) in layout.devices() {
+        let host_node = topo
+            .pci(p.device.host_bdf)
+            .unwrap()
+            .location
+            .numa_node
+            .unwrap();
+        assert_eq!(
+            r.report.numa_map[&e.guest_node], host_node,
+            "{}",
+            p.device.host_bdf
+        );
+    }
+    for c in &layout.cells {
+        let node = topo.numa(c.host_node).unwrap();
+        for v in &c.vcpus {
+            let pin = layout.vcpu_pins.iter().find(|(vc, _)| vc == v).unwrap().1;
+            assert!(
+                node.cpus.contains(&pin),
+                "vCPU {v} is pinned to a CPU of host node {}",
+                c.host_node
+            );
+        }
+    }
+
+    // The NCCL file parses back, obeys NCCL's parser limits, and says the same.
+    assert!(!r.nccl_xml.starts_with("<?xml"), "no prolog");
+    let doc = roxmltree::Document::parse(&r.nccl_xml).unwrap();
+    let elements: Vec<_> = doc.descendants().filter(|n| n.is_element()).collect();
+    assert!(elements.len() <= 256);
+    assert!(elements.iter().all(|n| n.attributes().len() <= 16));
+    assert!(elements
+        .iter()
+        .flat_map(|n| n.attributes())
+        .all(|a| a.value().len() <= 255));
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "system");
+    let cpus: Vec<_> = root.children().filter(|n| n.has_tag_name("cpu")).collect();
+    assert_eq!(cpus.len(), layout.cells.len());
+    for (e, p) in layout.devices() {
+        let busid = match p.device.kind {
+            DeviceKind::Nic { .. } => p.device.guest_bdf.function0().to_string(),
+            DeviceKind::Gpu => p.device.guest_bdf.to_string(),
+        };
+        let node = elements
+            .iter()
+            .find(|n| n.has_tag_name("pci") && n.attribute("busid") == Some(busid.as_str()))
+            .unwrap_or_else(|| panic!("{busid} in the NCCL file"));
+        let switch = node.parent_element().unwrap();
+        assert_eq!(switch.attribute("class"), Some("0x060400"));
+        assert!(
+            switch.attribute("busid").unwrap().starts_with("ffff:ff:"),
+            "fake switch ids cannot exist in the guest"
+        );
+        let cpu = switch.parent_element().unwrap();
+        assert_eq!(
+            cpu.attribute("numaid"),
+            Some(e.guest_node.to_string().as_str())
+        );
+        let host = topo.pci(p.device.host_bdf).unwrap();
+        assert_eq!(
+            node.attribute("link_speed"),
+            host.link_speed.as_deref(),
+            "host link values, not the guest's"
+        );
+    }
+    // GPU and paired NIC under one fake switch exactly when under one expander.
+    let switch_of = |busid: String| {
+        elements
+            .iter()
+            .find(|n| n.has_tag_name("pci") && n.attribute("busid") == Some(busid.as_str()))
+            .and_then(|n| n.parent_element())
+            .and_then(|s| s.attribute("busid"))
+            .map(str::to_owned)
+    };
+    for g in gpus {
+        let Some(Some(nic)) = pairs.get(g) else {
+            continue;
+        };
+        let nic = topo.nic(nic).unwrap();
+        let gs = switch_of(r.report.bdf_map[g].to_string());
+        let ns = switch_of(r.report.bdf_map[&nic.location.bdf].function0().to_string());
+        let same_expander = layout.expander_of(*g).unwrap().index
+            == layout.expander_of(nic.location.bdf).unwrap().index;
+        assert_eq!(gs == ns, same_expander);
+    }
+
+    // The domain XML parses and passes every placed function through.
+    let dom = roxmltree::Document::parse(&r.domain_xml).unwrap();
+    let sources: BTreeSet<String> = dom
+        .descendants()
+        .filter(|n| n.has_tag_name("hostdev"))
+        .filter_map(|h| {
+            h.descendants().find(|n| {
+                n.has_tag_name("address")
+                    && n.parent_element().is_some_and(|p| p.has_tag_name("source"))
+            })
+        })
+        .map(|a| {
+            let hex = |k: &str| {
+                u32::from_str_radix(a.attribute(k).unwrap().trim_start_matches("0x"), 16).unwrap()
+            };
+            Bdf::new(
+                hex("domain") as u16,
+                hex("bus") as u8,
+                hex("slot") as u8,
+                hex("function") as u8,
+            )
+            .to_string()
+        })
+        .collect();
+    let placed: BTreeSet<String> = r.report.bdf_map.keys().map(Bdf::to_string).collect();
+    assert_eq!(sources, placed);
+    let expanders = dom
+        .descendants()
+        .filter(|n| n.attribute("model") == Some("pcie-expander-bus"))
+        .count();
+    assert_eq!(expanders, layout.expanders.len());
+}
+
+fn golden_dir(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/render")
+        .join(name)
+}
+
+/// All GPUs of each machine: domain.xml, nccl-topo.xml and layout.json
+/// checked in. `KUMO_UPDATE_GOLDEN=1` rewrites them.
+#[test]
+fn full_host_renders_match_golden_files() {
+    for (name, topo) in machines() {
+        let gpus: Vec<Bdf> = topo.gpus.iter().map(|g| g.location.bdf).collect();
+        let r = render(
+            topo,
+            &gpus,
+            8 * gpus.len() as u32,
+            64 * gpus.len() as u32,
+            &spec(),
+        )
+        .unwrap();
+        check(topo, &gpus, &r);
+        let dir = golden_dir(name);
+        let files = [
+            ("domain.xml", r.domain_xml.clone()),
+            ("nccl-topo.xml", r.nccl_xml.clone()),
+            (
+                "layout.json",
+                serde_json::to_string_pretty(&r.report).unwrap() + "\n",
+            ),
+        ];
+        for (file, content) in files {
+            let path = dir.join(file);
+            if std::env::var_os("KUMO_UPDATE_GOLDEN").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &content).unwrap();
+            }
+            let golden = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                golden == content,
+                "{name}/{file} differs from {} (KUMO_UPDATE_GOLDEN=1 to accept)",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn dgx_a100_pairs_share_one_expander_per_upper_switch() {
+    let topo = &machines()["dgx-a100"];
+    let gpus: Vec<Bdf> = topo.gpus.iter().map(|g| g.location.bdf).collect();
+    let r = render(topo, &gpus, 64, 512, &spec()).unwrap();
+    let layout = &r.report.layout;
+    // Four upper switches with 2 GPUs + 2 NICs each: not one group per NUMA node of 8.
+    assert_eq!(layout.expanders.len(), 4);
+    assert!(layout.expanders.iter().all(|e| e.ports.len() == 4));
+    assert_eq!(layout.cells.len(), 4);
+    let host_nodes: Vec<u32> = layout.cells.iter().map(|c| c.host_node).collect();
+    assert_eq!(host_nodes, vec![1, 3, 5, 7]);
+    // GPU0 (host 07:00.0, NUMA 3) lands on guest cell 1, first port of its expander.
+    let g0 = Bdf::new(0, 0x07, 0, 0);
+    let e = layout.expander_of(g0).unwrap();
+    assert_eq!(r.report.numa_map[&e.guest_node], 3);
+    assert_eq!(r.report.bdf_map[&g0], Bdf::new(0, e.bus_nr + 1, 0, 0));
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let topo = &machines()["hgx-h100"];
+    let g = topo.gpus[0].location.bdf;
+    let err = |gpus: &[Bdf], vcpus, mem| {
+        render(topo, gpus, vcpus, mem, &spec())
+            .err()
+            .map(|e| e.to_string())
+    };
+    assert_eq!(
+        err(&[Bdf::new(0, 0x77, 0, 0)], 8, 8),
+        Some(LayoutError::UnknownGpu(Bdf::new(0, 0x77, 0, 0)).to_string())
+    );
+    assert_eq!(
+        err(&[g, g], 8, 8),
+        Some(LayoutError::DuplicateGpu(g).to_string())
+    );
+    assert_eq!(err(&[g], 0, 8), Some(LayoutError::NoVcpus.to_string()));
+    assert!(err(&[g], 1000, 8).unwrap().contains("CPUs"));
+    // L40S: a socket-1 GPU's only NIC is on socket 0; both nodes need a vCPU.
+    let l40s = &machines()["l40s-pcie"];
+    let g3 = l40s.gpus[3].location.bdf;
+    let e = render(l40s, &[g3], 1, 8, &spec()).err().unwrap();
+    assert!(
+        matches!(
+            e,
+            kumo_topology::render::RenderError::Layout(LayoutError::TooFewVcpus {
+                nodes: 2,
+                vcpus: 1
+            })
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn cpu_only_vm_has_a_cell_and_no_expanders() {
+    let (_d, topo) = discover_fixture("cpu-only");
+    let r = render(&topo, &[], 4, 8, &spec()).unwrap();
+    assert!(r.report.layout.expanders.is_empty());
+    assert_eq!(r.report.layout.cells.len(), 1);
+    assert!(r.domain_xml.contains("<vcpu placement=\"static\">4</vcpu>"));
+    let doc = roxmltree::Document::parse(&r.nccl_xml).unwrap();
+    assert_eq!(
+        doc.root_element()
+            .children()
+            .filter(|n| n.is_element())
+            .count(),
+        1
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Random machines, random non-empty GPU subsets in random order.
+    #[test]
+    fn any_gpu_subset_renders_consistently(machine in 0..GPU_MACHINES.len(), picks in proptest::collection::vec(any::<prop::sample::Index>(), 1..9), vcpu_per_gpu in 1u32..8) {
+        let topo = &machines()[GPU_MACHINES[machine]];
+        let mut gpus: Vec<Bdf> = Vec::new();
+        for p in picks {
+            let g = p.get(&topo.gpus).location.bdf;
+            if !gpus.contains(&g) {
+                gpus.push(g);
+            }
+        }
+        // One more vCPU than GPUs covers every NUMA node the GPUs and their NICs use.
+        let vcpus = vcpu_per_gpu * gpus.len() as u32 + 1;
+        let r = render(topo, &gpus, vcpus, 16 * gpus.len() as u32, &spec()).unwrap();
+        check(topo, &gpus, &r);
+        // Deterministic: the same request renders the same bytes.
+        let again = render(topo, &gpus, vcpus, 16 * gpus.len() as u32, &spec()).unwrap();
+        prop_assert_eq!(&r.domain_xml, &again.domain_xml);
+        prop_assert_eq!(&r.nccl_xml, &again.nccl_xml);
+    }
+}

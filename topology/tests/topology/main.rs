@@ -1,0 +1,7 @@
+//! Topology, guest layout and rendering on generated sysfs trees of real
+//! machine designs. One test binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod guest;
+mod machines;
