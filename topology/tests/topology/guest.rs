@@ -16,7 +16,7 @@ use crate::common::discover_fixture;
 
 const GPU_MACHINES: [&str; 4] = ["dgx-a100", "hgx-h100", "hgx-h100-2nic", "l40s-pcie"];
 
-fn spec() -> DomainSpec {
+pub fn spec() -> DomainSpec {
     DomainSpec {
         name: "vm".into(),
         uuid: "00000000-0000-4000-8000-000000000001".into(),
@@ -39,7 +39,7 @@ fn machines() -> &'static BTreeMap<&'static str, HostTopology> {
 }
 
 /// Checks everything the issue asks of a rendering; returns nothing, fails loudly.
-fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
+pub fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
     let layout = &r.report.layout;
     let pairs = pairing(topo);
 

@@ -5,3 +5,4 @@
 mod common;
 mod guest;
 mod machines;
+mod random_trees;
