@@ -184,6 +184,37 @@ fn mlx(
     })
 }
 
+/// A DGX A100 ConnectX-6 HDR HCA.
+fn cx6(bus: u8, name: &str, netdev: &str) -> Node {
+    mlx(
+        bdf(bus, 0, 0),
+        0x101b,
+        CLASS_INFINIBAND,
+        name,
+        netdev,
+        "200 Gb/sec (4X HDR)",
+        "InfiniBand",
+        GEN4,
+    )
+}
+
+/// Every GPU linked to every NVSwitch with the given link counts.
+fn nvlink_hints(gpu_buses: &[u8], switches: &[(u8, u32)]) -> BTreeMap<Bdf, Vec<NvLinkHint>> {
+    gpu_buses
+        .iter()
+        .map(|g| {
+            let links = switches
+                .iter()
+                .map(|(s, n)| NvLinkHint {
+                    target: bdf(*s, 0, 0),
+                    count: *n,
+                })
+                .collect();
+            (bdf(*g, 0, 0), links)
+        })
+        .collect()
+}
+
 fn plain(at: Bdf, class: u32, vendor: u16, device: u16, driver: &'static str) -> Node {
     Node::Endpoint(Function {
         bdf: at,
@@ -230,36 +261,12 @@ pub fn dgx_a100() -> Machine {
             gpus[0] - 4,
             gpu(bdf(gpus[0], 0, 0), 0x20b0, CLASS_3D_CONTROLLER, GEN4),
         );
-        let nic_a = lower(
-            nics[0].0 - 2,
-            mlx(
-                bdf(nics[0].0, 0, 0),
-                0x101b,
-                CLASS_INFINIBAND,
-                nics[0].1,
-                nics[0].2,
-                "200 Gb/sec (4X HDR)",
-                "InfiniBand",
-                GEN4,
-            ),
-        );
+        let nic_a = lower(nics[0].0 - 2, cx6(nics[0].0, nics[0].1, nics[0].2));
         let gpu_b = lower(
             gpus[1] - 2,
             gpu(bdf(gpus[1], 0, 0), 0x20b0, CLASS_3D_CONTROLLER, GEN4),
         );
-        let nic_b = lower(
-            nics[1].0 - 2,
-            mlx(
-                bdf(nics[1].0, 0, 0),
-                0x101b,
-                CLASS_INFINIBAND,
-                nics[1].1,
-                nics[1].2,
-                "200 Gb/sec (4X HDR)",
-                "InfiniBand",
-                GEN4,
-            ),
-        );
+        let nic_b = lower(nics[1].0 - 2, cx6(nics[1].0, nics[1].1, nics[1].2));
         let upper = switch(
             bdf(rc + 1, 0, 0),
             SW.0,
@@ -276,19 +283,7 @@ pub fn dgx_a100() -> Machine {
     };
     let nvswitch_buses = [0xc4u8, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9];
     let gpu_buses = [0x07u8, 0x0f, 0x47, 0x4e, 0x87, 0x90, 0xb7, 0xbd];
-    let nvlinks = gpu_buses
-        .iter()
-        .map(|g| {
-            let links = nvswitch_buses
-                .iter()
-                .map(|s| NvLinkHint {
-                    target: bdf(*s, 0, 0),
-                    count: 2,
-                })
-                .collect();
-            (bdf(*g, 0, 0), links)
-        })
-        .collect();
+    let nvlinks = nvlink_hints(&gpu_buses, &nvswitch_buses.map(|s| (s, 2)));
     let mut nvswitch_ports = Vec::new();
     for (i, s) in nvswitch_buses.iter().enumerate() {
         nvswitch_ports.push(root_port(
@@ -312,26 +307,8 @@ pub fn dgx_a100() -> Machine {
                 SW.1,
                 GEN4,
                 vec![
-                    mlx(
-                        bdf(0xe3, 0, 0),
-                        0x101b,
-                        CLASS_INFINIBAND,
-                        "mlx5_4",
-                        "ibp227s0",
-                        "200 Gb/sec (4X HDR)",
-                        "InfiniBand",
-                        GEN4,
-                    ),
-                    mlx(
-                        bdf(0xe4, 0, 0),
-                        0x101b,
-                        CLASS_INFINIBAND,
-                        "mlx5_5",
-                        "ibp228s0",
-                        "200 Gb/sec (4X HDR)",
-                        "InfiniBand",
-                        GEN4,
-                    ),
+                    cx6(0xe3, "mlx5_4", "ibp227s0"),
+                    cx6(0xe4, "mlx5_5", "ibp228s0"),
                 ],
             ),
         )],
@@ -442,19 +419,7 @@ fn hgx_h100(name: &'static str, nic_on: &[usize]) -> Machine {
             })
             .collect(),
     });
-    let nvlinks = gpu_buses
-        .iter()
-        .map(|g| {
-            let links = switches
-                .iter()
-                .map(|(b, n)| NvLinkHint {
-                    target: bdf(*b, 0, 0),
-                    count: *n,
-                })
-                .collect();
-            (bdf(*g, 0, 0), links)
-        })
-        .collect();
+    let nvlinks = nvlink_hints(&gpu_buses, &switches);
     Machine {
         name,
         cpu: CpuIdentity {
