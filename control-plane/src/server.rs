@@ -62,8 +62,9 @@ pub fn router(state: AppState) -> Router {
                 .on_response(DefaultOnResponse::new().level(Level::INFO))
                 .on_failure(DefaultOnFailure::new().level(Level::WARN)))
                 .layer(PropagateRequestIdLayer::x_request_id())
-                .layer(from_fn(middleware::problems::layer))
+                // Outside the normaliser, which must read bodies uncompressed.
                 .layer(CompressionLayer::new())
+                .layer(from_fn(middleware::problems::layer))
                 .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
                 .layer(DefaultBodyLimit::max(body_limit)),
         )

@@ -21,7 +21,12 @@ pub async fn layer(State(state): State<AppState>, mut req: Request, next: Next) 
         Some(Err(_)) => Some(AuthOutcome::Rejected(
             "Authorization header is not ASCII".into(),
         )),
-        Some(Ok(value)) => match value.strip_prefix("Bearer ").map(str::trim) {
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        Some(Ok(value)) => match value
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
+        {
             None => Some(AuthOutcome::Rejected("use the Bearer scheme".into())),
             Some(token) => match crate::auth::authenticate(&state.db, token, Utc::now()).await {
                 Ok(caller) => Some(AuthOutcome::Caller(caller)),

@@ -101,6 +101,42 @@ on_both_backends! {
         assert_eq!(s.admin.audit(None, 500).await.unwrap().len(), before_audit, "refused requests write no audit entries");
     }
 
+    async fn problems_survive_compression(s: &TestServer) {
+        // Browsers always ask for gzip; a problem must still arrive intact.
+        let resp = s
+            .http()
+            .post(format!("{}/api/v1/tenants", s.url))
+            .bearer_auth(&s.admin_token)
+            .header("accept-encoding", "gzip")
+            .header("content-type", "application/json")
+            .body(r#"{"name":"Bad_Name"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400);
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+        let gzipped = resp.headers().get("content-encoding").is_some_and(|v| v == "gzip");
+        let bytes = resp.bytes().await.unwrap();
+        let body = if gzipped {
+            let mut out = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut out).unwrap();
+            out
+        } else {
+            bytes.to_vec()
+        };
+        let p: Problem = serde_json::from_slice(&body).unwrap();
+        assert_eq!(p.kind, "/problems/validation");
+        assert!(p.detail.unwrap().contains("[a-z][a-z0-9-]"));
+        assert!(p.request_id.is_some());
+        // Large successful answers are compressed.
+        for i in 0..40 {
+            s.tenant(&format!("bulk-{i:02}")).await;
+        }
+        let resp = s.http().get(format!("{}/api/v1/tenants", s.url)).bearer_auth(&s.admin_token)
+            .header("accept-encoding", "gzip").send().await.unwrap();
+        assert_eq!(resp.headers()["content-encoding"], "gzip");
+    }
+
     async fn bad_tokens_are_401_problems(s: &TestServer) {
         for header in ["Bearer", "Bearer kumo_", "Basic YWRtaW46YWRtaW4=", "Bearer kumo_0123456789abcdef0123456789abcdef_wrong"] {
             let resp = s.http().get(format!("{}/api/v1/users/me", s.url)).header("authorization", header).send().await.unwrap();
@@ -109,6 +145,10 @@ on_both_backends! {
             let p: Problem = resp.json().await.unwrap();
             assert_eq!(p.kind, "/problems/unauthenticated");
         }
+        // The scheme is case-insensitive.
+        let resp = s.http().get(format!("{}/api/v1/users/me", s.url))
+            .header("authorization", format!("bearer {}", s.admin_token)).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
         // A real token id with a forged secret.
         let (id, _) = kumo_server::auth::parse(&s.admin_token).unwrap();
         let forged = format!("kumo_{}_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", id.simple());
