@@ -339,3 +339,369 @@ mod tests {
         }
     }
 }
+
+// ---------------------------------------------------------------- hosts
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JoinTokenCreate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Lifetime in seconds (default one day, at most 30 days). A join token
+    /// may register any number of hosts until it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JoinTokenCreated {
+    pub id: Uuid,
+    /// `kumoj_<id>_<secret>`, shown once.
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HostState {
+    Ready,
+    Draining,
+    Unreachable,
+    Retired,
+}
+
+impl HostState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HostState::Ready => "ready",
+            HostState::Draining => "draining",
+            HostState::Unreachable => "unreachable",
+            HostState::Retired => "retired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "ready" => HostState::Ready,
+            "draining" => HostState::Draining,
+            "unreachable" => HostState::Unreachable,
+            "retired" => HostState::Retired,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Host {
+    pub id: Uuid,
+    pub name: String,
+    pub state: HostState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scalable_unit: Option<String>,
+    pub virt_type: String,
+    pub gpu_models: Vec<String>,
+    pub gpus: u32,
+    pub gpus_free: u32,
+    pub rdma_nics: u32,
+    pub cpus: u32,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Allocation {
+    /// `gpu`, `nic` or `cpu`.
+    pub kind: String,
+    pub key: String,
+    pub vm_id: Uuid,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostDetail {
+    #[serde(flatten)]
+    pub host: Host,
+    /// The topology the agent reported (`HostTopology`).
+    #[schema(value_type = Object)]
+    pub topology: serde_json::Value,
+    /// `nvidia-smi topo -m`-style matrix of the GPUs and RDMA NICs.
+    pub matrix: String,
+    pub allocations: Vec<Allocation>,
+}
+
+// ---------------------------------------------------------------- templates
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateCreate {
+    pub name: String,
+    /// Base qcow2 image, as a path on every host.
+    pub image_path: String,
+    pub os: String,
+    pub default_user: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Template {
+    pub id: Uuid,
+    pub name: String,
+    pub image_path: String,
+    pub os: String,
+    pub default_user: String,
+    pub created_at: DateTime<Utc>,
+}
+
+// ---------------------------------------------------------------- vms
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceLevel {
+    #[default]
+    Guaranteed,
+    Spot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VmCreate {
+    pub name: String,
+    /// Whole GPUs; 0 for a CPU-only VM.
+    #[serde(default)]
+    pub gpus: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
+    /// Default: 8 per GPU, at least 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    /// Default: 64 per GPU, at least 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<u32>,
+    /// Default 50.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_gib: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    #[serde(default)]
+    pub service_level: ServiceLevel,
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
+}
+
+/// A VM's request, as stored and as the agent receives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VmSpec {
+    pub gpus: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
+    pub vcpus: u32,
+    pub memory_gib: u32,
+    pub disk_gib: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// The template's base image path on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_path: Option<String>,
+    pub service_level: ServiceLevel,
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    Pending,
+    Scheduled,
+    Provisioning,
+    Running,
+    Stopped,
+    Deleting,
+    Deleted,
+    Preempting,
+    Preempted,
+    Error,
+    /// The host is unreachable: the VM may well be running.
+    Unknown,
+}
+
+impl VmState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmState::Pending => "pending",
+            VmState::Scheduled => "scheduled",
+            VmState::Provisioning => "provisioning",
+            VmState::Running => "running",
+            VmState::Stopped => "stopped",
+            VmState::Deleting => "deleting",
+            VmState::Deleted => "deleted",
+            VmState::Preempting => "preempting",
+            VmState::Preempted => "preempted",
+            VmState::Error => "error",
+            VmState::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            VmState::Pending,
+            VmState::Scheduled,
+            VmState::Provisioning,
+            VmState::Running,
+            VmState::Stopped,
+            VmState::Deleting,
+            VmState::Deleted,
+            VmState::Preempting,
+            VmState::Preempted,
+            VmState::Error,
+            VmState::Unknown,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PlacedGpu {
+    pub host_bdf: String,
+    pub guest_bdf: String,
+    pub model: String,
+    /// The RDMA NIC paired with this GPU, as the host names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic_guest_bdf: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GuestNuma {
+    pub guest_node: u32,
+    pub host_node: u32,
+    pub vcpus: String,
+    pub host_cpus: String,
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VmPlacement {
+    pub gpus: Vec<PlacedGpu>,
+    pub numa: Vec<GuestNuma>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Vm {
+    pub id: Uuid,
+    pub name: String,
+    pub tenant: String,
+    pub state: VmState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    pub spec: VmSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<VmPlacement>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VmEvent {
+    pub id: i64,
+    pub vm_id: Uuid,
+    pub at: DateTime<Utc>,
+    /// E.g. `created`, `scheduled`, `running`, `stopped`, `deleted`, `error`.
+    pub kind: String,
+    pub message: String,
+}
+
+// ---------------------------------------------------------------- agent protocol
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRegister {
+    pub join_token: String,
+    pub name: String,
+    #[schema(value_type = Object)]
+    pub topology: kumo_topology::HostTopology,
+    /// `kvm`, or `qemu` for TCG.
+    pub virt_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scalable_unit: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentRegistered {
+    pub host_id: Uuid,
+    /// `kumoh_<host id>_<secret>`: the host's own credential from now on.
+    pub credential: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentHeartbeat {
+    /// A fresh inventory, when it changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub topology: Option<kumo_topology::HostTopology>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Power {
+    Running,
+    Stopped,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredVm {
+    pub id: Uuid,
+    pub name: String,
+    pub power: Power,
+    /// Reboot when this exceeds what the agent last applied.
+    pub power_generation: i64,
+    pub spec: VmSpec,
+    #[schema(value_type = Object)]
+    pub placement: kumo_topology::guest_layout::Placement,
+}
+
+/// Everything that should exist on a host; what is not listed should not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredState {
+    pub revision: i64,
+    pub vms: Vec<DesiredVm>,
+    /// VMs being deleted: remove them if present and report them `absent`.
+    /// (Domains of Kumo's that are in neither list are removed as well.)
+    #[serde(default)]
+    pub remove: Vec<Uuid>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ActualState {
+    Running,
+    Stopped,
+    /// No such domain (any more).
+    Absent,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VmStatus {
+    pub id: Uuid,
+    pub state: ActualState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatusReport {
+    pub vms: Vec<VmStatus>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DesiredParams {
+    /// Answer at once if the host's revision is above this; otherwise wait
+    /// (up to 25 s) for a change.
+    pub after: Option<i64>,
+}

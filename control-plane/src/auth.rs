@@ -18,6 +18,9 @@ use crate::entity::{api_tokens, users};
 use crate::error::ApiError;
 
 const PREFIX: &str = "kumo_";
+/// Join tokens register hosts; host credentials authenticate agents.
+pub const JOIN_PREFIX: &str = "kumoj_";
+pub const HOST_PREFIX: &str = "kumoh_";
 /// `last_used_at` is refreshed at most this often, so that reads do not
 /// turn into a write per request.
 const LAST_USED_GRANULARITY_SECS: i64 = 60;
@@ -30,13 +33,17 @@ pub struct MintedToken {
 }
 
 pub fn mint() -> MintedToken {
-    let id = Uuid::now_v7();
+    mint_prefixed(PREFIX, Uuid::now_v7())
+}
+
+/// A secret of another kind (`kumoj_`, `kumoh_`) for a given id.
+pub fn mint_prefixed(prefix: &str, id: Uuid) -> MintedToken {
     let mut secret = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut secret);
     let secret = URL_SAFE_NO_PAD.encode(secret);
     MintedToken {
         id,
-        token: format!("{PREFIX}{}_{secret}", id.simple()),
+        token: format!("{prefix}{}_{secret}", id.simple()),
         secret_hash: hash_secret(&secret),
     }
 }
@@ -48,12 +55,21 @@ pub fn hash_secret(secret: &str) -> String {
 /// Splits a presented token into its id and secret, or `None` when it has
 /// not the token's shape.
 pub fn parse(token: &str) -> Option<(Uuid, &str)> {
-    let rest = token.strip_prefix(PREFIX)?;
+    parse_prefixed(token, PREFIX)
+}
+
+pub fn parse_prefixed<'a>(token: &'a str, prefix: &str) -> Option<(Uuid, &'a str)> {
+    let rest = token.strip_prefix(prefix)?;
     let (id, secret) = rest.split_once('_')?;
     if id.len() != 32 || secret.is_empty() || secret.len() > 128 {
         return None;
     }
     Some((Uuid::try_parse(id).ok()?, secret))
+}
+
+/// Compares in constant time, so timing does not reveal the hash.
+pub fn secret_matches(secret: &str, stored_hash: &str) -> bool {
+    bool::from(hash_secret(secret).as_bytes().ct_eq(stored_hash.as_bytes()))
 }
 
 /// Who is calling: the authenticated user and the token used.
@@ -82,8 +98,7 @@ pub async fn authenticate(
         .one(db)
         .await?
         .ok_or_else(invalid)?;
-    let presented = hash_secret(secret);
-    if !bool::from(presented.as_bytes().ct_eq(row.secret_hash.as_bytes())) {
+    if !secret_matches(secret, &row.secret_hash) {
         return Err(invalid());
     }
     if row.revoked_at.is_some() || row.expires_at.is_some_and(|e| e <= now) {

@@ -12,6 +12,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_DATA_DIR: &str = "./.kumo";
 pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_BODY_LIMIT_BYTES: usize = 1 << 20;
+pub const DEFAULT_HEARTBEAT_TIMEOUT_SECS: u64 = 30;
 
 /// Values given on the command line or through `KUMO_*` variables (clap
 /// merges the two); `None` means "not given here".
@@ -52,6 +53,8 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     #[serde(default)]
     pub http: HttpFileConfig,
+    #[serde(default)]
+    pub hosts: HostsFileConfig,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -59,6 +62,13 @@ pub struct FileConfig {
 pub struct HttpFileConfig {
     pub request_timeout_secs: Option<u64>,
     pub body_limit_bytes: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostsFileConfig {
+    /// A host whose agent is silent this long becomes `unreachable`.
+    pub heartbeat_timeout_secs: Option<u64>,
 }
 
 /// Everything the server needs, resolved.
@@ -70,6 +80,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub request_timeout: Duration,
     pub body_limit_bytes: usize,
+    pub heartbeat_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +116,7 @@ impl Config {
             log_format: LogFormat::Json,
             request_timeout: Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS),
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
+            heartbeat_timeout: Duration::from_secs(DEFAULT_HEARTBEAT_TIMEOUT_SECS),
         }
     }
 }
@@ -174,6 +186,16 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
             message: "must be at least 1024".into(),
         });
     }
+    let heartbeat_timeout_secs = file
+        .hosts
+        .heartbeat_timeout_secs
+        .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_SECS);
+    if heartbeat_timeout_secs < 2 {
+        return Err(ConfigError::Invalid {
+            key: "hosts.heartbeat_timeout_secs",
+            message: "must be at least 2".into(),
+        });
+    }
     Ok(Config {
         listen,
         data_dir,
@@ -184,6 +206,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
             .unwrap_or(LogFormat::Json),
         request_timeout: Duration::from_secs(request_timeout_secs),
         body_limit_bytes,
+        heartbeat_timeout: Duration::from_secs(heartbeat_timeout_secs),
     })
 }
 

@@ -19,6 +19,7 @@ pub const PROBLEM_KINDS: &[(&str, &str, u16)] = &[
     ("unsupported-media-type", "Unsupported media type", 415),
     ("idempotency-key-reuse", "Idempotency key reused", 422),
     ("quota-exceeded", "Quota exceeded", 409),
+    ("insufficient-capacity", "Insufficient capacity", 409),
     ("internal", "Internal server error", 500),
     ("unavailable", "Service unavailable", 503),
 ];
@@ -42,6 +43,8 @@ pub enum ApiError {
     IdempotencyKeyReuse(String),
     #[error("quota exceeded for {resource}: {detail}")]
     QuotaExceeded { resource: String, detail: String },
+    #[error("{0}")]
+    InsufficientCapacity(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -84,6 +87,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::IdempotencyKeyReuse(_) => "idempotency-key-reuse",
             ApiError::QuotaExceeded { .. } => "quota-exceeded",
+            ApiError::InsufficientCapacity(_) => "insufficient-capacity",
             ApiError::PayloadTooLarge(_) => "payload-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::Unavailable => "unavailable",
@@ -199,6 +203,15 @@ pub fn conflict_if_unique(e: sea_orm::DbErr, detail: impl FnOnce() -> String) ->
     }
 }
 
+/// True when the database refused a write for a foreign key: something
+/// still refers to the row.
+pub fn is_fk_violation(e: &sea_orm::DbErr) -> bool {
+    matches!(
+        e.sql_err(),
+        Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
+    )
+}
+
 /// True when the database refused a write because of a unique constraint:
 /// the arbiter of every "at most one" rule.
 pub fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
@@ -226,6 +239,7 @@ mod tests {
                 detail: "x".into(),
             },
             ApiError::PayloadTooLarge("x".into()),
+            ApiError::InsufficientCapacity("x".into()),
             ApiError::UnsupportedMediaType("x".into()),
             ApiError::Unavailable,
             ApiError::Internal("secret detail".into()),

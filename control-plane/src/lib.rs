@@ -12,10 +12,13 @@ pub mod db;
 pub mod entity;
 pub mod error;
 pub mod extract;
+pub mod lifecycle;
 pub mod metrics;
 pub mod middleware;
 pub mod names;
 pub mod paging;
+pub mod placement;
 pub mod server;
+pub mod signals;
 
 pub use server::{AppState, RunningServer};

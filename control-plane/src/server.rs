@@ -27,6 +27,7 @@ pub struct AppState {
     pub db: DatabaseConnection,
     pub metrics: Arc<Metrics>,
     pub config: Arc<Config>,
+    pub signals: Arc<crate::signals::HostSignals>,
 }
 
 /// The whole HTTP application: API, docs, health, metrics.
@@ -70,6 +71,38 @@ pub fn router(state: AppState) -> Router {
         )
 }
 
+/// Marks hosts whose agents fell silent as `unreachable`. Idempotent, so
+/// several replicas running it at once do no harm.
+async fn lost_host_detector(state: AppState) {
+    use crate::entity::hosts;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let timeout = state.config.heartbeat_timeout;
+    let mut tick = tokio::time::interval((timeout / 4).max(std::time::Duration::from_millis(250)));
+    loop {
+        tick.tick().await;
+        let Ok(limit) = chrono::Duration::from_std(timeout) else {
+            return;
+        };
+        let cutoff = chrono::Utc::now() - limit;
+        let lost = hosts::Entity::update_many()
+            .col_expr(
+                hosts::Column::State,
+                sea_orm::sea_query::Expr::value("unreachable"),
+            )
+            .filter(hosts::Column::State.eq("ready"))
+            .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
+            .exec(&state.db)
+            .await;
+        match lost {
+            Ok(r) if r.rows_affected > 0 => {
+                tracing::warn!(hosts = r.rows_affected, "hosts became unreachable")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "lost-host detector could not run"),
+        }
+    }
+}
+
 /// A server bound to its address and serving in the background.
 pub struct RunningServer {
     pub addr: SocketAddr,
@@ -98,18 +131,22 @@ impl RunningServer {
             db,
             metrics: Arc::new(Metrics::new()),
             config: Arc::new(config),
+            signals: Arc::default(),
         };
+        let detector = tokio::spawn(lost_host_detector(state.clone()));
         let app = router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            axum::serve(
+            let served = axum::serve(
                 listener,
                 app.into_make_service_with_connect_info::<SocketAddr>(),
             )
             .with_graceful_shutdown(async {
                 let _ = rx.await;
             })
-            .await
+            .await;
+            detector.abort();
+            served
         });
         Ok(RunningServer {
             addr,

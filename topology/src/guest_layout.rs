@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{pairing, Bdf, HostTopology, PciLocation};
 
@@ -30,7 +30,7 @@ pub enum LayoutError {
     NoVcpus,
     #[error("the devices sit on {nodes} NUMA nodes; the guest needs a vCPU on each, but {vcpus} were asked")]
     TooFewVcpus { nodes: usize, vcpus: u32 },
-    #[error("NUMA node {node} has {available} CPUs; {wanted} were asked of it")]
+    #[error("NUMA node {node} has {available} free CPUs; {wanted} were asked of it")]
     NotEnoughCpus {
         node: u32,
         available: usize,
@@ -47,7 +47,7 @@ pub enum LayoutError {
 }
 
 /// A VM's share of a host: GPUs with their NICs, pinned CPUs, memory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub gpus: Vec<Bdf>,
     /// NICs passed through, by host function (a PF, or a VF of it), with
@@ -58,7 +58,7 @@ pub struct Placement {
     pub memory_mib: BTreeMap<u32, u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacedNic {
     pub host_bdf: Bdf,
     pub rdma_device: String,
@@ -92,6 +92,25 @@ pub fn place(
     vcpus: u32,
     memory_gib: u32,
 ) -> Result<Placement, LayoutError> {
+    place_avoiding(topo, gpus, vcpus, memory_gib, &InUse::default())
+}
+
+/// CPUs and NICs that other VMs on the host already hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InUse {
+    pub cpus: std::collections::BTreeSet<u32>,
+    pub nics: std::collections::BTreeSet<Bdf>,
+}
+
+/// [`place`], leaving alone what `in_use` lists: a GPU whose paired NIC is
+/// taken goes without one (a VF of it comes with the network issue).
+pub fn place_avoiding(
+    topo: &HostTopology,
+    gpus: &[Bdf],
+    vcpus: u32,
+    memory_gib: u32,
+    in_use: &InUse,
+) -> Result<Placement, LayoutError> {
     if vcpus == 0 {
         return Err(LayoutError::NoVcpus);
     }
@@ -115,7 +134,10 @@ pub fn place(
         match nics.iter_mut().find(|n| &n.rdma_device == rdma) {
             Some(n) => n.for_gpus.push(*g),
             None => {
-                if let Some(nic) = topo.nic(rdma) {
+                if let Some(nic) = topo
+                    .nic(rdma)
+                    .filter(|n| !in_use.nics.contains(&n.location.bdf))
+                {
                     nics.push(PlacedNic {
                         host_bdf: nic.location.bdf,
                         rdma_device: rdma.clone(),
@@ -157,18 +179,24 @@ pub fn place(
     let mut memory_mib = BTreeMap::new();
     for (i, node) in nodes.iter().enumerate() {
         let want = cpu_split[i] as usize;
-        let available = topo.numa(*node).map(|n| n.cpus.len()).unwrap_or(0);
-        if want > available {
+        let free: Vec<u32> = topo
+            .numa(*node)
+            .map(|n| {
+                n.cpus
+                    .iter()
+                    .copied()
+                    .filter(|c| !in_use.cpus.contains(c))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if want > free.len() {
             return Err(LayoutError::NotEnoughCpus {
                 node: *node,
-                available,
+                available: free.len(),
                 wanted: want,
             });
         }
-        let list = topo
-            .numa(*node)
-            .map(|n| n.cpus[..want].to_vec())
-            .unwrap_or_default();
+        let list = free[..want].to_vec();
         cpus.insert(*node, list);
         memory_mib.insert(*node, mem_split[i]);
     }

@@ -17,14 +17,18 @@ use utoipa_axum::routes;
 
 use crate::server::AppState;
 
+pub mod agent;
 pub mod audit;
 pub mod docs;
 pub mod health;
+pub mod hosts;
 pub mod members;
 pub mod quota;
+pub mod templates;
 pub mod tenants;
 pub mod tokens;
 pub mod users;
+pub mod vms;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -48,6 +52,10 @@ pub mod users;
         (name = "tokens", description = "API tokens"),
         (name = "quota", description = "Tenant limits"),
         (name = "audit", description = "Who did what"),
+        (name = "hosts", description = "GPU hosts and their registration"),
+        (name = "templates", description = "VM images"),
+        (name = "vms", description = "Virtual machines and their lifecycle"),
+        (name = "agent", description = "The protocol between host agents and the server"),
         (name = "health", description = "Liveness, readiness, metrics"),
     )
 )]
@@ -58,6 +66,16 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "host",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("kumoh_<host id>_<secret>")
+                    .description(Some("A host's credential, for its agent"))
+                    .build(),
+            ),
+        );
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(
@@ -113,6 +131,21 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(tokens::create_for_user))
         .routes(routes!(quota::show, quota::set))
         .routes(routes!(audit::list))
+        .routes(routes!(hosts::create_join_token))
+        .routes(routes!(hosts::list))
+        .routes(routes!(hosts::show))
+        .routes(routes!(templates::create, templates::list))
+        .routes(routes!(vms::create, vms::list))
+        .routes(routes!(vms::show, vms::delete))
+        .routes(routes!(vms::nccl_topology))
+        .routes(routes!(vms::start))
+        .routes(routes!(vms::stop))
+        .routes(routes!(vms::reboot))
+        .routes(routes!(vms::events))
+        .routes(routes!(agent::register))
+        .routes(routes!(agent::heartbeat))
+        .routes(routes!(agent::desired))
+        .routes(routes!(agent::status))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))

@@ -3,8 +3,8 @@ use axum::http::StatusCode;
 use chrono::Utc;
 use kumo_api_types::{Page, PageParams, Role, Tenant, TenantCreate, TenantUpdate};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
-    TransactionTrait,
+    ActiveModelTrait, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -181,7 +181,31 @@ pub async fn delete(
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require_admin("deleting a tenant")?;
     let txn = st.db.begin().await?;
-    tenants::Entity::delete_by_id(tenant.id).exec(&txn).await?;
+    // The foreign key refuses it too; asking first gives the clear answer
+    // on every database.
+    let vms = crate::entity::vms::Entity::find()
+        .filter(crate::entity::vms::Column::TenantId.eq(tenant.id))
+        .count(&txn)
+        .await?;
+    if vms > 0 {
+        return Err(ApiError::Conflict(format!(
+            "tenant {:?} still has {vms} VM(s); delete them first",
+            tenant.name
+        )));
+    }
+    tenants::Entity::delete_by_id(tenant.id)
+        .exec(&txn)
+        .await
+        .map_err(|e| {
+            if crate::error::is_fk_violation(&e) {
+                ApiError::Conflict(format!(
+                    "tenant {:?} still has VMs; delete them first",
+                    tenant.name
+                ))
+            } else {
+                e.into()
+            }
+        })?;
     audit::record(&txn, &ctx, "tenant.delete", Some(&tenant), &tenant.name).await?;
     txn.commit().await?;
     Ok(StatusCode::NO_CONTENT)

@@ -1,10 +1,16 @@
 //! sea-orm models of the tables created in `kumo-migrations`.
 
+pub mod allocations;
 pub mod api_tokens;
 pub mod audit_log;
+pub mod hosts;
 pub mod idempotency_keys;
+pub mod join_tokens;
 pub mod memberships;
+pub mod templates;
 pub mod tenant_gpu_quotas;
 pub mod tenant_quotas;
 pub mod tenants;
 pub mod users;
+pub mod vm_events;
+pub mod vms;

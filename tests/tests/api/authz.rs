@@ -51,6 +51,17 @@ impl World {
         row.expires_at = Set(Some(Utc::now() - Duration::seconds(1)));
         row.update(s.db()).await.unwrap();
 
+        // A host, and a VM in alpha that stays `scheduled` (no agent acts).
+        let _ = s.sim_agent("host-1", "hgx-h100").await;
+        let _: kumo_api_types::Vm = s
+            .admin
+            .post(
+                "/api/v1/tenants/alpha/vms",
+                &json!({"name": "alpha-vm", "vcpus": 1, "memory_gib": 1}),
+            )
+            .await
+            .unwrap();
+
         let revoked = s
             .admin
             .create_token_for("olga", &TokenCreate::default())
@@ -193,6 +204,98 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/audit",
         [200, 200, 403, 403, 200, 401, 401, 401],
     ),
+    (
+        "POST",
+        "/api/v1/hosts/join-tokens",
+        [201, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/hosts",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/hosts/{host}",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/templates",
+        [201, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/templates",
+        [200, 200, 200, 200, 200, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/vms",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/vms/{vm}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/vms/{vm}",
+        [202, 202, 202, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/vms/{vm}/nccl-topology",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    // alpha-vm is `scheduled`: start and reboot are illegal (409) for those allowed to try.
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/start",
+        [409, 409, 409, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/stop",
+        [202, 202, 202, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/reboot",
+        [409, 409, 409, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/events",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    // The agent protocol takes host credentials (and join tokens) only.
+    (
+        "POST",
+        "/agent/v1/register",
+        [401, 401, 401, 401, 401, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/agent/v1/heartbeat",
+        [401, 401, 401, 401, 401, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/agent/v1/desired",
+        [401, 401, 401, 401, 401, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/agent/v1/status",
+        [401, 401, 401, 401, 401, 401, 401, 401],
+    ),
     ("GET", "/healthz", [200, 200, 200, 200, 200, 200, 200, 200]),
     ("GET", "/readyz", [200, 200, 200, 200, 200, 200, 200, 200]),
     ("GET", "/metrics", [200, 200, 200, 200, 200, 200, 200, 200]),
@@ -206,7 +309,27 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         | ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => w.scratch_tenant(s).await,
         _ => "alpha".to_owned(),
     };
-    let mut path = template.replace("{tenant}", &tenant);
+    let mut path = template
+        .replace("{tenant}", &tenant)
+        .replace("{host}", "host-1");
+    // Operations that change a VM get one of their own; the rest use alpha-vm.
+    let vm = match (method, template) {
+        ("DELETE", "/api/v1/tenants/{tenant}/vms/{vm}")
+        | ("POST", "/api/v1/tenants/{tenant}/vms/{vm}/stop") => {
+            let name = format!("vm-{n}");
+            let _: kumo_api_types::Vm = s
+                .admin
+                .post(
+                    &format!("/api/v1/tenants/{tenant}/vms"),
+                    &json!({"name": name, "vcpus": 1, "memory_gib": 1}),
+                )
+                .await
+                .unwrap();
+            name
+        }
+        _ => "alpha-vm".to_owned(),
+    };
+    path = path.replace("{vm}", &vm);
     let body = match (method, template) {
         ("POST", "/api/v1/tenants") => Some(json!({"name": format!("new-{n}")})),
         ("PATCH", _) => Some(json!({"description": format!("edit {n}")})),
@@ -229,6 +352,18 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
             Some(json!({}))
         }
         ("POST", "/api/v1/tokens") => Some(json!({"description": "matrix"})),
+        ("POST", "/api/v1/hosts/join-tokens") => Some(json!({})),
+        ("POST", "/api/v1/templates") => Some(
+            json!({"name": format!("tpl-{n}"), "image_path": "/images/base.qcow2", "os": "Debian 12", "default_user": "debian"}),
+        ),
+        ("POST", "/api/v1/tenants/{tenant}/vms") => {
+            Some(json!({"name": format!("new-vm-{n}"), "vcpus": 1, "memory_gib": 1}))
+        }
+        ("POST", "/agent/v1/register") => Some(
+            json!({"join_token": "kumoj_0123456789abcdef0123456789abcdef_nope", "name": "intruder", "topology": {"numa_nodes": [], "pci_devices": [], "gpus": [], "nics": [], "nvswitches": []}, "virt_type": "kvm"}),
+        ),
+        ("POST", "/agent/v1/heartbeat") => Some(json!({})),
+        ("POST", "/agent/v1/status") => Some(json!({"vms": []})),
         ("DELETE", "/api/v1/tokens/{id}") => {
             let t = s
                 .admin
@@ -311,7 +446,10 @@ on_both_backends! {
             let mut answers = Vec::new();
             for tenant in ["alpha", "no-such-tenant"] {
                 let mut call = prepare(s, &w, method, template).await;
-                call.path = template.replace("{tenant}", tenant).replace("{user}", "vera");
+                call.path = template
+                    .replace("{tenant}", tenant)
+                    .replace("{user}", "vera")
+                    .replace("{vm}", "alpha-vm");
                 let resp = send(s, method, &call, outsider).await;
                 let status = resp.status().as_u16();
                 let p: Problem = resp.json().await.unwrap();

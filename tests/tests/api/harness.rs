@@ -74,6 +74,10 @@ async fn fresh_pg_schema() -> String {
 
 impl TestServer {
     pub async fn start(backend: Backend) -> TestServer {
+        Self::start_with(backend, |_| {}).await
+    }
+
+    pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let (url, pg_schema) = match backend {
             Backend::Sqlite => (None, None),
@@ -93,7 +97,8 @@ impl TestServer {
                 )
             }
         };
-        let config = Config::for_data_dir(dir.path(), url);
+        let mut config = Config::for_data_dir(dir.path(), url);
+        adjust(&mut config);
         let server = RunningServer::start(config).await.unwrap();
         let token_file = server
             .admin_token_file
@@ -206,3 +211,147 @@ macro_rules! on_both_backends {
     };
 }
 pub(crate) use on_both_backends;
+
+/// A fixture machine's topology, as its agent would report it.
+pub fn fixture_topology(name: &str) -> kumo_topology::HostTopology {
+    let dir = tempfile::Builder::new()
+        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        })
+        .unwrap();
+    kumo_topology::fixtures::write(&kumo_topology::fixtures::machine(name).unwrap(), dir.path())
+        .unwrap();
+    kumo_topology::sysfs::discover(dir.path(), None).unwrap()
+}
+
+/// An agent that speaks the real protocol over HTTP and pretends that
+/// whatever should run, runs: the simulated host of the fast tests.
+pub struct SimAgent {
+    pub url: String,
+    pub host_id: uuid::Uuid,
+    pub credential: String,
+    http: reqwest::Client,
+    known: std::collections::BTreeSet<uuid::Uuid>,
+}
+
+impl TestServer {
+    pub async fn join_token(&self) -> String {
+        let r: kumo_api_types::JoinTokenCreated = self
+            .admin
+            .post("/api/v1/hosts/join-tokens", &serde_json::json!({}))
+            .await
+            .unwrap();
+        r.token
+    }
+
+    pub async fn sim_agent(&self, name: &str, machine: &str) -> SimAgent {
+        let join = self.join_token().await;
+        SimAgent::register(&self.url, &join, name, fixture_topology(machine)).await
+    }
+}
+
+impl SimAgent {
+    pub async fn register(
+        url: &str,
+        join_token: &str,
+        name: &str,
+        topology: kumo_topology::HostTopology,
+    ) -> SimAgent {
+        let http = reqwest::Client::new();
+        let resp = http
+            .post(format!("{url}/agent/v1/register"))
+            .json(&kumo_api_types::AgentRegister {
+                join_token: join_token.into(),
+                name: name.into(),
+                topology,
+                virt_type: "qemu".into(),
+                scalable_unit: None,
+            })
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            201,
+            "{}",
+            resp.text().await.unwrap_or_default()
+        );
+        let r: kumo_api_types::AgentRegistered = resp.json().await.unwrap();
+        SimAgent {
+            url: url.into(),
+            host_id: r.host_id,
+            credential: r.credential,
+            http,
+            known: Default::default(),
+        }
+    }
+
+    pub async fn desired(&self, after: Option<i64>) -> kumo_api_types::DesiredState {
+        let mut url = format!("{}/agent/v1/desired", self.url);
+        if let Some(a) = after {
+            url.push_str(&format!("?after={a}"));
+        }
+        let resp = self
+            .http
+            .get(url)
+            .bearer_auth(&self.credential)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.json().await.unwrap()
+    }
+
+    pub async fn report(&self, vms: Vec<kumo_api_types::VmStatus>) -> reqwest::Response {
+        self.http
+            .post(format!("{}/agent/v1/status", self.url))
+            .bearer_auth(&self.credential)
+            .json(&kumo_api_types::StatusReport { vms })
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn heartbeat(&self) -> reqwest::StatusCode {
+        self.http
+            .post(format!("{}/agent/v1/heartbeat", self.url))
+            .bearer_auth(&self.credential)
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
+    /// One reconcile pass: everything desired is made so, everything no
+    /// longer desired is reported gone.
+    pub async fn converge(&mut self) {
+        use kumo_api_types::{ActualState, Power, VmStatus};
+        let d = self.desired(None).await;
+        let mut report = Vec::new();
+        let desired: std::collections::BTreeSet<uuid::Uuid> = d.vms.iter().map(|v| v.id).collect();
+        for v in &d.vms {
+            let state = match v.power {
+                Power::Running => ActualState::Running,
+                Power::Stopped => ActualState::Stopped,
+            };
+            report.push(VmStatus {
+                id: v.id,
+                state,
+                reason: None,
+            });
+        }
+        for gone in self.known.difference(&desired).chain(d.remove.iter()) {
+            report.push(VmStatus {
+                id: *gone,
+                state: ActualState::Absent,
+                reason: None,
+            });
+        }
+        self.known = desired;
+        let r = self.report(report).await;
+        assert_eq!(r.status(), 204, "{}", r.text().await.unwrap_or_default());
+    }
+}

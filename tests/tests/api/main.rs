@@ -11,3 +11,4 @@ mod idempotency;
 mod openapi;
 mod process;
 mod resources;
+mod vms;

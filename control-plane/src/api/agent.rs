@@ -1,0 +1,310 @@
+//! The agent protocol under `/agent/v1`: registration with a join token,
+//! heartbeats, the long-polled desired state, and status reports. Agents
+//! authenticate with their host credential (`kumoh_…`); anything an agent
+//! says about a VM of another host is refused.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use chrono::Utc;
+use kumo_api_types::{
+    AgentHeartbeat, AgentRegister, AgentRegistered, DesiredParams, DesiredState, DesiredVm,
+    HostState, StatusReport, VmState,
+};
+use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
+use uuid::Uuid;
+
+use super::vms::{desired_power, event, stored_placement, stored_spec, stored_state};
+use super::Problems;
+use crate::entity::{allocations, hosts, join_tokens, vms};
+use crate::error::{conflict_if_unique, ApiError};
+use crate::extract::{Json, Query};
+use crate::lifecycle;
+use crate::server::AppState;
+use crate::{auth, names};
+
+/// How long a desired-state request waits for a change.
+pub const LONG_POLL: Duration = Duration::from_secs(25);
+/// Topologies larger than this are not a server, they are an attack.
+pub const MAX_PCI_DEVICES: usize = 4096;
+
+/// An agent, authenticated by its host credential.
+pub struct HostCaller(pub hosts::Model);
+
+impl FromRequestParts<AppState> for HostCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &AppState) -> Result<Self, ApiError> {
+        let invalid = || {
+            ApiError::Unauthenticated(
+                "send the host credential as `Authorization: Bearer kumoh_…`".into(),
+            )
+        };
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(invalid)?;
+        let token = header
+            .split_once(' ')
+            .filter(|(s, _)| s.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim())
+            .ok_or_else(invalid)?;
+        let (id, secret) = auth::parse_prefixed(token, auth::HOST_PREFIX).ok_or_else(invalid)?;
+        let host = hosts::Entity::find_by_id(id)
+            .one(&st.db)
+            .await?
+            .ok_or_else(invalid)?;
+        if !auth::secret_matches(secret, &host.credential_hash)
+            || host.state == HostState::Retired.as_str()
+        {
+            return Err(invalid());
+        }
+        Ok(HostCaller(host))
+    }
+}
+
+fn validate_topology(t: &kumo_topology::HostTopology) -> Result<(), ApiError> {
+    if t.pci_devices.len() > MAX_PCI_DEVICES || t.numa_nodes.len() > 1024 {
+        return Err(ApiError::field("topology", "implausibly large"));
+    }
+    Ok(())
+}
+
+/// Register a host with a join token; answers the host's own credential.
+/// Registering an existing name again (an agent that lost its state)
+/// keeps the host and its VMs and issues a new credential.
+#[utoipa::path(
+    post, path = "/agent/v1/register", tag = "agent", security(()),
+    request_body = AgentRegister,
+    responses((status = 201, description = "Registered", body = AgentRegistered), Problems)
+)]
+pub async fn register(
+    State(st): State<AppState>,
+    Json(body): Json<AgentRegister>,
+) -> Result<(StatusCode, axum::Json<AgentRegistered>), ApiError> {
+    let invalid = || ApiError::Unauthenticated("invalid, expired or revoked join token".into());
+    let (token_id, secret) =
+        auth::parse_prefixed(&body.join_token, auth::JOIN_PREFIX).ok_or_else(invalid)?;
+    let jt = join_tokens::Entity::find_by_id(token_id)
+        .one(&st.db)
+        .await?
+        .ok_or_else(invalid)?;
+    let now = Utc::now();
+    if !auth::secret_matches(secret, &jt.secret_hash)
+        || jt.revoked_at.is_some()
+        || jt.expires_at <= now
+    {
+        return Err(invalid());
+    }
+    names::tenant_name("name", &body.name)?;
+    if !matches!(body.virt_type.as_str(), "kvm" | "qemu") {
+        return Err(ApiError::field("virt_type", "kvm or qemu"));
+    }
+    if let Some(su) = &body.scalable_unit {
+        names::tenant_name("scalable_unit", su)?;
+    }
+    validate_topology(&body.topology)?;
+    let topology =
+        serde_json::to_string(&body.topology).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let txn = st.db.begin().await?;
+    let existing = hosts::Entity::find()
+        .filter(hosts::Column::Name.eq(body.name.clone()))
+        .one(&txn)
+        .await?;
+    let id = existing.as_ref().map(|h| h.id).unwrap_or_else(Uuid::now_v7);
+    let minted = auth::mint_prefixed(auth::HOST_PREFIX, id);
+    match existing {
+        Some(h) => {
+            let mut a: hosts::ActiveModel = h.into();
+            a.credential_hash = Set(minted.secret_hash);
+            a.topology = Set(topology);
+            a.virt_type = Set(body.virt_type.clone());
+            a.scalable_unit = Set(body.scalable_unit.clone());
+            a.state = Set(HostState::Ready.as_str().into());
+            a.last_heartbeat_at = Set(now);
+            a.update(&txn).await?;
+        }
+        None => {
+            hosts::ActiveModel {
+                id: Set(id),
+                name: Set(body.name.clone()),
+                state: Set(HostState::Ready.as_str().into()),
+                credential_hash: Set(minted.secret_hash),
+                topology: Set(topology),
+                scalable_unit: Set(body.scalable_unit.clone()),
+                registered_at: Set(now),
+                last_heartbeat_at: Set(now),
+                revision: Set(1),
+                virt_type: Set(body.virt_type.clone()),
+            }
+            .insert(&txn)
+            .await
+            .map_err(|e| {
+                conflict_if_unique(e, || {
+                    format!("host {:?} registered concurrently; retry", body.name)
+                })
+            })?;
+        }
+    }
+    txn.commit().await?;
+    tracing::info!(host = %body.name, %id, "host registered");
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(AgentRegistered {
+            host_id: id,
+            credential: minted.token,
+        }),
+    ))
+}
+
+/// Heartbeat, optionally with a fresh inventory.
+#[utoipa::path(
+    post, path = "/agent/v1/heartbeat", tag = "agent", security(("host" = [])),
+    request_body = AgentHeartbeat,
+    responses((status = 204, description = "Noted"), Problems)
+)]
+pub async fn heartbeat(
+    State(st): State<AppState>,
+    HostCaller(host): HostCaller,
+    Json(body): Json<AgentHeartbeat>,
+) -> Result<StatusCode, ApiError> {
+    let back = host.state == HostState::Unreachable.as_str();
+    let name = host.name.clone();
+    let mut a: hosts::ActiveModel = host.into();
+    a.last_heartbeat_at = Set(Utc::now());
+    if back {
+        a.state = Set(HostState::Ready.as_str().into());
+    }
+    if let Some(t) = &body.topology {
+        validate_topology(t)?;
+        a.topology = Set(serde_json::to_string(t).map_err(|e| ApiError::Internal(e.to_string()))?);
+    }
+    a.update(&st.db).await?;
+    if back {
+        tracing::info!(host = %name, "host reachable again");
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, ApiError> {
+    let rows = vms::Entity::find()
+        .filter(vms::Column::HostId.eq(host.id))
+        .all(&st.db)
+        .await?;
+    let mut out = Vec::new();
+    let mut remove = Vec::new();
+    for v in rows {
+        if matches!(stored_state(&v), VmState::Deleting | VmState::Deleted) {
+            remove.push(v.id);
+            continue;
+        }
+        let Some(placement) = stored_placement(&v)? else {
+            continue;
+        };
+        out.push(DesiredVm {
+            id: v.id,
+            name: v.name.clone(),
+            power: desired_power(&v),
+            power_generation: v.power_generation,
+            spec: stored_spec(&v)?,
+            placement,
+        });
+    }
+    Ok(DesiredState {
+        revision: host.revision,
+        vms: out,
+        remove,
+    })
+}
+
+/// Everything that should exist on this host. With `after`, waits until
+/// the revision passes it (at most 25 s), so changes arrive at once.
+#[utoipa::path(
+    get, path = "/agent/v1/desired", tag = "agent", security(("host" = [])),
+    params(DesiredParams),
+    responses((status = 200, description = "Desired state", body = DesiredState), Problems)
+)]
+pub async fn desired(
+    State(st): State<AppState>,
+    HostCaller(host): HostCaller,
+    Query(q): Query<DesiredParams>,
+) -> Result<axum::Json<DesiredState>, ApiError> {
+    let deadline = tokio::time::Instant::now() + LONG_POLL;
+    let mut current = host;
+    if let Some(after) = q.after {
+        while current.revision <= after && tokio::time::Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            st.signals
+                .wait(current.id, left.min(Duration::from_secs(1)))
+                .await;
+            current = hosts::Entity::find_by_id(current.id)
+                .one(&st.db)
+                .await?
+                .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
+        }
+    }
+    Ok(axum::Json(desired_of(&st, &current).await?))
+}
+
+/// What the agent found: each VM's actual state.
+#[utoipa::path(
+    post, path = "/agent/v1/status", tag = "agent", security(("host" = [])),
+    request_body = StatusReport,
+    responses((status = 204, description = "Applied"), Problems)
+)]
+pub async fn status(
+    State(st): State<AppState>,
+    HostCaller(host): HostCaller,
+    Json(report): Json<StatusReport>,
+) -> Result<StatusCode, ApiError> {
+    if report.vms.len() > 10_000 {
+        return Err(ApiError::field("vms", "too many entries"));
+    }
+    let txn = st.db.begin().await?;
+    for s in &report.vms {
+        let Some(vm) = vms::Entity::find_by_id(s.id).one(&txn).await? else {
+            continue; // already gone: nothing to apply
+        };
+        if vm.host_id != Some(host.id) {
+            tracing::warn!(host = %host.name, vm = %s.id, "agent reported a VM of another host; refused");
+            return Err(ApiError::validation(format!(
+                "VM {} does not belong to host {}",
+                s.id, host.name
+            )));
+        }
+        if let Some(r) = &s.reason {
+            names::text("reason", r, 1000)?;
+        }
+        let Some(next) = lifecycle::observe(stored_state(&vm), desired_power(&vm), s.state) else {
+            continue;
+        };
+        let message = s
+            .reason
+            .clone()
+            .unwrap_or_else(|| format!("reported by {}", host.name));
+        event(&txn, &vm, next.as_str(), message).await?;
+        if next == VmState::Deleted {
+            allocations::Entity::delete_many()
+                .filter(allocations::Column::VmId.eq(vm.id))
+                .exec(&txn)
+                .await?;
+            vms::Entity::delete_by_id(vm.id).exec(&txn).await?;
+            continue;
+        }
+        let mut a: vms::ActiveModel = vm.into();
+        a.state = Set(next.as_str().to_owned());
+        a.reason = Set(if next == VmState::Error {
+            s.reason.clone()
+        } else {
+            None
+        });
+        a.updated_at = Set(Utc::now());
+        a.update(&txn).await?;
+    }
+    txn.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}

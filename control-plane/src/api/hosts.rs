@@ -1,0 +1,207 @@
+use std::collections::BTreeSet;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::{Duration, Utc};
+use kumo_api_types::{
+    Allocation, Host, HostDetail, HostState, JoinTokenCreate, JoinTokenCreated, Page, PageParams,
+};
+use kumo_topology::HostTopology;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionTrait,
+};
+use uuid::Uuid;
+
+use super::Problems;
+use crate::access::require_admin;
+use crate::entity::{allocations, hosts, join_tokens};
+use crate::error::ApiError;
+use crate::extract::{Ctx, Json, Path, Query};
+use crate::paging::Paging;
+use crate::placement::KIND_GPU;
+use crate::server::AppState;
+use crate::{audit, auth, names};
+
+pub const DEFAULT_JOIN_TTL_SECS: u64 = 86_400;
+pub const MAX_JOIN_TTL_SECS: u64 = 30 * 86_400;
+
+/// A stored topology; a row that does not parse is a bug, reported as such.
+pub fn stored_topology(h: &hosts::Model) -> Result<HostTopology, ApiError> {
+    serde_json::from_str(&h.topology)
+        .map_err(|e| ApiError::Internal(format!("host {} topology: {e}", h.name)))
+}
+
+pub fn host_state(h: &hosts::Model) -> HostState {
+    HostState::parse(&h.state).unwrap_or(HostState::Unreachable)
+}
+
+pub async fn held(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+) -> Result<Vec<allocations::Model>, ApiError> {
+    Ok(allocations::Entity::find()
+        .filter(allocations::Column::HostId.eq(host))
+        .all(db)
+        .await?)
+}
+
+fn to_api(h: &hosts::Model, topo: &HostTopology, held: &[allocations::Model]) -> Host {
+    let used: BTreeSet<&str> = held
+        .iter()
+        .filter(|a| a.kind == KIND_GPU)
+        .map(|a| a.key.as_str())
+        .collect();
+    let mut models: Vec<String> = topo.gpus.iter().map(|g| g.model.clone()).collect();
+    models.sort();
+    models.dedup();
+    Host {
+        id: h.id,
+        name: h.name.clone(),
+        state: host_state(h),
+        scalable_unit: h.scalable_unit.clone(),
+        virt_type: h.virt_type.clone(),
+        gpu_models: models,
+        gpus: topo.gpus.len() as u32,
+        gpus_free: topo
+            .gpus
+            .iter()
+            .filter(|g| !used.contains(g.location.bdf.to_string().as_str()))
+            .count() as u32,
+        rdma_nics: topo.nics.len() as u32,
+        cpus: topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum(),
+        registered_at: h.registered_at,
+        last_heartbeat_at: h.last_heartbeat_at,
+    }
+}
+
+/// Create a join token for registering hosts (platform admins).
+#[utoipa::path(
+    post, path = "/api/v1/hosts/join-tokens", tag = "hosts",
+    request_body = JoinTokenCreate,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries")),
+    responses((status = 201, description = "Created", body = JoinTokenCreated), Problems)
+)]
+pub async fn create_join_token(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Json(body): Json<JoinTokenCreate>,
+) -> Result<(StatusCode, axum::Json<JoinTokenCreated>), ApiError> {
+    require_admin(&ctx.caller, "creating join tokens")?;
+    let description = body.description.unwrap_or_default();
+    names::text("description", &description, 255)?;
+    let ttl = body.ttl_seconds.unwrap_or(DEFAULT_JOIN_TTL_SECS);
+    if !(60..=MAX_JOIN_TTL_SECS).contains(&ttl) {
+        return Err(ApiError::field(
+            "ttl_seconds",
+            format!("between 60 and {MAX_JOIN_TTL_SECS}"),
+        ));
+    }
+    let now = Utc::now();
+    let expires_at = now + Duration::seconds(ttl as i64);
+    let minted = auth::mint_prefixed(auth::JOIN_PREFIX, Uuid::now_v7());
+    let txn = st.db.begin().await?;
+    join_tokens::ActiveModel {
+        id: Set(minted.id),
+        secret_hash: Set(minted.secret_hash),
+        description: Set(description),
+        created_at: Set(now),
+        expires_at: Set(expires_at),
+        revoked_at: Set(None),
+    }
+    .insert(&txn)
+    .await?;
+    audit::record(
+        &txn,
+        &ctx,
+        "host.join_token.create",
+        None,
+        &minted.id.to_string(),
+    )
+    .await?;
+    txn.commit().await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(JoinTokenCreated {
+            id: minted.id,
+            token: minted.token,
+            expires_at,
+        }),
+    ))
+}
+
+/// List hosts by name (platform admins).
+#[utoipa::path(
+    get, path = "/api/v1/hosts", tag = "hosts",
+    params(PageParams),
+    responses((status = 200, description = "One page", body = inline(Page<Host>)), Problems)
+)]
+pub async fn list(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Query(q): Query<PageParams>,
+) -> Result<axum::Json<Page<Host>>, ApiError> {
+    require_admin(&ctx.caller, "listing hosts")?;
+    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
+    let mut query = hosts::Entity::find().order_by_asc(hosts::Column::Name);
+    if let Some(after) = &paging.after {
+        query = query.filter(hosts::Column::Name.gt(after.as_str()));
+    }
+    let rows = query.limit(paging.fetch()).all(&st.db).await?;
+    let (rows, next) = paging.finish(rows, |h| h.name.clone());
+    let mut items = Vec::with_capacity(rows.len());
+    for h in &rows {
+        items.push(to_api(h, &stored_topology(h)?, &held(&st.db, h.id).await?));
+    }
+    Ok(axum::Json(Page {
+        items,
+        next_page_token: next,
+    }))
+}
+
+pub async fn find(
+    db: &impl ConnectionTrait,
+    host_ref: &str,
+) -> Result<Option<hosts::Model>, ApiError> {
+    let q = match Uuid::try_parse(host_ref) {
+        Ok(id) => hosts::Entity::find_by_id(id),
+        Err(_) => hosts::Entity::find().filter(hosts::Column::Name.eq(host_ref)),
+    };
+    Ok(q.one(db).await?)
+}
+
+/// Show a host with its topology, GPU/NIC matrix and allocations (platform admins).
+#[utoipa::path(
+    get, path = "/api/v1/hosts/{host}", tag = "hosts",
+    params(("host" = String, Path, description = "Host name or id")),
+    responses((status = 200, description = "The host", body = HostDetail), Problems)
+)]
+pub async fn show(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(host): Path<String>,
+) -> Result<axum::Json<HostDetail>, ApiError> {
+    require_admin(&ctx.caller, "showing hosts")?;
+    let h = find(&st.db, &host)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
+    let topo = stored_topology(&h)?;
+    let held = held(&st.db, h.id).await?;
+    Ok(axum::Json(HostDetail {
+        host: to_api(&h, &topo, &held),
+        matrix: kumo_topology::matrix::render(&topo),
+        topology: serde_json::to_value(&topo).map_err(|e| ApiError::Internal(e.to_string()))?,
+        allocations: held
+            .into_iter()
+            .map(|a| Allocation {
+                kind: a.kind,
+                key: a.key,
+                vm_id: a.vm_id,
+            })
+            .collect(),
+    }))
+}
+
+pub fn host_is_placeable(h: &hosts::Model) -> bool {
+    host_state(h) == HostState::Ready
+}

@@ -1,0 +1,687 @@
+//! VMs of a tenant: create (placed at once, first fit), read, act, delete,
+//! and their lifecycle events.
+
+use std::collections::BTreeSet;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use chrono::Utc;
+use kumo_api_types::{
+    GuestNuma, HostState, Page, PageParams, PlacedGpu, Power, Role, Vm, VmCreate, VmEvent,
+    VmPlacement, VmSpec, VmState,
+};
+use kumo_topology::guest_layout::{guest_layout, Placement};
+use kumo_topology::sysfs::format_cpulist;
+use kumo_topology::HostTopology;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
+    QueryFilter, QueryOrder, QuerySelect, Set, TransactionTrait,
+};
+use uuid::Uuid;
+
+use super::hosts::{held, host_is_placeable, host_state, stored_topology};
+use super::Problems;
+use crate::access::tenant_access;
+use crate::entity::{allocations, hosts, tenants, vm_events, vms};
+use crate::error::{is_unique_violation, ApiError};
+use crate::extract::{Ctx, Json, Path, Query};
+use crate::lifecycle::{self, Action};
+use crate::paging::Paging;
+use crate::placement::{self, Candidate, Request};
+use crate::server::AppState;
+use crate::{audit, names};
+
+pub const MAX_GPUS: u32 = 64;
+pub const MAX_VCPUS: u32 = 1024;
+pub const MAX_MEMORY_GIB: u32 = 16_384;
+pub const MAX_DISK_GIB: u32 = 65_536;
+pub const MAX_SSH_KEYS: usize = 32;
+
+pub fn stored_spec(v: &vms::Model) -> Result<VmSpec, ApiError> {
+    serde_json::from_str(&v.spec).map_err(|e| ApiError::Internal(format!("vm {} spec: {e}", v.id)))
+}
+
+pub fn stored_placement(v: &vms::Model) -> Result<Option<Placement>, ApiError> {
+    v.placement
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| ApiError::Internal(format!("vm {} placement: {e}", v.id)))
+}
+
+pub fn stored_state(v: &vms::Model) -> VmState {
+    VmState::parse(&v.state).unwrap_or(VmState::Error)
+}
+
+pub fn desired_power(v: &vms::Model) -> Power {
+    if v.desired_power == "stopped" {
+        Power::Stopped
+    } else {
+        Power::Running
+    }
+}
+
+fn power_str(p: Power) -> &'static str {
+    match p {
+        Power::Running => "running",
+        Power::Stopped => "stopped",
+    }
+}
+
+/// The placement as the API shows it: host↔guest addresses, NICs, NUMA map.
+pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> {
+    let layout = guest_layout(topo, p).ok()?;
+    let pins: std::collections::BTreeMap<u32, u32> = layout.vcpu_pins.iter().copied().collect();
+    let gpus = p
+        .gpus
+        .iter()
+        .map(|g| {
+            let nic = p.nics.iter().find(|n| n.for_gpus.contains(g));
+            PlacedGpu {
+                host_bdf: g.to_string(),
+                guest_bdf: layout
+                    .guest_bdf(*g)
+                    .map(|b| b.to_string())
+                    .unwrap_or_default(),
+                model: topo.gpu(*g).map(|x| x.model.clone()).unwrap_or_default(),
+                nic: nic.map(|n| n.rdma_device.clone()),
+                nic_guest_bdf: nic
+                    .and_then(|n| layout.guest_bdf(n.host_bdf))
+                    .map(|b| b.to_string()),
+            }
+        })
+        .collect();
+    let numa = layout
+        .cells
+        .iter()
+        .map(|c| GuestNuma {
+            guest_node: c.id,
+            host_node: c.host_node,
+            vcpus: format_cpulist(&c.vcpus),
+            host_cpus: format_cpulist(
+                &c.vcpus
+                    .iter()
+                    .filter_map(|v| pins.get(v).copied())
+                    .collect::<Vec<_>>(),
+            ),
+            memory_mib: c.memory_mib,
+        })
+        .collect();
+    Some(VmPlacement { gpus, numa })
+}
+
+/// The VM as the API shows it. A VM on an unreachable host is `unknown`:
+/// it may be running; nobody can tell.
+async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Result<Vm, ApiError> {
+    let host = match v.host_id {
+        Some(h) => hosts::Entity::find_by_id(h).one(db).await?,
+        None => None,
+    };
+    let mut state = stored_state(v);
+    if host
+        .as_ref()
+        .is_some_and(|h| host_state(h) == HostState::Unreachable)
+        && state != VmState::Deleting
+    {
+        state = VmState::Unknown;
+    }
+    let placement = match (&host, stored_placement(v)?) {
+        (Some(h), Some(p)) => api_placement(&stored_topology(h)?, &p),
+        _ => None,
+    };
+    Ok(Vm {
+        id: v.id,
+        name: v.name.clone(),
+        tenant: tenant.to_owned(),
+        state,
+        reason: v.reason.clone(),
+        host: host.map(|h| h.name),
+        spec: stored_spec(v)?,
+        placement,
+        created_at: v.created_at,
+        updated_at: v.updated_at,
+    })
+}
+
+pub async fn event(
+    db: &impl ConnectionTrait,
+    vm: &vms::Model,
+    kind: &str,
+    message: impl Into<String>,
+) -> Result<(), ApiError> {
+    vm_events::ActiveModel {
+        id: NotSet,
+        vm_id: Set(vm.id),
+        tenant_id: Set(vm.tenant_id),
+        at: Set(Utc::now()),
+        kind: Set(kind.to_owned()),
+        message: Set(message.into()),
+    }
+    .insert(db)
+    .await?;
+    Ok(())
+}
+
+/// Marks a host's desired state as changed, inside the caller's transaction.
+pub async fn bump_revision(txn: &DatabaseTransaction, host: Uuid) -> Result<(), ApiError> {
+    use sea_orm::sea_query::Expr;
+    hosts::Entity::update_many()
+        .col_expr(
+            hosts::Column::Revision,
+            Expr::col(hosts::Column::Revision).add(1),
+        )
+        .filter(hosts::Column::Id.eq(host))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
+    names::tenant_name("name", &body.name)?;
+    if body.gpus > MAX_GPUS {
+        return Err(ApiError::field("gpus", format!("at most {MAX_GPUS}")));
+    }
+    if let Some(m) = &body.gpu_model {
+        names::gpu_model("gpu_model", m)?;
+    }
+    let vcpus = body.vcpus.unwrap_or((8 * body.gpus).max(2));
+    let memory_gib = body.memory_gib.unwrap_or((64 * body.gpus).max(4));
+    let disk_gib = body.disk_gib.unwrap_or(50);
+    for (field, v, max) in [
+        ("vcpus", vcpus, MAX_VCPUS),
+        ("memory_gib", memory_gib, MAX_MEMORY_GIB),
+        ("disk_gib", disk_gib, MAX_DISK_GIB),
+    ] {
+        if !(1..=max).contains(&v) {
+            return Err(ApiError::field(field, format!("between 1 and {max}")));
+        }
+    }
+    if body.ssh_keys.len() > MAX_SSH_KEYS {
+        return Err(ApiError::field(
+            "ssh_keys",
+            format!("at most {MAX_SSH_KEYS}"),
+        ));
+    }
+    for k in &body.ssh_keys {
+        let kind = k.split_whitespace().next().unwrap_or("");
+        if !(kind.starts_with("ssh-") || kind.starts_with("ecdsa-") || kind.starts_with("sk-"))
+            || k.len() > 8192
+            || k.contains('\n')
+        {
+            return Err(ApiError::field(
+                "ssh_keys",
+                "each key is one OpenSSH public key line",
+            ));
+        }
+    }
+    Ok(VmSpec {
+        gpus: body.gpus,
+        gpu_model: body.gpu_model.clone(),
+        vcpus,
+        memory_gib,
+        disk_gib,
+        template: body.template.clone(),
+        image_path: None,
+        service_level: body.service_level,
+        ssh_keys: body.ssh_keys.clone(),
+    })
+}
+
+/// Create a VM; it is placed at once (first fit) and the host's agent
+/// brings it up (members).
+#[utoipa::path(
+    post, path = "/api/v1/tenants/{tenant}/vms", tag = "vms",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    request_body = VmCreate,
+    responses((status = 201, description = "Created and placed", body = Vm), Problems)
+)]
+pub async fn create(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(tenant): Path<String>,
+    Json(body): Json<VmCreate>,
+) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    access.require(Role::Member, "creating VMs")?;
+    let mut spec = validate(&body)?;
+    if let Some(t) = &body.template {
+        let tpl = super::templates::find(&st, t)
+            .await?
+            .ok_or_else(|| ApiError::field("template", format!("no template named {t:?}")))?;
+        spec.image_path = Some(tpl.image_path);
+    }
+    let name_taken = || {
+        ApiError::Conflict(format!(
+            "tenant {:?} already has a VM named {:?}",
+            tenant.name, body.name
+        ))
+    };
+    let exists = vms::Entity::find()
+        .filter(vms::Column::TenantId.eq(tenant.id))
+        .filter(vms::Column::Name.eq(body.name.clone()))
+        .one(&st.db)
+        .await?;
+    if exists.is_some() {
+        return Err(name_taken());
+    }
+    let request = Request {
+        gpus: spec.gpus,
+        gpu_model: spec.gpu_model.clone(),
+        vcpus: spec.vcpus,
+        memory_gib: spec.memory_gib,
+    };
+    // Losing a race for a device means trying the next fit; a few rounds
+    // re-read what is held in between.
+    for _round in 0..3 {
+        let hosts: Vec<hosts::Model> = hosts::Entity::find()
+            .all(&st.db)
+            .await?
+            .into_iter()
+            .filter(host_is_placeable)
+            .collect();
+        let mut topologies = Vec::with_capacity(hosts.len());
+        for h in &hosts {
+            let held: BTreeSet<(String, String)> = held(&st.db, h.id)
+                .await?
+                .into_iter()
+                .map(|a| (a.kind, a.key))
+                .collect();
+            topologies.push((stored_topology(h)?, held));
+        }
+        let mut candidates: Vec<Candidate> = hosts
+            .iter()
+            .zip(&topologies)
+            .map(|(h, (topology, held))| Candidate {
+                host_id: h.id,
+                name: &h.name,
+                topology,
+                held,
+            })
+            .collect();
+        let fits = placement::fits(&mut candidates, &request);
+        if fits.is_empty() {
+            return Err(ApiError::InsufficientCapacity(format!(
+                "no ready host has {} free {}GPU(s) with {} vCPUs near them",
+                spec.gpus,
+                spec.gpu_model
+                    .as_deref()
+                    .map(|m| format!("{m} "))
+                    .unwrap_or_default(),
+                spec.vcpus
+            )));
+        }
+        for (host_id, placed) in fits {
+            match commit_vm(&st, &ctx, &tenant, &body.name, &spec, host_id, &placed).await {
+                Ok(vm) => {
+                    st.signals.notify(host_id);
+                    return Ok((
+                        StatusCode::CREATED,
+                        axum::Json(to_api(&st.db, &vm, &tenant.name).await?),
+                    ));
+                }
+                Err(CommitError::Taken) => {
+                    let clash = vms::Entity::find()
+                        .filter(vms::Column::TenantId.eq(tenant.id))
+                        .filter(vms::Column::Name.eq(body.name.clone()))
+                        .one(&st.db)
+                        .await?;
+                    if clash.is_some() {
+                        return Err(name_taken());
+                    }
+                }
+                Err(CommitError::Api(e)) => return Err(e),
+            }
+        }
+    }
+    Err(ApiError::InsufficientCapacity(
+        "capacity kept changing under concurrent requests; retry".into(),
+    ))
+}
+
+enum CommitError {
+    /// A unique constraint refused the write: a device or the name was taken.
+    Taken,
+    Api(ApiError),
+}
+
+impl From<sea_orm::DbErr> for CommitError {
+    fn from(e: sea_orm::DbErr) -> Self {
+        if is_unique_violation(&e) {
+            tracing::debug!(error = %e, "placement lost a race; trying the next fit");
+            CommitError::Taken
+        } else {
+            CommitError::Api(e.into())
+        }
+    }
+}
+
+impl From<ApiError> for CommitError {
+    fn from(e: ApiError) -> Self {
+        CommitError::Api(e)
+    }
+}
+
+/// One transaction: the VM, its allocation rows (the database refuses a
+/// device held twice), its events, the audit entry, the host's revision.
+async fn commit_vm(
+    st: &AppState,
+    ctx: &Ctx,
+    tenant: &tenants::Model,
+    name: &str,
+    spec: &VmSpec,
+    host_id: Uuid,
+    placed: &Placement,
+) -> Result<vms::Model, CommitError> {
+    let now = Utc::now();
+    let txn = st.db.begin().await?;
+    let vm = vms::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        tenant_id: Set(tenant.id),
+        name: Set(name.to_owned()),
+        state: Set(VmState::Scheduled.as_str().to_owned()),
+        reason: Set(None),
+        host_id: Set(Some(host_id)),
+        spec: Set(serde_json::to_string(spec).map_err(|e| ApiError::Internal(e.to_string()))?),
+        placement: Set(Some(
+            serde_json::to_string(placed).map_err(|e| ApiError::Internal(e.to_string()))?,
+        )),
+        desired_power: Set("running".into()),
+        power_generation: Set(0),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+    .insert(&txn)
+    .await?;
+    let rows: Vec<allocations::ActiveModel> = placement::allocations(placed)
+        .into_iter()
+        .map(|(kind, key)| allocations::ActiveModel {
+            host_id: Set(host_id),
+            kind: Set(kind.to_owned()),
+            key: Set(key),
+            vm_id: Set(vm.id),
+        })
+        .collect();
+    if !rows.is_empty() {
+        allocations::Entity::insert_many(rows).exec(&txn).await?;
+    }
+    event(
+        &txn,
+        &vm,
+        "created",
+        format!(
+            "{} GPU(s), {} vCPUs, {} GiB",
+            spec.gpus, spec.vcpus, spec.memory_gib
+        ),
+    )
+    .await?;
+    let host = hosts::Entity::find_by_id(host_id)
+        .one(&txn)
+        .await?
+        .map(|h| h.name)
+        .unwrap_or_default();
+    event(&txn, &vm, "scheduled", format!("placed on {host}")).await?;
+    audit::record(&txn, ctx, "vm.create", Some(tenant), name).await?;
+    bump_revision(&txn, host_id).await?;
+    txn.commit().await?;
+    Ok(vm)
+}
+
+/// List a tenant's VMs by name (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/vms", tag = "vms",
+    params(("tenant" = String, Path, description = "Tenant name or id"), PageParams),
+    responses((status = 200, description = "One page", body = inline(Page<Vm>)), Problems)
+)]
+pub async fn list(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(tenant): Path<String>,
+    Query(q): Query<PageParams>,
+) -> Result<axum::Json<Page<Vm>>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
+    let mut query = vms::Entity::find()
+        .filter(vms::Column::TenantId.eq(tenant.id))
+        .order_by_asc(vms::Column::Name);
+    if let Some(after) = &paging.after {
+        query = query.filter(vms::Column::Name.gt(after.as_str()));
+    }
+    let rows = query.limit(paging.fetch()).all(&st.db).await?;
+    let (rows, next) = paging.finish(rows, |v| v.name.clone());
+    let mut items = Vec::with_capacity(rows.len());
+    for v in &rows {
+        items.push(to_api(&st.db, v, &tenant.name).await?);
+    }
+    Ok(axum::Json(Page {
+        items,
+        next_page_token: next,
+    }))
+}
+
+async fn find_vm(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    vm_ref: &str,
+) -> Result<vms::Model, ApiError> {
+    let q = vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id));
+    let q = match Uuid::try_parse(vm_ref) {
+        Ok(id) => q.filter(vms::Column::Id.eq(id)),
+        Err(_) => q.filter(vms::Column::Name.eq(vm_ref)),
+    };
+    q.one(db)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
+}
+
+/// Show a VM with its placement (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/vms/{vm}", tag = "vms",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("vm" = String, Path, description = "VM name or id")),
+    responses((status = 200, description = "The VM", body = Vm), Problems)
+)]
+pub async fn show(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path((tenant, vm)): Path<(String, String)>,
+) -> Result<axum::Json<Vm>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    let vm = find_vm(&st.db, &tenant, &vm).await?;
+    Ok(axum::Json(to_api(&st.db, &vm, &tenant.name).await?))
+}
+
+/// The NCCL topology file the guest gets (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/vms/{vm}/nccl-topology", tag = "vms",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("vm" = String, Path, description = "VM name or id")),
+    responses((status = 200, description = "NCCL topology XML", body = String, content_type = "application/xml"), Problems)
+)]
+pub async fn nccl_topology(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path((tenant, vm)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    let vm = find_vm(&st.db, &tenant, &vm).await?;
+    let not_placed = || ApiError::Conflict("the VM is not placed on a host".into());
+    let host = match vm.host_id {
+        Some(h) => hosts::Entity::find_by_id(h)
+            .one(&st.db)
+            .await?
+            .ok_or_else(not_placed)?,
+        None => return Err(not_placed()),
+    };
+    let placed = stored_placement(&vm)?.ok_or_else(not_placed)?;
+    let topo = stored_topology(&host)?;
+    let xml = nccl_xml(&topo, &placed)?;
+    Ok(([(CONTENT_TYPE, "application/xml")], xml))
+}
+
+pub fn nccl_xml(topo: &HostTopology, placed: &Placement) -> Result<String, ApiError> {
+    let layout = guest_layout(topo, placed).map_err(|e| ApiError::Internal(e.to_string()))?;
+    kumo_topology::nccl_xml::nccl_topology_xml(topo, &layout)
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+async fn act(
+    st: &AppState,
+    ctx: &Ctx,
+    tenant: &str,
+    vm: &str,
+    action: Action,
+) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &ctx.caller, tenant).await?;
+    access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
+    let txn = st.db.begin().await?;
+    let vm = find_vm(&txn, &tenant, vm).await?;
+    let effect = lifecycle::apply(
+        stored_state(&vm),
+        desired_power(&vm),
+        action,
+        vm.host_id.is_some(),
+    )
+    .map_err(|s| {
+        ApiError::Conflict(format!(
+            "cannot {} a VM that is {}",
+            action.as_str(),
+            s.as_str()
+        ))
+    })?;
+    let mut active: vms::ActiveModel = vm.clone().into();
+    active.state = Set(effect.state.as_str().to_owned());
+    active.desired_power = Set(power_str(effect.desired_power).to_owned());
+    if effect.bump_generation {
+        active.power_generation = Set(vm.power_generation + 1);
+    }
+    active.updated_at = Set(Utc::now());
+    let updated = active.update(&txn).await?;
+    event(
+        &txn,
+        &vm,
+        &format!("{}-requested", action.as_str()),
+        format!("by {}", ctx.caller.user.name),
+    )
+    .await?;
+    audit::record(
+        &txn,
+        ctx,
+        &format!("vm.{}", action.as_str()),
+        Some(&tenant),
+        &vm.name,
+    )
+    .await?;
+    if effect.state == VmState::Deleted {
+        event(&txn, &vm, "deleted", "never placed").await?;
+        vms::Entity::delete_by_id(vm.id).exec(&txn).await?;
+    }
+    if let Some(h) = vm.host_id {
+        bump_revision(&txn, h).await?;
+    }
+    txn.commit().await?;
+    if let Some(h) = vm.host_id {
+        st.signals.notify(h);
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(to_api(&st.db, &updated, &tenant.name).await?),
+    ))
+}
+
+macro_rules! action_handler {
+    ($fn:ident, $action:expr, $path:literal, $doc:literal) => {
+        #[doc = $doc]
+        #[utoipa::path(
+            post, path = $path, tag = "vms",
+            params(
+                ("tenant" = String, Path, description = "Tenant name or id"),
+                ("vm" = String, Path, description = "VM name or id"),
+                ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+            ),
+            responses((status = 202, description = "Accepted; the agent carries it out", body = Vm), Problems)
+        )]
+        pub async fn $fn(
+            State(st): State<AppState>,
+            ctx: Ctx,
+            Path((tenant, vm)): Path<(String, String)>,
+        ) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
+            act(&st, &ctx, &tenant, &vm, $action).await
+        }
+    };
+}
+
+action_handler!(
+    start,
+    Action::Start,
+    "/api/v1/tenants/{tenant}/vms/{vm}/start",
+    "Start a stopped VM (members)."
+);
+action_handler!(
+    stop,
+    Action::Stop,
+    "/api/v1/tenants/{tenant}/vms/{vm}/stop",
+    "Shut a VM down (members)."
+);
+action_handler!(
+    reboot,
+    Action::Reboot,
+    "/api/v1/tenants/{tenant}/vms/{vm}/reboot",
+    "Reboot a running VM (members)."
+);
+
+/// Delete a VM; its devices are freed once the host confirms (members).
+#[utoipa::path(
+    delete, path = "/api/v1/tenants/{tenant}/vms/{vm}", tag = "vms",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("vm" = String, Path, description = "VM name or id")),
+    responses((status = 202, description = "Deleting", body = Vm), Problems)
+)]
+pub async fn delete(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path((tenant, vm)): Path<(String, String)>,
+) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
+    act(&st, &ctx, &tenant, &vm, Action::Delete).await
+}
+
+/// Lifecycle events of a tenant's VMs, newest first (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/events", tag = "vms",
+    params(("tenant" = String, Path, description = "Tenant name or id"), PageParams),
+    responses((status = 200, description = "One page", body = inline(Page<VmEvent>)), Problems)
+)]
+pub async fn events(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(tenant): Path<String>,
+    Query(q): Query<PageParams>,
+) -> Result<axum::Json<Page<VmEvent>>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
+    let mut query = vm_events::Entity::find()
+        .filter(vm_events::Column::TenantId.eq(tenant.id))
+        .order_by_desc(vm_events::Column::Id);
+    if let Some(after) = &paging.after {
+        let after: i64 = after
+            .parse()
+            .map_err(|_| ApiError::field("page_token", "not a page token returned by this API"))?;
+        query = query.filter(vm_events::Column::Id.lt(after));
+    }
+    let rows = query.limit(paging.fetch()).all(&st.db).await?;
+    let (rows, next) = paging.finish(rows, |e| e.id.to_string());
+    Ok(axum::Json(Page {
+        items: rows
+            .into_iter()
+            .map(|e| VmEvent {
+                id: e.id,
+                vm_id: e.vm_id,
+                at: e.at,
+                kind: e.kind,
+                message: e.message,
+            })
+            .collect(),
+        next_page_token: next,
+    }))
+}

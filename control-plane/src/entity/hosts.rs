@@ -1,0 +1,28 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "hosts")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    #[sea_orm(unique)]
+    pub name: String,
+    /// `ready`, `draining`, `unreachable`, `retired`.
+    pub state: String,
+    /// Hex SHA-256 of the host credential's secret.
+    pub credential_hash: String,
+    /// The agent's last `HostTopology`, as JSON.
+    pub topology: String,
+    pub scalable_unit: Option<String>,
+    pub registered_at: DateTimeUtc,
+    pub last_heartbeat_at: DateTimeUtc,
+    /// Bumped whenever the host's desired state changes; agents long-poll on it.
+    pub revision: i64,
+    /// `kvm`, or `qemu` (TCG) where the host has no usable KVM.
+    pub virt_type: String,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

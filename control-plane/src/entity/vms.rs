@@ -1,0 +1,28 @@
+use sea_orm::entity::prelude::*;
+
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "vms")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub name: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub host_id: Option<Uuid>,
+    /// The request (`VmSpec`), as JSON.
+    pub spec: String,
+    /// The `Placement` on its host, as JSON, once scheduled.
+    pub placement: Option<String>,
+    /// `running` or `stopped`: what the user last asked for.
+    pub desired_power: String,
+    /// Bumped by each reboot request, so the agent reboots exactly once per request.
+    pub power_generation: i64,
+    pub created_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,174 @@
+//! The VM lifecycle as rules over states: what a user action or an agent
+//! report does. Pure; handlers apply the result in one transaction.
+
+use kumo_api_types::{ActualState, Power, VmState};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Start,
+    Stop,
+    Reboot,
+    Delete,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Start => "start",
+            Action::Stop => "stop",
+            Action::Reboot => "reboot",
+            Action::Delete => "delete",
+        }
+    }
+}
+
+/// What an accepted action changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effect {
+    pub state: VmState,
+    pub desired_power: Power,
+    pub bump_generation: bool,
+}
+
+/// `Err` names the state that forbids the action (answered as 409).
+pub fn apply(
+    state: VmState,
+    desired: Power,
+    action: Action,
+    has_host: bool,
+) -> Result<Effect, VmState> {
+    use VmState::*;
+    let effect = |state, desired_power, bump_generation| {
+        Ok(Effect {
+            state,
+            desired_power,
+            bump_generation,
+        })
+    };
+    match (action, state) {
+        (_, Deleting | Deleted | Preempted) => Err(state),
+        (Action::Delete, _) if !has_host => effect(Deleted, Power::Stopped, false),
+        (Action::Delete, _) => effect(Deleting, Power::Stopped, false),
+        (Action::Start, Stopped) => effect(Provisioning, Power::Running, false),
+        (Action::Stop, Running | Provisioning | Scheduled | Unknown)
+            if desired == Power::Running =>
+        {
+            effect(state, Power::Stopped, false)
+        }
+        (Action::Reboot, Running) => effect(Running, Power::Running, true),
+        _ => Err(state),
+    }
+}
+
+/// The state an agent's report moves a VM to, if any.
+pub fn observe(state: VmState, desired: Power, actual: ActualState) -> Option<VmState> {
+    use VmState::*;
+    match (state, actual) {
+        (Deleting, ActualState::Absent) => Some(Deleted),
+        (Deleting | Deleted | Preempted, _) => None,
+        (_, ActualState::Failed) => Some(Error),
+        (Scheduled | Provisioning | Stopped | Unknown | Error, ActualState::Running)
+            if desired == Power::Running =>
+        {
+            Some(Running)
+        }
+        (Running | Unknown, ActualState::Running) => None,
+        (Scheduled | Provisioning | Running | Unknown, ActualState::Stopped)
+            if desired == Power::Stopped =>
+        {
+            Some(Stopped)
+        }
+        (Running | Unknown, ActualState::Stopped) => Some(Provisioning),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use VmState::*;
+
+    #[test]
+    fn legal_and_illegal_actions() {
+        assert_eq!(
+            apply(Stopped, Power::Stopped, Action::Start, true)
+                .unwrap()
+                .state,
+            Provisioning
+        );
+        assert_eq!(
+            apply(Running, Power::Running, Action::Start, true),
+            Err(Running)
+        );
+        assert_eq!(
+            apply(Running, Power::Running, Action::Stop, true)
+                .unwrap()
+                .desired_power,
+            Power::Stopped
+        );
+        assert_eq!(
+            apply(Running, Power::Stopped, Action::Stop, true),
+            Err(Running),
+            "already stopping"
+        );
+        assert!(
+            apply(Running, Power::Running, Action::Reboot, true)
+                .unwrap()
+                .bump_generation
+        );
+        assert_eq!(
+            apply(Stopped, Power::Stopped, Action::Reboot, true),
+            Err(Stopped)
+        );
+        assert_eq!(
+            apply(Running, Power::Running, Action::Delete, true)
+                .unwrap()
+                .state,
+            Deleting
+        );
+        assert_eq!(
+            apply(Pending, Power::Running, Action::Delete, false)
+                .unwrap()
+                .state,
+            Deleted
+        );
+        assert_eq!(
+            apply(Deleting, Power::Stopped, Action::Start, true),
+            Err(Deleting)
+        );
+        assert_eq!(
+            apply(Deleted, Power::Stopped, Action::Delete, true),
+            Err(Deleted)
+        );
+    }
+
+    #[test]
+    fn agent_reports() {
+        assert_eq!(
+            observe(Scheduled, Power::Running, ActualState::Running),
+            Some(Running)
+        );
+        assert_eq!(observe(Running, Power::Running, ActualState::Running), None);
+        assert_eq!(
+            observe(Running, Power::Stopped, ActualState::Stopped),
+            Some(Stopped)
+        );
+        assert_eq!(
+            observe(Deleting, Power::Stopped, ActualState::Absent),
+            Some(Deleted)
+        );
+        assert_eq!(
+            observe(Deleting, Power::Stopped, ActualState::Running),
+            None
+        );
+        assert_eq!(
+            observe(Provisioning, Power::Running, ActualState::Failed),
+            Some(Error)
+        );
+        // A guest that shut itself down while it should run is brought back.
+        assert_eq!(
+            observe(Running, Power::Running, ActualState::Stopped),
+            Some(Provisioning)
+        );
+    }
+}

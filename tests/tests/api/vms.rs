@@ -1,0 +1,334 @@
+//! Hosts, the agent protocol and the VM lifecycle, with simulated agents
+//! speaking the real protocol, on both databases.
+
+use std::time::{Duration, Instant};
+
+use kumo_api_types::{
+    ActualState, HostDetail, Page, Problem, Role, Vm, VmCreate, VmEvent, VmState, VmStatus,
+};
+use serde_json::json;
+
+use crate::harness::{on_both_backends, Backend, TestServer};
+
+fn vm(name: &str, gpus: u32) -> VmCreate {
+    VmCreate {
+        name: name.into(),
+        gpus,
+        gpu_model: None,
+        vcpus: Some(8 * gpus.max(1)),
+        memory_gib: Some(16),
+        disk_gib: None,
+        template: None,
+        service_level: Default::default(),
+        ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0 user@lab".into()],
+    }
+}
+
+async fn create(
+    s: &TestServer,
+    tenant: &str,
+    body: &VmCreate,
+) -> Result<Vm, kumo_cli::ClientError> {
+    s.admin
+        .post(&format!("/api/v1/tenants/{tenant}/vms"), body)
+        .await
+}
+
+async fn get_vm(s: &TestServer, tenant: &str, name: &str) -> Result<Vm, kumo_cli::ClientError> {
+    s.admin
+        .get(&format!("/api/v1/tenants/{tenant}/vms/{name}"))
+        .await
+}
+
+async fn act(s: &TestServer, tenant: &str, name: &str, action: &str) -> reqwest::Response {
+    s.http()
+        .post(format!(
+            "{}/api/v1/tenants/{tenant}/vms/{name}/{action}",
+            s.url
+        ))
+        .bearer_auth(&s.admin_token)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn delete(s: &TestServer, tenant: &str, name: &str) -> reqwest::Response {
+    s.http()
+        .delete(format!("{}/api/v1/tenants/{tenant}/vms/{name}", s.url))
+        .bearer_auth(&s.admin_token)
+        .send()
+        .await
+        .unwrap()
+}
+
+on_both_backends! {
+    async fn hosts_register_with_a_join_token(s: &TestServer) {
+        let a = s.sim_agent("gpu-001", "hgx-h100").await;
+        let hosts: Page<kumo_api_types::Host> = s.admin.get("/api/v1/hosts").await.unwrap();
+        assert_eq!(hosts.items.len(), 1);
+        let h = &hosts.items[0];
+        assert_eq!((h.name.as_str(), h.gpus, h.gpus_free, h.rdma_nics), ("gpu-001", 8, 8, 8));
+        assert_eq!(h.gpu_models, vec!["H100-SXM5-80GB"]);
+        let d: HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+        assert!(d.matrix.contains("NV18") && d.matrix.contains("PIX"));
+        assert!(d.allocations.is_empty());
+        assert_eq!(a.heartbeat().await, 204);
+        // Registering the same name again keeps the host and retires the old credential.
+        let again = s.sim_agent("gpu-001", "hgx-h100").await;
+        assert_eq!(again.host_id, a.host_id);
+        assert_eq!(a.heartbeat().await, 401);
+        assert_eq!(again.heartbeat().await, 204);
+        // Bad join tokens and bad credentials.
+        let r = reqwest::Client::new()
+            .post(format!("{}/agent/v1/register", s.url))
+            .json(&json!({"join_token": "kumoj_0123456789abcdef0123456789abcdef_x", "name": "evil", "topology": {"numa_nodes": [], "pci_devices": [], "gpus": [], "nics": [], "nvswitches": []}, "virt_type": "kvm"}))
+            .send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        let r = reqwest::Client::new().get(format!("{}/agent/v1/desired", s.url)).bearer_auth(&s.admin_token).send().await.unwrap();
+        assert_eq!(r.status(), 401, "a user token is not a host credential");
+    }
+
+    async fn a_vm_goes_through_its_whole_life(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        let v = create(s, "lab", &vm("train", 8)).await.unwrap();
+        assert_eq!(v.state, VmState::Scheduled);
+        assert_eq!(v.host.as_deref(), Some("gpu-001"));
+        let p = v.placement.clone().unwrap();
+        assert_eq!(p.gpus.len(), 8);
+        assert!(p.gpus.iter().all(|g| g.nic.is_some() && g.nic_guest_bdf.is_some()), "each GPU has its PIX NIC");
+        assert_eq!(p.numa.len(), 2);
+
+        agent.converge().await;
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Running);
+
+        // The NCCL file names the guest addresses the placement shows.
+        let xml = s.http().get(format!("{}/api/v1/tenants/lab/vms/train/nccl-topology", s.url)).bearer_auth(&s.admin_token).send().await.unwrap().text().await.unwrap();
+        assert!(xml.starts_with("<system version=\"1\">"));
+        for g in &p.gpus {
+            assert!(xml.contains(&format!("busid=\"{}\"", g.guest_bdf)), "{xml}");
+        }
+
+        assert_eq!(act(s, "lab", "train", "start").await.status(), 409, "already running");
+        assert_eq!(act(s, "lab", "train", "stop").await.status(), 202);
+        assert_eq!(act(s, "lab", "train", "stop").await.status(), 409, "already stopping");
+        agent.converge().await;
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Stopped);
+        assert_eq!(act(s, "lab", "train", "reboot").await.status(), 409, "stopped VMs do not reboot");
+        assert_eq!(act(s, "lab", "train", "start").await.status(), 202);
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Provisioning);
+        agent.converge().await;
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Running);
+        let before = agent.desired(None).await.vms[0].power_generation;
+        assert_eq!(act(s, "lab", "train", "reboot").await.status(), 202);
+        assert_eq!(agent.desired(None).await.vms[0].power_generation, before + 1);
+
+        // Delete: devices stay held until the host confirms, then are free.
+        assert_eq!(delete(s, "lab", "train").await.status(), 202);
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Deleting);
+        let d: HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+        assert!(!d.allocations.is_empty());
+        agent.converge().await;
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap_err().status(), Some(404));
+        let d: HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+        assert!(d.allocations.is_empty(), "{:?}", d.allocations);
+
+        let events: Page<VmEvent> = s.admin.get("/api/v1/tenants/lab/events?limit=100").await.unwrap();
+        let kinds: Vec<&str> = events.items.iter().rev().map(|e| e.kind.as_str()).collect();
+        for k in ["created", "scheduled", "running", "stop-requested", "stopped", "start-requested", "reboot-requested", "delete-requested", "deleted"] {
+            assert!(kinds.contains(&k), "{k} in {kinds:?}");
+        }
+        assert_eq!(kinds[0], "created");
+        assert_eq!(*kinds.last().unwrap(), "deleted");
+    }
+
+    async fn capacity_is_held_and_freed(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        create(s, "lab", &vm("vm-a", 4)).await.unwrap();
+        create(s, "lab", &vm("vm-b", 4)).await.unwrap();
+        let full = create(s, "lab", &vm("vm-c", 1)).await.unwrap_err();
+        assert_eq!(full.problem().unwrap().kind, "/problems/insufficient-capacity");
+        // No GPU is held twice, and the two VMs got disjoint CPUs.
+        let d: HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+        let gpus: Vec<_> = d.allocations.iter().filter(|a| a.kind == "gpu").collect();
+        assert_eq!(gpus.len(), 8);
+        let a = get_vm(s, "lab", "vm-a").await.unwrap().placement.unwrap();
+        let b = get_vm(s, "lab", "vm-b").await.unwrap().placement.unwrap();
+        assert!(a.gpus.iter().all(|g| b.gpus.iter().all(|h| h.host_bdf != g.host_bdf)));
+        assert!(a.numa.iter().all(|x| b.numa.iter().all(|y| x.host_cpus != y.host_cpus)));
+        // A CPU-only VM is a normal VM.
+        let cpu = create(s, "lab", &vm("small", 0)).await.unwrap();
+        assert!(cpu.placement.unwrap().gpus.is_empty());
+        // Deleting frees GPUs for the next VM.
+        delete(s, "lab", "vm-a").await;
+        agent.converge().await;
+        let c = create(s, "lab", &vm("vm-c", 4)).await.unwrap();
+        let c_gpus: Vec<_> = c.placement.unwrap().gpus.into_iter().map(|g| g.host_bdf).collect();
+        assert_eq!(c_gpus, a.gpus.iter().map(|g| g.host_bdf.clone()).collect::<Vec<_>>());
+    }
+
+    async fn concurrent_creates_for_the_last_gpus_have_one_winner(s: &TestServer) {
+        s.tenant("lab").await;
+        let _agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            let c = s.admin.clone();
+            tasks.push(tokio::spawn(async move {
+                c.post::<_, Vm>("/api/v1/tenants/lab/vms", &vm(&format!("race-{i}"), 8)).await
+            }));
+        }
+        let mut won = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => won += 1,
+                Err(e) => assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity"),
+            }
+        }
+        assert_eq!(won, 1);
+        let d: HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+        assert_eq!(d.allocations.iter().filter(|a| a.kind == "gpu").count(), 8);
+    }
+
+    async fn bad_vm_requests_are_problems(s: &TestServer) {
+        s.tenant("lab").await;
+        let _agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        create(s, "lab", &vm("one", 1)).await.unwrap();
+        let e = create(s, "lab", &vm("one", 1)).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/conflict");
+        let mut t = vm("two", 1);
+        t.template = Some("nope".into());
+        let e = create(s, "lab", &t).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().errors[0].field, "template");
+        assert_eq!(create(s, "lab", &vm("three", 65)).await.unwrap_err().status(), Some(400));
+        let e = create(s, "lab", &vm("four", 9)).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity");
+        let mut k = vm("five", 1);
+        k.ssh_keys = vec!["not a key".into()];
+        assert_eq!(create(s, "lab", &k).await.unwrap_err().status(), Some(400));
+        let mut m = vm("six", 1);
+        m.gpu_model = Some("A100-SXM4-40GB".into());
+        assert_eq!(create(s, "lab", &m).await.unwrap_err().status(), Some(409));
+        // A tenant with VMs cannot be deleted out from under them.
+        assert_eq!(s.admin.delete_tenant("lab").await.unwrap_err().status(), Some(409));
+        // Templates exist once created, and then VMs may name them.
+        let tpl: kumo_api_types::Template = s.admin.post("/api/v1/templates", &json!({"name": "ubuntu-24-04", "image_path": "/var/lib/kumo/images/ubuntu-24.04.qcow2", "os": "Ubuntu 24.04", "default_user": "ubuntu"})).await.unwrap();
+        assert_eq!(tpl.name, "ubuntu-24-04");
+        let mut t = vm("seven", 1);
+        t.template = Some("ubuntu-24-04".into());
+        let v = create(s, "lab", &t).await.unwrap();
+        assert_eq!(v.spec.image_path.as_deref(), Some("/var/lib/kumo/images/ubuntu-24.04.qcow2"));
+        let bad: Result<kumo_api_types::Template, _> = s.admin.post("/api/v1/templates", &json!({"name": "x-evil", "image_path": "relative/../x", "os": "x", "default_user": "root"})).await;
+        assert_eq!(bad.unwrap_err().status(), Some(400));
+    }
+
+    async fn agents_cannot_speak_for_other_hosts(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut mine = s.sim_agent("gpu-001", "hgx-h100").await;
+        let other = s.sim_agent("gpu-002", "cpu-only").await;
+        let v = create(s, "lab", &vm("train", 2)).await.unwrap();
+        assert_eq!(v.host.as_deref(), Some("gpu-001"));
+        let r = other.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("forged".into()) }]).await;
+        assert_eq!(r.status(), 400);
+        let p: Problem = r.json().await.unwrap();
+        assert!(p.detail.unwrap().contains("does not belong"));
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Scheduled, "nothing applied");
+        assert!(other.desired(None).await.vms.is_empty(), "a host sees only its own VMs");
+        // Malformed reports are refused whole.
+        let r = reqwest::Client::new().post(format!("{}/agent/v1/status", s.url)).bearer_auth(&mine.credential)
+            .header("content-type", "application/json").body(r#"{"vms":[{"id":"x","state":"melted"}]}"#).send().await.unwrap();
+        assert_eq!(r.status(), 400);
+        mine.converge().await;
+        assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Running);
+        // A failure report puts the VM in error with the reason.
+        let r = mine.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("qemu: vfio error".into()) }]).await;
+        assert_eq!(r.status(), 204);
+        let e = get_vm(s, "lab", "train").await.unwrap();
+        assert_eq!((e.state, e.reason.as_deref()), (VmState::Error, Some("qemu: vfio error")));
+    }
+
+    async fn changes_reach_a_long_polling_agent_at_once(s: &TestServer) {
+        s.tenant("lab").await;
+        let agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        let rev = agent.desired(None).await.revision;
+        let started = Instant::now();
+        let poll = tokio::spawn(async move {
+            let d = agent.desired(Some(rev)).await;
+            (d, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let created_at = Instant::now();
+        create(s, "lab", &vm("train", 1)).await.unwrap();
+        let (d, woke) = poll.await.unwrap();
+        assert!(d.revision > rev);
+        assert_eq!(d.vms.len(), 1);
+        assert!(woke.duration_since(created_at) < Duration::from_secs(2), "took {:?}", woke.duration_since(created_at));
+        assert!(woke.duration_since(started) < Duration::from_secs(20), "did not wait for the poll's timeout");
+    }
+}
+
+/// A silent agent's host becomes unreachable and its VMs `unknown` (not
+/// deleted); a heartbeat brings both back.
+#[tokio::test]
+async fn silent_hosts_become_unreachable_and_come_back() {
+    let s = TestServer::start_with(Backend::Sqlite, |c| {
+        c.heartbeat_timeout = Duration::from_secs(2)
+    })
+    .await;
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    create(&s, "lab", &vm("train", 1)).await.unwrap();
+    agent.converge().await;
+    assert_eq!(
+        get_vm(&s, "lab", "train").await.unwrap().state,
+        VmState::Running
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = get_vm(&s, "lab", "train").await.unwrap();
+        if v.state == VmState::Unknown {
+            break;
+        }
+        assert!(Instant::now() < deadline, "host never became unreachable");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let hosts: Page<kumo_api_types::Host> = s.admin.get("/api/v1/hosts").await.unwrap();
+    assert_eq!(hosts.items[0].state, kumo_api_types::HostState::Unreachable);
+    // Unreachable hosts take no new VMs.
+    assert_eq!(
+        create(&s, "lab", &vm("more", 1))
+            .await
+            .unwrap_err()
+            .status(),
+        Some(409)
+    );
+    assert_eq!(agent.heartbeat().await, 204);
+    assert_eq!(
+        get_vm(&s, "lab", "train").await.unwrap().state,
+        VmState::Running
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn viewers_read_vms_and_members_run_them() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let (viewer, _) = s.user("vera").await;
+    let (member, _) = s.user("mika").await;
+    s.add("lab", "vera", Role::Viewer).await;
+    s.add("lab", "mika", Role::Member).await;
+    let _agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    let v: Vm = member
+        .post("/api/v1/tenants/lab/vms", &vm("mine", 1))
+        .await
+        .unwrap();
+    assert_eq!(v.state, VmState::Scheduled);
+    let seen: Vm = viewer.get("/api/v1/tenants/lab/vms/mine").await.unwrap();
+    assert_eq!(seen.id, v.id);
+    let denied: Result<Vm, _> = viewer
+        .post("/api/v1/tenants/lab/vms", &vm("theirs", 1))
+        .await;
+    assert_eq!(denied.unwrap_err().status(), Some(403));
+    s.stop().await;
+}
