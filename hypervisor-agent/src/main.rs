@@ -1,13 +1,14 @@
-//! `kumo-agent`: runs on each GPU host. Today it reads the host's topology
-//! (`topology`), renders a guest's domain XML and NCCL file (`render`), and
-//! writes fixture sysfs trees of known machines (`fixture`); the reconciler
-//! arrives with the lifecycle issue.
+//! `kumo-agent`: runs on each GPU host. `run` registers the host and
+//! reconciles its VMs on libvirt; `topology` prints the host's topology;
+//! `render` writes a guest's domain XML and NCCL file; `fixture` writes
+//! sysfs trees of known machines.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use kumo_agent::run::{Agent, AgentConfig};
 use kumo_topology::domain_xml::DomainSpec;
 use kumo_topology::{fixtures, matrix, render, sysfs, Bdf, TopologyReport};
 
@@ -60,6 +61,28 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Register (first time) and reconcile this host's VMs until stopped.
+    Run {
+        #[arg(long, env = "KUMO_SERVER")]
+        server: String,
+        /// Needed only until the host has a credential in --state-dir.
+        #[arg(long, env = "KUMO_JOIN_TOKEN", hide_env_values = true)]
+        join_token: Option<String>,
+        #[arg(long, default_value = "qemu:///system")]
+        libvirt_uri: String,
+        #[arg(long, default_value = "/sys")]
+        sysfs_root: PathBuf,
+        #[arg(long, default_value = "/var/lib/kumo-agent")]
+        state_dir: PathBuf,
+        /// Host name [default: this machine's hostname].
+        #[arg(long)]
+        name: Option<String>,
+        /// `kvm`, or `qemu` (TCG) where KVM is unavailable.
+        #[arg(long, default_value = "kvm")]
+        virt_type: String,
+        #[arg(long, default_value_t = 5)]
+        heartbeat_secs: u64,
+    },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
         /// One of: dgx-a100, hgx-h100, hgx-h100-2nic, l40s-pcie, cpu-only.
@@ -69,8 +92,46 @@ enum Command {
     },
 }
 
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "host".into())
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Run {
+            server,
+            join_token,
+            libvirt_uri,
+            sysfs_root,
+            state_dir,
+            name,
+            virt_type,
+            heartbeat_secs,
+        } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("KUMO_LOG")
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            let config = AgentConfig {
+                server,
+                join_token,
+                libvirt_uri,
+                sysfs_root,
+                state_dir,
+                name: name.unwrap_or_else(hostname),
+                virt_type,
+                heartbeat: std::time::Duration::from_secs(heartbeat_secs.max(1)),
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async { Agent::start(config).await?.run().await })?;
+        }
         Command::Topology {
             sysfs_root,
             hints,
@@ -110,6 +171,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 disk_path: format!("{dir}/disk.qcow2"),
                 seed_path: Some(format!("{dir}/seed.iso")),
                 hugepages: true,
+                host_id: None,
             };
             let r = render::render(&topo, &gpus, vcpus, memory_gib, &spec)?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

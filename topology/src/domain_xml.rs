@@ -22,6 +22,9 @@ pub struct DomainSpec {
     pub seed_path: Option<String>,
     /// Back memory with hugepages (needs them reserved on the host).
     pub hugepages: bool,
+    /// The owning host, recorded in the domain's metadata: an agent manages
+    /// only domains of its own host.
+    pub host_id: Option<String>,
 }
 
 pub const GUEST_AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
@@ -138,8 +141,10 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
         .child(el("uuid").text(&spec.uuid))
         .child(
             el("metadata").child(
-                el("kumo:layout")
+                el("kumo:vm")
                     .attr("xmlns:kumo", METADATA_NS)
+                    .attr("id", &spec.uuid)
+                    .opt_attr("host", spec.host_id.as_deref())
                     .attr("expanders", layout.expanders.len())
                     .attr("cells", layout.cells.len()),
             ),

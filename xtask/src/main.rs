@@ -36,19 +36,36 @@ fn has_nextest() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn on_path(tool: &str) -> bool {
+/// A tool on PATH, or (for entries starting with `/`) a file.
+fn present(what: &str) -> bool {
+    if what.starts_with('/') {
+        return std::path::Path::new(what).exists();
+    }
     std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(what).is_file()))
         .unwrap_or(false)
 }
 
+/// What building and testing need from Debian: libvirt's headers for the
+/// agent's `virt` crate, qemu-img for VM disks, and the libvirt tools the
+/// rendering tests check domains with.
+const PACKAGES: &[(&str, &str)] = &[
+    ("pkg-config", "pkg-config"),
+    ("/usr/include/libvirt/libvirt.h", "libvirt-dev"),
+    ("qemu-img", "qemu-utils"),
+    ("virsh", "libvirt-clients"),
+    ("virt-xml-validate", "libvirt-clients"),
+    ("xmllint", "libxml2-utils"),
+];
+
 /// Installs Debian packages for the tools the tests run, when missing.
 fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
-    let missing: Vec<&str> = tools
+    let mut missing: Vec<&str> = tools
         .iter()
-        .filter(|(t, _)| !on_path(t))
+        .filter(|(t, _)| !present(t))
         .map(|(_, p)| *p)
         .collect();
+    missing.dedup();
     if missing.is_empty() {
         return Ok(());
     }
@@ -77,17 +94,13 @@ fn is_root() -> bool {
 }
 
 /// Everything CI checks: formatting, lints, and every test on SQLite and
-/// PostgreSQL (started or installed here when missing), with the libvirt
-/// tools the rendering tests check domains with.
+/// PostgreSQL (started or installed here when missing), with the Debian
+/// packages in [`PACKAGES`].
 fn test(extra: &[String]) -> Result<(), String> {
     if std::env::var_os("KUMO_TEST_DATABASE_URL").is_none() {
         run(Command::new("bash").arg("scripts/ensure-postgres.sh"))?;
     }
-    ensure_tools(&[
-        ("virsh", "libvirt-clients"),
-        ("virt-xml-validate", "libvirt-clients"),
-        ("xmllint", "libxml2-utils"),
-    ])?;
+    ensure_tools(PACKAGES)?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args([
         "clippy",
@@ -112,6 +125,7 @@ fn test(extra: &[String]) -> Result<(), String> {
 
 /// Starts the server on its embedded default: SQLite under `./.kumo`.
 fn start(extra: &[String]) -> Result<(), String> {
+    ensure_tools(PACKAGES)?;
     run(cargo()
         .args([
             "run",

@@ -4,6 +4,7 @@
 
 mod harness;
 
+mod agent;
 mod authz;
 mod bad_input;
 mod cli;

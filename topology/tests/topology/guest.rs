@@ -24,6 +24,7 @@ pub fn spec() -> DomainSpec {
         disk_path: "/var/lib/kumo/vms/vm/disk.qcow2".into(),
         seed_path: Some("/var/lib/kumo/vms/vm/seed.iso".into()),
         hugepages: true,
+        host_id: None,
     }
 }
 

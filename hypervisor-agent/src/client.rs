@@ -1,0 +1,116 @@
+//! The agent's side of `/agent/v1`.
+
+use kumo_api_types::{
+    AgentHeartbeat, AgentRegister, AgentRegistered, DesiredState, Problem, StatusReport, VmStatus,
+};
+use kumo_topology::HostTopology;
+use reqwest::StatusCode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the server refused the credential: {0}")]
+    Unauthorized(String),
+    #[error("server answered {status}: {detail}")]
+    Server { status: u16, detail: String },
+    #[error("cannot reach the server: {0}")]
+    Transport(#[from] reqwest::Error),
+}
+
+async fn check(resp: reqwest::Response) -> Result<reqwest::Response, ClientError> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let body = resp.text().await.unwrap_or_default();
+    let detail = serde_json::from_str::<Problem>(&body)
+        .ok()
+        .and_then(|p| p.detail)
+        .unwrap_or(body);
+    if status == StatusCode::UNAUTHORIZED {
+        return Err(ClientError::Unauthorized(detail));
+    }
+    Err(ClientError::Server {
+        status: status.as_u16(),
+        detail,
+    })
+}
+
+#[derive(Clone)]
+pub struct AgentClient {
+    pub server: String,
+    credential: String,
+    http: reqwest::Client,
+}
+
+pub async fn register(
+    server: &str,
+    join_token: &str,
+    name: &str,
+    topology: &HostTopology,
+    virt_type: &str,
+) -> Result<AgentRegistered, ClientError> {
+    let resp = reqwest::Client::new()
+        .post(format!(
+            "{}/agent/v1/register",
+            server.trim_end_matches('/')
+        ))
+        .json(&AgentRegister {
+            join_token: join_token.to_owned(),
+            name: name.to_owned(),
+            topology: topology.clone(),
+            virt_type: virt_type.to_owned(),
+            scalable_unit: None,
+        })
+        .send()
+        .await?;
+    Ok(check(resp).await?.json().await?)
+}
+
+impl AgentClient {
+    pub fn new(server: &str, credential: &str) -> AgentClient {
+        AgentClient {
+            server: server.trim_end_matches('/').to_owned(),
+            credential: credential.to_owned(),
+            http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(60))
+                .build()
+                .unwrap_or_default(),
+        }
+    }
+
+    pub async fn heartbeat(&self, topology: Option<&HostTopology>) -> Result<(), ClientError> {
+        let resp = self
+            .http
+            .post(format!("{}/agent/v1/heartbeat", self.server))
+            .bearer_auth(&self.credential)
+            .json(&AgentHeartbeat {
+                topology: topology.cloned(),
+            })
+            .send()
+            .await?;
+        check(resp).await.map(|_| ())
+    }
+
+    /// The desired state; with `after`, waits for a newer revision.
+    pub async fn desired(&self, after: Option<i64>) -> Result<DesiredState, ClientError> {
+        let mut req = self
+            .http
+            .get(format!("{}/agent/v1/desired", self.server))
+            .bearer_auth(&self.credential);
+        if let Some(a) = after {
+            req = req.query(&[("after", a)]);
+        }
+        Ok(check(req.send().await?).await?.json().await?)
+    }
+
+    pub async fn status(&self, vms: Vec<VmStatus>) -> Result<(), ClientError> {
+        let resp = self
+            .http
+            .post(format!("{}/agent/v1/status", self.server))
+            .bearer_auth(&self.credential)
+            .json(&StatusReport { vms })
+            .send()
+            .await?;
+        check(resp).await.map(|_| ())
+    }
+}

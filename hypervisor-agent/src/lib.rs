@@ -1,0 +1,10 @@
+//! `kumo-agent`: one per GPU host. It registers with the server, reports
+//! the host's topology, and reconciles libvirt towards the host's desired
+//! state — level-triggered and idempotent: it creates what is missing,
+//! removes what should not exist, adopts what survived its own restart,
+//! and never touches a domain that is not its host's.
+
+pub mod client;
+pub mod credential;
+pub mod reconcile;
+pub mod run;

@@ -1,0 +1,255 @@
+//! One reconcile pass over libvirt: make the host's domains what the
+//! desired state says, and report what is actually there.
+//!
+//! Level-triggered: a pass looks only at the desired state and at libvirt,
+//! never at what an earlier pass did, so a pass after a restart adopts
+//! whatever survived, and a second pass in a row changes nothing. A domain
+//! is ours when its metadata names this host; all others are left alone.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use kumo_api_types::{ActualState, DesiredState, DesiredVm, Power, VmStatus};
+use kumo_topology::domain_xml::{domain_xml, DomainSpec, METADATA_NS};
+use kumo_topology::guest_layout::guest_layout;
+use kumo_topology::HostTopology;
+use uuid::Uuid;
+use virt::connect::Connect;
+use virt::domain::Domain;
+
+/// `VIR_DOMAIN_METADATA_ELEMENT`.
+const METADATA_ELEMENT: i32 = 2;
+
+pub struct Reconciler {
+    conn: Connect,
+    host_id: Uuid,
+    topology: HostTopology,
+    virt_type: String,
+    state_dir: PathBuf,
+    /// Reboot requests applied, by VM: survives restarts in `reboots.json`.
+    reboots: BTreeMap<Uuid, i64>,
+    /// libvirt calls that changed something, for tests and logs.
+    pub changes: u64,
+}
+
+/// The value of `attr="…"` in an XML fragment.
+fn attr<'a>(xml: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!(" {name}=\"");
+    let start = xml.find(&key)? + key.len();
+    let end = xml[start..].find('"')?;
+    Some(&xml[start..start + end])
+}
+
+fn err(e: virt::error::Error) -> String {
+    e.to_string()
+}
+
+impl Reconciler {
+    pub fn new(
+        conn: Connect,
+        host_id: Uuid,
+        topology: HostTopology,
+        virt_type: &str,
+        state_dir: &Path,
+    ) -> Reconciler {
+        let reboots = std::fs::read_to_string(state_dir.join("reboots.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        Reconciler {
+            conn,
+            host_id,
+            topology,
+            virt_type: virt_type.to_owned(),
+            state_dir: state_dir.to_path_buf(),
+            reboots,
+            changes: 0,
+        }
+    }
+
+    pub fn topology(&self) -> &HostTopology {
+        &self.topology
+    }
+
+    /// Domains whose metadata says they belong to this host, by VM id.
+    pub fn owned(&self) -> Result<HashMap<Uuid, Domain>, String> {
+        let mut out = HashMap::new();
+        for d in self.conn.list_all_domains(0).map_err(err)? {
+            let Ok(meta) = d.metadata(METADATA_ELEMENT, Some(METADATA_NS), 0) else {
+                continue;
+            };
+            let host = attr(&meta, "host").and_then(|h| Uuid::try_parse(h).ok());
+            let vm = attr(&meta, "id").and_then(|v| Uuid::try_parse(v).ok());
+            if let (Some(host), Some(vm)) = (host, vm) {
+                if host == self.host_id {
+                    out.insert(vm, d);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn vm_dir(&self, id: Uuid) -> PathBuf {
+        self.state_dir.join("vms").join(id.to_string())
+    }
+
+    /// The VM's disk: a qcow2 overlay on its template, or an empty qcow2.
+    fn ensure_disk(&self, vm: &DesiredVm) -> Result<PathBuf, String> {
+        let dir = self.vm_dir(vm.id);
+        let disk = dir.join("disk.qcow2");
+        if disk.exists() {
+            return Ok(disk);
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let mut cmd = std::process::Command::new("qemu-img");
+        cmd.args(["create", "-q", "-f", "qcow2"]);
+        if let Some(base) = &vm.spec.image_path {
+            cmd.args(["-b", base, "-F", "qcow2"]);
+        }
+        cmd.arg(&disk).arg(format!("{}G", vm.spec.disk_gib));
+        let out = cmd.output().map_err(|e| format!("running qemu-img: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "qemu-img: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(disk)
+    }
+
+    pub fn domain_name(vm: &DesiredVm) -> String {
+        format!("kumo-{}-{}", vm.name, &vm.id.simple().to_string()[..8])
+    }
+
+    fn render(&self, vm: &DesiredVm, disk: &Path) -> Result<String, String> {
+        let layout = guest_layout(&self.topology, &vm.placement).map_err(|e| e.to_string())?;
+        let spec = DomainSpec {
+            name: Self::domain_name(vm),
+            uuid: vm.id.to_string(),
+            virt_type: self.virt_type.clone(),
+            disk_path: disk.display().to_string(),
+            seed_path: None,
+            hugepages: self.virt_type == "kvm",
+            host_id: Some(self.host_id.to_string()),
+        };
+        Ok(domain_xml(&spec, &layout))
+    }
+
+    fn ensure(&mut self, vm: &DesiredVm, existing: Option<Domain>) -> Result<ActualState, String> {
+        let dom = match existing {
+            Some(d) => d,
+            None => {
+                let disk = self.ensure_disk(vm)?;
+                let xml = self.render(vm, &disk)?;
+                self.changes += 1;
+                self.conn.define_domain_xml(&xml).map_err(err)?
+            }
+        };
+        let active = dom.is_active().map_err(err)?;
+        match vm.power {
+            Power::Running if !active => {
+                self.changes += 1;
+                dom.create().map_err(err)?;
+            }
+            Power::Stopped if active => {
+                self.changes += 1;
+                dom.destroy().map_err(err)?;
+            }
+            _ => {}
+        }
+        let applied = self.reboots.get(&vm.id).copied().unwrap_or(0);
+        if vm.power_generation > applied {
+            if vm.power == Power::Running && active {
+                self.changes += 1;
+                dom.reboot(0).map_err(err)?;
+            }
+            self.reboots.insert(vm.id, vm.power_generation);
+        }
+        Ok(if dom.is_active().map_err(err)? {
+            ActualState::Running
+        } else {
+            ActualState::Stopped
+        })
+    }
+
+    fn remove(&mut self, id: Uuid, dom: &Domain) -> Result<(), String> {
+        if dom.is_active().map_err(err)? {
+            self.changes += 1;
+            dom.destroy().map_err(err)?;
+        }
+        self.changes += 1;
+        dom.undefine().map_err(err)?;
+        let dir = self.vm_dir(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| format!("removing {}: {e}", dir.display()))?;
+        }
+        self.reboots.remove(&id);
+        Ok(())
+    }
+
+    /// One pass. Returns what to report; a VM that failed is reported
+    /// `failed` with the reason and the pass goes on with the others.
+    pub fn reconcile(&mut self, desired: &DesiredState) -> Result<Vec<VmStatus>, String> {
+        let mut owned = self.owned()?;
+        let mut report = Vec::new();
+        for vm in &desired.vms {
+            let status = match self.ensure(vm, owned.remove(&vm.id)) {
+                Ok(state) => VmStatus {
+                    id: vm.id,
+                    state,
+                    reason: None,
+                },
+                Err(reason) => {
+                    tracing::warn!(vm = %vm.id, %reason, "could not bring the VM to its desired state");
+                    VmStatus {
+                        id: vm.id,
+                        state: ActualState::Failed,
+                        reason: Some(reason),
+                    }
+                }
+            };
+            report.push(status);
+        }
+        // Ours, but not wanted: being deleted, or unknown to the server.
+        for (id, dom) in owned {
+            if let Err(reason) = self.remove(id, &dom) {
+                tracing::warn!(vm = %id, %reason, "could not remove a domain");
+                continue;
+            }
+            report.push(VmStatus {
+                id,
+                state: ActualState::Absent,
+                reason: None,
+            });
+        }
+        for id in &desired.remove {
+            if !report.iter().any(|s| s.id == *id) {
+                report.push(VmStatus {
+                    id: *id,
+                    state: ActualState::Absent,
+                    reason: None,
+                });
+            }
+        }
+        let reboots = serde_json::to_string(&self.reboots).unwrap_or_default();
+        if let Err(e) = std::fs::write(self.state_dir.join("reboots.json"), reboots) {
+            tracing::warn!(error = %e, "could not record applied reboots");
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_are_read_from_metadata() {
+        let m =
+            r#"<vm xmlns="https://kumo.example/xmlns/domain/1" id="0190-x" host="abc" cells="2"/>"#;
+        assert_eq!(attr(m, "id"), Some("0190-x"));
+        assert_eq!(attr(m, "host"), Some("abc"));
+        assert_eq!(attr(m, "nope"), None);
+    }
+}

@@ -1,0 +1,157 @@
+//! The agent's main loop: register (or load the credential), heartbeat,
+//! and reconcile every time the desired state changes — or every long-poll
+//! timeout, which also repairs drift nobody announced.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kumo_topology::sysfs;
+use virt::connect::Connect;
+
+use crate::client::{self, AgentClient, ClientError};
+use crate::credential::{self, Credential};
+use crate::reconcile::Reconciler;
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub server: String,
+    pub join_token: Option<String>,
+    pub libvirt_uri: String,
+    pub sysfs_root: PathBuf,
+    pub state_dir: PathBuf,
+    pub name: String,
+    pub virt_type: String,
+    pub heartbeat: Duration,
+}
+
+/// A registered agent with its reconciler.
+pub struct Agent {
+    pub config: AgentConfig,
+    pub client: AgentClient,
+    pub reconciler: Arc<Mutex<Reconciler>>,
+}
+
+async fn obtain(
+    config: &AgentConfig,
+    topo: &kumo_topology::HostTopology,
+    force: bool,
+) -> anyhow::Result<Credential> {
+    if !force {
+        if let Some(c) = credential::load(&config.state_dir)? {
+            if c.server == config.server {
+                return Ok(c);
+            }
+        }
+    }
+    let join = config.join_token.as_deref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "no credential in {} and no --join-token to register with",
+            config.state_dir.display()
+        )
+    })?;
+    let r = client::register(&config.server, join, &config.name, topo, &config.virt_type).await?;
+    let c = Credential {
+        host_id: r.host_id,
+        server: config.server.clone(),
+        credential: r.credential,
+    };
+    credential::save(&config.state_dir, &c)?;
+    tracing::info!(host = %config.name, id = %c.host_id, "registered");
+    Ok(c)
+}
+
+impl Agent {
+    /// Reads the host, opens libvirt, and registers unless the state
+    /// directory already holds this host's credential.
+    pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
+        let topo = sysfs::discover(&config.sysfs_root, None)?;
+        for w in &topo.warnings {
+            tracing::warn!(warning = %w, "topology");
+        }
+        let cred = obtain(&config, &topo, false).await?;
+        let uri = config.libvirt_uri.clone();
+        // Errors come back as values; libvirt's default handler would also
+        // print each one (e.g. every foreign domain without our metadata).
+        virt::error::clear_error_callback();
+        let conn = tokio::task::spawn_blocking(move || Connect::open(Some(&uri)))
+            .await?
+            .map_err(|e| anyhow::anyhow!("cannot open libvirt at {}: {e}", config.libvirt_uri))?;
+        let reconciler = Reconciler::new(
+            conn,
+            cred.host_id,
+            topo,
+            &config.virt_type,
+            &config.state_dir,
+        );
+        Ok(Agent {
+            client: AgentClient::new(&config.server, &cred.credential),
+            config,
+            reconciler: Arc::new(Mutex::new(reconciler)),
+        })
+    }
+
+    /// One pass: fetch (waiting for a change after `after`), reconcile, report.
+    pub async fn sync_once(&self, after: Option<i64>) -> Result<i64, ClientError> {
+        let desired = self.client.desired(after).await?;
+        let r = self.reconciler.clone();
+        let d = desired.clone();
+        let report = tokio::task::spawn_blocking(move || {
+            let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+            r.reconcile(&d)
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        match report {
+            Ok(statuses) => self.client.status(statuses).await?,
+            Err(e) => tracing::warn!(error = %e, "reconcile pass failed; retrying"),
+        }
+        Ok(desired.revision)
+    }
+
+    /// Runs until the process ends.
+    pub async fn run(mut self) -> anyhow::Result<()> {
+        let hb_client = self.client.clone();
+        let every = self.config.heartbeat;
+        let heartbeat = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if let Err(e) = hb_client.heartbeat(None).await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+            }
+        });
+        let mut after = None;
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            match self.sync_once(after).await {
+                Ok(rev) => {
+                    after = Some(rev);
+                    backoff = Duration::from_millis(250);
+                }
+                Err(ClientError::Unauthorized(msg)) => {
+                    tracing::warn!(%msg, "credential refused; registering again");
+                    let topo = self
+                        .reconciler
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .topology()
+                        .clone();
+                    match obtain(&self.config, &topo, true).await {
+                        Ok(c) => self.client = AgentClient::new(&self.config.server, &c.credential),
+                        Err(e) => {
+                            heartbeat.abort();
+                            return Err(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "cannot sync");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+}
