@@ -2,8 +2,9 @@
 //! callers can branch on its `type`.
 
 use kumo_api_types::{
-    AuditEntry, Me, Member, MemberPut, Page, Problem, Quota, Tenant, TenantCreate, TenantUpdate,
-    TokenCreate, TokenCreated, TokenInfo, User, UserCreate, PROBLEM_JSON,
+    AuditEntry, Host, HostDetail, JoinTokenCreate, JoinTokenCreated, Me, Member, MemberPut, Page,
+    Problem, Quota, Template, TemplateCreate, Tenant, TenantCreate, TenantUpdate, TokenCreate,
+    TokenCreated, TokenInfo, User, UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -316,6 +317,103 @@ impl Client {
     pub async fn set_quota(&self, tenant: &str, quota: &Quota) -> Result<Quota, ClientError> {
         self.put(&format!("/api/v1/tenants/{}/quota", segment(tenant)), quota)
             .await
+    }
+
+    // ------------------------------------------------------------ hosts
+
+    pub async fn create_join_token(
+        &self,
+        body: &JoinTokenCreate,
+    ) -> Result<JoinTokenCreated, ClientError> {
+        self.post("/api/v1/hosts/join-tokens", body).await
+    }
+
+    pub async fn list_hosts(&self) -> Result<Vec<Host>, ClientError> {
+        self.list_all("/api/v1/hosts").await
+    }
+
+    pub async fn host(&self, host: &str) -> Result<HostDetail, ClientError> {
+        self.get(&format!("/api/v1/hosts/{}", segment(host))).await
+    }
+
+    // ------------------------------------------------------------ templates
+
+    pub async fn create_template(&self, body: &TemplateCreate) -> Result<Template, ClientError> {
+        self.post("/api/v1/templates", body).await
+    }
+
+    pub async fn list_templates(&self) -> Result<Vec<Template>, ClientError> {
+        self.list_all("/api/v1/templates").await
+    }
+
+    // ------------------------------------------------------------ vms
+
+    pub async fn create_vm(&self, tenant: &str, body: &VmCreate) -> Result<Vm, ClientError> {
+        self.post(&format!("/api/v1/tenants/{}/vms", segment(tenant)), body)
+            .await
+    }
+
+    pub async fn list_vms(&self, tenant: &str) -> Result<Vec<Vm>, ClientError> {
+        self.list_all(&format!("/api/v1/tenants/{}/vms", segment(tenant)))
+            .await
+    }
+
+    pub async fn vm(&self, tenant: &str, vm: &str) -> Result<Vm, ClientError> {
+        self.get(&format!(
+            "/api/v1/tenants/{}/vms/{}",
+            segment(tenant),
+            segment(vm)
+        ))
+        .await
+    }
+
+    /// `start`, `stop` or `reboot`.
+    pub async fn vm_action(&self, tenant: &str, vm: &str, action: &str) -> Result<Vm, ClientError> {
+        self.send(self.request(
+            Method::POST,
+            &format!(
+                "/api/v1/tenants/{}/vms/{}/{}",
+                segment(tenant),
+                segment(vm),
+                segment(action)
+            ),
+        ))
+        .await
+    }
+
+    pub async fn delete_vm(&self, tenant: &str, vm: &str) -> Result<Vm, ClientError> {
+        self.send(self.request(
+            Method::DELETE,
+            &format!("/api/v1/tenants/{}/vms/{}", segment(tenant), segment(vm)),
+        ))
+        .await
+    }
+
+    pub async fn vm_nccl_topology(&self, tenant: &str, vm: &str) -> Result<String, ClientError> {
+        let resp = self
+            .send_raw(self.request(
+                Method::GET,
+                &format!(
+                    "/api/v1/tenants/{}/vms/{}/nccl-topology",
+                    segment(tenant),
+                    segment(vm)
+                ),
+            ))
+            .await?;
+        resp.text().await.map_err(|source| ClientError::Transport {
+            url: self.base.clone(),
+            source,
+        })
+    }
+
+    pub async fn events(&self, tenant: &str, limit: u32) -> Result<Vec<VmEvent>, ClientError> {
+        let page: Page<VmEvent> = self
+            .get(&format!(
+                "/api/v1/tenants/{}/events?limit={limit}",
+                segment(tenant)
+            ))
+            .await?;
+        Ok(page.items)
     }
 
     // ------------------------------------------------------------ audit

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kumo_api_types::{
-    MemberPut, Quota, Role, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind,
+    JoinTokenCreate, MemberPut, Quota, Role, ServiceLevel, TemplateCreate, TenantCreate,
+    TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
 };
 
 use crate::client::Client;
@@ -63,6 +64,22 @@ pub enum Command {
     /// Tenant limits.
     #[command(subcommand)]
     Quota(QuotaCmd),
+    /// GPU hosts (platform admins).
+    #[command(subcommand)]
+    Host(HostCmd),
+    /// VM images.
+    #[command(subcommand)]
+    Template(TemplateCmd),
+    /// Virtual machines.
+    #[command(subcommand)]
+    Vm(VmCmd),
+    /// Lifecycle events of a tenant's VMs, newest first.
+    Events {
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
     /// Who did what, newest first.
     Audit {
         #[arg(long, env = "KUMO_TENANT")]
@@ -191,6 +208,111 @@ pub enum QuotaCmd {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum HostCmd {
+    List,
+    /// A host with its GPU/NIC matrix and allocations.
+    Show {
+        host: String,
+    },
+    /// Join tokens register new hosts.
+    #[command(subcommand)]
+    JoinToken(JoinTokenCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JoinTokenCmd {
+    Create {
+        #[arg(long)]
+        description: Option<String>,
+        /// Lifetime, e.g. 24h (default), 7d.
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<u64>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TemplateCmd {
+    Create {
+        name: String,
+        /// Base qcow2 image path on the hosts.
+        #[arg(long)]
+        image: String,
+        #[arg(long)]
+        os: String,
+        #[arg(long)]
+        default_user: String,
+    },
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VmCmd {
+    Create {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long, default_value_t = 0)]
+        gpus: u32,
+        #[arg(long)]
+        gpu_model: Option<String>,
+        #[arg(long)]
+        vcpus: Option<u32>,
+        /// GiB.
+        #[arg(long)]
+        memory: Option<u32>,
+        /// GiB.
+        #[arg(long)]
+        disk: Option<u32>,
+        #[arg(long)]
+        template: Option<String>,
+        /// Cheaper, and reclaimable when guaranteed capacity is needed.
+        #[arg(long)]
+        spot: bool,
+        /// An OpenSSH public key file; repeat for more.
+        #[arg(long)]
+        ssh_key: Vec<PathBuf>,
+        /// Wait until the VM is running (or fails).
+        #[arg(long)]
+        wait: bool,
+    },
+    List {
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    Show {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    Start {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    Stop {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    Reboot {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    Delete {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// The NCCL topology file the guest gets.
+    Topology {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+}
+
 fn parse_role(s: &str) -> Result<Role, String> {
     Role::parse(s).ok_or_else(|| "role must be owner, member or viewer".into())
 }
@@ -292,6 +414,24 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::User(cmd) => user(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Token(cmd) => token(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Quota(cmd) => quota(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Host(cmd) => host(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Template(cmd) => template(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Vm(cmd) => vm(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Events { tenant, limit } => {
+            let events = client(&cli, &env)?.events(&tenant.tenant, *limit).await?;
+            print_one(out, fmt, &events, || {
+                let mut t = Table::new(&["at", "vm", "event", "message"]);
+                for e in &events {
+                    t.row(vec![
+                        e.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        e.vm_id.to_string(),
+                        e.kind.clone(),
+                        e.message.clone(),
+                    ]);
+                }
+                t.render()
+            })?;
+        }
         Command::Audit { tenant, limit } => {
             let entries = client(&cli, &env)?.audit(tenant.as_deref(), *limit).await?;
             if fmt == Format::Json {
@@ -630,6 +770,266 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
             }
             let q = c.set_quota(&tenant.tenant, &q).await?;
             print_one(out, fmt, &q, || quota_table(&q))?;
+        }
+    }
+    Ok(())
+}
+
+async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cmd {
+        HostCmd::List => {
+            let hosts = c.list_hosts().await?;
+            print_one(out, fmt, &hosts, || {
+                let mut t = Table::new(&[
+                    "name",
+                    "state",
+                    "gpus",
+                    "free",
+                    "models",
+                    "nics",
+                    "cpus",
+                    "last heartbeat",
+                ]);
+                for h in &hosts {
+                    t.row(vec![
+                        h.name.clone(),
+                        h.state.as_str().into(),
+                        h.gpus.to_string(),
+                        h.gpus_free.to_string(),
+                        if h.gpu_models.is_empty() {
+                            "-".into()
+                        } else {
+                            h.gpu_models.join(",")
+                        },
+                        h.rdma_nics.to_string(),
+                        h.cpus.to_string(),
+                        h.last_heartbeat_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                    ]);
+                }
+                t.render()
+            })?;
+        }
+        HostCmd::Show { host } => {
+            let h = c.host(host).await?;
+            print_one(out, fmt, &h, || {
+                format!(
+                    "Name:   {}\nState:  {}\nGPUs:   {} ({} free) {}\nCPUs:   {}\nVirt:   {}\n\n{}\nAllocations: {}\n",
+                    h.host.name,
+                    h.host.state.as_str(),
+                    h.host.gpus,
+                    h.host.gpus_free,
+                    h.host.gpu_models.join(","),
+                    h.host.cpus,
+                    h.host.virt_type,
+                    h.matrix,
+                    h.allocations.len()
+                )
+            })?;
+        }
+        HostCmd::JoinToken(JoinTokenCmd::Create { description, ttl }) => {
+            let t = c
+                .create_join_token(&JoinTokenCreate {
+                    description: description.clone(),
+                    ttl_seconds: *ttl,
+                })
+                .await?;
+            print_one(out, fmt, &t, || {
+                format!(
+                    "Join token {} (expires {}). It is shown only once:\n{}\n",
+                    t.id, t.expires_at, t.token
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+async fn template(
+    cmd: &TemplateCmd,
+    c: &Client,
+    fmt: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let table = |ts: &[kumo_api_types::Template]| {
+        let mut t = Table::new(&["name", "os", "user", "image"]);
+        for x in ts {
+            t.row(vec![
+                x.name.clone(),
+                x.os.clone(),
+                x.default_user.clone(),
+                x.image_path.clone(),
+            ]);
+        }
+        t.render()
+    };
+    match cmd {
+        TemplateCmd::Create {
+            name,
+            image,
+            os,
+            default_user,
+        } => {
+            let t = c
+                .create_template(&TemplateCreate {
+                    name: name.clone(),
+                    image_path: image.clone(),
+                    os: os.clone(),
+                    default_user: default_user.clone(),
+                })
+                .await?;
+            print_one(out, fmt, &t, || table(std::slice::from_ref(&t)))?;
+        }
+        TemplateCmd::List => {
+            let ts = c.list_templates().await?;
+            print_one(out, fmt, &ts, || table(&ts))?;
+        }
+    }
+    Ok(())
+}
+
+fn vms_table(vms: &[Vm]) -> String {
+    let mut t = Table::new(&["name", "state", "gpus", "vcpus", "memory", "host"]);
+    for v in vms {
+        t.row(vec![
+            v.name.clone(),
+            v.state.as_str().into(),
+            v.spec.gpus.to_string(),
+            v.spec.vcpus.to_string(),
+            format!("{} GiB", v.spec.memory_gib),
+            opt(&v.host),
+        ]);
+    }
+    t.render()
+}
+
+fn vm_detail(v: &Vm) -> String {
+    let mut s = format!(
+        "Name:    {}\nTenant:  {}\nState:   {}{}\nHost:    {}\nSize:    {} GPU(s), {} vCPUs, {} GiB memory, {} GiB disk\n",
+        v.name,
+        v.tenant,
+        v.state.as_str(),
+        v.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default(),
+        opt(&v.host),
+        v.spec.gpus,
+        v.spec.vcpus,
+        v.spec.memory_gib,
+        v.spec.disk_gib,
+    );
+    if let Some(p) = &v.placement {
+        let mut t = Table::new(&["gpu (host)", "gpu (guest)", "model", "nic", "nic (guest)"]);
+        for g in &p.gpus {
+            t.row(vec![
+                g.host_bdf.clone(),
+                g.guest_bdf.clone(),
+                g.model.clone(),
+                opt(&g.nic),
+                opt(&g.nic_guest_bdf),
+            ]);
+        }
+        let mut n = Table::new(&["guest numa", "host numa", "vcpus", "host cpus", "memory"]);
+        for c in &p.numa {
+            n.row(vec![
+                c.guest_node.to_string(),
+                c.host_node.to_string(),
+                c.vcpus.clone(),
+                c.host_cpus.clone(),
+                format!("{} MiB", c.memory_mib),
+            ]);
+        }
+        s.push('\n');
+        s.push_str(&t.render());
+        s.push('\n');
+        s.push_str(&n.render());
+    }
+    s
+}
+
+async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cmd {
+        VmCmd::Create {
+            name,
+            tenant,
+            gpus,
+            gpu_model,
+            vcpus,
+            memory,
+            disk,
+            template,
+            spot,
+            ssh_key,
+            wait,
+        } => {
+            let mut keys = Vec::new();
+            for f in ssh_key {
+                let text = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading {}", f.display()))?;
+                keys.extend(
+                    text.lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                        .map(str::to_owned),
+                );
+            }
+            let mut v = c
+                .create_vm(
+                    &tenant.tenant,
+                    &VmCreate {
+                        name: name.clone(),
+                        gpus: *gpus,
+                        gpu_model: gpu_model.clone(),
+                        vcpus: *vcpus,
+                        memory_gib: *memory,
+                        disk_gib: *disk,
+                        template: template.clone(),
+                        service_level: if *spot {
+                            ServiceLevel::Spot
+                        } else {
+                            ServiceLevel::Guaranteed
+                        },
+                        ssh_keys: keys,
+                    },
+                )
+                .await?;
+            if *wait {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+                while !matches!(v.state, VmState::Running | VmState::Error) {
+                    if std::time::Instant::now() > deadline {
+                        bail!("{} is still {} after 10 minutes", v.name, v.state.as_str());
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    v = c.vm(&tenant.tenant, &v.id.to_string()).await?;
+                }
+                if v.state == VmState::Error {
+                    bail!("{} failed: {}", v.name, v.reason.unwrap_or_default());
+                }
+            }
+            print_one(out, fmt, &v, || vm_detail(&v))?;
+        }
+        VmCmd::List { tenant } => {
+            let vms = c.list_vms(&tenant.tenant).await?;
+            print_one(out, fmt, &vms, || vms_table(&vms))?;
+        }
+        VmCmd::Show { vm, tenant } => {
+            let v = c.vm(&tenant.tenant, vm).await?;
+            print_one(out, fmt, &v, || vm_detail(&v))?;
+        }
+        VmCmd::Start { vm, tenant } | VmCmd::Stop { vm, tenant } | VmCmd::Reboot { vm, tenant } => {
+            let action = match cmd {
+                VmCmd::Start { .. } => "start",
+                VmCmd::Stop { .. } => "stop",
+                _ => "reboot",
+            };
+            let v = c.vm_action(&tenant.tenant, vm, action).await?;
+            print_one(out, fmt, &v, || {
+                format!("{} {}: {}\n", action, v.name, v.state.as_str())
+            })?;
+        }
+        VmCmd::Delete { vm, tenant } => {
+            let v = c.delete_vm(&tenant.tenant, vm).await?;
+            print_one(out, fmt, &v, || format!("Deleting {}\n", v.name))?;
+        }
+        VmCmd::Topology { vm, tenant } => {
+            write!(out, "{}", c.vm_nccl_topology(&tenant.tenant, vm).await?)?;
         }
     }
     Ok(())

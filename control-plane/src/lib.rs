@@ -9,6 +9,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod config;
 pub mod db;
+pub mod dev;
 pub mod entity;
 pub mod error;
 pub mod extract;

@@ -17,6 +17,16 @@ struct Cli {
 enum Command {
     /// Serve the API (migrates the database and bootstraps the admin on first start).
     Serve(ServeArgs),
+    /// The whole system for trying it out: the server on SQLite, a fleet
+    /// of simulated GPU hosts (agents on fixture machines and libvirt's test
+    /// driver), a demo tenant and a template.
+    Dev {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// Simulated hosts (H100, A100, 2-NIC H100, L40S, CPU-only, repeating).
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+    },
     /// Print the OpenAPI document.
     Openapi,
 }
@@ -35,6 +45,40 @@ fn init_tracing(format: LogFormat) {
             .init(),
         LogFormat::Text => builder.init(),
     }
+}
+
+async fn dev(args: ServeArgs, hosts: usize) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let config = Config::load(&args)?;
+    init_tracing(config.log_format);
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let data_dir = config.data_dir.clone();
+    let (mut server, fleet) = kumo_server::dev::dev(config, hosts).await?;
+    let url = server.url();
+    println!("Kumo API listening on {url}  (docs: {url}/api/docs)");
+    println!("{hosts} simulated hosts registered; demo tenant `demo`, template `debian-12`.");
+    println!(
+        "The admin API token is in {}. Try:",
+        data_dir.join("admin-token").display()
+    );
+    println!(
+        "  kumo login --server {url} --token \"$(cat {})\"",
+        data_dir.join("admin-token").display()
+    );
+    println!("  kumo vm create demo --tenant demo --gpus 8 --wait");
+    println!("  kumo vm topology demo --tenant demo");
+    let stop = server.shutdown_handle();
+    tokio::select! {
+        res = server.wait() => return res,
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    drop(fleet);
+    if let Some(tx) = stop {
+        let _ = tx.send(());
+    }
+    server.wait().await
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -86,6 +130,11 @@ fn main() -> ExitCode {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve(args))),
+        Command::Dev { serve, hosts } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(dev(serve, hosts))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

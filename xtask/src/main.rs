@@ -123,20 +123,26 @@ fn test(extra: &[String]) -> Result<(), String> {
     }
 }
 
-/// Starts the server on its embedded default: SQLite under `./.kumo`.
+/// Starts the whole system on its embedded default: the server on SQLite
+/// under `./.kumo`, a simulated fleet of GPU hosts, a demo tenant.
 fn start(extra: &[String]) -> Result<(), String> {
     ensure_tools(PACKAGES)?;
-    run(cargo()
-        .args([
-            "run",
-            "--release",
-            "--package",
-            "kumo-server",
-            "--bin",
-            "kumo-server",
-            "--",
-            "serve",
-        ])
+    run(cargo().args([
+        "build",
+        "--release",
+        "--bins",
+        "-p",
+        "kumo-server",
+        "-p",
+        "kumo-agent",
+        "-p",
+        "kumo-cli",
+    ]))?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    run(Command::new(target.join("release/kumo-server"))
+        .arg("dev")
         .args(extra))
 }
 

@@ -8,6 +8,7 @@ mod agent;
 mod authz;
 mod bad_input;
 mod cli;
+mod dev;
 mod idempotency;
 mod openapi;
 mod process;

@@ -1,0 +1,114 @@
+//! `kumo-server dev`, then the README's commands with the real `kumo`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn bin(name: &str) -> std::path::PathBuf {
+    let p = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
+    let data = tempfile::Builder::new()
+        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        })
+        .unwrap();
+    let mut server = Command::new(bin("kumo-server"))
+        .args([
+            "dev",
+            "--hosts",
+            "3",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "text",
+        ])
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("KUMO_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let mut url = String::new();
+    for _ in 0..20 {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some(rest) = line.strip_prefix("Kumo API listening on ") {
+            url = rest.split_whitespace().next().unwrap().to_owned();
+            break;
+        }
+    }
+    assert!(!url.is_empty(), "dev server did not start");
+    let home = tempfile::tempdir().unwrap();
+    let kumo = |args: &[&str]| {
+        let o = Command::new(bin("kumo"))
+            .args(args)
+            .env("HOME", home.path())
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "kumo {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let token = std::fs::read_to_string(data.path().join("admin-token")).unwrap();
+    kumo(&["login", "--server", &url, "--token", token.trim()]);
+    let hosts = kumo(&["host", "list"]);
+    assert_eq!(
+        hosts.lines().filter(|l| l.contains(" ready ")).count(),
+        3,
+        "{hosts}"
+    );
+    let created = kumo(&[
+        "vm", "create", "demo", "--tenant", "demo", "--gpus", "8", "--wait",
+    ]);
+    assert!(created.contains("State:   running"), "{created}");
+    let topo = kumo(&["vm", "topology", "demo", "--tenant", "demo"]);
+    assert!(
+        topo.starts_with("<system version=\"1\">") && topo.contains("<nvlink"),
+        "{topo}"
+    );
+    let shown: serde_json::Value = serde_json::from_str(&kumo(&[
+        "vm", "show", "demo", "--tenant", "demo", "-o", "json",
+    ]))
+    .unwrap();
+    assert_eq!(shown["placement"]["gpus"].as_array().unwrap().len(), 8);
+    kumo(&["vm", "delete", "demo", "--tenant", "demo"]);
+
+    // SIGTERM takes the fleet down with the server.
+    Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(server.wait().unwrap().success());
+    let left = Command::new("pgrep")
+        .args(["-f", data.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "agents left running: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
