@@ -438,6 +438,14 @@ pub struct TemplateCreate {
     pub image_path: String,
     pub os: String,
     pub default_user: String,
+    /// Boot this kernel directly (with `initrd_path` and `kernel_cmdline`)
+    /// instead of the disk's boot loader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_cmdline: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -447,6 +455,12 @@ pub struct Template {
     pub image_path: String,
     pub os: String,
     pub default_user: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_cmdline: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -500,9 +514,21 @@ pub struct VmSpec {
     /// The template's base image path on the host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_path: Option<String>,
+    /// Direct kernel boot, from the template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelBoot>,
     pub service_level: ServiceLevel,
     #[serde(default)]
     pub ssh_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct KernelBoot {
+    pub kernel: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
+    #[serde(default)]
+    pub cmdline: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -598,6 +624,10 @@ pub struct Vm {
     pub spec: VmSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<VmPlacement>,
+    /// What the host agent last reported about the guest, e.g.
+    /// `nccl-topology written` or why it could not be written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_condition: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -690,6 +720,9 @@ pub struct VmStatus {
     pub state: ActualState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The guest's condition (NCCL file written, or why not), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

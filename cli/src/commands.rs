@@ -242,6 +242,13 @@ pub enum TemplateCmd {
         os: String,
         #[arg(long)]
         default_user: String,
+        /// Boot this kernel directly instead of the disk's boot loader.
+        #[arg(long)]
+        kernel: Option<String>,
+        #[arg(long, requires = "kernel")]
+        initrd: Option<String>,
+        #[arg(long, requires = "kernel")]
+        cmdline: Option<String>,
     },
     List,
 }
@@ -868,6 +875,9 @@ async fn template(
             image,
             os,
             default_user,
+            kernel,
+            initrd,
+            cmdline,
         } => {
             let t = c
                 .create_template(&TemplateCreate {
@@ -875,6 +885,9 @@ async fn template(
                     image_path: image.clone(),
                     os: os.clone(),
                     default_user: default_user.clone(),
+                    kernel_path: kernel.clone(),
+                    initrd_path: initrd.clone(),
+                    kernel_cmdline: cmdline.clone(),
                 })
                 .await?;
             print_one(out, fmt, &t, || table(std::slice::from_ref(&t)))?;

@@ -100,6 +100,9 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
                 image_path: base.display().to_string(),
                 os: "Debian 12".into(),
                 default_user: "debian".into(),
+                kernel_path: None,
+                initrd_path: None,
+                kernel_cmdline: None,
             })
             .await
             .map(|_| ()),

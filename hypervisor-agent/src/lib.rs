@@ -6,5 +6,6 @@
 
 pub mod client;
 pub mod credential;
+pub mod guest_files;
 pub mod reconcile;
 pub mod run;

@@ -172,6 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed_path: Some(format!("{dir}/seed.iso")),
                 hugepages: true,
                 host_id: None,
+                kernel: None,
             };
             let r = render::render(&topo, &gpus, vcpus, memory_gib, &spec)?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use kumo_api_types::{ActualState, DesiredState, DesiredVm, Power, VmStatus};
-use kumo_topology::domain_xml::{domain_xml, DomainSpec, METADATA_NS};
+use kumo_topology::domain_xml::{domain_xml, DomainSpec, KernelBoot, METADATA_NS};
 use kumo_topology::guest_layout::guest_layout;
 use kumo_topology::HostTopology;
 use uuid::Uuid;
@@ -131,11 +131,31 @@ impl Reconciler {
             seed_path: None,
             hugepages: self.virt_type == "kvm",
             host_id: Some(self.host_id.to_string()),
+            kernel: vm.spec.kernel.as_ref().map(|k| KernelBoot {
+                kernel: k.kernel.clone(),
+                initrd: k.initrd.clone(),
+                cmdline: k.cmdline.clone(),
+            }),
         };
         Ok(domain_xml(&spec, &layout))
     }
 
-    fn ensure(&mut self, vm: &DesiredVm, existing: Option<Domain>) -> Result<ActualState, String> {
+    /// The VM's NCCL file, rendered as the API serves it, kept in the guest.
+    fn sync_guest(&self, vm: &DesiredVm, dom: &Domain) -> Option<String> {
+        let layout = guest_layout(&self.topology, &vm.placement).ok()?;
+        let xml = kumo_topology::nccl_xml::nccl_topology_xml(&self.topology, &layout).ok()?;
+        let outcome = crate::guest_files::sync(dom, &xml);
+        if outcome == crate::guest_files::Outcome::Written {
+            tracing::info!(vm = %vm.id, "wrote the NCCL topology file into the guest");
+        }
+        Some(outcome.condition())
+    }
+
+    fn ensure(
+        &mut self,
+        vm: &DesiredVm,
+        existing: Option<Domain>,
+    ) -> Result<(ActualState, Option<String>), String> {
         let dom = match existing {
             Some(d) => d,
             None => {
@@ -165,11 +185,11 @@ impl Reconciler {
             }
             self.reboots.insert(vm.id, vm.power_generation);
         }
-        Ok(if dom.is_active().map_err(err)? {
-            ActualState::Running
+        if dom.is_active().map_err(err)? {
+            Ok((ActualState::Running, self.sync_guest(vm, &dom)))
         } else {
-            ActualState::Stopped
-        })
+            Ok((ActualState::Stopped, None))
+        }
     }
 
     fn remove(&mut self, id: Uuid, dom: &Domain) -> Result<(), String> {
@@ -195,10 +215,11 @@ impl Reconciler {
         let mut report = Vec::new();
         for vm in &desired.vms {
             let status = match self.ensure(vm, owned.remove(&vm.id)) {
-                Ok(state) => VmStatus {
+                Ok((state, guest)) => VmStatus {
                     id: vm.id,
                     state,
                     reason: None,
+                    guest,
                 },
                 Err(reason) => {
                     tracing::warn!(vm = %vm.id, %reason, "could not bring the VM to its desired state");
@@ -206,6 +227,7 @@ impl Reconciler {
                         id: vm.id,
                         state: ActualState::Failed,
                         reason: Some(reason),
+                        guest: None,
                     }
                 }
             };
@@ -221,6 +243,7 @@ impl Reconciler {
                 id,
                 state: ActualState::Absent,
                 reason: None,
+                guest: None,
             });
         }
         for id in &desired.remove {
@@ -229,6 +252,7 @@ impl Reconciler {
                     id: *id,
                     state: ActualState::Absent,
                     reason: None,
+                    guest: None,
                 });
             }
         }

@@ -30,7 +30,13 @@ pub struct Agent {
     pub config: AgentConfig,
     pub client: AgentClient,
     pub reconciler: Arc<Mutex<Reconciler>>,
+    /// The last desired state fetched, for resync passes between changes.
+    last: Arc<Mutex<Option<kumo_api_types::DesiredState>>>,
 }
+
+/// Between changes, a pass this often repairs drift (a guest that rebooted
+/// and lost its NCCL file, a domain someone stopped by hand).
+pub const RESYNC: Duration = Duration::from_secs(3);
 
 async fn obtain(
     config: &AgentConfig,
@@ -88,12 +94,28 @@ impl Agent {
             client: AgentClient::new(&config.server, &cred.credential),
             config,
             reconciler: Arc::new(Mutex::new(reconciler)),
+            last: Arc::default(),
         })
     }
 
     /// One pass: fetch (waiting for a change after `after`), reconcile, report.
     pub async fn sync_once(&self, after: Option<i64>) -> Result<i64, ClientError> {
         let desired = self.client.desired(after).await?;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(desired.clone());
+        self.apply(desired.clone()).await?;
+        Ok(desired.revision)
+    }
+
+    /// A pass over the last desired state, without asking the server.
+    pub async fn resync(&self) -> Result<(), ClientError> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match last {
+            Some(d) => self.apply(d).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
         let r = self.reconciler.clone();
         let d = desired.clone();
         let report = tokio::task::spawn_blocking(move || {
@@ -106,7 +128,7 @@ impl Agent {
             Ok(statuses) => self.client.status(statuses).await?,
             Err(e) => tracing::warn!(error = %e, "reconcile pass failed; retrying"),
         }
-        Ok(desired.revision)
+        Ok(())
     }
 
     /// Runs until the process ends.
@@ -124,8 +146,18 @@ impl Agent {
         });
         let mut after = None;
         let mut backoff = Duration::from_millis(250);
+        let mut resync = tokio::time::interval(RESYNC);
         loop {
-            match self.sync_once(after).await {
+            let synced = tokio::select! {
+                r = self.sync_once(after) => r,
+                _ = resync.tick() => {
+                    if let Err(e) = self.resync().await {
+                        tracing::warn!(error = %e, "resync failed");
+                    }
+                    continue;
+                }
+            };
+            match synced {
                 Ok(rev) => {
                     after = Some(rev);
                     backoff = Duration::from_millis(250);

@@ -5,6 +5,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m0001_foundation;
 mod m0002_hosts_vms;
+mod m0003_kernel_boot_and_guest_condition;
 
 pub struct Migrator;
 
@@ -14,6 +15,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m0001_foundation::Migration),
             Box::new(m0002_hosts_vms::Migration),
+            Box::new(m0003_kernel_boot_and_guest_condition::Migration),
         ]
     }
 }

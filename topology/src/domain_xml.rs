@@ -25,6 +25,15 @@ pub struct DomainSpec {
     /// The owning host, recorded in the domain's metadata: an agent manages
     /// only domains of its own host.
     pub host_id: Option<String>,
+    /// Boot a kernel directly instead of from the disk.
+    pub kernel: Option<KernelBoot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelBoot {
+    pub kernel: String,
+    pub initrd: Option<String>,
+    pub cmdline: String,
 }
 
 pub const GUEST_AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
@@ -179,36 +188,37 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
                 })),
         );
     }
+    let mut os = el("os").child(
+        el("type")
+            .attr("arch", "x86_64")
+            .attr("machine", "q35")
+            .text("hvm"),
+    );
+    os = match &spec.kernel {
+        Some(k) => {
+            os = os.child(el("kernel").text(&k.kernel));
+            if let Some(initrd) = &k.initrd {
+                os = os.child(el("initrd").text(initrd));
+            }
+            os.child(el("cmdline").text(&k.cmdline))
+        }
+        None => os.child(el("boot").attr("dev", "hd")),
+    };
+    // TCG has no host CPU to pass through or model: QEMU's default model.
+    let mut cpu = el("cpu");
+    if spec.virt_type == "kvm" {
+        cpu = cpu.attr("mode", "host-passthrough");
+    }
     domain = domain
-        .child(
-            el("os")
-                .child(
-                    el("type")
-                        .attr("arch", "x86_64")
-                        .attr("machine", "q35")
-                        .text("hvm"),
-                )
-                .child(el("boot").attr("dev", "hd")),
-        )
+        .child(os)
         .child(el("features").child(el("acpi")).child(el("apic")))
-        .child(
-            el("cpu")
-                .attr(
-                    "mode",
-                    if spec.virt_type == "kvm" {
-                        "host-passthrough"
-                    } else {
-                        "host-model"
-                    },
-                )
-                .child(el("numa").children(layout.cells.iter().map(|c| {
-                    el("cell")
-                        .attr("id", c.id)
-                        .attr("cpus", format_cpulist(&c.vcpus))
-                        .attr("memory", c.memory_mib)
-                        .attr("unit", "MiB")
-                }))),
-        )
+        .child(cpu.child(el("numa").children(layout.cells.iter().map(|c| {
+            el("cell")
+                .attr("id", c.id)
+                .attr("cpus", format_cpulist(&c.vcpus))
+                .attr("memory", c.memory_mib)
+                .attr("unit", "MiB")
+        }))))
         .child(el("clock").attr("offset", "utc"))
         .child(el("on_poweroff").text("destroy"))
         .child(el("on_reboot").text("restart"))

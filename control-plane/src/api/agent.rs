@@ -276,8 +276,13 @@ pub async fn status(
                 s.id, host.name
             )));
         }
-        if let Some(r) = &s.reason {
-            names::text("reason", r, 1000)?;
+        for text in [&s.reason, &s.guest].into_iter().flatten() {
+            names::text("reason", text, 1000)?;
+        }
+        if s.guest.is_some() && s.guest != vm.guest_condition {
+            let mut a: vms::ActiveModel = vm.clone().into();
+            a.guest_condition = Set(s.guest.clone());
+            a.update(&txn).await?;
         }
         let Some(next) = lifecycle::observe(stored_state(&vm), desired_power(&vm), s.state) else {
             continue;

@@ -24,6 +24,9 @@ fn to_api(t: templates::Model) -> Template {
         image_path: t.image_path,
         os: t.os,
         default_user: t.default_user,
+        kernel_path: t.kernel_path,
+        initrd_path: t.initrd_path,
+        kernel_cmdline: t.kernel_cmdline,
         created_at: t.created_at,
     }
 }
@@ -44,16 +47,24 @@ pub async fn create(
     names::tenant_name("name", &body.name)?;
     names::text("os", &body.os, 63)?;
     names::user_name("default_user", &body.default_user)?;
-    if !body.image_path.starts_with('/')
-        || body.image_path.contains("..")
-        || body.image_path.len() > 1024
-    {
+    host_path("image_path", &body.image_path)?;
+    for (field, p) in [
+        ("kernel_path", &body.kernel_path),
+        ("initrd_path", &body.initrd_path),
+    ] {
+        if let Some(p) = p {
+            host_path(field, p)?;
+        }
+    }
+    if body.kernel_path.is_none() && (body.initrd_path.is_some() || body.kernel_cmdline.is_some()) {
         return Err(ApiError::field(
-            "image_path",
-            "an absolute path on the hosts, without `..`",
+            "kernel_path",
+            "initrd_path and kernel_cmdline need a kernel_path",
         ));
     }
-    names::text("image_path", &body.image_path, 1024)?;
+    if let Some(c) = &body.kernel_cmdline {
+        names::text("kernel_cmdline", c, 1024)?;
+    }
     let txn = st.db.begin().await?;
     let t = templates::ActiveModel {
         id: Set(Uuid::now_v7()),
@@ -61,6 +72,9 @@ pub async fn create(
         image_path: Set(body.image_path),
         os: Set(body.os),
         default_user: Set(body.default_user),
+        kernel_path: Set(body.kernel_path),
+        initrd_path: Set(body.initrd_path),
+        kernel_cmdline: Set(body.kernel_cmdline),
         created_at: Set(Utc::now()),
     }
     .insert(&txn)
@@ -97,6 +111,18 @@ pub async fn list(
         items: rows.into_iter().map(to_api).collect(),
         next_page_token: next,
     }))
+}
+
+/// An absolute path on the hosts, without `..` or control characters.
+fn host_path(field: &str, p: &str) -> Result<(), ApiError> {
+    names::text(field, p, 1024)?;
+    if !p.starts_with('/') || p.split('/').any(|c| c == "..") {
+        return Err(ApiError::field(
+            field,
+            "an absolute path on the hosts, without `..`",
+        ));
+    }
+    Ok(())
 }
 
 pub async fn find(st: &AppState, name: &str) -> Result<Option<templates::Model>, ApiError> {

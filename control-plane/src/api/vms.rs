@@ -140,6 +140,7 @@ async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Resu
         host: host.map(|h| h.name),
         spec: stored_spec(v)?,
         placement,
+        guest_condition: v.guest_condition.clone(),
         created_at: v.created_at,
         updated_at: v.updated_at,
     })
@@ -224,6 +225,7 @@ fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
         disk_gib,
         template: body.template.clone(),
         image_path: None,
+        kernel: None,
         service_level: body.service_level,
         ssh_keys: body.ssh_keys.clone(),
     })
@@ -254,6 +256,11 @@ pub async fn create(
             .await?
             .ok_or_else(|| ApiError::field("template", format!("no template named {t:?}")))?;
         spec.image_path = Some(tpl.image_path);
+        spec.kernel = tpl.kernel_path.map(|kernel| kumo_api_types::KernelBoot {
+            kernel,
+            initrd: tpl.initrd_path,
+            cmdline: tpl.kernel_cmdline.unwrap_or_default(),
+        });
     }
     let name_taken = || {
         ApiError::Conflict(format!(
@@ -392,6 +399,7 @@ async fn commit_vm(
         )),
         desired_power: Set("running".into()),
         power_generation: Set(0),
+        guest_condition: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
     }

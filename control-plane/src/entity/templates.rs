@@ -10,6 +10,9 @@ pub struct Model {
     pub image_path: String,
     pub os: String,
     pub default_user: String,
+    pub kernel_path: Option<String>,
+    pub initrd_path: Option<String>,
+    pub kernel_cmdline: Option<String>,
     pub created_at: DateTimeUtc,
 }
 

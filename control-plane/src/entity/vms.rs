@@ -18,6 +18,8 @@ pub struct Model {
     pub desired_power: String,
     /// Bumped by each reboot request, so the agent reboots exactly once per request.
     pub power_generation: i64,
+    /// The host agent's last word on the guest: NCCL file written, or why not.
+    pub guest_condition: Option<String>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

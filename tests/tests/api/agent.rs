@@ -101,7 +101,8 @@ on_both_backends! {
 
         let v: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("train", 2)).await.unwrap();
         agent.sync_once(None).await.unwrap();
-        assert_eq!(state(s, "train").await, Some(VmState::Running));
+        let now: Vm = s.admin.get("/api/v1/tenants/lab/vms/train").await.unwrap();
+        assert_eq!(now.state, VmState::Running, "{:?}", now.reason);
         assert_eq!(domain(v.id), (true, true));
         assert!(state_dir.join(format!("vms/{}/disk.qcow2", v.id)).exists(), "qemu-img made the disk");
 

@@ -341,6 +341,7 @@ impl SimAgent {
                 id: v.id,
                 state,
                 reason: None,
+                guest: None,
             });
         }
         for gone in self.known.difference(&desired).chain(d.remove.iter()) {
@@ -348,6 +349,7 @@ impl SimAgent {
                 id: *gone,
                 state: ActualState::Absent,
                 reason: None,
+                guest: None,
             });
         }
         self.known = desired;

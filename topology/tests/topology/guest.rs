@@ -25,6 +25,7 @@ pub fn spec() -> DomainSpec {
         seed_path: Some("/var/lib/kumo/vms/vm/seed.iso".into()),
         hugepages: true,
         host_id: None,
+        kernel: None,
     }
 }
 

@@ -1,0 +1,318 @@
+//! Files the host agent keeps inside a running guest through the QEMU
+//! guest agent: the VM's NCCL topology file and `/etc/nccl.conf` naming it.
+//!
+//! Level-triggered like the rest: each pass reads what the guest has and
+//! writes only what differs, so a guest that rebooted (and lost `/etc` on
+//! a tmpfs, or was reinstalled) gets its files back on the next pass.
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value};
+
+pub const NCCL_TOPO_PATH: &str = "/etc/kumo/nccl-topo.xml";
+pub const NCCL_CONF_PATH: &str = "/etc/nccl.conf";
+const NCCL_TOPO_KEY: &str = "NCCL_TOPO_FILE=";
+const CHUNK: usize = 48 * 1024;
+
+/// Talks to a guest's agent: sends one QMP command, returns its `return`.
+pub trait GuestAgent {
+    fn command(&self, cmd: &Value, timeout_secs: i32) -> Result<Value, String>;
+}
+
+impl GuestAgent for virt::domain::Domain {
+    fn command(&self, cmd: &Value, timeout_secs: i32) -> Result<Value, String> {
+        let out = self
+            .qemu_agent_command(&cmd.to_string(), timeout_secs, 0)
+            .map_err(|e| e.to_string())?;
+        let v: Value =
+            serde_json::from_str(&out).map_err(|e| format!("guest agent answered garbage: {e}"))?;
+        Ok(v.get("return").cloned().unwrap_or(Value::Null))
+    }
+}
+
+/// What a pass found or did, as reported on the VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Written,
+    AlreadyThere,
+    /// No agent answers (yet): the guest is booting, or has none.
+    AgentMissing(String),
+    /// The agent answers but refused (commands blocked, disk full, …).
+    Failed(String),
+}
+
+impl Outcome {
+    pub fn condition(&self) -> String {
+        match self {
+            Outcome::Written | Outcome::AlreadyThere => "nccl-topology written".into(),
+            Outcome::AgentMissing(why) => {
+                format!("nccl-topology pending: guest agent not available ({why})")
+            }
+            Outcome::Failed(why) => format!("nccl-topology failed: {why}"),
+        }
+    }
+}
+
+fn missing(e: &str) -> bool {
+    e.contains("No such file or directory")
+}
+
+fn read(agent: &impl GuestAgent, path: &str) -> Result<Option<Vec<u8>>, String> {
+    let handle = match agent.command(
+        &json!({"execute": "guest-file-open", "arguments": {"path": path, "mode": "r"}}),
+        5,
+    ) {
+        Ok(h) => h,
+        Err(e) if missing(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut data = Vec::new();
+    let result = (|| loop {
+        let r = agent.command(
+            &json!({"execute": "guest-file-read", "arguments": {"handle": handle, "count": CHUNK}}),
+            5,
+        )?;
+        let chunk = r.get("buf-b64").and_then(Value::as_str).unwrap_or("");
+        data.extend(
+            B64.decode(chunk)
+                .map_err(|e| format!("guest-file-read: {e}"))?,
+        );
+        if r.get("eof").and_then(Value::as_bool).unwrap_or(true) || data.len() > 16 << 20 {
+            return Ok(());
+        }
+    })();
+    let _ = agent.command(
+        &json!({"execute": "guest-file-close", "arguments": {"handle": handle}}),
+        5,
+    );
+    result.map(|()| Some(data))
+}
+
+fn write(agent: &impl GuestAgent, path: &str, content: &[u8]) -> Result<(), String> {
+    let handle = agent.command(
+        &json!({"execute": "guest-file-open", "arguments": {"path": path, "mode": "w"}}),
+        5,
+    )?;
+    let result = content.chunks(CHUNK).try_for_each(|c| {
+        agent
+            .command(&json!({"execute": "guest-file-write", "arguments": {"handle": handle, "buf-b64": B64.encode(c)}}), 5)
+            .map(|_| ())
+    });
+    let closed = agent.command(
+        &json!({"execute": "guest-file-close", "arguments": {"handle": handle}}),
+        5,
+    );
+    result.and(closed.map(|_| ()))
+}
+
+/// `mkdir -p` in the guest (`guest-file-open` does not create directories).
+fn mkdir_p(agent: &impl GuestAgent, dir: &str) -> Result<(), String> {
+    let r = agent.command(
+        &json!({"execute": "guest-exec", "arguments": {"path": "mkdir", "arg": ["-p", dir], "capture-output": true}}),
+        5,
+    )?;
+    let pid = r.get("pid").cloned().ok_or("guest-exec answered no pid")?;
+    for _ in 0..50 {
+        let s = agent.command(
+            &json!({"execute": "guest-exec-status", "arguments": {"pid": pid}}),
+            5,
+        )?;
+        if s.get("exited").and_then(Value::as_bool) == Some(true) {
+            return match s.get("exitcode").and_then(Value::as_i64) {
+                Some(0) => Ok(()),
+                code => Err(format!("mkdir -p {dir} in the guest exited with {code:?}")),
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err(format!("mkdir -p {dir} in the guest did not finish"))
+}
+
+/// `/etc/nccl.conf` with its `NCCL_TOPO_FILE` line pointing at our file,
+/// every other line kept.
+pub fn nccl_conf(existing: Option<&[u8]>) -> Vec<u8> {
+    let text = existing
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default();
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with(NCCL_TOPO_KEY))
+        .map(str::to_owned)
+        .collect();
+    lines.push(format!("{NCCL_TOPO_KEY}{NCCL_TOPO_PATH}"));
+    (lines.join("\n") + "\n").into_bytes()
+}
+
+pub fn sync(agent: &impl GuestAgent, topology_xml: &str) -> Outcome {
+    if let Err(e) = agent.command(&json!({"execute": "guest-ping"}), 2) {
+        return Outcome::AgentMissing(e);
+    }
+    let run = || -> Result<Outcome, String> {
+        let current = read(agent, NCCL_TOPO_PATH)?;
+        let conf = read(agent, NCCL_CONF_PATH)?;
+        let wanted_conf = nccl_conf(conf.as_deref());
+        if current.as_deref() == Some(topology_xml.as_bytes())
+            && conf.as_deref() == Some(&wanted_conf[..])
+        {
+            return Ok(Outcome::AlreadyThere);
+        }
+        mkdir_p(agent, "/etc/kumo")?;
+        write(agent, NCCL_TOPO_PATH, topology_xml.as_bytes())?;
+        write(agent, NCCL_CONF_PATH, &wanted_conf)?;
+        Ok(Outcome::Written)
+    };
+    run().unwrap_or_else(Outcome::Failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    /// An in-memory guest that answers the guest-file-* and guest-exec
+    /// commands the way qemu-ga does.
+    #[derive(Default)]
+    struct FakeGuest {
+        files: RefCell<BTreeMap<String, Vec<u8>>>,
+        dirs: RefCell<Vec<String>>,
+        open: RefCell<BTreeMap<i64, (String, Vec<u8>, bool, usize)>>,
+        blocked: bool,
+        down: bool,
+    }
+
+    impl GuestAgent for FakeGuest {
+        fn command(&self, cmd: &Value, _t: i32) -> Result<Value, String> {
+            if self.down {
+                return Err("Guest agent is not responding".into());
+            }
+            let name = cmd["execute"].as_str().unwrap_or("");
+            let a = &cmd["arguments"];
+            if self.blocked && name.starts_with("guest-file") {
+                return Err(format!("Command {name} has been disabled"));
+            }
+            match name {
+                "guest-ping" => Ok(json!({})),
+                "guest-exec" => {
+                    self.dirs
+                        .borrow_mut()
+                        .push(a["arg"][1].as_str().unwrap_or("").to_owned());
+                    Ok(json!({"pid": 7}))
+                }
+                "guest-exec-status" => Ok(json!({"exited": true, "exitcode": 0})),
+                "guest-file-open" => {
+                    let path = a["path"].as_str().unwrap_or("").to_owned();
+                    let write = a["mode"] == "w";
+                    let dir = path
+                        .rsplit_once('/')
+                        .map(|(d, _)| d.to_owned())
+                        .unwrap_or_default();
+                    if write && dir != "/etc" && !self.dirs.borrow().contains(&dir) {
+                        return Err(format!(
+                            "failed to open file '{path}': No such file or directory"
+                        ));
+                    }
+                    let data = if write {
+                        Vec::new()
+                    } else {
+                        self.files.borrow().get(&path).cloned().ok_or(format!(
+                            "failed to open file '{path}': No such file or directory"
+                        ))?
+                    };
+                    let h = 1000 + self.open.borrow().len() as i64;
+                    self.open.borrow_mut().insert(h, (path, data, write, 0));
+                    Ok(json!(h))
+                }
+                "guest-file-read" => {
+                    let mut open = self.open.borrow_mut();
+                    let f = open
+                        .get_mut(&a["handle"].as_i64().unwrap_or(0))
+                        .ok_or("bad handle")?;
+                    let n = a["count"].as_u64().unwrap_or(0) as usize;
+                    let end = (f.3 + n).min(f.1.len());
+                    let chunk = f.1[f.3..end].to_vec();
+                    f.3 = end;
+                    Ok(
+                        json!({"count": chunk.len(), "buf-b64": B64.encode(&chunk), "eof": end == f.1.len()}),
+                    )
+                }
+                "guest-file-write" => {
+                    let mut open = self.open.borrow_mut();
+                    let f = open
+                        .get_mut(&a["handle"].as_i64().unwrap_or(0))
+                        .ok_or("bad handle")?;
+                    f.1.extend(
+                        B64.decode(a["buf-b64"].as_str().unwrap_or(""))
+                            .map_err(|e| e.to_string())?,
+                    );
+                    Ok(json!({"count": 1}))
+                }
+                "guest-file-close" => {
+                    let (path, data, write, _) = self
+                        .open
+                        .borrow_mut()
+                        .remove(&a["handle"].as_i64().unwrap_or(0))
+                        .ok_or("bad handle")?;
+                    if write {
+                        self.files.borrow_mut().insert(path, data);
+                    }
+                    Ok(json!({}))
+                }
+                other => Err(format!("unknown command {other}")),
+            }
+        }
+    }
+
+    #[test]
+    fn writes_once_then_finds_it_there() {
+        let g = FakeGuest::default();
+        g.files.borrow_mut().insert(
+            "/etc/nccl.conf".into(),
+            b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/old.xml\n".to_vec(),
+        );
+        assert_eq!(sync(&g, "<system version=\"1\"/>\n"), Outcome::Written);
+        assert_eq!(
+            g.files.borrow()[NCCL_TOPO_PATH],
+            b"<system version=\"1\"/>\n"
+        );
+        assert_eq!(
+            String::from_utf8(g.files.borrow()[NCCL_CONF_PATH].clone()).unwrap(),
+            "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
+        );
+        assert_eq!(sync(&g, "<system version=\"1\"/>\n"), Outcome::AlreadyThere);
+        // A changed topology is rewritten; a large one crosses chunk borders.
+        let big = "x".repeat(3 * CHUNK + 5);
+        assert_eq!(sync(&g, &big), Outcome::Written);
+        assert_eq!(g.files.borrow()[NCCL_TOPO_PATH].len(), big.len());
+        assert_eq!(sync(&g, &big), Outcome::AlreadyThere);
+    }
+
+    #[test]
+    fn missing_and_blocked_agents_are_reported_clearly() {
+        let down = FakeGuest {
+            down: true,
+            ..FakeGuest::default()
+        };
+        assert!(sync(&down, "x")
+            .condition()
+            .starts_with("nccl-topology pending: guest agent not available"));
+        let blocked = FakeGuest {
+            blocked: true,
+            ..FakeGuest::default()
+        };
+        let c = sync(&blocked, "x").condition();
+        assert!(
+            c.starts_with("nccl-topology failed:") && c.contains("disabled"),
+            "{c}"
+        );
+    }
+
+    #[test]
+    fn conf_keeps_other_settings() {
+        assert_eq!(nccl_conf(None), b"NCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n");
+        assert_eq!(
+            nccl_conf(Some(b"A=1\n  NCCL_TOPO_FILE=/x\nB=2")),
+            b"A=1\nB=2\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
+        );
+    }
+}
