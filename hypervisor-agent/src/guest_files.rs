@@ -170,13 +170,16 @@ mod tests {
     use std::cell::RefCell;
     use std::collections::BTreeMap;
 
+    /// An open guest file: path, contents, opened for writing, read offset.
+    type OpenFile = (String, Vec<u8>, bool, usize);
+
     /// An in-memory guest that answers the guest-file-* and guest-exec
     /// commands the way qemu-ga does.
     #[derive(Default)]
     struct FakeGuest {
         files: RefCell<BTreeMap<String, Vec<u8>>>,
         dirs: RefCell<Vec<String>>,
-        open: RefCell<BTreeMap<i64, (String, Vec<u8>, bool, usize)>>,
+        open: RefCell<BTreeMap<i64, OpenFile>>,
         blocked: bool,
         down: bool,
     }
