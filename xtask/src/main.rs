@@ -56,7 +56,20 @@ const PACKAGES: &[(&str, &str)] = &[
     ("virsh", "libvirt-clients"),
     ("virt-xml-validate", "libvirt-clients"),
     ("xmllint", "libxml2-utils"),
+    // The QEMU end-to-end test: QEMU, libvirtd, and what its tiny guest is built from.
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("/usr/sbin/libvirtd", "libvirt-daemon-system"),
+    (
+        "/usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so",
+        "libvirt-daemon-driver-qemu",
+    ),
+    ("busybox", "busybox-static"),
+    ("cpio", "cpio"),
 ];
+
+/// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img
+/// again after installing it.
+const AFTER: &[(&str, &str)] = &[("qemu-img", "qemu-utils")];
 
 /// Installs Debian packages for the tools the tests run, when missing.
 fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
@@ -101,6 +114,8 @@ fn test(extra: &[String]) -> Result<(), String> {
         run(Command::new("bash").arg("scripts/ensure-postgres.sh"))?;
     }
     ensure_tools(PACKAGES)?;
+    ensure_tools(AFTER)?;
+    run(Command::new("bash").arg("scripts/ensure-libvirtd.sh"))?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args([
         "clippy",

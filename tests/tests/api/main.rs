@@ -9,6 +9,7 @@ mod authz;
 mod bad_input;
 mod cli;
 mod dev;
+mod e2e_qemu;
 mod idempotency;
 mod openapi;
 mod process;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Makes libvirtd (qemu:///system) and virtlogd run for the end-to-end test,
+# on machines without systemd.
+#
+# The test runs guests under TCG. Where /dev/kvm exists but nested KVM
+# hangs (as on the CI machines), libvirt would probe QEMU with KVM, find it
+# unusable, and probe again on every call (tens of seconds each). So
+# libvirtd runs in a private mount namespace where /dev/kvm is a root-only
+# file: libvirt sees no usable KVM and caches TCG capabilities once. Per-VM
+# namespaces are off because they would try to recreate that fake node.
+# Set KUMO_TEST_USE_KVM=1 to leave /dev/kvm alone.
+set -euo pipefail
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+conf=/etc/libvirt/qemu.conf
+if [ -f "$conf" ] && ! grep -q '^namespaces = \[\]' "$conf"; then
+  echo 'namespaces = []' | as_root tee -a "$conf" >/dev/null
+fi
+pgrep -x virtlogd >/dev/null || as_root virtlogd -d
+if ! pgrep -x libvirtd >/dev/null; then
+  if [ -e /dev/kvm ] && [ -z "${KUMO_TEST_USE_KVM:-}" ]; then
+    as_root install -m 600 /dev/null /var/tmp/kumo-no-kvm
+    as_root unshare --mount --propagation private sh -c 'mount --bind /var/tmp/kumo-no-kvm /dev/kvm && exec libvirtd -d'
+  else
+    as_root libvirtd -d
+  fi
+fi
+for _ in $(seq 1 50); do
+  virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
+  sleep 0.2
+done
+echo "ensure-libvirtd: libvirtd does not answer on qemu:///system" >&2
+exit 1
