@@ -32,6 +32,28 @@ pub struct Reconciler {
     pub changes: u64,
 }
 
+/// A YAML double-quoted scalar.
+fn yaml_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// NoCloud `meta-data` and `user-data`.
+pub fn cloud_init(vm: &DesiredVm) -> (String, String) {
+    let meta = format!(
+        "instance-id: {}\nlocal-hostname: {}\n",
+        vm.id,
+        yaml_str(&vm.name)
+    );
+    let mut user = format!("#cloud-config\nhostname: {}\n", yaml_str(&vm.name));
+    if !vm.spec.ssh_keys.is_empty() {
+        user.push_str("ssh_authorized_keys:\n");
+        for k in &vm.spec.ssh_keys {
+            user.push_str(&format!("  - {}\n", yaml_str(k)));
+        }
+    }
+    (meta, user)
+}
+
 /// The value of `attr="…"` in an XML fragment.
 fn attr<'a>(xml: &'a str, name: &str) -> Option<&'a str> {
     let key = format!(" {name}=\"");
@@ -117,18 +139,48 @@ impl Reconciler {
         Ok(disk)
     }
 
+    /// A cloud-init NoCloud seed (an ISO labelled `cidata`) with the VM's
+    /// hostname and SSH keys.
+    fn ensure_seed(&self, vm: &DesiredVm) -> Result<PathBuf, String> {
+        let dir = self.vm_dir(vm.id);
+        let seed = dir.join("seed.iso");
+        if seed.exists() {
+            return Ok(seed);
+        }
+        let src = dir.join("cidata");
+        std::fs::create_dir_all(&src).map_err(|e| format!("creating {}: {e}", src.display()))?;
+        let (meta, user) = cloud_init(vm);
+        std::fs::write(src.join("meta-data"), meta).map_err(|e| e.to_string())?;
+        std::fs::write(src.join("user-data"), user).map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("genisoimage")
+            .args(["-quiet", "-volid", "cidata", "-joliet", "-rock", "-output"])
+            .arg(&seed)
+            .arg(src.join("user-data"))
+            .arg(src.join("meta-data"))
+            .output()
+            .map_err(|e| format!("running genisoimage: {e}"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&seed);
+            return Err(format!(
+                "genisoimage: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(seed)
+    }
+
     pub fn domain_name(vm: &DesiredVm) -> String {
         format!("kumo-{}-{}", vm.name, &vm.id.simple().to_string()[..8])
     }
 
-    fn render(&self, vm: &DesiredVm, disk: &Path) -> Result<String, String> {
+    fn render(&self, vm: &DesiredVm, disk: &Path, seed: &Path) -> Result<String, String> {
         let layout = guest_layout(&self.topology, &vm.placement).map_err(|e| e.to_string())?;
         let spec = DomainSpec {
             name: Self::domain_name(vm),
             uuid: vm.id.to_string(),
             virt_type: self.virt_type.clone(),
             disk_path: disk.display().to_string(),
-            seed_path: None,
+            seed_path: Some(seed.display().to_string()),
             hugepages: self.virt_type == "kvm",
             host_id: Some(self.host_id.to_string()),
             kernel: vm.spec.kernel.as_ref().map(|k| KernelBoot {
@@ -160,7 +212,8 @@ impl Reconciler {
             Some(d) => d,
             None => {
                 let disk = self.ensure_disk(vm)?;
-                let xml = self.render(vm, &disk)?;
+                let seed = self.ensure_seed(vm)?;
+                let xml = self.render(vm, &disk, &seed)?;
                 self.changes += 1;
                 self.conn.define_domain_xml(&xml).map_err(err)?
             }
@@ -267,6 +320,45 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cloud_init_carries_hostname_and_quoted_keys() {
+        use kumo_api_types::{ServiceLevel, VmSpec};
+        let vm = DesiredVm {
+            id: Uuid::nil(),
+            name: "train".into(),
+            power: Power::Running,
+            power_generation: 0,
+            spec: VmSpec {
+                gpus: 0,
+                gpu_model: None,
+                vcpus: 1,
+                memory_gib: 1,
+                disk_gib: 1,
+                template: None,
+                image_path: None,
+                kernel: None,
+                service_level: ServiceLevel::Guaranteed,
+                ssh_keys: vec![r#"ssh-ed25519 AAAA "quoted" \ user"#.into()],
+            },
+            placement: kumo_topology::guest_layout::Placement {
+                gpus: vec![],
+                nics: vec![],
+                cpus: Default::default(),
+                memory_mib: Default::default(),
+            },
+        };
+        let (meta, user) = cloud_init(&vm);
+        assert_eq!(
+            meta,
+            "instance-id: 00000000-0000-0000-0000-000000000000\nlocal-hostname: \"train\"\n"
+        );
+        assert!(user.starts_with("#cloud-config\nhostname: \"train\"\n"));
+        assert!(
+            user.contains(r#"  - "ssh-ed25519 AAAA \"quoted\" \\ user""#),
+            "{user}"
+        );
+    }
 
     #[test]
     fn attributes_are_read_from_metadata() {

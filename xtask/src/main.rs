@@ -65,6 +65,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     ("busybox", "busybox-static"),
     ("cpio", "cpio"),
+    // cloud-init seeds, and the tests that look inside them.
+    ("genisoimage", "genisoimage"),
+    ("isoinfo", "genisoimage"),
 ];
 
 /// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img

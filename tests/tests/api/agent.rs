@@ -49,7 +49,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         disk_gib: Some(10),
         template: None,
         service_level: Default::default(),
-        ssh_keys: vec![],
+        ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0 user@lab".into()],
     }
 }
 
@@ -105,6 +105,13 @@ on_both_backends! {
         assert_eq!(now.state, VmState::Running, "{:?}", now.reason);
         assert_eq!(domain(v.id), (true, true));
         assert!(state_dir.join(format!("vms/{}/disk.qcow2", v.id)).exists(), "qemu-img made the disk");
+        // The cloud-init seed: a `cidata` ISO with the hostname and the key.
+        let seed = state_dir.join(format!("vms/{}/seed.iso", v.id));
+        let info = std::process::Command::new("isoinfo").arg("-d").arg("-i").arg(&seed).output().unwrap();
+        assert!(String::from_utf8_lossy(&info.stdout).contains("Volume id: cidata"));
+        let user = std::process::Command::new("isoinfo").args(["-J", "-x", "/user-data", "-i"]).arg(&seed).output().unwrap();
+        let user = String::from_utf8_lossy(&user.stdout);
+        assert!(user.starts_with("#cloud-config") && user.contains("ssh-ed25519 AAAAC3Nz"), "{user}");
 
         // A second pass changes nothing.
         let before = changes(&agent);

@@ -332,3 +332,63 @@ async fn viewers_read_vms_and_members_run_them() {
     assert_eq!(denied.unwrap_err().status(), Some(403));
     s.stop().await;
 }
+
+/// Everything lives in the database: a restarted server (same SQLite file)
+/// knows every tenant, host and VM, and the host's agent carries on.
+#[tokio::test]
+async fn a_restarted_server_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kumo_server::config::Config::for_data_dir(dir.path(), None);
+    let server = kumo_server::RunningServer::start(config.clone())
+        .await
+        .unwrap();
+    let token = std::fs::read_to_string(dir.path().join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let admin = kumo_cli::Client::new(&server.url(), Some(token.clone())).unwrap();
+    admin
+        .create_tenant(&kumo_api_types::TenantCreate {
+            name: "lab".into(),
+            display_name: None,
+            description: None,
+        })
+        .await
+        .unwrap();
+    let join: kumo_api_types::JoinTokenCreated = admin
+        .post("/api/v1/hosts/join-tokens", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let mut agent = crate::harness::SimAgent::register(
+        &server.url(),
+        &join.token,
+        "gpu-001",
+        crate::harness::fixture_topology("hgx-h100"),
+    )
+    .await;
+    let v: Vm = admin
+        .post("/api/v1/tenants/lab/vms", &vm("train", 4))
+        .await
+        .unwrap();
+    agent.converge().await;
+    server.stop().await.unwrap();
+
+    let server = kumo_server::RunningServer::start(config).await.unwrap();
+    assert!(server.admin_token_file.is_none(), "no second bootstrap");
+    let admin = kumo_cli::Client::new(&server.url(), Some(token)).unwrap();
+    let again: Vm = admin.get("/api/v1/tenants/lab/vms/train").await.unwrap();
+    assert_eq!((again.id, again.state), (v.id, VmState::Running));
+    assert_eq!(
+        again.placement,
+        v.placement.map(|mut p| {
+            p.gpus.sort_by(|a, b| a.host_bdf.cmp(&b.host_bdf));
+            p
+        })
+    );
+    let d: HostDetail = admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+    assert_eq!(d.allocations.iter().filter(|a| a.kind == "gpu").count(), 4);
+    // The agent's credential still works against the new process.
+    agent.url = server.url();
+    assert_eq!(agent.heartbeat().await, 204);
+    server.stop().await.unwrap();
+}
