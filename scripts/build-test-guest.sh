@@ -35,9 +35,13 @@ for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_p
   [ -n "$f" ] && cp "$f" "$root/lib/modules/"
 done
 # qemu-ga's guest-shutdown runs /sbin/shutdown; busybox has reboot/poweroff.
+# Like a real distribution's, it schedules the action and returns, so that
+# qemu-ga can answer before the guest goes down.
 cat > "$root/sbin/shutdown" <<'SH'
 #!/bin/sh
-case "$*" in *-r*) exec /bin/reboot -f ;; *) exec /bin/poweroff -f ;; esac
+case "$*" in *-r*) action=reboot ;; *) action=poweroff ;; esac
+(sleep 0.3; /bin/$action -f) >/dev/null 2>&1 &
+exit 0
 SH
 chmod +x "$root/sbin/shutdown"
 cat > "$root/init" <<'SH'

@@ -19,6 +19,8 @@ use virt::domain::Domain;
 
 /// `VIR_DOMAIN_METADATA_ELEMENT`.
 const METADATA_ELEMENT: i32 = 2;
+/// `VIR_DOMAIN_REBOOT_GUEST_AGENT`.
+const VIR_DOMAIN_REBOOT_GUEST_AGENT: u32 = 2;
 
 pub struct Reconciler {
     conn: Connect,
@@ -233,8 +235,25 @@ impl Reconciler {
         let applied = self.reboots.get(&vm.id).copied().unwrap_or(0);
         if vm.power_generation > applied {
             if vm.power == Power::Running && active {
+                // Through the guest agent when it answers (a clean reboot the
+                // guest cannot ignore); otherwise libvirt's default (ACPI).
+                let agent_up = crate::guest_files::GuestAgent::command(
+                    &dom,
+                    &serde_json::json!({"execute": "guest-ping"}),
+                    2,
+                )
+                .is_ok();
+                let flags = if agent_up {
+                    VIR_DOMAIN_REBOOT_GUEST_AGENT
+                } else {
+                    0
+                };
+                if let Err(e) = dom.reboot(flags) {
+                    // Not recorded as done: the next pass tries again.
+                    tracing::warn!(vm = %vm.id, error = %e, "reboot failed; will retry");
+                    return Ok((ActualState::Running, None));
+                }
                 self.changes += 1;
-                dom.reboot(0).map_err(err)?;
             }
             self.reboots.insert(vm.id, vm.power_generation);
         }

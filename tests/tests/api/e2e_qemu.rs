@@ -78,12 +78,9 @@ fn guest_read(dom: &virt::domain::Domain, path: &str) -> Option<String> {
     String::from_utf8(data).ok()
 }
 
-fn uptime(dom: &virt::domain::Domain) -> Option<f64> {
-    guest_read(dom, "/proc/uptime")?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+/// Changes on every boot (an uptime comparison can miss a fast reboot).
+fn boot_id(dom: &virt::domain::Domain) -> Option<String> {
+    guest_read(dom, "/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned())
 }
 
 /// Removes the test's domains whatever happens.
@@ -250,7 +247,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
 
     // Reboot through the API: the guest comes back without the file (its
     // /etc is a tmpfs), and the agent writes it again.
-    let before = uptime(&dom).unwrap();
+    let before = boot_id(&dom).unwrap();
     let r = s
         .http()
         .post(format!("{}/api/v1/tenants/lab/vms/tiny-vm/reboot", s.url))
@@ -263,7 +260,11 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     until(
         "the guest to reboot",
         Duration::from_secs(120),
-        async || uptime(&dom).filter(|u| *u < before).map(|_| ()),
+        async || {
+            // A reboot the guest did not take is retried by the next pass.
+            agent.resync().await.unwrap();
+            boot_id(&dom).filter(|b| *b != before).map(|_| ())
+        },
     )
     .await;
     until(
