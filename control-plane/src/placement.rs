@@ -207,4 +207,40 @@ mod tests {
         };
         assert_eq!(fits(&mut cands, &req)[0].0, c);
     }
+
+    #[test]
+    fn cpu_only_vms_spread_to_the_node_with_room() {
+        let h100 = topo("hgx-h100");
+        let mut held: BTreeSet<(String, String)> = BTreeSet::new();
+        let req = Request {
+            gpus: 0,
+            gpu_model: None,
+            vcpus: 8,
+            memory_gib: 8,
+        };
+        let host = Uuid::now_v7();
+        // 224 CPUs in two nodes of 112: 28 VMs of 8 vCPUs fit, none twice on a CPU.
+        for i in 0..28 {
+            let mut c = vec![Candidate {
+                host_id: host,
+                name: "h",
+                topology: &h100,
+                held: &held,
+            }];
+            let (_, p) = fits(&mut c, &req)
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| panic!("VM {i} did not fit"));
+            for (k, v) in allocations(&p) {
+                assert!(held.insert((k.to_owned(), v)), "a CPU held twice");
+            }
+        }
+        let mut c = vec![Candidate {
+            host_id: host,
+            name: "h",
+            topology: &h100,
+            held: &held,
+        }];
+        assert!(fits(&mut c, &req).is_empty(), "the 29th does not fit");
+    }
 }

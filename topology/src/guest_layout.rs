@@ -159,7 +159,15 @@ pub fn place_avoiding(
         *weight.entry(node.unwrap_or(first_node)).or_default() += 1;
     }
     if weight.is_empty() {
-        weight.insert(first_node, 1);
+        // A CPU-only VM goes where the most CPUs are free.
+        let free = |n: &crate::NumaNode| n.cpus.iter().filter(|c| !in_use.cpus.contains(c)).count();
+        let best = topo
+            .numa_nodes
+            .iter()
+            .max_by(|a, b| free(a).cmp(&free(b)).then(b.id.cmp(&a.id)))
+            .map(|n| n.id)
+            .unwrap_or(first_node);
+        weight.insert(best, 1);
     }
     if (vcpus as usize) < weight.len() {
         return Err(LayoutError::TooFewVcpus {

@@ -169,7 +169,7 @@ async fn agent_process_brings_a_vm_to_running() {
         .unwrap()
         .join("kumo-agent");
     assert!(bin.exists(), "build the workspace first: {}", bin.display());
-    let mut child = std::process::Command::new(bin)
+    let child = std::process::Command::new(bin)
         .args([
             "run",
             "--server",
@@ -192,6 +192,15 @@ async fn agent_process_brings_a_vm_to_running() {
         .env("KUMO_LOG", "warn")
         .spawn()
         .unwrap();
+    // Killed however the test ends.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = Kill(child);
     // Wait for the host to register.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -204,12 +213,13 @@ async fn agent_process_brings_a_vm_to_running() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut times = Vec::new();
-    for i in 0..5 {
+    for i in 0..20 {
         let started = Instant::now();
         let name = format!("vm-{i}");
         let _: Vm = s
             .admin
-            .post("/api/v1/tenants/lab/vms", &vm(&name, 1))
+            // CPU-only, so that 20 fit on the host next to each other.
+            .post("/api/v1/tenants/lab/vms", &vm(&name, 0))
             .await
             .unwrap();
         loop {
@@ -224,19 +234,14 @@ async fn agent_process_brings_a_vm_to_running() {
         }
         times.push(started.elapsed());
     }
-    let _ = child.kill();
-    let _ = child.wait();
     times.sort();
+    let median = times[times.len() / 2];
+    let p95 = times[(times.len() * 95).div_ceil(100) - 1];
     println!(
-        "request→running over {} VMs: median {:?}, max {:?}",
+        "request→running over {} VMs: median {median:?}, p95 {p95:?}, max {:?}",
         times.len(),
-        times[times.len() / 2],
         times[times.len() - 1]
     );
-    assert!(
-        times[times.len() / 2] < Duration::from_secs(2),
-        "median {:?}",
-        times[times.len() / 2]
-    );
+    assert!(p95 < Duration::from_secs(2), "p95 {p95:?}");
     s.stop().await;
 }
