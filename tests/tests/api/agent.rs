@@ -7,23 +7,13 @@ use std::time::{Duration, Instant};
 use kumo_agent::run::{Agent, AgentConfig};
 use kumo_api_types::{Vm, VmCreate, VmState};
 
-use crate::harness::{on_both_backends, Backend, TestServer};
+use crate::harness::{bin, on_both_backends, scratch, Backend, TestServer};
 
 fn fixture(dir: &Path, machine: &str) -> std::path::PathBuf {
     let root = dir.join(machine);
     kumo_topology::fixtures::write(&kumo_topology::fixtures::machine(machine).unwrap(), &root)
         .unwrap();
     root
-}
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .tempdir_in(if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        })
-        .unwrap()
 }
 
 fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> AgentConfig {
@@ -161,15 +151,7 @@ async fn agent_process_brings_a_vm_to_running() {
     s.tenant("lab").await;
     let dir = scratch();
     let sysfs = fixture(dir.path(), "hgx-h100");
-    let bin = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("kumo-agent");
-    assert!(bin.exists(), "build the workspace first: {}", bin.display());
-    let child = std::process::Command::new(bin)
+    let child = std::process::Command::new(bin("kumo-agent"))
         .args([
             "run",
             "--server",

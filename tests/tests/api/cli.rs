@@ -1,24 +1,10 @@
 //! The real `kumo` binary against a real server: the README's walk-through.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
 
 use crate::harness::{Backend, TestServer};
-
-/// `target/<profile>/kumo`, built by cargo with the rest of the workspace.
-fn kumo_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir.join("kumo");
-    assert!(
-        bin.exists(),
-        "{} is missing: build the workspace (`cargo build --workspace`) first",
-        bin.display()
-    );
-    bin
-}
 
 struct Kumo {
     home: tempfile::TempDir,
@@ -33,7 +19,7 @@ impl Kumo {
 
     /// Runs `kumo ARGS` with a private HOME; returns (success, stdout, stderr).
     fn run(&self, args: &[&str], token: Option<&str>) -> (bool, String, String) {
-        let mut cmd = Command::new(kumo_bin());
+        let mut cmd = Command::new(crate::harness::bin("kumo"));
         cmd.args(args)
             .env_clear()
             .env("HOME", self.home.path())

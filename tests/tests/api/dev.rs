@@ -3,31 +3,11 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-fn bin(name: &str) -> std::path::PathBuf {
-    let p = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: build the workspace first",
-        p.display()
-    );
-    p
-}
+use crate::harness::{bin, scratch};
 
 #[test]
 fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
-    let data = tempfile::Builder::new()
-        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        })
-        .unwrap();
+    let data = scratch();
     let mut server = Command::new(bin("kumo-server"))
         .args([
             "dev",

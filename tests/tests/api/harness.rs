@@ -214,13 +214,7 @@ pub(crate) use on_both_backends;
 
 /// A fixture machine's topology, as its agent would report it.
 pub fn fixture_topology(name: &str) -> kumo_topology::HostTopology {
-    let dir = tempfile::Builder::new()
-        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        })
-        .unwrap();
+    let dir = scratch();
     kumo_topology::fixtures::write(&kumo_topology::fixtures::machine(name).unwrap(), dir.path())
         .unwrap();
     kumo_topology::sysfs::discover(dir.path(), None).unwrap()
@@ -356,4 +350,27 @@ impl SimAgent {
         let r = self.report(report).await;
         assert_eq!(r.status(), 204, "{}", r.text().await.unwrap_or_default());
     }
+}
+
+/// A binary of the workspace, built next to this test binary.
+pub fn bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace (`cargo build --workspace --bins`) first",
+        path.display()
+    );
+    path
+}
+
+/// A scratch directory on tmpfs when there is one (fixtures are many small files).
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        })
+        .unwrap()
 }

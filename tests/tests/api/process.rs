@@ -2,25 +2,13 @@
 //! no token in any output, graceful shutdown.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-
-fn server_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("kumo-server");
-    assert!(
-        bin.exists(),
-        "{} is missing: build the workspace first",
-        bin.display()
-    );
-    bin
-}
 
 /// Starts the server and reads stdout until it says where it listens.
 /// (A failed assertion here leaves the child to the test process's exit.)
 #[allow(clippy::zombie_processes)]
 fn start(args: &[&str], env: &[(&str, &str)]) -> (Child, String, Vec<String>) {
-    let mut child = Command::new(server_bin())
+    let mut child = Command::new(crate::harness::bin("kumo-server"))
         .arg("serve")
         .args(args)
         .envs(env.iter().copied())
@@ -146,7 +134,7 @@ fn bad_configuration_is_a_clear_error() {
         "listen = \"127.0.0.1:0\"\ndatabase = \"sqlite://x\"\n",
     )
     .unwrap();
-    let out = Command::new(server_bin())
+    let out = Command::new(crate::harness::bin("kumo-server"))
         .args(["serve", "--config", config.to_str().unwrap()])
         .output()
         .unwrap();
@@ -157,7 +145,7 @@ fn bad_configuration_is_a_clear_error() {
         "{err}"
     );
 
-    let out = Command::new(server_bin())
+    let out = Command::new(crate::harness::bin("kumo-server"))
         .args([
             "serve",
             "--listen",
