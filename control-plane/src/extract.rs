@@ -112,6 +112,23 @@ pub enum AuthOutcome {
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+/// The token of an `Authorization: Bearer …` header: `None` without the
+/// header, `Err` with why it is unusable. The scheme is case-insensitive
+/// (RFC 9110 §11.1).
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<Result<&str, &'static str>> {
+    let value = headers.get(axum::http::header::AUTHORIZATION)?;
+    let Ok(value) = value.to_str() else {
+        return Some(Err("Authorization header is not ASCII"));
+    };
+    Some(
+        value
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
+            .ok_or("use the Bearer scheme"),
+    )
+}
+
 pub fn request_id(parts: &Parts) -> String {
     parts
         .headers

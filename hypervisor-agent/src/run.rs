@@ -148,13 +148,19 @@ impl Agent {
         let mut backoff = Duration::from_millis(250);
         let mut resync = tokio::time::interval(RESYNC);
         loop {
-            let synced = tokio::select! {
-                r = self.sync_once(after) => r,
-                _ = resync.tick() => {
-                    if let Err(e) = self.resync().await {
-                        tracing::warn!(error = %e, "resync failed");
+            // Resync passes run while the long-poll waits; the poll itself
+            // is kept, not cancelled and re-sent on every tick.
+            let synced = {
+                let mut poll = std::pin::pin!(self.sync_once(after));
+                loop {
+                    tokio::select! {
+                        r = &mut poll => break r,
+                        _ = resync.tick() => {
+                            if let Err(e) = self.resync().await {
+                                tracing::warn!(error = %e, "resync failed");
+                            }
+                        }
                     }
-                    continue;
                 }
             };
             match synced {

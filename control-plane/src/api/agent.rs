@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
-use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use chrono::Utc;
@@ -43,15 +42,8 @@ impl FromRequestParts<AppState> for HostCaller {
                 "send the host credential as `Authorization: Bearer kumoh_…`".into(),
             )
         };
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(invalid)?;
-        let token = header
-            .split_once(' ')
-            .filter(|(s, _)| s.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim())
+        let token = crate::extract::bearer_token(&parts.headers)
+            .and_then(Result::ok)
             .ok_or_else(invalid)?;
         let (id, secret) = auth::parse_prefixed(token, auth::HOST_PREFIX).ok_or_else(invalid)?;
         let host = hosts::Entity::find_by_id(id)

@@ -46,6 +46,23 @@ pub async fn held(
         .await?)
 }
 
+/// Every allocation of the given hosts, by host, in one query.
+pub async fn held_by_host(
+    db: &impl ConnectionTrait,
+    hosts: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, Vec<allocations::Model>>, ApiError> {
+    let mut by_host: std::collections::HashMap<Uuid, Vec<allocations::Model>> =
+        std::collections::HashMap::new();
+    for a in allocations::Entity::find()
+        .filter(allocations::Column::HostId.is_in(hosts.iter().copied()))
+        .all(db)
+        .await?
+    {
+        by_host.entry(a.host_id).or_default().push(a);
+    }
+    Ok(by_host)
+}
+
 fn to_api(h: &hosts::Model, topo: &HostTopology, held: &[allocations::Model]) -> Host {
     let used: BTreeSet<&str> = held
         .iter()
@@ -149,9 +166,14 @@ pub async fn list(
     }
     let rows = query.limit(paging.fetch()).all(&st.db).await?;
     let (rows, next) = paging.finish(rows, |h| h.name.clone());
+    let held = held_by_host(&st.db, &rows.iter().map(|h| h.id).collect::<Vec<_>>()).await?;
     let mut items = Vec::with_capacity(rows.len());
     for h in &rows {
-        items.push(to_api(h, &stored_topology(h)?, &held(&st.db, h.id).await?));
+        items.push(to_api(
+            h,
+            &stored_topology(h)?,
+            held.get(&h.id).map(Vec::as_slice).unwrap_or_default(),
+        ));
     }
     Ok(axum::Json(Page {
         items,

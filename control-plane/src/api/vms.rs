@@ -21,7 +21,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::hosts::{held, host_is_placeable, host_state, stored_topology};
+use super::hosts::{held_by_host, host_is_placeable, host_state, stored_topology};
 use super::Problems;
 use crate::access::tenant_access;
 use crate::entity::{allocations, hosts, tenants, vm_events, vms};
@@ -112,23 +112,21 @@ pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> 
     Some(VmPlacement { gpus, numa })
 }
 
-/// The VM as the API shows it. A VM on an unreachable host is `unknown`:
-/// it may be running; nobody can tell.
-async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Result<Vm, ApiError> {
-    let host = match v.host_id {
-        Some(h) => hosts::Entity::find_by_id(h).one(db).await?,
-        None => None,
-    };
+/// The VM as the API shows it, given its host and the host's topology. A
+/// VM on an unreachable host is `unknown`: it may be running; nobody can tell.
+fn to_api_on(
+    v: &vms::Model,
+    tenant: &str,
+    host: Option<(&hosts::Model, &HostTopology)>,
+) -> Result<Vm, ApiError> {
     let mut state = stored_state(v);
-    if host
-        .as_ref()
-        .is_some_and(|h| host_state(h) == HostState::Unreachable)
+    if host.is_some_and(|(h, _)| host_state(h) == HostState::Unreachable)
         && state != VmState::Deleting
     {
         state = VmState::Unknown;
     }
-    let placement = match (&host, stored_placement(v)?) {
-        (Some(h), Some(p)) => api_placement(&stored_topology(h)?, &p),
+    let placement = match (host, stored_placement(v)?) {
+        (Some((_, topo)), Some(p)) => api_placement(topo, &p),
         _ => None,
     };
     Ok(Vm {
@@ -137,13 +135,22 @@ async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Resu
         tenant: tenant.to_owned(),
         state,
         reason: v.reason.clone(),
-        host: host.map(|h| h.name),
+        host: host.map(|(h, _)| h.name.clone()),
         spec: stored_spec(v)?,
         placement,
         guest_condition: v.guest_condition.clone(),
         created_at: v.created_at,
         updated_at: v.updated_at,
     })
+}
+
+async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Result<Vm, ApiError> {
+    let host = match v.host_id {
+        Some(h) => hosts::Entity::find_by_id(h).one(db).await?,
+        None => None,
+    };
+    let topo = host.as_ref().map(stored_topology).transpose()?;
+    to_api_on(v, tenant, host.as_ref().zip(topo.as_ref()))
 }
 
 pub async fn event(
@@ -291,10 +298,13 @@ pub async fn create(
             .into_iter()
             .filter(host_is_placeable)
             .collect();
+        let mut held_by =
+            held_by_host(&st.db, &hosts.iter().map(|h| h.id).collect::<Vec<_>>()).await?;
         let mut topologies = Vec::with_capacity(hosts.len());
         for h in &hosts {
-            let held: BTreeSet<(String, String)> = held(&st.db, h.id)
-                .await?
+            let held: BTreeSet<(String, String)> = held_by
+                .remove(&h.id)
+                .unwrap_or_default()
                 .into_iter()
                 .map(|a| (a.kind, a.key))
                 .collect();
@@ -461,9 +471,24 @@ pub async fn list(
     }
     let rows = query.limit(paging.fetch()).all(&st.db).await?;
     let (rows, next) = paging.finish(rows, |v| v.name.clone());
+    // Each host is read (and its topology parsed) once for the whole page.
+    let host_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.host_id).collect();
+    let mut hosts_by_id = std::collections::HashMap::new();
+    for h in hosts::Entity::find()
+        .filter(hosts::Column::Id.is_in(host_ids))
+        .all(&st.db)
+        .await?
+    {
+        let topo = stored_topology(&h)?;
+        hosts_by_id.insert(h.id, (h, topo));
+    }
     let mut items = Vec::with_capacity(rows.len());
     for v in &rows {
-        items.push(to_api(&st.db, v, &tenant.name).await?);
+        let host = v
+            .host_id
+            .and_then(|id| hosts_by_id.get(&id))
+            .map(|(h, t)| (h, t));
+        items.push(to_api_on(v, &tenant.name, host)?);
     }
     Ok(axum::Json(Page {
         items,
