@@ -29,6 +29,26 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Benchmarks, each printing one JSON object.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Placement over a synthetic fleet of fixture machines, Kumo's best
+    /// fit against a naive first fit.
+    Placement {
+        #[arg(long, default_value_t = 1000)]
+        hosts: usize,
+        /// Fraction of GPUs held by background VMs.
+        #[arg(long, default_value_t = 0.6)]
+        fill: f64,
+        #[arg(long, default_value_t = 10_000)]
+        requests: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 fn init_tracing(format: LogFormat) {
@@ -125,6 +145,19 @@ fn main() -> ExitCode {
             print!("{}", kumo_server::api::openapi_json());
             Ok(())
         }
+        Command::Bench(Bench::Placement {
+            hosts,
+            fill,
+            requests,
+            seed,
+        }) => kumo_scheduler::bench::run(&kumo_scheduler::bench::BenchConfig {
+            hosts,
+            fill,
+            requests,
+            seed,
+        })
+        .map_err(anyhow::Error::msg)
+        .and_then(|r| Ok(println!("{}", serde_json::to_string(&r)?))),
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -1,0 +1,269 @@
+//! `kumo-server bench placement`: a synthetic fleet of real fixture
+//! machines (scalable units of 32 hosts: HGX H100, DGX A100 and
+//! reduced-NIC HGX H100 units in turn), filled with background VMs to a fraction of its GPUs, then
+//! a stream of requests (1/2/4/8-GPU VMs, and 16×8-GPU clusters) placed by
+//! Kumo's best fit and by a naive first fit over identical fleets. Churn
+//! (random VMs leaving) keeps the fill steady while requests arrive.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kumo_topology::{fixtures, sysfs};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::cluster::{place_cluster, ClusterRequest};
+use crate::index::{HostInput, HostUse, Index};
+use crate::place::{place, Request, Strategy};
+use crate::profile::HostProfile;
+
+pub const UNIT_SIZE: usize = 32;
+/// One request in this many is a 16×8-GPU cluster.
+pub const CLUSTER_EVERY: usize = 50;
+pub const CLUSTER_SIZE: u32 = 16;
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub hosts: usize,
+    pub fill: f64,
+    pub requests: usize,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub placements_per_s: f64,
+    pub cluster_p99_us: f64,
+    pub paired_nic_pix_ratio: f64,
+    pub cluster_single_su_ratio: f64,
+    pub stranded_gpus: u32,
+    pub whole_free_hosts: u32,
+    pub vms_placed: u32,
+    pub vms_refused: u32,
+    pub clusters_placed: u32,
+    pub clusters_refused: u32,
+    pub fill_reached: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub hosts: usize,
+    pub gpus: u32,
+    pub fill: f64,
+    pub requests: usize,
+    pub seed: u64,
+    #[serde(flatten)]
+    pub kumo: Figures,
+    pub first_fit: Figures,
+}
+
+/// The fixture machines the fleet is made of, as profiles interned in `index`.
+fn profiles(index: &mut Index) -> Result<Vec<Arc<HostProfile>>, String> {
+    let mut out = Vec::new();
+    for name in ["hgx-h100", "dgx-a100", "hgx-h100-2nic"] {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let m = fixtures::machine(name).ok_or_else(|| format!("no fixture {name}"))?;
+        fixtures::write(&m, dir.path()).map_err(|e| e.to_string())?;
+        let topo = sysfs::discover(dir.path(), None).map_err(|e| e.to_string())?;
+        out.push(
+            index
+                .profile(&topo, &Default::default())
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    Ok(out)
+}
+
+fn fleet(n: usize) -> Result<Index, String> {
+    let mut index = Index::new();
+    let profiles = profiles(&mut index)?;
+    for i in 0..n {
+        let unit = i / UNIT_SIZE;
+        index.upsert(
+            HostInput {
+                id: Uuid::from_u128(i as u128 + 1),
+                name: format!("h{i:05}"),
+                scalable_unit: Some(format!("su{unit:03}")),
+                state: HostUse::Ready,
+                revision: 1,
+                profile: profiles[unit % profiles.len()].clone(),
+            },
+            &[],
+        );
+    }
+    Ok(index)
+}
+
+fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
+    let gpus = [1, 2, 4, 8][rng.gen_range(0..4)];
+    Request {
+        gpus,
+        model: Some(models[rng.gen_range(0..models.len())]),
+        vcpus: 8 * gpus,
+        memory_mib: 32 * 1024 * u64::from(gpus),
+        unit: None,
+        rails: None,
+    }
+}
+
+fn used_fraction(index: &Index) -> f64 {
+    let (free, total) = index.gpu_totals();
+    f64::from(total - free) / f64::from(total.max(1))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn run_one(cfg: &BenchConfig, strategy: Strategy) -> Result<(Figures, u32), String> {
+    let mut index = fleet(cfg.hosts)?;
+    let models: Vec<u16> = ["H100-SXM5-80GB", "A100-SXM4-40GB"]
+        .iter()
+        .filter_map(|m| index.model_id(m))
+        .collect();
+    if models.is_empty() {
+        return Err("the fixtures have no GPU models".into());
+    }
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut live: Vec<(usize, Uuid)> = Vec::new();
+    let mut next_id: u128 = 1 << 64;
+    let mut id = || {
+        next_id += 1;
+        Uuid::from_u128(next_id)
+    };
+    // Background load; a few refusals in a row mean the fleet is as full
+    // as this mix gets.
+    let mut refusals = 0;
+    while used_fraction(&index) < cfg.fill && refusals < 100 {
+        let req = vm_request(&mut rng, &models);
+        match place(&index, &req, strategy) {
+            Some(c) => {
+                let vm = id();
+                let mut hold = c.hold;
+                hold.vm = vm;
+                index.apply(c.host, hold);
+                live.push((c.host, vm));
+                refusals = 0;
+            }
+            None => refusals += 1,
+        }
+    }
+    let fill_reached = used_fraction(&index);
+    let mut vm_times = Vec::new();
+    let mut cluster_times = Vec::new();
+    let (mut near, mut possible) = (0u32, 0u32);
+    let (mut vms_refused, mut clusters_placed, mut clusters_refused, mut single_su) =
+        (0u32, 0u32, 0u32, 0u32);
+    for r in 0..cfg.requests {
+        if r % CLUSTER_EVERY == CLUSTER_EVERY - 1 {
+            let req = ClusterRequest {
+                size: CLUSTER_SIZE,
+                member: Request {
+                    gpus: 8,
+                    ..vm_request(&mut rng, &models)
+                },
+            };
+            let ids: Vec<Uuid> = (0..CLUSTER_SIZE).map(|_| id()).collect();
+            let t = Instant::now();
+            let placed = place_cluster(&mut index, &req, &ids, strategy);
+            cluster_times.push(t.elapsed().as_secs_f64() * 1e6);
+            match placed {
+                Some(members) => {
+                    clusters_placed += 1;
+                    let first = members
+                        .first()
+                        .map(|c| index.hosts[c.host].scalable_unit);
+                    if members
+                        .iter()
+                        .all(|c| Some(index.hosts[c.host].scalable_unit) == first)
+                    {
+                        single_su += 1;
+                    }
+                    for c in members {
+                        near += c.near_nic_gpus;
+                        possible += c.near_nic_possible;
+                        live.push((c.host, c.hold.vm));
+                    }
+                }
+                None => clusters_refused += 1,
+            }
+        } else {
+            let req = vm_request(&mut rng, &models);
+            let vm = id();
+            let t = Instant::now();
+            let placed = place(&index, &req, strategy).map(|c| {
+                let mut hold = c.hold.clone();
+                hold.vm = vm;
+                index.apply(c.host, hold);
+                c
+            });
+            vm_times.push(t.elapsed().as_secs_f64() * 1e6);
+            match placed {
+                Some(c) => {
+                    near += c.near_nic_gpus;
+                    possible += c.near_nic_possible;
+                    live.push((c.host, vm));
+                }
+                None => vms_refused += 1,
+            }
+        }
+        while used_fraction(&index) > cfg.fill && !live.is_empty() {
+            let (host, vm) = live.swap_remove(rng.gen_range(0..live.len()));
+            index.release(host, vm);
+        }
+    }
+    let total_s: f64 = vm_times.iter().sum::<f64>() / 1e6;
+    let placed = vm_times.len() as u32 - vms_refused;
+    vm_times.sort_by(f64::total_cmp);
+    cluster_times.sort_by(f64::total_cmp);
+    let ratio = |a: u32, b: u32| if b == 0 { 1.0 } else { f64::from(a) / f64::from(b) };
+    Ok((
+        Figures {
+            p50_us: percentile(&vm_times, 0.5),
+            p99_us: percentile(&vm_times, 0.99),
+            placements_per_s: if total_s > 0.0 {
+                vm_times.len() as f64 / total_s
+            } else {
+                0.0
+            },
+            cluster_p99_us: percentile(&cluster_times, 0.99),
+            paired_nic_pix_ratio: ratio(near, possible),
+            cluster_single_su_ratio: ratio(single_su, clusters_placed),
+            stranded_gpus: index.stranded_gpus(),
+            whole_free_hosts: index.whole_free_hosts(),
+            vms_placed: placed,
+            vms_refused,
+            clusters_placed,
+            clusters_refused,
+            fill_reached,
+        },
+        index.gpu_totals().1,
+    ))
+}
+
+/// Runs the benchmark for both strategies over identical fleets and
+/// request streams.
+pub fn run(cfg: &BenchConfig) -> Result<Report, String> {
+    if cfg.hosts == 0 || !(0.0..1.0).contains(&cfg.fill) {
+        return Err("--hosts must be positive and --fill in [0, 1)".into());
+    }
+    let (kumo, gpus) = run_one(cfg, Strategy::BestFit)?;
+    let (first_fit, _) = run_one(cfg, Strategy::FirstFit)?;
+    Ok(Report {
+        hosts: cfg.hosts,
+        gpus,
+        fill: cfg.fill,
+        requests: cfg.requests,
+        seed: cfg.seed,
+        kumo,
+        first_fit,
+    })
+}

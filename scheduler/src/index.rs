@@ -1,0 +1,417 @@
+//! The capacity index: every host with what is free on it (GPUs, NICs,
+//! CPUs per NUMA node, memory per node) and the VMs holding the rest.
+//! Its owner keeps it in step with the database; nothing here does IO.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kumo_topology::guest_layout::{Placement, PlacedNic};
+use kumo_topology::HostTopology;
+use uuid::Uuid;
+
+use crate::profile::{bits, mask_of, HostProfile, ProfileError};
+
+/// Whether a host takes new VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostUse {
+    Ready,
+    /// No new placements; its spot VMs are being reclaimed.
+    Draining,
+    /// Silent, retired or otherwise out of service.
+    Unavailable,
+}
+
+/// A VM's share of a host, as bit positions of the host's profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub vm: Uuid,
+    pub tenant: Uuid,
+    pub spot: bool,
+    /// Already being reclaimed (preempting): its capacity is spoken for.
+    pub reclaiming: bool,
+    /// When it started holding, in seconds (for the run time a
+    /// preemption loses).
+    pub since: i64,
+    /// The VM has no GPUs: it is suspended rather than shut down.
+    pub cpu_only: bool,
+    pub gpus: u64,
+    pub nics: u64,
+    /// `(node index, CPU positions within the node)`.
+    pub cpus: Vec<(usize, Vec<usize>)>,
+    /// `(node index, MiB)`.
+    pub memory: Vec<(usize, u64)>,
+}
+
+/// What the scheduler is told of a host.
+pub struct HostInput {
+    pub id: Uuid,
+    pub name: String,
+    pub scalable_unit: Option<String>,
+    pub state: HostUse,
+    /// The host's revision when this was read: the capacity version the
+    /// database checks at commit.
+    pub revision: i64,
+    pub profile: Arc<HostProfile>,
+}
+
+/// A VM as the database knows it, to be turned into a [`Hold`].
+pub struct VmInput<'a> {
+    pub vm: Uuid,
+    pub tenant: Uuid,
+    pub spot: bool,
+    pub reclaiming: bool,
+    pub since: i64,
+    pub placement: &'a Placement,
+}
+
+#[derive(Debug, Clone)]
+pub struct HostCap {
+    pub id: Uuid,
+    pub name: String,
+    pub scalable_unit: Option<u32>,
+    pub state: HostUse,
+    pub revision: i64,
+    pub profile: Arc<HostProfile>,
+    pub gpu_free: u64,
+    pub nic_free: u64,
+    /// Per node, a bit per CPU position.
+    pub cpu_free: Vec<Vec<u64>>,
+    pub cpu_free_n: Vec<u32>,
+    pub mem_free: Vec<u64>,
+    pub cpus_free_total: u32,
+    pub mem_free_total: u64,
+    pub holds: Vec<Hold>,
+}
+
+impl HostCap {
+    fn new(h: HostInput, su: Option<u32>) -> HostCap {
+        let p = h.profile;
+        let cpu_free: Vec<Vec<u64>> = p
+            .nodes
+            .iter()
+            .map(|n| {
+                let words = n.cpus.len().div_ceil(64);
+                (0..words)
+                    .map(|w| mask_of(n.cpus.len().saturating_sub(w * 64)))
+                    .collect()
+            })
+            .collect();
+        let cpu_free_n: Vec<u32> = p.nodes.iter().map(|n| n.cpus.len() as u32).collect();
+        let mem_free: Vec<u64> = p.nodes.iter().map(|n| n.memory_mib).collect();
+        HostCap {
+            id: h.id,
+            name: h.name,
+            scalable_unit: su,
+            state: h.state,
+            revision: h.revision,
+            gpu_free: p.all_gpus(),
+            nic_free: mask_of(p.nics.len()),
+            cpus_free_total: cpu_free_n.iter().sum(),
+            mem_free_total: mem_free.iter().sum(),
+            cpu_free,
+            cpu_free_n,
+            mem_free,
+            profile: p,
+            holds: Vec::new(),
+        }
+    }
+
+    pub fn is_cpu_free(&self, node: usize, pos: usize) -> bool {
+        self.cpu_free[node]
+            .get(pos / 64)
+            .is_some_and(|w| w & (1 << (pos % 64)) != 0)
+    }
+
+    /// Marks a hold's share as used (`take`) or free again.
+    fn account(&mut self, h: &Hold, take: bool) {
+        if take {
+            self.gpu_free &= !h.gpus;
+            self.nic_free &= !h.nics;
+        } else {
+            self.gpu_free |= h.gpus;
+            self.nic_free |= h.nics;
+        }
+        for (node, positions) in &h.cpus {
+            for p in positions {
+                let Some(word) = self.cpu_free[*node].get_mut(p / 64) else {
+                    continue;
+                };
+                let bit = 1u64 << (p % 64);
+                let was_free = *word & bit != 0;
+                if take && was_free {
+                    *word &= !bit;
+                    self.cpu_free_n[*node] -= 1;
+                    self.cpus_free_total -= 1;
+                } else if !take && !was_free {
+                    *word |= bit;
+                    self.cpu_free_n[*node] += 1;
+                    self.cpus_free_total += 1;
+                }
+            }
+        }
+        for (node, mib) in &h.memory {
+            if take {
+                let m = (*mib).min(self.mem_free[*node]);
+                self.mem_free[*node] -= m;
+                self.mem_free_total -= m;
+            } else {
+                let cap = self.profile.nodes[*node].memory_mib;
+                let m = (*mib).min(cap - self.mem_free[*node]);
+                self.mem_free[*node] += m;
+                self.mem_free_total += m;
+            }
+        }
+    }
+
+    /// Frees a VM's share; returns what it held.
+    pub fn release(&mut self, vm: Uuid) -> Option<Hold> {
+        let i = self.holds.iter().position(|x| x.vm == vm)?;
+        let hold = self.holds.swap_remove(i);
+        self.account(&hold, false);
+        Some(hold)
+    }
+
+    /// The hold as the `Placement` the agents and the API use.
+    pub fn placement(&self, h: &Hold) -> Placement {
+        let p = &self.profile;
+        let gpus: Vec<_> = bits(h.gpus).map(|i| p.gpus[i].bdf).collect();
+        let nics = bits(h.nics)
+            .map(|j| PlacedNic {
+                host_bdf: p.nics[j].bdf,
+                rdma_device: p.nics[j].rdma_device.clone(),
+                for_gpus: bits(h.gpus)
+                    .filter(|i| p.gpus[*i].nic == Some(j))
+                    .map(|i| p.gpus[i].bdf)
+                    .collect(),
+            })
+            .collect();
+        let cpus: BTreeMap<u32, Vec<u32>> = h
+            .cpus
+            .iter()
+            .map(|(n, pos)| {
+                let node = &p.nodes[*n];
+                (node.id, pos.iter().map(|i| node.cpus[*i]).collect())
+            })
+            .collect();
+        let memory_mib = h
+            .memory
+            .iter()
+            .map(|(n, m)| (p.nodes[*n].id, *m))
+            .collect();
+        Placement {
+            gpus,
+            nics,
+            cpus,
+            memory_mib,
+        }
+    }
+
+    /// A stored placement as a hold. Devices this host does not have (its
+    /// inventory changed) are left out: what no longer exists holds nothing.
+    pub fn hold_of(&self, v: &VmInput) -> Hold {
+        let p = &self.profile;
+        let gpus = v
+            .placement
+            .gpus
+            .iter()
+            .filter_map(|b| p.gpu_index(b))
+            .fold(0u64, |m, i| m | (1 << i));
+        let nics = v
+            .placement
+            .nics
+            .iter()
+            .filter_map(|n| p.nic_index(&n.host_bdf))
+            .fold(0u64, |m, i| m | (1 << i));
+        let mut cpus: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for c in v.placement.cpus.values().flatten() {
+            if let Some((node, pos)) = p.cpu_position(*c) {
+                cpus.entry(node).or_default().push(pos);
+            }
+        }
+        let memory = v
+            .placement
+            .memory_mib
+            .iter()
+            .filter_map(|(id, m)| p.nodes.iter().position(|n| n.id == *id).map(|i| (i, *m)))
+            .collect();
+        Hold {
+            vm: v.vm,
+            tenant: v.tenant,
+            spot: v.spot,
+            reclaiming: v.reclaiming,
+            since: v.since,
+            cpu_only: v.placement.gpus.is_empty(),
+            gpus,
+            nics,
+            cpus: cpus.into_iter().collect(),
+            memory,
+        }
+    }
+}
+
+/// Every host's capacity. Host positions are stable until a host is
+/// removed.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    pub hosts: Vec<HostCap>,
+    by_id: HashMap<Uuid, usize>,
+    models: Vec<String>,
+    units: Vec<String>,
+}
+
+impl Index {
+    pub fn new() -> Index {
+        Index::default()
+    }
+
+    /// The id of a GPU model, interning it.
+    pub fn intern(&mut self, model: &str) -> u16 {
+        match self.models.iter().position(|m| m == model) {
+            Some(i) => i as u16,
+            None => {
+                self.models.push(model.to_owned());
+                (self.models.len() - 1) as u16
+            }
+        }
+    }
+
+    pub fn model_id(&self, model: &str) -> Option<u16> {
+        self.models.iter().position(|m| m == model).map(|i| i as u16)
+    }
+
+    pub fn model_name(&self, id: u16) -> Option<&str> {
+        self.models.get(id as usize).map(String::as_str)
+    }
+
+    pub fn unit_name(&self, id: u32) -> Option<&str> {
+        self.units.get(id as usize).map(String::as_str)
+    }
+
+    pub fn profile(
+        &mut self,
+        topo: &HostTopology,
+        rails: &BTreeMap<String, u32>,
+    ) -> Result<Arc<HostProfile>, ProfileError> {
+        let mut models = std::mem::take(&mut self.models);
+        let p = HostProfile::new(topo, rails, |m| match models.iter().position(|x| x == m) {
+            Some(i) => i as u16,
+            None => {
+                models.push(m.to_owned());
+                (models.len() - 1) as u16
+            }
+        });
+        self.models = models;
+        Ok(Arc::new(p?))
+    }
+
+    pub fn position(&self, id: Uuid) -> Option<usize> {
+        self.by_id.get(&id).copied()
+    }
+
+    pub fn host(&self, id: Uuid) -> Option<&HostCap> {
+        self.position(id).map(|i| &self.hosts[i])
+    }
+
+    /// Replaces what the index knows of a host with a fresh reading.
+    pub fn upsert(&mut self, h: HostInput, vms: &[VmInput]) {
+        let su = h.scalable_unit.as_deref().map(|s| {
+            match self.units.iter().position(|u| u == s) {
+                Some(i) => i as u32,
+                None => {
+                    self.units.push(s.to_owned());
+                    (self.units.len() - 1) as u32
+                }
+            }
+        });
+        let mut cap = HostCap::new(h, su);
+        for v in vms {
+            let hold = cap.hold_of(v);
+            cap.account(&hold, true);
+            cap.holds.push(hold);
+        }
+        match self.by_id.get(&cap.id) {
+            Some(i) => self.hosts[*i] = cap,
+            None => {
+                self.by_id.insert(cap.id, self.hosts.len());
+                self.hosts.push(cap);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, id: Uuid) {
+        if let Some(i) = self.by_id.remove(&id) {
+            self.hosts.swap_remove(i);
+            if let Some(moved) = self.hosts.get(i) {
+                self.by_id.insert(moved.id, i);
+            }
+        }
+    }
+
+    pub fn set_state(&mut self, id: Uuid, state: HostUse) {
+        if let Some(i) = self.position(id) {
+            self.hosts[i].state = state;
+        }
+    }
+
+    pub fn set_revision(&mut self, host: usize, revision: i64) {
+        if let Some(h) = self.hosts.get_mut(host) {
+            h.revision = revision;
+        }
+    }
+
+    /// Takes a hold's share on a host.
+    pub fn apply(&mut self, host: usize, hold: Hold) {
+        if let Some(h) = self.hosts.get_mut(host) {
+            h.account(&hold, true);
+            h.holds.push(hold);
+        }
+    }
+
+    /// Frees a VM's share; returns what it held.
+    pub fn release(&mut self, host: usize, vm: Uuid) -> Option<Hold> {
+        self.hosts.get_mut(host)?.release(vm)
+    }
+
+    /// Where a VM is held, by host position.
+    pub fn find_vm(&self, vm: Uuid) -> Option<usize> {
+        self.hosts
+            .iter()
+            .position(|h| h.holds.iter().any(|x| x.vm == vm))
+    }
+
+    pub fn mark_reclaiming(&mut self, host: usize, vm: Uuid) {
+        if let Some(h) = self.hosts.get_mut(host) {
+            for x in h.holds.iter_mut().filter(|x| x.vm == vm) {
+                x.reclaiming = true;
+            }
+        }
+    }
+
+    /// GPUs free in the whole index, and in all.
+    pub fn gpu_totals(&self) -> (u32, u32) {
+        self.hosts.iter().fold((0, 0), |(f, t), h| {
+            (
+                f + h.gpu_free.count_ones(),
+                t + h.profile.gpus.len() as u32,
+            )
+        })
+    }
+
+    /// Free GPUs on hosts that are partly used: a whole-host (all-GPU) VM
+    /// cannot use them. The fragmentation that best-fit packing keeps low.
+    pub fn stranded_gpus(&self) -> u32 {
+        self.hosts
+            .iter()
+            .filter(|h| h.gpu_free != h.profile.all_gpus())
+            .map(|h| h.gpu_free.count_ones())
+            .sum()
+    }
+
+    /// Hosts with every GPU free.
+    pub fn whole_free_hosts(&self) -> u32 {
+        self.hosts
+            .iter()
+            .filter(|h| !h.profile.gpus.is_empty() && h.gpu_free == h.profile.all_gpus())
+            .count() as u32
+    }
+}

@@ -1,0 +1,16 @@
+//! Where VMs and training clusters go. Pure: an in-memory [`Index`] of
+//! every host's free devices, CPUs and memory, kept in step with the
+//! database by its owner (the server), and functions that choose over it.
+//! The database commit stays the arbiter; a choice is only a proposal.
+
+pub mod bench;
+pub mod cluster;
+pub mod index;
+pub mod place;
+pub mod profile;
+pub mod reclaim;
+
+pub use cluster::{place_cluster, ClusterRequest};
+pub use index::{Hold, HostInput, HostUse, Index};
+pub use place::{Choice, Request, Strategy};
+pub use profile::HostProfile;

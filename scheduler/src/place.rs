@@ -1,0 +1,420 @@
+//! Placing one VM: which host, which GPUs (one NVLink domain, paired NICs
+//! free and near), which CPUs and memory (on the devices' NUMA nodes).
+//!
+//! Best fit: among hosts that can take the VM, the one left with the
+//! fewest free GPUs of the model, so whole hosts stay whole for 8-GPU VMs;
+//! within a host the NUMA node and PCIe switch group best filled likewise.
+//! CPU-only VMs go to CPU-only hosts first, then to NUMA nodes without
+//! free GPUs, and only then beside free GPUs. First fit (the baseline the
+//! benchmark compares against) takes the first host, lowest GPUs first.
+
+use crate::index::{HostCap, HostUse, Index};
+use crate::profile::bits;
+use crate::Hold;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    BestFit,
+    FirstFit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Request {
+    pub gpus: u32,
+    /// Interned model ([`Index::model_id`]); any model when `None` (but
+    /// one model per VM).
+    pub model: Option<u16>,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// Only hosts of this scalable unit.
+    pub unit: Option<u32>,
+    /// The rails of the VM's GPUs in GPU order (training clusters: GPU *i*
+    /// of every member on rail *i*).
+    pub rails: Option<Vec<Option<u32>>>,
+}
+
+/// A proposed placement: not yet applied to the index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub host: usize,
+    pub hold: Hold,
+    /// Placed GPUs whose NIC is at PIX/PXB distance.
+    pub near_nic_gpus: u32,
+    /// How many placed GPUs could have had such a NIC, had the best GPUs
+    /// of the host been chosen.
+    pub near_nic_possible: u32,
+    /// GPUs spread over NVLink domains although one domain could have held
+    /// them all.
+    pub split: bool,
+}
+
+impl Choice {
+    pub fn rails(&self, index: &Index) -> Vec<Option<u32>> {
+        rails_of(&index.hosts[self.host], self.hold.gpus)
+    }
+}
+
+pub fn rails_of(h: &HostCap, gpus: u64) -> Vec<Option<u32>> {
+    bits(gpus)
+        .map(|i| {
+            h.profile.gpus[i]
+                .nic
+                .and_then(|n| h.profile.nics[n].rail)
+        })
+        .collect()
+}
+
+/// `total` split by `weights`, remainders to the first parts.
+fn split(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u64 = weights.iter().sum::<u64>().max(1);
+    let mut parts: Vec<u64> = weights.iter().map(|w| total * w / sum).collect();
+    let mut rest = total - parts.iter().sum::<u64>();
+    for p in parts.iter_mut() {
+        if rest == 0 {
+            break;
+        }
+        *p += 1;
+        rest -= 1;
+    }
+    parts
+}
+
+fn host_takes(h: &HostCap, req: &Request) -> bool {
+    h.state == HostUse::Ready
+        && req.unit.is_none_or(|u| h.scalable_unit == Some(u))
+        && h.cpus_free_total >= req.vcpus
+        && (h.mem_free_total >= req.memory_mib || h.profile.nodes.iter().all(|n| n.memory_mib == 0))
+}
+
+/// Free GPUs of the request's model(s): `(model mask, free)` per model.
+fn model_pools<'a>(h: &'a HostCap, req: &Request) -> impl Iterator<Item = u64> + 'a {
+    let model = req.model;
+    h.profile
+        .model_masks
+        .iter()
+        .filter(move |(m, _)| model.is_none_or(|x| x == *m))
+        .map(move |(_, mask)| h.gpu_free & mask)
+}
+
+/// Orders GPUs so the best-filled NUMA node and switch group come first,
+/// and GPUs whose paired NIC is free before those whose NIC is taken.
+fn gpu_key(h: &HostCap, pool: u64, i: usize) -> (u32, bool, u32, usize) {
+    let p = &h.profile;
+    let g = &p.gpus[i];
+    let in_group = bits(pool)
+        .filter(|j| p.gpus[*j].group == g.group)
+        .count() as u32;
+    let nic_taken = g.nic.is_some_and(|n| h.nic_free & (1 << n) == 0);
+    let in_node = (pool & p.nodes[g.node].gpus).count_ones();
+    (in_node, nic_taken, in_group, i)
+}
+
+/// Picks `n` GPUs from `pool`: one NUMA node when one has room (the
+/// fullest such), otherwise the fewest nodes.
+fn pick_from(h: &HostCap, pool: u64, n: usize) -> u64 {
+    let p = &h.profile;
+    let fits_node = p
+        .nodes
+        .iter()
+        .map(|node| (pool & node.gpus).count_ones() as usize)
+        .filter(|c| *c >= n)
+        .min();
+    let mut order: Vec<usize> = bits(pool).collect();
+    match fits_node {
+        Some(c) => {
+            order.retain(|i| (pool & p.nodes[p.gpus[*i].node].gpus).count_ones() as usize == c);
+            // Ties between equally filled nodes: the lowest node.
+            let node = order.iter().map(|i| p.gpus[*i].node).min().unwrap_or(0);
+            order.retain(|i| p.gpus[*i].node == node);
+            order.sort_by_key(|i| gpu_key(h, pool, *i));
+        }
+        None => order.sort_by_key(|i| {
+            let k = gpu_key(h, pool, *i);
+            (std::cmp::Reverse(k.0), p.gpus[*i].node, k.1, k.2, k.3)
+        }),
+    }
+    order.into_iter().take(n).fold(0, |m, i| m | (1 << i))
+}
+
+/// The GPUs for the request on this host and whether they span NVLink
+/// domains needlessly.
+fn choose_gpus(h: &HostCap, req: &Request, strategy: Strategy) -> Option<(u64, bool)> {
+    let n = req.gpus as usize;
+    let p = &h.profile;
+    let mut best: Option<(u64, bool)> = None;
+    for free in model_pools(h, req) {
+        if (free.count_ones() as usize) < n {
+            continue;
+        }
+        let chosen = if let Some(rails) = &req.rails {
+            // One free GPU per rail, in rail order; the GPUs' own order
+            // must give the same sequence.
+            let mut m = 0u64;
+            for r in rails {
+                let i = bits(free & !m).find(|i| {
+                    p.gpus[*i].nic.and_then(|x| p.nics[x].rail) == *r
+                })?;
+                m |= 1 << i;
+            }
+            if &rails_of(h, m) != rails {
+                continue;
+            }
+            (m, false)
+        } else if strategy == Strategy::FirstFit {
+            (bits(free).take(n).fold(0, |m, i| m | (1 << i)), false)
+        } else {
+            // The fullest NVLink domain that holds them all.
+            let mut domains: Vec<(u16, u64)> = Vec::new();
+            for i in bits(free) {
+                let d = p.gpus[i].domain;
+                match domains.iter_mut().find(|(x, _)| *x == d) {
+                    Some((_, m)) => *m |= 1 << i,
+                    None => domains.push((d, 1 << i)),
+                }
+            }
+            let fitting = domains
+                .iter()
+                .filter(|(_, m)| m.count_ones() as usize >= n)
+                .min_by_key(|(d, m)| (m.count_ones(), *d));
+            match fitting {
+                Some((_, pool)) => (pick_from(h, *pool, n), false),
+                None => (pick_from(h, free, n), n as u32 <= p.max_domain),
+            }
+        };
+        if best.is_none_or(|b| b.1 && !chosen.1) {
+            best = Some(chosen);
+        }
+    }
+    best
+}
+
+/// CPU-only VMs: `(class, node index)`, lower class better: 0 a node
+/// without GPUs, 1 a node whose GPUs are all taken, 2 beside free GPUs.
+fn node_class(h: &HostCap, node: usize) -> u8 {
+    let gpus = h.profile.nodes[node].gpus;
+    if gpus == 0 {
+        0
+    } else if gpus & h.gpu_free == 0 {
+        1
+    } else {
+        2
+    }
+}
+
+fn mem_ok(h: &HostCap, node: usize, mib: u64) -> bool {
+    h.profile.nodes[node].memory_mib == 0 || h.mem_free[node] >= mib
+}
+
+/// CPUs and memory for the chosen devices; `None` when their nodes lack room.
+fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Option<(Hold, u8)> {
+    let p = &h.profile;
+    let mut nics = 0u64;
+    for i in bits(gpus) {
+        if let Some(n) = p.gpus[i].nic {
+            if h.nic_free & (1 << n) != 0 {
+                nics |= 1 << n;
+            }
+        }
+    }
+    let mut weight: Vec<(usize, u64)> = Vec::new();
+    let devices = bits(gpus)
+        .map(|i| p.gpus[i].node)
+        .chain(bits(nics).map(|j| p.nics[j].node));
+    for node in devices {
+        match weight.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, w)) => *w += 1,
+            None => weight.push((node, 1)),
+        }
+    }
+    weight.sort();
+    let mut class = 0;
+    if weight.is_empty() {
+        // A CPU-only VM: one node with room, the best class, best filled.
+        let fits = |n: usize| {
+            h.cpu_free_n[n] >= req.vcpus && mem_ok(h, n, req.memory_mib)
+        };
+        let node = (0..p.nodes.len()).filter(|n| fits(*n)).min_by_key(|n| {
+            let left = h.cpu_free_n[*n] - req.vcpus;
+            match strategy {
+                Strategy::BestFit => (node_class(h, *n), left, *n),
+                Strategy::FirstFit => (0, 0, *n),
+            }
+        })?;
+        class = node_class(h, node);
+        weight.push((node, 1));
+    }
+    if (req.vcpus as usize) < weight.len() {
+        return None;
+    }
+    let ws: Vec<u64> = weight.iter().map(|(_, w)| *w).collect();
+    let cpu_split = split(u64::from(req.vcpus) - weight.len() as u64, &ws);
+    let mem_split = split(req.memory_mib, &ws);
+    let mut cpus = Vec::with_capacity(weight.len());
+    let mut memory = Vec::with_capacity(weight.len());
+    for (k, (node, _)) in weight.iter().enumerate() {
+        let want = cpu_split[k] as usize + 1;
+        if (h.cpu_free_n[*node] as usize) < want || !mem_ok(h, *node, mem_split[k]) {
+            return None;
+        }
+        let mut taken = Vec::with_capacity(want);
+        for (w, word) in h.cpu_free[*node].iter().enumerate() {
+            for b in bits(*word) {
+                if taken.len() == want {
+                    break;
+                }
+                taken.push(w * 64 + b);
+            }
+        }
+        cpus.push((*node, taken));
+        memory.push((*node, mem_split[k]));
+    }
+    Some((
+        Hold {
+            vm: uuid::Uuid::nil(),
+            tenant: uuid::Uuid::nil(),
+            spot: false,
+            reclaiming: false,
+            since: 0,
+            cpu_only: gpus == 0,
+            gpus,
+            nics,
+            cpus,
+            memory,
+        },
+        class,
+    ))
+}
+
+/// The request on one host, if it fits, with its score (lower is better).
+pub fn place_on(h: &HostCap, req: &Request, strategy: Strategy) -> Option<(Choice, Score)> {
+    if !host_takes(h, req) {
+        return None;
+    }
+    let p = &h.profile;
+    let (gpus, split) = if req.gpus == 0 {
+        (0, false)
+    } else {
+        choose_gpus(h, req, strategy)?
+    };
+    let (hold, class) = build_hold(h, req, gpus, strategy)?;
+    // How many of the placed GPUs could have had a near, free paired NIC
+    // on this host, and how many got one.
+    let near_paired = |i: usize, nics: u64| {
+        let g = &p.gpus[i];
+        g.nic
+            .is_some_and(|n| nics & (1 << n) != 0 && g.near_nics & (1 << n) != 0)
+    };
+    let could = model_pools(h, req)
+        .map(|f| bits(f).filter(|i| near_paired(*i, h.nic_free)).count() as u32)
+        .max()
+        .unwrap_or(0);
+    let possible = could.min(req.gpus);
+    let near = bits(gpus).filter(|i| near_paired(*i, hold.nics)).count() as u32;
+    let left = model_pools(h, req)
+        .map(|f| (f & !gpus).count_ones())
+        .min()
+        .unwrap_or(0);
+    let cpu_left = h.cpus_free_total - req.vcpus;
+    let score = Score {
+        split,
+        class: class + u8::from(req.gpus == 0 && !p.gpus.is_empty()),
+        gpus_left: left,
+        far_nics: possible.saturating_sub(near),
+        cpus_left: cpu_left,
+    };
+    Some((
+        Choice {
+            host: 0,
+            hold,
+            near_nic_gpus: near,
+            near_nic_possible: possible,
+            split,
+        },
+        score,
+    ))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Score {
+    split: bool,
+    class: u8,
+    gpus_left: u32,
+    far_nics: u32,
+    cpus_left: u32,
+}
+
+/// Hosts of one leftover bucket tried in detail before taking the best.
+const TRIES_PER_BUCKET: usize = 4;
+
+/// The best host for the request, or `None` when nothing fits.
+pub fn place(index: &Index, req: &Request, strategy: Strategy) -> Option<Choice> {
+    let found = match strategy {
+        Strategy::FirstFit => index
+            .hosts
+            .iter()
+            .enumerate()
+            .find_map(|(i, h)| place_on(h, req, strategy).map(|(c, _)| (i, c))),
+        Strategy::BestFit if req.gpus == 0 => index
+            .hosts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| place_on(h, req, strategy).map(|(c, s)| (s, i, c)))
+            .min_by_key(|(s, i, _)| (*s, *i))
+            .map(|(_, i, c)| (i, c)),
+        Strategy::BestFit => best_fit_gpu(index, req),
+    };
+    found.map(|(i, mut c)| {
+        c.host = i;
+        c
+    })
+}
+
+/// GPU VMs: hosts bucketed by the GPUs they would have left, the fullest
+/// bucket first; a few hosts of a bucket are scored in full.
+fn best_fit_gpu(index: &Index, req: &Request) -> Option<(usize, Choice)> {
+    let n = req.gpus;
+    let left_of = |h: &HostCap| -> Option<u32> {
+        if !host_takes(h, req) {
+            return None;
+        }
+        model_pools(h, req)
+            .map(|f| f.count_ones())
+            .filter(|f| *f >= n)
+            .min()
+            .map(|f| f - n)
+    };
+    let mut buckets = [0u32; 65];
+    for h in &index.hosts {
+        if let Some(l) = left_of(h) {
+            buckets[l as usize] += 1;
+        }
+    }
+    let mut fallback: Option<(Score, usize, Choice)> = None;
+    for (left, count) in buckets.iter().enumerate() {
+        if *count == 0 {
+            continue;
+        }
+        let mut best: Option<(Score, usize, Choice)> = None;
+        let mut tried = 0;
+        for (i, h) in index.hosts.iter().enumerate() {
+            if left_of(h) != Some(left as u32) {
+                continue;
+            }
+            if let Some((c, s)) = place_on(h, req, Strategy::BestFit) {
+                tried += 1;
+                if best.as_ref().is_none_or(|b| s < b.0) {
+                    best = Some((s, i, c));
+                }
+                if tried == TRIES_PER_BUCKET {
+                    break;
+                }
+            }
+        }
+        match best {
+            Some((s, i, c)) if !s.split => return Some((i, c)),
+            Some(b) if fallback.as_ref().is_none_or(|f| b.0 < f.0) => fallback = Some(b),
+            _ => {}
+        }
+    }
+    fallback.map(|(_, i, c)| (i, c))
+}
