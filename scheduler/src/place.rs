@@ -176,10 +176,21 @@ fn choose_gpus(h: &HostCap, req: &Request, strategy: Strategy) -> Option<(u64, b
                 .iter()
                 .filter(|(_, m)| m.count_ones() as usize >= n)
                 .min_by_key(|(d, m)| (m.count_ones(), *d));
-            match fitting {
-                Some((_, pool)) => (pick_from(h, *pool, n), false),
-                None => (pick_from(h, free, n), n as u32 <= p.max_domain),
-            }
+            let (pool, split) = match fitting {
+                Some((_, pool)) => (*pool, false),
+                None => (free, n as u32 <= p.max_domain),
+            };
+            // GPUs whose paired NIC is still free, when there are enough:
+            // a NIC passed through to one VM serves no other.
+            let with_nic = bits(pool)
+                .filter(|i| p.gpus[*i].nic.is_some_and(|x| h.nic_free & (1 << x) != 0))
+                .fold(0u64, |m, i| m | (1 << i));
+            let pool = if with_nic.count_ones() as usize >= n {
+                with_nic
+            } else {
+                pool
+            };
+            (pick_from(h, pool, n), split)
         };
         if best.is_none_or(|b| b.1 && !chosen.1) {
             best = Some(chosen);

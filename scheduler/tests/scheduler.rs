@@ -1,0 +1,444 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use kumo_scheduler::index::{HostCap, VmInput};
+use kumo_scheduler::profile::bits;
+use kumo_scheduler::reclaim;
+use kumo_scheduler::{
+    place::place, place_cluster, ClusterRequest, HostInput, HostProfile, HostUse, Index, Request,
+    Strategy,
+};
+use kumo_topology::{fixtures, sysfs, HostTopology};
+use proptest::prelude::*;
+use uuid::Uuid;
+
+/// Fixture topologies, discovered once per test binary (a tree is ~1,600 files).
+fn topo(name: &str) -> HostTopology {
+    static CACHE: std::sync::Mutex<Vec<(String, HostTopology)>> = std::sync::Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, t)) = cache.iter().find(|(n, _)| n == name) {
+        return t.clone();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::write(&fixtures::machine(name).unwrap(), dir.path()).unwrap();
+    let t = sysfs::discover(dir.path(), None).unwrap();
+    cache.push((name.to_owned(), t.clone()));
+    t
+}
+
+/// An index of `(fixture, unit)` hosts, named h0, h1, …
+fn fleet(hosts: &[(&str, Option<&str>)]) -> Index {
+    let mut index = Index::new();
+    let mut cache: Vec<(String, Arc<HostProfile>)> = Vec::new();
+    for (i, (name, unit)) in hosts.iter().enumerate() {
+        let p = match cache.iter().find(|(n, _)| n == name) {
+            Some((_, p)) => p.clone(),
+            None => {
+                let p = index.profile(&topo(name), &Default::default()).unwrap();
+                cache.push((name.to_string(), p.clone()));
+                p
+            }
+        };
+        index.upsert(
+            HostInput {
+                id: Uuid::from_u128(i as u128 + 1),
+                name: format!("h{i}"),
+                scalable_unit: unit.map(str::to_owned),
+                state: HostUse::Ready,
+                revision: 1,
+                profile: p,
+            },
+            &[],
+        );
+    }
+    index
+}
+
+fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
+    Request {
+        gpus,
+        model: index.model_id(model),
+        vcpus: 8 * gpus.max(1),
+        memory_mib: 32 * 1024 * u64::from(gpus.max(1)),
+        unit: None,
+        rails: None,
+    }
+}
+
+const H100: &str = "H100-SXM5-80GB";
+const A100: &str = "A100-SXM4-40GB";
+
+/// Places and applies; returns `(host, vm)`.
+fn take(index: &mut Index, req: &Request) -> Option<(usize, Uuid)> {
+    let c = place(index, req, Strategy::BestFit)?;
+    let vm = Uuid::now_v7();
+    let mut hold = c.hold;
+    hold.vm = vm;
+    index.apply(c.host, hold);
+    Some((c.host, vm))
+}
+
+/// No GPU, NIC or CPU is held twice, free counts match the holds, and
+/// memory is never over-committed.
+fn check_invariants(h: &HostCap) {
+    let p = &h.profile;
+    let (mut gpus, mut nics) = (0u64, 0u64);
+    let mut cpus = BTreeSet::new();
+    let mut mem = vec![0u64; p.nodes.len()];
+    for x in &h.holds {
+        assert_eq!(gpus & x.gpus, 0, "a GPU held twice on {}", h.name);
+        assert_eq!(nics & x.nics, 0, "a NIC held twice on {}", h.name);
+        gpus |= x.gpus;
+        nics |= x.nics;
+        for (node, pos) in &x.cpus {
+            for q in pos {
+                assert!(cpus.insert((*node, *q)), "a CPU held twice on {}", h.name);
+            }
+        }
+        for (node, m) in &x.memory {
+            mem[*node] += m;
+        }
+    }
+    assert_eq!(h.gpu_free, p.all_gpus() & !gpus);
+    assert_eq!(
+        h.cpus_free_total as usize,
+        p.nodes.iter().map(|n| n.cpus.len()).sum::<usize>() - cpus.len()
+    );
+    for (i, n) in p.nodes.iter().enumerate() {
+        assert!(mem[i] <= n.memory_mib, "node {} memory over-committed", n.id);
+    }
+}
+
+#[test]
+fn an_8_gpu_vm_gets_a_whole_host_with_every_nic_and_local_cpus() {
+    let mut index = fleet(&[("hgx-h100", None)]);
+    let req = gpu_req(&index, 8, H100);
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    assert_eq!(c.hold.gpus.count_ones(), 8);
+    assert_eq!(c.hold.nics.count_ones(), 8, "each GPU with its PIX NIC");
+    assert_eq!(c.near_nic_gpus, 8);
+    let h = &index.hosts[0];
+    let placement = h.placement(&c.hold);
+    // CPUs only on the GPUs' NUMA nodes, split evenly, memory too.
+    for (node, list) in &placement.cpus {
+        let n = h.profile.nodes.iter().find(|n| n.id == *node).unwrap();
+        assert!(n.gpus != 0, "CPUs on a node without the VM's GPUs");
+        assert!(list.iter().all(|c| n.cpus.contains(c)));
+    }
+    assert_eq!(placement.cpus.values().map(Vec::len).sum::<usize>(), 64);
+    assert_eq!(placement.memory_mib.values().sum::<u64>(), 8 * 32 * 1024);
+    let mut hold = c.hold;
+    hold.vm = Uuid::now_v7();
+    index.apply(0, hold);
+    check_invariants(&index.hosts[0]);
+    assert!(place(&index, &gpu_req(&index, 1, H100), Strategy::BestFit).is_none());
+}
+
+#[test]
+fn best_fit_fills_the_partly_used_host_and_keeps_whole_hosts_whole() {
+    let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None)]);
+    // A 4-GPU VM on host 1, then 1-, 2- and 1-GPU VMs: all beside it.
+    index.hosts.swap(0, 1);
+    let (first, _) = { let r = gpu_req(&index, 4, H100); take(&mut index, &r) }.unwrap();
+    for g in [1, 2, 1] {
+        let (h, _) = { let r = gpu_req(&index, g, H100); take(&mut index, &r) }.unwrap();
+        assert_eq!(h, first, "a {g}-GPU VM went to the whole host");
+    }
+    let other = 1 - first;
+    assert_eq!(index.hosts[other].gpu_free.count_ones(), 8);
+    // First fit would have split the whole host: measured by the bench.
+    for h in &index.hosts {
+        check_invariants(h);
+    }
+}
+
+#[test]
+fn small_vms_share_a_numa_node_so_the_other_stays_whole() {
+    let mut index = fleet(&[("hgx-h100", None)]);
+    let (_, a) = { let r = gpu_req(&index, 2, H100); take(&mut index, &r) }.unwrap();
+    let (_, b) = { let r = gpu_req(&index, 2, H100); take(&mut index, &r) }.unwrap();
+    let h = &index.hosts[0];
+    let nodes = |vm: Uuid| -> BTreeSet<usize> {
+        let x = h.holds.iter().find(|x| x.vm == vm).unwrap();
+        bits(x.gpus).map(|i| h.profile.gpus[i].node).collect()
+    };
+    assert_eq!(nodes(a), nodes(b), "both on one node");
+    assert_eq!(nodes(a).len(), 1);
+    // The other node's four GPUs are still free together: a 4-GPU VM fits
+    // on one node.
+    let c = place(&index, &gpu_req(&index, 4, H100), Strategy::BestFit).unwrap();
+    let placed: BTreeSet<usize> = bits(c.hold.gpus)
+        .map(|i| h.profile.gpus[i].node)
+        .collect();
+    assert_eq!(placed.len(), 1);
+}
+
+#[test]
+fn one_gpu_vms_take_gpus_whose_nic_is_free_on_a_reduced_nic_host() {
+    // Two NICs for eight GPUs: a NIC passed through to one VM serves none
+    // other, so the second 1-GPU VM goes to the other NIC's GPUs.
+    let mut index = fleet(&[("hgx-h100-2nic", None)]);
+    let req = gpu_req(&index, 1, H100);
+    let (_, a) = take(&mut index, &req).unwrap();
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    assert_eq!(c.hold.nics.count_ones(), 1, "the second VM has a NIC too");
+    assert_eq!(c.near_nic_gpus, 1);
+    let first = index.hosts[0].holds.iter().find(|x| x.vm == a).unwrap();
+    assert_eq!(first.nics & c.hold.nics, 0);
+    // First fit takes the next GPU and leaves it without a NIC.
+    let ff = place(&index, &req, Strategy::FirstFit).unwrap();
+    assert_eq!(ff.hold.nics, 0);
+}
+
+#[test]
+fn cpu_only_vms_keep_off_gpu_numa_nodes_while_other_room_exists() {
+    let mut index = fleet(&[("hgx-h100", None), ("cpu-only", None)]);
+    let req = Request {
+        vcpus: 8,
+        memory_mib: 8192,
+        ..Default::default()
+    };
+    let (h, _) = take(&mut index, &req).unwrap();
+    assert_eq!(index.hosts[h].name, "h1", "the CPU-only host first");
+    // With the CPU host gone, a GPU host's node whose GPUs are all taken
+    // comes before a node beside free GPUs.
+    let mut index = fleet(&[("hgx-h100", None)]);
+    let (_, four) = { let r = gpu_req(&index, 4, H100); take(&mut index, &r) }.unwrap();
+    let h = &index.hosts[0];
+    let busy: BTreeSet<usize> = h
+        .holds
+        .iter()
+        .filter(|x| x.vm == four)
+        .flat_map(|x| bits(x.gpus).map(|i| h.profile.gpus[i].node))
+        .collect();
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    assert!(c.hold.cpus.iter().all(|(n, _)| busy.contains(n)));
+}
+
+#[test]
+fn models_and_capacity_are_respected() {
+    let index = fleet(&[("dgx-a100", None), ("hgx-h100", None)]);
+    let c = place(&index, &gpu_req(&index, 8, A100), Strategy::BestFit).unwrap();
+    assert_eq!(index.hosts[c.host].name, "h0");
+    assert!(place(&index, &gpu_req(&index, 9, H100), Strategy::BestFit).is_none());
+    let mut drained = index.clone();
+    drained.set_state(Uuid::from_u128(1), HostUse::Draining);
+    assert!(place(&drained, &gpu_req(&index, 1, A100), Strategy::BestFit).is_none());
+    // Memory counts: more than the GPU nodes hold does not fit.
+    let mut big = gpu_req(&index, 8, H100);
+    big.memory_mib = 4 * 1024 * 1024;
+    assert!(place(&index, &big, Strategy::BestFit).is_none());
+}
+
+#[test]
+fn a_cluster_goes_into_one_unit_rail_aligned_or_not_at_all() {
+    let mut hosts = vec![("hgx-h100", Some("su-a")); 3];
+    hosts.extend(vec![("hgx-h100", Some("su-b")); 4]);
+    let mut index = fleet(&hosts);
+    // Half of host 0 used: a 4-GPU member must sit on the same rails as
+    // the others.
+    let member = gpu_req(&index, 4, H100);
+    let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
+    let placed = place_cluster(
+        &mut index,
+        &ClusterRequest {
+            size: 4,
+            member: member.clone(),
+        },
+        &ids,
+        Strategy::BestFit,
+    )
+    .unwrap();
+    let units: BTreeSet<Option<u32>> = placed
+        .iter()
+        .map(|c| index.hosts[c.host].scalable_unit)
+        .collect();
+    assert_eq!(units.len(), 1, "one unit");
+    let rails: Vec<Vec<Option<u32>>> = placed.iter().map(|c| c.rails(&index)).collect();
+    assert!(rails.iter().all(|r| r == &rails[0]), "{rails:?}");
+    assert!(rails[0].iter().all(Option::is_some));
+    for h in &index.hosts {
+        check_invariants(h);
+    }
+    // Rail alignment keeps the halves apart: four hosts of one unit each
+    // hold one member on the same rails.
+    let hosts_used: BTreeSet<usize> = placed.iter().map(|c| c.host).collect();
+    assert_eq!(hosts_used.len(), 4);
+    // 4×8 GPUs do not fit in the three whole hosts left: nothing is
+    // placed and the index is as it was.
+    let before: Vec<u64> = index.hosts.iter().map(|h| h.gpu_free).collect();
+    let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
+    let whole = gpu_req(&index, 8, H100);
+    let four = ClusterRequest {
+        size: 4,
+        member: whole.clone(),
+    };
+    assert!(place_cluster(&mut index, &four, &ids, Strategy::BestFit).is_none());
+    let after: Vec<u64> = index.hosts.iter().map(|h| h.gpu_free).collect();
+    assert_eq!(before, after, "all or nothing");
+    // Three whole hosts per unit in two units: four members need both, and
+    // the fewest units means two.
+    let mut hosts = vec![("hgx-h100", Some("su-a")); 3];
+    hosts.extend(vec![("hgx-h100", Some("su-b")); 3]);
+    hosts.extend(vec![("hgx-h100", Some("su-c")); 1]);
+    let mut index = fleet(&hosts);
+    let placed = place_cluster(&mut index, &four, &ids, Strategy::BestFit).unwrap();
+    let units: BTreeSet<Option<u32>> = placed
+        .iter()
+        .map(|c| index.hosts[c.host].scalable_unit)
+        .collect();
+    assert_eq!(units.len(), 2);
+}
+
+fn spot(index: &mut Index, host: usize, gpus: u32, since: i64) -> Uuid {
+    let req = gpu_req(index, gpus, H100);
+    let mut one = index.clone();
+    one.hosts.iter_mut().enumerate().for_each(|(i, h)| {
+        if i != host {
+            h.state = HostUse::Unavailable;
+        }
+    });
+    let c = place(&one, &req, Strategy::BestFit).unwrap();
+    let vm = Uuid::now_v7();
+    let mut hold = c.hold;
+    hold.vm = vm;
+    hold.spot = true;
+    hold.since = since;
+    index.apply(host, hold);
+    vm
+}
+
+#[test]
+fn reclamation_takes_the_fewest_spot_vms_then_the_least_run_time() {
+    let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None)]);
+    // Host 0: four 2-GPU spot VMs; host 1: one 4-GPU spot VM (old) and a
+    // guaranteed 4-GPU VM.
+    let now = 100_000;
+    let small: Vec<Uuid> = (0..4).map(|i| spot(&mut index, 0, 2, now - 10 * i)).collect();
+    let old = spot(&mut index, 1, 4, now - 50_000);
+    let (_, guaranteed) = {
+        let mut only1 = index.clone();
+        only1.hosts[0].state = HostUse::Unavailable;
+        let c = place(&only1, &gpu_req(&index, 4, H100), Strategy::BestFit).unwrap();
+        let vm = Uuid::now_v7();
+        let mut hold = c.hold;
+        hold.vm = vm;
+        index.apply(1, hold);
+        (1, vm)
+    };
+    let req = gpu_req(&index, 4, H100);
+    assert!(place(&index, &req, Strategy::BestFit).is_none());
+    let plan = reclaim::plan(&index, &req, now).unwrap();
+    // One VM (host 1's old one) beats two young ones on host 0.
+    assert_eq!(plan.victims, vec![(1, old)]);
+    assert!(plan.victims.iter().all(|(_, v)| *v != guaranteed));
+    // Marked as reclaiming, it is waited for, not chosen again.
+    index.mark_reclaiming(1, old);
+    let again = reclaim::plan(&index, &req, now).unwrap();
+    assert!(again.victims.is_empty());
+    assert_eq!(again.waiting_on, vec![(1, old)]);
+    // 8 GPUs: only host 0 can, by reclaiming all four small ones.
+    let plan = reclaim::plan(&index, &gpu_req(&index, 8, H100), now).unwrap();
+    let mut victims: Vec<Uuid> = plan.victims.iter().map(|(_, v)| *v).collect();
+    victims.sort();
+    let mut expected = small.clone();
+    expected.sort();
+    assert_eq!(victims, expected);
+    // Two GPUs with equal counts: the youngest VM loses least.
+    let mut index2 = fleet(&[("hgx-h100", None)]);
+    let vms: Vec<Uuid> = (0..4)
+        .map(|i| spot(&mut index2, 0, 2, now - 1000 + 100 * i))
+        .collect();
+    let plan = reclaim::plan(&index2, &gpu_req(&index2, 2, H100), now).unwrap();
+    assert_eq!(plan.victims, vec![(0, vms[3])]);
+}
+
+#[test]
+fn holds_read_back_from_placements_match() {
+    let mut index = fleet(&[("dgx-a100", None)]);
+    let (_, vm) = { let r = gpu_req(&index, 3, A100); take(&mut index, &r) }.unwrap();
+    let h = index.hosts[0].clone();
+    let hold = h.holds.iter().find(|x| x.vm == vm).unwrap().clone();
+    let placement = h.placement(&hold);
+    // A fresh index from the stored placement holds exactly the same.
+    let mut fresh = Index::new();
+    let p = fresh
+        .profile(&topo("dgx-a100"), &Default::default())
+        .unwrap();
+    fresh.upsert(
+        HostInput {
+            id: h.id,
+            name: h.name.clone(),
+            scalable_unit: None,
+            state: HostUse::Ready,
+            revision: 2,
+            profile: p,
+        },
+        &[VmInput {
+            vm,
+            tenant: Uuid::nil(),
+            spot: false,
+            reclaiming: false,
+            since: 0,
+            placement: &placement,
+        }],
+    );
+    let f = &fresh.hosts[0];
+    assert_eq!(f.gpu_free, h.gpu_free);
+    assert_eq!(f.nic_free, h.nic_free);
+    assert_eq!(f.cpu_free, h.cpu_free);
+    assert_eq!(f.mem_free, h.mem_free);
+    // Releasing gives everything back.
+    index.release(0, vm);
+    assert_eq!(index.hosts[0].gpu_free.count_ones(), 8);
+    assert_eq!(index.hosts[0].cpus_free_total, 256);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random arrivals and departures over a mixed fleet: invariants hold
+    /// after every step, and every placed VM's CPUs sit on its devices'
+    /// NUMA nodes.
+    #[test]
+    fn random_arrivals_never_double_book(ops in prop::collection::vec((0u32..5, 0u32..3, any::<bool>()), 1..60)) {
+        let mut index = fleet(&[
+            ("dgx-a100", Some("a")), ("hgx-h100", Some("a")),
+            ("hgx-h100-2nic", Some("b")), ("l40s-pcie", Some("b")), ("cpu-only", None),
+        ]);
+        let models = [H100, A100, "L40S"];
+        let mut live: Vec<(usize, Uuid)> = Vec::new();
+        for (size, model, leave) in ops {
+            if leave && !live.is_empty() {
+                let (h, vm) = live.remove(0);
+                prop_assert!(index.release(h, vm).is_some());
+            }
+            let gpus = [0, 1, 2, 4, 8][size as usize];
+            let mut req = gpu_req(&index, gpus, models[model as usize]);
+            if gpus == 0 {
+                req.model = None;
+            }
+            if let Some((h, vm)) = take(&mut index, &req) {
+                let host = &index.hosts[h];
+                let hold = host.holds.iter().find(|x| x.vm == vm).unwrap();
+                prop_assert_eq!(hold.gpus.count_ones(), gpus);
+                let device_nodes: BTreeSet<usize> = bits(hold.gpus)
+                    .map(|i| host.profile.gpus[i].node)
+                    .chain(bits(hold.nics).map(|j| host.profile.nics[j].node))
+                    .collect();
+                if gpus > 0 {
+                    for (node, _) in &hold.cpus {
+                        prop_assert!(device_nodes.contains(node));
+                    }
+                }
+                prop_assert_eq!(hold.cpus.iter().map(|(_, c)| c.len() as u32).sum::<u32>(), req.vcpus);
+                live.push((h, vm));
+            }
+            for h in &index.hosts {
+                check_invariants(h);
+            }
+        }
+    }
+}
