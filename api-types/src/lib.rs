@@ -543,6 +543,9 @@ pub enum VmState {
     Deleted,
     Preempting,
     Preempted,
+    /// A CPU-only spot VM saved to disk (libvirt managed save) to make
+    /// room; it resumes by itself when room returns.
+    Suspended,
     Error,
     /// The host is unreachable: the VM may well be running.
     Unknown,
@@ -560,6 +563,7 @@ impl VmState {
             VmState::Deleted => "deleted",
             VmState::Preempting => "preempting",
             VmState::Preempted => "preempted",
+            VmState::Suspended => "suspended",
             VmState::Error => "error",
             VmState::Unknown => "unknown",
         }
@@ -576,6 +580,7 @@ impl VmState {
             VmState::Deleted,
             VmState::Preempting,
             VmState::Preempted,
+            VmState::Suspended,
             VmState::Error,
             VmState::Unknown,
         ]
@@ -628,6 +633,12 @@ pub struct Vm {
     /// `nccl-topology written` or why it could not be written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_condition: Option<String>,
+    /// A spot VM being reclaimed: when it will be shut down (or suspended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempt_deadline: Option<DateTime<Utc>>,
+    /// The training cluster it is a member of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -640,6 +651,79 @@ pub struct VmEvent {
     /// E.g. `created`, `scheduled`, `running`, `stopped`, `deleted`, `error`.
     pub kind: String,
     pub message: String,
+}
+
+// ---------------------------------------------------------------- clusters
+
+/// A training cluster: `size` identical VMs placed all or nothing, in one
+/// scalable unit when one has room, rail-aligned.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterCreate {
+    /// Also the members' name prefix: `NAME-0`, `NAME-1`, …
+    pub name: String,
+    pub size: u32,
+    /// GPUs per member.
+    #[serde(default)]
+    pub gpus: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_gib: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    #[serde(default)]
+    pub service_level: ServiceLevel,
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
+}
+
+impl ClusterCreate {
+    /// Member `i` as a VM request.
+    pub fn member(&self, i: u32) -> VmCreate {
+        VmCreate {
+            name: format!("{}-{i}", self.name),
+            gpus: self.gpus,
+            gpu_model: self.gpu_model.clone(),
+            vcpus: self.vcpus,
+            memory_gib: self.memory_gib,
+            disk_gib: self.disk_gib,
+            template: self.template.clone(),
+            service_level: self.service_level,
+            ssh_keys: self.ssh_keys.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ClusterMember {
+    pub name: String,
+    pub state: VmState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scalable_unit: Option<String>,
+    /// The rail of each GPU's NIC, in guest GPU order.
+    pub rails: Vec<Option<u32>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Cluster {
+    pub id: Uuid,
+    pub name: String,
+    pub tenant: String,
+    pub size: u32,
+    /// `placed`, or `pending` while spot VMs are reclaimed for it.
+    pub state: String,
+    pub spec: VmSpec,
+    pub members: Vec<ClusterMember>,
+    /// An MPI hostfile: one member per line with its GPUs as slots.
+    pub hostfile: String,
+    pub created_at: DateTime<Utc>,
 }
 
 // ---------------------------------------------------------------- agent protocol
@@ -655,6 +739,10 @@ pub struct AgentRegister {
     pub virt_type: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scalable_unit: Option<String>,
+    /// The rail each RDMA NIC is cabled to (`mlx5_0` → 0, …). Without it,
+    /// the NICs paired with GPUs take rails 0, 1, … in bus order.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rails: BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -678,6 +766,8 @@ pub struct AgentHeartbeat {
 pub enum Power {
     Running,
     Stopped,
+    /// Saved to disk with libvirt's managed save (CPU-only spot VMs).
+    Suspended,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -690,6 +780,20 @@ pub struct DesiredVm {
     pub spec: VmSpec,
     #[schema(value_type = Object)]
     pub placement: kumo_topology::guest_layout::Placement,
+    /// The VM is being reclaimed: tell the guest (`/run/kumo/preemption`)
+    /// and, for GPU VMs, ask it to shut down; do not start it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionNotice>,
+}
+
+/// What a spot VM's guest finds at `/run/kumo/preemption`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PreemptionNotice {
+    pub vm: Uuid,
+    /// After this the VM is shut down (GPU VMs) or suspended (CPU-only).
+    pub deadline: DateTime<Utc>,
+    /// `shutdown` or `suspend`.
+    pub action: String,
 }
 
 /// Everything that should exist on a host; what is not listed should not.
@@ -710,6 +814,8 @@ pub enum ActualState {
     Stopped,
     /// No such domain (any more).
     Absent,
+    /// Shut off with a managed-save image: resumes where it left off.
+    Suspended,
     Failed,
 }
 
@@ -723,6 +829,9 @@ pub struct VmStatus {
     /// The guest's condition (NCCL file written, or why not), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
+    /// Whether the preemption notice reached the guest, once per change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]

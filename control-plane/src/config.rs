@@ -55,7 +55,19 @@ pub struct FileConfig {
     pub http: HttpFileConfig,
     #[serde(default)]
     pub hosts: HostsFileConfig,
+    #[serde(default)]
+    pub scheduler: SchedulerFileConfig,
 }
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerFileConfig {
+    /// How long a reclaimed spot VM's guest has between the notice and
+    /// being shut down (or suspended).
+    pub preemption_grace_secs: Option<u64>,
+}
+
+pub const DEFAULT_PREEMPTION_GRACE_SECS: u64 = 30;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -81,6 +93,7 @@ pub struct Config {
     pub request_timeout: Duration,
     pub body_limit_bytes: usize,
     pub heartbeat_timeout: Duration,
+    pub preemption_grace: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +130,7 @@ impl Config {
             request_timeout: Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS),
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             heartbeat_timeout: Duration::from_secs(DEFAULT_HEARTBEAT_TIMEOUT_SECS),
+            preemption_grace: Duration::from_secs(DEFAULT_PREEMPTION_GRACE_SECS),
         }
     }
 }
@@ -196,6 +210,16 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
             message: "must be at least 2".into(),
         });
     }
+    let grace = file
+        .scheduler
+        .preemption_grace_secs
+        .unwrap_or(DEFAULT_PREEMPTION_GRACE_SECS);
+    if grace > 86_400 {
+        return Err(ConfigError::Invalid {
+            key: "scheduler.preemption_grace_secs",
+            message: "at most 86400".into(),
+        });
+    }
     Ok(Config {
         listen,
         data_dir,
@@ -207,6 +231,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         request_timeout: Duration::from_secs(request_timeout_secs),
         body_limit_bytes,
         heartbeat_timeout: Duration::from_secs(heartbeat_timeout_secs),
+        preemption_grace: Duration::from_secs(grace),
     })
 }
 

@@ -3,10 +3,13 @@
 //! modules beside them.
 
 pub mod access;
+pub mod admission;
+pub mod allocation_rows;
 pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod bootstrap;
+pub mod capacity;
 pub mod config;
 pub mod db;
 pub mod dev;
@@ -18,7 +21,7 @@ pub mod metrics;
 pub mod middleware;
 pub mod names;
 pub mod paging;
-pub mod placement;
+pub mod reaper;
 pub mod server;
 pub mod signals;
 

@@ -46,9 +46,11 @@ pub fn apply(
         })
     };
     match (action, state) {
-        (_, Deleting | Deleted | Preempted) => Err(state),
+        (_, Deleting | Deleted) => Err(state),
         (Action::Delete, _) if !has_host => effect(Deleted, Power::Stopped, false),
         (Action::Delete, _) => effect(Deleting, Power::Stopped, false),
+        // Spot VMs being reclaimed, or reclaimed, can only be deleted.
+        (_, Preempting | Preempted | Suspended | Pending) => Err(state),
         (Action::Start, Stopped) => effect(Provisioning, Power::Running, false),
         (Action::Stop, Running | Provisioning | Scheduled | Unknown)
             if desired == Power::Running =>
@@ -66,6 +68,9 @@ pub fn observe(state: VmState, desired: Power, actual: ActualState) -> Option<Vm
     match (state, actual) {
         (Deleting, ActualState::Absent) => Some(Deleted),
         (Deleting | Deleted | Preempted, _) => None,
+        (Preempting, ActualState::Suspended) => Some(Suspended),
+        // Shutting down on the notice is expected; the deadline decides.
+        (Preempting | Suspended | Pending, _) => None,
         (_, ActualState::Failed) => Some(Error),
         (Scheduled | Provisioning | Stopped | Unknown | Error, ActualState::Running)
             if desired == Power::Running =>
@@ -140,6 +145,21 @@ mod tests {
             apply(Deleted, Power::Stopped, Action::Delete, true),
             Err(Deleted)
         );
+        // Reclaimed spot VMs: deletable, nothing else.
+        assert_eq!(
+            apply(Preempted, Power::Stopped, Action::Delete, false)
+                .unwrap()
+                .state,
+            Deleted
+        );
+        assert_eq!(
+            apply(Preempting, Power::Running, Action::Start, true),
+            Err(Preempting)
+        );
+        assert_eq!(
+            apply(Suspended, Power::Suspended, Action::Stop, true),
+            Err(Suspended)
+        );
     }
 
     #[test]
@@ -164,6 +184,16 @@ mod tests {
         assert_eq!(
             observe(Provisioning, Power::Running, ActualState::Failed),
             Some(Error)
+        );
+        // A spot VM that shuts down on its notice stays preempting; one
+        // that was saved is suspended.
+        assert_eq!(
+            observe(Preempting, Power::Running, ActualState::Stopped),
+            None
+        );
+        assert_eq!(
+            observe(Preempting, Power::Suspended, ActualState::Suspended),
+            Some(Suspended)
         );
         // A guest that shut itself down while it should run is brought back.
         assert_eq!(

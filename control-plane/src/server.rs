@@ -28,6 +28,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub config: Arc<Config>,
     pub signals: Arc<crate::signals::HostSignals>,
+    pub capacity: Arc<crate::capacity::Capacity>,
 }
 
 /// The whole HTTP application: API, docs, health, metrics.
@@ -132,8 +133,11 @@ impl RunningServer {
             metrics: Arc::new(Metrics::new()),
             config: Arc::new(config),
             signals: Arc::default(),
+            capacity: Arc::default(),
         };
+        state.capacity.refresh_all(&state.db).await?;
         let detector = tokio::spawn(lost_host_detector(state.clone()));
+        let reaper = tokio::spawn(crate::reaper::run(state.clone()));
         let app = router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -146,6 +150,7 @@ impl RunningServer {
             })
             .await;
             detector.abort();
+            reaper.abort();
             served
         });
         Ok(RunningServer {

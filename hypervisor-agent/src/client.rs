@@ -43,12 +43,11 @@ pub struct AgentClient {
 }
 
 pub async fn register(
-    server: &str,
+    config: &crate::run::AgentConfig,
     join_token: &str,
-    name: &str,
     topology: &HostTopology,
-    virt_type: &str,
 ) -> Result<AgentRegistered, ClientError> {
+    let server = &config.server;
     let resp = reqwest::Client::new()
         .post(format!(
             "{}/agent/v1/register",
@@ -56,10 +55,11 @@ pub async fn register(
         ))
         .json(&AgentRegister {
             join_token: join_token.to_owned(),
-            name: name.to_owned(),
+            name: config.name.clone(),
             topology: topology.clone(),
-            virt_type: virt_type.to_owned(),
-            scalable_unit: None,
+            virt_type: config.virt_type.clone(),
+            scalable_unit: config.scalable_unit.clone(),
+            rails: config.rails.clone(),
         })
         .send()
         .await?;

@@ -164,6 +164,25 @@ pub fn sync(agent: &impl GuestAgent, topology_xml: &str) -> Outcome {
     run().unwrap_or_else(Outcome::Failed)
 }
 
+/// Where a reclaimed spot VM's guest finds its notice.
+pub const PREEMPTION_PATH: &str = "/run/kumo/preemption";
+
+/// Writes the preemption notice (JSON) into the guest; the outcome as
+/// the VM's event reads it.
+pub fn notify_preemption(agent: &impl GuestAgent, notice_json: &str) -> String {
+    if let Err(e) = agent.command(&json!({"execute": "guest-ping"}), 2) {
+        return format!("notice not delivered: guest agent not available ({e})");
+    }
+    let run = || -> Result<(), String> {
+        mkdir_p(agent, "/run/kumo")?;
+        write(agent, PREEMPTION_PATH, notice_json.as_bytes())
+    };
+    match run() {
+        Ok(()) => format!("notice delivered to {PREEMPTION_PATH}"),
+        Err(e) => format!("notice not delivered: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +283,23 @@ mod tests {
                 other => Err(format!("unknown command {other}")),
             }
         }
+    }
+
+    #[test]
+    fn the_preemption_notice_lands_in_run_kumo() {
+        let g = FakeGuest::default();
+        let said = notify_preemption(&g, "{\"deadline\":\"x\"}");
+        assert_eq!(said, "notice delivered to /run/kumo/preemption");
+        assert_eq!(
+            g.files.borrow().get(PREEMPTION_PATH).map(Vec::as_slice),
+            Some(&b"{\"deadline\":\"x\"}"[..])
+        );
+        assert!(g.dirs.borrow().iter().any(|d| d == "/run/kumo"));
+        let down = FakeGuest {
+            down: true,
+            ..FakeGuest::default()
+        };
+        assert!(notify_preemption(&down, "{}").starts_with("notice not delivered"));
     }
 
     #[test]

@@ -82,6 +82,13 @@ enum Command {
         virt_type: String,
         #[arg(long, default_value_t = 5)]
         heartbeat_secs: u64,
+        /// The scalable unit (leaf-switch domain) this host is cabled into.
+        #[arg(long)]
+        scalable_unit: Option<String>,
+        /// `RDMA_DEVICE=RAIL`, once per NIC (e.g. `--rail mlx5_0=0`).
+        /// Default: the NICs paired with GPUs take rails 0, 1, … in bus order.
+        #[arg(long = "rail", value_parser = parse_rail)]
+        rails: Vec<(String, u32)>,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -90,6 +97,16 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+fn parse_rail(s: &str) -> Result<(String, u32), String> {
+    let (dev, rail) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected RDMA_DEVICE=RAIL"))?;
+    let rail = rail
+        .parse()
+        .map_err(|_| format!("{s:?}: the rail is not a number"))?;
+    Ok((dev.to_owned(), rail))
 }
 
 fn hostname() -> String {
@@ -109,6 +126,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             name,
             virt_type,
             heartbeat_secs,
+            scalable_unit,
+            rails,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -126,6 +145,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 name: name.unwrap_or_else(hostname),
                 virt_type,
                 heartbeat: std::time::Duration::from_secs(heartbeat_secs.max(1)),
+                scalable_unit,
+                rails: rails.into_iter().collect(),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

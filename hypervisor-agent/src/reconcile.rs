@@ -30,6 +30,8 @@ pub struct Reconciler {
     state_dir: PathBuf,
     /// Reboot requests applied, by VM: survives restarts in `reboots.json`.
     reboots: BTreeMap<Uuid, i64>,
+    /// Preemption notices given, by VM: the deadline each was for.
+    noticed: BTreeMap<Uuid, chrono::DateTime<chrono::Utc>>,
     /// libvirt calls that changed something, for tests and logs.
     pub changes: u64,
 }
@@ -87,6 +89,7 @@ impl Reconciler {
             virt_type: virt_type.to_owned(),
             state_dir: state_dir.to_path_buf(),
             reboots,
+            noticed: BTreeMap::new(),
             changes: 0,
         }
     }
@@ -222,13 +225,19 @@ impl Reconciler {
         };
         let active = dom.is_active().map_err(err)?;
         match vm.power {
-            Power::Running if !active => {
+            // A VM being reclaimed that shut down on its notice stays down.
+            Power::Running if !active && vm.preemption.is_none() => {
                 self.changes += 1;
+                // Restores a managed-save image when there is one.
                 dom.create().map_err(err)?;
             }
             Power::Stopped if active => {
                 self.changes += 1;
                 dom.destroy().map_err(err)?;
+            }
+            Power::Suspended if active => {
+                self.changes += 1;
+                dom.managed_save(0).map_err(err)?;
             }
             _ => {}
         }
@@ -259,9 +268,35 @@ impl Reconciler {
         }
         if dom.is_active().map_err(err)? {
             Ok((ActualState::Running, self.sync_guest(vm, &dom)))
+        } else if dom.has_managed_save(0).unwrap_or(false) {
+            Ok((ActualState::Suspended, None))
         } else {
             Ok((ActualState::Stopped, None))
         }
+    }
+
+    /// Once per VM and deadline: the notice into the guest and, for GPU
+    /// VMs, an ACPI shutdown request. Returns what to report, once.
+    fn preempt(&mut self, vm: &DesiredVm, dom: &Domain) -> Option<String> {
+        let notice = vm.preemption.as_ref()?;
+        if self.noticed.get(&vm.id) == Some(&notice.deadline) {
+            return None;
+        }
+        self.noticed.insert(vm.id, notice.deadline);
+        if !dom.is_active().unwrap_or(false) {
+            return Some("notice not delivered: the VM is not running".into());
+        }
+        let json = serde_json::to_string(notice).unwrap_or_default();
+        let mut said = crate::guest_files::notify_preemption(dom, &json);
+        if notice.action == "shutdown" {
+            self.changes += 1;
+            match dom.shutdown() {
+                Ok(()) => said.push_str("; ACPI shutdown requested"),
+                Err(e) => said.push_str(&format!("; ACPI shutdown request failed: {e}")),
+            }
+        }
+        tracing::info!(vm = %vm.id, outcome = %said, "preemption notice");
+        Some(said)
     }
 
     fn remove(&mut self, id: Uuid, dom: &Domain) -> Result<(), String> {
@@ -286,12 +321,18 @@ impl Reconciler {
         let mut owned = self.owned()?;
         let mut report = Vec::new();
         for vm in &desired.vms {
-            let status = match self.ensure(vm, owned.remove(&vm.id)) {
+            let dom = owned.remove(&vm.id);
+            let notice = match (&dom, &vm.preemption) {
+                (Some(d), Some(_)) => self.preempt(vm, d),
+                _ => None,
+            };
+            let status = match self.ensure(vm, dom) {
                 Ok((state, guest)) => VmStatus {
                     id: vm.id,
                     state,
                     reason: None,
                     guest,
+                    notice,
                 },
                 Err(reason) => {
                     tracing::warn!(vm = %vm.id, %reason, "could not bring the VM to its desired state");
@@ -300,6 +341,7 @@ impl Reconciler {
                         state: ActualState::Failed,
                         reason: Some(reason),
                         guest: None,
+                        notice: None,
                     }
                 }
             };
@@ -316,6 +358,7 @@ impl Reconciler {
                 state: ActualState::Absent,
                 reason: None,
                 guest: None,
+                notice: None,
             });
         }
         for id in &desired.remove {
@@ -325,6 +368,7 @@ impl Reconciler {
                     state: ActualState::Absent,
                     reason: None,
                     guest: None,
+                    notice: None,
                 });
             }
         }
@@ -360,6 +404,7 @@ mod tests {
                 service_level: ServiceLevel::Guaranteed,
                 ssh_keys: vec![r#"ssh-ed25519 AAAA "quoted" \ user"#.into()],
             },
+            preemption: None,
             placement: kumo_topology::guest_layout::Placement {
                 gpus: vec![],
                 nics: vec![],

@@ -23,6 +23,10 @@ pub struct AgentConfig {
     pub name: String,
     pub virt_type: String,
     pub heartbeat: Duration,
+    /// The host's scalable unit (leaf-switch domain), from its configuration.
+    pub scalable_unit: Option<String>,
+    /// The rail each RDMA NIC is cabled to.
+    pub rails: std::collections::BTreeMap<String, u32>,
 }
 
 /// A registered agent with its reconciler.
@@ -56,7 +60,7 @@ async fn obtain(
             config.state_dir.display()
         )
     })?;
-    let r = client::register(&config.server, join, &config.name, topo, &config.virt_type).await?;
+    let r = client::register(&config, join, topo).await?;
     let c = Credential {
         host_id: r.host_id,
         server: config.server.clone(),

@@ -6,6 +6,7 @@ pub use sea_orm_migration::prelude::*;
 mod m0001_foundation;
 mod m0002_hosts_vms;
 mod m0003_kernel_boot_and_guest_condition;
+mod m0004_scheduler;
 
 pub struct Migrator;
 
@@ -16,6 +17,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0001_foundation::Migration),
             Box::new(m0002_hosts_vms::Migration),
             Box::new(m0003_kernel_boot_and_guest_condition::Migration),
+            Box::new(m0004_scheduler::Migration),
         ]
     }
 }

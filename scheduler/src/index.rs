@@ -372,6 +372,24 @@ impl Index {
         self.hosts.get_mut(host)?.release(vm)
     }
 
+    /// Whether every device, CPU and MiB of `hold` is free on the host
+    /// (a suspended VM resumes only on exactly what it had).
+    pub fn is_free(&self, host: usize, hold: &Hold) -> bool {
+        let Some(h) = self.hosts.get(host) else {
+            return false;
+        };
+        h.state == HostUse::Ready
+            && h.gpu_free & hold.gpus == hold.gpus
+            && h.nic_free & hold.nics == hold.nics
+            && hold
+                .cpus
+                .iter()
+                .all(|(n, pos)| pos.iter().all(|p| h.is_cpu_free(*n, *p)))
+            && hold.memory.iter().all(|(n, m)| {
+                h.profile.nodes[*n].memory_mib == 0 || h.mem_free[*n] >= *m
+            })
+    }
+
     /// Where a VM is held, by host position.
     pub fn find_vm(&self, vm: Uuid) -> Option<usize> {
         self.hosts

@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use chrono::Utc;
 use kumo_api_types::{
-    AgentHeartbeat, AgentRegister, AgentRegistered, DesiredParams, DesiredState, DesiredVm,
-    HostState, StatusReport, VmState,
+    ActualState, AgentHeartbeat, AgentRegister, AgentRegistered, DesiredParams, DesiredState, DesiredVm,
+    HostState, PreemptionNotice, StatusReport, VmState,
 };
 use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
 use uuid::Uuid;
@@ -100,6 +100,19 @@ pub async fn register(
         names::tenant_name("scalable_unit", su)?;
     }
     validate_topology(&body.topology)?;
+    if body.rails.len() > kumo_scheduler::profile::MAX_SLOTS
+        || body.rails.values().any(|r| *r > 1024)
+        || body.rails.keys().any(|k| k.len() > 64)
+    {
+        return Err(ApiError::field(
+            "rails",
+            "at most 64 NICs, rails 0 to 1024",
+        ));
+    }
+    let rails = (!body.rails.is_empty())
+        .then(|| serde_json::to_string(&body.rails))
+        .transpose()
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     let topology =
         serde_json::to_string(&body.topology).map_err(|e| ApiError::Internal(e.to_string()))?;
     let txn = st.db.begin().await?;
@@ -116,6 +129,7 @@ pub async fn register(
             a.topology = Set(topology);
             a.virt_type = Set(body.virt_type.clone());
             a.scalable_unit = Set(body.scalable_unit.clone());
+            a.rails = Set(rails.clone());
             a.state = Set(HostState::Ready.as_str().into());
             a.last_heartbeat_at = Set(now);
             a.update(&txn).await?;
@@ -132,6 +146,7 @@ pub async fn register(
                 last_heartbeat_at: Set(now),
                 revision: Set(1),
                 virt_type: Set(body.virt_type.clone()),
+                rails: Set(rails.clone()),
             }
             .insert(&txn)
             .await
@@ -143,6 +158,7 @@ pub async fn register(
         }
     }
     txn.commit().await?;
+    st.capacity.refresh_host(&st.db, id).await?;
     tracing::info!(host = %body.name, %id, "host registered");
     Ok((
         StatusCode::CREATED,
@@ -190,20 +206,34 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
     let mut out = Vec::new();
     let mut remove = Vec::new();
     for v in rows {
-        if matches!(stored_state(&v), VmState::Deleting | VmState::Deleted) {
+        let state = stored_state(&v);
+        if matches!(
+            state,
+            VmState::Deleting | VmState::Deleted | VmState::Preempted
+        ) {
             remove.push(v.id);
             continue;
         }
         let Some(placement) = stored_placement(&v)? else {
             continue;
         };
+        let spec = stored_spec(&v)?;
+        let preemption = match (state, v.preempt_deadline) {
+            (VmState::Preempting, Some(deadline)) => Some(PreemptionNotice {
+                vm: v.id,
+                deadline,
+                action: if spec.gpus == 0 { "suspend" } else { "shutdown" }.into(),
+            }),
+            _ => None,
+        };
         out.push(DesiredVm {
             id: v.id,
             name: v.name.clone(),
             power: desired_power(&v),
             power_generation: v.power_generation,
-            spec: stored_spec(&v)?,
+            spec,
             placement,
+            preemption,
         });
     }
     Ok(DesiredState {
@@ -257,6 +287,7 @@ pub async fn status(
         return Err(ApiError::field("vms", "too many entries"));
     }
     let txn = st.db.begin().await?;
+    let mut freed = false;
     for s in &report.vms {
         let Some(vm) = vms::Entity::find_by_id(s.id).one(&txn).await? else {
             continue; // already gone: nothing to apply
@@ -268,8 +299,23 @@ pub async fn status(
                 s.id, host.name
             )));
         }
-        for text in [&s.reason, &s.guest].into_iter().flatten() {
+        for text in [&s.reason, &s.guest, &s.notice].into_iter().flatten() {
             names::text("reason", text, 1000)?;
+        }
+        if let Some(notice) = &s.notice {
+            event(&txn, &vm, "preemption-notice", notice.clone()).await?;
+        }
+        let state = stored_state(&vm);
+        if state == VmState::Preempted && s.state == ActualState::Absent {
+            // Gone from the host: its devices are free; the row stays so
+            // the tenant sees what happened.
+            release(&txn, &vm).await?;
+            let mut a: vms::ActiveModel = vm.into();
+            a.host_id = Set(None);
+            a.updated_at = Set(Utc::now());
+            a.update(&txn).await?;
+            freed = true;
+            continue;
         }
         if s.guest.is_some() && s.guest != vm.guest_condition {
             let mut a: vms::ActiveModel = vm.clone().into();
@@ -285,12 +331,15 @@ pub async fn status(
             .unwrap_or_else(|| format!("reported by {}", host.name));
         event(&txn, &vm, next.as_str(), message).await?;
         if next == VmState::Deleted {
-            allocations::Entity::delete_many()
-                .filter(allocations::Column::VmId.eq(vm.id))
-                .exec(&txn)
-                .await?;
+            release(&txn, &vm).await?;
             vms::Entity::delete_by_id(vm.id).exec(&txn).await?;
+            freed = true;
             continue;
+        }
+        if next == VmState::Suspended {
+            // Saved to disk: its CPUs and memory go to others meanwhile.
+            release(&txn, &vm).await?;
+            freed = true;
         }
         let mut a: vms::ActiveModel = vm.into();
         a.state = Set(next.as_str().to_owned());
@@ -303,5 +352,16 @@ pub async fn status(
         a.update(&txn).await?;
     }
     txn.commit().await?;
+    if freed {
+        st.capacity.refresh_host(&st.db, host.id).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn release(txn: &sea_orm::DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+    allocations::Entity::delete_many()
+        .filter(allocations::Column::VmId.eq(vm.id))
+        .exec(txn)
+        .await?;
+    Ok(())
 }

@@ -19,7 +19,7 @@ use crate::entity::{allocations, hosts, join_tokens};
 use crate::error::ApiError;
 use crate::extract::{Ctx, Json, Path, Query};
 use crate::paging::Paging;
-use crate::placement::KIND_GPU;
+use crate::allocation_rows::KIND_GPU;
 use crate::server::AppState;
 use crate::{audit, auth, names};
 

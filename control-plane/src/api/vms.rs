@@ -1,8 +1,6 @@
 //! VMs of a tenant: create (placed at once, first fit), read, act, delete,
 //! and their lifecycle events.
 
-use std::collections::BTreeSet;
-
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
@@ -21,15 +19,15 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::hosts::{held_by_host, host_is_placeable, host_state, stored_topology};
+use super::hosts::{host_state, stored_topology};
 use super::Problems;
 use crate::access::tenant_access;
-use crate::entity::{allocations, hosts, tenants, vm_events, vms};
-use crate::error::{is_unique_violation, ApiError};
+use crate::admission::{admit, Member};
+use crate::entity::{clusters, hosts, tenants, vm_events, vms};
+use crate::error::ApiError;
 use crate::extract::{Ctx, Json, Path, Query};
 use crate::lifecycle::{self, Action};
 use crate::paging::Paging;
-use crate::placement::{self, Candidate, Request};
 use crate::server::AppState;
 use crate::{audit, names};
 
@@ -56,17 +54,18 @@ pub fn stored_state(v: &vms::Model) -> VmState {
 }
 
 pub fn desired_power(v: &vms::Model) -> Power {
-    if v.desired_power == "stopped" {
-        Power::Stopped
-    } else {
-        Power::Running
+    match v.desired_power.as_str() {
+        "stopped" => Power::Stopped,
+        "saved" => Power::Suspended,
+        _ => Power::Running,
     }
 }
 
-fn power_str(p: Power) -> &'static str {
+pub fn power_str(p: Power) -> &'static str {
     match p {
         Power::Running => "running",
         Power::Stopped => "stopped",
+        Power::Suspended => "saved",
     }
 }
 
@@ -118,6 +117,7 @@ fn to_api_on(
     v: &vms::Model,
     tenant: &str,
     host: Option<(&hosts::Model, &HostTopology)>,
+    cluster: Option<&str>,
 ) -> Result<Vm, ApiError> {
     let mut state = stored_state(v);
     if host.is_some_and(|(h, _)| host_state(h) == HostState::Unreachable)
@@ -139,6 +139,8 @@ fn to_api_on(
         spec: stored_spec(v)?,
         placement,
         guest_condition: v.guest_condition.clone(),
+        preempt_deadline: v.preempt_deadline,
+        cluster: cluster.map(str::to_owned),
         created_at: v.created_at,
         updated_at: v.updated_at,
     })
@@ -150,7 +152,11 @@ async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Resu
         None => None,
     };
     let topo = host.as_ref().map(stored_topology).transpose()?;
-    to_api_on(v, tenant, host.as_ref().zip(topo.as_ref()))
+    let cluster = match v.cluster_id {
+        Some(c) => clusters::Entity::find_by_id(c).one(db).await?.map(|c| c.name),
+        None => None,
+    };
+    to_api_on(v, tenant, host.as_ref().zip(topo.as_ref()), cluster.as_deref())
 }
 
 pub async fn event(
@@ -238,8 +244,9 @@ fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
     })
 }
 
-/// Create a VM; it is placed at once (first fit) and the host's agent
-/// brings it up (members).
+/// Create a VM (members). It is placed at once (best fit, topology-aware)
+/// and the host's agent brings it up; a guaranteed VM that does not fit
+/// reclaims spot VMs and is `pending` until they are gone.
 #[utoipa::path(
     post, path = "/api/v1/tenants/{tenant}/vms", tag = "vms",
     params(
@@ -283,170 +290,24 @@ pub async fn create(
     if exists.is_some() {
         return Err(name_taken());
     }
-    let request = Request {
-        gpus: spec.gpus,
-        gpu_model: spec.gpu_model.clone(),
-        vcpus: spec.vcpus,
-        memory_gib: spec.memory_gib,
+    let member = Member {
+        id: Uuid::now_v7(),
+        name: body.name.clone(),
+        spec,
     };
-    // Losing a race for a device means trying the next fit; a few rounds
-    // re-read what is held in between.
-    for _round in 0..3 {
-        let hosts: Vec<hosts::Model> = hosts::Entity::find()
-            .all(&st.db)
-            .await?
-            .into_iter()
-            .filter(host_is_placeable)
-            .collect();
-        let mut held_by =
-            held_by_host(&st.db, &hosts.iter().map(|h| h.id).collect::<Vec<_>>()).await?;
-        let mut topologies = Vec::with_capacity(hosts.len());
-        for h in &hosts {
-            let held: BTreeSet<(String, String)> = held_by
-                .remove(&h.id)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|a| (a.kind, a.key))
-                .collect();
-            topologies.push((stored_topology(h)?, held));
-        }
-        let mut candidates: Vec<Candidate> = hosts
-            .iter()
-            .zip(&topologies)
-            .map(|(h, (topology, held))| Candidate {
-                host_id: h.id,
-                name: &h.name,
-                topology,
-                held,
-            })
-            .collect();
-        let fits = placement::fits(&mut candidates, &request);
-        if fits.is_empty() {
-            return Err(ApiError::InsufficientCapacity(format!(
-                "no ready host has {} free {}GPU(s) with {} vCPUs near them",
-                spec.gpus,
-                spec.gpu_model
-                    .as_deref()
-                    .map(|m| format!("{m} "))
-                    .unwrap_or_default(),
-                spec.vcpus
-            )));
-        }
-        for (host_id, placed) in fits {
-            match commit_vm(&st, &ctx, &tenant, &body.name, &spec, host_id, &placed).await {
-                Ok(vm) => {
-                    st.signals.notify(host_id);
-                    return Ok((
-                        StatusCode::CREATED,
-                        axum::Json(to_api(&st.db, &vm, &tenant.name).await?),
-                    ));
-                }
-                Err(CommitError::Taken) => {
-                    let clash = vms::Entity::find()
-                        .filter(vms::Column::TenantId.eq(tenant.id))
-                        .filter(vms::Column::Name.eq(body.name.clone()))
-                        .one(&st.db)
-                        .await?;
-                    if clash.is_some() {
-                        return Err(name_taken());
-                    }
-                }
-                Err(CommitError::Api(e)) => return Err(e),
-            }
-        }
+    match admit(&st, Some(&ctx), &tenant, std::slice::from_ref(&member), false, None).await {
+        Ok(_) => {}
+        Err(ApiError::Conflict(_)) => return Err(name_taken()),
+        Err(e) => return Err(e),
     }
-    Err(ApiError::InsufficientCapacity(
-        "capacity kept changing under concurrent requests; retry".into(),
-    ))
-}
-
-enum CommitError {
-    /// A unique constraint refused the write: a device or the name was taken.
-    Taken,
-    Api(ApiError),
-}
-
-impl From<sea_orm::DbErr> for CommitError {
-    fn from(e: sea_orm::DbErr) -> Self {
-        if is_unique_violation(&e) {
-            tracing::debug!(error = %e, "placement lost a race; trying the next fit");
-            CommitError::Taken
-        } else {
-            CommitError::Api(e.into())
-        }
-    }
-}
-
-impl From<ApiError> for CommitError {
-    fn from(e: ApiError) -> Self {
-        CommitError::Api(e)
-    }
-}
-
-/// One transaction: the VM, its allocation rows (the database refuses a
-/// device held twice), its events, the audit entry, the host's revision.
-async fn commit_vm(
-    st: &AppState,
-    ctx: &Ctx,
-    tenant: &tenants::Model,
-    name: &str,
-    spec: &VmSpec,
-    host_id: Uuid,
-    placed: &Placement,
-) -> Result<vms::Model, CommitError> {
-    let now = Utc::now();
-    let txn = st.db.begin().await?;
-    let vm = vms::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        tenant_id: Set(tenant.id),
-        name: Set(name.to_owned()),
-        state: Set(VmState::Scheduled.as_str().to_owned()),
-        reason: Set(None),
-        host_id: Set(Some(host_id)),
-        spec: Set(serde_json::to_string(spec).map_err(|e| ApiError::Internal(e.to_string()))?),
-        placement: Set(Some(
-            serde_json::to_string(placed).map_err(|e| ApiError::Internal(e.to_string()))?,
-        )),
-        desired_power: Set("running".into()),
-        power_generation: Set(0),
-        guest_condition: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }
-    .insert(&txn)
-    .await?;
-    let rows: Vec<allocations::ActiveModel> = placement::allocations(placed)
-        .into_iter()
-        .map(|(kind, key)| allocations::ActiveModel {
-            host_id: Set(host_id),
-            kind: Set(kind.to_owned()),
-            key: Set(key),
-            vm_id: Set(vm.id),
-        })
-        .collect();
-    if !rows.is_empty() {
-        allocations::Entity::insert_many(rows).exec(&txn).await?;
-    }
-    event(
-        &txn,
-        &vm,
-        "created",
-        format!(
-            "{} GPU(s), {} vCPUs, {} GiB",
-            spec.gpus, spec.vcpus, spec.memory_gib
-        ),
-    )
-    .await?;
-    let host = hosts::Entity::find_by_id(host_id)
-        .one(&txn)
+    let vm = vms::Entity::find_by_id(member.id)
+        .one(&st.db)
         .await?
-        .map(|h| h.name)
-        .unwrap_or_default();
-    event(&txn, &vm, "scheduled", format!("placed on {host}")).await?;
-    audit::record(&txn, ctx, "vm.create", Some(tenant), name).await?;
-    bump_revision(&txn, host_id).await?;
-    txn.commit().await?;
-    Ok(vm)
+        .ok_or_else(name_taken)?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(to_api(&st.db, &vm, &tenant.name).await?),
+    ))
 }
 
 /// List a tenant's VMs by name (any member).
@@ -482,13 +343,25 @@ pub async fn list(
         let topo = stored_topology(&h)?;
         hosts_by_id.insert(h.id, (h, topo));
     }
+    let cluster_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.cluster_id).collect();
+    let clusters_by_id: std::collections::HashMap<Uuid, String> = clusters::Entity::find()
+        .filter(clusters::Column::Id.is_in(cluster_ids))
+        .all(&st.db)
+        .await?
+        .into_iter()
+        .map(|c| (c.id, c.name))
+        .collect();
     let mut items = Vec::with_capacity(rows.len());
     for v in &rows {
         let host = v
             .host_id
             .and_then(|id| hosts_by_id.get(&id))
             .map(|(h, t)| (h, t));
-        items.push(to_api_on(v, &tenant.name, host)?);
+        let cluster = v
+            .cluster_id
+            .and_then(|c| clusters_by_id.get(&c))
+            .map(String::as_str);
+        items.push(to_api_on(v, &tenant.name, host, cluster)?);
     }
     Ok(axum::Json(Page {
         items,

@@ -20,6 +20,9 @@ pub struct Model {
     pub revision: i64,
     /// `kvm`, or `qemu` (TCG) where the host has no usable KVM.
     pub virt_type: String,
+    /// Rails of the RDMA NICs (`{"mlx5_0": 0, …}`), as JSON, when the
+    /// host's configuration names them.
+    pub rails: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

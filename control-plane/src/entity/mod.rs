@@ -3,6 +3,7 @@
 pub mod allocations;
 pub mod api_tokens;
 pub mod audit_log;
+pub mod clusters;
 pub mod hosts;
 pub mod idempotency_keys;
 pub mod join_tokens;

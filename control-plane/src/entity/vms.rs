@@ -20,6 +20,10 @@ pub struct Model {
     pub power_generation: i64,
     /// The host agent's last word on the guest: NCCL file written, or why not.
     pub guest_condition: Option<String>,
+    /// A spot VM being reclaimed is destroyed (or suspended) at this time.
+    pub preempt_deadline: Option<DateTimeUtc>,
+    /// The training cluster the VM belongs to.
+    pub cluster_id: Option<Uuid>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

@@ -26,6 +26,8 @@ fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> A
         name: "gpu-001".into(),
         virt_type: "qemu".into(),
         heartbeat: Duration::from_secs(1),
+        scalable_unit: None,
+        rails: Default::default(),
     }
 }
 

@@ -161,6 +161,8 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         name: "qemu-host".into(),
         virt_type: "qemu".into(),
         heartbeat: Duration::from_secs(5),
+        scalable_unit: None,
+        rails: Default::default(),
     })
     .await
     .unwrap();

@@ -164,7 +164,24 @@ impl TestServer {
         (self.client(Some(&t.token)), t.token)
     }
 
+    /// A tenant with a quota roomy enough that only tests about quotas
+    /// meet it (`quota` sets a tight one).
     pub async fn tenant(&self, name: &str) {
+        self.bare_tenant(name).await;
+        let mut q = kumo_api_types::Quota {
+            vcpus: 100_000,
+            memory_gib: 1_000_000,
+            vms: 1_000,
+            ..Default::default()
+        };
+        for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {
+            q.gpus.insert(m.into(), 1_000);
+        }
+        self.quota(name, &q).await;
+    }
+
+    /// A tenant with the default (empty) quota.
+    pub async fn bare_tenant(&self, name: &str) {
         self.admin
             .create_tenant(&TenantCreate {
                 name: name.into(),
@@ -173,6 +190,10 @@ impl TestServer {
             })
             .await
             .unwrap();
+    }
+
+    pub async fn quota(&self, tenant: &str, q: &kumo_api_types::Quota) {
+        self.admin.set_quota(tenant, q).await.unwrap();
     }
 
     pub async fn add(&self, tenant: &str, user: &str, role: Role) {
@@ -262,6 +283,7 @@ impl SimAgent {
                 topology,
                 virt_type: "qemu".into(),
                 scalable_unit: None,
+                rails: Default::default(),
             })
             .send()
             .await
@@ -330,12 +352,14 @@ impl SimAgent {
             let state = match v.power {
                 Power::Running => ActualState::Running,
                 Power::Stopped => ActualState::Stopped,
+                Power::Suspended => ActualState::Suspended,
             };
             report.push(VmStatus {
                 id: v.id,
                 state,
                 reason: None,
                 guest: None,
+                notice: None,
             });
         }
         for gone in self.known.difference(&desired).chain(d.remove.iter()) {
@@ -344,6 +368,7 @@ impl SimAgent {
                 state: ActualState::Absent,
                 reason: None,
                 guest: None,
+                notice: None,
             });
         }
         self.known = desired;

@@ -78,7 +78,7 @@ on_both_backends! {
         s.admin.delete_tenant("doomed").await.unwrap();
         assert!(alice.me().await.unwrap().memberships.is_empty());
         // The name is free again, with a clean slate.
-        s.tenant("doomed").await;
+        s.bare_tenant("doomed").await;
         assert!(s.admin.list_members("doomed").await.unwrap().is_empty());
         assert_eq!(s.admin.quota("doomed").await.unwrap(), Quota::default());
     }
@@ -241,7 +241,7 @@ on_both_backends! {
     }
 
     async fn quota_is_stored_and_validated(s: &TestServer) {
-        s.tenant("alpha").await;
+        s.bare_tenant("alpha").await;
         assert_eq!(s.admin.quota("alpha").await.unwrap(), Quota::default());
         let mut q = Quota {
             vcpus: 256,

@@ -228,7 +228,7 @@ on_both_backends! {
         let other = s.sim_agent("gpu-002", "cpu-only").await;
         let v = create(s, "lab", &vm("train", 2)).await.unwrap();
         assert_eq!(v.host.as_deref(), Some("gpu-001"));
-        let r = other.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("forged".into()), guest: None }]).await;
+        let r = other.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("forged".into()), guest: None, notice: None }]).await;
         assert_eq!(r.status(), 400);
         let p: Problem = r.json().await.unwrap();
         assert!(p.detail.unwrap().contains("does not belong"));
@@ -241,7 +241,7 @@ on_both_backends! {
         mine.converge().await;
         assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Running);
         // A failure report puts the VM in error with the reason.
-        let r = mine.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("qemu: vfio error".into()), guest: None }]).await;
+        let r = mine.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("qemu: vfio error".into()), guest: None, notice: None }]).await;
         assert_eq!(r.status(), 204);
         let e = get_vm(s, "lab", "train").await.unwrap();
         assert_eq!((e.state, e.reason.as_deref()), (VmState::Error, Some("qemu: vfio error")));
@@ -355,6 +355,14 @@ async fn a_restarted_server_loses_nothing() {
         })
         .await
         .unwrap();
+    let mut q = kumo_api_types::Quota {
+        vcpus: 64,
+        memory_gib: 1024,
+        vms: 4,
+        ..Default::default()
+    };
+    q.gpus.insert("H100-SXM5-80GB".into(), 8);
+    admin.set_quota("lab", &q).await.unwrap();
     let join: kumo_api_types::JoinTokenCreated = admin
         .post("/api/v1/hosts/join-tokens", &serde_json::json!({}))
         .await

@@ -1,0 +1,36 @@
+//! The allocation rows of a placement: one per GPU, NIC and CPU, keyed so
+//! the database refuses a device held twice. (Where VMs go is
+//! `kumo-scheduler`'s business.)
+
+use kumo_topology::guest_layout::Placement;
+use sea_orm::Set;
+use uuid::Uuid;
+
+use crate::entity::allocations;
+
+pub const KIND_GPU: &str = "gpu";
+pub const KIND_NIC: &str = "nic";
+pub const KIND_CPU: &str = "cpu";
+
+/// The allocation rows a placement needs: `(kind, key)`.
+pub fn allocations(p: &Placement) -> Vec<(&'static str, String)> {
+    let mut rows: Vec<(&'static str, String)> =
+        p.gpus.iter().map(|g| (KIND_GPU, g.to_string())).collect();
+    rows.extend(p.nics.iter().map(|n| (KIND_NIC, n.host_bdf.to_string())));
+    rows.extend(p.cpus.values().flatten().map(|c| (KIND_CPU, c.to_string())));
+    rows
+}
+
+
+/// The rows to insert for a VM's placement on a host.
+pub fn rows(host: Uuid, vm: Uuid, p: &Placement) -> Vec<allocations::ActiveModel> {
+    allocations(p)
+        .into_iter()
+        .map(|(kind, key)| allocations::ActiveModel {
+            host_id: Set(host),
+            kind: Set(kind.to_owned()),
+            key: Set(key),
+            vm_id: Set(vm),
+        })
+        .collect()
+}

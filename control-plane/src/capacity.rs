@@ -1,0 +1,167 @@
+//! The server's copy of the scheduler's capacity index, kept in step with
+//! the database: a host is re-read after every change this server makes
+//! to it and after every commit it loses, and the whole fleet every few
+//! seconds (changes made by other replicas, devices freed by agents). The
+//! index may lag; it is never trusted over the database, whose commit
+//! checks the host's revision and the allocation rows.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kumo_api_types::{HostState, VmState};
+use kumo_scheduler::index::VmInput;
+use kumo_scheduler::{HostInput, HostProfile, HostUse, Index};
+use kumo_topology::guest_layout::Placement;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use uuid::Uuid;
+
+use crate::api::hosts::{host_state, stored_topology};
+use crate::api::vms::{stored_placement, stored_spec, stored_state};
+use crate::entity::{hosts, vms};
+use crate::error::ApiError;
+
+/// How often the whole index is re-read.
+pub const REFRESH: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+pub struct Capacity {
+    index: Mutex<Index>,
+    /// Profiles by topology and rails, so an unchanged host is not
+    /// re-derived on every refresh.
+    profiles: Mutex<HashMap<u64, Arc<HostProfile>>>,
+}
+
+pub fn host_use(h: &hosts::Model) -> HostUse {
+    match host_state(h) {
+        HostState::Ready => HostUse::Ready,
+        HostState::Draining => HostUse::Draining,
+        HostState::Unreachable | HostState::Retired => HostUse::Unavailable,
+    }
+}
+
+/// Whether a VM in this state holds its share of its host.
+pub fn holds(state: VmState) -> bool {
+    !matches!(
+        state,
+        VmState::Pending | VmState::Suspended | VmState::Deleted
+    )
+}
+
+pub fn stored_rails(h: &hosts::Model) -> BTreeMap<String, u32> {
+    h.rails
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or_default()
+}
+
+impl Capacity {
+    pub fn lock(&self) -> MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn profile(&self, h: &hosts::Model) -> Result<Arc<HostProfile>, ApiError> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        h.topology.hash(&mut hasher);
+        h.rails.hash(&mut hasher);
+        let key = hasher.finish();
+        let mut profiles = self.profiles.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = profiles.get(&key) {
+            return Ok(p.clone());
+        }
+        let topo = stored_topology(h)?;
+        let p = self
+            .lock()
+            .profile(&topo, &stored_rails(h))
+            .map_err(|e| ApiError::Internal(format!("host {}: {e}", h.name)))?;
+        profiles.insert(key, p.clone());
+        Ok(p)
+    }
+
+    fn upsert(&self, h: &hosts::Model, rows: &[vms::Model]) -> Result<(), ApiError> {
+        let profile = self.profile(h)?;
+        let mut placed: Vec<(&vms::Model, Placement, bool)> = Vec::new();
+        for v in rows {
+            let state = stored_state(v);
+            if !holds(state) {
+                continue;
+            }
+            if let Some(p) = stored_placement(v)? {
+                let spot = stored_spec(v)?.service_level == kumo_api_types::ServiceLevel::Spot;
+                placed.push((v, p, spot));
+            }
+        }
+        let inputs: Vec<VmInput> = placed
+            .iter()
+            .map(|(v, p, spot)| VmInput {
+                vm: v.id,
+                tenant: v.tenant_id,
+                spot: *spot,
+                reclaiming: matches!(
+                    stored_state(v),
+                    VmState::Preempting | VmState::Preempted
+                ),
+                since: v.created_at.timestamp(),
+                placement: p,
+            })
+            .collect();
+        self.lock().upsert(
+            HostInput {
+                id: h.id,
+                name: h.name.clone(),
+                scalable_unit: h.scalable_unit.clone(),
+                state: host_use(h),
+                revision: h.revision,
+                profile,
+            },
+            &inputs,
+        );
+        Ok(())
+    }
+
+    /// Re-reads one host: its row first, so a commit landing in between
+    /// shows its VM with the older revision and the next commit against
+    /// it fails rather than double-books.
+    pub async fn refresh_host(&self, db: &impl ConnectionTrait, id: Uuid) -> Result<(), ApiError> {
+        let Some(h) = hosts::Entity::find_by_id(id).one(db).await? else {
+            self.lock().remove(id);
+            return Ok(());
+        };
+        let rows = vms::Entity::find()
+            .filter(vms::Column::HostId.eq(id))
+            .all(db)
+            .await?;
+        self.upsert(&h, &rows)
+    }
+
+    /// Re-reads every host.
+    pub async fn refresh_all(&self, db: &impl ConnectionTrait) -> Result<(), ApiError> {
+        let hosts = hosts::Entity::find().all(db).await?;
+        let mut by_host: HashMap<Uuid, Vec<vms::Model>> = HashMap::new();
+        for v in vms::Entity::find()
+            .filter(vms::Column::HostId.is_not_null())
+            .all(db)
+            .await?
+        {
+            if let Some(h) = v.host_id {
+                by_host.entry(h).or_default().push(v);
+            }
+        }
+        let known: Vec<Uuid> = hosts.iter().map(|h| h.id).collect();
+        for h in &hosts {
+            self.upsert(h, by_host.get(&h.id).map(Vec::as_slice).unwrap_or(&[]))?;
+        }
+        let mut index = self.lock();
+        let gone: Vec<Uuid> = index
+            .hosts
+            .iter()
+            .map(|h| h.id)
+            .filter(|id| !known.contains(id))
+            .collect();
+        for id in gone {
+            index.remove(id);
+        }
+        Ok(())
+    }
+}
