@@ -292,6 +292,9 @@ pub async fn status(
         let Some(vm) = vms::Entity::find_by_id(s.id).one(&txn).await? else {
             continue; // already gone: nothing to apply
         };
+        if vm.host_id.is_none() && s.state == ActualState::Absent {
+            continue; // released already (a preempted VM): a repeated report
+        }
         if vm.host_id != Some(host.id) {
             tracing::warn!(host = %host.name, vm = %s.id, "agent reported a VM of another host; refused");
             return Err(ApiError::validation(format!(

@@ -14,4 +14,5 @@ mod idempotency;
 mod openapi;
 mod process;
 mod resources;
+mod scheduling;
 mod vms;
