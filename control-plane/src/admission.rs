@@ -20,12 +20,12 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
+use crate::allocation_rows;
 use crate::api::vms::{event, stored_spec, stored_state};
 use crate::capacity::holds;
 use crate::entity::{allocations, clusters, hosts, tenants, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::extract::Ctx;
-use crate::allocation_rows;
 use crate::server::AppState;
 use crate::{api, audit};
 
@@ -59,9 +59,11 @@ struct Reserved {
 
 pub fn request(index: &Index, spec: &VmSpec) -> Result<Request, ApiError> {
     let model = match (&spec.gpu_model, spec.gpus) {
-        (Some(m), g) if g > 0 => Some(index.model_id(m).ok_or_else(|| {
-            ApiError::InsufficientCapacity(format!("no host has {m} GPUs"))
-        })?),
+        (Some(m), g) if g > 0 => Some(
+            index
+                .model_id(m)
+                .ok_or_else(|| ApiError::InsufficientCapacity(format!("no host has {m} GPUs")))?,
+        ),
         _ => None,
     };
     Ok(Request {
@@ -270,7 +272,10 @@ async fn commit(
         .enumerate()
         .map(|(i, m)| {
             let mut s = m.spec.clone();
-            if let Some(model) = reserved.and_then(|r| r.get(i)).and_then(|r| r.model.clone()) {
+            if let Some(model) = reserved
+                .and_then(|r| r.get(i))
+                .and_then(|r| r.model.clone())
+            {
                 s.gpu_model = Some(model);
             }
             s
@@ -381,7 +386,9 @@ async fn commit(
                 event(&txn, &vm, "scheduled", format!("placed on {}", r.host_name)).await?;
             }
             None => {
-                let n = plan.map(|p| p.victims.len() + p.waiting_on.len()).unwrap_or(0);
+                let n = plan
+                    .map(|p| p.victims.len() + p.waiting_on.len())
+                    .unwrap_or(0);
                 event(
                     &txn,
                     &vm,
@@ -421,7 +428,11 @@ pub async fn preempt(
             continue;
         };
         let state = stored_state(&vm);
-        if !holds(state) || matches!(state, VmState::Preempting | VmState::Preempted | VmState::Deleting)
+        if !holds(state)
+            || matches!(
+                state,
+                VmState::Preempting | VmState::Preempted | VmState::Deleting
+            )
         {
             continue;
         }
@@ -434,7 +445,10 @@ pub async fn preempt(
             txn,
             &vm,
             "preempting",
-            format!("{why}; notice sent to the guest, deadline {}", deadline.to_rfc3339()),
+            format!(
+                "{why}; notice sent to the guest, deadline {}",
+                deadline.to_rfc3339()
+            ),
         )
         .await?;
         if let Some(h) = vm.host_id {
@@ -468,7 +482,18 @@ pub async fn admit(
             }
             break;
         };
-        match commit(st, ctx, tenant, members, Some(&reserved), existing, cluster, None).await {
+        match commit(
+            st,
+            ctx,
+            tenant,
+            members,
+            Some(&reserved),
+            existing,
+            cluster,
+            None,
+        )
+        .await
+        {
             Ok(()) => {
                 let mut hosts: Vec<Uuid> = reserved.iter().map(|r| r.host).collect();
                 hosts.dedup();
@@ -532,7 +557,18 @@ pub async fn admit(
     if existing && reclaiming == 0 {
         return Ok(Admitted::Pending { reclaiming });
     }
-    match commit(st, ctx, tenant, members, None, existing, cluster, Some(&plan)).await {
+    match commit(
+        st,
+        ctx,
+        tenant,
+        members,
+        None,
+        existing,
+        cluster,
+        Some(&plan),
+    )
+    .await
+    {
         Ok(()) => {}
         Err(CommitError::Lost) => {
             return Err(ApiError::Conflict(

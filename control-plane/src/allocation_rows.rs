@@ -21,7 +21,6 @@ pub fn allocations(p: &Placement) -> Vec<(&'static str, String)> {
     rows
 }
 
-
 /// The rows to insert for a VM's placement on a host.
 pub fn rows(host: Uuid, vm: Uuid, p: &Placement) -> Vec<allocations::ActiveModel> {
     allocations(p)

@@ -98,10 +98,7 @@ impl Capacity {
                 vm: v.id,
                 tenant: v.tenant_id,
                 spot: *spot,
-                reclaiming: matches!(
-                    stored_state(v),
-                    VmState::Preempting | VmState::Preempted
-                ),
+                reclaiming: matches!(stored_state(v), VmState::Preempting | VmState::Preempted),
                 since: v.created_at.timestamp(),
                 placement: p,
             })

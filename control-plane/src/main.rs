@@ -157,7 +157,10 @@ fn main() -> ExitCode {
             seed,
         })
         .map_err(anyhow::Error::msg)
-        .and_then(|r| Ok(println!("{}", serde_json::to_string(&r)?))),
+        .and_then(|r| {
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }),
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -65,17 +65,17 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
         let txn = st.db.begin().await?;
         // Conditional, so two replicas do it once.
         let mut update = vms::Entity::update_many()
-            .col_expr(vms::Column::PreemptDeadline, Expr::value(None::<chrono::DateTime<Utc>>))
+            .col_expr(
+                vms::Column::PreemptDeadline,
+                Expr::value(None::<chrono::DateTime<Utc>>),
+            )
             .col_expr(vms::Column::UpdatedAt, Expr::value(Utc::now()))
             .filter(vms::Column::Id.eq(vm.id))
             .filter(vms::Column::State.eq(VmState::Preempting.as_str()));
         update = if cpu_only {
             update.col_expr(vms::Column::DesiredPower, Expr::value("saved"))
         } else {
-            update.col_expr(
-                vms::Column::State,
-                Expr::value(VmState::Preempted.as_str()),
-            )
+            update.col_expr(vms::Column::State, Expr::value(VmState::Preempted.as_str()))
         };
         if update.exec(&txn).await?.rows_affected == 0 {
             continue;
@@ -140,7 +140,10 @@ async fn resume(st: &AppState) -> Result<(), ApiError> {
             }
         }
         vms::Entity::update_many()
-            .col_expr(vms::Column::State, Expr::value(VmState::Provisioning.as_str()))
+            .col_expr(
+                vms::Column::State,
+                Expr::value(VmState::Provisioning.as_str()),
+            )
             .col_expr(vms::Column::DesiredPower, Expr::value("running"))
             .col_expr(vms::Column::UpdatedAt, Expr::value(Utc::now()))
             .filter(vms::Column::Id.eq(vm.id))

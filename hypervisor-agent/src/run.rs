@@ -60,7 +60,7 @@ async fn obtain(
             config.state_dir.display()
         )
     })?;
-    let r = client::register(&config, join, topo).await?;
+    let r = client::register(config, join, topo).await?;
     let c = Credential {
         host_id: r.host_id,
         server: config.server.clone(),

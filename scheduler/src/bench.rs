@@ -178,9 +178,7 @@ fn run_one(cfg: &BenchConfig, strategy: Strategy) -> Result<(Figures, u32), Stri
             match placed {
                 Some(members) => {
                     clusters_placed += 1;
-                    let first = members
-                        .first()
-                        .map(|c| index.hosts[c.host].scalable_unit);
+                    let first = members.first().map(|c| index.hosts[c.host].scalable_unit);
                     if members
                         .iter()
                         .all(|c| Some(index.hosts[c.host].scalable_unit) == first)
@@ -199,11 +197,10 @@ fn run_one(cfg: &BenchConfig, strategy: Strategy) -> Result<(Figures, u32), Stri
             let req = vm_request(&mut rng, &models);
             let vm = id();
             let t = Instant::now();
-            let placed = place(&index, &req, strategy).map(|c| {
+            let placed = place(&index, &req, strategy).inspect(|c| {
                 let mut hold = c.hold.clone();
                 hold.vm = vm;
                 index.apply(c.host, hold);
-                c
             });
             vm_times.push(t.elapsed().as_secs_f64() * 1e6);
             match placed {
@@ -224,7 +221,13 @@ fn run_one(cfg: &BenchConfig, strategy: Strategy) -> Result<(Figures, u32), Stri
     let placed = vm_times.len() as u32 - vms_refused;
     vm_times.sort_by(f64::total_cmp);
     cluster_times.sort_by(f64::total_cmp);
-    let ratio = |a: u32, b: u32| if b == 0 { 1.0 } else { f64::from(a) / f64::from(b) };
+    let ratio = |a: u32, b: u32| {
+        if b == 0 {
+            1.0
+        } else {
+            f64::from(a) / f64::from(b)
+        }
+    };
     Ok((
         Figures {
             p50_us: percentile(&vm_times, 0.5),

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use kumo_topology::guest_layout::{Placement, PlacedNic};
+use kumo_topology::guest_layout::{PlacedNic, Placement};
 use kumo_topology::HostTopology;
 use uuid::Uuid;
 
@@ -193,11 +193,7 @@ impl HostCap {
                 (node.id, pos.iter().map(|i| node.cpus[*i]).collect())
             })
             .collect();
-        let memory_mib = h
-            .memory
-            .iter()
-            .map(|(n, m)| (p.nodes[*n].id, *m))
-            .collect();
+        let memory_mib = h.memory.iter().map(|(n, m)| (p.nodes[*n].id, *m)).collect();
         Placement {
             gpus,
             nics,
@@ -276,7 +272,10 @@ impl Index {
     }
 
     pub fn model_id(&self, model: &str) -> Option<u16> {
-        self.models.iter().position(|m| m == model).map(|i| i as u16)
+        self.models
+            .iter()
+            .position(|m| m == model)
+            .map(|i| i as u16)
     }
 
     pub fn model_name(&self, id: u16) -> Option<&str> {
@@ -314,15 +313,16 @@ impl Index {
 
     /// Replaces what the index knows of a host with a fresh reading.
     pub fn upsert(&mut self, h: HostInput, vms: &[VmInput]) {
-        let su = h.scalable_unit.as_deref().map(|s| {
-            match self.units.iter().position(|u| u == s) {
+        let su = h
+            .scalable_unit
+            .as_deref()
+            .map(|s| match self.units.iter().position(|u| u == s) {
                 Some(i) => i as u32,
                 None => {
                     self.units.push(s.to_owned());
                     (self.units.len() - 1) as u32
                 }
-            }
-        });
+            });
         let mut cap = HostCap::new(h, su);
         for v in vms {
             let hold = cap.hold_of(v);
@@ -385,9 +385,10 @@ impl Index {
                 .cpus
                 .iter()
                 .all(|(n, pos)| pos.iter().all(|p| h.is_cpu_free(*n, *p)))
-            && hold.memory.iter().all(|(n, m)| {
-                h.profile.nodes[*n].memory_mib == 0 || h.mem_free[*n] >= *m
-            })
+            && hold
+                .memory
+                .iter()
+                .all(|(n, m)| h.profile.nodes[*n].memory_mib == 0 || h.mem_free[*n] >= *m)
     }
 
     /// Where a VM is held, by host position.
@@ -408,10 +409,7 @@ impl Index {
     /// GPUs free in the whole index, and in all.
     pub fn gpu_totals(&self) -> (u32, u32) {
         self.hosts.iter().fold((0, 0), |(f, t), h| {
-            (
-                f + h.gpu_free.count_ones(),
-                t + h.profile.gpus.len() as u32,
-            )
+            (f + h.gpu_free.count_ones(), t + h.profile.gpus.len() as u32)
         })
     }
 

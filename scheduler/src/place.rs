@@ -56,11 +56,7 @@ impl Choice {
 
 pub fn rails_of(h: &HostCap, gpus: u64) -> Vec<Option<u32>> {
     bits(gpus)
-        .map(|i| {
-            h.profile.gpus[i]
-                .nic
-                .and_then(|n| h.profile.nics[n].rail)
-        })
+        .map(|i| h.profile.gpus[i].nic.and_then(|n| h.profile.nics[n].rail))
         .collect()
 }
 
@@ -101,9 +97,7 @@ fn model_pools<'a>(h: &'a HostCap, req: &Request) -> impl Iterator<Item = u64> +
 fn gpu_key(h: &HostCap, pool: u64, i: usize) -> (u32, bool, u32, usize) {
     let p = &h.profile;
     let g = &p.gpus[i];
-    let in_group = bits(pool)
-        .filter(|j| p.gpus[*j].group == g.group)
-        .count() as u32;
+    let in_group = bits(pool).filter(|j| p.gpus[*j].group == g.group).count() as u32;
     let nic_taken = g.nic.is_some_and(|n| h.nic_free & (1 << n) == 0);
     let in_node = (pool & p.nodes[g.node].gpus).count_ones();
     (in_node, nic_taken, in_group, i)
@@ -151,9 +145,8 @@ fn choose_gpus(h: &HostCap, req: &Request, strategy: Strategy) -> Option<(u64, b
             // must give the same sequence.
             let mut m = 0u64;
             for r in rails {
-                let i = bits(free & !m).find(|i| {
-                    p.gpus[*i].nic.and_then(|x| p.nics[x].rail) == *r
-                })?;
+                let i =
+                    bits(free & !m).find(|i| p.gpus[*i].nic.and_then(|x| p.nics[x].rail) == *r)?;
                 m |= 1 << i;
             }
             if &rails_of(h, m) != rails {
@@ -241,9 +234,7 @@ fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Opti
     let mut class = 0;
     if weight.is_empty() {
         // A CPU-only VM: one node with room, the best class, best filled.
-        let fits = |n: usize| {
-            h.cpu_free_n[n] >= req.vcpus && mem_ok(h, n, req.memory_mib)
-        };
+        let fits = |n: usize| h.cpu_free_n[n] >= req.vcpus && mem_ok(h, n, req.memory_mib);
         let node = (0..p.nodes.len()).filter(|n| fits(*n)).min_by_key(|n| {
             let left = h.cpu_free_n[*n] - req.vcpus;
             match strategy {

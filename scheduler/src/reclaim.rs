@@ -61,23 +61,32 @@ fn subsets(n: usize, k: usize, mut f: impl FnMut(&[usize]) -> bool) {
 }
 
 /// The cheapest reclamation for `req` on one host: `(victims, cost)`.
-fn plan_on(h: &HostCap, req: &Request, now: i64) -> Option<(Vec<Uuid>, Vec<Uuid>, (usize, i64))> {
+/// Victims, VMs already being reclaimed, and the cost: (victims, run time lost).
+struct HostPlan {
+    victims: Vec<Uuid>,
+    waiting: Vec<Uuid>,
+    cost: (usize, i64),
+}
+
+fn plan_on(h: &HostCap, req: &Request, now: i64) -> Option<HostPlan> {
     if h.state != HostUse::Ready {
         return None;
     }
     let mut base = h.clone();
-    let waiting: Vec<Uuid> = h.holds.iter().filter(|x| x.reclaiming).map(|x| x.vm).collect();
+    let waiting: Vec<Uuid> = h
+        .holds
+        .iter()
+        .filter(|x| x.reclaiming)
+        .map(|x| x.vm)
+        .collect();
     for vm in &waiting {
         base.release(*vm);
     }
-    let mut candidates: Vec<&crate::Hold> = h
-        .holds
-        .iter()
-        .filter(|x| x.spot && !x.reclaiming)
-        .collect();
+    let mut candidates: Vec<&crate::Hold> =
+        h.holds.iter().filter(|x| x.spot && !x.reclaiming).collect();
     // Upper bound: even with every candidate gone, do enough GPUs free up?
-    let spare = base.gpu_free.count_ones()
-        + candidates.iter().map(|x| x.gpus.count_ones()).sum::<u32>();
+    let spare =
+        base.gpu_free.count_ones() + candidates.iter().map(|x| x.gpus.count_ones()).sum::<u32>();
     if spare < req.gpus {
         return None;
     }
@@ -106,7 +115,11 @@ fn plan_on(h: &HostCap, req: &Request, now: i64) -> Option<(Vec<Uuid>, Vec<Uuid>
             false
         });
         if let Some((vms, cost)) = best {
-            return Some((vms, waiting, (k, cost)));
+            return Some(HostPlan {
+                victims: vms,
+                waiting,
+                cost: (k, cost),
+            });
         }
     }
     None
@@ -115,17 +128,17 @@ fn plan_on(h: &HostCap, req: &Request, now: i64) -> Option<(Vec<Uuid>, Vec<Uuid>
 /// The cheapest reclamation for a guaranteed VM over all hosts, or `None`
 /// when even reclaiming every spot VM would not make room.
 pub fn plan(index: &Index, req: &Request, now: i64) -> Option<Plan> {
-    let mut best: Option<(usize, Vec<Uuid>, Vec<Uuid>, (usize, i64))> = None;
+    let mut best: Option<(usize, HostPlan)> = None;
     for (i, h) in index.hosts.iter().enumerate() {
-        if let Some((victims, waiting, cost)) = plan_on(h, req, now) {
-            if best.as_ref().is_none_or(|b| cost < b.3) {
-                best = Some((i, victims, waiting, cost));
+        if let Some(p) = plan_on(h, req, now) {
+            if best.as_ref().is_none_or(|b| p.cost < b.1.cost) {
+                best = Some((i, p));
             }
         }
     }
-    best.map(|(i, victims, waiting, _)| Plan {
-        victims: victims.into_iter().map(|v| (i, v)).collect(),
-        waiting_on: waiting.into_iter().map(|v| (i, v)).collect(),
+    best.map(|(i, p)| Plan {
+        victims: p.victims.into_iter().map(|v| (i, v)).collect(),
+        waiting_on: p.waiting.into_iter().map(|v| (i, v)).collect(),
     })
 }
 

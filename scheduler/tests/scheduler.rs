@@ -107,7 +107,11 @@ fn check_invariants(h: &HostCap) {
         p.nodes.iter().map(|n| n.cpus.len()).sum::<usize>() - cpus.len()
     );
     for (i, n) in p.nodes.iter().enumerate() {
-        assert!(mem[i] <= n.memory_mib, "node {} memory over-committed", n.id);
+        assert!(
+            mem[i] <= n.memory_mib,
+            "node {} memory over-committed",
+            n.id
+        );
     }
 }
 
@@ -141,9 +145,17 @@ fn best_fit_fills_the_partly_used_host_and_keeps_whole_hosts_whole() {
     let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None)]);
     // A 4-GPU VM on host 1, then 1-, 2- and 1-GPU VMs: all beside it.
     index.hosts.swap(0, 1);
-    let (first, _) = { let r = gpu_req(&index, 4, H100); take(&mut index, &r) }.unwrap();
+    let (first, _) = {
+        let r = gpu_req(&index, 4, H100);
+        take(&mut index, &r)
+    }
+    .unwrap();
     for g in [1, 2, 1] {
-        let (h, _) = { let r = gpu_req(&index, g, H100); take(&mut index, &r) }.unwrap();
+        let (h, _) = {
+            let r = gpu_req(&index, g, H100);
+            take(&mut index, &r)
+        }
+        .unwrap();
         assert_eq!(h, first, "a {g}-GPU VM went to the whole host");
     }
     let other = 1 - first;
@@ -157,8 +169,16 @@ fn best_fit_fills_the_partly_used_host_and_keeps_whole_hosts_whole() {
 #[test]
 fn small_vms_share_a_numa_node_so_the_other_stays_whole() {
     let mut index = fleet(&[("hgx-h100", None)]);
-    let (_, a) = { let r = gpu_req(&index, 2, H100); take(&mut index, &r) }.unwrap();
-    let (_, b) = { let r = gpu_req(&index, 2, H100); take(&mut index, &r) }.unwrap();
+    let (_, a) = {
+        let r = gpu_req(&index, 2, H100);
+        take(&mut index, &r)
+    }
+    .unwrap();
+    let (_, b) = {
+        let r = gpu_req(&index, 2, H100);
+        take(&mut index, &r)
+    }
+    .unwrap();
     let h = &index.hosts[0];
     let nodes = |vm: Uuid| -> BTreeSet<usize> {
         let x = h.holds.iter().find(|x| x.vm == vm).unwrap();
@@ -169,9 +189,7 @@ fn small_vms_share_a_numa_node_so_the_other_stays_whole() {
     // The other node's four GPUs are still free together: a 4-GPU VM fits
     // on one node.
     let c = place(&index, &gpu_req(&index, 4, H100), Strategy::BestFit).unwrap();
-    let placed: BTreeSet<usize> = bits(c.hold.gpus)
-        .map(|i| h.profile.gpus[i].node)
-        .collect();
+    let placed: BTreeSet<usize> = bits(c.hold.gpus).map(|i| h.profile.gpus[i].node).collect();
     assert_eq!(placed.len(), 1);
 }
 
@@ -205,7 +223,11 @@ fn cpu_only_vms_keep_off_gpu_numa_nodes_while_other_room_exists() {
     // With the CPU host gone, a GPU host's node whose GPUs are all taken
     // comes before a node beside free GPUs.
     let mut index = fleet(&[("hgx-h100", None)]);
-    let (_, four) = { let r = gpu_req(&index, 4, H100); take(&mut index, &r) }.unwrap();
+    let (_, four) = {
+        let r = gpu_req(&index, 4, H100);
+        take(&mut index, &r)
+    }
+    .unwrap();
     let h = &index.hosts[0];
     let busy: BTreeSet<usize> = h
         .holds
@@ -316,7 +338,9 @@ fn reclamation_takes_the_fewest_spot_vms_then_the_least_run_time() {
     // Host 0: four 2-GPU spot VMs; host 1: one 4-GPU spot VM (old) and a
     // guaranteed 4-GPU VM.
     let now = 100_000;
-    let small: Vec<Uuid> = (0..4).map(|i| spot(&mut index, 0, 2, now - 10 * i)).collect();
+    let small: Vec<Uuid> = (0..4)
+        .map(|i| spot(&mut index, 0, 2, now - 10 * i))
+        .collect();
     let old = spot(&mut index, 1, 4, now - 50_000);
     let (_, guaranteed) = {
         let mut only1 = index.clone();
@@ -358,7 +382,11 @@ fn reclamation_takes_the_fewest_spot_vms_then_the_least_run_time() {
 #[test]
 fn holds_read_back_from_placements_match() {
     let mut index = fleet(&[("dgx-a100", None)]);
-    let (_, vm) = { let r = gpu_req(&index, 3, A100); take(&mut index, &r) }.unwrap();
+    let (_, vm) = {
+        let r = gpu_req(&index, 3, A100);
+        take(&mut index, &r)
+    }
+    .unwrap();
     let h = index.hosts[0].clone();
     let hold = h.holds.iter().find(|x| x.vm == vm).unwrap().clone();
     let placement = h.placement(&hold);

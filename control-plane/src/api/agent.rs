@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use chrono::Utc;
 use kumo_api_types::{
-    ActualState, AgentHeartbeat, AgentRegister, AgentRegistered, DesiredParams, DesiredState, DesiredVm,
-    HostState, PreemptionNotice, StatusReport, VmState,
+    ActualState, AgentHeartbeat, AgentRegister, AgentRegistered, DesiredParams, DesiredState,
+    DesiredVm, HostState, PreemptionNotice, StatusReport, VmState,
 };
 use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
 use uuid::Uuid;
@@ -104,10 +104,7 @@ pub async fn register(
         || body.rails.values().any(|r| *r > 1024)
         || body.rails.keys().any(|k| k.len() > 64)
     {
-        return Err(ApiError::field(
-            "rails",
-            "at most 64 NICs, rails 0 to 1024",
-        ));
+        return Err(ApiError::field("rails", "at most 64 NICs, rails 0 to 1024"));
     }
     let rails = (!body.rails.is_empty())
         .then(|| serde_json::to_string(&body.rails))
@@ -222,7 +219,12 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
             (VmState::Preempting, Some(deadline)) => Some(PreemptionNotice {
                 vm: v.id,
                 deadline,
-                action: if spec.gpus == 0 { "suspend" } else { "shutdown" }.into(),
+                action: if spec.gpus == 0 {
+                    "suspend"
+                } else {
+                    "shutdown"
+                }
+                .into(),
             }),
             _ => None,
         };

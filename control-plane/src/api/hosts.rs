@@ -15,11 +15,11 @@ use uuid::Uuid;
 
 use super::Problems;
 use crate::access::require_admin;
+use crate::allocation_rows::KIND_GPU;
 use crate::entity::{allocations, hosts, join_tokens};
 use crate::error::ApiError;
 use crate::extract::{Ctx, Json, Path, Query};
 use crate::paging::Paging;
-use crate::allocation_rows::KIND_GPU;
 use crate::server::AppState;
 use crate::{audit, auth, names};
 

@@ -153,10 +153,18 @@ async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Resu
     };
     let topo = host.as_ref().map(stored_topology).transpose()?;
     let cluster = match v.cluster_id {
-        Some(c) => clusters::Entity::find_by_id(c).one(db).await?.map(|c| c.name),
+        Some(c) => clusters::Entity::find_by_id(c)
+            .one(db)
+            .await?
+            .map(|c| c.name),
         None => None,
     };
-    to_api_on(v, tenant, host.as_ref().zip(topo.as_ref()), cluster.as_deref())
+    to_api_on(
+        v,
+        tenant,
+        host.as_ref().zip(topo.as_ref()),
+        cluster.as_deref(),
+    )
 }
 
 pub async fn event(
@@ -295,7 +303,16 @@ pub async fn create(
         name: body.name.clone(),
         spec,
     };
-    match admit(&st, Some(&ctx), &tenant, std::slice::from_ref(&member), false, None).await {
+    match admit(
+        &st,
+        Some(&ctx),
+        &tenant,
+        std::slice::from_ref(&member),
+        false,
+        None,
+    )
+    .await
+    {
         Ok(_) => {}
         Err(ApiError::Conflict(_)) => return Err(name_taken()),
         Err(e) => return Err(e),

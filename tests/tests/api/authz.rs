@@ -343,9 +343,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
             path = path.replace("{user}", "vera");
             None
         }
-        ("PUT", "/api/v1/tenants/{tenant}/quota") => {
-            Some(json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "gpus": {"H100-SXM5-80GB": 8}}))
-        }
+        ("PUT", "/api/v1/tenants/{tenant}/quota") => Some(
+            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "gpus": {"H100-SXM5-80GB": 8}}),
+        ),
         ("POST", "/api/v1/users") => Some(json!({"name": format!("user-{n}")})),
         ("POST", "/api/v1/users/{user}/tokens") => {
             path = path.replace("{user}", "mika");

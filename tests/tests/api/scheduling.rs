@@ -155,7 +155,10 @@ async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
         assert!(Instant::now() < until, "big VM still {:?}", b.state);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(asked.elapsed() >= grace, "placed before the grace period ended");
+    assert!(
+        asked.elapsed() >= grace,
+        "placed before the grace period ended"
+    );
     let b = get_vm(&s, "big").await;
     assert_eq!(b.placement.as_ref().unwrap().gpus.len(), 8);
     for v in &spot {
@@ -172,11 +175,12 @@ async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
         assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");
     }
     // A preempted VM can be deleted, and nothing else.
-    let e = s.admin.vm_action("lab", "spot-0", "start").await.unwrap_err();
-    assert_eq!(e.status(), Some(409));
-    s.admin
-        .delete_vm("lab", "spot-0")
+    let e = s
+        .admin
+        .vm_action("lab", "spot-0", "start")
         .await
-        .unwrap();
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409));
+    s.admin.delete_vm("lab", "spot-0").await.unwrap();
     s.stop().await;
 }
