@@ -495,10 +495,20 @@ pub async fn admit(
         .await
         {
             Ok(()) => {
-                let mut hosts: Vec<Uuid> = reserved.iter().map(|r| r.host).collect();
+                // The reservation is now the truth; the commit moved each
+                // host's revision exactly one past what the index saw.
+                let mut hosts: Vec<(Uuid, i64)> =
+                    reserved.iter().map(|r| (r.host, r.revision)).collect();
                 hosts.dedup();
-                for h in hosts {
-                    st.capacity.refresh_host(&st.db, h).await?;
+                {
+                    let mut index = st.capacity.lock();
+                    for (h, seen) in &hosts {
+                        if let Some(pos) = index.position(*h) {
+                            index.set_revision(pos, seen + 1);
+                        }
+                    }
+                }
+                for (h, _) in hosts {
                     st.signals.notify(h);
                 }
                 return Ok(Admitted::Placed);

@@ -8,6 +8,8 @@
 //! free GPUs, and only then beside free GPUs. First fit (the baseline the
 //! benchmark compares against) takes the first host, lowest GPUs first.
 
+use kumo_topology::guest_layout::split;
+
 use crate::index::{HostCap, HostUse, Index};
 use crate::profile::bits;
 use crate::Hold;
@@ -60,21 +62,6 @@ pub fn rails_of(h: &HostCap, gpus: u64) -> Vec<Option<u32>> {
         .collect()
 }
 
-/// `total` split by `weights`, remainders to the first parts.
-fn split(total: u64, weights: &[u64]) -> Vec<u64> {
-    let sum: u64 = weights.iter().sum::<u64>().max(1);
-    let mut parts: Vec<u64> = weights.iter().map(|w| total * w / sum).collect();
-    let mut rest = total - parts.iter().sum::<u64>();
-    for p in parts.iter_mut() {
-        if rest == 0 {
-            break;
-        }
-        *p += 1;
-        rest -= 1;
-    }
-    parts
-}
-
 fn host_takes(h: &HostCap, req: &Request) -> bool {
     h.state == HostUse::Ready
         && req.unit.is_none_or(|u| h.scalable_unit == Some(u))
@@ -120,9 +107,9 @@ fn pick_from(h: &HostCap, pool: u64, n: usize) -> u64 {
             // Ties between equally filled nodes: the lowest node.
             let node = order.iter().map(|i| p.gpus[*i].node).min().unwrap_or(0);
             order.retain(|i| p.gpus[*i].node == node);
-            order.sort_by_key(|i| gpu_key(h, pool, *i));
+            order.sort_by_cached_key(|i| gpu_key(h, pool, *i));
         }
-        None => order.sort_by_key(|i| {
+        None => order.sort_by_cached_key(|i| {
             let k = gpu_key(h, pool, *i);
             (std::cmp::Reverse(k.0), p.gpus[*i].node, k.1, k.2, k.3)
         }),

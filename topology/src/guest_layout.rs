@@ -66,7 +66,8 @@ pub struct PlacedNic {
     pub for_gpus: Vec<Bdf>,
 }
 
-fn split(total: u64, weights: &[u64]) -> Vec<u64> {
+/// `total` split in proportion to `weights`, remainders to the first parts.
+pub fn split(total: u64, weights: &[u64]) -> Vec<u64> {
     let sum: u64 = weights.iter().sum::<u64>().max(1);
     let mut parts: Vec<u64> = weights.iter().map(|w| total * w / sum).collect();
     let mut rest = total - parts.iter().sum::<u64>();
