@@ -486,7 +486,7 @@ pub struct VmCreate {
     /// Default: 8 per GPU, at least 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcpus: Option<u32>,
-    /// Default: 64 per GPU, at least 4.
+    /// Default: 48 per GPU, at least 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_gib: Option<u32>,
     /// Default 50.
@@ -682,6 +682,24 @@ pub struct ClusterCreate {
     pub ssh_keys: Vec<String>,
 }
 
+/// vCPUs and GiB of memory a VM gets per GPU unless it asks otherwise:
+/// what fits on the GPUs' own NUMA nodes of every supported machine (a
+/// DGX A100's four GPU nodes hold about 500 GiB for its eight GPUs).
+pub const DEFAULT_VCPUS_PER_GPU: u32 = 8;
+pub const DEFAULT_MEMORY_GIB_PER_GPU: u32 = 48;
+
+impl VmCreate {
+    pub fn vcpus_or_default(&self) -> u32 {
+        self.vcpus
+            .unwrap_or((DEFAULT_VCPUS_PER_GPU * self.gpus).max(2))
+    }
+
+    pub fn memory_gib_or_default(&self) -> u32 {
+        self.memory_gib
+            .unwrap_or((DEFAULT_MEMORY_GIB_PER_GPU * self.gpus).max(4))
+    }
+}
+
 impl ClusterCreate {
     /// Member `i` as a VM request.
     pub fn member(&self, i: u32) -> VmCreate {
@@ -784,6 +802,10 @@ pub struct DesiredVm {
     /// and, for GPU VMs, ask it to shut down; do not start it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<PreemptionNotice>,
+    /// For a cluster member: the cluster's MPI hostfile, kept at
+    /// `/etc/kumo/hostfile` in the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostfile: Option<String>,
 }
 
 /// What a spot VM's guest finds at `/run/kumo/preemption`.

@@ -2,9 +2,10 @@
 //! callers can branch on its `type`.
 
 use kumo_api_types::{
-    AuditEntry, Host, HostDetail, JoinTokenCreate, JoinTokenCreated, Me, Member, MemberPut, Page,
-    Problem, Quota, Template, TemplateCreate, Tenant, TenantCreate, TenantUpdate, TokenCreate,
-    TokenCreated, TokenInfo, User, UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
+    AuditEntry, Cluster, ClusterCreate, Host, HostDetail, JoinTokenCreate, JoinTokenCreated, Me,
+    Member, MemberPut, Page, Problem, Quota, Template, TemplateCreate, Tenant, TenantCreate,
+    TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User, UserCreate, Vm, VmCreate, VmEvent,
+    PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -336,6 +337,15 @@ impl Client {
         self.get(&format!("/api/v1/hosts/{}", segment(host))).await
     }
 
+    /// `drain` or `undrain`.
+    pub async fn host_action(&self, host: &str, action: &str) -> Result<Host, ClientError> {
+        self.send(self.request(
+            Method::POST,
+            &format!("/api/v1/hosts/{}/{}", segment(host), segment(action)),
+        ))
+        .await
+    }
+
     // ------------------------------------------------------------ templates
 
     pub async fn create_template(&self, body: &TemplateCreate) -> Result<Template, ClientError> {
@@ -385,6 +395,50 @@ impl Client {
         self.send(self.request(
             Method::DELETE,
             &format!("/api/v1/tenants/{}/vms/{}", segment(tenant), segment(vm)),
+        ))
+        .await
+    }
+
+    // ------------------------------------------------------------- clusters
+
+    pub async fn create_cluster(
+        &self,
+        tenant: &str,
+        body: &ClusterCreate,
+    ) -> Result<Cluster, ClientError> {
+        self.post(
+            &format!("/api/v1/tenants/{}/clusters", segment(tenant)),
+            body,
+        )
+        .await
+    }
+
+    pub async fn list_clusters(&self, tenant: &str) -> Result<Vec<Cluster>, ClientError> {
+        self.list_all(&format!("/api/v1/tenants/{}/clusters", segment(tenant)))
+            .await
+    }
+
+    pub async fn cluster(&self, tenant: &str, cluster: &str) -> Result<Cluster, ClientError> {
+        self.get(&format!(
+            "/api/v1/tenants/{}/clusters/{}",
+            segment(tenant),
+            segment(cluster)
+        ))
+        .await
+    }
+
+    pub async fn delete_cluster(
+        &self,
+        tenant: &str,
+        cluster: &str,
+    ) -> Result<Cluster, ClientError> {
+        self.send(self.request(
+            Method::DELETE,
+            &format!(
+                "/api/v1/tenants/{}/clusters/{}",
+                segment(tenant),
+                segment(cluster)
+            ),
         ))
         .await
     }

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kumo_api_types::{
-    JoinTokenCreate, MemberPut, Quota, Role, ServiceLevel, TemplateCreate, TenantCreate,
-    TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
+    Cluster, ClusterCreate, JoinTokenCreate, MemberPut, Quota, Role, ServiceLevel, TemplateCreate,
+    TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
 };
 
 use crate::client::Client;
@@ -73,6 +73,9 @@ pub enum Command {
     /// Virtual machines.
     #[command(subcommand)]
     Vm(VmCmd),
+    /// Training clusters: VMs placed together, rail-aligned.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
     /// Lifecycle events of a tenant's VMs, newest first.
     Events {
         #[command(flatten)]
@@ -215,6 +218,14 @@ pub enum HostCmd {
     Show {
         host: String,
     },
+    /// No new VMs on it; its spot VMs are reclaimed.
+    Drain {
+        host: String,
+    },
+    /// Back into service.
+    Undrain {
+        host: String,
+    },
     /// Join tokens register new hosts.
     #[command(subcommand)]
     JoinToken(JoinTokenCmd),
@@ -253,32 +264,106 @@ pub enum TemplateCmd {
     List,
 }
 
+/// What one VM is made of; shared by `vm create` and `cluster create`.
+#[derive(Args, Debug)]
+pub struct SpecArgs {
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    #[arg(long)]
+    gpu_model: Option<String>,
+    #[arg(long)]
+    vcpus: Option<u32>,
+    /// GiB.
+    #[arg(long)]
+    memory: Option<u32>,
+    /// GiB.
+    #[arg(long)]
+    disk: Option<u32>,
+    #[arg(long)]
+    template: Option<String>,
+    /// Cheaper, and reclaimable when guaranteed capacity is needed.
+    #[arg(long)]
+    spot: bool,
+    /// An OpenSSH public key file; repeat for more.
+    #[arg(long)]
+    ssh_key: Vec<PathBuf>,
+}
+
+impl SpecArgs {
+    fn vm(&self, name: &str) -> anyhow::Result<VmCreate> {
+        let mut keys = Vec::new();
+        for f in &self.ssh_key {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned),
+            );
+        }
+        Ok(VmCreate {
+            name: name.to_owned(),
+            gpus: self.gpus,
+            gpu_model: self.gpu_model.clone(),
+            vcpus: self.vcpus,
+            memory_gib: self.memory,
+            disk_gib: self.disk,
+            template: self.template.clone(),
+            service_level: if self.spot {
+                ServiceLevel::Spot
+            } else {
+                ServiceLevel::Guaranteed
+            },
+            ssh_keys: keys,
+        })
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// SIZE identical VMs NAME-0 … placed together, rail-aligned.
+    Create {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long)]
+        size: u32,
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    List {
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Members, their hosts, scalable units and rails.
+    Show {
+        cluster: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// The MPI hostfile (also at /etc/kumo/hostfile in every member).
+    Hostfile {
+        cluster: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Deletes every member.
+    Delete {
+        cluster: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+}
+
 #[derive(Subcommand, Debug)]
 pub enum VmCmd {
     Create {
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
-        #[arg(long, default_value_t = 0)]
-        gpus: u32,
-        #[arg(long)]
-        gpu_model: Option<String>,
-        #[arg(long)]
-        vcpus: Option<u32>,
-        /// GiB.
-        #[arg(long)]
-        memory: Option<u32>,
-        /// GiB.
-        #[arg(long)]
-        disk: Option<u32>,
-        #[arg(long)]
-        template: Option<String>,
-        /// Cheaper, and reclaimable when guaranteed capacity is needed.
-        #[arg(long)]
-        spot: bool,
-        /// An OpenSSH public key file; repeat for more.
-        #[arg(long)]
-        ssh_key: Vec<PathBuf>,
+        #[command(flatten)]
+        spec: SpecArgs,
         /// Wait until the VM is running (or fails).
         #[arg(long)]
         wait: bool,
@@ -424,6 +509,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Host(cmd) => host(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Template(cmd) => template(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Vm(cmd) => vm(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Cluster(cmd) => cluster(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Events { tenant, limit } => {
             let events = client(&cli, &env)?.events(&tenant.tenant, *limit).await?;
             print_one(out, fmt, &events, || {
@@ -833,6 +919,17 @@ async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
                 )
             })?;
         }
+        HostCmd::Drain { host } | HostCmd::Undrain { host } => {
+            let action = if matches!(cmd, HostCmd::Drain { .. }) {
+                "drain"
+            } else {
+                "undrain"
+            };
+            let h = c.host_action(host, action).await?;
+            print_one(out, fmt, &h, || {
+                format!("{}: {}\n", h.name, h.state.as_str())
+            })?;
+        }
         HostCmd::JoinToken(JoinTokenCmd::Create { description, ttl }) => {
             let t = c
                 .create_join_token(&JoinTokenCreate {
@@ -962,47 +1059,10 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
         VmCmd::Create {
             name,
             tenant,
-            gpus,
-            gpu_model,
-            vcpus,
-            memory,
-            disk,
-            template,
-            spot,
-            ssh_key,
+            spec,
             wait,
         } => {
-            let mut keys = Vec::new();
-            for f in ssh_key {
-                let text = std::fs::read_to_string(f)
-                    .with_context(|| format!("reading {}", f.display()))?;
-                keys.extend(
-                    text.lines()
-                        .map(str::trim)
-                        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                        .map(str::to_owned),
-                );
-            }
-            let mut v = c
-                .create_vm(
-                    &tenant.tenant,
-                    &VmCreate {
-                        name: name.clone(),
-                        gpus: *gpus,
-                        gpu_model: gpu_model.clone(),
-                        vcpus: *vcpus,
-                        memory_gib: *memory,
-                        disk_gib: *disk,
-                        template: template.clone(),
-                        service_level: if *spot {
-                            ServiceLevel::Spot
-                        } else {
-                            ServiceLevel::Guaranteed
-                        },
-                        ssh_keys: keys,
-                    },
-                )
-                .await?;
+            let mut v = c.create_vm(&tenant.tenant, &spec.vm(name)?).await?;
             if *wait {
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
                 while !matches!(v.state, VmState::Running | VmState::Error) {
@@ -1043,6 +1103,115 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
         }
         VmCmd::Topology { vm, tenant } => {
             write!(out, "{}", c.vm_nccl_topology(&tenant.tenant, vm).await?)?;
+        }
+    }
+    Ok(())
+}
+
+fn cluster_detail(cl: &Cluster) -> String {
+    let mut s = format!(
+        "Name:    {}\nTenant:  {}\nState:   {}\nSize:    {} × ({} GPU(s), {} vCPUs, {} GiB memory)\n\n",
+        cl.name, cl.tenant, cl.state, cl.size, cl.spec.gpus, cl.spec.vcpus, cl.spec.memory_gib,
+    );
+    let mut t = Table::new(&["member", "state", "host", "su", "rails"]);
+    for m in &cl.members {
+        let rails: Vec<String> = m
+            .rails
+            .iter()
+            .map(|r| r.map(|r| r.to_string()).unwrap_or_else(|| "-".into()))
+            .collect();
+        t.row(vec![
+            m.name.clone(),
+            m.state.as_str().into(),
+            opt(&m.host),
+            opt(&m.scalable_unit),
+            if rails.is_empty() {
+                "-".into()
+            } else {
+                rails.join(",")
+            },
+        ]);
+    }
+    s.push_str(&t.render());
+    s
+}
+
+async fn cluster(
+    cmd: &ClusterCmd,
+    c: &Client,
+    fmt: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    match cmd {
+        ClusterCmd::Create {
+            name,
+            tenant,
+            size,
+            spec,
+        } => {
+            let v = spec.vm(name)?;
+            let cl = c
+                .create_cluster(
+                    &tenant.tenant,
+                    &ClusterCreate {
+                        name: v.name,
+                        size: *size,
+                        gpus: v.gpus,
+                        gpu_model: v.gpu_model,
+                        vcpus: v.vcpus,
+                        memory_gib: v.memory_gib,
+                        disk_gib: v.disk_gib,
+                        template: v.template,
+                        service_level: v.service_level,
+                        ssh_keys: v.ssh_keys,
+                    },
+                )
+                .await?;
+            print_one(out, fmt, &cl, || cluster_detail(&cl))?;
+        }
+        ClusterCmd::List { tenant } => {
+            let cls = c.list_clusters(&tenant.tenant).await?;
+            print_one(out, fmt, &cls, || {
+                let mut t = Table::new(&["name", "state", "size", "gpus each", "scalable units"]);
+                for cl in &cls {
+                    let mut sus: Vec<String> = cl
+                        .members
+                        .iter()
+                        .filter_map(|m| m.scalable_unit.clone())
+                        .collect();
+                    sus.sort();
+                    sus.dedup();
+                    t.row(vec![
+                        cl.name.clone(),
+                        cl.state.clone(),
+                        cl.size.to_string(),
+                        cl.spec.gpus.to_string(),
+                        if sus.is_empty() {
+                            "-".into()
+                        } else {
+                            sus.join(",")
+                        },
+                    ]);
+                }
+                t.render()
+            })?;
+        }
+        ClusterCmd::Show { cluster, tenant } => {
+            let cl = c.cluster(&tenant.tenant, cluster).await?;
+            print_one(out, fmt, &cl, || cluster_detail(&cl))?;
+        }
+        ClusterCmd::Hostfile { cluster, tenant } => {
+            write!(
+                out,
+                "{}",
+                c.cluster(&tenant.tenant, cluster).await?.hostfile
+            )?;
+        }
+        ClusterCmd::Delete { cluster, tenant } => {
+            let cl = c.delete_cluster(&tenant.tenant, cluster).await?;
+            print_one(out, fmt, &cl, || {
+                format!("Deleting {} ({} members)\n", cl.name, cl.members.len())
+            })?;
         }
     }
     Ok(())

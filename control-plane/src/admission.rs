@@ -296,6 +296,9 @@ async fn commit(
         }
         .insert(&txn)
         .await?;
+        if let Some(ctx) = ctx {
+            audit::record(&txn, ctx, "cluster.create", Some(tenant), c.name).await?;
+        }
     }
     if let (Some(c), true, Some(_)) = (cluster, existing, reserved) {
         clusters::Entity::update_many()

@@ -6,9 +6,10 @@
 //!   (`preempted`, removed from its host) when it has GPUs — VFIO devices
 //!   cannot be saved — or suspended with libvirt's managed save when it
 //!   has none;
-//! - a `suspended` VM resumes when exactly what it had is free again;
 //! - `pending` guaranteed VMs and clusters are placed once the spot VMs
-//!   they wait for are gone (or reclaim more if someone took the room).
+//!   they wait for are gone (or reclaim more if someone took the room);
+//! - a `suspended` VM resumes when exactly what it had is free again
+//!   (after pending VMs had their turn).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -49,8 +50,10 @@ pub async fn run(st: AppState) {
 /// One pass over everything the reaper looks after.
 pub async fn pass(st: &AppState) -> Result<(), ApiError> {
     expire(st).await?;
-    resume(st).await?;
-    place_pending(st).await
+    // Guaranteed VMs waiting for reclaimed room come before the spot VMs
+    // that gave it up: resuming first would take the room straight back.
+    place_pending(st).await?;
+    resume(st).await
 }
 
 /// Preempting VMs past their deadline.

@@ -90,7 +90,7 @@ async fn lost_host_detector(state: AppState) {
                 hosts::Column::State,
                 sea_orm::sea_query::Expr::value("unreachable"),
             )
-            .filter(hosts::Column::State.eq("ready"))
+            .filter(hosts::Column::State.is_in(["ready", "draining"]))
             .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
             .exec(&state.db)
             .await;

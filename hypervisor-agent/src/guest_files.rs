@@ -1,5 +1,6 @@
 //! Files the host agent keeps inside a running guest through the QEMU
-//! guest agent: the VM's NCCL topology file and `/etc/nccl.conf` naming it.
+//! guest agent: the VM's NCCL topology file, `/etc/nccl.conf` naming it,
+//! and a cluster member's hostfile.
 //!
 //! Level-triggered like the rest: each pass reads what the guest has and
 //! writes only what differs, so a guest that rebooted (and lost `/etc` on
@@ -11,6 +12,8 @@ use serde_json::{json, Value};
 
 pub const NCCL_TOPO_PATH: &str = "/etc/kumo/nccl-topo.xml";
 pub const NCCL_CONF_PATH: &str = "/etc/nccl.conf";
+/// A cluster member's MPI hostfile (`mpirun --hostfile`).
+pub const HOSTFILE_PATH: &str = "/etc/kumo/hostfile";
 const NCCL_TOPO_KEY: &str = "NCCL_TOPO_FILE=";
 const CHUNK: usize = 48 * 1024;
 
@@ -143,22 +146,40 @@ pub fn nccl_conf(existing: Option<&[u8]>) -> Vec<u8> {
     (lines.join("\n") + "\n").into_bytes()
 }
 
-pub fn sync(agent: &impl GuestAgent, topology_xml: &str) -> Outcome {
+/// Keeps the NCCL topology file, `/etc/nccl.conf` and, for a cluster
+/// member, the cluster's hostfile in the guest.
+pub fn sync(agent: &impl GuestAgent, topology_xml: &str, hostfile: Option<&str>) -> Outcome {
     if let Err(e) = agent.command(&json!({"execute": "guest-ping"}), 2) {
         return Outcome::AgentMissing(e);
     }
     let run = || -> Result<Outcome, String> {
-        let current = read(agent, NCCL_TOPO_PATH)?;
         let conf = read(agent, NCCL_CONF_PATH)?;
         let wanted_conf = nccl_conf(conf.as_deref());
-        if current.as_deref() == Some(topology_xml.as_bytes())
-            && conf.as_deref() == Some(&wanted_conf[..])
-        {
+        let mut wanted: Vec<(&str, &[u8])> = vec![
+            (NCCL_TOPO_PATH, topology_xml.as_bytes()),
+            (NCCL_CONF_PATH, &wanted_conf),
+        ];
+        if let Some(h) = hostfile {
+            wanted.push((HOSTFILE_PATH, h.as_bytes()));
+        }
+        let mut stale = Vec::new();
+        for (path, content) in wanted {
+            let current = if path == NCCL_CONF_PATH {
+                conf.clone()
+            } else {
+                read(agent, path)?
+            };
+            if current.as_deref() != Some(content) {
+                stale.push((path, content));
+            }
+        }
+        if stale.is_empty() {
             return Ok(Outcome::AlreadyThere);
         }
         mkdir_p(agent, "/etc/kumo")?;
-        write(agent, NCCL_TOPO_PATH, topology_xml.as_bytes())?;
-        write(agent, NCCL_CONF_PATH, &wanted_conf)?;
+        for (path, content) in stale {
+            write(agent, path, content)?;
+        }
         Ok(Outcome::Written)
     };
     run().unwrap_or_else(Outcome::Failed)
@@ -303,13 +324,35 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_member_gets_its_hostfile_and_keeps_it() {
+        let g = FakeGuest::default();
+        let hosts = "train-0 slots=8\ntrain-1 slots=8\n";
+        assert_eq!(sync(&g, "<system/>\n", Some(hosts)), Outcome::Written);
+        assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
+        assert_eq!(sync(&g, "<system/>\n", Some(hosts)), Outcome::AlreadyThere);
+        // Lost (reinstalled guest, edited by hand): written again.
+        g.files
+            .borrow_mut()
+            .insert(HOSTFILE_PATH.into(), b"mine\n".to_vec());
+        assert_eq!(sync(&g, "<system/>\n", Some(hosts)), Outcome::Written);
+        assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
+        // A VM outside any cluster is not given one.
+        let lone = FakeGuest::default();
+        assert_eq!(sync(&lone, "<system/>\n", None), Outcome::Written);
+        assert!(!lone.files.borrow().contains_key(HOSTFILE_PATH));
+    }
+
+    #[test]
     fn writes_once_then_finds_it_there() {
         let g = FakeGuest::default();
         g.files.borrow_mut().insert(
             "/etc/nccl.conf".into(),
             b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/old.xml\n".to_vec(),
         );
-        assert_eq!(sync(&g, "<system version=\"1\"/>\n"), Outcome::Written);
+        assert_eq!(
+            sync(&g, "<system version=\"1\"/>\n", None),
+            Outcome::Written
+        );
         assert_eq!(
             g.files.borrow()[NCCL_TOPO_PATH],
             b"<system version=\"1\"/>\n"
@@ -318,12 +361,15 @@ mod tests {
             String::from_utf8(g.files.borrow()[NCCL_CONF_PATH].clone()).unwrap(),
             "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
         );
-        assert_eq!(sync(&g, "<system version=\"1\"/>\n"), Outcome::AlreadyThere);
+        assert_eq!(
+            sync(&g, "<system version=\"1\"/>\n", None),
+            Outcome::AlreadyThere
+        );
         // A changed topology is rewritten; a large one crosses chunk borders.
         let big = "x".repeat(3 * CHUNK + 5);
-        assert_eq!(sync(&g, &big), Outcome::Written);
+        assert_eq!(sync(&g, &big, None), Outcome::Written);
         assert_eq!(g.files.borrow()[NCCL_TOPO_PATH].len(), big.len());
-        assert_eq!(sync(&g, &big), Outcome::AlreadyThere);
+        assert_eq!(sync(&g, &big, None), Outcome::AlreadyThere);
     }
 
     #[test]
@@ -332,14 +378,14 @@ mod tests {
             down: true,
             ..FakeGuest::default()
         };
-        assert!(sync(&down, "x")
+        assert!(sync(&down, "x", None)
             .condition()
             .starts_with("nccl-topology pending: guest agent not available"));
         let blocked = FakeGuest {
             blocked: true,
             ..FakeGuest::default()
         };
-        let c = sync(&blocked, "x").condition();
+        let c = sync(&blocked, "x", None).condition();
         assert!(
             c.starts_with("nccl-topology failed:") && c.contains("disabled"),
             "{c}"

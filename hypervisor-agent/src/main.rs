@@ -50,7 +50,7 @@ enum Command {
         /// [default: 8 per GPU, at least 2]
         #[arg(long)]
         vcpus: Option<u32>,
-        /// [default: 64 per GPU, at least 4]
+        /// [default: 48 per GPU, at least 4]
         #[arg(long)]
         memory_gib: Option<u32>,
         #[arg(long, default_value = "kumo-render")]
@@ -182,8 +182,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let topo = sysfs::discover(&sysfs_root, hints.as_deref())?;
             let n = gpus.len() as u32;
-            let vcpus = vcpus.unwrap_or((8 * n).max(2));
-            let memory_gib = memory_gib.unwrap_or((64 * n).max(4));
+            let vcpus = vcpus.unwrap_or((kumo_api_types::DEFAULT_VCPUS_PER_GPU * n).max(2));
+            let memory_gib =
+                memory_gib.unwrap_or((kumo_api_types::DEFAULT_MEMORY_GIB_PER_GPU * n).max(4));
             let dir = format!("/var/lib/kumo/vms/{name}");
             let spec = DomainSpec {
                 name: name.clone(),

@@ -201,7 +201,7 @@ impl Reconciler {
     fn sync_guest(&self, vm: &DesiredVm, dom: &Domain) -> Option<String> {
         let layout = guest_layout(&self.topology, &vm.placement).ok()?;
         let xml = kumo_topology::nccl_xml::nccl_topology_xml(&self.topology, &layout).ok()?;
-        let outcome = crate::guest_files::sync(dom, &xml);
+        let outcome = crate::guest_files::sync(dom, &xml, vm.hostfile.as_deref());
         if outcome == crate::guest_files::Outcome::Written {
             tracing::info!(vm = %vm.id, "wrote the NCCL topology file into the guest");
         }
@@ -405,6 +405,7 @@ mod tests {
                 ssh_keys: vec![r#"ssh-ed25519 AAAA "quoted" \ user"#.into()],
             },
             preemption: None,
+            hostfile: None,
             placement: kumo_topology::guest_layout::Placement {
                 gpus: vec![],
                 nics: vec![],

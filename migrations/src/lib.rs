@@ -7,6 +7,7 @@ mod m0001_foundation;
 mod m0002_hosts_vms;
 mod m0003_kernel_boot_and_guest_condition;
 mod m0004_scheduler;
+mod m0005_host_drain;
 
 pub struct Migrator;
 
@@ -18,6 +19,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0002_hosts_vms::Migration),
             Box::new(m0003_kernel_boot_and_guest_condition::Migration),
             Box::new(m0004_scheduler::Migration),
+            Box::new(m0005_host_drain::Migration),
         ]
     }
 }

@@ -196,6 +196,47 @@ fn mem_ok(h: &HostCap, node: usize, mib: u64) -> bool {
     h.profile.nodes[node].memory_mib == 0 || h.mem_free[node] >= mib
 }
 
+/// Nodes for a CPU-only VM, as `(node, CPUs)` in `out`; returns the worst
+/// node class used. One node with room when there is one: the best class
+/// (CPU-only nodes, then nodes whose GPUs are all taken), best filled. A VM
+/// larger than any node's free CPUs spans the fewest nodes, the roomiest
+/// first, so the guest sees that many NUMA nodes.
+fn cpu_only_nodes(
+    h: &HostCap,
+    req: &Request,
+    strategy: Strategy,
+    out: &mut Vec<(usize, u64)>,
+) -> Option<u8> {
+    let nodes = h.profile.nodes.len();
+    let fits = |n: usize| h.cpu_free_n[n] >= req.vcpus && mem_ok(h, n, req.memory_mib);
+    let one = (0..nodes).filter(|n| fits(*n)).min_by_key(|n| {
+        let left = h.cpu_free_n[*n] - req.vcpus;
+        match strategy {
+            Strategy::BestFit => (node_class(h, *n), left, *n),
+            Strategy::FirstFit => (0, 0, *n),
+        }
+    });
+    if let Some(node) = one {
+        out.push((node, u64::from(req.vcpus)));
+        return Some(node_class(h, node));
+    }
+    let mut order: Vec<usize> = (0..nodes).filter(|n| h.cpu_free_n[*n] > 0).collect();
+    order.sort_by_key(|n| (node_class(h, *n), std::cmp::Reverse(h.cpu_free_n[*n]), *n));
+    let mut left = req.vcpus;
+    let mut class = 0;
+    for n in order {
+        if left == 0 {
+            break;
+        }
+        let take = h.cpu_free_n[n].min(left);
+        out.push((n, u64::from(take)));
+        class = class.max(node_class(h, n));
+        left -= take;
+    }
+    out.sort();
+    (left == 0).then_some(class)
+}
+
 /// CPUs and memory for the chosen devices; `None` when their nodes lack room.
 fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Option<(Hold, u8)> {
     let p = &h.profile;
@@ -219,30 +260,36 @@ fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Opti
     }
     weight.sort();
     let mut class = 0;
-    if weight.is_empty() {
-        // A CPU-only VM: one node with room, the best class, best filled.
-        let fits = |n: usize| h.cpu_free_n[n] >= req.vcpus && mem_ok(h, n, req.memory_mib);
-        let node = (0..p.nodes.len()).filter(|n| fits(*n)).min_by_key(|n| {
-            let left = h.cpu_free_n[*n] - req.vcpus;
-            match strategy {
-                Strategy::BestFit => (node_class(h, *n), left, *n),
-                Strategy::FirstFit => (0, 0, *n),
-            }
-        })?;
-        class = node_class(h, node);
-        weight.push((node, 1));
-    }
-    if (req.vcpus as usize) < weight.len() {
-        return None;
-    }
-    let ws: Vec<u64> = weight.iter().map(|(_, w)| *w).collect();
-    let cpu_split = split(u64::from(req.vcpus) - weight.len() as u64, &ws);
-    let mem_split = split(req.memory_mib, &ws);
-    let mut cpus = Vec::with_capacity(weight.len());
-    let mut memory = Vec::with_capacity(weight.len());
-    for (k, (node, _)) in weight.iter().enumerate() {
-        let want = cpu_split[k] as usize + 1;
-        if (h.cpu_free_n[*node] as usize) < want || !mem_ok(h, *node, mem_split[k]) {
+    // (node, CPUs, memory) the VM takes on each of its nodes.
+    let shares: Vec<(usize, u64, u64)> = if weight.is_empty() {
+        class = cpu_only_nodes(h, req, strategy, &mut weight)?;
+        let ws: Vec<u64> = weight.iter().map(|(_, w)| *w).collect();
+        let mem_split = split(req.memory_mib, &ws);
+        weight
+            .iter()
+            .zip(mem_split)
+            .map(|((n, c), m)| (*n, *c, m))
+            .collect()
+    } else {
+        // CPUs and memory follow the devices: each of their nodes gets
+        // at least one CPU, the rest in proportion to its devices.
+        if (req.vcpus as usize) < weight.len() {
+            return None;
+        }
+        let ws: Vec<u64> = weight.iter().map(|(_, w)| *w).collect();
+        let cpu_split = split(u64::from(req.vcpus) - weight.len() as u64, &ws);
+        let mem_split = split(req.memory_mib, &ws);
+        weight
+            .iter()
+            .enumerate()
+            .map(|(k, (n, _))| (*n, cpu_split[k] + 1, mem_split[k]))
+            .collect()
+    };
+    let mut cpus = Vec::with_capacity(shares.len());
+    let mut memory = Vec::with_capacity(shares.len());
+    for (node, want, mem) in &shares {
+        let (node, want) = (node, *want as usize);
+        if (h.cpu_free_n[*node] as usize) < want || !mem_ok(h, *node, *mem) {
             return None;
         }
         let mut taken = Vec::with_capacity(want);
@@ -255,7 +302,7 @@ fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Opti
             }
         }
         cpus.push((*node, taken));
-        memory.push((*node, mem_split[k]));
+        memory.push((*node, *mem));
     }
     Some((
         Hold {

@@ -240,6 +240,57 @@ fn cpu_only_vms_keep_off_gpu_numa_nodes_while_other_room_exists() {
 }
 
 #[test]
+fn a_cpu_only_vm_larger_than_a_node_spans_the_fewest_nodes() {
+    // cpu-only: two nodes of 64 CPUs.
+    let mut index = fleet(&[("cpu-only", None)]);
+    let small = Request {
+        vcpus: 60,
+        memory_mib: 8192,
+        ..Default::default()
+    };
+    let c = place(&index, &small, Strategy::BestFit).unwrap();
+    assert_eq!(c.hold.cpus.len(), 1, "fits one node");
+    let big = Request {
+        vcpus: 96,
+        memory_mib: 96 * 1024,
+        ..Default::default()
+    };
+    let (h, vm) = take(&mut index, &big).unwrap();
+    let hold = index.hosts[h].holds.iter().find(|x| x.vm == vm).unwrap();
+    let per_node: Vec<usize> = hold.cpus.iter().map(|(_, c)| c.len()).collect();
+    assert_eq!(per_node.iter().sum::<usize>(), 96);
+    assert_eq!(per_node.len(), 2);
+    assert!(
+        per_node.contains(&64),
+        "the roomiest node is filled: {per_node:?}"
+    );
+    // Memory follows the CPUs.
+    let mem: Vec<u64> = hold.memory.iter().map(|(_, m)| *m).collect();
+    assert_eq!(mem.iter().sum::<u64>(), 96 * 1024);
+    check_invariants(&index.hosts[h]);
+    // 32 CPUs are left, on one node: a 40-vCPU VM no longer fits.
+    let more = Request {
+        vcpus: 40,
+        memory_mib: 1024,
+        ..Default::default()
+    };
+    assert!(place(&index, &more, Strategy::BestFit).is_none());
+    assert_eq!(
+        place(
+            &index,
+            &Request {
+                vcpus: 32,
+                memory_mib: 1024,
+                ..Default::default()
+            },
+            Strategy::BestFit
+        )
+        .map(|c| c.hold.cpus.len()),
+        Some(1)
+    );
+}
+
+#[test]
 fn models_and_capacity_are_respected() {
     let index = fleet(&[("dgx-a100", None), ("hgx-h100", None)]);
     let c = place(&index, &gpu_req(&index, 8, A100), Strategy::BestFit).unwrap();

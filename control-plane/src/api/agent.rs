@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::vms::{desired_power, event, stored_placement, stored_spec, stored_state};
 use super::Problems;
-use crate::entity::{allocations, hosts, join_tokens, vms};
+use crate::entity::{allocations, clusters, hosts, join_tokens, vms};
 use crate::error::{conflict_if_unique, ApiError};
 use crate::extract::{Json, Query};
 use crate::lifecycle;
@@ -121,13 +121,14 @@ pub async fn register(
     let minted = auth::mint_prefixed(auth::HOST_PREFIX, id);
     match existing {
         Some(h) => {
+            let h_drained = h.drained;
             let mut a: hosts::ActiveModel = h.into();
             a.credential_hash = Set(minted.secret_hash);
             a.topology = Set(topology);
             a.virt_type = Set(body.virt_type.clone());
             a.scalable_unit = Set(body.scalable_unit.clone());
             a.rails = Set(rails.clone());
-            a.state = Set(HostState::Ready.as_str().into());
+            a.state = Set(super::hosts::reachable_state(h_drained).as_str().into());
             a.last_heartbeat_at = Set(now);
             a.update(&txn).await?;
         }
@@ -144,6 +145,7 @@ pub async fn register(
                 revision: Set(1),
                 virt_type: Set(body.virt_type.clone()),
                 rails: Set(rails.clone()),
+                drained: Set(false),
             }
             .insert(&txn)
             .await
@@ -179,10 +181,11 @@ pub async fn heartbeat(
 ) -> Result<StatusCode, ApiError> {
     let back = host.state == HostState::Unreachable.as_str();
     let name = host.name.clone();
+    let drained = host.drained;
     let mut a: hosts::ActiveModel = host.into();
     a.last_heartbeat_at = Set(Utc::now());
     if back {
-        a.state = Set(HostState::Ready.as_str().into());
+        a.state = Set(super::hosts::reachable_state(drained).as_str().into());
     }
     if let Some(t) = &body.topology {
         validate_topology(t)?;
@@ -200,6 +203,17 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
         .filter(vms::Column::HostId.eq(host.id))
         .all(&st.db)
         .await?;
+    let cluster_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.cluster_id).collect();
+    let mut hostfiles = std::collections::HashMap::new();
+    for c in clusters::Entity::find()
+        .filter(clusters::Column::Id.is_in(cluster_ids))
+        .all(&st.db)
+        .await?
+    {
+        let spec = super::clusters::stored_cluster_spec(&c)?;
+        let size = u32::try_from(c.size).unwrap_or(0);
+        hostfiles.insert(c.id, super::clusters::hostfile(&c.name, size, spec.gpus));
+    }
     let mut out = Vec::new();
     let mut remove = Vec::new();
     for v in rows {
@@ -236,6 +250,7 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
             spec,
             placement,
             preemption,
+            hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),
         });
     }
     Ok(DesiredState {
@@ -338,6 +353,7 @@ pub async fn status(
         if next == VmState::Deleted {
             release(&txn, &vm).await?;
             vms::Entity::delete_by_id(vm.id).exec(&txn).await?;
+            super::clusters::member_gone(&txn, &vm).await?;
             freed = true;
             continue;
         }

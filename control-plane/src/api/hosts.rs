@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use chrono::{Duration, Utc};
 use kumo_api_types::{
     Allocation, Host, HostDetail, HostState, JoinTokenCreate, JoinTokenCreated, Page, PageParams,
+    ServiceLevel,
 };
 use kumo_topology::HostTopology;
 use sea_orm::{
@@ -16,7 +17,8 @@ use uuid::Uuid;
 use super::Problems;
 use crate::access::require_admin;
 use crate::allocation_rows::KIND_GPU;
-use crate::entity::{allocations, hosts, join_tokens};
+use crate::api::vms::stored_spec;
+use crate::entity::{allocations, hosts, join_tokens, vms};
 use crate::error::ApiError;
 use crate::extract::{Ctx, Json, Path, Query};
 use crate::paging::Paging;
@@ -226,4 +228,120 @@ pub async fn show(
 
 pub fn host_is_placeable(h: &hosts::Model) -> bool {
     host_state(h) == HostState::Ready
+}
+
+/// The state of a host that answers: an operator's drain outlives the
+/// host going silent and coming back.
+pub fn reachable_state(drained: bool) -> HostState {
+    if drained {
+        HostState::Draining
+    } else {
+        HostState::Ready
+    }
+}
+
+async fn set_drained(
+    st: &AppState,
+    ctx: &Ctx,
+    host: &str,
+    drained: bool,
+) -> Result<axum::Json<Host>, ApiError> {
+    let verb = if drained { "draining" } else { "undraining" };
+    require_admin(&ctx.caller, &format!("{verb} hosts"))?;
+    let txn = st.db.begin().await?;
+    let h = find(&txn, host)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
+    if host_state(&h) == HostState::Retired {
+        return Err(ApiError::Conflict(format!("host {:?} is retired", h.name)));
+    }
+    let id = h.id;
+    let name = h.name.clone();
+    let mut a: hosts::ActiveModel = h.clone().into();
+    a.drained = Set(drained);
+    // An unreachable host stays so until it answers; then it takes this.
+    if host_state(&h) != HostState::Unreachable {
+        a.state = Set(reachable_state(drained).as_str().into());
+    }
+    a.update(&txn).await?;
+    let mut reclaimed = 0;
+    if drained && !h.drained {
+        // Spot VMs leave (with the usual notice and grace); guaranteed
+        // VMs stay until their owners or the operator move them.
+        let spot: Vec<Uuid> = vms::Entity::find()
+            .filter(vms::Column::HostId.eq(id))
+            .all(&txn)
+            .await?
+            .into_iter()
+            .filter(|v| stored_spec(v).is_ok_and(|s| s.service_level == ServiceLevel::Spot))
+            .map(|v| v.id)
+            .collect();
+        reclaimed = crate::admission::preempt(
+            &txn,
+            &spot,
+            st.config.preemption_grace,
+            "its host is being drained",
+        )
+        .await?
+        .len();
+    }
+    super::vms::bump_revision(&txn, id).await?;
+    audit::record(
+        &txn,
+        ctx,
+        if drained {
+            "host.drain"
+        } else {
+            "host.undrain"
+        },
+        None,
+        &name,
+    )
+    .await?;
+    txn.commit().await?;
+    tracing::info!(host = %name, drained, reclaimed, "host {verb}");
+    st.capacity.refresh_host(&st.db, id).await?;
+    st.signals.notify(id);
+    let h = hosts::Entity::find_by_id(id)
+        .one(&st.db)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
+    let held = held(&st.db, id).await?;
+    Ok(axum::Json(to_api(&h, &stored_topology(&h)?, &held)))
+}
+
+/// Drain a host (platform admins): no new placements on it; its spot VMs
+/// are reclaimed with the usual notice and grace period; guaranteed VMs
+/// keep running. Idempotent.
+#[utoipa::path(
+    post, path = "/api/v1/hosts/{host}/drain", tag = "hosts",
+    params(
+        ("host" = String, Path, description = "Host name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    responses((status = 200, description = "The host, draining", body = Host), Problems)
+)]
+pub async fn drain(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(host): Path<String>,
+) -> Result<axum::Json<Host>, ApiError> {
+    set_drained(&st, &ctx, &host, true).await
+}
+
+/// Take a host back into service (platform admins). Idempotent.
+#[utoipa::path(
+    post, path = "/api/v1/hosts/{host}/undrain", tag = "hosts",
+    params(
+        ("host" = String, Path, description = "Host name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    responses((status = 200, description = "The host, ready", body = Host), Problems)
+)]
+pub async fn undrain(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(host): Path<String>,
+) -> Result<axum::Json<Host>, ApiError> {
+    set_drained(&st, &ctx, &host, false).await
 }

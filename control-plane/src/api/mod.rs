@@ -19,6 +19,7 @@ use crate::server::AppState;
 
 pub mod agent;
 pub mod audit;
+pub mod clusters;
 pub mod docs;
 pub mod health;
 pub mod hosts;
@@ -55,6 +56,7 @@ pub mod vms;
         (name = "hosts", description = "GPU hosts and their registration"),
         (name = "templates", description = "VM images"),
         (name = "vms", description = "Virtual machines and their lifecycle"),
+        (name = "clusters", description = "Training clusters: VMs placed together, rail-aligned"),
         (name = "agent", description = "The protocol between host agents and the server"),
         (name = "health", description = "Liveness, readiness, metrics"),
     )
@@ -134,6 +136,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(hosts::create_join_token))
         .routes(routes!(hosts::list))
         .routes(routes!(hosts::show))
+        .routes(routes!(hosts::drain))
+        .routes(routes!(hosts::undrain))
         .routes(routes!(templates::create, templates::list))
         .routes(routes!(vms::create, vms::list))
         .routes(routes!(vms::show, vms::delete))
@@ -142,6 +146,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(vms::stop))
         .routes(routes!(vms::reboot))
         .routes(routes!(vms::events))
+        .routes(routes!(clusters::create, clusters::list))
+        .routes(routes!(clusters::show, clusters::delete))
         .routes(routes!(agent::register))
         .routes(routes!(agent::heartbeat))
         .routes(routes!(agent::desired))

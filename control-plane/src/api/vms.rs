@@ -113,7 +113,7 @@ pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> 
 
 /// The VM as the API shows it, given its host and the host's topology. A
 /// VM on an unreachable host is `unknown`: it may be running; nobody can tell.
-fn to_api_on(
+pub fn to_api_on(
     v: &vms::Model,
     tenant: &str,
     host: Option<(&hosts::Model, &HostTopology)>,
@@ -208,8 +208,8 @@ fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
     if let Some(m) = &body.gpu_model {
         names::gpu_model("gpu_model", m)?;
     }
-    let vcpus = body.vcpus.unwrap_or((8 * body.gpus).max(2));
-    let memory_gib = body.memory_gib.unwrap_or((64 * body.gpus).max(4));
+    let vcpus = body.vcpus_or_default();
+    let memory_gib = body.memory_gib_or_default();
     let disk_gib = body.disk_gib.unwrap_or(50);
     for (field, v, max) in [
         ("vcpus", vcpus, MAX_VCPUS),
@@ -252,6 +252,24 @@ fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
     })
 }
 
+/// The stored spec of a VM request: validated, defaults filled in, its
+/// template's image and kernel resolved.
+pub async fn resolve_spec(st: &AppState, body: &VmCreate) -> Result<VmSpec, ApiError> {
+    let mut spec = validate(body)?;
+    if let Some(t) = &body.template {
+        let tpl = super::templates::find(st, t)
+            .await?
+            .ok_or_else(|| ApiError::field("template", format!("no template named {t:?}")))?;
+        spec.image_path = Some(tpl.image_path);
+        spec.kernel = tpl.kernel_path.map(|kernel| kumo_api_types::KernelBoot {
+            kernel,
+            initrd: tpl.initrd_path,
+            cmdline: tpl.kernel_cmdline.unwrap_or_default(),
+        });
+    }
+    Ok(spec)
+}
+
 /// Create a VM (members). It is placed at once (best fit, topology-aware)
 /// and the host's agent brings it up; a guaranteed VM that does not fit
 /// reclaims spot VMs and is `pending` until they are gone.
@@ -272,18 +290,7 @@ pub async fn create(
 ) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Member, "creating VMs")?;
-    let mut spec = validate(&body)?;
-    if let Some(t) = &body.template {
-        let tpl = super::templates::find(&st, t)
-            .await?
-            .ok_or_else(|| ApiError::field("template", format!("no template named {t:?}")))?;
-        spec.image_path = Some(tpl.image_path);
-        spec.kernel = tpl.kernel_path.map(|kernel| kumo_api_types::KernelBoot {
-            kernel,
-            initrd: tpl.initrd_path,
-            cmdline: tpl.kernel_cmdline.unwrap_or_default(),
-        });
-    }
+    let spec = resolve_spec(&st, &body).await?;
     let name_taken = || {
         ApiError::Conflict(format!(
             "tenant {:?} already has a VM named {:?}",
@@ -386,7 +393,7 @@ pub async fn list(
     }))
 }
 
-async fn find_vm(
+pub async fn find_vm(
     db: &impl ConnectionTrait,
     tenant: &tenants::Model,
     vm_ref: &str,
@@ -461,9 +468,30 @@ async fn act(
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
     let txn = st.db.begin().await?;
     let vm = find_vm(&txn, &tenant, vm).await?;
+    let updated = act_on(&txn, ctx, &tenant, &vm, action).await?;
+    txn.commit().await?;
+    if let Some(h) = vm.host_id {
+        st.signals.notify(h);
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(to_api(&st.db, &updated, &tenant.name).await?),
+    ))
+}
+
+/// One lifecycle action on a VM, inside the caller's transaction: the new
+/// state, events, audit, and the host's revision. The caller notifies the
+/// host after committing.
+pub async fn act_on(
+    txn: &DatabaseTransaction,
+    ctx: &Ctx,
+    tenant: &tenants::Model,
+    vm: &vms::Model,
+    action: Action,
+) -> Result<vms::Model, ApiError> {
     let effect = lifecycle::apply(
-        stored_state(&vm),
-        desired_power(&vm),
+        stored_state(vm),
+        desired_power(vm),
         action,
         vm.host_id.is_some(),
     )
@@ -481,37 +509,31 @@ async fn act(
         active.power_generation = Set(vm.power_generation + 1);
     }
     active.updated_at = Set(Utc::now());
-    let updated = active.update(&txn).await?;
+    let updated = active.update(txn).await?;
     event(
-        &txn,
-        &vm,
+        txn,
+        vm,
         &format!("{}-requested", action.as_str()),
         format!("by {}", ctx.caller.user.name),
     )
     .await?;
     audit::record(
-        &txn,
+        txn,
         ctx,
         &format!("vm.{}", action.as_str()),
-        Some(&tenant),
+        Some(tenant),
         &vm.name,
     )
     .await?;
     if effect.state == VmState::Deleted {
-        event(&txn, &vm, "deleted", "never placed").await?;
-        vms::Entity::delete_by_id(vm.id).exec(&txn).await?;
+        event(txn, vm, "deleted", "never placed").await?;
+        vms::Entity::delete_by_id(vm.id).exec(txn).await?;
+        super::clusters::member_gone(txn, vm).await?;
     }
     if let Some(h) = vm.host_id {
-        bump_revision(&txn, h).await?;
+        bump_revision(txn, h).await?;
     }
-    txn.commit().await?;
-    if let Some(h) = vm.host_id {
-        st.signals.notify(h);
-    }
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(to_api(&st.db, &updated, &tenant.name).await?),
-    ))
+    Ok(updated)
 }
 
 macro_rules! action_handler {

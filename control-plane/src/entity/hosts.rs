@@ -23,6 +23,8 @@ pub struct Model {
     /// Rails of the RDMA NICs (`{"mlx5_0": 0, …}`), as JSON, when the
     /// host's configuration names them.
     pub rails: Option<String>,
+    /// An operator drained it: `draining` whenever it is reachable.
+    pub drained: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

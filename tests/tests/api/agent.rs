@@ -229,3 +229,124 @@ async fn agent_process_brings_a_vm_to_running() {
     assert!(p95 < Duration::from_secs(2), "p95 {p95:?}");
     s.stop().await;
 }
+
+async fn events_of(s: &TestServer, vm: &Vm) -> Vec<String> {
+    let page: kumo_api_types::Page<kumo_api_types::VmEvent> = s
+        .admin
+        .get("/api/v1/tenants/lab/events?limit=500")
+        .await
+        .unwrap();
+    page.items
+        .into_iter()
+        .filter(|e| e.vm_id == vm.id)
+        .map(|e| e.kind)
+        .rev()
+        .collect()
+}
+
+/// Passes of the real agent until `name` is `want` (the reaper moves
+/// things along in the background meanwhile).
+async fn converge_until(s: &TestServer, agent: &Agent, name: &str, want: VmState) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        agent.sync_once(None).await.unwrap();
+        let now: Option<Vm> = s
+            .admin
+            .get(&format!("/api/v1/tenants/lab/vms/{name}"))
+            .await
+            .ok();
+        let now_state = now.as_ref().map(|v| v.state);
+        if now_state == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline && now_state != Some(VmState::Error),
+            "{name} is {now_state:?} ({:?}), not {want:?}",
+            now.and_then(|v| v.reason)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A CPU-only spot VM reclaimed for a guaranteed one is saved with
+/// libvirt's managed save (not destroyed), and resumed from that saved
+/// state once its CPUs are free again.
+#[tokio::test]
+async fn a_reclaimed_cpu_only_spot_vm_is_saved_and_resumed() {
+    let s = TestServer::start_with(Backend::Sqlite, |c| {
+        c.preemption_grace = Duration::from_secs(2)
+    })
+    .await;
+    s.tenant("lab").await;
+    let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    let dir = scratch();
+    let sysfs = fixture(dir.path(), "cpu-only");
+    let mut cfg = config(
+        &s,
+        Some(s.join_token().await),
+        &sysfs,
+        &dir.path().join("state"),
+    );
+    cfg.name = "cpu-007".into();
+    let agent = Agent::start(cfg).await.unwrap();
+    // 96 of the host's 128 CPUs, then a guaranteed VM wanting 64.
+    let mut spot = vm("saver", 0);
+    spot.vcpus = Some(96);
+    spot.service_level = kumo_api_types::ServiceLevel::Spot;
+    let spot: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &spot)
+        .await
+        .unwrap();
+    converge_until(&s, &agent, "saver", VmState::Running).await;
+    let mut keeper = vm("keeper", 0);
+    keeper.vcpus = Some(64);
+    let keeper: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &keeper)
+        .await
+        .unwrap();
+    assert_eq!(keeper.state, VmState::Pending);
+    assert_eq!(state(&s, "saver").await, Some(VmState::Preempting));
+
+    // Before the deadline the host tells the guest (test:/// has no guest
+    // agent, which the event says) and keeps the VM running.
+    agent.sync_once(None).await.unwrap();
+    assert_eq!(state(&s, "saver").await, Some(VmState::Preempting));
+    assert!(conn
+        .lookup_domain_by_uuid_string(&spot.id.to_string())
+        .unwrap()
+        .is_active()
+        .unwrap());
+    converge_until(&s, &agent, "keeper", VmState::Running).await;
+    assert_eq!(state(&s, "saver").await, Some(VmState::Suspended));
+    let saved = conn
+        .lookup_domain_by_uuid_string(&spot.id.to_string())
+        .unwrap();
+    assert!(!saved.is_active().unwrap());
+    assert!(saved.has_managed_save(0).unwrap(), "saved, not destroyed");
+    let kinds = events_of(&s, &spot).await;
+    for k in ["preempting", "preemption-notice", "suspending", "suspended"] {
+        assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");
+    }
+
+    // Room returns: the spot VM resumes from its saved state.
+    let r = s
+        .http()
+        .delete(format!("{}/api/v1/tenants/lab/vms/keeper", s.url))
+        .bearer_auth(&s.admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    converge_until(&s, &agent, "saver", VmState::Running).await;
+    let back = conn
+        .lookup_domain_by_uuid_string(&spot.id.to_string())
+        .unwrap();
+    assert!(back.is_active().unwrap());
+    assert!(!back.has_managed_save(0).unwrap(), "restored from the save");
+    assert!(events_of(&s, &spot).await.iter().any(|k| k == "resuming"));
+    let v: Vm = s.admin.get("/api/v1/tenants/lab/vms/saver").await.unwrap();
+    assert!(v.placement.is_some() && v.host.as_deref() == Some("cpu-007"));
+    s.stop().await;
+}

@@ -53,11 +53,21 @@ impl World {
 
         // A host, and a VM in alpha that stays `scheduled` (no agent acts).
         let _ = s.sim_agent("host-1", "hgx-h100").await;
+        // Drained and undrained by the matrix; VMs land on host-1 meanwhile.
+        let _ = s.sim_agent("host-2", "hgx-h100").await;
         let _: kumo_api_types::Vm = s
             .admin
             .post(
                 "/api/v1/tenants/alpha/vms",
                 &json!({"name": "alpha-vm", "vcpus": 1, "memory_gib": 1}),
+            )
+            .await
+            .unwrap();
+        let _: kumo_api_types::Cluster = s
+            .admin
+            .post(
+                "/api/v1/tenants/alpha/clusters",
+                &json!({"name": "alpha-cl", "size": 2, "vcpus": 1, "memory_gib": 1}),
             )
             .await
             .unwrap();
@@ -221,6 +231,16 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
     ),
     (
         "POST",
+        "/api/v1/hosts/{host}/drain",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/hosts/{host}/undrain",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
         "/api/v1/templates",
         [201, 403, 403, 403, 403, 401, 401, 401],
     ),
@@ -271,6 +291,26 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [409, 409, 409, 403, 404, 401, 401, 401],
     ),
     (
+        "POST",
+        "/api/v1/tenants/{tenant}/clusters",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/clusters",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/clusters/{cluster}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/clusters/{cluster}",
+        [202, 202, 202, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/events",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -309,9 +349,30 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         | ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => w.scratch_tenant(s).await,
         _ => "alpha".to_owned(),
     };
+    let host = if template.ends_with("drain") {
+        "host-2"
+    } else {
+        "host-1"
+    };
     let mut path = template
         .replace("{tenant}", &tenant)
-        .replace("{host}", "host-1");
+        .replace("{host}", host);
+    let cluster = if (method, template) == ("DELETE", "/api/v1/tenants/{tenant}/clusters/{cluster}")
+    {
+        let name = format!("cl-{n}");
+        let _: kumo_api_types::Cluster = s
+            .admin
+            .post(
+                &format!("/api/v1/tenants/{tenant}/clusters"),
+                &json!({"name": name, "size": 1, "vcpus": 1, "memory_gib": 1}),
+            )
+            .await
+            .unwrap();
+        name
+    } else {
+        "alpha-cl".to_owned()
+    };
+    path = path.replace("{cluster}", &cluster);
     // Operations that change a VM get one of their own; the rest use alpha-vm.
     let vm = match (method, template) {
         ("DELETE", "/api/v1/tenants/{tenant}/vms/{vm}")
@@ -358,6 +419,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         ),
         ("POST", "/api/v1/tenants/{tenant}/vms") => {
             Some(json!({"name": format!("new-vm-{n}"), "vcpus": 1, "memory_gib": 1}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/clusters") => {
+            Some(json!({"name": format!("new-cl-{n}"), "size": 2, "vcpus": 1, "memory_gib": 1}))
         }
         ("POST", "/agent/v1/register") => Some(
             json!({"join_token": "kumoj_0123456789abcdef0123456789abcdef_nope", "name": "intruder", "topology": {"numa_nodes": [], "pci_devices": [], "gpus": [], "nics": [], "nvswitches": []}, "virt_type": "kvm"}),
@@ -449,7 +513,8 @@ on_both_backends! {
                 call.path = template
                     .replace("{tenant}", tenant)
                     .replace("{user}", "vera")
-                    .replace("{vm}", "alpha-vm");
+                    .replace("{vm}", "alpha-vm")
+                    .replace("{cluster}", "alpha-cl");
                 let resp = send(s, method, &call, outsider).await;
                 let status = resp.status().as_u16();
                 let p: Problem = resp.json().await.unwrap();

@@ -212,3 +212,62 @@ fn walkthrough(url: &str, admin_token: &str) {
     let (ok, _, err) = nobody.run(&["tenant", "list"], None);
     assert!(!ok && err.contains("kumo login"), "{err}");
 }
+
+/// `kumo cluster …` and `kumo host drain|undrain` against simulated hosts.
+#[tokio::test]
+async fn cluster_and_host_commands() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    for name in ["gpu-1", "gpu-2"] {
+        let _ = s.sim_agent_in(name, "hgx-h100", Some("su-1")).await;
+    }
+    let url = s.url.clone();
+    let token = s.admin_token.clone();
+    tokio::task::spawn_blocking(move || {
+        let k = Kumo::new();
+        let t = Some(token.as_str());
+        let base = ["--server", url.as_str()];
+        let with = |args: &[&'static str]| -> Vec<&str> {
+            base.iter().copied().chain(args.iter().copied()).collect()
+        };
+        let created = k.json(
+            &with(&[
+                "cluster", "create", "train", "--tenant", "lab", "--size", "2", "--gpus", "8",
+                "--memory", "64",
+            ]),
+            t,
+        );
+        assert_eq!(created["state"], "placed");
+        assert_eq!(created["members"].as_array().unwrap().len(), 2);
+        let hostfile = k.ok(
+            &with(&["cluster", "hostfile", "train", "--tenant", "lab"]),
+            t,
+        );
+        assert_eq!(hostfile, "train-0 slots=8\ntrain-1 slots=8\n");
+        let table = k.ok(&with(&["cluster", "show", "train", "--tenant", "lab"]), t);
+        assert!(table.contains("0,1,2,3,4,5,6,7"), "rails: {table}");
+        assert!(table.contains("su-1"), "{table}");
+        let list = k.ok(&with(&["cluster", "list", "--tenant", "lab"]), t);
+        assert!(list.lines().nth(1).unwrap().starts_with("train"), "{list}");
+
+        let drained = k.json(&with(&["host", "drain", "gpu-1"]), t);
+        assert_eq!(drained["state"], "draining");
+        let hosts = k.ok(&with(&["host", "list"]), t);
+        assert!(
+            hosts
+                .lines()
+                .any(|l| l.starts_with("gpu-1") && l.contains("draining")),
+            "{hosts}"
+        );
+        let back = k.json(&with(&["host", "undrain", "gpu-1"]), t);
+        assert_eq!(back["state"], "ready");
+
+        let gone = k.ok(&with(&["cluster", "delete", "train", "--tenant", "lab"]), t);
+        assert!(gone.contains("Deleting train (2 members)"), "{gone}");
+        let (ok, _, err) = k.run(&with(&["cluster", "create", "x", "--tenant", "lab"]), t);
+        assert!(!ok && err.contains("--size"), "{err}");
+    })
+    .await
+    .unwrap();
+    s.stop().await;
+}

@@ -262,8 +262,13 @@ impl TestServer {
     }
 
     pub async fn sim_agent(&self, name: &str, machine: &str) -> SimAgent {
+        self.sim_agent_in(name, machine, None).await
+    }
+
+    /// A simulated host in a scalable unit.
+    pub async fn sim_agent_in(&self, name: &str, machine: &str, su: Option<&str>) -> SimAgent {
         let join = self.join_token().await;
-        SimAgent::register(&self.url, &join, name, fixture_topology(machine)).await
+        SimAgent::register_in(&self.url, &join, name, fixture_topology(machine), su).await
     }
 }
 
@@ -274,6 +279,16 @@ impl SimAgent {
         name: &str,
         topology: kumo_topology::HostTopology,
     ) -> SimAgent {
+        Self::register_in(url, join_token, name, topology, None).await
+    }
+
+    pub async fn register_in(
+        url: &str,
+        join_token: &str,
+        name: &str,
+        topology: kumo_topology::HostTopology,
+        scalable_unit: Option<&str>,
+    ) -> SimAgent {
         let http = reqwest::Client::new();
         let resp = http
             .post(format!("{url}/agent/v1/register"))
@@ -282,7 +297,7 @@ impl SimAgent {
                 name: name.into(),
                 topology,
                 virt_type: "qemu".into(),
-                scalable_unit: None,
+                scalable_unit: scalable_unit.map(str::to_owned),
                 rails: Default::default(),
             })
             .send()

@@ -1,10 +1,13 @@
-//! The scheduler behind the API: quotas under concurrent requests, and
-//! spot reclamation end to end on a simulated host (notice, grace period,
-//! `preempted`, the guaranteed VM placed and running).
+//! The scheduler behind the API: quotas under concurrent requests, spot
+//! reclamation end to end on a simulated host (notice, grace period,
+//! `preempted`, the guaranteed VM placed and running), training clusters,
+//! and draining hosts.
 
 use std::time::{Duration, Instant};
 
-use kumo_api_types::{Page, Quota, ServiceLevel, Vm, VmCreate, VmEvent, VmState};
+use kumo_api_types::{
+    Cluster, ClusterCreate, HostState, Page, Quota, ServiceLevel, Vm, VmCreate, VmEvent, VmState,
+};
 
 use crate::harness::{on_both_backends, Backend, TestServer};
 
@@ -183,4 +186,141 @@ async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
     assert_eq!(e.status(), Some(409));
     s.admin.delete_vm("lab", "spot-0").await.unwrap();
     s.stop().await;
+}
+
+fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCreate {
+    ClusterCreate {
+        name: name.into(),
+        size,
+        gpus,
+        gpu_model: Some(H100.into()),
+        vcpus: Some(8 * gpus.max(1)),
+        memory_gib: Some(16),
+        disk_gib: None,
+        template: None,
+        service_level: level,
+        ssh_keys: vec![],
+    }
+}
+
+async fn get_cluster(s: &TestServer, name: &str) -> Result<Cluster, kumo_cli::client::ClientError> {
+    s.admin
+        .get(&format!("/api/v1/tenants/lab/clusters/{name}"))
+        .await
+}
+
+on_both_backends! {
+    async fn clusters_are_placed_whole_in_one_scalable_unit_and_rail_aligned(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut agents = Vec::new();
+        for (name, su) in [("a-1", "su-a"), ("a-2", "su-a"), ("b-1", "su-b"), ("b-2", "su-b"), ("b-3", "su-b")] {
+            agents.push(s.sim_agent_in(name, "hgx-h100", Some(su)).await);
+        }
+        // Three whole hosts: only su-b has them.
+        let train: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &cluster("train", 3, 8, ServiceLevel::Guaranteed)).await.unwrap();
+        assert_eq!(train.state, "placed");
+        assert_eq!(train.members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["train-0", "train-1", "train-2"]);
+        let mut hosts: Vec<_> = train.members.iter().map(|m| m.host.clone().unwrap()).collect();
+        hosts.sort();
+        hosts.dedup();
+        assert_eq!(hosts.len(), 3, "one member per host");
+        assert!(train.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-b")), "{:?}", train.members);
+        // Rail-aligned: GPU i of every member is on rail i.
+        let rails: Vec<Option<u32>> = (0..8).map(Some).collect();
+        for m in &train.members {
+            assert_eq!(m.rails, rails, "{}", m.name);
+        }
+        assert_eq!(train.hostfile, "train-0 slots=8\ntrain-1 slots=8\ntrain-2 slots=8\n");
+        // Each member's host hands the hostfile to its agent for the guest.
+        let b1 = &agents[2];
+        let d = b1.desired(None).await;
+        assert_eq!(d.vms.len(), 1);
+        assert_eq!(d.vms[0].hostfile.as_deref(), Some(train.hostfile.as_str()));
+        // Members are VMs of the tenant, naming their cluster.
+        let v = get_vm(s, "train-1").await;
+        assert_eq!(v.cluster.as_deref(), Some("train"));
+
+        // Two more fill su-a; nothing is left.
+        let small: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &cluster("small", 2, 8, ServiceLevel::Guaranteed)).await.unwrap();
+        assert!(small.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-a")));
+        // All or nothing: a cluster that does not fit leaves no trace.
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &cluster("more", 2, 1, ServiceLevel::Guaranteed)).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity");
+        assert_eq!(get_cluster(s, "more").await.unwrap_err().status(), Some(404));
+        let vms = s.admin.list_vms("lab").await.unwrap();
+        assert_eq!(vms.len(), 5, "{:?}", vms.iter().map(|v| &v.name).collect::<Vec<_>>());
+
+        // Bad requests and name clashes.
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &cluster("train", 1, 0, ServiceLevel::Guaranteed)).await.unwrap_err();
+        assert_eq!(e.status(), Some(409));
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &cluster("none", 0, 1, ServiceLevel::Guaranteed)).await.unwrap_err();
+        assert_eq!(e.status(), Some(400));
+        assert_eq!(e.problem().unwrap().errors[0].field, "size");
+        let long = "x".repeat(61);
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &cluster(&long, 20, 0, ServiceLevel::Guaranteed)).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "member names would be too long");
+
+        let listed = s.admin.list_clusters("lab").await.unwrap();
+        assert_eq!(listed.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["small", "train"]);
+
+        // Deleting a cluster deletes its members; it is gone with the last.
+        let d = s.admin.delete_cluster("lab", "small").await.unwrap();
+        assert!(d.members.iter().all(|m| m.state == VmState::Deleting));
+        for a in &mut agents {
+            a.converge().await;
+        }
+        assert_eq!(get_cluster(s, "small").await.unwrap_err().status(), Some(404));
+        let names: Vec<_> = s.admin.list_vms("lab").await.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(names, ["train-0", "train-1", "train-2"]);
+        // The room it left takes a new cluster, in su-a again.
+        let again: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &cluster("small", 2, 8, ServiceLevel::Guaranteed)).await.unwrap();
+        assert!(again.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-a")));
+    }
+
+    async fn a_drained_host_takes_no_vms_and_gives_back_its_spot_vms(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut one = s.sim_agent("gpu-1", "hgx-h100").await;
+        let spot: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("spot", 4, ServiceLevel::Spot)).await.unwrap();
+        let host = spot.host.clone().unwrap();
+        let steady: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("steady", 2, ServiceLevel::Guaranteed)).await.unwrap();
+        assert_eq!(steady.host.as_deref(), Some(host.as_str()));
+        one.converge().await;
+        let mut two = s.sim_agent("gpu-2", "hgx-h100").await;
+
+        let h = s.admin.host_action(&host, "drain").await.unwrap();
+        assert_eq!(h.state, HostState::Draining);
+        // The spot VM is told to go; the guaranteed one stays.
+        assert_eq!(get_vm(s, "spot").await.state, VmState::Preempting);
+        assert_eq!(get_vm(s, "steady").await.state, VmState::Running);
+        let kinds = events_of(s, &spot).await;
+        assert!(kinds.iter().any(|k| k == "preempting"), "{kinds:?}");
+        // New VMs go elsewhere, even though the drained host is the fuller.
+        let next: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("next", 1, ServiceLevel::Guaranteed)).await.unwrap();
+        assert_eq!(next.host.as_deref(), Some("gpu-2"));
+        // Draining twice is harmless.
+        assert_eq!(s.admin.host_action(&host, "drain").await.unwrap().state, HostState::Draining);
+
+        // A drain outlives the host going silent and coming back.
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        use sea_orm::sea_query::Expr;
+        kumo_server::entity::hosts::Entity::update_many()
+            .col_expr(kumo_server::entity::hosts::Column::State, Expr::value("unreachable"))
+            .filter(kumo_server::entity::hosts::Column::Name.eq(host.clone()))
+            .exec(s.db()).await.unwrap();
+        assert_eq!(one.heartbeat().await, 204);
+        assert_eq!(s.admin.host(&host).await.unwrap().host.state, HostState::Draining);
+
+        let h = s.admin.host_action(&host, "undrain").await.unwrap();
+        assert_eq!(h.state, HostState::Ready);
+        two.converge().await;
+        // Back in service: the fuller host is chosen again.
+        let back: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("back", 1, ServiceLevel::Guaranteed)).await.unwrap();
+        assert_eq!(back.host.as_deref(), Some(host.as_str()));
+        let e = s.admin.host_action("no-such-host", "drain").await.unwrap_err();
+        assert_eq!(e.status(), Some(404));
+        let audit = s.admin.audit(None, 100).await.unwrap();
+        for action in ["host.drain", "host.undrain"] {
+            assert!(audit.iter().any(|a| a.action == action), "{action}");
+        }
+    }
 }
