@@ -68,6 +68,11 @@ const PACKAGES: &[(&str, &str)] = &[
     // cloud-init seeds, and the tests that look inside them.
     ("genisoimage", "genisoimage"),
     ("isoinfo", "genisoimage"),
+    // Tenant networks: hosts and VMs as network namespaces, and the
+    // traffic between them (the product itself speaks netlink).
+    ("ip", "iproute2"),
+    ("bridge", "iproute2"),
+    ("ping", "iputils-ping"),
 ];
 
 /// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img

@@ -1,0 +1,320 @@
+//! A host's desired network state, as the control plane sends it and
+//! `kumo-vxlan apply --state FILE` reads it, checked whole before anything
+//! touches the kernel.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The IANA VXLAN port (the kernel's default, 8472, predates it).
+pub const VXLAN_PORT: u16 = 4789;
+/// The largest 24-bit VNI.
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+/// Outer IPv4 + UDP + VXLAN + inner Ethernet headers.
+pub const VXLAN_OVERHEAD: u32 = 50;
+pub const MIN_MTU: u32 = 576;
+pub const MAX_MTU: u32 = 9216;
+
+/// A unicast Ethernet address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Mac(pub [u8; 6]);
+
+impl Mac {
+    pub const ZERO: Mac = Mac([0; 6]);
+
+    pub fn is_multicast(&self) -> bool {
+        self.0[0] & 1 == 1
+    }
+}
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            b[0], b[1], b[2], b[3], b[4], b[5]
+        )
+    }
+}
+
+impl FromStr for Mac {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a MAC address like 02:00:0a:01:00:05");
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for b in &mut out {
+            let p = parts.next().ok_or_else(bad)?;
+            if p.len() != 2 {
+                return Err(bad());
+            }
+            *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+        }
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Mac(out))
+    }
+}
+
+impl Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A VM on another host, reached through that host's VTEP.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    pub mac: Mac,
+    pub ip: IpAddr,
+    pub vtep: Ipv4Addr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Segment {
+    pub vni: u32,
+    pub mtu: u32,
+    /// Every other host that has this segment: the flood list.
+    #[serde(default)]
+    pub remote_vteps: Vec<Ipv4Addr>,
+    /// Every VM of the segment on other hosts.
+    #[serde(default)]
+    pub remote_endpoints: Vec<Endpoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DesiredState {
+    pub underlay_ip: Ipv4Addr,
+    #[serde(default)]
+    pub segments: Vec<Segment>,
+}
+
+/// Names of the kernel objects of one VNI. Only names of these shapes are
+/// Kumo's; nothing else on the host is looked at or touched.
+pub fn vxlan_name(vni: u32) -> String {
+    format!("kvx{vni}")
+}
+
+pub fn bridge_name(vni: u32) -> String {
+    format!("kbr{vni}")
+}
+
+/// The VNI of a name that is Kumo's (`kvx100` → 100), else `None`.
+pub fn vni_of(name: &str) -> Option<(u32, bool)> {
+    let (rest, is_vxlan) = if let Some(r) = name.strip_prefix("kvx") {
+        (r, true)
+    } else if let Some(r) = name.strip_prefix("kbr") {
+        (r, false)
+    } else {
+        return None;
+    };
+    if rest.is_empty() || rest.starts_with('0') || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let vni: u32 = rest.parse().ok()?;
+    (1..=MAX_VNI).contains(&vni).then_some((vni, is_vxlan))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct StateError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> StateError {
+    StateError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+impl DesiredState {
+    /// Parses and checks a state document; the first problem is named by
+    /// its path (`segments[1].remote_endpoints[0].vtep`).
+    pub fn from_json(text: &str) -> Result<DesiredState, StateError> {
+        let state: DesiredState =
+            serde_json::from_str(text).map_err(|e| err("state", e.to_string()))?;
+        state.validate()?;
+        Ok(state)
+    }
+
+    pub fn validate(&self) -> Result<(), StateError> {
+        let u = self.underlay_ip;
+        if u.is_unspecified() || u.is_multicast() || u.is_broadcast() {
+            return Err(err("underlay_ip", format!("{u} is not a unicast address")));
+        }
+        let mut vnis = BTreeSet::new();
+        for (i, s) in self.segments.iter().enumerate() {
+            let at = |f: &str| format!("segments[{i}].{f}");
+            if !(1..=MAX_VNI).contains(&s.vni) {
+                return Err(err(at("vni"), format!("{} is not in 1…{MAX_VNI}", s.vni)));
+            }
+            if !vnis.insert(s.vni) {
+                return Err(err(at("vni"), format!("{} appears twice", s.vni)));
+            }
+            if !(MIN_MTU..=MAX_MTU).contains(&s.mtu) {
+                return Err(err(
+                    at("mtu"),
+                    format!("{} is not in {MIN_MTU}…{MAX_MTU}", s.mtu),
+                ));
+            }
+            let mut vteps = BTreeSet::new();
+            for (j, v) in s.remote_vteps.iter().enumerate() {
+                if v.is_unspecified() || v.is_multicast() || v.is_broadcast() || *v == u {
+                    return Err(err(
+                        at(&format!("remote_vteps[{j}]")),
+                        format!("{v} is not another host's unicast address"),
+                    ));
+                }
+                if !vteps.insert(*v) {
+                    return Err(err(
+                        at(&format!("remote_vteps[{j}]")),
+                        format!("{v} appears twice"),
+                    ));
+                }
+            }
+            let mut macs = BTreeSet::new();
+            let mut ips = BTreeSet::new();
+            for (j, e) in s.remote_endpoints.iter().enumerate() {
+                let at = |f: &str| at(&format!("remote_endpoints[{j}].{f}"));
+                if e.mac == Mac::ZERO || e.mac.is_multicast() {
+                    return Err(err(at("mac"), format!("{} is not a unicast MAC", e.mac)));
+                }
+                if !macs.insert(e.mac) {
+                    return Err(err(at("mac"), format!("{} appears twice", e.mac)));
+                }
+                if e.ip.is_unspecified() || e.ip.is_multicast() {
+                    return Err(err(at("ip"), format!("{} is not a unicast address", e.ip)));
+                }
+                if !ips.insert(e.ip) {
+                    return Err(err(at("ip"), format!("{} appears twice", e.ip)));
+                }
+                if !vteps.contains(&e.vtep) {
+                    return Err(err(
+                        at("vtep"),
+                        format!("{} is not one of the segment's remote_vteps", e.vtep),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> serde_json::Value {
+        serde_json::json!({
+            "underlay_ip": "10.99.0.1",
+            "segments": [{
+                "vni": 100, "mtu": 1450,
+                "remote_vteps": ["10.99.0.2"],
+                "remote_endpoints": [{"mac": "02:00:0a:01:00:05", "ip": "10.1.0.5", "vtep": "10.99.0.2"}]
+            }]
+        })
+    }
+
+    fn check(mutate: impl FnOnce(&mut serde_json::Value)) -> Result<DesiredState, StateError> {
+        let mut v = good();
+        mutate(&mut v);
+        DesiredState::from_json(&v.to_string())
+    }
+
+    #[test]
+    fn a_good_state_parses() {
+        let s = check(|_| {}).unwrap();
+        assert_eq!(
+            s.segments[0].remote_endpoints[0].mac.to_string(),
+            "02:00:0a:01:00:05"
+        );
+    }
+
+    #[test]
+    fn bad_input_names_its_field() {
+        type Mutation = Box<dyn FnOnce(&mut serde_json::Value)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            (
+                "segments[0].vni",
+                Box::new(|v| v["segments"][0]["vni"] = 0.into()),
+            ),
+            (
+                "segments[0].vni",
+                Box::new(|v| v["segments"][0]["vni"] = (MAX_VNI + 1).into()),
+            ),
+            (
+                "segments[0].mtu",
+                Box::new(|v| v["segments"][0]["mtu"] = 100.into()),
+            ),
+            (
+                "segments[0].remote_endpoints[0].vtep",
+                Box::new(|v| v["segments"][0]["remote_endpoints"][0]["vtep"] = "10.99.0.9".into()),
+            ),
+            (
+                "segments[0].remote_endpoints[0].mac",
+                Box::new(|v| {
+                    v["segments"][0]["remote_endpoints"][0]["mac"] = "01:00:5e:00:00:01".into()
+                }),
+            ),
+            (
+                "segments[0].remote_vteps[0]",
+                Box::new(|v| v["segments"][0]["remote_vteps"][0] = "10.99.0.1".into()),
+            ),
+            (
+                "underlay_ip",
+                Box::new(|v| v["underlay_ip"] = "0.0.0.0".into()),
+            ),
+        ];
+        for (field, mutate) in cases {
+            let e = check(mutate).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        }
+        // Shapes serde refuses: the message says what was wrong.
+        let e =
+            check(|v| v["segments"][0]["remote_endpoints"][0]["mac"] = "zz".into()).unwrap_err();
+        assert!(e.message.contains("not a MAC address"), "{e}");
+        let e = check(|v| v["segments"][0]["extra"] = 1.into()).unwrap_err();
+        assert!(e.message.contains("unknown field"), "{e}");
+        let e = check(|v| {
+            let seg = v["segments"][0].clone();
+            v["segments"].as_array_mut().unwrap().push(seg);
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "segments[1].vni");
+    }
+
+    #[test]
+    fn only_names_of_our_shape_are_ours() {
+        assert_eq!(vni_of("kvx100"), Some((100, true)));
+        assert_eq!(vni_of("kbr16777215"), Some((16_777_215, false)));
+        for other in [
+            "kvx",
+            "kvx0",
+            "kvx012",
+            "kbr16777216",
+            "eth0",
+            "kvx1a",
+            "vxlan100",
+        ] {
+            assert_eq!(vni_of(other), None, "{other}");
+        }
+    }
+}

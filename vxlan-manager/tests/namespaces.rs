@@ -1,0 +1,551 @@
+//! Real kernel networking: three hosts as network namespaces on an
+//! underlay bridge, VMs as namespaces whose veth sits on a segment's
+//! bridge (as a VM's tap would), and the converger run in each host.
+//! Needs root (CAP_NET_ADMIN) and iproute2 and ping, which the README's
+//! test command installs. The scaffolding uses `ip`; the product only
+//! speaks netlink.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sched::CloneFlags;
+use vxlan_manager::plan::{Fdb, Neigh};
+use vxlan_manager::{converge, DesiredState, Endpoint, Kernel, Mac, NetError, Segment};
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
+        panic!("`ip` (iproute2) is required; the README's test command installs it: {e}")
+    });
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ping(from: &str, to: Ipv4Addr) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", from, "ping", "-c1", "-W1", "-q"])
+        .arg(to.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("ping (iputils-ping) is required: {e}"))
+        .status
+        .success()
+}
+
+/// Runs `f` on a thread inside namespace `ns`.
+fn in_ns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+    std::thread::spawn(move || {
+        nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+}
+
+const PORT: u16 = 7000;
+
+/// What a VM answers on TCP: its own name, so a client can tell which of
+/// two VMs with one address it reached.
+fn serve(ns: &str, name: &str) {
+    let name = name.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    in_ns(ns, move || {
+        let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
+        tx.send(()).unwrap();
+        for mut s in l.incoming().flatten() {
+            let _ = s.write_all(name.as_bytes());
+        }
+    });
+    rx.recv().unwrap();
+}
+
+fn tcp_hello(from: &str, to: Ipv4Addr) -> Option<String> {
+    in_ns(from, move || {
+        let mut s =
+            TcpStream::connect_timeout(&SocketAddr::from((to, PORT)), Duration::from_secs(2))
+                .ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    })
+    .join()
+    .unwrap()
+}
+
+#[derive(Clone)]
+struct Vm {
+    name: &'static str,
+    host: usize,
+    vni: u32,
+    mac: Mac,
+    ip: Ipv4Addr,
+}
+
+/// The test's world: namespaces, and the desired state of each host as
+/// the control plane would compute it.
+struct World {
+    prefix: String,
+    hosts: usize,
+    vms: Vec<Vm>,
+}
+
+impl World {
+    fn ns(&self, what: &str) -> String {
+        format!("{}-{what}", self.prefix)
+    }
+
+    fn host_ns(&self, h: usize) -> String {
+        self.ns(&format!("h{h}"))
+    }
+
+    fn underlay(h: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 99, 0, h as u8 + 1)
+    }
+
+    fn new(hosts: usize) -> World {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the namespace tests need root (CAP_NET_ADMIN)"
+        );
+        let w = World {
+            prefix: {
+                static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                format!("kt{}x{n}", std::process::id())
+            },
+            hosts,
+            vms: Vec::new(),
+        };
+        let fab = w.ns("fab");
+        ip(&["netns", "add", &fab]);
+        ip(&["-n", &fab, "link", "add", "ul", "type", "bridge"]);
+        ip(&["-n", &fab, "link", "set", "ul", "up"]);
+        for h in 0..hosts {
+            let ns = w.host_ns(h);
+            ip(&["netns", "add", &ns]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            let peer = format!("p{h}");
+            ip(&[
+                "link", "add", "ul0", "netns", &ns, "type", "veth", "peer", "name", &peer, "netns",
+                &fab,
+            ]);
+            ip(&["-n", &fab, "link", "set", &peer, "master", "ul", "up"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", World::underlay(h)),
+                "dev",
+                "ul0",
+            ]);
+            ip(&["-n", &ns, "link", "set", "ul0", "up"]);
+            // Something that is not Kumo's, to prove it is left alone.
+            ip(&[
+                "-n", &ns, "link", "add", "other0", "type", "veth", "peer", "name", "other1",
+            ]);
+        }
+        w
+    }
+
+    /// A VM: its own namespace, its veth's host end on the segment's
+    /// bridge (made by the converger, so call after converging).
+    fn add_vm(&mut self, vm: Vm) {
+        let ns = self.ns(vm.name);
+        let host = self.host_ns(vm.host);
+        let tap = format!("t-{}", vm.name);
+        ip(&["netns", "add", &ns]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &tap, "netns",
+            &host,
+        ]);
+        ip(&[
+            "-n",
+            &ns,
+            "link",
+            "set",
+            "eth0",
+            "address",
+            &vm.mac.to_string(),
+            "mtu",
+            "1450",
+        ]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{}/24", vm.ip),
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+        ip(&[
+            "-n",
+            &host,
+            "link",
+            "set",
+            &tap,
+            "mtu",
+            "1450",
+            "master",
+            &format!("kbr{}", vm.vni),
+            "up",
+        ]);
+        serve(&ns, vm.name);
+        self.vms.push(vm);
+    }
+
+    fn remove_vm(&mut self, name: &str) {
+        self.vms.retain(|v| v.name != name);
+        ip(&["netns", "del", &self.ns(name)]);
+    }
+
+    /// Host `h`'s desired state: each segment it has VMs on, with every
+    /// other host that has the segment and every VM there.
+    fn desired(&self, h: usize) -> DesiredState {
+        let mut by_vni: BTreeMap<u32, Vec<&Vm>> = BTreeMap::new();
+        for v in &self.vms {
+            by_vni.entry(v.vni).or_default().push(v);
+        }
+        let mut segments = Vec::new();
+        for (vni, vms) in by_vni {
+            if !vms.iter().any(|v| v.host == h) {
+                continue;
+            }
+            let remote: Vec<&&Vm> = vms.iter().filter(|v| v.host != h).collect();
+            let vteps: BTreeSet<Ipv4Addr> =
+                remote.iter().map(|v| World::underlay(v.host)).collect();
+            segments.push(Segment {
+                vni,
+                mtu: 1450,
+                remote_vteps: vteps.into_iter().collect(),
+                remote_endpoints: remote
+                    .iter()
+                    .map(|v| Endpoint {
+                        mac: v.mac,
+                        ip: IpAddr::V4(v.ip),
+                        vtep: World::underlay(v.host),
+                    })
+                    .collect(),
+            });
+        }
+        DesiredState {
+            underlay_ip: World::underlay(h),
+            segments,
+        }
+    }
+
+    /// Converges every host; the number of netlink changes per host.
+    async fn converge_all(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for h in 0..self.hosts {
+            let k = Kernel::connect(Some(&self.host_ns(h))).unwrap();
+            out.push(converge(&k, &self.desired(h)).await.unwrap().len());
+        }
+        out
+    }
+
+    fn vm(&self, name: &str) -> &Vm {
+        self.vms.iter().find(|v| v.name == name).unwrap()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+            return;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if name.starts_with(&format!("{}-", self.prefix)) {
+                let _ = Command::new("ip").args(["netns", "del", name]).status();
+            }
+        }
+    }
+}
+
+fn vm(name: &'static str, host: usize, vni: u32, n: u8) -> Vm {
+    let tenant = if vni == 1001 { 0xa0 } else { 0xb0 };
+    Vm {
+        name,
+        host,
+        vni,
+        mac: Mac([0x02, tenant, 0, 0, 0, n]),
+        ip: Ipv4Addr::new(10, 1, 0, n),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_segments_across_three_hosts() {
+    let mut w = World::new(3);
+    // Tenant A on three hosts, tenant B on two, both on 10.1.0.0/24 with
+    // the same addresses: isolation shows in who answers.
+    let plan = [
+        vm("a1", 0, 1001, 1),
+        vm("a2", 1, 1001, 2),
+        vm("a3", 2, 1001, 3),
+        vm("b1", 0, 1002, 1),
+        vm("b2", 1, 1002, 2),
+        vm("b9", 1, 1002, 9),
+    ];
+    // The control plane knows the VMs before their taps exist.
+    w.vms = plan.to_vec();
+    let first = w.converge_all().await;
+    assert!(first.iter().all(|n| *n > 0), "{first:?}");
+    w.vms.clear();
+    for v in plan {
+        w.add_vm(v);
+    }
+    assert_eq!(
+        w.converge_all().await,
+        vec![0, 0, 0],
+        "the same state twice changes nothing"
+    );
+
+    // Every pair within a segment, ICMP and TCP.
+    for seg in [1001, 1002] {
+        let members: Vec<Vm> = w.vms.iter().filter(|v| v.vni == seg).cloned().collect();
+        for a in &members {
+            for b in &members {
+                if a.name == b.name {
+                    continue;
+                }
+                assert!(ping(&w.ns(a.name), b.ip), "{} → {} (ICMP)", a.name, b.name);
+                assert_eq!(
+                    tcp_hello(&w.ns(a.name), b.ip).as_deref(),
+                    Some(b.name),
+                    "{} → {} (TCP)",
+                    a.name,
+                    b.name
+                );
+            }
+        }
+    }
+    // Nothing crosses tenants: B's 10.1.0.9 is not reachable from A, and
+    // 10.1.0.2 is a2 for A and b2 for B.
+    assert!(!ping(&w.ns("a1"), Ipv4Addr::new(10, 1, 0, 9)));
+    assert_eq!(tcp_hello(&w.ns("a1"), Ipv4Addr::new(10, 1, 0, 9)), None);
+    assert_eq!(
+        tcp_hello(&w.ns("b1"), Ipv4Addr::new(10, 1, 0, 3)),
+        None,
+        "b has no .3"
+    );
+
+    // The kernel of host 0 holds exactly what the design says.
+    let k0 = Kernel::connect(Some(&w.host_ns(0))).unwrap();
+    let o = k0.observe().await.unwrap();
+    assert_eq!(
+        o.links.keys().collect::<Vec<_>>(),
+        ["kbr1001", "kbr1002", "kvx1001", "kvx1002"]
+    );
+    let port = o.links["kvx1001"].port.unwrap();
+    assert!(!port.learning && port.neigh_suppress);
+    let fdb_1001: BTreeSet<Fdb> = o.fdb.iter().filter(|f| f.vni == 1001).copied().collect();
+    let a2 = w.vm("a2").clone();
+    let a3 = w.vm("a3").clone();
+    let expect: BTreeSet<Fdb> = [
+        Fdb {
+            vni: 1001,
+            mac: Mac::ZERO,
+            dst: World::underlay(1),
+        },
+        Fdb {
+            vni: 1001,
+            mac: Mac::ZERO,
+            dst: World::underlay(2),
+        },
+        Fdb {
+            vni: 1001,
+            mac: a2.mac,
+            dst: World::underlay(1),
+        },
+        Fdb {
+            vni: 1001,
+            mac: a3.mac,
+            dst: World::underlay(2),
+        },
+    ]
+    .into();
+    assert_eq!(fdb_1001, expect);
+    assert!(o.neigh.contains(&Neigh {
+        vni: 1001,
+        ip: IpAddr::V4(a3.ip),
+        mac: a3.mac
+    }));
+
+    // A VM leaves: host 2 has nothing of segment A left, and nobody keeps
+    // an entry for it.
+    w.remove_vm("a3");
+    let changes = w.converge_all().await;
+    assert!(changes.iter().all(|n| *n > 0), "{changes:?}");
+    let o2 = Kernel::connect(Some(&w.host_ns(2)))
+        .unwrap()
+        .observe()
+        .await
+        .unwrap();
+    assert!(o2.links.is_empty(), "{:?}", o2.links.keys());
+    for h in 0..2 {
+        let o = Kernel::connect(Some(&w.host_ns(h)))
+            .unwrap()
+            .observe()
+            .await
+            .unwrap();
+        assert!(
+            !o.fdb
+                .iter()
+                .any(|f| f.mac == a3.mac || f.dst == World::underlay(2)),
+            "host {h}: {:?}",
+            o.fdb
+        );
+        assert!(!o.neigh.iter().any(|n| n.mac == a3.mac));
+        assert!(!o.bridge_fdb.iter().any(|(_, m)| *m == a3.mac));
+    }
+    assert!(ping(&w.ns("a1"), a2.ip));
+
+    // A VM arrives on host 1: host 0 learns of it at once.
+    w.vms.push(vm("a4", 1, 1001, 4));
+    w.converge_all().await;
+    let a4 = w.vms.pop().unwrap();
+    w.add_vm(a4.clone());
+    assert_eq!(w.converge_all().await, vec![0, 0, 0]);
+    assert!(ping(&w.ns("a1"), a4.ip));
+    assert_eq!(tcp_hello(&w.ns("a1"), a4.ip).as_deref(), Some("a4"));
+
+    // An agent restart (a new connection, nothing remembered) finds
+    // nothing to do; stray entries of our shape are removed, foreign
+    // devices are not touched.
+    ip(&[
+        "-n",
+        &w.host_ns(0),
+        "neigh",
+        "add",
+        "10.1.0.77",
+        "lladdr",
+        "02:00:00:00:00:77",
+        "dev",
+        "kbr1001",
+        "nud",
+        "permanent",
+    ]);
+    Command::new("bridge")
+        .args([
+            "-n",
+            &w.host_ns(0),
+            "fdb",
+            "append",
+            "00:00:00:00:00:00",
+            "dev",
+            "kvx1001",
+            "dst",
+            "10.99.0.77",
+            "self",
+            "permanent",
+        ])
+        .status()
+        .unwrap();
+    ip(&[
+        "-n",
+        &w.host_ns(0),
+        "link",
+        "add",
+        "kvx4242",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "zz0",
+    ]);
+    let k = Kernel::connect(Some(&w.host_ns(0))).unwrap();
+    let fixed = converge(&k, &w.desired(0)).await.unwrap();
+    assert_eq!(fixed.len(), 3, "{fixed:?}");
+    assert_eq!(
+        converge(&k, &w.desired(0)).await.unwrap(),
+        vec![],
+        "after {fixed:?}"
+    );
+    let links = Command::new("ip")
+        .args(["-n", &w.host_ns(0), "-o", "link"])
+        .output()
+        .unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(links.contains("other0"), "{links}");
+    assert!(!links.contains("kvx4242"), "{links}");
+
+    // A bad state changes nothing.
+    let before = k.observe().await.unwrap();
+    let mut bad = w.desired(0);
+    bad.segments[0].remote_endpoints[0].vtep = Ipv4Addr::new(10, 99, 0, 200);
+    let e = converge(&k, &bad).await.unwrap_err();
+    assert!(matches!(e, NetError::Invalid(_)), "{e}");
+    assert!(e.to_string().contains("remote_endpoints[0].vtep"), "{e}");
+    assert_eq!(k.observe().await.unwrap(), before);
+}
+
+/// The binary, as operators use it: apply a state file in a namespace,
+/// apply it again (no changes), show, and refuse a bad file.
+#[tokio::test]
+async fn kumo_vxlan_binary() {
+    let w = World::new(1);
+    let dir = tempfile_dir();
+    let state = dir.join("state.json");
+    std::fs::write(
+        &state,
+        r#"{"underlay_ip": "10.99.0.1", "segments": [{"vni": 77, "mtu": 8950,
+            "remote_vteps": ["10.99.0.2"],
+            "remote_endpoints": [{"mac": "02:00:00:00:00:05", "ip": "10.7.0.5", "vtep": "10.99.0.2"}]}]}"#,
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kumo-vxlan"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let ns = w.host_ns(0);
+    let st = state.to_str().unwrap();
+    let (ok, out, err) = run(&["apply", "--state", st, "--netns", &ns]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["changes"], 10, "{out}");
+    let (_, out, _) = run(&["apply", "--state", st, "--netns", &ns]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["changes"], 0);
+    let (ok, out, _) = run(&["show", "--netns", &ns]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["links"]["kvx77"]["mtu"], 8950);
+    assert_eq!(v["links"]["kvx77"]["kind"]["port"], 4789);
+
+    std::fs::write(
+        &state,
+        r#"{"underlay_ip": "10.99.0.1", "segments": [{"vni": 16777216, "mtu": 1450}]}"#,
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["apply", "--state", st, "--netns", &ns]);
+    assert!(!ok);
+    assert!(err.contains("segments[0].vni"), "{err}");
+    let (ok, _, err) = run(&["show", "--netns", "no-such-namespace"]);
+    assert!(!ok && err.contains("no-such-namespace"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("kumo-vxlan-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
