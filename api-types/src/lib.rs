@@ -498,6 +498,71 @@ pub struct VmCreate {
     pub service_level: ServiceLevel,
     #[serde(default)]
     pub ssh_keys: Vec<String>,
+    /// Segments of the tenant to attach, in NIC order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<NetworkRequest>,
+}
+
+/// One NIC of a new VM: a segment, and optionally the address it wants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// Segment name or id.
+    pub segment: String,
+    /// Default: the lowest free address of the segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+}
+
+/// A VM's NIC on a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VmNetwork {
+    pub segment: String,
+    pub ip: String,
+    pub mac: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentKind {
+    /// Virtio NICs on the segment's bridge; VXLAN on the hosts.
+    Ethernet,
+    /// SR-IOV VFs of the GPUs' paired NICs; lossless (PFC on priority 3).
+    Roce,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentCreate {
+    pub name: String,
+    pub kind: SegmentKind,
+    /// An IPv4 network, e.g. `10.1.0.0/24` (prefix 8–29).
+    pub cidr: String,
+    /// Default: the network's first address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// Default: the underlay MTU minus VXLAN's 50 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Segment {
+    pub id: Uuid,
+    pub name: String,
+    pub tenant: String,
+    pub kind: SegmentKind,
+    pub cidr: String,
+    pub gateway: String,
+    pub mtu: u32,
+    /// For RoCE segments: the RoCE path MTU the NICs will use (the
+    /// largest of 1024, 2048 and 4096 under `mtu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce_mtu: Option<u32>,
+    pub vni: u32,
+    /// VMs attached.
+    pub attachments: u32,
+    pub created_at: DateTime<Utc>,
 }
 
 /// A VM's request, as stored and as the agent receives it.
@@ -639,6 +704,8 @@ pub struct Vm {
     /// The training cluster it is a member of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<VmNetwork>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -713,6 +780,7 @@ impl ClusterCreate {
             template: self.template.clone(),
             service_level: self.service_level,
             ssh_keys: self.ssh_keys.clone(),
+            networks: Vec::new(),
         }
     }
 }

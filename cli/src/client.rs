@@ -3,9 +3,9 @@
 
 use kumo_api_types::{
     AuditEntry, Cluster, ClusterCreate, Host, HostDetail, JoinTokenCreate, JoinTokenCreated, Me,
-    Member, MemberPut, Page, Problem, Quota, Template, TemplateCreate, Tenant, TenantCreate,
-    TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User, UserCreate, Vm, VmCreate, VmEvent,
-    PROBLEM_JSON,
+    Member, MemberPut, Page, Problem, Quota, Segment, SegmentCreate, Template, TemplateCreate,
+    Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User, UserCreate, Vm,
+    VmCreate, VmEvent, PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -395,6 +395,43 @@ impl Client {
         self.send(self.request(
             Method::DELETE,
             &format!("/api/v1/tenants/{}/vms/{}", segment(tenant), segment(vm)),
+        ))
+        .await
+    }
+
+    // ------------------------------------------------------------- segments
+
+    pub async fn create_segment(
+        &self,
+        tenant: &str,
+        body: &SegmentCreate,
+    ) -> Result<Segment, ClientError> {
+        self.post(
+            &format!("/api/v1/tenants/{}/segments", segment(tenant)),
+            body,
+        )
+        .await
+    }
+
+    pub async fn list_segments(&self, tenant: &str) -> Result<Vec<Segment>, ClientError> {
+        self.list_all(&format!("/api/v1/tenants/{}/segments", segment(tenant)))
+            .await
+    }
+
+    pub async fn segment(&self, tenant: &str, name: &str) -> Result<Segment, ClientError> {
+        self.get(&format!(
+            "/api/v1/tenants/{}/segments/{}",
+            segment(tenant),
+            segment(name)
+        ))
+        .await
+    }
+
+    pub async fn delete_segment(&self, tenant: &str, name: &str) -> Result<(), ClientError> {
+        self.delete(&format!(
+            "/api/v1/tenants/{}/segments/{}",
+            segment(tenant),
+            segment(name)
         ))
         .await
     }

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kumo_api_types::{
-    Cluster, ClusterCreate, JoinTokenCreate, MemberPut, Quota, Role, ServiceLevel, TemplateCreate,
-    TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
+    Cluster, ClusterCreate, JoinTokenCreate, MemberPut, NetworkRequest, Quota, Role, Segment,
+    SegmentCreate, SegmentKind, ServiceLevel, TemplateCreate, TenantCreate, TenantUpdate,
+    TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
 };
 
 use crate::client::Client;
@@ -76,6 +77,9 @@ pub enum Command {
     /// Training clusters: VMs placed together, rail-aligned.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Tenant networks (VXLAN segments) for Ethernet and RoCE.
+    #[command(subcommand)]
+    Segment(SegmentCmd),
     /// Lifecycle events of a tenant's VMs, newest first.
     Events {
         #[command(flatten)]
@@ -287,6 +291,23 @@ pub struct SpecArgs {
     /// An OpenSSH public key file; repeat for more.
     #[arg(long)]
     ssh_key: Vec<PathBuf>,
+    /// Attach to a segment: `SEGMENT` or `SEGMENT=IP`; repeat for more NICs.
+    #[arg(long, value_parser = parse_network)]
+    network: Vec<NetworkRequest>,
+}
+
+fn parse_network(s: &str) -> Result<NetworkRequest, String> {
+    let (segment, ip) = match s.split_once('=') {
+        Some((seg, ip)) => (seg, Some(ip.to_owned())),
+        None => (s, None),
+    };
+    if segment.is_empty() {
+        return Err(format!("{s:?}: expected SEGMENT or SEGMENT=IP"));
+    }
+    Ok(NetworkRequest {
+        segment: segment.to_owned(),
+        ip,
+    })
 }
 
 impl SpecArgs {
@@ -316,8 +337,120 @@ impl SpecArgs {
                 ServiceLevel::Guaranteed
             },
             ssh_keys: keys,
+            networks: self.network.clone(),
         })
     }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SegmentCmd {
+    /// A private network for the tenant's VMs, with a VNI of its own.
+    Create {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long, value_enum, default_value = "ethernet")]
+        kind: SegmentKindArg,
+        /// IPv4 network, e.g. 10.1.0.0/24.
+        #[arg(long)]
+        cidr: String,
+        /// Default: the network's first address.
+        #[arg(long)]
+        gateway: Option<String>,
+        /// Default: the underlay MTU less 50.
+        #[arg(long)]
+        mtu: Option<u32>,
+    },
+    List {
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    Show {
+        segment: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Only a segment without VMs on it.
+    Delete {
+        segment: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum SegmentKindArg {
+    Ethernet,
+    Roce,
+}
+
+fn segments_table(segs: &[Segment]) -> String {
+    let mut t = Table::new(&["name", "kind", "cidr", "gateway", "mtu", "vni", "vms"]);
+    for s in segs {
+        t.row(vec![
+            s.name.clone(),
+            match s.kind {
+                SegmentKind::Ethernet => "ethernet".into(),
+                SegmentKind::Roce => format!("roce (path MTU {})", s.roce_mtu.unwrap_or(0)),
+            },
+            s.cidr.clone(),
+            s.gateway.clone(),
+            s.mtu.to_string(),
+            s.vni.to_string(),
+            s.attachments.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+async fn segment_cmd(
+    cmd: &SegmentCmd,
+    c: &Client,
+    fmt: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    match cmd {
+        SegmentCmd::Create {
+            name,
+            tenant,
+            kind,
+            cidr,
+            gateway,
+            mtu,
+        } => {
+            let s = c
+                .create_segment(
+                    &tenant.tenant,
+                    &SegmentCreate {
+                        name: name.clone(),
+                        kind: match kind {
+                            SegmentKindArg::Ethernet => SegmentKind::Ethernet,
+                            SegmentKindArg::Roce => SegmentKind::Roce,
+                        },
+                        cidr: cidr.clone(),
+                        gateway: gateway.clone(),
+                        mtu: *mtu,
+                    },
+                )
+                .await?;
+            print_one(out, fmt, &s, || segments_table(std::slice::from_ref(&s)))?;
+        }
+        SegmentCmd::List { tenant } => {
+            let segs = c.list_segments(&tenant.tenant).await?;
+            print_one(out, fmt, &segs, || segments_table(&segs))?;
+        }
+        SegmentCmd::Show { segment, tenant } => {
+            let s = c.segment(&tenant.tenant, segment).await?;
+            print_one(out, fmt, &s, || segments_table(std::slice::from_ref(&s)))?;
+        }
+        SegmentCmd::Delete { segment, tenant } => {
+            c.delete_segment(&tenant.tenant, segment).await?;
+            if fmt == Format::Table {
+                writeln!(out, "Deleted segment {segment}")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Subcommand, Debug)]
@@ -510,6 +643,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Template(cmd) => template(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Vm(cmd) => vm(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Cluster(cmd) => cluster(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Segment(cmd) => segment_cmd(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Events { tenant, limit } => {
             let events = client(&cli, &env)?.events(&tenant.tenant, *limit).await?;
             print_one(out, fmt, &events, || {

@@ -38,6 +38,8 @@ pub struct Member {
     pub id: Uuid,
     pub name: String,
     pub spec: VmSpec,
+    /// NICs to attach when the VM row is created.
+    pub nics: Vec<crate::api::segments::PlannedNic>,
 }
 
 /// What admission did.
@@ -362,6 +364,7 @@ async fn commit(
             .await?
         };
         if !existing {
+            crate::api::segments::attach(&txn, vm.id, &m.nics).await??;
             let s = &specs[i];
             event(
                 &txn,

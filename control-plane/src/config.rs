@@ -57,6 +57,93 @@ pub struct FileConfig {
     pub hosts: HostsFileConfig,
     #[serde(default)]
     pub scheduler: SchedulerFileConfig,
+    #[serde(default)]
+    pub network: NetworkFileConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkFileConfig {
+    /// VNIs segments are given, as `"FIRST-LAST"` strings.
+    pub vni_ranges: Option<Vec<String>>,
+    /// The hosts' underlay MTU; segments get it minus VXLAN's 50 bytes.
+    pub underlay_mtu: Option<u32>,
+    /// How long a deleted segment's VNI rests before it is handed out again.
+    pub vni_quarantine_secs: Option<u64>,
+}
+
+/// VNIs below this are the infrastructure's (0 is invalid in VXLAN).
+pub const FIRST_TENANT_VNI: u32 = 4096;
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+pub const DEFAULT_UNDERLAY_MTU: u32 = 9000;
+pub const DEFAULT_VNI_QUARANTINE_SECS: u64 = 600;
+
+/// Tenant networks, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkConfig {
+    pub vni_ranges: Vec<std::ops::RangeInclusive<u32>>,
+    pub underlay_mtu: u32,
+    pub vni_quarantine: Duration,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            vni_ranges: vec![FIRST_TENANT_VNI..=MAX_VNI],
+            underlay_mtu: DEFAULT_UNDERLAY_MTU,
+            vni_quarantine: Duration::from_secs(DEFAULT_VNI_QUARANTINE_SECS),
+        }
+    }
+}
+
+fn network(file: &NetworkFileConfig) -> Result<NetworkConfig, ConfigError> {
+    let mut out = NetworkConfig::default();
+    if let Some(ranges) = &file.vni_ranges {
+        let bad = |message: String| ConfigError::Invalid {
+            key: "network.vni_ranges",
+            message,
+        };
+        out.vni_ranges.clear();
+        for r in ranges {
+            let (a, b) = r
+                .split_once('-')
+                .ok_or_else(|| bad(format!("{r:?} is not FIRST-LAST")))?;
+            let (a, b): (u32, u32) = match (a.trim().parse(), b.trim().parse()) {
+                (Ok(a), Ok(b)) => (a, b),
+                _ => return Err(bad(format!("{r:?} is not FIRST-LAST"))),
+            };
+            if a > b || a < FIRST_TENANT_VNI || b > MAX_VNI {
+                return Err(bad(format!(
+                    "{r:?} must lie within {FIRST_TENANT_VNI}-{MAX_VNI} (lower VNIs are reserved)"
+                )));
+            }
+            if out
+                .vni_ranges
+                .iter()
+                .any(|x| a <= *x.end() && *x.start() <= b)
+            {
+                return Err(bad(format!("{r:?} overlaps another range")));
+            }
+            out.vni_ranges.push(a..=b);
+        }
+        if out.vni_ranges.is_empty() {
+            return Err(bad("at least one range".into()));
+        }
+        out.vni_ranges.sort_by_key(|r| *r.start());
+    }
+    if let Some(m) = file.underlay_mtu {
+        if !(1280..=9216).contains(&m) {
+            return Err(ConfigError::Invalid {
+                key: "network.underlay_mtu",
+                message: "between 1280 and 9216".into(),
+            });
+        }
+        out.underlay_mtu = m;
+    }
+    if let Some(q) = file.vni_quarantine_secs {
+        out.vni_quarantine = Duration::from_secs(q);
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -94,6 +181,7 @@ pub struct Config {
     pub body_limit_bytes: usize,
     pub heartbeat_timeout: Duration,
     pub preemption_grace: Duration,
+    pub network: NetworkConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +219,7 @@ impl Config {
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             heartbeat_timeout: Duration::from_secs(DEFAULT_HEARTBEAT_TIMEOUT_SECS),
             preemption_grace: Duration::from_secs(DEFAULT_PREEMPTION_GRACE_SECS),
+            network: NetworkConfig::default(),
         }
     }
 }
@@ -232,6 +321,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         body_limit_bytes,
         heartbeat_timeout: Duration::from_secs(heartbeat_timeout_secs),
         preemption_grace: Duration::from_secs(grace),
+        network: network(&file.network)?,
     })
 }
 
@@ -246,6 +336,27 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("./.kumo"));
         assert_eq!(c.database_url, "sqlite://./.kumo/kumo.db?mode=rwc");
         assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn vni_ranges_are_checked() {
+        let parse = |t: &str| resolve(&ServeArgs::default(), &toml::from_str(t).unwrap());
+        let c =
+            parse("[network]\nvni_ranges = [\"20000-20999\", \"5000-5999\"]\nunderlay_mtu = 1500")
+                .unwrap();
+        assert_eq!(c.network.vni_ranges, vec![5000..=5999, 20000..=20999]);
+        assert_eq!(c.network.underlay_mtu, 1500);
+        for bad in [
+            "[\"0-100\"]",
+            "[\"5000\"]",
+            "[\"6000-5000\"]",
+            "[\"5000-6000\", \"5500-7000\"]",
+            "[\"5000-16777216\"]",
+            "[]",
+        ] {
+            let e = parse(&format!("[network]\nvni_ranges = {bad}")).unwrap_err();
+            assert!(e.to_string().contains("network.vni_ranges"), "{bad}: {e}");
+        }
     }
 
     #[test]

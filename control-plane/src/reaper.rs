@@ -192,6 +192,7 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
                 id: v.id,
                 name: v.name.clone(),
                 spec: stored_spec(v)?,
+                nics: Vec::new(),
             });
         }
         let cluster_row = match cluster_id {

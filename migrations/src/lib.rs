@@ -8,6 +8,7 @@ mod m0002_hosts_vms;
 mod m0003_kernel_boot_and_guest_condition;
 mod m0004_scheduler;
 mod m0005_host_drain;
+mod m0006_segments;
 
 pub struct Migrator;
 
@@ -20,6 +21,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0003_kernel_boot_and_guest_condition::Migration),
             Box::new(m0004_scheduler::Migration),
             Box::new(m0005_host_drain::Migration),
+            Box::new(m0006_segments::Migration),
         ]
     }
 }

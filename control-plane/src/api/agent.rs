@@ -353,7 +353,7 @@ pub async fn status(
         if next == VmState::Deleted {
             release(&txn, &vm).await?;
             vms::Entity::delete_by_id(vm.id).exec(&txn).await?;
-            super::clusters::member_gone(&txn, &vm).await?;
+            super::vms::row_deleted(&txn, &vm).await?;
             freed = true;
             continue;
         }

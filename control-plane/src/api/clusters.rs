@@ -210,6 +210,7 @@ pub async fn create(
             id: Uuid::now_v7(),
             name,
             spec: spec.clone(),
+            nics: Vec::new(),
         })
         .collect();
     let new = NewCluster {

@@ -25,6 +25,7 @@ pub mod health;
 pub mod hosts;
 pub mod members;
 pub mod quota;
+pub mod segments;
 pub mod templates;
 pub mod tenants;
 pub mod tokens;
@@ -57,6 +58,7 @@ pub mod vms;
         (name = "templates", description = "VM images"),
         (name = "vms", description = "Virtual machines and their lifecycle"),
         (name = "clusters", description = "Training clusters: VMs placed together, rail-aligned"),
+        (name = "segments", description = "Tenant networks (VXLAN) for Ethernet and RoCE, and VM addresses on them"),
         (name = "agent", description = "The protocol between host agents and the server"),
         (name = "health", description = "Liveness, readiness, metrics"),
     )
@@ -148,6 +150,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(vms::events))
         .routes(routes!(clusters::create, clusters::list))
         .routes(routes!(clusters::show, clusters::delete))
+        .routes(routes!(segments::create, segments::list))
+        .routes(routes!(segments::show, segments::delete))
         .routes(routes!(agent::register))
         .routes(routes!(agent::heartbeat))
         .routes(routes!(agent::desired))

@@ -193,13 +193,23 @@ pub async fn delete(
             tenant.name
         )));
     }
+    let segments = crate::entity::segments::Entity::find()
+        .filter(crate::entity::segments::Column::TenantId.eq(tenant.id))
+        .count(&txn)
+        .await?;
+    if segments > 0 {
+        return Err(ApiError::Conflict(format!(
+            "tenant {:?} still has {segments} segment(s); delete them first",
+            tenant.name
+        )));
+    }
     tenants::Entity::delete_by_id(tenant.id)
         .exec(&txn)
         .await
         .map_err(|e| {
             if crate::error::is_fk_violation(&e) {
                 ApiError::Conflict(format!(
-                    "tenant {:?} still has VMs; delete them first",
+                    "tenant {:?} still has VMs, clusters or segments; delete them first",
                     tenant.name
                 ))
             } else {

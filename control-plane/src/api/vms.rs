@@ -118,6 +118,7 @@ pub fn to_api_on(
     tenant: &str,
     host: Option<(&hosts::Model, &HostTopology)>,
     cluster: Option<&str>,
+    networks: Vec<kumo_api_types::VmNetwork>,
 ) -> Result<Vm, ApiError> {
     let mut state = stored_state(v);
     if host.is_some_and(|(h, _)| host_state(h) == HostState::Unreachable)
@@ -141,6 +142,7 @@ pub fn to_api_on(
         guest_condition: v.guest_condition.clone(),
         preempt_deadline: v.preempt_deadline,
         cluster: cluster.map(str::to_owned),
+        networks,
         created_at: v.created_at,
         updated_at: v.updated_at,
     })
@@ -159,11 +161,16 @@ async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Resu
             .map(|c| c.name),
         None => None,
     };
+    let networks = super::segments::networks_of(db, &[v.id])
+        .await?
+        .remove(&v.id)
+        .unwrap_or_default();
     to_api_on(
         v,
         tenant,
         host.as_ref().zip(topo.as_ref()),
         cluster.as_deref(),
+        networks,
     )
 }
 
@@ -309,6 +316,7 @@ pub async fn create(
         id: Uuid::now_v7(),
         name: body.name.clone(),
         spec,
+        nics: super::segments::resolve(&st.db, &tenant, &body.networks).await?,
     };
     match admit(
         &st,
@@ -375,6 +383,9 @@ pub async fn list(
         .into_iter()
         .map(|c| (c.id, c.name))
         .collect();
+    let mut networks =
+        super::segments::networks_of(&st.db, &rows.iter().map(|v| v.id).collect::<Vec<_>>())
+            .await?;
     let mut items = Vec::with_capacity(rows.len());
     for v in &rows {
         let host = v
@@ -385,7 +396,13 @@ pub async fn list(
             .cluster_id
             .and_then(|c| clusters_by_id.get(&c))
             .map(String::as_str);
-        items.push(to_api_on(v, &tenant.name, host, cluster)?);
+        items.push(to_api_on(
+            v,
+            &tenant.name,
+            host,
+            cluster,
+            networks.remove(&v.id).unwrap_or_default(),
+        )?);
     }
     Ok(axum::Json(Page {
         items,
@@ -528,7 +545,7 @@ pub async fn act_on(
     if effect.state == VmState::Deleted {
         event(txn, vm, "deleted", "never placed").await?;
         vms::Entity::delete_by_id(vm.id).exec(txn).await?;
-        super::clusters::member_gone(txn, vm).await?;
+        row_deleted(txn, vm).await?;
     }
     if let Some(h) = vm.host_id {
         bump_revision(txn, h).await?;
@@ -629,4 +646,11 @@ pub async fn events(
             .collect(),
         next_page_token: next,
     }))
+}
+
+/// What goes with a deleted VM row, in its transaction: its NICs, and its
+/// cluster once it was the last member.
+pub async fn row_deleted(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+    super::segments::detach_all(txn, vm.id).await?;
+    super::clusters::member_gone(txn, vm).await
 }

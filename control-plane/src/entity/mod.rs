@@ -2,12 +2,14 @@
 
 pub mod allocations;
 pub mod api_tokens;
+pub mod attachments;
 pub mod audit_log;
 pub mod clusters;
 pub mod hosts;
 pub mod idempotency_keys;
 pub mod join_tokens;
 pub mod memberships;
+pub mod segments;
 pub mod templates;
 pub mod tenant_gpu_quotas;
 pub mod tenant_quotas;
@@ -15,3 +17,4 @@ pub mod tenants;
 pub mod users;
 pub mod vm_events;
 pub mod vms;
+pub mod vni_leases;

@@ -63,6 +63,14 @@ impl World {
             )
             .await
             .unwrap();
+        let _: kumo_api_types::Segment = s
+            .admin
+            .post(
+                "/api/v1/tenants/alpha/segments",
+                &json!({"name": "alpha-seg", "kind": "ethernet", "cidr": "10.1.0.0/24"}),
+            )
+            .await
+            .unwrap();
         let _: kumo_api_types::Cluster = s
             .admin
             .post(
@@ -311,6 +319,26 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [202, 202, 202, 403, 404, 401, 401, 401],
     ),
     (
+        "POST",
+        "/api/v1/tenants/{tenant}/segments",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/segments",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/segments/{segment}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/segments/{segment}",
+        [204, 204, 204, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/events",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -373,6 +401,22 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         "alpha-cl".to_owned()
     };
     path = path.replace("{cluster}", &cluster);
+    let segment = if (method, template) == ("DELETE", "/api/v1/tenants/{tenant}/segments/{segment}")
+    {
+        let name = format!("seg-{n}");
+        let _: kumo_api_types::Segment = s
+            .admin
+            .post(
+                &format!("/api/v1/tenants/{tenant}/segments"),
+                &json!({"name": name, "kind": "ethernet", "cidr": "10.2.0.0/24"}),
+            )
+            .await
+            .unwrap();
+        name
+    } else {
+        "alpha-seg".to_owned()
+    };
+    path = path.replace("{segment}", &segment);
     // Operations that change a VM get one of their own; the rest use alpha-vm.
     let vm = match (method, template) {
         ("DELETE", "/api/v1/tenants/{tenant}/vms/{vm}")
@@ -419,6 +463,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         ),
         ("POST", "/api/v1/tenants/{tenant}/vms") => {
             Some(json!({"name": format!("new-vm-{n}"), "vcpus": 1, "memory_gib": 1}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/segments") => {
+            Some(json!({"name": format!("new-seg-{n}"), "kind": "roce", "cidr": "10.3.0.0/24"}))
         }
         ("POST", "/api/v1/tenants/{tenant}/clusters") => {
             Some(json!({"name": format!("new-cl-{n}"), "size": 2, "vcpus": 1, "memory_gib": 1}))
@@ -514,7 +561,8 @@ on_both_backends! {
                     .replace("{tenant}", tenant)
                     .replace("{user}", "vera")
                     .replace("{vm}", "alpha-vm")
-                    .replace("{cluster}", "alpha-cl");
+                    .replace("{cluster}", "alpha-cl")
+                    .replace("{segment}", "alpha-seg");
                 let resp = send(s, method, &call, outsider).await;
                 let status = resp.status().as_u16();
                 let p: Problem = resp.json().await.unwrap();

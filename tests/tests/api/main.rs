@@ -15,4 +15,5 @@ mod openapi;
 mod process;
 mod resources;
 mod scheduling;
+mod segments;
 mod vms;

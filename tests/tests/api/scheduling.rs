@@ -24,6 +24,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         template: None,
         service_level: level,
         ssh_keys: vec![],
+        networks: Vec::new(),
     }
 }
 

@@ -21,6 +21,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         template: None,
         service_level: Default::default(),
         ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0 user@lab".into()],
+        networks: Vec::new(),
     }
 }
 

@@ -1,0 +1,465 @@
+//! Tenant segments (Ethernet or RoCE over VXLAN): a VNI leased atomically
+//! from the configured ranges, a CIDR with its gateway and MTU, and the
+//! VMs' attachments (address and MAC) made in the VM's own transaction.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::Utc;
+use kumo_api_types::{
+    NetworkRequest, Page, PageParams, Role, Segment, SegmentCreate, SegmentKind, VmNetwork,
+};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set, TransactionTrait,
+};
+use uuid::Uuid;
+
+use super::Problems;
+use crate::access::tenant_access;
+use crate::entity::{attachments, segments, tenants, vni_leases};
+use crate::error::{is_unique_violation, ApiError};
+use crate::extract::{Ctx, Json, Path, Query};
+use crate::ipam::{self, Cidr, Lease, NextVni};
+use crate::paging::Paging;
+use crate::server::AppState;
+use crate::{audit, names};
+
+/// Tries at leasing a VNI when other servers lease at the same time.
+const VNI_ROUNDS: usize = 16;
+
+fn kind_str(k: SegmentKind) -> &'static str {
+    match k {
+        SegmentKind::Ethernet => "ethernet",
+        SegmentKind::Roce => "roce",
+    }
+}
+
+fn stored_kind(s: &segments::Model) -> SegmentKind {
+    if s.kind == "roce" {
+        SegmentKind::Roce
+    } else {
+        SegmentKind::Ethernet
+    }
+}
+
+pub fn stored_cidr(s: &segments::Model) -> Result<Cidr, ApiError> {
+    Cidr::parse("cidr", &s.cidr)
+        .map_err(|_| ApiError::Internal(format!("segment {} has CIDR {:?}", s.id, s.cidr)))
+}
+
+fn stored_gateway(s: &segments::Model) -> Result<Ipv4Addr, ApiError> {
+    s.gateway
+        .parse()
+        .map_err(|_| ApiError::Internal(format!("segment {} has gateway {:?}", s.id, s.gateway)))
+}
+
+fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Segment {
+    let kind = stored_kind(s);
+    let mtu = u32::try_from(s.mtu).unwrap_or(0);
+    Segment {
+        id: s.id,
+        name: s.name.clone(),
+        tenant: tenant.to_owned(),
+        kind,
+        cidr: s.cidr.clone(),
+        gateway: s.gateway.clone(),
+        mtu,
+        roce_mtu: (kind == SegmentKind::Roce)
+            .then(|| ipam::roce_mtu(mtu))
+            .flatten(),
+        vni: u32::try_from(s.vni).unwrap_or(0),
+        attachments: u32::try_from(attached).unwrap_or(u32::MAX),
+        created_at: s.created_at,
+    }
+}
+
+async fn count_attached(db: &impl ConnectionTrait, segment: Uuid) -> Result<u64, ApiError> {
+    Ok(attachments::Entity::find()
+        .filter(attachments::Column::SegmentId.eq(segment))
+        .count(db)
+        .await?)
+}
+
+pub async fn find(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    segment: &str,
+) -> Result<segments::Model, ApiError> {
+    let q = segments::Entity::find().filter(segments::Column::TenantId.eq(tenant.id));
+    let q = match Uuid::try_parse(segment) {
+        Ok(id) => q.filter(segments::Column::Id.eq(id)),
+        Err(_) => q.filter(segments::Column::Name.eq(segment)),
+    };
+    q.one(db)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("segment {segment:?}")))
+}
+
+/// Leases the lowest free VNI for `segment` inside `txn`. `Ok(None)` when
+/// another server took it first (try again in a new transaction).
+async fn lease_vni(
+    st: &AppState,
+    txn: &DatabaseTransaction,
+    segment: Uuid,
+) -> Result<Option<u32>, ApiError> {
+    let net = &st.config.network;
+    let rows = vni_leases::Entity::find()
+        .order_by_asc(vni_leases::Column::Vni)
+        .all(txn)
+        .await?;
+    let leases: Vec<Lease> = rows
+        .iter()
+        .map(|l| Lease {
+            vni: u32::try_from(l.vni).unwrap_or(0),
+            live: l.segment_id.is_some(),
+            released_at: l.released_at,
+        })
+        .collect();
+    let now = Utc::now();
+    let quarantine = chrono::Duration::from_std(net.vni_quarantine)
+        .unwrap_or_else(|_| chrono::Duration::seconds(600));
+    let next = ipam::next_vni(&net.vni_ranges, &leases, now, quarantine).ok_or_else(|| {
+        ApiError::InsufficientCapacity("every VNI of the configured ranges is in use".into())
+    })?;
+    match next {
+        NextVni::Fresh(vni) => {
+            let r = vni_leases::ActiveModel {
+                vni: Set(vni as i32),
+                segment_id: Set(Some(segment)),
+                released_at: Set(None),
+            }
+            .insert(txn)
+            .await;
+            match r {
+                Ok(_) => Ok(Some(vni)),
+                Err(e) if is_unique_violation(&e) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        }
+        NextVni::Reused(vni) => {
+            let r = vni_leases::Entity::update_many()
+                .col_expr(vni_leases::Column::SegmentId, Expr::value(Some(segment)))
+                .col_expr(
+                    vni_leases::Column::ReleasedAt,
+                    Expr::value(None::<chrono::DateTime<Utc>>),
+                )
+                .filter(vni_leases::Column::Vni.eq(vni as i32))
+                .filter(vni_leases::Column::SegmentId.is_null())
+                .filter(vni_leases::Column::ReleasedAt.lte(now - quarantine))
+                .exec(txn)
+                .await?;
+            Ok((r.rows_affected == 1).then_some(vni))
+        }
+    }
+}
+
+/// Create a segment (members). Its VNI is leased atomically: no two live
+/// segments share one, and a freed VNI rests before reuse.
+#[utoipa::path(
+    post, path = "/api/v1/tenants/{tenant}/segments", tag = "segments",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    request_body = SegmentCreate,
+    responses((status = 201, description = "Created", body = Segment), Problems)
+)]
+pub async fn create(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(tenant): Path<String>,
+    Json(body): Json<SegmentCreate>,
+) -> Result<(StatusCode, axum::Json<Segment>), ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    access.require(Role::Member, "creating segments")?;
+    names::tenant_name("name", &body.name)?;
+    let cidr = Cidr::parse("cidr", &body.cidr)?;
+    let gateway = match &body.gateway {
+        None => cidr.first_host(),
+        Some(g) => {
+            let g: Ipv4Addr = g
+                .parse()
+                .map_err(|_| ApiError::field("gateway", format!("{g:?} is not an IPv4 address")))?;
+            if !cidr.is_host(g) {
+                return Err(ApiError::field(
+                    "gateway",
+                    format!("{g} is not a host address of {cidr}"),
+                ));
+            }
+            g
+        }
+    };
+    let mtu = ipam::segment_mtu(st.config.network.underlay_mtu, body.mtu)?;
+    let id = Uuid::now_v7();
+    for _ in 0..VNI_ROUNDS {
+        let txn = st.db.begin().await?;
+        let Some(vni) = lease_vni(&st, &txn, id).await? else {
+            continue;
+        };
+        let row = segments::ActiveModel {
+            id: Set(id),
+            tenant_id: Set(tenant.id),
+            name: Set(body.name.clone()),
+            kind: Set(kind_str(body.kind).into()),
+            cidr: Set(cidr.to_string()),
+            gateway: Set(gateway.to_string()),
+            mtu: Set(mtu as i32),
+            vni: Set(vni as i32),
+            created_at: Set(Utc::now()),
+        }
+        .insert(&txn)
+        .await;
+        let row = match row {
+            Ok(r) => r,
+            Err(e) if is_unique_violation(&e) => {
+                let exists = segments::Entity::find()
+                    .filter(segments::Column::TenantId.eq(tenant.id))
+                    .filter(segments::Column::Name.eq(body.name.clone()))
+                    .one(&st.db)
+                    .await?;
+                if exists.is_some() {
+                    return Err(ApiError::Conflict(format!(
+                        "tenant {:?} already has a segment named {:?}",
+                        tenant.name, body.name
+                    )));
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        audit::record(&txn, &ctx, "segment.create", Some(&tenant), &body.name).await?;
+        txn.commit().await?;
+        return Ok((
+            StatusCode::CREATED,
+            axum::Json(to_api(&row, &tenant.name, 0)),
+        ));
+    }
+    Err(ApiError::Conflict(
+        "could not lease a VNI under contention; retry".into(),
+    ))
+}
+
+/// List a tenant's segments by name (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/segments", tag = "segments",
+    params(("tenant" = String, Path, description = "Tenant name or id"), PageParams),
+    responses((status = 200, description = "One page", body = inline(Page<Segment>)), Problems)
+)]
+pub async fn list(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(tenant): Path<String>,
+    Query(q): Query<PageParams>,
+) -> Result<axum::Json<Page<Segment>>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
+    let mut query = segments::Entity::find()
+        .filter(segments::Column::TenantId.eq(tenant.id))
+        .order_by_asc(segments::Column::Name);
+    if let Some(after) = &paging.after {
+        query = query.filter(segments::Column::Name.gt(after.as_str()));
+    }
+    let rows = query.limit(paging.fetch()).all(&st.db).await?;
+    let (rows, next) = paging.finish(rows, |s| s.name.clone());
+    let mut items = Vec::with_capacity(rows.len());
+    for s in &rows {
+        items.push(to_api(s, &tenant.name, count_attached(&st.db, s.id).await?));
+    }
+    Ok(axum::Json(Page {
+        items,
+        next_page_token: next,
+    }))
+}
+
+/// Show a segment (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/segments/{segment}", tag = "segments",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("segment" = String, Path, description = "Segment name or id")),
+    responses((status = 200, description = "The segment", body = Segment), Problems)
+)]
+pub async fn show(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path((tenant, segment)): Path<(String, String)>,
+) -> Result<axum::Json<Segment>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    let s = find(&st.db, &tenant, &segment).await?;
+    let n = count_attached(&st.db, s.id).await?;
+    Ok(axum::Json(to_api(&s, &tenant.name, n)))
+}
+
+/// Delete a segment without attachments (members); its VNI rests for the
+/// configured quarantine before another segment gets it.
+#[utoipa::path(
+    delete, path = "/api/v1/tenants/{tenant}/segments/{segment}", tag = "segments",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("segment" = String, Path, description = "Segment name or id")),
+    responses((status = 204, description = "Deleted"), Problems)
+)]
+pub async fn delete(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path((tenant, segment)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    access.require(Role::Member, "deleting segments")?;
+    let txn = st.db.begin().await?;
+    let s = find(&txn, &tenant, &segment).await?;
+    let n = count_attached(&txn, s.id).await?;
+    if n > 0 {
+        return Err(ApiError::Conflict(format!(
+            "segment {:?} has {n} VM attachment(s); delete or detach them first",
+            s.name
+        )));
+    }
+    // The attachment FK (RESTRICT) makes a concurrent attach fail rather
+    // than dangle.
+    segments::Entity::delete_by_id(s.id).exec(&txn).await?;
+    vni_leases::Entity::update_many()
+        .col_expr(vni_leases::Column::SegmentId, Expr::value(None::<Uuid>))
+        .col_expr(
+            vni_leases::Column::ReleasedAt,
+            Expr::value(Some(Utc::now())),
+        )
+        .filter(vni_leases::Column::Vni.eq(s.vni))
+        .exec(&txn)
+        .await?;
+    audit::record(&txn, &ctx, "segment.delete", Some(&tenant), &s.name).await?;
+    txn.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A NIC a new VM asked for, its segment found and its address checked.
+#[derive(Debug, Clone)]
+pub struct PlannedNic {
+    pub segment: segments::Model,
+    pub ip: Option<Ipv4Addr>,
+}
+
+/// Resolves a VM request's networks against the tenant's segments.
+pub async fn resolve(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    requests: &[NetworkRequest],
+) -> Result<Vec<PlannedNic>, ApiError> {
+    if requests.len() > 8 {
+        return Err(ApiError::field("networks", "at most 8"));
+    }
+    let mut out: Vec<PlannedNic> = Vec::with_capacity(requests.len());
+    for r in requests {
+        let segment = find(db, tenant, &r.segment).await.map_err(|_| {
+            ApiError::field(
+                "networks.segment",
+                format!("no segment {:?} in this tenant", r.segment),
+            )
+        })?;
+        if out.iter().any(|p| p.segment.id == segment.id) {
+            return Err(ApiError::field(
+                "networks.segment",
+                format!("{:?} is named twice", r.segment),
+            ));
+        }
+        let ip = match &r.ip {
+            None => None,
+            Some(s) => {
+                let ip: Ipv4Addr = s.parse().map_err(|_| {
+                    ApiError::field("networks.ip", format!("{s:?} is not an IPv4 address"))
+                })?;
+                let cidr = stored_cidr(&segment)?;
+                if !cidr.is_host(ip) || ip == stored_gateway(&segment)? {
+                    return Err(ApiError::field(
+                        "networks.ip",
+                        format!(
+                            "{ip} is not a VM address of {cidr} (gateway {})",
+                            segment.gateway
+                        ),
+                    ));
+                }
+                Some(ip)
+            }
+        };
+        out.push(PlannedNic { segment, ip });
+    }
+    Ok(out)
+}
+
+/// Attaches a VM inside its creating transaction: an address (the asked
+/// one, else the lowest free) and a fresh MAC. A unique violation means
+/// another transaction took the address or MAC: the caller retries.
+pub async fn attach(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    nics: &[PlannedNic],
+) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
+    use rand::Rng;
+    for nic in nics {
+        let taken: BTreeSet<Ipv4Addr> = attachments::Entity::find()
+            .filter(attachments::Column::SegmentId.eq(nic.segment.id))
+            .all(txn)
+            .await?
+            .iter()
+            .filter_map(|a| a.ip.parse().ok())
+            .collect();
+        let pick = stored_cidr(&nic.segment)
+            .and_then(|c| Ok((c, stored_gateway(&nic.segment)?)))
+            .and_then(|(c, g)| ipam::pick_address(&c, g, &taken, nic.ip));
+        let ip = match pick {
+            Ok(ip) => ip,
+            Err(e) => return Ok(Err(e)),
+        };
+        // Drawn before the await: the thread's RNG stays on this thread.
+        let random: u32 = rand::thread_rng().gen();
+        attachments::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            vm_id: Set(vm),
+            segment_id: Set(nic.segment.id),
+            ip: Set(ip.to_string()),
+            mac: Set(ipam::mac_from(random)),
+            created_at: Set(Utc::now()),
+        }
+        .insert(txn)
+        .await?;
+    }
+    Ok(Ok(()))
+}
+
+/// The NICs of the given VMs, in creation order.
+pub async fn networks_of(
+    db: &impl ConnectionTrait,
+    vms: &[Uuid],
+) -> Result<HashMap<Uuid, Vec<VmNetwork>>, ApiError> {
+    let rows = attachments::Entity::find()
+        .filter(attachments::Column::VmId.is_in(vms.iter().copied()))
+        .order_by_asc(attachments::Column::Id)
+        .all(db)
+        .await?;
+    let seg_ids: Vec<Uuid> = rows.iter().map(|a| a.segment_id).collect();
+    let names: HashMap<Uuid, String> = segments::Entity::find()
+        .filter(segments::Column::Id.is_in(seg_ids))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|s| (s.id, s.name))
+        .collect();
+    let mut out: HashMap<Uuid, Vec<VmNetwork>> = HashMap::new();
+    for a in rows {
+        out.entry(a.vm_id).or_default().push(VmNetwork {
+            segment: names.get(&a.segment_id).cloned().unwrap_or_default(),
+            ip: a.ip,
+            mac: a.mac,
+        });
+    }
+    Ok(out)
+}
+
+/// A VM row is gone: so are its attachments (same transaction).
+pub async fn detach_all(txn: &DatabaseTransaction, vm: Uuid) -> Result<(), ApiError> {
+    attachments::Entity::delete_many()
+        .filter(attachments::Column::VmId.eq(vm))
+        .exec(txn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! Address management of tenant segments, as plain functions: CIDRs,
+//! gateways, the next free address, MACs, the segment MTU and the VNI to
+//! hand out next (with a quarantine for freed ones).
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::ops::RangeInclusive;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::ApiError;
+
+/// Outer IPv4 + UDP + VXLAN + inner Ethernet headers.
+pub const VXLAN_OVERHEAD: u32 = 50;
+pub const MIN_SEGMENT_MTU: u32 = 1280;
+
+/// An IPv4 network (`10.1.0.0/24`), host bits zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub network: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(field: &str, s: &str) -> Result<Cidr, ApiError> {
+        let bad = || {
+            ApiError::field(
+                field,
+                format!("{s:?} is not an IPv4 network like 10.1.0.0/24"),
+            )
+        };
+        let (addr, prefix) = s.split_once('/').ok_or_else(bad)?;
+        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        if !(8..=29).contains(&prefix) {
+            return Err(ApiError::field(field, "the prefix must be 8 to 29"));
+        }
+        let c = Cidr {
+            network: addr,
+            prefix,
+        };
+        if u32::from(addr) & !c.mask() != 0 {
+            return Err(ApiError::field(
+                field,
+                format!(
+                    "{s:?} has host bits set; the network is {}/{prefix}",
+                    Ipv4Addr::from(u32::from(addr) & c.mask())
+                ),
+            ));
+        }
+        Ok(c)
+    }
+
+    fn mask(&self) -> u32 {
+        u32::MAX << (32 - u32::from(self.prefix))
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & self.mask() == u32::from(self.network)
+    }
+
+    /// Usable host addresses: not the network, not the broadcast.
+    pub fn hosts(&self) -> RangeInclusive<u32> {
+        let n = u32::from(self.network);
+        (n + 1)..=(n | !self.mask()) - 1
+    }
+
+    pub fn first_host(&self) -> Ipv4Addr {
+        Ipv4Addr::from(*self.hosts().start())
+    }
+
+    pub fn is_host(&self, ip: Ipv4Addr) -> bool {
+        self.hosts().contains(&u32::from(ip))
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// A VM's address on a segment: the one asked for if it is a free host
+/// address other than the gateway, else the lowest free one.
+pub fn pick_address(
+    cidr: &Cidr,
+    gateway: Ipv4Addr,
+    taken: &BTreeSet<Ipv4Addr>,
+    wanted: Option<Ipv4Addr>,
+) -> Result<Ipv4Addr, ApiError> {
+    if let Some(ip) = wanted {
+        if !cidr.is_host(ip) || ip == gateway {
+            return Err(ApiError::field(
+                "networks.ip",
+                format!("{ip} is not a VM address of {cidr} (gateway {gateway})"),
+            ));
+        }
+        if taken.contains(&ip) {
+            return Err(ApiError::Conflict(format!(
+                "{ip} is already in use on the segment"
+            )));
+        }
+        return Ok(ip);
+    }
+    cidr.hosts()
+        .map(Ipv4Addr::from)
+        .find(|ip| *ip != gateway && !taken.contains(ip))
+        .ok_or_else(|| ApiError::Conflict(format!("no free address left in {cidr}")))
+}
+
+/// A locally administered unicast MAC from 32 random bits.
+pub fn mac_from(random: u32) -> String {
+    let b = random.to_be_bytes();
+    format!("02:6b:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3])
+}
+
+/// The segment MTU: what was asked, within what the underlay carries.
+pub fn segment_mtu(underlay_mtu: u32, asked: Option<u32>) -> Result<u32, ApiError> {
+    let max = underlay_mtu - VXLAN_OVERHEAD;
+    match asked {
+        None => Ok(max),
+        Some(m) if (MIN_SEGMENT_MTU..=max).contains(&m) => Ok(m),
+        Some(_) => Err(ApiError::field(
+            "mtu",
+            format!("between {MIN_SEGMENT_MTU} and {max} (the underlay's {underlay_mtu} less VXLAN's {VXLAN_OVERHEAD})"),
+        )),
+    }
+}
+
+/// The RoCE path MTU under a netdev MTU: the largest of 1024/2048/4096
+/// that fits with RoCE's headers (a 4096 payload needs a netdev MTU of
+/// at least 4096 + 124 bytes of IB, UDP and IP headers).
+pub fn roce_mtu(mtu: u32) -> Option<u32> {
+    const HEADERS: u32 = 124;
+    [4096, 2048, 1024].into_iter().find(|p| p + HEADERS <= mtu)
+}
+
+/// A VNI lease as stored: held by a live segment, or released at a time.
+#[derive(Debug, Clone, Copy)]
+pub struct Lease {
+    pub vni: u32,
+    pub live: bool,
+    pub released_at: Option<DateTime<Utc>>,
+}
+
+/// Where the next VNI comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextVni {
+    /// Never leased: insert a lease.
+    Fresh(u32),
+    /// Released long enough ago: take its lease over.
+    Reused(u32),
+}
+
+/// The lowest VNI of `ranges` that is neither held nor resting;
+/// `leases` sorted by VNI.
+pub fn next_vni(
+    ranges: &[RangeInclusive<u32>],
+    leases: &[Lease],
+    now: DateTime<Utc>,
+    quarantine: chrono::Duration,
+) -> Option<NextVni> {
+    let rested = |l: &Lease| !l.live && l.released_at.is_some_and(|t| t + quarantine <= now);
+    for r in ranges {
+        let mut v = *r.start();
+        for l in leases.iter().filter(|l| r.contains(&l.vni)) {
+            if l.vni > v {
+                return Some(NextVni::Fresh(v));
+            }
+            if l.vni == v {
+                if rested(l) {
+                    return Some(NextVni::Reused(v));
+                }
+                v += 1;
+            }
+        }
+        if v <= *r.end() {
+            return Some(NextVni::Fresh(v));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn cidrs_and_addresses() {
+        let c = Cidr::parse("cidr", "10.1.0.0/24").unwrap();
+        assert_eq!(c.first_host(), ip("10.1.0.1"));
+        assert!(
+            c.is_host(ip("10.1.0.254"))
+                && !c.is_host(ip("10.1.0.255"))
+                && !c.is_host(ip("10.1.0.0"))
+        );
+        for bad in [
+            "10.1.0.0",
+            "10.1.0.1/24",
+            "10.1.0.0/31",
+            "10.1.0.0/4",
+            "x/24",
+            "10.1.0.0/x",
+        ] {
+            assert!(Cidr::parse("cidr", bad).is_err(), "{bad}");
+        }
+        let gw = ip("10.1.0.1");
+        let mut taken = BTreeSet::new();
+        assert_eq!(pick_address(&c, gw, &taken, None).unwrap(), ip("10.1.0.2"));
+        taken.insert(ip("10.1.0.2"));
+        assert_eq!(pick_address(&c, gw, &taken, None).unwrap(), ip("10.1.0.3"));
+        assert_eq!(
+            pick_address(&c, gw, &taken, Some(ip("10.1.0.9"))).unwrap(),
+            ip("10.1.0.9")
+        );
+        assert!(matches!(
+            pick_address(&c, gw, &taken, Some(ip("10.1.0.2"))),
+            Err(ApiError::Conflict(_))
+        ));
+        for wrong in ["10.1.0.1", "10.1.0.255", "10.2.0.5"] {
+            assert!(
+                pick_address(&c, gw, &taken, Some(ip(wrong))).is_err(),
+                "{wrong}"
+            );
+        }
+        // A /29 has six host addresses: the gateway and five VMs.
+        let small = Cidr::parse("cidr", "10.9.0.0/29").unwrap();
+        let mut t = BTreeSet::new();
+        for _ in 0..5 {
+            let a = pick_address(&small, small.first_host(), &t, None).unwrap();
+            t.insert(a);
+        }
+        assert!(matches!(
+            pick_address(&small, small.first_host(), &t, None),
+            Err(ApiError::Conflict(_))
+        ));
+    }
+
+    #[test]
+    fn mtus() {
+        assert_eq!(segment_mtu(9000, None).unwrap(), 8950);
+        assert_eq!(segment_mtu(1500, None).unwrap(), 1450);
+        assert!(segment_mtu(1500, Some(1451)).is_err());
+        assert_eq!(
+            roce_mtu(8950),
+            Some(4096),
+            "RoCE keeps 4096 on a 9000 underlay"
+        );
+        assert_eq!(roce_mtu(1450), Some(1024));
+        assert_eq!(roce_mtu(4200), Some(2048));
+        assert_eq!(mac_from(0x0a0b0c0d), "02:6b:0a:0b:0c:0d");
+    }
+
+    #[test]
+    fn vnis_are_never_shared_and_rest_before_reuse() {
+        let now = Utc::now();
+        let q = chrono::Duration::seconds(600);
+        let ranges = [5000..=5002, 9000..=9000];
+        let lease = |vni, live, ago: Option<i64>| Lease {
+            vni,
+            live,
+            released_at: ago.map(|s| now - chrono::Duration::seconds(s)),
+        };
+        assert_eq!(next_vni(&ranges, &[], now, q), Some(NextVni::Fresh(5000)));
+        let l = [lease(5000, true, None), lease(5001, false, Some(10))];
+        assert_eq!(next_vni(&ranges, &l, now, q), Some(NextVni::Fresh(5002)));
+        let l = [lease(5000, true, None), lease(5001, false, Some(700))];
+        assert_eq!(next_vni(&ranges, &l, now, q), Some(NextVni::Reused(5001)));
+        let l = [
+            lease(5000, true, None),
+            lease(5001, true, None),
+            lease(5002, false, Some(1)),
+        ];
+        assert_eq!(next_vni(&ranges, &l, now, q), Some(NextVni::Fresh(9000)));
+        let l = [
+            lease(5000, true, None),
+            lease(5001, true, None),
+            lease(5002, true, None),
+            lease(9000, true, None),
+        ];
+        assert_eq!(next_vni(&ranges, &l, now, q), None);
+    }
+}
