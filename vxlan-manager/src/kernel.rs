@@ -54,6 +54,9 @@ fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
     move |source| NetError::Netlink { what, source }
 }
 
+#[derive(Default)]
+struct Indexes(BTreeMap<String, u32>);
+
 /// A netlink connection in one network namespace.
 pub struct Kernel {
     handle: Handle,
@@ -122,6 +125,16 @@ impl Kernel {
             Some(Ok(m)) => Ok(m.header.index),
             _ => Err(NetError::Vanished(name.to_owned())),
         }
+    }
+
+    /// Interface indexes by name, looked up once per `apply`.
+    async fn index(&self, indexes: &mut Indexes, name: &str) -> Result<u32, NetError> {
+        if let Some(i) = indexes.0.get(name) {
+            return Ok(*i);
+        }
+        let i = self.index_of(name).await?;
+        indexes.0.insert(name.to_owned(), i);
+        Ok(i)
     }
 
     async fn neighbours(&self, family: AddressFamily) -> Result<Vec<NeighbourMessage>, NetError> {
@@ -221,19 +234,26 @@ impl Kernel {
 
     /// Carries out `changes` in order; returns how many requests it sent.
     pub async fn apply(&self, changes: &[Change]) -> Result<usize, NetError> {
+        let mut indexes = Indexes::default();
         let mut n = 0;
         for c in changes {
-            self.apply_one(c).await?;
+            self.apply_one(c, &mut indexes).await?;
             n += 1;
         }
         Ok(n)
     }
 
-    async fn apply_one(&self, c: &Change) -> Result<(), NetError> {
+    async fn apply_one(&self, c: &Change, indexes: &mut Indexes) -> Result<(), NetError> {
+        if let Change::DelLink { name }
+        | Change::AddBridge { name, .. }
+        | Change::AddVxlan { name, .. } = c
+        {
+            indexes.0.remove(name);
+        }
         let links = self.handle.link();
         match c {
             Change::DelLink { name } => {
-                let i = self.index_of(name).await?;
+                let i = self.index(indexes, name).await?;
                 links
                     .del(i)
                     .execute()
@@ -270,7 +290,7 @@ impl Kernel {
                 .await
                 .map_err(nl(format!("creating VXLAN device {name}"))),
             Change::SetMtu { name, mtu } => {
-                let i = self.index_of(name).await?;
+                let i = self.index(indexes, name).await?;
                 links
                     .set(LinkUnspec::new_with_index(i).mtu(*mtu).build())
                     .execute()
@@ -278,8 +298,8 @@ impl Kernel {
                     .map_err(nl(format!("setting the MTU of {name}")))
             }
             Change::SetMaster { name, master } => {
-                let i = self.index_of(name).await?;
-                let m = self.index_of(master).await?;
+                let i = self.index(indexes, name).await?;
+                let m = self.index(indexes, master).await?;
                 links
                     .set(LinkUnspec::new_with_index(i).controller(m).build())
                     .execute()
@@ -287,7 +307,7 @@ impl Kernel {
                     .map_err(nl(format!("adding {name} to {master}")))
             }
             Change::SetPort { name } => {
-                let i = self.index_of(name).await?;
+                let i = self.index(indexes, name).await?;
                 links
                     .set_port(
                         LinkBridgePort::new(i)
@@ -300,7 +320,7 @@ impl Kernel {
                     .map_err(nl(format!("setting the bridge port flags of {name}")))
             }
             Change::SetUp { name } => {
-                let i = self.index_of(name).await?;
+                let i = self.index(indexes, name).await?;
                 links
                     .set(LinkUnspec::new_with_index(i).up().build())
                     .execute()
@@ -309,7 +329,7 @@ impl Kernel {
             }
             Change::AddFdb(f) | Change::DelFdb(f) => {
                 let dev = vxlan_name(f.vni);
-                let i = self.index_of(&dev).await?;
+                let i = self.index(indexes, &dev).await?;
                 let mut m = bridge_entry(i, f.mac, NeighbourFlags::Own, NeighbourState::Permanent);
                 m.attributes
                     .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
@@ -333,7 +353,7 @@ impl Kernel {
             }
             Change::AddBridgeFdb { vni, mac } | Change::DelBridgeFdb { vni, mac } => {
                 let dev = vxlan_name(*vni);
-                let i = self.index_of(&dev).await?;
+                let i = self.index(indexes, &dev).await?;
                 let m = bridge_entry(i, *mac, NeighbourFlags::Controller, NeighbourState::Noarp);
                 let what = format!("bridge FDB entry {mac} on {dev}");
                 if matches!(c, Change::DelBridgeFdb { .. }) {
@@ -350,7 +370,7 @@ impl Kernel {
             }
             Change::AddNeigh(n) | Change::DelNeigh(n) => {
                 let dev = bridge_name(n.vni);
-                let i = self.index_of(&dev).await?;
+                let i = self.index(indexes, &dev).await?;
                 let mut m = NeighbourMessage::default();
                 m.header.family = match n.ip {
                     IpAddr::V4(_) => AddressFamily::Inet,
