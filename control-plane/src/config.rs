@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use vxlan_manager::state::MAX_VNI;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_DATA_DIR: &str = "./.kumo";
@@ -74,7 +75,6 @@ pub struct NetworkFileConfig {
 
 /// VNIs below this are the infrastructure's (0 is invalid in VXLAN).
 pub const FIRST_TENANT_VNI: u32 = 4096;
-pub const MAX_VNI: u32 = (1 << 24) - 1;
 pub const DEFAULT_UNDERLAY_MTU: u32 = 9000;
 pub const DEFAULT_VNI_QUARANTINE_SECS: u64 = 600;
 

@@ -8,10 +8,10 @@ use std::ops::RangeInclusive;
 
 use chrono::{DateTime, Utc};
 
+use vxlan_manager::state::VXLAN_OVERHEAD;
+
 use crate::error::ApiError;
 
-/// Outer IPv4 + UDP + VXLAN + inner Ethernet headers.
-pub const VXLAN_OVERHEAD: u32 = 50;
 pub const MIN_SEGMENT_MTU: u32 = 1280;
 
 /// An IPv4 network (`10.1.0.0/24`), host bits zero.

@@ -232,6 +232,23 @@ impl Kernel {
         Ok(())
     }
 
+    /// RTM_DELNEIGH when `delete`, else RTM_NEWNEIGH with `add_flags`.
+    async fn neighbour(
+        &self,
+        what: String,
+        m: NeighbourMessage,
+        delete: bool,
+        add_flags: u16,
+    ) -> Result<(), NetError> {
+        if delete {
+            self.send(what, RouteNetlinkMessage::DelNeighbour(m), 0)
+                .await
+        } else {
+            self.send(what, RouteNetlinkMessage::NewNeighbour(m), add_flags)
+                .await
+        }
+    }
+
     /// Carries out `changes` in order; returns how many requests it sent.
     pub async fn apply(&self, changes: &[Change]) -> Result<usize, NetError> {
         let mut indexes = Indexes::default();
@@ -336,37 +353,24 @@ impl Kernel {
                         f.dst,
                     )));
                 let what = format!("FDB entry {} → {} on {dev}", f.mac, f.dst);
-                if matches!(c, Change::DelFdb(_)) {
-                    self.send(what, RouteNetlinkMessage::DelNeighbour(m), 0)
-                        .await
+                // The flood list holds one all-zero entry per remote VTEP:
+                // APPEND (REPLACE on it is refused by the kernel).
+                let add = if f.mac == Mac::ZERO {
+                    NLM_F_CREATE | NLM_F_APPEND
                 } else {
-                    // The flood list holds one all-zero entry per remote
-                    // VTEP: APPEND (REPLACE on it is refused by the kernel).
-                    let flags = if f.mac == Mac::ZERO {
-                        NLM_F_CREATE | NLM_F_APPEND
-                    } else {
-                        NLM_F_CREATE | NLM_F_REPLACE
-                    };
-                    self.send(what, RouteNetlinkMessage::NewNeighbour(m), flags)
-                        .await
-                }
+                    NLM_F_CREATE | NLM_F_REPLACE
+                };
+                self.neighbour(what, m, matches!(c, Change::DelFdb(_)), add)
+                    .await
             }
             Change::AddBridgeFdb { vni, mac } | Change::DelBridgeFdb { vni, mac } => {
                 let dev = vxlan_name(*vni);
                 let i = self.index(indexes, &dev).await?;
                 let m = bridge_entry(i, *mac, NeighbourFlags::Controller, NeighbourState::Noarp);
                 let what = format!("bridge FDB entry {mac} on {dev}");
-                if matches!(c, Change::DelBridgeFdb { .. }) {
-                    self.send(what, RouteNetlinkMessage::DelNeighbour(m), 0)
-                        .await
-                } else {
-                    self.send(
-                        what,
-                        RouteNetlinkMessage::NewNeighbour(m),
-                        NLM_F_CREATE | NLM_F_REPLACE,
-                    )
+                let delete = matches!(c, Change::DelBridgeFdb { .. });
+                self.neighbour(what, m, delete, NLM_F_CREATE | NLM_F_REPLACE)
                     .await
-                }
             }
             Change::AddNeigh(n) | Change::DelNeigh(n) => {
                 let dev = bridge_name(n.vni);
@@ -387,17 +391,9 @@ impl Kernel {
                 m.attributes
                     .push(NeighbourAttribute::LinkLayerAddress(n.mac.0.to_vec()));
                 let what = format!("neighbour {} → {} on {dev}", n.ip, n.mac);
-                if matches!(c, Change::DelNeigh(_)) {
-                    self.send(what, RouteNetlinkMessage::DelNeighbour(m), 0)
-                        .await
-                } else {
-                    self.send(
-                        what,
-                        RouteNetlinkMessage::NewNeighbour(m),
-                        NLM_F_CREATE | NLM_F_REPLACE,
-                    )
+                let delete = matches!(c, Change::DelNeigh(_));
+                self.neighbour(what, m, delete, NLM_F_CREATE | NLM_F_REPLACE)
                     .await
-                }
             }
         }
     }

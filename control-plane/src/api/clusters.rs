@@ -87,18 +87,25 @@ async fn to_api(
         .into_iter()
         .map(|h| (h.id, h))
         .collect();
+    // The hosts' profiles (with their rails), copied out under one lock.
+    let profiles: HashMap<Uuid, _> = {
+        let index = st.capacity.lock();
+        hosts_by_id
+            .keys()
+            .filter_map(|id| Some((*id, index.hosts[index.position(*id)?].profile.clone())))
+            .collect()
+    };
     let mut members = Vec::with_capacity(rows.len());
     for v in &rows {
         let host = v.host_id.and_then(|h| hosts_by_id.get(&h));
         let rails = match (host, stored_placement(v)?) {
             (Some(h), Some(p)) => {
-                let index = st.capacity.lock();
-                let profile = index.position(h.id).map(|i| index.hosts[i].profile.clone());
+                let profile = profiles.get(&h.id);
                 p.gpus
                     .iter()
                     .map(|g| {
                         let nic = p.nics.iter().find(|n| n.for_gpus.contains(g))?;
-                        let profile = profile.as_ref()?;
+                        let profile = profile?;
                         profile.nics[profile.nic_index(&nic.host_bdf)?].rail
                     })
                     .collect()

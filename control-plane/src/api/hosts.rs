@@ -226,10 +226,6 @@ pub async fn show(
     }))
 }
 
-pub fn host_is_placeable(h: &hosts::Model) -> bool {
-    host_state(h) == HostState::Ready
-}
-
 /// The state of a host that answers: an operator's drain outlives the
 /// host going silent and coming back.
 pub fn reachable_state(drained: bool) -> HostState {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use kumo_agent::run::{Agent, AgentConfig};
 use kumo_api_types::{Vm, VmCreate, VmState};
 
-use crate::harness::{bin, on_both_backends, scratch, Backend, TestServer};
+use crate::harness::{bin, events_of, on_both_backends, scratch, Backend, TestServer};
 
 fn fixture(dir: &Path, machine: &str) -> std::path::PathBuf {
     let root = dir.join(machine);
@@ -231,20 +231,6 @@ async fn agent_process_brings_a_vm_to_running() {
     s.stop().await;
 }
 
-async fn events_of(s: &TestServer, vm: &Vm) -> Vec<String> {
-    let page: kumo_api_types::Page<kumo_api_types::VmEvent> = s
-        .admin
-        .get("/api/v1/tenants/lab/events?limit=500")
-        .await
-        .unwrap();
-    page.items
-        .into_iter()
-        .filter(|e| e.vm_id == vm.id)
-        .map(|e| e.kind)
-        .rev()
-        .collect()
-}
-
 /// Passes of the real agent until `name` is `want` (the reaper moves
 /// things along in the background meanwhile).
 async fn converge_until(s: &TestServer, agent: &Agent, name: &str, want: VmState) {
@@ -326,7 +312,7 @@ async fn a_reclaimed_cpu_only_spot_vm_is_saved_and_resumed() {
         .unwrap();
     assert!(!saved.is_active().unwrap());
     assert!(saved.has_managed_save(0).unwrap(), "saved, not destroyed");
-    let kinds = events_of(&s, &spot).await;
+    let kinds = events_of(&s, "lab", &spot).await;
     for k in ["preempting", "preemption-notice", "suspending", "suspended"] {
         assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");
     }
@@ -346,7 +332,10 @@ async fn a_reclaimed_cpu_only_spot_vm_is_saved_and_resumed() {
         .unwrap();
     assert!(back.is_active().unwrap());
     assert!(!back.has_managed_save(0).unwrap(), "restored from the save");
-    assert!(events_of(&s, &spot).await.iter().any(|k| k == "resuming"));
+    assert!(events_of(&s, "lab", &spot)
+        .await
+        .iter()
+        .any(|k| k == "resuming"));
     let v: Vm = s.admin.get("/api/v1/tenants/lab/vms/saver").await.unwrap();
     assert!(v.placement.is_some() && v.host.as_deref() == Some("cpu-007"));
     s.stop().await;

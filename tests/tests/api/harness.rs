@@ -414,3 +414,18 @@ pub fn scratch() -> tempfile::TempDir {
         })
         .unwrap()
 }
+
+/// The kinds of a VM's lifecycle events, oldest first.
+pub async fn events_of(s: &TestServer, tenant: &str, vm: &kumo_api_types::Vm) -> Vec<String> {
+    let page: kumo_api_types::Page<kumo_api_types::VmEvent> = s
+        .admin
+        .get(&format!("/api/v1/tenants/{tenant}/events?limit=500"))
+        .await
+        .unwrap();
+    page.items
+        .into_iter()
+        .filter(|e| e.vm_id == vm.id)
+        .map(|e| e.kind)
+        .rev()
+        .collect()
+}

@@ -6,10 +6,10 @@
 use std::time::{Duration, Instant};
 
 use kumo_api_types::{
-    Cluster, ClusterCreate, HostState, Page, Quota, ServiceLevel, Vm, VmCreate, VmEvent, VmState,
+    Cluster, ClusterCreate, HostState, Quota, ServiceLevel, Vm, VmCreate, VmState,
 };
 
-use crate::harness::{on_both_backends, Backend, TestServer};
+use crate::harness::{events_of, on_both_backends, Backend, TestServer};
 
 const H100: &str = "H100-SXM5-80GB";
 
@@ -33,20 +33,6 @@ async fn get_vm(s: &TestServer, name: &str) -> Vm {
         .get(&format!("/api/v1/tenants/lab/vms/{name}"))
         .await
         .unwrap()
-}
-
-async fn events_of(s: &TestServer, vm: &Vm) -> Vec<String> {
-    let page: Page<VmEvent> = s
-        .admin
-        .get("/api/v1/tenants/lab/events?limit=500")
-        .await
-        .unwrap();
-    page.items
-        .into_iter()
-        .filter(|e| e.vm_id == vm.id)
-        .map(|e| e.kind)
-        .rev()
-        .collect()
 }
 
 on_both_backends! {
@@ -169,12 +155,12 @@ async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
         let now = get_vm(&s, &v.name).await;
         assert_eq!(now.state, VmState::Preempted);
         assert!(now.host.is_none(), "a preempted VM holds no host");
-        let kinds = events_of(&s, v).await;
+        let kinds = events_of(&s, "lab", v).await;
         for k in ["created", "scheduled", "running", "preempting", "preempted"] {
             assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");
         }
     }
-    let kinds = events_of(&s, &b).await;
+    let kinds = events_of(&s, "lab", &b).await;
     for k in ["pending", "scheduled", "running"] {
         assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");
     }
@@ -293,7 +279,7 @@ on_both_backends! {
         // The spot VM is told to go; the guaranteed one stays.
         assert_eq!(get_vm(s, "spot").await.state, VmState::Preempting);
         assert_eq!(get_vm(s, "steady").await.state, VmState::Running);
-        let kinds = events_of(s, &spot).await;
+        let kinds = events_of(s, "lab", &spot).await;
         assert!(kinds.iter().any(|k| k == "preempting"), "{kinds:?}");
         // New VMs go elsewhere, even though the drained host is the fuller.
         let next: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("next", 1, ServiceLevel::Guaranteed)).await.unwrap();
