@@ -155,23 +155,20 @@ pub fn sync(agent: &impl GuestAgent, topology_xml: &str, hostfile: Option<&str>)
     let run = || -> Result<Outcome, String> {
         let conf = read(agent, NCCL_CONF_PATH)?;
         let wanted_conf = nccl_conf(conf.as_deref());
-        let mut wanted: Vec<(&str, &[u8])> = vec![
-            (NCCL_TOPO_PATH, topology_xml.as_bytes()),
-            (NCCL_CONF_PATH, &wanted_conf),
-        ];
-        if let Some(h) = hostfile {
-            wanted.push((HOSTFILE_PATH, h.as_bytes()));
-        }
-        let mut stale = Vec::new();
-        for (path, content) in wanted {
-            let current = if path == NCCL_CONF_PATH {
-                conf.clone()
-            } else {
-                read(agent, path)?
+        let mut stale: Vec<(&str, &[u8])> = Vec::new();
+        for (path, content) in [
+            (NCCL_TOPO_PATH, Some(topology_xml)),
+            (HOSTFILE_PATH, hostfile),
+        ] {
+            let Some(content) = content else {
+                continue;
             };
-            if current.as_deref() != Some(content) {
-                stale.push((path, content));
+            if read(agent, path)?.as_deref() != Some(content.as_bytes()) {
+                stale.push((path, content.as_bytes()));
             }
+        }
+        if conf.as_deref() != Some(&wanted_conf[..]) {
+            stale.push((NCCL_CONF_PATH, &wanted_conf));
         }
         if stale.is_empty() {
             return Ok(Outcome::AlreadyThere);

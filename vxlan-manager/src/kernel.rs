@@ -161,7 +161,7 @@ impl Kernel {
             if vni_of(name).is_none() {
                 continue;
             }
-            out.links.insert(name.clone(), parse_link(m, name, &names));
+            out.links.insert(name.clone(), parse_link(m, &names));
         }
         let vni_of_index = |i: u32| names.get(&i).and_then(|n| vni_of(n));
         for m in self.neighbours(AddressFamily::Bridge).await? {
@@ -433,9 +433,8 @@ fn link_name(m: &LinkMessage) -> Option<String> {
     })
 }
 
-fn parse_link(m: &LinkMessage, name: &str, names: &BTreeMap<u32, String>) -> Link {
+fn parse_link(m: &LinkMessage, names: &BTreeMap<u32, String>) -> Link {
     let mut link = Link {
-        name: name.to_owned(),
         kind: LinkKind::Other,
         mtu: 0,
         up: m.header.flags.contains(LinkFlags::Up),

@@ -33,7 +33,6 @@ pub struct PortFlags {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Link {
-    pub name: String,
     pub kind: LinkKind,
     pub mtu: u32,
     pub up: bool,
@@ -325,9 +324,8 @@ mod tests {
             }
             Change::AddBridge { name, mtu, .. } => {
                 o.links.insert(
-                    name.clone(),
+                    name,
                     Link {
-                        name,
                         kind: LinkKind::Bridge,
                         mtu,
                         up: false,
@@ -343,9 +341,8 @@ mod tests {
                 mtu,
             } => {
                 o.links.insert(
-                    name.clone(),
+                    name,
                     Link {
-                        name,
                         kind: LinkKind::Vxlan {
                             vni,
                             local: Some(local),
@@ -472,7 +469,6 @@ mod tests {
         o.links.insert(
             "eth0".into(),
             Link {
-                name: "eth0".into(),
                 kind: LinkKind::Other,
                 mtu: 1500,
                 up: true,

@@ -352,8 +352,7 @@ pub async fn status(
         event(&txn, &vm, next.as_str(), message).await?;
         if next == VmState::Deleted {
             release(&txn, &vm).await?;
-            vms::Entity::delete_by_id(vm.id).exec(&txn).await?;
-            super::vms::row_deleted(&txn, &vm).await?;
+            super::vms::delete_row(&txn, &vm).await?;
             freed = true;
             continue;
         }

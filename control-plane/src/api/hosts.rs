@@ -259,7 +259,7 @@ async fn set_drained(
     if host_state(&h) != HostState::Unreachable {
         a.state = Set(reachable_state(drained).as_str().into());
     }
-    a.update(&txn).await?;
+    let updated = a.update(&txn).await?;
     let mut reclaimed = 0;
     if drained && !h.drained {
         // Spot VMs leave (with the usual notice and grace); guaranteed
@@ -298,12 +298,12 @@ async fn set_drained(
     tracing::info!(host = %name, drained, reclaimed, "host {verb}");
     st.capacity.refresh_host(&st.db, id).await?;
     st.signals.notify(id);
-    let h = hosts::Entity::find_by_id(id)
-        .one(&st.db)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
     let held = held(&st.db, id).await?;
-    Ok(axum::Json(to_api(&h, &stored_topology(&h)?, &held)))
+    Ok(axum::Json(to_api(
+        &updated,
+        &stored_topology(&updated)?,
+        &held,
+    )))
 }
 
 /// Drain a host (platform admins): no new placements on it; its spot VMs

@@ -113,7 +113,7 @@ pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> 
 
 /// The VM as the API shows it, given its host and the host's topology. A
 /// VM on an unreachable host is `unknown`: it may be running; nobody can tell.
-pub fn to_api_on(
+fn to_api_on(
     v: &vms::Model,
     tenant: &str,
     host: Option<(&hosts::Model, &HostTopology)>,
@@ -410,7 +410,7 @@ pub async fn list(
     }))
 }
 
-pub async fn find_vm(
+async fn find_vm(
     db: &impl ConnectionTrait,
     tenant: &tenants::Model,
     vm_ref: &str,
@@ -544,8 +544,7 @@ pub async fn act_on(
     .await?;
     if effect.state == VmState::Deleted {
         event(txn, vm, "deleted", "never placed").await?;
-        vms::Entity::delete_by_id(vm.id).exec(txn).await?;
-        row_deleted(txn, vm).await?;
+        delete_row(txn, vm).await?;
     }
     if let Some(h) = vm.host_id {
         bump_revision(txn, h).await?;
@@ -648,9 +647,10 @@ pub async fn events(
     }))
 }
 
-/// What goes with a deleted VM row, in its transaction: its NICs, and its
-/// cluster once it was the last member.
-pub async fn row_deleted(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+/// Deletes a VM row with what goes with it, in the caller's transaction:
+/// its NICs, and its cluster once it was the last member.
+pub async fn delete_row(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+    vms::Entity::delete_by_id(vm.id).exec(txn).await?;
     super::segments::detach_all(txn, vm.id).await?;
     super::clusters::member_gone(txn, vm).await
 }
