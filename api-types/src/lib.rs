@@ -6,6 +6,7 @@
 //! silently ignored wish.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -404,6 +405,11 @@ pub struct Host {
     pub gpus_free: u32,
     pub rdma_nics: u32,
     pub cpus: u32,
+    /// The host's VXLAN tunnel endpoint; without one it takes no VMs
+    /// with networks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub underlay_ip: Option<Ipv4Addr>,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat_at: DateTime<Utc>,
 }
@@ -829,6 +835,10 @@ pub struct AgentRegister {
     /// the NICs paired with GPUs take rails 0, 1, … in bus order.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rails: BTreeMap<String, u32>,
+    /// The host's address on the underlay, its VXLAN tunnel endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub underlay_ip: Option<Ipv4Addr>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -845,6 +855,11 @@ pub struct AgentHeartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub topology: Option<kumo_topology::HostTopology>,
+    /// The underlay address, so a changed one (or a first one, for a host
+    /// registered without) reaches the server without registering again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub underlay_ip: Option<Ipv4Addr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -874,6 +889,23 @@ pub struct DesiredVm {
     /// `/etc/kumo/hostfile` in the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostfile: Option<String>,
+    /// The VM's NICs on tenant segments, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<DesiredNic>,
+}
+
+/// One NIC of a VM: on an Ethernet segment, a virtio NIC on the host's
+/// bridge `kbr<VNI>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredNic {
+    pub segment: String,
+    pub kind: SegmentKind,
+    pub vni: u32,
+    pub mac: String,
+    /// `10.1.0.5/24`.
+    pub address: String,
+    pub gateway: String,
+    pub mtu: u32,
 }
 
 /// What a spot VM's guest finds at `/run/kumo/preemption`.
@@ -895,6 +927,12 @@ pub struct DesiredState {
     /// (Domains of Kumo's that are in neither list are removed as well.)
     #[serde(default)]
     pub remove: Vec<Uuid>,
+    /// The host's tenant networks (`kumo-vxlan`'s state document): every
+    /// segment with a VM here, its other hosts and their VMs. Absent for a
+    /// host without an underlay address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub network: Option<vxlan_manager::DesiredState>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -40,6 +40,9 @@ pub struct Member {
     pub spec: VmSpec,
     /// NICs to attach when the VM row is created.
     pub nics: Vec<crate::api::segments::PlannedNic>,
+    /// It has NICs on segments (new ones in `nics`, or attached already):
+    /// only hosts with an underlay address take it.
+    pub networked: bool,
 }
 
 /// What admission did.
@@ -59,7 +62,8 @@ struct Reserved {
     model: Option<String>,
 }
 
-pub fn request(index: &Index, spec: &VmSpec) -> Result<Request, ApiError> {
+pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
+    let spec = &member.spec;
     let model = match (&spec.gpu_model, spec.gpus) {
         (Some(m), g) if g > 0 => Some(
             index
@@ -75,6 +79,7 @@ pub fn request(index: &Index, spec: &VmSpec) -> Result<Request, ApiError> {
         memory_mib: u64::from(spec.memory_gib) * 1024,
         unit: None,
         rails: None,
+        networked: member.networked,
     })
 }
 
@@ -88,7 +93,7 @@ fn reserve(
         return Ok(Some(Vec::new()));
     };
     let mut index = st.capacity.lock();
-    let req = request(&index, &first.spec)?;
+    let req = request(&index, first)?;
     let spot = first.spec.service_level == ServiceLevel::Spot;
     let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
     let choices = if members.len() == 1 {
@@ -389,6 +394,9 @@ async fn commit(
                     }
                     claimed.push(r.host);
                 }
+                if m.networked {
+                    crate::host_network::touch_peers(&txn, vm.id).await?;
+                }
                 event(&txn, &vm, "scheduled", format!("placed on {}", r.host_name)).await?;
             }
             None => {
@@ -551,7 +559,7 @@ pub async fn admit(
     }
     let plan = {
         let index = st.capacity.lock();
-        let req = request(&index, &first.spec)?;
+        let req = request(&index, first)?;
         let now = Utc::now().timestamp();
         if members.len() == 1 {
             reclaim::plan(&index, &req, now)

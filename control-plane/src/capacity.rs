@@ -111,6 +111,7 @@ impl Capacity {
                 state: host_use(h),
                 revision: h.revision,
                 profile,
+                networked: h.underlay_ip.is_some(),
             },
             &inputs,
         );

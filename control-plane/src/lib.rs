@@ -16,6 +16,7 @@ pub mod dev;
 pub mod entity;
 pub mod error;
 pub mod extract;
+pub mod host_network;
 pub mod ipam;
 pub mod lifecycle;
 pub mod metrics;

@@ -193,6 +193,7 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
                 name: v.name.clone(),
                 spec: stored_spec(v)?,
                 nics: Vec::new(),
+                networked: crate::api::segments::is_attached(&st.db, v.id).await?,
             });
         }
         let cluster_row = match cluster_id {

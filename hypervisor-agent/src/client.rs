@@ -60,6 +60,7 @@ pub async fn register(
             virt_type: config.virt_type.clone(),
             scalable_unit: config.scalable_unit.clone(),
             rails: config.rails.clone(),
+            underlay_ip: config.underlay_ip,
         })
         .send()
         .await?;
@@ -78,13 +79,18 @@ impl AgentClient {
         }
     }
 
-    pub async fn heartbeat(&self, topology: Option<&HostTopology>) -> Result<(), ClientError> {
+    pub async fn heartbeat(
+        &self,
+        topology: Option<&HostTopology>,
+        underlay_ip: Option<std::net::Ipv4Addr>,
+    ) -> Result<(), ClientError> {
         let resp = self
             .http
             .post(format!("{}/agent/v1/heartbeat", self.server))
             .bearer_auth(&self.credential)
             .json(&AgentHeartbeat {
                 topology: topology.cloned(),
+                underlay_ip,
             })
             .send()
             .await?;

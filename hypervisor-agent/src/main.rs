@@ -89,6 +89,14 @@ enum Command {
         /// Default: the NICs paired with GPUs take rails 0, 1, … in bus order.
         #[arg(long = "rail", value_parser = parse_rail)]
         rails: Vec<(String, u32)>,
+        /// This host's address on the underlay network: its VXLAN tunnel
+        /// endpoint. Without it the host takes no VMs with networks.
+        #[arg(long)]
+        underlay_ip: Option<std::net::Ipv4Addr>,
+        /// Program tenant networks in this network namespace (`ip netns`)
+        /// instead of the agent's own: for simulated fleets on one machine.
+        #[arg(long)]
+        netns: Option<String>,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -128,6 +136,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             heartbeat_secs,
             scalable_unit,
             rails,
+            underlay_ip,
+            netns,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -147,6 +157,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 heartbeat: std::time::Duration::from_secs(heartbeat_secs.max(1)),
                 scalable_unit,
                 rails: rails.into_iter().collect(),
+                underlay_ip,
+                netns,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -195,6 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 hugepages: true,
                 host_id: None,
                 kernel: None,
+                interfaces: Vec::new(),
             };
             let r = render::render(&topo, &gpus, vcpus, memory_gib, &spec)?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

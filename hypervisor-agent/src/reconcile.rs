@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use kumo_api_types::{ActualState, DesiredState, DesiredVm, Power, VmStatus};
-use kumo_topology::domain_xml::{domain_xml, DomainSpec, KernelBoot, METADATA_NS};
+use kumo_api_types::{ActualState, DesiredState, DesiredVm, Power, SegmentKind, VmStatus};
+use kumo_topology::domain_xml::{domain_xml, BridgeNic, DomainSpec, KernelBoot, METADATA_NS};
 use kumo_topology::guest_layout::guest_layout;
 use kumo_topology::HostTopology;
 use uuid::Uuid;
@@ -56,6 +56,41 @@ pub fn cloud_init(vm: &DesiredVm) -> (String, String) {
         }
     }
     (meta, user)
+}
+
+/// The VM's Ethernet NICs as virtio NICs on their segments' bridges.
+pub fn bridge_nics(vm: &DesiredVm) -> Vec<BridgeNic> {
+    vm.nics
+        .iter()
+        .filter(|n| n.kind == SegmentKind::Ethernet)
+        .map(|n| BridgeNic {
+            bridge: vxlan_manager::state::bridge_name(n.vni),
+            mac: n.mac.clone(),
+            mtu: n.mtu,
+        })
+        .collect()
+}
+
+/// NoCloud `network-config` (version 2): each NIC found by its MAC, with
+/// its static address and MTU; the first NIC's gateway is the default route.
+/// `None` for a VM without NICs (the image's own default applies).
+pub fn network_config(vm: &DesiredVm) -> Option<String> {
+    if vm.nics.is_empty() {
+        return None;
+    }
+    let mut out = String::from("version: 2\nethernets:\n");
+    for (i, n) in vm.nics.iter().enumerate() {
+        out.push_str(&format!(
+            "  nic{i}:\n    match:\n      macaddress: {}\n    set-name: nic{i}\n    addresses: [{}]\n    mtu: {}\n",
+            yaml_str(&n.mac),
+            yaml_str(&n.address),
+            n.mtu
+        ));
+        if i == 0 {
+            out.push_str(&format!("    gateway4: {}\n", yaml_str(&n.gateway)));
+        }
+    }
+    Some(out)
 }
 
 /// The value of `attr="…"` in an XML fragment.
@@ -157,11 +192,15 @@ impl Reconciler {
         let (meta, user) = cloud_init(vm);
         std::fs::write(src.join("meta-data"), meta).map_err(|e| e.to_string())?;
         std::fs::write(src.join("user-data"), user).map_err(|e| e.to_string())?;
+        let mut files = vec![src.join("user-data"), src.join("meta-data")];
+        if let Some(net) = network_config(vm) {
+            std::fs::write(src.join("network-config"), net).map_err(|e| e.to_string())?;
+            files.push(src.join("network-config"));
+        }
         let out = std::process::Command::new("genisoimage")
             .args(["-quiet", "-volid", "cidata", "-joliet", "-rock", "-output"])
             .arg(&seed)
-            .arg(src.join("user-data"))
-            .arg(src.join("meta-data"))
+            .args(&files)
             .output()
             .map_err(|e| format!("running genisoimage: {e}"))?;
         if !out.status.success() {
@@ -193,6 +232,7 @@ impl Reconciler {
                 initrd: k.initrd.clone(),
                 cmdline: k.cmdline.clone(),
             }),
+            interfaces: bridge_nics(vm),
         };
         Ok(domain_xml(&spec, &layout))
     }
@@ -384,10 +424,9 @@ impl Reconciler {
 mod tests {
     use super::*;
 
-    #[test]
-    fn cloud_init_carries_hostname_and_quoted_keys() {
+    fn vm() -> DesiredVm {
         use kumo_api_types::{ServiceLevel, VmSpec};
-        let vm = DesiredVm {
+        DesiredVm {
             id: Uuid::nil(),
             name: "train".into(),
             power: Power::Running,
@@ -412,7 +451,14 @@ mod tests {
                 cpus: Default::default(),
                 memory_mib: Default::default(),
             },
-        };
+            nics: vec![],
+        }
+    }
+
+    #[test]
+    fn cloud_init_carries_hostname_and_quoted_keys() {
+        let vm = vm();
+        assert_eq!(network_config(&vm), None);
         let (meta, user) = cloud_init(&vm);
         assert_eq!(
             meta,
@@ -423,6 +469,42 @@ mod tests {
             user.contains(r#"  - "ssh-ed25519 AAAA \"quoted\" \\ user""#),
             "{user}"
         );
+    }
+
+    #[test]
+    fn nics_become_bridge_ports_and_static_addresses() {
+        let nic = |segment: &str, kind, vni, n: u8| kumo_api_types::DesiredNic {
+            segment: segment.into(),
+            kind,
+            vni,
+            mac: format!("02:6b:00:00:00:{n:02x}"),
+            address: format!("10.{n}.0.5/24"),
+            gateway: format!("10.{n}.0.1"),
+            mtu: 8950,
+        };
+        let mut vm = vm();
+        vm.nics = vec![
+            nic("data", SegmentKind::Ethernet, 4096, 1),
+            nic("rdma", SegmentKind::Roce, 4097, 2),
+            nic("mgmt", SegmentKind::Ethernet, 5000, 3),
+        ];
+        let bridges: Vec<(String, String)> = bridge_nics(&vm)
+            .into_iter()
+            .map(|b| (b.bridge, b.mac))
+            .collect();
+        assert_eq!(
+            bridges,
+            [
+                ("kbr4096".to_owned(), "02:6b:00:00:00:01".to_owned()),
+                ("kbr5000".to_owned(), "02:6b:00:00:00:03".to_owned()),
+            ]
+        );
+        let net = network_config(&vm).unwrap_or_default();
+        assert!(net.starts_with("version: 2\nethernets:\n  nic0:\n"), "{net}");
+        assert!(net.contains("macaddress: \"02:6b:00:00:00:03\""), "{net}");
+        assert!(net.contains("addresses: [\"10.3.0.5/24\"]"), "{net}");
+        assert_eq!(net.matches("gateway4").count(), 1, "one default route");
+        assert!(net.contains("gateway4: \"10.1.0.1\""), "{net}");
     }
 
     #[test]

@@ -27,6 +27,11 @@ pub struct AgentConfig {
     pub scalable_unit: Option<String>,
     /// The rail each RDMA NIC is cabled to.
     pub rails: std::collections::BTreeMap<String, u32>,
+    /// The host's VXLAN tunnel endpoint, reported to the server.
+    pub underlay_ip: Option<std::net::Ipv4Addr>,
+    /// The network namespace tenant networks are programmed in (simulated
+    /// fleets); the agent's own when `None`.
+    pub netns: Option<String>,
 }
 
 /// A registered agent with its reconciler.
@@ -36,6 +41,10 @@ pub struct Agent {
     pub reconciler: Arc<Mutex<Reconciler>>,
     /// The last desired state fetched, for resync passes between changes.
     last: Arc<Mutex<Option<kumo_api_types::DesiredState>>>,
+    /// The netlink connection for tenant networks, opened on first use.
+    kernel: tokio::sync::Mutex<Option<vxlan_manager::Kernel>>,
+    /// Netlink changes made to tenant networks, for tests and logs.
+    pub network_changes: std::sync::atomic::AtomicU64,
 }
 
 /// Between changes, a pass this often repairs drift (a guest that rebooted
@@ -99,6 +108,8 @@ impl Agent {
             config,
             reconciler: Arc::new(Mutex::new(reconciler)),
             last: Arc::default(),
+            kernel: tokio::sync::Mutex::new(None),
+            network_changes: Default::default(),
         })
     }
 
@@ -119,7 +130,40 @@ impl Agent {
         }
     }
 
+    /// Converges the host's tenant networks (VXLAN devices, bridges, flood
+    /// lists, static entries) before any VM needs its bridge.
+    async fn converge_network(&self, want: &vxlan_manager::DesiredState) -> Result<(), String> {
+        let mut kernel = self.kernel.lock().await;
+        if kernel.is_none() {
+            *kernel = Some(
+                vxlan_manager::Kernel::connect(self.config.netns.as_deref())
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let Some(k) = kernel.as_ref() else {
+            return Ok(());
+        };
+        let changes = vxlan_manager::converge(k, want)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !changes.is_empty() {
+            self.network_changes.fetch_add(
+                changes.len() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            tracing::info!(changes = changes.len(), "tenant networks converged");
+        }
+        Ok(())
+    }
+
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
+        if let Some(net) = &desired.network {
+            if let Err(e) = self.converge_network(net).await {
+                // VMs would start without their bridges: wait for the next pass.
+                tracing::warn!(error = %e, "tenant networks not converged; retrying");
+                return Ok(());
+            }
+        }
         let r = self.reconciler.clone();
         let d = desired.clone();
         let report = tokio::task::spawn_blocking(move || {
@@ -139,11 +183,12 @@ impl Agent {
     pub async fn run(mut self) -> anyhow::Result<()> {
         let hb_client = self.client.clone();
         let every = self.config.heartbeat;
+        let underlay = self.config.underlay_ip;
         let heartbeat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                if let Err(e) = hb_client.heartbeat(None).await {
+                if let Err(e) = hb_client.heartbeat(None, underlay).await {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
             }

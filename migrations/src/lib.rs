@@ -9,6 +9,7 @@ mod m0003_kernel_boot_and_guest_condition;
 mod m0004_scheduler;
 mod m0005_host_drain;
 mod m0006_segments;
+mod m0007_host_networks;
 
 pub struct Migrator;
 
@@ -22,6 +23,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0004_scheduler::Migration),
             Box::new(m0005_host_drain::Migration),
             Box::new(m0006_segments::Migration),
+            Box::new(m0007_host_networks::Migration),
         ]
     }
 }

@@ -91,6 +91,7 @@ fn fleet(n: usize) -> Result<Index, String> {
                 state: HostUse::Ready,
                 revision: 1,
                 profile: profiles[unit % profiles.len()].clone(),
+                networked: true,
             },
             &[],
         );
@@ -107,6 +108,7 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         memory_mib: 32 * 1024 * u64::from(gpus),
         unit: None,
         rails: None,
+        networked: false,
     }
 }
 

@@ -52,6 +52,8 @@ pub struct HostInput {
     /// database checks at commit.
     pub revision: i64,
     pub profile: Arc<HostProfile>,
+    /// The host has a VXLAN tunnel endpoint: it can take VMs with networks.
+    pub networked: bool,
 }
 
 /// A VM as the database knows it, to be turned into a [`Hold`].
@@ -72,6 +74,7 @@ pub struct HostCap {
     pub state: HostUse,
     pub revision: i64,
     pub profile: Arc<HostProfile>,
+    pub networked: bool,
     pub gpu_free: u64,
     pub nic_free: u64,
     /// Per node, a bit per CPU position.
@@ -104,6 +107,7 @@ impl HostCap {
             scalable_unit: su,
             state: h.state,
             revision: h.revision,
+            networked: h.networked,
             gpu_free: p.all_gpus(),
             nic_free: mask_of(p.nics.len()),
             cpus_free_total: cpu_free_n.iter().sum(),

@@ -33,6 +33,8 @@ pub struct Request {
     /// The rails of the VM's GPUs in GPU order (training clusters: GPU *i*
     /// of every member on rail *i*).
     pub rails: Option<Vec<Option<u32>>>,
+    /// The VM has NICs on tenant segments: only hosts with an underlay.
+    pub networked: bool,
 }
 
 /// A proposed placement: not yet applied to the index.
@@ -65,6 +67,7 @@ pub fn rails_of(h: &HostCap, gpus: u64) -> Vec<Option<u32>> {
 fn host_takes(h: &HostCap, req: &Request) -> bool {
     h.state == HostUse::Ready
         && req.unit.is_none_or(|u| h.scalable_unit == Some(u))
+        && (h.networked || !req.networked)
         && h.cpus_free_total >= req.vcpus
         && (h.mem_free_total >= req.memory_mib || h.profile.nodes.iter().all(|n| n.memory_mib == 0))
 }

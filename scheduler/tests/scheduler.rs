@@ -49,6 +49,7 @@ fn fleet(hosts: &[(&str, Option<&str>)]) -> Index {
                 state: HostUse::Ready,
                 revision: 1,
                 profile: p,
+                networked: true,
             },
             &[],
         );
@@ -64,6 +65,7 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         memory_mib: 32 * 1024 * u64::from(gpus.max(1)),
         unit: None,
         rails: None,
+        networked: false,
     }
 }
 
@@ -306,6 +308,24 @@ fn models_and_capacity_are_respected() {
 }
 
 #[test]
+fn vms_with_networks_go_only_to_hosts_with_an_underlay() {
+    let mut index = fleet(&[("cpu-only", None), ("cpu-only", None)]);
+    index.hosts[0].networked = false;
+    let mut req = Request {
+        vcpus: 4,
+        memory_mib: 4096,
+        ..Default::default()
+    };
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    assert_eq!(index.hosts[c.host].name, "h0", "best fit, without networks");
+    req.networked = true;
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    assert_eq!(index.hosts[c.host].name, "h1");
+    index.hosts[1].networked = false;
+    assert!(place(&index, &req, Strategy::BestFit).is_none());
+}
+
+#[test]
 fn a_cluster_goes_into_one_unit_rail_aligned_or_not_at_all() {
     let mut hosts = vec![("hgx-h100", Some("su-a")); 3];
     hosts.extend(vec![("hgx-h100", Some("su-b")); 4]);
@@ -454,6 +474,7 @@ fn holds_read_back_from_placements_match() {
             state: HostUse::Ready,
             revision: 2,
             profile: p,
+            networked: false,
         },
         &[VmInput {
             vm,

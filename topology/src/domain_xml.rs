@@ -27,6 +27,16 @@ pub struct DomainSpec {
     pub host_id: Option<String>,
     /// Boot a kernel directly instead of from the disk.
     pub kernel: Option<KernelBoot>,
+    /// Virtio NICs on host bridges (tenant Ethernet segments), in order.
+    pub interfaces: Vec<BridgeNic>,
+}
+
+/// A virtio NIC on a host bridge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeNic {
+    pub bridge: String,
+    pub mac: String,
+    pub mtu: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +88,16 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
                 .child(el("source").attr("file", seed))
                 .child(el("target").attr("dev", "sda").attr("bus", "sata"))
                 .child(el("readonly")),
+        );
+    }
+    for nic in &spec.interfaces {
+        devices = devices.child(
+            el("interface")
+                .attr("type", "bridge")
+                .child(el("mac").attr("address", &nic.mac))
+                .child(el("source").attr("bridge", &nic.bridge))
+                .child(el("model").attr("type", "virtio"))
+                .child(el("mtu").attr("size", nic.mtu)),
         );
     }
     devices = devices.child(

@@ -9,10 +9,12 @@
 //! `state` (the input, checked whole) and `plan` (the diff) are pure;
 //! `kernel` is the netlink edge.
 
+#[cfg(feature = "kernel")]
 pub mod kernel;
 pub mod plan;
 pub mod state;
 
+#[cfg(feature = "kernel")]
 pub use kernel::{converge, Kernel, NetError};
 pub use plan::{plan, Change, Observed};
 pub use state::{DesiredState, Endpoint, Mac, Segment, StateError};

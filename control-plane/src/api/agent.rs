@@ -3,6 +3,7 @@
 //! authenticate with their host credential (`kumoh_…`); anything an agent
 //! says about a VM of another host is refused.
 
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
@@ -13,6 +14,7 @@ use kumo_api_types::{
     ActualState, AgentHeartbeat, AgentRegister, AgentRegistered, DesiredParams, DesiredState,
     DesiredVm, HostState, PreemptionNotice, StatusReport, VmState,
 };
+use sea_orm::sea_query::Expr;
 use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
 use uuid::Uuid;
 
@@ -20,6 +22,7 @@ use super::vms::{desired_power, event, stored_placement, stored_spec, stored_sta
 use super::Problems;
 use crate::entity::{allocations, clusters, hosts, join_tokens, vms};
 use crate::error::{conflict_if_unique, ApiError};
+
 use crate::extract::{Json, Query};
 use crate::lifecycle;
 use crate::server::AppState;
@@ -66,6 +69,46 @@ fn validate_topology(t: &kumo_topology::HostTopology) -> Result<(), ApiError> {
     Ok(())
 }
 
+fn check_underlay(ip: Option<Ipv4Addr>) -> Result<(), ApiError> {
+    match ip {
+        Some(u) if u.is_unspecified() || u.is_loopback() || u.is_multicast() || u.is_broadcast() => {
+            Err(ApiError::field(
+                "underlay_ip",
+                format!("{u} is not a unicast address another host can reach"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether a unique violation is the underlay address's (SQLite names the
+/// column, PostgreSQL the index).
+fn names_underlay(e: &sea_orm::DbErr) -> bool {
+    matches!(e.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(m)) if m.contains("underlay_ip"))
+}
+
+fn underlay_taken(e: sea_orm::DbErr, ip: Option<Ipv4Addr>) -> ApiError {
+    conflict_if_unique(e, || {
+        format!(
+            "underlay address {} belongs to another host",
+            ip.map(|i| i.to_string()).unwrap_or_default()
+        )
+    })
+}
+
+/// A host's tunnel endpoint changed: every host may have it in a flood
+/// list. Rare (a re-addressed host), so all hosts look again.
+async fn underlay_moved(db: &impl sea_orm::ConnectionTrait) -> Result<(), ApiError> {
+    hosts::Entity::update_many()
+        .col_expr(
+            hosts::Column::NetworkRevision,
+            Expr::col(hosts::Column::NetworkRevision).add(1),
+        )
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
 /// Register a host with a join token; answers the host's own credential.
 /// Registering an existing name again (an agent that lost its state)
 /// keeps the host and its VMs and issues a new credential.
@@ -100,6 +143,8 @@ pub async fn register(
         names::tenant_name("scalable_unit", su)?;
     }
     validate_topology(&body.topology)?;
+    check_underlay(body.underlay_ip)?;
+    let underlay = body.underlay_ip.map(|u| u.to_string());
     if body.rails.len() > kumo_scheduler::profile::MAX_SLOTS
         || body.rails.values().any(|r| *r > 1024)
         || body.rails.keys().any(|k| k.len() > 64)
@@ -122,7 +167,9 @@ pub async fn register(
     match existing {
         Some(h) => {
             let h_drained = h.drained;
+            let moved = h.underlay_ip != underlay;
             let mut a: hosts::ActiveModel = h.into();
+            a.underlay_ip = Set(underlay.clone());
             a.credential_hash = Set(minted.secret_hash);
             a.topology = Set(topology);
             a.virt_type = Set(body.virt_type.clone());
@@ -130,7 +177,12 @@ pub async fn register(
             a.rails = Set(rails.clone());
             a.state = Set(super::hosts::reachable_state(h_drained).as_str().into());
             a.last_heartbeat_at = Set(now);
-            a.update(&txn).await?;
+            a.update(&txn)
+                .await
+                .map_err(|e| underlay_taken(e, body.underlay_ip))?;
+            if moved {
+                underlay_moved(&txn).await?;
+            }
         }
         None => {
             hosts::ActiveModel {
@@ -146,13 +198,19 @@ pub async fn register(
                 virt_type: Set(body.virt_type.clone()),
                 rails: Set(rails.clone()),
                 drained: Set(false),
+                underlay_ip: Set(underlay.clone()),
+                network_revision: Set(0),
             }
             .insert(&txn)
             .await
             .map_err(|e| {
-                conflict_if_unique(e, || {
-                    format!("host {:?} registered concurrently; retry", body.name)
-                })
+                if names_underlay(&e) {
+                    underlay_taken(e, body.underlay_ip)
+                } else {
+                    conflict_if_unique(e, || {
+                        format!("host {:?} registered concurrently; retry", body.name)
+                    })
+                }
             })?;
         }
     }
@@ -181,6 +239,8 @@ pub async fn heartbeat(
 ) -> Result<StatusCode, ApiError> {
     let back = host.state == HostState::Unreachable.as_str();
     let name = host.name.clone();
+    let id = host.id;
+    let underlay = host.underlay_ip.clone();
     let drained = host.drained;
     let mut a: hosts::ActiveModel = host.into();
     a.last_heartbeat_at = Set(Utc::now());
@@ -191,11 +251,29 @@ pub async fn heartbeat(
         validate_topology(t)?;
         a.topology = Set(serde_json::to_string(t).map_err(|e| ApiError::Internal(e.to_string()))?);
     }
-    a.update(&st.db).await?;
+    let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
+    if moved {
+        check_underlay(body.underlay_ip)?;
+        a.underlay_ip = Set(body.underlay_ip.map(|u| u.to_string()));
+    }
+    a.update(&st.db)
+        .await
+        .map_err(|e| underlay_taken(e, body.underlay_ip))?;
+    if moved {
+        underlay_moved(&st.db).await?;
+        st.capacity.refresh_host(&st.db, id).await?;
+        tracing::info!(host = %name, underlay = ?body.underlay_ip, "underlay address changed");
+    }
     if back {
         tracing::info!(host = %name, "host reachable again");
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The revision an agent sees: its VMs' and its networks' changes.
+/// Both only grow, so their sum does.
+fn seen_revision(h: &hosts::Model) -> i64 {
+    h.revision.saturating_add(h.network_revision)
 }
 
 async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, ApiError> {
@@ -214,6 +292,8 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
         let size = u32::try_from(c.size).unwrap_or(0);
         hostfiles.insert(c.id, super::clusters::hostfile(&c.name, size, spec.gpus));
     }
+    let ids: Vec<Uuid> = rows.iter().map(|v| v.id).collect();
+    let mut net = crate::host_network::load(&st.db, host, &ids).await?;
     let mut out = Vec::new();
     let mut remove = Vec::new();
     for v in rows {
@@ -251,12 +331,14 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
             placement,
             preemption,
             hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),
+            nics: net.nics.remove(&v.id).unwrap_or_default(),
         });
     }
     Ok(DesiredState {
-        revision: host.revision,
+        revision: seen_revision(host),
         vms: out,
         remove,
+        network: net.network,
     })
 }
 
@@ -275,7 +357,7 @@ pub async fn desired(
     let deadline = tokio::time::Instant::now() + LONG_POLL;
     let mut current = host;
     if let Some(after) = q.after {
-        while current.revision <= after && tokio::time::Instant::now() < deadline {
+        while seen_revision(&current) <= after && tokio::time::Instant::now() < deadline {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             st.signals
                 .wait(current.id, left.min(Duration::from_secs(1)))
@@ -330,6 +412,7 @@ pub async fn status(
             // Gone from the host: its devices are free; the row stays so
             // the tenant sees what happened.
             release(&txn, &vm).await?;
+            crate::host_network::touch_peers(&txn, vm.id).await?;
             let mut a: vms::ActiveModel = vm.into();
             a.host_id = Set(None);
             a.updated_at = Set(Utc::now());

@@ -218,6 +218,7 @@ pub async fn create(
             name,
             spec: spec.clone(),
             nics: Vec::new(),
+            networked: false,
         })
         .collect();
     let new = NewCluster {

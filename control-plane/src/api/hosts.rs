@@ -88,6 +88,7 @@ fn to_api(h: &hosts::Model, topo: &HostTopology, held: &[allocations::Model]) ->
             .filter(|g| !used.contains(g.location.bdf.to_string().as_str()))
             .count() as u32,
         rdma_nics: topo.nics.len() as u32,
+        underlay_ip: crate::host_network::underlay_of(h),
         cpus: topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum(),
         registered_at: h.registered_at,
         last_heartbeat_at: h.last_heartbeat_at,

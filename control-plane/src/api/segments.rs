@@ -38,7 +38,7 @@ fn kind_str(k: SegmentKind) -> &'static str {
     }
 }
 
-fn stored_kind(s: &segments::Model) -> SegmentKind {
+pub fn stored_kind(s: &segments::Model) -> SegmentKind {
     if s.kind == "roce" {
         SegmentKind::Roce
     } else {
@@ -210,6 +210,7 @@ pub async fn create(
             mtu: Set(mtu as i32),
             vni: Set(vni as i32),
             created_at: Set(Utc::now()),
+            ingress_rules: Set(None),
         }
         .insert(&txn)
         .await;
@@ -453,6 +454,15 @@ pub async fn networks_of(
         });
     }
     Ok(out)
+}
+
+/// Whether the VM has NICs on segments.
+pub async fn is_attached(db: &impl ConnectionTrait, vm: Uuid) -> Result<bool, ApiError> {
+    Ok(attachments::Entity::find()
+        .filter(attachments::Column::VmId.eq(vm))
+        .count(db)
+        .await?
+        > 0)
 }
 
 /// A VM row is gone: so are its attachments (same transaction).

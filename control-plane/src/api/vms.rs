@@ -312,11 +312,13 @@ pub async fn create(
     if exists.is_some() {
         return Err(name_taken());
     }
+    let nics = super::segments::resolve(&st.db, &tenant, &body.networks).await?;
     let member = Member {
         id: Uuid::now_v7(),
         name: body.name.clone(),
         spec,
-        nics: super::segments::resolve(&st.db, &tenant, &body.networks).await?,
+        networked: !nics.is_empty(),
+        nics,
     };
     match admit(
         &st,
@@ -650,6 +652,7 @@ pub async fn events(
 /// Deletes a VM row with what goes with it, in the caller's transaction:
 /// its NICs, and its cluster once it was the last member.
 pub async fn delete_row(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+    crate::host_network::touch_peers(txn, vm.id).await?;
     vms::Entity::delete_by_id(vm.id).exec(txn).await?;
     super::segments::detach_all(txn, vm.id).await?;
     super::clusters::member_gone(txn, vm).await

@@ -25,6 +25,12 @@ pub struct Model {
     pub rails: Option<String>,
     /// An operator drained it: `draining` whenever it is reachable.
     pub drained: bool,
+    /// The VXLAN tunnel endpoint, unique; without one the host takes no
+    /// VMs with networks.
+    pub underlay_ip: Option<String>,
+    /// Bumped when the host's networks change because of VMs elsewhere;
+    /// agents see `revision + network_revision`.
+    pub network_revision: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

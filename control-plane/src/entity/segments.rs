@@ -14,6 +14,8 @@ pub struct Model {
     pub mtu: i32,
     pub vni: i32,
     pub created_at: DateTimeUtc,
+    /// Ingress rules (`[SegmentRule]`) as JSON; none: only the segment itself.
+    pub ingress_rules: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

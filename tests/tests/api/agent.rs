@@ -28,6 +28,8 @@ fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> A
         heartbeat: Duration::from_secs(1),
         scalable_unit: None,
         rails: Default::default(),
+        underlay_ip: None,
+        netns: None,
     }
 }
 

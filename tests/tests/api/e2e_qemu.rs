@@ -163,6 +163,8 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         heartbeat: Duration::from_secs(5),
         scalable_unit: None,
         rails: Default::default(),
+        underlay_ip: None,
+        netns: None,
     })
     .await
     .unwrap();
@@ -171,7 +173,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     let hb = agent.client.clone();
     let heartbeat = tokio::spawn(async move {
         loop {
-            let _ = hb.heartbeat(None).await;
+            let _ = hb.heartbeat(None, None).await;
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     });

@@ -270,6 +270,24 @@ impl TestServer {
         let join = self.join_token().await;
         SimAgent::register_in(&self.url, &join, name, fixture_topology(machine), su).await
     }
+
+    /// A simulated host with a VXLAN tunnel endpoint.
+    pub async fn sim_agent_at(&self, name: &str, machine: &str, underlay: &str) -> SimAgent {
+        let join = self.join_token().await;
+        SimAgent::register_with(
+            &self.url,
+            kumo_api_types::AgentRegister {
+                join_token: join,
+                name: name.into(),
+                topology: fixture_topology(machine),
+                virt_type: "qemu".into(),
+                scalable_unit: None,
+                rails: Default::default(),
+                underlay_ip: Some(underlay.parse().unwrap()),
+            },
+        )
+        .await
+    }
 }
 
 impl SimAgent {
@@ -289,17 +307,26 @@ impl SimAgent {
         topology: kumo_topology::HostTopology,
         scalable_unit: Option<&str>,
     ) -> SimAgent {
-        let http = reqwest::Client::new();
-        let resp = http
-            .post(format!("{url}/agent/v1/register"))
-            .json(&kumo_api_types::AgentRegister {
+        Self::register_with(
+            url,
+            kumo_api_types::AgentRegister {
                 join_token: join_token.into(),
                 name: name.into(),
                 topology,
                 virt_type: "qemu".into(),
                 scalable_unit: scalable_unit.map(str::to_owned),
                 rails: Default::default(),
-            })
+                underlay_ip: None,
+            },
+        )
+        .await
+    }
+
+    pub async fn register_with(url: &str, body: kumo_api_types::AgentRegister) -> SimAgent {
+        let http = reqwest::Client::new();
+        let resp = http
+            .post(format!("{url}/agent/v1/register"))
+            .json(&body)
             .send()
             .await
             .unwrap();
