@@ -541,7 +541,12 @@ pub async fn admit(
     }
     let no_room = || {
         ApiError::InsufficientCapacity(format!(
-            "no ready host has room for {} VM(s) of {} {}GPU(s), {} vCPUs and {} GiB near them",
+            "no ready host{} has room for {} VM(s) of {} {}GPU(s), {} vCPUs and {} GiB near them",
+            if first.networked {
+                " with an underlay address (the VM has networks)"
+            } else {
+                ""
+            },
             members.len(),
             first.spec.gpus,
             first

@@ -264,9 +264,27 @@ mod tests {
     #[test]
     fn a_host_gets_its_segments_with_the_other_hosts_and_their_vms() {
         let segs: BTreeMap<Uuid, SegmentInfo> = [
-            (Uuid::from_u128(1), SegmentInfo { vni: 5000, mtu: 8950 }),
-            (Uuid::from_u128(2), SegmentInfo { vni: 4096, mtu: 1450 }),
-            (Uuid::from_u128(3), SegmentInfo { vni: 6000, mtu: 8950 }),
+            (
+                Uuid::from_u128(1),
+                SegmentInfo {
+                    vni: 5000,
+                    mtu: 8950,
+                },
+            ),
+            (
+                Uuid::from_u128(2),
+                SegmentInfo {
+                    vni: 4096,
+                    mtu: 1450,
+                },
+            ),
+            (
+                Uuid::from_u128(3),
+                SegmentInfo {
+                    vni: 6000,
+                    mtu: 8950,
+                },
+            ),
         ]
         .into();
         let ports = [

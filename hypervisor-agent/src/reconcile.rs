@@ -500,7 +500,10 @@ mod tests {
             ]
         );
         let net = network_config(&vm).unwrap_or_default();
-        assert!(net.starts_with("version: 2\nethernets:\n  nic0:\n"), "{net}");
+        assert!(
+            net.starts_with("version: 2\nethernets:\n  nic0:\n"),
+            "{net}"
+        );
         assert!(net.contains("macaddress: \"02:6b:00:00:00:03\""), "{net}");
         assert!(net.contains("addresses: [\"10.3.0.5/24\"]"), "{net}");
         assert_eq!(net.matches("gateway4").count(), 1, "one default route");

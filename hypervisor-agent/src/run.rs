@@ -147,10 +147,8 @@ impl Agent {
             .await
             .map_err(|e| e.to_string())?;
         if !changes.is_empty() {
-            self.network_changes.fetch_add(
-                changes.len() as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            self.network_changes
+                .fetch_add(changes.len() as u64, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(changes = changes.len(), "tenant networks converged");
         }
         Ok(())

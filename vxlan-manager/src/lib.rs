@@ -13,6 +13,8 @@
 pub mod kernel;
 pub mod plan;
 pub mod state;
+#[cfg(feature = "testbed")]
+pub mod testbed;
 
 #[cfg(feature = "kernel")]
 pub use kernel::{converge, Kernel, NetError};

@@ -7,78 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
-use std::time::Duration;
 
-use nix::sched::CloneFlags;
 use vxlan_manager::plan::{Fdb, Neigh};
+use vxlan_manager::testbed::{ip, ping, tcp_hello, Fabric};
 use vxlan_manager::{converge, DesiredState, Endpoint, Kernel, Mac, NetError, Segment};
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
-        panic!("`ip` (iproute2) is required; the README's test command installs it: {e}")
-    });
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ping(from: &str, to: Ipv4Addr) -> bool {
-    Command::new("ip")
-        .args(["netns", "exec", from, "ping", "-c1", "-W1", "-q"])
-        .arg(to.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("ping (iputils-ping) is required: {e}"))
-        .status
-        .success()
-}
-
-/// Runs `f` on a thread inside namespace `ns`.
-fn in_ns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-    std::thread::spawn(move || {
-        nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-}
-
-const PORT: u16 = 7000;
-
-/// What a VM answers on TCP: its own name, so a client can tell which of
-/// two VMs with one address it reached.
-fn serve(ns: &str, name: &str) {
-    let name = name.to_owned();
-    let (tx, rx) = std::sync::mpsc::channel();
-    in_ns(ns, move || {
-        let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
-        tx.send(()).unwrap();
-        for mut s in l.incoming().flatten() {
-            let _ = s.write_all(name.as_bytes());
-        }
-    });
-    rx.recv().unwrap();
-}
-
-fn tcp_hello(from: &str, to: Ipv4Addr) -> Option<String> {
-    in_ns(from, move || {
-        let mut s =
-            TcpStream::connect_timeout(&SocketAddr::from((to, PORT)), Duration::from_secs(2))
-                .ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        Some(out)
-    })
-    .join()
-    .unwrap()
-}
 
 #[derive(Clone)]
 struct Vm {
@@ -92,122 +26,67 @@ struct Vm {
 /// The test's world: namespaces, and the desired state of each host as
 /// the control plane would compute it.
 struct World {
-    prefix: String,
+    fab: Fabric,
     hosts: usize,
     vms: Vec<Vm>,
 }
 
 impl World {
     fn ns(&self, what: &str) -> String {
-        format!("{}-{what}", self.prefix)
+        self.fab.ns(what)
     }
 
     fn host_ns(&self, h: usize) -> String {
-        self.ns(&format!("h{h}"))
+        self.fab.host_ns(h)
     }
 
     fn underlay(h: usize) -> Ipv4Addr {
-        Ipv4Addr::new(10, 99, 0, h as u8 + 1)
+        Fabric::underlay(h)
     }
 
     fn new(hosts: usize) -> World {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "the namespace tests need root (CAP_NET_ADMIN)"
-        );
-        let w = World {
-            prefix: {
-                static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-                let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                format!("kt{}x{n}", std::process::id())
-            },
-            hosts,
-            vms: Vec::new(),
-        };
-        let fab = w.ns("fab");
-        ip(&["netns", "add", &fab]);
-        ip(&["-n", &fab, "link", "add", "ul", "type", "bridge"]);
-        ip(&["-n", &fab, "link", "set", "ul", "up"]);
+        let fab = Fabric::new(hosts);
         for h in 0..hosts {
-            let ns = w.host_ns(h);
-            ip(&["netns", "add", &ns]);
-            ip(&["-n", &ns, "link", "set", "lo", "up"]);
-            let peer = format!("p{h}");
-            ip(&[
-                "link", "add", "ul0", "netns", &ns, "type", "veth", "peer", "name", &peer, "netns",
-                &fab,
-            ]);
-            ip(&["-n", &fab, "link", "set", &peer, "master", "ul", "up"]);
-            ip(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{}/24", World::underlay(h)),
-                "dev",
-                "ul0",
-            ]);
-            ip(&["-n", &ns, "link", "set", "ul0", "up"]);
             // Something that is not Kumo's, to prove it is left alone.
             ip(&[
-                "-n", &ns, "link", "add", "other0", "type", "veth", "peer", "name", "other1",
+                "-n",
+                &fab.host_ns(h),
+                "link",
+                "add",
+                "other0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "other1",
             ]);
         }
-        w
+        World {
+            fab,
+            hosts,
+            vms: Vec::new(),
+        }
     }
 
     /// A VM: its own namespace, its veth's host end on the segment's
     /// bridge (made by the converger, so call after converging).
     fn add_vm(&mut self, vm: Vm) {
-        let ns = self.ns(vm.name);
-        let host = self.host_ns(vm.host);
-        let tap = format!("t-{}", vm.name);
-        ip(&["netns", "add", &ns]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        ip(&[
-            "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &tap, "netns",
-            &host,
-        ]);
-        ip(&[
-            "-n",
-            &ns,
-            "link",
-            "set",
-            "eth0",
-            "address",
+        let bridge = format!("kbr{}", vm.vni);
+        let address = format!("{}/24", vm.ip);
+        self.fab.add_vm(
+            vm.name,
+            vm.host,
             &vm.mac.to_string(),
-            "mtu",
-            "1450",
-        ]);
-        ip(&[
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{}/24", vm.ip),
-            "dev",
-            "eth0",
-        ]);
-        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-        ip(&[
-            "-n",
-            &host,
-            "link",
-            "set",
-            &tap,
-            "mtu",
-            "1450",
-            "master",
-            &format!("kbr{}", vm.vni),
-            "up",
-        ]);
-        serve(&ns, vm.name);
+            &address,
+            1450,
+            &bridge,
+        );
         self.vms.push(vm);
     }
 
     fn remove_vm(&mut self, name: &str) {
         self.vms.retain(|v| v.name != name);
-        ip(&["netns", "del", &self.ns(name)]);
+        self.fab.remove_vm(name);
     }
 
     /// Host `h`'s desired state: each segment it has VMs on, with every
@@ -257,20 +136,6 @@ impl World {
 
     fn vm(&self, name: &str) -> &Vm {
         self.vms.iter().find(|v| v.name == name).unwrap()
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-            return;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let name = line.split_whitespace().next().unwrap_or("");
-            if name.starts_with(&format!("{}-", self.prefix)) {
-                let _ = Command::new("ip").args(["netns", "del", name]).status();
-            }
-        }
     }
 }
 

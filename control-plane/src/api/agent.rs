@@ -71,7 +71,9 @@ fn validate_topology(t: &kumo_topology::HostTopology) -> Result<(), ApiError> {
 
 fn check_underlay(ip: Option<Ipv4Addr>) -> Result<(), ApiError> {
     match ip {
-        Some(u) if u.is_unspecified() || u.is_loopback() || u.is_multicast() || u.is_broadcast() => {
+        Some(u)
+            if u.is_unspecified() || u.is_loopback() || u.is_multicast() || u.is_broadcast() =>
+        {
             Err(ApiError::field(
                 "underlay_ip",
                 format!("{u} is not a unicast address another host can reach"),

@@ -6,19 +6,19 @@ use serde_json::Value;
 
 use crate::harness::{Backend, TestServer};
 
-struct Kumo {
-    home: tempfile::TempDir,
+pub struct Kumo {
+    pub home: tempfile::TempDir,
 }
 
 impl Kumo {
-    fn new() -> Kumo {
+    pub fn new() -> Kumo {
         Kumo {
             home: tempfile::tempdir().unwrap(),
         }
     }
 
     /// Runs `kumo ARGS` with a private HOME; returns (success, stdout, stderr).
-    fn run(&self, args: &[&str], token: Option<&str>) -> (bool, String, String) {
+    pub fn run(&self, args: &[&str], token: Option<&str>) -> (bool, String, String) {
         let mut cmd = Command::new(crate::harness::bin("kumo"));
         cmd.args(args)
             .env_clear()
@@ -35,13 +35,13 @@ impl Kumo {
         )
     }
 
-    fn ok(&self, args: &[&str], token: Option<&str>) -> String {
+    pub fn ok(&self, args: &[&str], token: Option<&str>) -> String {
         let (ok, out, err) = self.run(args, token);
         assert!(ok, "kumo {args:?} failed: {err}");
         out
     }
 
-    fn json(&self, args: &[&str], token: Option<&str>) -> Value {
+    pub fn json(&self, args: &[&str], token: Option<&str>) -> Value {
         let mut all = args.to_vec();
         all.extend(["-o", "json"]);
         serde_json::from_str(&self.ok(&all, token)).unwrap()

@@ -243,6 +243,7 @@ pub fn fixture_topology(name: &str) -> kumo_topology::HostTopology {
 
 /// An agent that speaks the real protocol over HTTP and pretends that
 /// whatever should run, runs: the simulated host of the fast tests.
+#[derive(Clone)]
 pub struct SimAgent {
     pub url: String,
     pub host_id: uuid::Uuid,

@@ -11,6 +11,7 @@ mod cli;
 mod dev;
 mod e2e_qemu;
 mod idempotency;
+mod networks;
 mod openapi;
 mod process;
 mod resources;

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use kumo_api_types::{NetworkRequest, Segment, SegmentCreate, SegmentKind, Vm, VmCreate};
+use kumo_api_types::{
+    DesiredState, NetworkRequest, Segment, SegmentCreate, SegmentKind, Vm, VmCreate,
+};
 use serde_json::json;
 
 use crate::harness::{Backend, TestServer};
@@ -51,7 +53,7 @@ async fn start(backend: Backend) -> TestServer {
 async fn segments_and_vms(s: &TestServer) {
     s.tenant("lab").await;
     s.tenant("other").await;
-    let _agent = s.sim_agent("cpu-1", "cpu-only").await;
+    let _agent = s.sim_agent_at("cpu-1", "cpu-only", "192.0.2.1").await;
     let eth: Segment = s
         .admin
         .post(
@@ -244,6 +246,181 @@ async fn segments_and_vms(s: &TestServer) {
     assert_eq!(later.vni, 5001);
     let audit = s.admin.audit(Some("lab"), 200).await.unwrap();
     assert!(audit.iter().any(|e| e.action == "segment.delete"));
+}
+
+/// `vni mtu [vteps] [mac ip vtep]` of a host's network document.
+fn network_of(d: &DesiredState) -> Vec<String> {
+    d.network
+        .as_ref()
+        .map(|n| {
+            n.segments
+                .iter()
+                .map(|s| {
+                    let vteps: Vec<String> = s.remote_vteps.iter().map(|v| v.to_string()).collect();
+                    let eps: Vec<String> = s
+                        .remote_endpoints
+                        .iter()
+                        .map(|e| format!("{} {} {}", e.mac, e.ip, e.vtep))
+                        .collect();
+                    format!("{} {} {vteps:?} {eps:?}", s.vni, s.mtu)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Hosts with an underlay address get, in their desired state, every
+/// segment with a VM of theirs: the other hosts with VMs on it (flood
+/// list) and those VMs (static entries); agents waiting on a long poll
+/// hear of VMs arriving and leaving elsewhere.
+async fn host_networks(s: &TestServer) {
+    s.tenant("lab").await;
+    let mut h1 = s.sim_agent_at("net-1", "cpu-only", "192.0.2.1").await;
+    let mut h2 = s.sim_agent_at("net-2", "cpu-only", "192.0.2.2").await;
+    let plain = s.sim_agent("plain-1", "cpu-only").await;
+    let hosts = s.admin.list_hosts().await.unwrap();
+    let underlay = |n: &str| {
+        hosts
+            .iter()
+            .find(|h| h.name == n)
+            .and_then(|h| h.underlay_ip)
+            .map(|u| u.to_string())
+    };
+    assert_eq!(underlay("net-2").as_deref(), Some("192.0.2.2"));
+    assert_eq!(underlay("plain-1"), None);
+    assert_eq!(plain.desired(None).await.network, None);
+
+    // An address is one host's; nonsense is refused.
+    for (ip, status) in [("192.0.2.1", 409), ("127.0.0.1", 400), ("224.0.0.1", 400)] {
+        let r = s
+            .http()
+            .post(format!("{}/agent/v1/register", s.url))
+            .json(&json!({
+                "join_token": s.join_token().await, "name": "net-x", "virt_type": "qemu",
+                "topology": crate::harness::fixture_topology("cpu-only"), "underlay_ip": ip,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{ip}");
+    }
+
+    let eth: Segment = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/segments",
+            &seg("eth", SegmentKind::Ethernet, "10.1.0.0/24"),
+        )
+        .await
+        .unwrap();
+    // Steer by draining: vm-a to net-1, vm-b to net-2. The host without an
+    // underlay never takes a VM with networks, though it is free.
+    s.admin.host_action("net-2", "drain").await.unwrap();
+    let a: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &vm_on("vm-a", &[("eth", None)]))
+        .await
+        .unwrap();
+    assert_eq!(a.host.as_deref(), Some("net-1"));
+    s.admin.host_action("net-2", "undrain").await.unwrap();
+    s.admin.host_action("net-1", "drain").await.unwrap();
+    let rev1 = h1.desired(None).await.revision;
+    let waiting = {
+        let h1 = h1.clone();
+        tokio::spawn(async move {
+            let t = std::time::Instant::now();
+            (h1.desired(Some(rev1)).await, t.elapsed())
+        })
+    };
+    let b: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &vm_on("vm-b", &[("eth", None)]))
+        .await
+        .unwrap();
+    assert_eq!(b.host.as_deref(), Some("net-2"));
+    let (d1, waited) = waiting.await.unwrap();
+    assert!(
+        waited < std::time::Duration::from_secs(3),
+        "net-1 heard of vm-b after {waited:?}"
+    );
+    let (ma, ia) = (&a.networks[0].mac, &a.networks[0].ip);
+    let (mb, ib) = (&b.networks[0].mac, &b.networks[0].ip);
+    assert_eq!(
+        network_of(&d1),
+        [format!(
+            "{} 8950 [\"192.0.2.2\"] [\"{mb} {ib} 192.0.2.2\"]",
+            eth.vni
+        )]
+    );
+    let nic = &d1.vms.iter().find(|v| v.id == a.id).unwrap().nics[0];
+    assert_eq!(
+        (
+            nic.vni,
+            nic.mac.as_str(),
+            nic.address.as_str(),
+            nic.gateway.as_str(),
+            nic.mtu
+        ),
+        (
+            eth.vni,
+            ma.as_str(),
+            format!("{ia}/24").as_str(),
+            "10.1.0.1",
+            8950
+        )
+    );
+    let d2 = h2.desired(None).await;
+    assert_eq!(
+        network_of(&d2),
+        [format!(
+            "{} 8950 [\"192.0.2.1\"] [\"{ma} {ia} 192.0.2.1\"]",
+            eth.vni
+        )]
+    );
+
+    // vm-b goes: net-1 keeps the segment (vm-a) with nobody to flood to;
+    // net-2 has no segments left.
+    s.admin.delete_vm("lab", "vm-b").await.unwrap();
+    h2.converge().await;
+    h2.converge().await;
+    assert!(s.admin.vm("lab", "vm-b").await.is_err());
+    assert_eq!(
+        network_of(&h1.desired(None).await),
+        [format!("{} 8950 [] []", eth.vni)]
+    );
+    let d2 = h2.desired(None).await;
+    assert_eq!(d2.network.map(|n| n.segments.len()), Some(0));
+
+    // With every networked host drained, a VM with networks has nowhere to go.
+    s.admin.host_action("net-2", "drain").await.unwrap();
+    let e = s
+        .admin
+        .post::<_, Vm>("/api/v1/tenants/lab/vms", &vm_on("vm-c", &[("eth", None)]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(e.to_string().contains("underlay"), "{e}");
+    s.admin.delete_vm("lab", "vm-a").await.unwrap();
+    h1.converge().await;
+    h1.converge().await;
+    assert_eq!(
+        h1.desired(None).await.network.map(|n| n.segments.len()),
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn host_networks_sqlite() {
+    let s = start(Backend::Sqlite).await;
+    host_networks(&s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn host_networks_postgres() {
+    let s = start(Backend::Postgres).await;
+    host_networks(&s).await;
+    s.stop().await;
 }
 
 #[tokio::test]

@@ -309,11 +309,13 @@ fn cpu_only_vm_has_a_cell_and_no_expanders() {
     assert!(r.domain_xml.contains("<vcpu placement=\"static\">4</vcpu>"));
     assert!(!r.domain_xml.contains("<interface"));
     let mut with_nic = spec();
-    with_nic.interfaces.push(kumo_topology::domain_xml::BridgeNic {
-        bridge: "kbr4096".into(),
-        mac: "02:6b:00:00:00:01".into(),
-        mtu: 8950,
-    });
+    with_nic
+        .interfaces
+        .push(kumo_topology::domain_xml::BridgeNic {
+            bridge: "kbr4096".into(),
+            mac: "02:6b:00:00:00:01".into(),
+            mtu: 8950,
+        });
     let r = render(&topo, &[], 4, 8, &with_nic).unwrap();
     let doc = roxmltree::Document::parse(&r.domain_xml).unwrap();
     let nic = doc
@@ -328,7 +330,10 @@ fn cpu_only_vm_has_a_cell_and_no_expanders() {
             .map(str::to_owned)
     };
     assert_eq!(child("source", "bridge").as_deref(), Some("kbr4096"));
-    assert_eq!(child("mac", "address").as_deref(), Some("02:6b:00:00:00:01"));
+    assert_eq!(
+        child("mac", "address").as_deref(),
+        Some("02:6b:00:00:00:01")
+    );
     assert_eq!(child("model", "type").as_deref(), Some("virtio"));
     assert_eq!(child("mtu", "size").as_deref(), Some("8950"));
     let doc = roxmltree::Document::parse(&r.nccl_xml).unwrap();
