@@ -550,6 +550,38 @@ pub struct SegmentCreate {
     /// Default: the underlay MTU minus VXLAN's 50 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
+    /// Who else may reach the segment's VMs. IPv4 from the segment's own
+    /// network always may; from anywhere else, only what a rule allows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress: Vec<IngressRule>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IngressProtocol {
+    Tcp,
+    Udp,
+    Icmp,
+    Any,
+}
+
+/// Let in IPv4 from `source` of this protocol (and ports).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IngressRule {
+    pub protocol: IngressProtocol,
+    /// `22` or `8000-8100`; TCP and UDP only; all ports when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<String>,
+    /// An IPv4 network, e.g. `192.0.2.0/24` (`0.0.0.0/0` for anywhere).
+    pub source: String,
+}
+
+/// A segment's whole ingress rule list, replacing the one before.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentIngress {
+    pub rules: Vec<IngressRule>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -568,6 +600,8 @@ pub struct Segment {
     pub vni: u32,
     /// VMs attached.
     pub attachments: u32,
+    #[serde(default)]
+    pub ingress: Vec<IngressRule>,
     pub created_at: DateTime<Utc>,
 }
 

@@ -3,9 +3,9 @@
 
 use kumo_api_types::{
     AuditEntry, Cluster, ClusterCreate, Host, HostDetail, JoinTokenCreate, JoinTokenCreated, Me,
-    Member, MemberPut, Page, Problem, Quota, Segment, SegmentCreate, Template, TemplateCreate,
-    Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User, UserCreate, Vm,
-    VmCreate, VmEvent, PROBLEM_JSON,
+    Member, MemberPut, Page, Problem, Quota, Segment, SegmentCreate, SegmentIngress, Template,
+    TemplateCreate, Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User,
+    UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -168,7 +168,7 @@ impl Client {
         self.send(self.request(Method::POST, path).json(body)).await
     }
 
-    async fn put<B: Serialize, T: DeserializeOwned>(
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
@@ -424,6 +424,23 @@ impl Client {
             segment(tenant),
             segment(name)
         ))
+        .await
+    }
+
+    pub async fn set_segment_ingress(
+        &self,
+        tenant: &str,
+        name: &str,
+        body: &SegmentIngress,
+    ) -> Result<Segment, ClientError> {
+        self.put(
+            &format!(
+                "/api/v1/tenants/{}/segments/{}/ingress",
+                segment(tenant),
+                segment(name)
+            ),
+            body,
+        )
         .await
     }
 

@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kumo_api_types::{
-    Cluster, ClusterCreate, JoinTokenCreate, MemberPut, NetworkRequest, Quota, Role, Segment,
-    SegmentCreate, SegmentKind, ServiceLevel, TemplateCreate, TenantCreate, TenantUpdate,
-    TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
+    Cluster, ClusterCreate, IngressProtocol, IngressRule, JoinTokenCreate, MemberPut,
+    NetworkRequest, Quota, Role, Segment, SegmentCreate, SegmentIngress, SegmentKind, ServiceLevel,
+    TemplateCreate, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate,
+    VmState,
 };
 
 use crate::client::Client;
@@ -296,6 +297,29 @@ pub struct SpecArgs {
     network: Vec<NetworkRequest>,
 }
 
+/// `tcp:22:0.0.0.0/0`, `udp:8000-8100:10.0.0.0/8`, `icmp:10.0.0.0/8`, `any:192.0.2.0/24`.
+fn parse_ingress(s: &str) -> Result<IngressRule, String> {
+    let bad = || format!("{s:?}: expected PROTO[:PORTS]:SOURCE, e.g. tcp:22:0.0.0.0/0");
+    let parts: Vec<&str> = s.split(':').collect();
+    let (proto, ports, source) = match parts.as_slice() {
+        [p, src] => (*p, None, *src),
+        [p, ports, src] => (*p, Some((*ports).to_owned()), *src),
+        _ => return Err(bad()),
+    };
+    let protocol = match proto {
+        "tcp" => IngressProtocol::Tcp,
+        "udp" => IngressProtocol::Udp,
+        "icmp" => IngressProtocol::Icmp,
+        "any" => IngressProtocol::Any,
+        _ => return Err(bad()),
+    };
+    Ok(IngressRule {
+        protocol,
+        ports,
+        source: source.to_owned(),
+    })
+}
+
 fn parse_network(s: &str) -> Result<NetworkRequest, String> {
     let (segment, ip) = match s.split_once('=') {
         Some((seg, ip)) => (seg, Some(ip.to_owned())),
@@ -360,6 +384,19 @@ pub enum SegmentCmd {
         /// Default: the underlay MTU less 50.
         #[arg(long)]
         mtu: Option<u32>,
+        /// Let in from outside the segment: `PROTO[:PORTS]:SOURCE`, e.g.
+        /// `tcp:22:0.0.0.0/0`, `icmp:10.0.0.0/8`; repeat for more.
+        #[arg(long, value_parser = parse_ingress)]
+        allow: Vec<IngressRule>,
+    },
+    /// Replace a segment's ingress rules (none: only the segment itself).
+    Ingress {
+        segment: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// `PROTO[:PORTS]:SOURCE`; repeat for more.
+        #[arg(long, value_parser = parse_ingress)]
+        allow: Vec<IngressRule>,
     },
     List {
         #[command(flatten)]
@@ -385,7 +422,9 @@ pub enum SegmentKindArg {
 }
 
 fn segments_table(segs: &[Segment]) -> String {
-    let mut t = Table::new(&["name", "kind", "cidr", "gateway", "mtu", "vni", "vms"]);
+    let mut t = Table::new(&[
+        "name", "kind", "cidr", "gateway", "mtu", "vni", "vms", "ingress",
+    ]);
     for s in segs {
         t.row(vec![
             s.name.clone(),
@@ -398,6 +437,24 @@ fn segments_table(segs: &[Segment]) -> String {
             s.mtu.to_string(),
             s.vni.to_string(),
             s.attachments.to_string(),
+            if s.ingress.is_empty() {
+                "segment only".into()
+            } else {
+                s.ingress
+                    .iter()
+                    .map(|r| {
+                        let proto = serde_json::to_value(r.protocol)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default();
+                        match &r.ports {
+                            Some(p) => format!("{proto}:{p}:{}", r.source),
+                            None => format!("{proto}:{}", r.source),
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
         ]);
     }
     t.render()
@@ -417,6 +474,7 @@ async fn segment_cmd(
             cidr,
             gateway,
             mtu,
+            allow,
         } => {
             let s = c
                 .create_segment(
@@ -430,6 +488,7 @@ async fn segment_cmd(
                         cidr: cidr.clone(),
                         gateway: gateway.clone(),
                         mtu: *mtu,
+                        ingress: allow.clone(),
                     },
                 )
                 .await?;
@@ -441,6 +500,22 @@ async fn segment_cmd(
         }
         SegmentCmd::Show { segment, tenant } => {
             let s = c.segment(&tenant.tenant, segment).await?;
+            print_one(out, fmt, &s, || segments_table(std::slice::from_ref(&s)))?;
+        }
+        SegmentCmd::Ingress {
+            segment,
+            tenant,
+            allow,
+        } => {
+            let s = c
+                .set_segment_ingress(
+                    &tenant.tenant,
+                    segment,
+                    &SegmentIngress {
+                        rules: allow.clone(),
+                    },
+                )
+                .await?;
             print_one(out, fmt, &s, || segments_table(std::slice::from_ref(&s)))?;
         }
         SegmentCmd::Delete { segment, tenant } => {

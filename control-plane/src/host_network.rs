@@ -10,6 +10,7 @@ use kumo_api_types::{DesiredNic, SegmentKind};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
+use vxlan_manager::state::{Allow, Filter, Net};
 use vxlan_manager::{DesiredState, Endpoint, Mac, Segment};
 
 use crate::entity::{attachments, hosts, segments, vms};
@@ -29,15 +30,19 @@ pub struct Port {
     pub vtep: Option<Ipv4Addr>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SegmentInfo {
     pub vni: u32,
     pub mtu: u32,
+    /// The segment's network: always let in.
+    pub cidr: Net,
+    /// Its ingress rules for everything else.
+    pub allow: Vec<Allow>,
 }
 
 /// The host's network document: a segment per VNI with a local VM, its
-/// flood list (the other hosts with VMs on it) and static entries for
-/// every VM on those hosts.
+/// flood list (the other hosts with VMs on it), static entries for every
+/// VM on those hosts, and the ingress filter for its VMs here.
 pub fn network(
     host: Uuid,
     underlay: Ipv4Addr,
@@ -70,11 +75,23 @@ pub fn network(
             });
         }
         endpoints.sort();
+        let mut local_macs: Vec<Mac> = ports
+            .iter()
+            .filter(|p| p.segment == *id && p.host == host)
+            .map(|p| p.mac)
+            .collect();
+        local_macs.sort();
+        local_macs.dedup();
         out.push(Segment {
             vni: info.vni,
             mtu: info.mtu,
             remote_vteps: vteps.into_iter().collect(),
             remote_endpoints: endpoints,
+            filter: Some(Filter {
+                cidr: info.cidr,
+                local_macs,
+                allow: info.allow.clone(),
+            }),
         });
     }
     out.sort_by_key(|s| s.vni);
@@ -153,15 +170,22 @@ pub async fn load(
         .values()
         .filter(|s| super::api::segments::stored_kind(s) == SegmentKind::Ethernet)
         .map(|s| {
-            (
+            let cidr = super::api::segments::stored_cidr(s)?;
+            let allow = super::api::segments::parse_rules(
+                "ingress",
+                &super::api::segments::stored_rules(s),
+            )?;
+            Ok((
                 s.id,
                 SegmentInfo {
                     vni: u32::try_from(s.vni).unwrap_or(0),
                     mtu: u32::try_from(s.mtu).unwrap_or(0),
+                    cidr: cidr.net(),
+                    allow,
                 },
-            )
+            ))
         })
-        .collect();
+        .collect::<Result<_, ApiError>>()?;
     let all = attachments::Entity::find()
         .filter(attachments::Column::SegmentId.is_in(bridged.keys().copied()))
         .all(db)
@@ -212,6 +236,11 @@ pub async fn touch_peers(db: &impl ConnectionTrait, vm: Uuid) -> Result<(), ApiE
         .into_iter()
         .map(|a| a.segment_id)
         .collect();
+    touch_segments(db, segs).await
+}
+
+/// Every host with a VM on one of these segments has new networks.
+pub async fn touch_segments(db: &impl ConnectionTrait, segs: Vec<Uuid>) -> Result<(), ApiError> {
     if segs.is_empty() {
         return Ok(());
     }
@@ -261,30 +290,21 @@ mod tests {
         }
     }
 
+    fn info(vni: u32, mtu: u32) -> SegmentInfo {
+        SegmentInfo {
+            vni,
+            mtu,
+            cidr: "10.1.0.0/24".parse().unwrap(),
+            allow: vec![],
+        }
+    }
+
     #[test]
     fn a_host_gets_its_segments_with_the_other_hosts_and_their_vms() {
         let segs: BTreeMap<Uuid, SegmentInfo> = [
-            (
-                Uuid::from_u128(1),
-                SegmentInfo {
-                    vni: 5000,
-                    mtu: 8950,
-                },
-            ),
-            (
-                Uuid::from_u128(2),
-                SegmentInfo {
-                    vni: 4096,
-                    mtu: 1450,
-                },
-            ),
-            (
-                Uuid::from_u128(3),
-                SegmentInfo {
-                    vni: 6000,
-                    mtu: 8950,
-                },
-            ),
+            (Uuid::from_u128(1), info(5000, 8950)),
+            (Uuid::from_u128(2), info(4096, 1450)),
+            (Uuid::from_u128(3), info(6000, 8950)),
         ]
         .into();
         let ports = [
@@ -326,6 +346,17 @@ mod tests {
                 "02:6b:00:00:00:04 10.1.0.4 192.0.2.30",
             ]
         );
+        // The filter protects exactly the VMs here.
+        let local = |s: &Segment| {
+            s.filter.as_ref().map(|f| {
+                f.local_macs
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(local(a), Some(vec!["02:6b:00:00:00:05".to_owned()]));
+        assert_eq!(local(b), Some(vec!["02:6b:00:00:00:01".to_owned()]));
         n.validate().unwrap();
     }
 }

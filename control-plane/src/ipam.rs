@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 
 use chrono::{DateTime, Utc};
 
-use vxlan_manager::state::VXLAN_OVERHEAD;
+use vxlan_manager::state::{Net, VXLAN_OVERHEAD};
 
 use crate::error::ApiError;
 
@@ -23,32 +23,21 @@ pub struct Cidr {
 
 impl Cidr {
     pub fn parse(field: &str, s: &str) -> Result<Cidr, ApiError> {
-        let bad = || {
-            ApiError::field(
-                field,
-                format!("{s:?} is not an IPv4 network like 10.1.0.0/24"),
-            )
-        };
-        let (addr, prefix) = s.split_once('/').ok_or_else(bad)?;
-        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
-        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
-        if !(8..=29).contains(&prefix) {
+        let net: Net = s.parse().map_err(|e: String| ApiError::field(field, e))?;
+        if !(8..=29).contains(&net.len) {
             return Err(ApiError::field(field, "the prefix must be 8 to 29"));
         }
-        let c = Cidr {
-            network: addr,
-            prefix,
-        };
-        if u32::from(addr) & !c.mask() != 0 {
-            return Err(ApiError::field(
-                field,
-                format!(
-                    "{s:?} has host bits set; the network is {}/{prefix}",
-                    Ipv4Addr::from(u32::from(addr) & c.mask())
-                ),
-            ));
+        Ok(Cidr {
+            network: net.addr,
+            prefix: net.len,
+        })
+    }
+
+    pub fn net(&self) -> Net {
+        Net {
+            addr: self.network,
+            len: self.prefix,
         }
-        Ok(c)
     }
 
     fn mask(&self) -> u32 {

@@ -131,7 +131,8 @@ impl Agent {
     }
 
     /// Converges the host's tenant networks (VXLAN devices, bridges, flood
-    /// lists, static entries) before any VM needs its bridge.
+    /// lists, static entries, ingress filters) before any VM needs its
+    /// bridge; a VM never runs unfiltered.
     async fn converge_network(&self, want: &vxlan_manager::DesiredState) -> Result<(), String> {
         let mut kernel = self.kernel.lock().await;
         if kernel.is_none() {
@@ -146,10 +147,23 @@ impl Agent {
         let changes = vxlan_manager::converge(k, want)
             .await
             .map_err(|e| e.to_string())?;
-        if !changes.is_empty() {
+        // nft runs as a child process: off the async threads.
+        let (netns, state) = (self.config.netns.clone(), want.clone());
+        let rules = tokio::task::spawn_blocking(move || {
+            vxlan_manager::nft::converge_filters(netns.as_deref(), &state)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("ingress filters: {e}"))?;
+        let n = changes.len() + rules;
+        if n > 0 {
             self.network_changes
-                .fetch_add(changes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            tracing::info!(changes = changes.len(), "tenant networks converged");
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(
+                changes = changes.len(),
+                filter_rules = rules,
+                "tenant networks converged"
+            );
         }
         Ok(())
     }

@@ -47,6 +47,46 @@ pub enum NetError {
     Vanished(String),
     #[error("invalid state, nothing changed: {0}")]
     Invalid(#[from] crate::state::StateError),
+    #[error("nft: {0}")]
+    Nft(String),
+}
+
+/// Runs `f` in the named namespace (`/run/netns/NAME`, as `ip netns`
+/// makes them), or in the caller's. A socket stays in the namespace it was
+/// opened in, and a child process starts in its parent thread's: so `f`
+/// runs on a thread of its own that enters the namespace, and the
+/// caller's threads stay where they are.
+pub(crate) fn within<T: Send>(
+    netns: Option<&str>,
+    f: impl FnOnce() -> Result<T, NetError> + Send,
+) -> Result<T, NetError> {
+    let Some(name) = netns else {
+        return f();
+    };
+    let ns_err = |source| NetError::Namespace {
+        name: name.to_owned(),
+        source,
+    };
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return Err(ns_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a namespace name",
+        )));
+    }
+    let file = std::fs::File::open(format!("/run/netns/{name}")).map_err(ns_err)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
+                .map_err(|e| ns_err(std::io::Error::from(e)))?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(NetError::Socket(std::io::Error::other(
+                "namespace thread panicked",
+            )))
+        })
+    })
 }
 
 fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
@@ -66,40 +106,11 @@ impl Kernel {
     /// Connects in the named namespace (`/run/netns/NAME`, as `ip netns`
     /// makes them), or in the caller's. Must run inside a Tokio runtime.
     pub fn connect(netns: Option<&str>) -> Result<Kernel, NetError> {
-        let (conn, handle, _) = match netns {
-            None => rtnetlink::new_connection().map_err(NetError::Socket)?,
-            Some(name) => {
-                let ns_err = |source| NetError::Namespace {
-                    name: name.to_owned(),
-                    source,
-                };
-                if name.is_empty() || name.contains('/') || name.starts_with('.') {
-                    return Err(ns_err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidInput,
-                        "not a namespace name",
-                    )));
-                }
-                let file = std::fs::File::open(format!("/run/netns/{name}")).map_err(ns_err)?;
-                let rt = tokio::runtime::Handle::current();
-                // A socket stays in the namespace it was opened in: open it
-                // on a thread of its own that enters the namespace, so the
-                // caller's threads stay where they are.
-                std::thread::scope(|s| {
-                    s.spawn(|| {
-                        nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
-                            .map_err(|e| ns_err(std::io::Error::from(e)))?;
-                        let _rt = rt.enter();
-                        rtnetlink::new_connection().map_err(NetError::Socket)
-                    })
-                    .join()
-                    .unwrap_or_else(|_| {
-                        Err(NetError::Socket(std::io::Error::other(
-                            "namespace thread panicked",
-                        )))
-                    })
-                })?
-            }
-        };
+        let rt = tokio::runtime::Handle::current();
+        let (conn, handle, _) = within(netns, || {
+            let _rt = rt.enter();
+            rtnetlink::new_connection().map_err(NetError::Socket)
+        })?;
         tokio::spawn(conn);
         Ok(Kernel { handle })
     }

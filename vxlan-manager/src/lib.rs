@@ -9,8 +9,11 @@
 //! `state` (the input, checked whole) and `plan` (the diff) are pure;
 //! `kernel` is the netlink edge.
 
+pub mod filter;
 #[cfg(feature = "kernel")]
 pub mod kernel;
+#[cfg(feature = "kernel")]
+pub mod nft;
 pub mod plan;
 pub mod state;
 #[cfg(feature = "testbed")]

@@ -24,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Make the kernel match a desired state file; print the changes as JSON.
+    /// Make the kernel (devices, entries, ingress filters) match a desired
+    /// state file; print the changes as JSON.
     Apply {
         #[arg(long)]
         state: PathBuf,
@@ -50,9 +51,14 @@ async fn main() -> anyhow::Result<()> {
             })?;
             let kernel = Kernel::connect(netns.as_deref())?;
             let changes = converge(&kernel, &want).await?;
+            let filter_rules = vxlan_manager::nft::converge_filters(netns.as_deref(), &want)?;
             println!(
                 "{}",
-                serde_json::json!({ "changes": changes.len(), "applied": changes })
+                serde_json::json!({
+                    "changes": changes.len(),
+                    "applied": changes,
+                    "filter_rules_written": filter_rules,
+                })
             );
         }
         Cmd::Show { netns } => {

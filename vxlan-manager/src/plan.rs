@@ -295,6 +295,7 @@ mod tests {
                     ip: "10.1.0.5".parse().unwrap(),
                     vtep: ip("10.99.0.2"),
                 }],
+                filter: None,
             }],
         }
     }

@@ -62,19 +62,6 @@ impl FromStr for Mac {
     }
 }
 
-impl Serialize for Mac {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Mac {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
 /// A VM on another host, reached through that host's VTEP.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -95,7 +82,153 @@ pub struct Segment {
     /// Every VM of the segment on other hosts.
     #[serde(default)]
     pub remote_endpoints: Vec<Endpoint>,
+    /// Who may send IPv4 to the segment's VMs here; no filtering without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Filter>,
 }
+
+/// A segment's ingress policy on one host: IPv4 from the segment's own
+/// network is let in, from elsewhere only what a rule allows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Filter {
+    pub cidr: Net,
+    /// The segment's VMs on this host: frames to them are the ones checked.
+    pub local_macs: Vec<Mac>,
+    #[serde(default)]
+    pub allow: Vec<Allow>,
+}
+
+/// One ingress rule: from `source`, this protocol (and ports).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allow {
+    pub protocol: Protocol,
+    /// Only for TCP and UDP; all ports when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<PortRange>,
+    pub source: Net,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Icmp,
+    Any,
+}
+
+impl Protocol {
+    pub fn has_ports(self) -> bool {
+        matches!(self, Protocol::Tcp | Protocol::Udp)
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "icmp" => Protocol::Icmp,
+            "any" => Protocol::Any,
+            _ => return Err(format!("{s:?} is not tcp, udp, icmp or any")),
+        })
+    }
+}
+
+/// An IPv4 network, `10.1.0.0/24`: the address is the network's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Net {
+    pub addr: Ipv4Addr,
+    pub len: u8,
+}
+
+impl fmt::Display for Net {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl FromStr for Net {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not an IPv4 network like 10.1.0.0/24");
+        let (a, l) = s.split_once('/').ok_or_else(bad)?;
+        let addr: Ipv4Addr = a.parse().map_err(|_| bad())?;
+        let len: u8 = l.parse().map_err(|_| bad())?;
+        if len > 32 {
+            return Err(bad());
+        }
+        let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+        if u32::from(addr) & !mask != 0 {
+            return Err(format!(
+                "{s:?} has host bits set (the network is {}/{len})",
+                Ipv4Addr::from(u32::from(addr) & mask)
+            ));
+        }
+        Ok(Net { addr, len })
+    }
+}
+
+/// `22` or `8000-8100`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+impl FromStr for PortRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a port (1-65535) or a range like 8000-8100");
+        let (a, b) = s.split_once('-').unwrap_or((s, s));
+        let first: u16 = a.parse().map_err(|_| bad())?;
+        let last: u16 = b.parse().map_err(|_| bad())?;
+        if first == 0 || first > last {
+            return Err(bad());
+        }
+        Ok(PortRange { first, last })
+    }
+}
+
+macro_rules! string_serde {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+string_serde!(Mac);
+string_serde!(Net);
+string_serde!(PortRange);
+
+/// At most this many ingress rules per segment.
+pub const MAX_ALLOW: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -211,6 +344,29 @@ impl DesiredState {
                         at("vtep"),
                         format!("{} is not one of the segment's remote_vteps", e.vtep),
                     ));
+                }
+            }
+            if let Some(f) = &s.filter {
+                let at = |f: &str| at(&format!("filter.{f}"));
+                let mut local = BTreeSet::new();
+                for (j, m) in f.local_macs.iter().enumerate() {
+                    if *m == Mac::ZERO || m.is_multicast() || !local.insert(*m) {
+                        return Err(err(
+                            at(&format!("local_macs[{j}]")),
+                            format!("{m} is not a unicast MAC named once"),
+                        ));
+                    }
+                }
+                if f.allow.len() > MAX_ALLOW {
+                    return Err(err(at("allow"), format!("at most {MAX_ALLOW} rules")));
+                }
+                for (j, a) in f.allow.iter().enumerate() {
+                    if a.ports.is_some() && !a.protocol.has_ports() {
+                        return Err(err(
+                            at(&format!("allow[{j}].ports")),
+                            "ports go with tcp or udp only",
+                        ));
+                    }
                 }
             }
         }

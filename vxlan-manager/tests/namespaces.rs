@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 
 use vxlan_manager::plan::{Fdb, Neigh};
+use vxlan_manager::state::{Allow, Filter, Protocol};
 use vxlan_manager::testbed::{ip, ping, tcp_hello, Fabric};
 use vxlan_manager::{converge, DesiredState, Endpoint, Kernel, Mac, NetError, Segment};
 
@@ -29,6 +30,8 @@ struct World {
     fab: Fabric,
     hosts: usize,
     vms: Vec<Vm>,
+    /// Segments with ingress filters (their `local_macs` filled per host).
+    filters: BTreeMap<u32, Filter>,
 }
 
 impl World {
@@ -65,6 +68,7 @@ impl World {
             fab,
             hosts,
             vms: Vec::new(),
+            filters: BTreeMap::new(),
         }
     }
 
@@ -116,6 +120,10 @@ impl World {
                         vtep: World::underlay(v.host),
                     })
                     .collect(),
+                filter: self.filters.get(&vni).map(|f| Filter {
+                    local_macs: vms.iter().filter(|v| v.host == h).map(|v| v.mac).collect(),
+                    ..f.clone()
+                }),
             });
         }
         DesiredState {
@@ -132,6 +140,16 @@ impl World {
             out.push(converge(&k, &self.desired(h)).await.unwrap().len());
         }
         out
+    }
+
+    /// Converges every host's ingress filters; the rules written per host.
+    fn filters_all(&self) -> Vec<usize> {
+        (0..self.hosts)
+            .map(|h| {
+                vxlan_manager::nft::converge_filters(Some(&self.host_ns(h)), &self.desired(h))
+                    .unwrap()
+            })
+            .collect()
     }
 
     fn vm(&self, name: &str) -> &Vm {
@@ -358,6 +376,104 @@ async fn tenant_segments_across_three_hosts() {
 
 /// The binary, as operators use it: apply a state file in a namespace,
 /// apply it again (no changes), show, and refuse a bad file.
+fn nft_in(ns: &str, script: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(script.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap_or_else(|e| panic!("nft (nftables) is required: {e}"));
+    assert!(out.status.success(), "nft {script}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Ingress filters: IPv4 from the segment's own network always gets in,
+/// from elsewhere only what a rule allows; ARP and other hosts' tables are
+/// untouched; applying twice writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_ingress_filters() {
+    let mut w = World::new(2);
+    let cidr = "10.1.0.0/24".parse().unwrap();
+    w.filters.insert(
+        1001,
+        Filter {
+            cidr,
+            local_macs: vec![],
+            allow: vec![],
+        },
+    );
+    let plan = [vm("a1", 0, 1001, 1), vm("a2", 1, 1001, 2)];
+    w.vms = plan.to_vec();
+    w.converge_all().await;
+    w.vms.clear();
+    for v in plan {
+        w.add_vm(v);
+    }
+    // Someone else's table in host 0, to prove it is left alone.
+    let h0 = w.host_ns(0);
+    nft_in(&h0, "table bridge other {\nchain c {\n}\n}\n");
+    assert_eq!(w.filters_all().iter().filter(|n| **n > 0).count(), 2);
+    assert_eq!(
+        w.filters_all(),
+        vec![0, 0],
+        "the same filters twice write nothing"
+    );
+
+    // An outside address on a1's bridge (as a router's would be), on-link both ways.
+    let out_mac = "02:0f:00:00:00:05";
+    w.fab
+        .add_vm("out", 0, out_mac, "10.9.0.5/24", 1450, "kbr1001");
+    ip(&[
+        "-n",
+        &w.ns("out"),
+        "route",
+        "add",
+        "10.1.0.0/24",
+        "dev",
+        "eth0",
+    ]);
+    ip(&[
+        "-n",
+        &w.ns("a1"),
+        "route",
+        "add",
+        "10.9.0.0/24",
+        "dev",
+        "eth0",
+    ]);
+    let a1 = w.vm("a1").ip;
+    let outsider = w.ns("out");
+    assert!(ping(&w.ns("a2"), a1), "within the segment, across hosts");
+    assert!(!ping(&outsider, a1), "from elsewhere: dropped");
+    assert_eq!(tcp_hello(&outsider, a1), None);
+
+    // Allow TCP 7000 from 10.9.0.0/24: TCP gets in, ICMP still does not.
+    w.filters.get_mut(&1001).unwrap().allow = vec![Allow {
+        protocol: Protocol::Tcp,
+        ports: Some("7000".parse().unwrap()),
+        source: "10.9.0.0/24".parse().unwrap(),
+    }];
+    assert!(w.filters_all()[0] > 0);
+    assert_eq!(w.filters_all(), vec![0, 0]);
+    assert_eq!(tcp_hello(&outsider, a1).as_deref(), Some("a1"));
+    assert!(!ping(&outsider, a1));
+    assert!(ping(&w.ns("a2"), a1));
+
+    // No filter any more: the table goes, everything gets in.
+    w.filters.clear();
+    assert!(w.filters_all()[0] > 0);
+    assert_eq!(w.filters_all(), vec![0, 0]);
+    assert!(ping(&outsider, a1));
+    let tables = nft_in(&h0, "list tables\n");
+    assert!(tables.contains("table bridge other"), "{tables}");
+    assert!(!tables.contains("table bridge kumo"), "{tables}");
+}
+
 #[tokio::test]
 async fn kumo_vxlan_binary() {
     let w = World::new(1);

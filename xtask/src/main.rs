@@ -73,6 +73,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     ("bridge", "iproute2"),
     ("ping", "iputils-ping"),
+    // Segment ingress filters: the agent drives nft's JSON API.
+    ("/usr/sbin/nft", "nftables"),
 ];
 
 /// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img

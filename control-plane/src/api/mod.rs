@@ -152,6 +152,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(clusters::show, clusters::delete))
         .routes(routes!(segments::create, segments::list))
         .routes(routes!(segments::show, segments::delete))
+        .routes(routes!(segments::set_ingress))
         .routes(routes!(agent::register))
         .routes(routes!(agent::heartbeat))
         .routes(routes!(agent::desired))

@@ -9,7 +9,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::Utc;
 use kumo_api_types::{
-    NetworkRequest, Page, PageParams, Role, Segment, SegmentCreate, SegmentKind, VmNetwork,
+    IngressProtocol, IngressRule, NetworkRequest, Page, PageParams, Role, Segment, SegmentCreate,
+    SegmentIngress, SegmentKind, VmNetwork,
 };
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -17,6 +18,7 @@ use sea_orm::{
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set, TransactionTrait,
 };
 use uuid::Uuid;
+use vxlan_manager::state::{Allow, Net, PortRange, Protocol, MAX_ALLOW};
 
 use super::Problems;
 use crate::access::tenant_access;
@@ -57,6 +59,76 @@ fn stored_gateway(s: &segments::Model) -> Result<Ipv4Addr, ApiError> {
         .map_err(|_| ApiError::Internal(format!("segment {} has gateway {:?}", s.id, s.gateway)))
 }
 
+/// A segment's stored ingress rules (checked when stored).
+pub fn stored_rules(s: &segments::Model) -> Vec<IngressRule> {
+    s.ingress_rules
+        .as_deref()
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default()
+}
+
+/// Checks rules as the hosts will apply them; the first problem names
+/// its field (`ingress[2].ports`).
+pub fn parse_rules(field: &str, rules: &[IngressRule]) -> Result<Vec<Allow>, ApiError> {
+    if rules.len() > MAX_ALLOW {
+        return Err(ApiError::field(field, format!("at most {MAX_ALLOW} rules")));
+    }
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let at = |f: &str| format!("{field}[{i}].{f}");
+            let protocol = match r.protocol {
+                IngressProtocol::Tcp => Protocol::Tcp,
+                IngressProtocol::Udp => Protocol::Udp,
+                IngressProtocol::Icmp => Protocol::Icmp,
+                IngressProtocol::Any => Protocol::Any,
+            };
+            let ports = r
+                .ports
+                .as_deref()
+                .map(|p| p.parse::<PortRange>())
+                .transpose()
+                .map_err(|e| ApiError::field(&at("ports"), e))?;
+            if ports.is_some() && !protocol.has_ports() {
+                return Err(ApiError::field(
+                    &at("ports"),
+                    "ports go with tcp or udp only",
+                ));
+            }
+            let source: Net = r
+                .source
+                .parse()
+                .map_err(|e: String| ApiError::field(&at("source"), e))?;
+            Ok(Allow {
+                protocol,
+                ports,
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The rules as stored and shown: normalised (`0022` → `22`).
+fn rules_json(field: &str, rules: &[IngressRule]) -> Result<Option<String>, ApiError> {
+    let parsed = parse_rules(field, rules)?;
+    if parsed.is_empty() {
+        return Ok(None);
+    }
+    let normal: Vec<IngressRule> = rules
+        .iter()
+        .zip(&parsed)
+        .map(|(r, p)| IngressRule {
+            protocol: r.protocol,
+            ports: p.ports.map(|x| x.to_string()),
+            source: p.source.to_string(),
+        })
+        .collect();
+    serde_json::to_string(&normal)
+        .map(Some)
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
 fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Segment {
     let kind = stored_kind(s);
     let mtu = u32::try_from(s.mtu).unwrap_or(0);
@@ -73,6 +145,7 @@ fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Segment {
             .flatten(),
         vni: u32::try_from(s.vni).unwrap_or(0),
         attachments: u32::try_from(attached).unwrap_or(u32::MAX),
+        ingress: stored_rules(s),
         created_at: s.created_at,
     }
 }
@@ -194,6 +267,7 @@ pub async fn create(
         }
     };
     let mtu = ipam::segment_mtu(st.config.network.underlay_mtu, body.mtu)?;
+    let ingress = rules_json("ingress", &body.ingress)?;
     let id = Uuid::now_v7();
     for _ in 0..VNI_ROUNDS {
         let txn = st.db.begin().await?;
@@ -210,7 +284,7 @@ pub async fn create(
             mtu: Set(mtu as i32),
             vni: Set(vni as i32),
             created_at: Set(Utc::now()),
-            ingress_rules: Set(None),
+            ingress_rules: Set(ingress.clone()),
         }
         .insert(&txn)
         .await;
@@ -290,6 +364,35 @@ pub async fn show(
     let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     let s = find(&st.db, &tenant, &segment).await?;
     let n = count_attached(&st.db, s.id).await?;
+    Ok(axum::Json(to_api(&s, &tenant.name, n)))
+}
+
+/// Replace a segment's ingress rules (members). Hosts with its VMs apply
+/// them on their next pass (within a second or so).
+#[utoipa::path(
+    put, path = "/api/v1/tenants/{tenant}/segments/{segment}/ingress", tag = "segments",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("segment" = String, Path, description = "Segment name or id")),
+    request_body = SegmentIngress,
+    responses((status = 200, description = "The segment with its new rules", body = Segment), Problems)
+)]
+pub async fn set_ingress(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path((tenant, segment)): Path<(String, String)>,
+    Json(body): Json<SegmentIngress>,
+) -> Result<axum::Json<Segment>, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    access.require(Role::Member, "changing segment rules")?;
+    let rules = rules_json("rules", &body.rules)?;
+    let txn = st.db.begin().await?;
+    let s = find(&txn, &tenant, &segment).await?;
+    let mut a: segments::ActiveModel = s.clone().into();
+    a.ingress_rules = Set(rules);
+    let s = a.update(&txn).await?;
+    crate::host_network::touch_segments(&txn, vec![s.id]).await?;
+    audit::record(&txn, &ctx, "segment.ingress", Some(&tenant), &s.name).await?;
+    let n = count_attached(&txn, s.id).await?;
+    txn.commit().await?;
     Ok(axum::Json(to_api(&s, &tenant.name, n)))
 }
 

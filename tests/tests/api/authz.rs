@@ -339,6 +339,11 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [204, 204, 204, 403, 404, 401, 401, 401],
     ),
     (
+        "PUT",
+        "/api/v1/tenants/{tenant}/segments/{segment}/ingress",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/events",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -466,6 +471,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         }
         ("POST", "/api/v1/tenants/{tenant}/segments") => {
             Some(json!({"name": format!("new-seg-{n}"), "kind": "roce", "cidr": "10.3.0.0/24"}))
+        }
+        ("PUT", "/api/v1/tenants/{tenant}/segments/{segment}/ingress") => {
+            Some(json!({"rules": [{"protocol": "tcp", "ports": "22", "source": "0.0.0.0/0"}]}))
         }
         ("POST", "/api/v1/tenants/{tenant}/clusters") => {
             Some(json!({"name": format!("new-cl-{n}"), "size": 2, "vcpus": 1, "memory_gib": 1}))

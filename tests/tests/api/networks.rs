@@ -127,6 +127,7 @@ fn expected(
                             mtu,
                             remote_vteps: vteps.into_iter().collect(),
                             remote_endpoints: eps,
+                            filter: None,
                         }
                     })
                     .collect(),
@@ -316,6 +317,69 @@ async fn tenant_networks_on_three_hosts_from_the_cli() {
     assert!(
         !ping(&fab.ns("vm-b0"), addr("vm-a2")),
         "no other tenant's VM answers"
+    );
+
+    // From outside the segment's network nothing gets in, until a rule
+    // set with the CLI allows it.
+    fab.add_vm(
+        "outsider",
+        0,
+        "02:0f:00:00:00:05",
+        "10.9.0.5/24",
+        1450,
+        &format!("kbr{lab_vni}"),
+    );
+    ip(&[
+        "-n",
+        &fab.ns("outsider"),
+        "route",
+        "add",
+        "10.1.0.0/24",
+        "dev",
+        "eth0",
+    ]);
+    ip(&[
+        "-n",
+        &fab.ns("vm-a0"),
+        "route",
+        "add",
+        "10.9.0.0/24",
+        "dev",
+        "eth0",
+    ]);
+    assert!(
+        !ping(&fab.ns("outsider"), addr("vm-a0")),
+        "outsiders are kept out"
+    );
+    let (url, token) = (s.url.clone(), s.admin_token.clone());
+    let shown = tokio::task::spawn_blocking(move || {
+        let k = Kumo::new();
+        k.ok(&["login", "--server", &url, "--token", &token], None);
+        k.ok(
+            &[
+                "segment",
+                "ingress",
+                "eth",
+                "--tenant",
+                "lab",
+                "--allow",
+                "icmp:10.9.0.0/24",
+            ],
+            None,
+        );
+        k.ok(&["segment", "show", "eth", "--tenant", "lab"], None)
+    })
+    .await
+    .unwrap();
+    assert!(shown.contains("icmp:10.9.0.0/24"), "{shown}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ping(&fab.ns("outsider"), addr("vm-a0")) {
+        assert!(Instant::now() < deadline, "the rule did not reach host 0");
+    }
+    assert_eq!(
+        tcp_hello(&fab.ns("outsider"), addr("vm-a0")),
+        None,
+        "ICMP only"
     );
 
     // A VM deleted: its entries leave every other host, and its host keeps

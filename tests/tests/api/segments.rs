@@ -18,6 +18,7 @@ fn seg(name: &str, kind: SegmentKind, cidr: &str) -> SegmentCreate {
         cidr: cidr.into(),
         gateway: None,
         mtu: None,
+        ingress: vec![],
     }
 }
 
@@ -376,6 +377,77 @@ async fn host_networks(s: &TestServer) {
             "{} 8950 [\"192.0.2.1\"] [\"{ma} {ia} 192.0.2.1\"]",
             eth.vni
         )]
+    );
+
+    // Every host with the segment protects its VMs there: the segment's own
+    // network gets in, and what the segment's rules allow.
+    let filter = |d: &DesiredState| {
+        let f = d.network.as_ref().unwrap().segments[0]
+            .filter
+            .clone()
+            .unwrap();
+        (
+            f.cidr.to_string(),
+            f.local_macs
+                .iter()
+                .map(|m| m.to_string())
+                .collect::<Vec<_>>(),
+            f.allow.len(),
+        )
+    };
+    assert_eq!(filter(&d1), ("10.1.0.0/24".to_owned(), vec![ma.clone()], 0));
+    let rev = h2.desired(None).await.revision;
+    let changed: Segment = s
+        .admin
+        .put(
+            "/api/v1/tenants/lab/segments/eth/ingress",
+            &json!({"rules": [
+                {"protocol": "tcp", "ports": "0022", "source": "0.0.0.0/0"},
+                {"protocol": "icmp", "source": "192.0.2.0/24"}
+            ]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        changed.ingress[0].ports.as_deref(),
+        Some("22"),
+        "normalised"
+    );
+    let d2 = h2.desired(Some(rev)).await;
+    assert!(d2.revision > rev, "a rule change reaches the hosts");
+    assert_eq!(filter(&d2), ("10.1.0.0/24".to_owned(), vec![mb.clone()], 2));
+    for (rule, field) in [
+        (
+            json!({"protocol": "icmp", "ports": "22", "source": "0.0.0.0/0"}),
+            "rules[0].ports",
+        ),
+        (
+            json!({"protocol": "tcp", "ports": "9-1", "source": "0.0.0.0/0"}),
+            "rules[0].ports",
+        ),
+        (
+            json!({"protocol": "tcp", "source": "10.0.0.1/8"}),
+            "rules[0].source",
+        ),
+    ] {
+        let e = s
+            .admin
+            .put::<_, Segment>(
+                "/api/v1/tenants/lab/segments/eth/ingress",
+                &json!({ "rules": [rule] }),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.problem().unwrap().errors[0].field, field, "{rule}");
+    }
+    let shown: Segment = s
+        .admin
+        .get("/api/v1/tenants/lab/segments/eth")
+        .await
+        .unwrap();
+    assert_eq!(
+        shown.ingress, changed.ingress,
+        "a refused change changes nothing"
     );
 
     // vm-b goes: net-1 keeps the segment (vm-a) with nobody to flood to;

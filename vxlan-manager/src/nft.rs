@@ -1,0 +1,82 @@
+//! The nftables edge: reads and replaces the `bridge kumo` table through
+//! nft's JSON API (`nft -j`), in the host's namespace. Only that table is
+//! ever read or written.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use crate::filter::{self, TABLE};
+use crate::kernel::{within, NetError};
+use crate::state::DesiredState;
+
+fn nft(
+    netns: Option<&str>,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<(bool, String, String), NetError> {
+    within(netns, || {
+        let mut child = Command::new("nft")
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| NetError::Nft(format!("cannot run nft (package nftables): {e}")))?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|e| NetError::Nft(format!("writing to nft: {e}")))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| NetError::Nft(format!("waiting for nft: {e}")))?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ))
+    })
+}
+
+/// The `(chain, comment)` of each rule in Kumo's table, or `None` when
+/// there is no table.
+pub fn observe(netns: Option<&str>) -> Result<Option<Vec<(String, String)>>, NetError> {
+    let (ok, out, err) = nft(netns, &["-j", "list", "table", "bridge", TABLE], None)?;
+    if !ok {
+        // nft says "No such file or directory" for a missing table.
+        if err.contains("No such file") {
+            return Ok(None);
+        }
+        return Err(NetError::Nft(err));
+    }
+    let v: Value = serde_json::from_str(&out)
+        .map_err(|e| NetError::Nft(format!("unreadable nft -j output: {e}")))?;
+    Ok(Some(filter::listed(&v)))
+}
+
+/// Makes the table hold exactly the filters of `want`, in one nft
+/// transaction. Returns the rules written (0 when already in place).
+pub fn converge_filters(netns: Option<&str>, want: &DesiredState) -> Result<usize, NetError> {
+    want.validate()?;
+    let rules = filter::rules(want);
+    let have = observe(netns)?;
+    let in_place = match &have {
+        None => rules.is_empty(),
+        Some(h) => !rules.is_empty() && filter::in_place(&rules, h),
+    };
+    if in_place {
+        return Ok(0);
+    }
+    let cmds = filter::commands(&rules, have.is_some()).to_string();
+    let (ok, _, err) = nft(netns, &["-j", "-f", "-"], Some(&cmds))?;
+    if !ok {
+        return Err(NetError::Nft(err));
+    }
+    Ok(rules.len().max(1))
+}
