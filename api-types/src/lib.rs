@@ -432,6 +432,11 @@ pub struct HostDetail {
     /// `nvidia-smi topo -m`-style matrix of the GPUs and RDMA NICs.
     pub matrix: String,
     pub allocations: Vec<Allocation>,
+    /// Each RoCE port as the agent last found it: lossless QoS and the VFs
+    /// of VMs on RoCE segments (applied, unchanged, unsupported or failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub fabric: Vec<vxlan_manager::roce::PortReport>,
 }
 
 // ---------------------------------------------------------------- templates
@@ -598,7 +603,11 @@ pub struct Segment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roce_mtu: Option<u32>,
     pub vni: u32,
-    /// VMs attached.
+    /// RoCE segments: the VLAN of the VMs' VFs, which the leaf switches
+    /// map to the VNI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    /// VMs' NICs attached (a RoCE VM has one per GPU rail).
     pub attachments: u32,
     #[serde(default)]
     pub ingress: Vec<IngressRule>,
@@ -704,6 +713,9 @@ pub struct PlacedGpu {
     pub nic: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nic_guest_bdf: Option<String>,
+    /// On a RoCE segment: the NIC's VF that is passed through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic_vf: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -894,6 +906,10 @@ pub struct AgentHeartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub underlay_ip: Option<Ipv4Addr>,
+    /// The RoCE ports' state (QoS, VFs), when it changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub fabric: Option<Vec<vxlan_manager::roce::PortReport>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -929,7 +945,8 @@ pub struct DesiredVm {
 }
 
 /// One NIC of a VM: on an Ethernet segment, a virtio NIC on the host's
-/// bridge `kbr<VNI>`.
+/// bridge `kbr<VNI>`; on a RoCE segment, one of the VFs passed through
+/// (one per GPU rail), tagged with the segment's VLAN.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DesiredNic {
     pub segment: String,
@@ -940,6 +957,12 @@ pub struct DesiredNic {
     pub address: String,
     pub gateway: String,
     pub mtu: u32,
+    /// RoCE: the VLAN the VF carries (the leaf maps it to the VNI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    /// RoCE: the host VF (`0000:19:00.2`) this NIC is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vf: Option<String>,
 }
 
 /// What a spot VM's guest finds at `/run/kumo/preemption`.

@@ -43,6 +43,8 @@ pub struct Member {
     /// It has NICs on segments (new ones in `nics`, or attached already):
     /// only hosts with an underlay address take it.
     pub networked: bool,
+    /// On a RoCE segment: its GPUs' NICs are passed through as VFs.
+    pub roce: bool,
 }
 
 /// What admission did.
@@ -80,6 +82,7 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
         unit: None,
         rails: None,
         networked: member.networked,
+        roce: member.roce,
     })
 }
 
@@ -95,6 +98,7 @@ fn reserve(
     let mut index = st.capacity.lock();
     let req = request(&index, first)?;
     let spot = first.spec.service_level == ServiceLevel::Spot;
+    let roce = first.roce;
     let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
     let choices = if members.len() == 1 {
         match kumo_scheduler::place::place(&index, &req, Strategy::BestFit) {
@@ -131,7 +135,7 @@ fn reserve(
             host: h.id,
             revision: h.revision,
             host_name: h.name.clone(),
-            placement: h.placement(&c.hold),
+            placement: h.placement(&c.hold, roce),
             model: model.and_then(|m| index.model_name(m)).map(str::to_owned),
         });
     }
@@ -393,6 +397,10 @@ async fn commit(
                         return Err(CommitError::Lost);
                     }
                     claimed.push(r.host);
+                }
+                if m.roce {
+                    crate::api::segments::ensure_rails(&txn, vm.id, r.placement.nics.len())
+                        .await??;
                 }
                 if m.networked {
                     crate::host_network::touch_peers(&txn, vm.id).await?;

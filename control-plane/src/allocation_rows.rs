@@ -16,7 +16,7 @@ pub const KIND_CPU: &str = "cpu";
 pub fn allocations(p: &Placement) -> Vec<(&'static str, String)> {
     let mut rows: Vec<(&'static str, String)> =
         p.gpus.iter().map(|g| (KIND_GPU, g.to_string())).collect();
-    rows.extend(p.nics.iter().map(|n| (KIND_NIC, n.host_bdf.to_string())));
+    rows.extend(p.nics.iter().map(|n| (KIND_NIC, n.physical().to_string())));
     rows.extend(p.cpus.values().flatten().map(|c| (KIND_CPU, c.to_string())));
     rows
 }

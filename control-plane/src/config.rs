@@ -71,12 +71,16 @@ pub struct NetworkFileConfig {
     pub underlay_mtu: Option<u32>,
     /// How long a deleted segment's VNI rests before it is handed out again.
     pub vni_quarantine_secs: Option<u64>,
+    /// VLANs RoCE segments are given (`"FIRST-LAST"`): the leaf switches
+    /// map each to its segment's VNI.
+    pub roce_vlans: Option<String>,
 }
 
 /// VNIs below this are the infrastructure's (0 is invalid in VXLAN).
 pub const FIRST_TENANT_VNI: u32 = 4096;
 pub const DEFAULT_UNDERLAY_MTU: u32 = 9000;
 pub const DEFAULT_VNI_QUARANTINE_SECS: u64 = 600;
+pub const DEFAULT_ROCE_VLANS: std::ops::RangeInclusive<u16> = 100..=3999;
 
 /// Tenant networks, resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +88,7 @@ pub struct NetworkConfig {
     pub vni_ranges: Vec<std::ops::RangeInclusive<u32>>,
     pub underlay_mtu: u32,
     pub vni_quarantine: Duration,
+    pub roce_vlans: std::ops::RangeInclusive<u16>,
 }
 
 impl Default for NetworkConfig {
@@ -92,6 +97,7 @@ impl Default for NetworkConfig {
             vni_ranges: vec![FIRST_TENANT_VNI..=MAX_VNI],
             underlay_mtu: DEFAULT_UNDERLAY_MTU,
             vni_quarantine: Duration::from_secs(DEFAULT_VNI_QUARANTINE_SECS),
+            roce_vlans: DEFAULT_ROCE_VLANS,
         }
     }
 }
@@ -142,6 +148,17 @@ fn network(file: &NetworkFileConfig) -> Result<NetworkConfig, ConfigError> {
     }
     if let Some(q) = file.vni_quarantine_secs {
         out.vni_quarantine = Duration::from_secs(q);
+    }
+    if let Some(r) = &file.roce_vlans {
+        let range = r
+            .split_once('-')
+            .and_then(|(a, b)| Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?)))
+            .filter(|(a, b)| 2 <= *a && a <= b && *b <= 4094)
+            .ok_or_else(|| ConfigError::Invalid {
+                key: "network.roce_vlans",
+                message: format!("{r:?}: expected FIRST-LAST within 2-4094"),
+            })?;
+        out.roce_vlans = range.0..=range.1;
     }
     Ok(out)
 }

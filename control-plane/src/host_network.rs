@@ -117,10 +117,10 @@ pub fn underlay_of(h: &hosts::Model) -> Option<Ipv4Addr> {
 pub async fn load(
     db: &impl ConnectionTrait,
     host: &hosts::Model,
-    local_vms: &[Uuid],
+    local_vms: &[vms::Model],
 ) -> Result<HostNetwork, ApiError> {
     let local = attachments::Entity::find()
-        .filter(attachments::Column::VmId.is_in(local_vms.iter().copied()))
+        .filter(attachments::Column::VmId.is_in(local_vms.iter().map(|v| v.id)))
         .order_by_asc(attachments::Column::Id)
         .all(db)
         .await?;
@@ -142,20 +142,49 @@ pub async fn load(
         .into_iter()
         .map(|s| (s.id, s))
         .collect();
+    // A RoCE segment's i-th NIC of a VM is the VF of its i-th placed NIC.
+    let mut vfs: HashMap<Uuid, Vec<String>> = HashMap::new();
+    for v in local_vms {
+        if let Some(p) = crate::api::vms::stored_placement(v)? {
+            let list = p
+                .nics
+                .iter()
+                .filter(|n| n.pf.is_some())
+                .map(|n| n.host_bdf.to_string())
+                .collect();
+            vfs.insert(v.id, list);
+        }
+    }
     let mut nics: HashMap<Uuid, Vec<DesiredNic>> = HashMap::new();
+    let mut rail: HashMap<Uuid, usize> = HashMap::new();
     for a in &local {
         let Some(s) = segs.get(&a.segment_id) else {
             continue;
         };
         let prefix = super::api::segments::stored_cidr(s)?.prefix;
+        let kind = super::api::segments::stored_kind(s);
+        let vf = match kind {
+            SegmentKind::Ethernet => None,
+            SegmentKind::Roce => {
+                let i = rail.entry(a.vm_id).or_default();
+                *i += 1;
+                // Not placed on VFs (yet): nothing to give the agent.
+                let Some(vf) = vfs.get(&a.vm_id).and_then(|l| l.get(*i - 1)) else {
+                    continue;
+                };
+                Some(vf.clone())
+            }
+        };
         nics.entry(a.vm_id).or_default().push(DesiredNic {
             segment: s.name.clone(),
-            kind: super::api::segments::stored_kind(s),
+            kind,
             vni: u32::try_from(s.vni).unwrap_or(0),
             mac: a.mac.clone(),
             address: format!("{}/{prefix}", a.ip),
             gateway: s.gateway.clone(),
             mtu: u32::try_from(s.mtu).unwrap_or(0),
+            vlan: s.vlan.and_then(|v| u16::try_from(v).ok()),
+            vf,
         });
     }
     let Some(underlay) = underlay else {

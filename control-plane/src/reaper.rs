@@ -188,12 +188,14 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
         };
         let mut members = Vec::with_capacity(rows.len());
         for v in &rows {
+            let (networked, roce) = crate::api::segments::kinds_of(&st.db, v.id).await?;
             members.push(Member {
                 id: v.id,
                 name: v.name.clone(),
                 spec: stored_spec(v)?,
                 nics: Vec::new(),
-                networked: crate::api::segments::is_attached(&st.db, v.id).await?,
+                networked,
+                roce,
             });
         }
         let cluster_row = match cluster_id {

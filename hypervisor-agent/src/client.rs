@@ -79,19 +79,12 @@ impl AgentClient {
         }
     }
 
-    pub async fn heartbeat(
-        &self,
-        topology: Option<&HostTopology>,
-        underlay_ip: Option<std::net::Ipv4Addr>,
-    ) -> Result<(), ClientError> {
+    pub async fn heartbeat(&self, body: &AgentHeartbeat) -> Result<(), ClientError> {
         let resp = self
             .http
             .post(format!("{}/agent/v1/heartbeat", self.server))
             .bearer_auth(&self.credential)
-            .json(&AgentHeartbeat {
-                topology: topology.cloned(),
-                underlay_ip,
-            })
+            .json(body)
             .send()
             .await?;
         check(resp).await.map(|_| ())

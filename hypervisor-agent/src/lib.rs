@@ -8,4 +8,5 @@ pub mod client;
 pub mod credential;
 pub mod guest_files;
 pub mod reconcile;
+pub mod roce_ports;
 pub mod run;

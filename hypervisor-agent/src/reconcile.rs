@@ -421,10 +421,10 @@ impl Reconciler {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn vm() -> DesiredVm {
+    pub(crate) fn vm() -> DesiredVm {
         use kumo_api_types::{ServiceLevel, VmSpec};
         DesiredVm {
             id: Uuid::nil(),
@@ -481,6 +481,8 @@ mod tests {
             address: format!("10.{n}.0.5/24"),
             gateway: format!("10.{n}.0.1"),
             mtu: 8950,
+            vlan: None,
+            vf: None,
         };
         let mut vm = vm();
         vm.nics = vec![

@@ -12,6 +12,8 @@ use virt::connect::Connect;
 use crate::client::{self, AgentClient, ClientError};
 use crate::credential::{self, Credential};
 use crate::reconcile::Reconciler;
+use kumo_api_types::AgentHeartbeat;
+use vxlan_manager::roce::{Outcome, PortReport, RoceFabric, VfConfig, LOSSLESS};
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -45,7 +47,22 @@ pub struct Agent {
     kernel: tokio::sync::Mutex<Option<vxlan_manager::Kernel>>,
     /// Netlink changes made to tenant networks, for tests and logs.
     pub network_changes: std::sync::atomic::AtomicU64,
+    topology: kumo_topology::HostTopology,
+    fabric: Arc<Mutex<FabricState>>,
 }
+
+/// The RoCE ports as last configured, and whether the server has heard.
+#[derive(Default)]
+struct FabricState {
+    applied: Option<(Vec<String>, Vec<VfConfig>)>,
+    at: Option<std::time::Instant>,
+    report: Vec<PortReport>,
+    unsent: bool,
+}
+
+/// A RoCE configuration that stayed the same is re-applied this often (a
+/// NIC reset loses it; a failure is retried).
+const FABRIC_REFRESH: Duration = Duration::from_secs(60);
 
 /// Between changes, a pass this often repairs drift (a guest that rebooted
 /// and lost its NCCL file, a domain someone stopped by hand).
@@ -99,7 +116,7 @@ impl Agent {
         let reconciler = Reconciler::new(
             conn,
             cred.host_id,
-            topo,
+            topo.clone(),
             &config.virt_type,
             &config.state_dir,
         );
@@ -110,6 +127,8 @@ impl Agent {
             last: Arc::default(),
             kernel: tokio::sync::Mutex::new(None),
             network_changes: Default::default(),
+            topology: topo,
+            fabric: Arc::default(),
         })
     }
 
@@ -133,7 +152,9 @@ impl Agent {
     /// Converges the host's tenant networks (VXLAN devices, bridges, flood
     /// lists, static entries, ingress filters) before any VM needs its
     /// bridge; a VM never runs unfiltered.
-    async fn converge_network(&self, want: &vxlan_manager::DesiredState) -> Result<(), String> {
+    async fn kernel(
+        &self,
+    ) -> Result<tokio::sync::MappedMutexGuard<'_, vxlan_manager::Kernel>, String> {
         let mut kernel = self.kernel.lock().await;
         if kernel.is_none() {
             *kernel = Some(
@@ -141,10 +162,55 @@ impl Agent {
                     .map_err(|e| e.to_string())?,
             );
         }
-        let Some(k) = kernel.as_ref() else {
-            return Ok(());
+        tokio::sync::MutexGuard::try_map(kernel, Option::as_mut)
+            .map_err(|_| "no netlink connection".to_owned())
+    }
+
+    /// Configures the RoCE ports (QoS) and the VFs of VMs on RoCE segments
+    /// when that changed, or every [`FABRIC_REFRESH`]; the outcome goes to
+    /// the server with the next heartbeat.
+    async fn converge_fabric(&self, desired: &kumo_api_types::DesiredState) {
+        let want = crate::roce_ports::wanted(&self.topology, desired);
+        if want.0.is_empty() {
+            return;
+        }
+        {
+            let f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
+            let fresh = f.at.is_some_and(|t| t.elapsed() < FABRIC_REFRESH);
+            let failed = f.report.iter().any(|p| {
+                matches!(p.qos, Outcome::Failed(_))
+                    || p.vfs.iter().any(|v| matches!(v.1, Outcome::Failed(_)))
+            });
+            if f.applied.as_ref() == Some(&want) && fresh && !failed {
+                return;
+            }
+        }
+        let report = match self.kernel().await {
+            Ok(k) => {
+                let fabric = vxlan_manager::fabric::LeafVlan {
+                    kernel: &k,
+                    netns: self.config.netns.as_deref(),
+                };
+                fabric.configure(&want.0, &want.1, &LOSSLESS).await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "RoCE ports not configured");
+                return;
+            }
         };
-        let changes = vxlan_manager::converge(k, want)
+        for p in &report {
+            tracing::info!(port = %p.netdev, qos = ?p.qos, vfs = ?p.vfs, "RoCE port");
+        }
+        let mut f = self.fabric.lock().unwrap_or_else(|e| e.into_inner());
+        f.unsent |= f.report != report;
+        f.report = report;
+        f.applied = Some(want);
+        f.at = Some(std::time::Instant::now());
+    }
+
+    async fn converge_network(&self, want: &vxlan_manager::DesiredState) -> Result<(), String> {
+        let k = self.kernel().await?;
+        let changes = vxlan_manager::converge(&k, want)
             .await
             .map_err(|e| e.to_string())?;
         // nft runs as a child process: off the async threads.
@@ -176,6 +242,7 @@ impl Agent {
                 return Ok(());
             }
         }
+        self.converge_fabric(&desired).await;
         let r = self.reconciler.clone();
         let d = desired.clone();
         let report = tokio::task::spawn_blocking(move || {
@@ -196,12 +263,28 @@ impl Agent {
         let hb_client = self.client.clone();
         let every = self.config.heartbeat;
         let underlay = self.config.underlay_ip;
+        let fabric = self.fabric.clone();
         let heartbeat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                if let Err(e) = hb_client.heartbeat(None, underlay).await {
-                    tracing::warn!(error = %e, "heartbeat failed");
+                let report = {
+                    let f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+                    f.unsent.then(|| f.report.clone())
+                };
+                let body = AgentHeartbeat {
+                    topology: None,
+                    underlay_ip: underlay,
+                    fabric: report.clone(),
+                };
+                match hb_client.heartbeat(&body).await {
+                    Ok(()) => {
+                        let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
+                        if report.as_ref() == Some(&f.report) {
+                            f.unsent = false;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
                 }
             }
         });

@@ -2,7 +2,8 @@
 //! tunnel endpoint, one host per address), a revision of its network part
 //! of the desired state (bumped when another host's VMs join or leave a
 //! segment it shares, without touching the revision placement commits
-//! check), and each segment's ingress rules.
+//! check), what its agent last found of its RoCE ports, each segment's
+//! ingress rules, and RoCE segments' VLANs.
 
 use sea_orm_migration::prelude::*;
 
@@ -14,15 +15,18 @@ enum Hosts {
     Table,
     UnderlayIp,
     NetworkRevision,
+    Fabric,
 }
 
 #[derive(DeriveIden)]
 enum Segments {
     Table,
     IngressRules,
+    Vlan,
 }
 
 const UNDERLAY_INDEX: &str = "hosts_underlay_ip_key";
+const VLAN_INDEX: &str = "segments_vlan_key";
 
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
@@ -47,6 +51,13 @@ impl MigrationTrait for Migration {
                 .to_owned(),
         )
         .await?;
+        m.alter_table(
+            Table::alter()
+                .table(Hosts::Table)
+                .add_column(ColumnDef::new(Hosts::Fabric).text().null())
+                .to_owned(),
+        )
+        .await?;
         m.create_index(
             Index::create()
                 .name(UNDERLAY_INDEX)
@@ -62,17 +73,43 @@ impl MigrationTrait for Migration {
                 .add_column(ColumnDef::new(Segments::IngressRules).text().null())
                 .to_owned(),
         )
+        .await?;
+        // A RoCE segment's VLAN on the leaf switches: one segment each.
+        m.alter_table(
+            Table::alter()
+                .table(Segments::Table)
+                .add_column(ColumnDef::new(Segments::Vlan).integer().null())
+                .to_owned(),
+        )
+        .await?;
+        m.create_index(
+            Index::create()
+                .name(VLAN_INDEX)
+                .table(Segments::Table)
+                .col(Segments::Vlan)
+                .unique()
+                .to_owned(),
+        )
         .await
     }
 
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
-        m.alter_table(
-            Table::alter()
+        m.drop_index(
+            Index::drop()
+                .name(VLAN_INDEX)
                 .table(Segments::Table)
-                .drop_column(Segments::IngressRules)
                 .to_owned(),
         )
         .await?;
+        for col in [Segments::Vlan, Segments::IngressRules] {
+            m.alter_table(
+                Table::alter()
+                    .table(Segments::Table)
+                    .drop_column(col)
+                    .to_owned(),
+            )
+            .await?;
+        }
         m.drop_index(
             Index::drop()
                 .name(UNDERLAY_INDEX)
@@ -80,7 +117,7 @@ impl MigrationTrait for Migration {
                 .to_owned(),
         )
         .await?;
-        for col in [Hosts::NetworkRevision, Hosts::UnderlayIp] {
+        for col in [Hosts::Fabric, Hosts::NetworkRevision, Hosts::UnderlayIp] {
             m.alter_table(
                 Table::alter()
                     .table(Hosts::Table)

@@ -109,6 +109,7 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         unit: None,
         rails: None,
         networked: false,
+        roce: false,
     }
 }
 

@@ -175,13 +175,15 @@ impl HostCap {
         Some(hold)
     }
 
-    /// The hold as the `Placement` the agents and the API use.
-    pub fn placement(&self, h: &Hold) -> Placement {
+    /// The hold as the `Placement` the agents and the API use; with
+    /// `roce`, each NIC is passed through as its RoCE VF.
+    pub fn placement(&self, h: &Hold, roce: bool) -> Placement {
         let p = &self.profile;
         let gpus: Vec<_> = bits(h.gpus).map(|i| p.gpus[i].bdf).collect();
         let nics = bits(h.nics)
             .map(|j| PlacedNic {
-                host_bdf: p.nics[j].bdf,
+                host_bdf: p.nics[j].roce_vf.filter(|_| roce).unwrap_or(p.nics[j].bdf),
+                pf: p.nics[j].roce_vf.filter(|_| roce).map(|_| p.nics[j].bdf),
                 rdma_device: p.nics[j].rdma_device.clone(),
                 for_gpus: bits(h.gpus)
                     .filter(|i| p.gpus[*i].nic == Some(j))
@@ -220,7 +222,7 @@ impl HostCap {
             .placement
             .nics
             .iter()
-            .filter_map(|n| p.nic_index(&n.host_bdf))
+            .filter_map(|n| p.nic_index(&n.physical()))
             .fold(0u64, |m, i| m | (1 << i));
         let mut cpus: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for c in v.placement.cpus.values().flatten() {

@@ -35,6 +35,8 @@ pub struct Request {
     pub rails: Option<Vec<Option<u32>>>,
     /// The VM has NICs on tenant segments: only hosts with an underlay.
     pub networked: bool,
+    /// The VM is on a RoCE segment: only hosts whose GPU NICs have VFs.
+    pub roce: bool,
 }
 
 /// A proposed placement: not yet applied to the index.
@@ -68,6 +70,7 @@ fn host_takes(h: &HostCap, req: &Request) -> bool {
     h.state == HostUse::Ready
         && req.unit.is_none_or(|u| h.scalable_unit == Some(u))
         && (h.networked || !req.networked)
+        && (h.profile.roce || !req.roce)
         && h.cpus_free_total >= req.vcpus
         && (h.mem_free_total >= req.memory_mib || h.profile.nodes.iter().all(|n| n.memory_mib == 0))
 }

@@ -36,6 +36,8 @@ pub struct NicSlot {
     /// The rail this port is cabled to: the same rail on every host of a
     /// scalable unit reaches the same leaf switch.
     pub rail: Option<u32>,
+    /// The VF a VM on a RoCE segment gets (Ethernet ports with SR-IOV).
+    pub roce_vf: Option<Bdf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +59,8 @@ pub struct HostProfile {
     /// The largest NVLink domain: a request no larger than this should not
     /// be split across domains.
     pub max_domain: u32,
+    /// Every GPU's paired NIC has a RoCE VF: GPU VMs on RoCE segments fit.
+    pub roce: bool,
     gpu_by_bdf: HashMap<Bdf, usize>,
     nic_by_bdf: HashMap<Bdf, usize>,
     cpu_pos: HashMap<u32, (usize, usize)>,
@@ -127,6 +131,7 @@ impl HostProfile {
                     rdma_device: n.rdma_device.clone(),
                     node: node_of(n.location.numa_node),
                     rail,
+                    roce_vf: n.roce_vf(),
                 }
             })
             .collect();
@@ -222,8 +227,13 @@ impl HostProfile {
             }
         }
         let nic_by_bdf = nics.iter().enumerate().map(|(i, n)| (n.bdf, i)).collect();
+        let roce = !gpus.is_empty()
+            && gpus
+                .iter()
+                .all(|g| g.nic.is_some_and(|n| nics[n].roce_vf.is_some()));
         Ok(HostProfile {
             max_domain: domain_size.values().copied().max().unwrap_or(0),
+            roce,
             gpus,
             nics,
             nodes,

@@ -66,6 +66,7 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         unit: None,
         rails: None,
         networked: false,
+        roce: false,
     }
 }
 
@@ -126,7 +127,7 @@ fn an_8_gpu_vm_gets_a_whole_host_with_every_nic_and_local_cpus() {
     assert_eq!(c.hold.nics.count_ones(), 8, "each GPU with its PIX NIC");
     assert_eq!(c.near_nic_gpus, 8);
     let h = &index.hosts[0];
-    let placement = h.placement(&c.hold);
+    let placement = h.placement(&c.hold, false);
     // CPUs only on the GPUs' NUMA nodes, split evenly, memory too.
     for (node, list) in &placement.cpus {
         let n = h.profile.nodes.iter().find(|n| n.id == *node).unwrap();
@@ -460,7 +461,7 @@ fn holds_read_back_from_placements_match() {
     .unwrap();
     let h = index.hosts[0].clone();
     let hold = h.holds.iter().find(|x| x.vm == vm).unwrap().clone();
-    let placement = h.placement(&hold);
+    let placement = h.placement(&hold, false);
     // A fresh index from the stored placement holds exactly the same.
     let mut fresh = Index::new();
     let p = fresh
@@ -494,6 +495,38 @@ fn holds_read_back_from_placements_match() {
     index.release(0, vm);
     assert_eq!(index.hosts[0].gpu_free.count_ones(), 8);
     assert_eq!(index.hosts[0].cpus_free_total, 256);
+}
+
+#[test]
+fn roce_vms_go_to_hosts_whose_gpu_nics_have_vfs_and_get_the_vfs() {
+    let index = fleet(&[("hgx-h100", None), ("hgx-h100-roce", None)]);
+    assert!(!index.hosts[0].profile.roce && index.hosts[1].profile.roce);
+    let mut req = gpu_req(&index, 2, H100);
+    req.roce = true;
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    let h = &index.hosts[c.host];
+    assert_eq!(h.name, "h1");
+    let p = h.placement(&c.hold, true);
+    assert_eq!(p.nics.len(), 2);
+    for n in &p.nics {
+        let pf = n.pf.unwrap();
+        let slot = &h.profile.nics[h.profile.nic_index(&pf).unwrap()];
+        assert_eq!(Some(n.host_bdf), slot.roce_vf, "{}", n.rdma_device);
+        assert_eq!(n.physical(), pf);
+    }
+    // Read back from the stored placement, the VF counts as its NIC.
+    let hold = h.hold_of(&VmInput {
+        vm: c.hold.vm,
+        tenant: Uuid::nil(),
+        spot: false,
+        reclaiming: false,
+        since: 0,
+        placement: &p,
+    });
+    assert_eq!(hold.nics, c.hold.nics);
+    // Without VFs anywhere, nowhere.
+    let ib = fleet(&[("hgx-h100", None)]);
+    assert!(place(&ib, &req, Strategy::BestFit).is_none());
 }
 
 proptest! {

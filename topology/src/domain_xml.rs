@@ -138,15 +138,18 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
     for e in &layout.expanders {
         for p in &e.ports {
             let d = &p.device;
-            let functions = std::iter::once(d.host_bdf).chain(d.group_peers.iter().copied());
-            for host in functions {
+            // The device at its guest function (0 for a VF), the rest of
+            // its IOMMU group at their own.
+            let functions = std::iter::once((d.host_bdf, d.guest_bdf.function))
+                .chain(d.group_peers.iter().map(|b| (*b, b.function)));
+            for (host, function) in functions {
                 devices = devices.child(
                     el("hostdev")
                         .attr("mode", "subsystem")
                         .attr("type", "pci")
                         .attr("managed", "yes")
                         .child(el("source").child(pci_address(host)))
-                        .child(guest_address(p.index, 0, host.function)),
+                        .child(guest_address(p.index, 0, function)),
                 );
             }
         }

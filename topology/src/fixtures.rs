@@ -20,6 +20,7 @@ pub const MACHINES: &[&str] = &[
     "dgx-a100",
     "hgx-h100",
     "hgx-h100-2nic",
+    "hgx-h100-roce",
     "l40s-pcie",
     "cpu-only",
 ];
@@ -78,6 +79,8 @@ pub struct Rdma {
     pub rate: &'static str,
     pub link_layer: &'static str,
     pub total_vfs: u32,
+    /// VFs enabled (`sriov_numvfs`), at functions 2, 3, … of the PF's device.
+    pub num_vfs: u32,
 }
 
 const GEN4: &str = "16.0 GT/s PCIe";
@@ -180,6 +183,8 @@ fn mlx(
             rate,
             link_layer,
             total_vfs: 16,
+            // Ethernet ports serve RoCE segments through VFs.
+            num_vfs: if link_layer == "Ethernet" { 4 } else { 0 },
         }),
     })
 }
@@ -377,14 +382,24 @@ fn hgx_h100(name: &'static str, nic_on: &[usize]) -> Machine {
         let mut below = vec![gpu(bdf(*g, 0, 0), 0x2330, CLASS_3D_CONTROLLER, GEN5)];
         if nic_on.contains(&i) {
             let bus = g + 1;
+            // The RoCE variant: the same ConnectX-7s as 400GbE ports.
+            let roce = name.ends_with("-roce");
             below.push(mlx(
                 bdf(bus, 0, 0),
                 0x1021,
-                CLASS_INFINIBAND,
+                if roce {
+                    CLASS_ETHERNET
+                } else {
+                    CLASS_INFINIBAND
+                },
                 &format!("mlx5_{nic_index}"),
-                &format!("ibp{bus}s0"),
+                &if roce {
+                    format!("ens{bus}np0")
+                } else {
+                    format!("ibp{bus}s0")
+                },
                 "400 Gb/sec (4X NDR)",
-                "InfiniBand",
+                if roce { "Ethernet" } else { "InfiniBand" },
                 GEN5,
             ));
             nic_index += 1;
@@ -536,6 +551,7 @@ pub fn machine(name: &str) -> Option<Machine> {
         "dgx-a100" => dgx_a100(),
         "hgx-h100" => hgx_h100("hgx-h100", &[0, 1, 2, 3, 4, 5, 6, 7]),
         "hgx-h100-2nic" => hgx_h100("hgx-h100-2nic", &[0, 4]),
+        "hgx-h100-roce" => hgx_h100("hgx-h100-roce", &[0, 1, 2, 3, 4, 5, 6, 7]),
         "l40s-pcie" => l40s_pcie(),
         "cpu-only" => cpu_only(),
         _ => return None,
@@ -637,7 +653,19 @@ impl Writer<'_> {
         )?;
         if let Some(r) = &f.rdma {
             self.file(&dir.join("sriov_totalvfs"), &format!("{}\n", r.total_vfs))?;
-            self.file(&dir.join("sriov_numvfs"), "0\n")?;
+            self.file(&dir.join("sriov_numvfs"), &format!("{}\n", r.num_vfs))?;
+            for i in 0..r.num_vfs {
+                let vf = Function {
+                    bdf: Bdf::new(f.bdf.domain, f.bdf.bus, 0, 2 + i as u8),
+                    device: f.device + 1,
+                    rdma: None,
+                    ..f.clone()
+                };
+                let vf_dir = parent.join(vf.bdf.to_string());
+                self.node(parent, numa, &Node::Endpoint(vf.clone()))?;
+                self.link(&dir.join(format!("virtfn{i}")), &format!("../{}", vf.bdf))?;
+                self.link(&vf_dir.join("physfn"), &format!("../{}", f.bdf))?;
+            }
             let ib = PathBuf::from(format!("class/infiniband/{}", r.name));
             self.link(&ib.join("device"), &format!("../../../{}", dir.display()))?;
             self.file(&ib.join("ports/1/rate"), &format!("{}\n", r.rate))?;

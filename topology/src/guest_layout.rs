@@ -60,10 +60,21 @@ pub struct Placement {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacedNic {
+    /// What is passed through: the PF, or for RoCE segments a VF of it.
     pub host_bdf: Bdf,
+    /// The physical function when `host_bdf` is one of its VFs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pf: Option<Bdf>,
     pub rdma_device: String,
     /// The GPUs this NIC serves (its pairing).
     pub for_gpus: Vec<Bdf>,
+}
+
+impl PlacedNic {
+    /// The NIC itself: the device allocations and capacity count.
+    pub fn physical(&self) -> Bdf {
+        self.pf.unwrap_or(self.host_bdf)
+    }
 }
 
 /// `total` split in proportion to `weights`, remainders to the first parts.
@@ -141,6 +152,7 @@ pub fn place_avoiding(
                 {
                     nics.push(PlacedNic {
                         host_bdf: nic.location.bdf,
+                        pf: None,
                         rdma_device: rdma.clone(),
                         for_gpus: vec![*g],
                     });
@@ -405,7 +417,17 @@ pub fn guest_layout(
                 device: GuestDevice {
                     kind,
                     host_bdf: loc.bdf,
-                    guest_bdf: Bdf::new(0, bus_nr + 1 + slot as u8, 0, loc.bdf.function),
+                    // A VF is a device of its own in the guest: function 0.
+                    guest_bdf: Bdf::new(
+                        0,
+                        bus_nr + 1 + slot as u8,
+                        0,
+                        if topo.nics.iter().any(|n| n.vfs.contains(&loc.bdf)) {
+                            0
+                        } else {
+                            loc.bdf.function
+                        },
+                    ),
                     group_peers,
                     class: host.map(|h| h.class).unwrap_or(0),
                     vendor: host.map(|h| h.vendor).unwrap_or(0),

@@ -147,8 +147,26 @@ pub struct Nic {
     pub link_layer: Option<String>,
     pub sriov_total_vfs: u32,
     pub sriov_num_vfs: u32,
+    /// The enabled virtual functions, by index (`virtfn0`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vfs: Vec<Bdf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iommu_group: Option<u32>,
+}
+
+impl Nic {
+    /// An Ethernet (RoCE) port with a VF to pass through: what a VM on a
+    /// RoCE segment gets of it.
+    pub fn roce_vf(&self) -> Option<Bdf> {
+        (self.link_layer.as_deref() == Some("Ethernet"))
+            .then(|| self.vfs.first().copied())
+            .flatten()
+    }
+
+    /// The index of a VF of this NIC (`virtfnN`).
+    pub fn vf_index(&self, vf: Bdf) -> Option<u32> {
+        self.vfs.iter().position(|v| *v == vf).map(|i| i as u32)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

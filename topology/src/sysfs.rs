@@ -107,6 +107,7 @@ pub fn discover(root: &Path, hints: Option<&Path>) -> Result<HostTopology, Disco
                 link_layer: port.link_layer.clone(),
                 sriov_total_vfs: read_u32(&path.join("sriov_totalvfs")).unwrap_or(0),
                 sriov_num_vfs: read_u32(&path.join("sriov_numvfs")).unwrap_or(0),
+                vfs: read_vfs(&path),
                 iommu_group: dev.iommu_group,
             });
         }
@@ -425,6 +426,28 @@ fn read_rdma(root: &Path, warnings: &mut Vec<String>) -> BTreeMap<Bdf, RdmaPort>
         );
     }
     out
+}
+
+/// A PF's VFs from its `virtfnN` links, in index order.
+fn read_vfs(pf: &Path) -> Vec<Bdf> {
+    let Ok(entries) = fs::read_dir(pf) else {
+        return Vec::new();
+    };
+    let mut vfs: Vec<(u32, Bdf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n: u32 = name.strip_prefix("virtfn")?.parse().ok()?;
+            let bdf = resolve_link(&e.path())?
+                .file_name()?
+                .to_str()?
+                .parse::<Bdf>()
+                .ok()?;
+            Some((n, bdf))
+        })
+        .collect();
+    vfs.sort();
+    vfs.into_iter().map(|(_, b)| b).collect()
 }
 
 fn read_netdevs(root: &Path) -> BTreeMap<Bdf, String> {

@@ -47,8 +47,9 @@ pub enum NetError {
     Vanished(String),
     #[error("invalid state, nothing changed: {0}")]
     Invalid(#[from] crate::state::StateError),
-    #[error("nft: {0}")]
-    Nft(String),
+    /// A helper program (nft, dcb) failed or is missing.
+    #[error("{0}")]
+    Tool(String),
 }
 
 /// Runs `f` in the named namespace (`/run/netns/NAME`, as `ip netns`
@@ -113,6 +114,10 @@ impl Kernel {
         })?;
         tokio::spawn(conn);
         Ok(Kernel { handle })
+    }
+
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
     }
 
     async fn links(&self) -> Result<Vec<LinkMessage>, NetError> {

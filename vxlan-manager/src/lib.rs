@@ -9,12 +9,15 @@
 //! `state` (the input, checked whole) and `plan` (the diff) are pure;
 //! `kernel` is the netlink edge.
 
+#[cfg(feature = "kernel")]
+pub mod fabric;
 pub mod filter;
 #[cfg(feature = "kernel")]
 pub mod kernel;
 #[cfg(feature = "kernel")]
 pub mod nft;
 pub mod plan;
+pub mod roce;
 pub mod state;
 #[cfg(feature = "testbed")]
 pub mod testbed;

@@ -27,15 +27,15 @@ fn nft(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| NetError::Nft(format!("cannot run nft (package nftables): {e}")))?;
+            .map_err(|e| NetError::Tool(format!("cannot run nft (package nftables): {e}")))?;
         if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
             stdin
                 .write_all(text.as_bytes())
-                .map_err(|e| NetError::Nft(format!("writing to nft: {e}")))?;
+                .map_err(|e| NetError::Tool(format!("writing to nft: {e}")))?;
         }
         let out = child
             .wait_with_output()
-            .map_err(|e| NetError::Nft(format!("waiting for nft: {e}")))?;
+            .map_err(|e| NetError::Tool(format!("waiting for nft: {e}")))?;
         Ok((
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -53,10 +53,10 @@ pub fn observe(netns: Option<&str>) -> Result<Option<Vec<(String, String)>>, Net
         if err.contains("No such file") {
             return Ok(None);
         }
-        return Err(NetError::Nft(err));
+        return Err(NetError::Tool(err));
     }
     let v: Value = serde_json::from_str(&out)
-        .map_err(|e| NetError::Nft(format!("unreadable nft -j output: {e}")))?;
+        .map_err(|e| NetError::Tool(format!("unreadable nft -j output: {e}")))?;
     Ok(Some(filter::listed(&v)))
 }
 
@@ -76,7 +76,7 @@ pub fn converge_filters(netns: Option<&str>, want: &DesiredState) -> Result<usiz
     let cmds = filter::commands(&rules, have.is_some()).to_string();
     let (ok, _, err) = nft(netns, &["-j", "-f", "-"], Some(&cmds))?;
     if !ok {
-        return Err(NetError::Nft(err));
+        return Err(NetError::Tool(err));
     }
     Ok(rules.len().max(1))
 }

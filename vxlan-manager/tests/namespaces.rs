@@ -474,6 +474,47 @@ async fn segment_ingress_filters() {
     assert!(!tables.contains("table bridge kumo"), "{tables}");
 }
 
+/// The leaf-VLAN RoCE fabric on ports that cannot do it (a veth has no VFs
+/// and no DCB; a missing port is missing): every step is reported as
+/// unsupported with the kernel's reason, nothing fails silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roce_fabric_reports_what_the_ports_cannot_do() {
+    use vxlan_manager::roce::{Outcome, RoceFabric, VfConfig, LOSSLESS};
+    let w = World::new(1);
+    let ns = w.host_ns(0);
+    ip(&[
+        "-n", &ns, "link", "add", "pf0", "type", "veth", "peer", "name", "pf0-peer",
+    ]);
+    let kernel = Kernel::connect(Some(&ns)).unwrap();
+    let fabric = vxlan_manager::fabric::LeafVlan {
+        kernel: &kernel,
+        netns: Some(&ns),
+    };
+    let vf = |pf: &str| VfConfig {
+        pf: pf.into(),
+        vf: 0,
+        vlan: 100,
+        mac: "02:6b:00:00:00:01".parse().unwrap(),
+    };
+    let reports = fabric
+        .configure(
+            &["pf0".to_owned(), "gone0".to_owned()],
+            &[vf("pf0"), vf("gone0")],
+            &LOSSLESS,
+        )
+        .await;
+    assert_eq!(reports.len(), 2);
+    for r in &reports {
+        assert!(matches!(r.qos, Outcome::Unsupported(_)), "{r:?}");
+        assert_eq!(r.vfs.len(), 1, "{r:?}");
+        assert!(matches!(r.vfs[0].1, Outcome::Unsupported(_)), "{r:?}");
+    }
+    let Outcome::Unsupported(why) = &reports[1].vfs[0].1 else {
+        unreachable!()
+    };
+    assert!(why.contains("no netdev gone0"), "{why}");
+}
+
 #[tokio::test]
 async fn kumo_vxlan_binary() {
     let w = World::new(1);

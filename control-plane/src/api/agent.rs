@@ -202,6 +202,7 @@ pub async fn register(
                 drained: Set(false),
                 underlay_ip: Set(underlay.clone()),
                 network_revision: Set(0),
+                fabric: Set(None),
             }
             .insert(&txn)
             .await
@@ -253,6 +254,14 @@ pub async fn heartbeat(
         validate_topology(t)?;
         a.topology = Set(serde_json::to_string(t).map_err(|e| ApiError::Internal(e.to_string()))?);
     }
+    if let Some(f) = &body.fabric {
+        if f.len() > 64 || f.iter().any(|p| p.vfs.len() > 256) {
+            return Err(ApiError::field("fabric", "at most 64 ports of 256 VFs"));
+        }
+        a.fabric = Set(Some(
+            serde_json::to_string(f).map_err(|e| ApiError::Internal(e.to_string()))?,
+        ));
+    }
     let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
     if moved {
         check_underlay(body.underlay_ip)?;
@@ -294,8 +303,7 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
         let size = u32::try_from(c.size).unwrap_or(0);
         hostfiles.insert(c.id, super::clusters::hostfile(&c.name, size, spec.gpus));
     }
-    let ids: Vec<Uuid> = rows.iter().map(|v| v.id).collect();
-    let mut net = crate::host_network::load(&st.db, host, &ids).await?;
+    let mut net = crate::host_network::load(&st.db, host, &rows).await?;
     let mut out = Vec::new();
     let mut remove = Vec::new();
     for v in rows {

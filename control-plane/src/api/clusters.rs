@@ -106,7 +106,7 @@ async fn to_api(
                     .map(|g| {
                         let nic = p.nics.iter().find(|n| n.for_gpus.contains(g))?;
                         let profile = profile?;
-                        profile.nics[profile.nic_index(&nic.host_bdf)?].rail
+                        profile.nics[profile.nic_index(&nic.physical())?].rail
                     })
                     .collect()
             }
@@ -219,6 +219,7 @@ pub async fn create(
             spec: spec.clone(),
             nics: Vec::new(),
             networked: false,
+            roce: false,
         })
         .collect();
     let new = NewCluster {

@@ -212,7 +212,13 @@ pub async fn show(
         .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
     let topo = stored_topology(&h)?;
     let held = held(&st.db, h.id).await?;
+    let fabric = h
+        .fabric
+        .as_deref()
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default();
     Ok(axum::Json(HostDetail {
+        fabric,
         host: to_api(&h, &topo, &held),
         matrix: kumo_topology::matrix::render(&topo),
         topology: serde_json::to_value(&topo).map_err(|e| ApiError::Internal(e.to_string()))?,

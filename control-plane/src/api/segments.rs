@@ -144,6 +144,7 @@ fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Segment {
             .then(|| ipam::roce_mtu(mtu))
             .flatten(),
         vni: u32::try_from(s.vni).unwrap_or(0),
+        vlan: s.vlan.and_then(|v| u16::try_from(v).ok()),
         attachments: u32::try_from(attached).unwrap_or(u32::MAX),
         ingress: stored_rules(s),
         created_at: s.created_at,
@@ -274,6 +275,33 @@ pub async fn create(
         let Some(vni) = lease_vni(&st, &txn, id).await? else {
             continue;
         };
+        let vlan = match body.kind {
+            SegmentKind::Ethernet => None,
+            SegmentKind::Roce => {
+                let taken: BTreeSet<i32> = segments::Entity::find()
+                    .filter(segments::Column::Vlan.is_not_null())
+                    .all(&txn)
+                    .await?
+                    .into_iter()
+                    .filter_map(|s| s.vlan)
+                    .collect();
+                let free = st
+                    .config
+                    .network
+                    .roce_vlans
+                    .clone()
+                    .map(i32::from)
+                    .find(|v| !taken.contains(v));
+                match free {
+                    Some(v) => Some(v),
+                    None => {
+                        return Err(ApiError::InsufficientCapacity(
+                            "every RoCE VLAN is in use".into(),
+                        ))
+                    }
+                }
+            }
+        };
         let row = segments::ActiveModel {
             id: Set(id),
             tenant_id: Set(tenant.id),
@@ -285,6 +313,7 @@ pub async fn create(
             vni: Set(vni as i32),
             created_at: Set(Utc::now()),
             ingress_rules: Set(ingress.clone()),
+            vlan: Set(vlan),
         }
         .insert(&txn)
         .await;
@@ -485,49 +514,128 @@ pub async fn resolve(
                 Some(ip)
             }
         };
+        if stored_kind(&segment) == SegmentKind::Roce
+            && out
+                .iter()
+                .any(|p| stored_kind(&p.segment) == SegmentKind::Roce)
+        {
+            return Err(ApiError::field(
+                "networks.segment",
+                "one RoCE segment per VM: its GPUs' NICs carry one VLAN",
+            ));
+        }
         out.push(PlannedNic { segment, ip });
     }
     Ok(out)
 }
 
 /// Attaches a VM inside its creating transaction: an address (the asked
-/// one, else the lowest free) and a fresh MAC. A unique violation means
-/// another transaction took the address or MAC: the caller retries.
+/// one, else the lowest free) and a fresh MAC per NIC. A unique violation
+/// means another transaction took the address or MAC: the caller retries.
+/// A RoCE segment gets its first rail here, the rest once placed
+/// ([`ensure_rails`]).
 pub async fn attach(
     txn: &DatabaseTransaction,
     vm: Uuid,
     nics: &[PlannedNic],
 ) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
-    use rand::Rng;
     for nic in nics {
-        let taken: BTreeSet<Ipv4Addr> = attachments::Entity::find()
-            .filter(attachments::Column::SegmentId.eq(nic.segment.id))
-            .all(txn)
-            .await?
-            .iter()
-            .filter_map(|a| a.ip.parse().ok())
-            .collect();
-        let pick = stored_cidr(&nic.segment)
-            .and_then(|c| Ok((c, stored_gateway(&nic.segment)?)))
-            .and_then(|(c, g)| ipam::pick_address(&c, g, &taken, nic.ip));
-        let ip = match pick {
-            Ok(ip) => ip,
-            Err(e) => return Ok(Err(e)),
-        };
-        // Drawn before the await: the thread's RNG stays on this thread.
-        let random: u32 = rand::thread_rng().gen();
-        attachments::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            vm_id: Set(vm),
-            segment_id: Set(nic.segment.id),
-            ip: Set(ip.to_string()),
-            mac: Set(ipam::mac_from(random)),
-            created_at: Set(Utc::now()),
+        if let Err(e) = attach_one(txn, vm, &nic.segment, nic.ip).await? {
+            return Ok(Err(e));
         }
-        .insert(txn)
-        .await?;
     }
     Ok(Ok(()))
+}
+
+async fn attach_one(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    segment: &segments::Model,
+    asked: Option<Ipv4Addr>,
+) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
+    use rand::Rng;
+    let taken: BTreeSet<Ipv4Addr> = attachments::Entity::find()
+        .filter(attachments::Column::SegmentId.eq(segment.id))
+        .all(txn)
+        .await?
+        .iter()
+        .filter_map(|a| a.ip.parse().ok())
+        .collect();
+    let pick = stored_cidr(segment)
+        .and_then(|c| Ok((c, stored_gateway(segment)?)))
+        .and_then(|(c, g)| ipam::pick_address(&c, g, &taken, asked));
+    let ip = match pick {
+        Ok(ip) => ip,
+        Err(e) => return Ok(Err(e)),
+    };
+    // Drawn before the await: the thread's RNG stays on this thread.
+    let random: u32 = rand::thread_rng().gen();
+    attachments::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        vm_id: Set(vm),
+        segment_id: Set(segment.id),
+        ip: Set(ip.to_string()),
+        mac: Set(ipam::mac_from(random)),
+        created_at: Set(Utc::now()),
+    }
+    .insert(txn)
+    .await?;
+    Ok(Ok(()))
+}
+
+/// A placed VM on a RoCE segment has one NIC there per rail (per VF it
+/// was given), each with its own address and MAC: adds the missing ones,
+/// removes the surplus (a VM placed again on a host with fewer NICs).
+pub async fn ensure_rails(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    rails: usize,
+) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
+    let rows = attachments::Entity::find()
+        .filter(attachments::Column::VmId.eq(vm))
+        .order_by_asc(attachments::Column::Id)
+        .all(txn)
+        .await?;
+    let roce = segments::Entity::find()
+        .filter(segments::Column::Id.is_in(rows.iter().map(|a| a.segment_id)))
+        .filter(segments::Column::Kind.eq(kind_str(SegmentKind::Roce)))
+        .all(txn)
+        .await?;
+    for s in &roce {
+        let mine: Vec<&attachments::Model> = rows.iter().filter(|a| a.segment_id == s.id).collect();
+        for _ in mine.len()..rails {
+            if let Err(e) = attach_one(txn, vm, s, None).await? {
+                return Ok(Err(e));
+            }
+        }
+        for extra in mine.iter().skip(rails.max(1)) {
+            attachments::Entity::delete_by_id(extra.id)
+                .exec(txn)
+                .await?;
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// `(any segment, a RoCE segment)` among the VM's NICs.
+pub async fn kinds_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<(bool, bool), ApiError> {
+    let segs: BTreeSet<Uuid> = attachments::Entity::find()
+        .filter(attachments::Column::VmId.eq(vm))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|a| a.segment_id)
+        .collect();
+    if segs.is_empty() {
+        return Ok((false, false));
+    }
+    let roce = segments::Entity::find()
+        .filter(segments::Column::Id.is_in(segs))
+        .filter(segments::Column::Kind.eq(kind_str(SegmentKind::Roce)))
+        .count(db)
+        .await?
+        > 0;
+    Ok((true, roce))
 }
 
 /// The NICs of the given VMs, in creation order.
@@ -557,15 +665,6 @@ pub async fn networks_of(
         });
     }
     Ok(out)
-}
-
-/// Whether the VM has NICs on segments.
-pub async fn is_attached(db: &impl ConnectionTrait, vm: Uuid) -> Result<bool, ApiError> {
-    Ok(attachments::Entity::find()
-        .filter(attachments::Column::VmId.eq(vm))
-        .count(db)
-        .await?
-        > 0)
 }
 
 /// A VM row is gone: so are its attachments (same transaction).

@@ -7,8 +7,8 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use chrono::Utc;
 use kumo_api_types::{
-    GuestNuma, HostState, Page, PageParams, PlacedGpu, Power, Role, Vm, VmCreate, VmEvent,
-    VmPlacement, VmSpec, VmState,
+    GuestNuma, HostState, Page, PageParams, PlacedGpu, Power, Role, SegmentKind, Vm, VmCreate,
+    VmEvent, VmPlacement, VmSpec, VmState,
 };
 use kumo_topology::guest_layout::{guest_layout, Placement};
 use kumo_topology::sysfs::format_cpulist;
@@ -89,6 +89,9 @@ pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> 
                 nic_guest_bdf: nic
                     .and_then(|n| layout.guest_bdf(n.host_bdf))
                     .map(|b| b.to_string()),
+                nic_vf: nic
+                    .filter(|n| n.pf.is_some())
+                    .map(|n| n.host_bdf.to_string()),
             }
         })
         .collect();
@@ -313,11 +316,21 @@ pub async fn create(
         return Err(name_taken());
     }
     let nics = super::segments::resolve(&st.db, &tenant, &body.networks).await?;
+    let roce = nics
+        .iter()
+        .any(|n| super::segments::stored_kind(&n.segment) == SegmentKind::Roce);
+    if roce && spec.gpus == 0 {
+        return Err(ApiError::field(
+            "networks.segment",
+            "RoCE segments are reached through the NICs paired with the VM's GPUs; ask for GPUs",
+        ));
+    }
     let member = Member {
         id: Uuid::now_v7(),
         name: body.name.clone(),
         spec,
         networked: !nics.is_empty(),
+        roce,
         nics,
     };
     match admit(

@@ -31,6 +31,8 @@ pub struct Model {
     /// Bumped when the host's networks change because of VMs elsewhere;
     /// agents see `revision + network_revision`.
     pub network_revision: i64,
+    /// The agent's last RoCE port report (`[PortReport]`) as JSON.
+    pub fabric: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -16,6 +16,8 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     /// Ingress rules (`[SegmentRule]`) as JSON; none: only the segment itself.
     pub ingress_rules: Option<String>,
+    /// RoCE segments: the VLAN their VFs carry, which the leaf maps to the VNI.
+    pub vlan: Option<i32>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -173,7 +173,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     let hb = agent.client.clone();
     let heartbeat = tokio::spawn(async move {
         loop {
-            let _ = hb.heartbeat(None, None).await;
+            let _ = hb.heartbeat(&Default::default()).await;
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     });

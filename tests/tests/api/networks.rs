@@ -31,14 +31,18 @@ impl Drop for Host {
     }
 }
 
-fn start_agent(s: &TestServer, fab: &Fabric, h: usize, join: &str, root: &std::path::Path) -> Host {
+fn start_agent(
+    s: &TestServer,
+    fab: &Fabric,
+    h: usize,
+    machine: &str,
+    join: &str,
+    root: &std::path::Path,
+) -> Host {
     let dir = root.join(format!("h{h}"));
     let sysfs = dir.join("sysfs");
-    kumo_topology::fixtures::write(
-        &kumo_topology::fixtures::machine("cpu-only").unwrap(),
-        &sysfs,
-    )
-    .unwrap();
+    kumo_topology::fixtures::write(&kumo_topology::fixtures::machine(machine).unwrap(), &sysfs)
+        .unwrap();
     let args: Vec<String> = [
         "run",
         "--server",
@@ -169,7 +173,7 @@ async fn tenant_networks_on_three_hosts_from_the_cli() {
     let mut hosts: Vec<Host> = Vec::new();
     for h in 0..3 {
         let join = s.join_token().await;
-        hosts.push(start_agent(&s, &fab, h, &join, root.path()));
+        hosts.push(start_agent(&s, &fab, h, "cpu-only", &join, root.path()));
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     while s.admin.list_hosts().await.unwrap().len() < 3 {
@@ -454,5 +458,86 @@ async fn tenant_networks_on_three_hosts_from_the_cli() {
     );
 
     drop(hosts);
+    s.stop().await;
+}
+
+/// A RoCE VM from the CLI on a real agent whose NICs exist only in its
+/// fixture: the VM runs with its VFs, and the host's page shows each port's
+/// QoS and the VM's VFs as unsupported here, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roce_vm_and_its_port_report_from_a_real_agent() {
+    let fab = Fabric::new(1);
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let root = crate::harness::scratch();
+    let join = s.join_token().await;
+    let host = start_agent(&s, &fab, 0, "hgx-h100-roce", &join, root.path());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.admin.list_hosts().await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the agent did not register");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (url, token) = (s.url.clone(), s.admin_token.clone());
+    let vm = tokio::task::spawn_blocking(move || {
+        let k = Kumo::new();
+        k.ok(&["login", "--server", &url, "--token", &token], None);
+        let seg = k.json(
+            &[
+                "segment",
+                "create",
+                "fast",
+                "--tenant",
+                "lab",
+                "--kind",
+                "roce",
+                "--cidr",
+                "10.2.0.0/24",
+            ],
+            None,
+        );
+        assert_eq!(seg["vlan"], 100, "{seg}");
+        k.json(
+            &[
+                "vm",
+                "create",
+                "train",
+                "--tenant",
+                "lab",
+                "--gpus",
+                "8",
+                "--network",
+                "fast",
+                "--wait",
+            ],
+            None,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(vm["state"], "running", "{vm}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let fabric = loop {
+        let h = s.admin.host("net-0").await.unwrap();
+        if h.fabric.iter().map(|p| p.vfs.len()).sum::<usize>() == 8 {
+            break h.fabric;
+        }
+        assert!(Instant::now() < deadline, "no port report: {:?}", h.fabric);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(fabric.len(), 8);
+    for p in &fabric {
+        assert!(
+            matches!(&p.qos, vxlan_manager::roce::Outcome::Unsupported(why) if why.contains(&p.netdev)),
+            "{p:?}"
+        );
+        let (vf, outcome) = &p.vfs[0];
+        assert_eq!(*vf, 0);
+        assert!(
+            matches!(outcome, vxlan_manager::roce::Outcome::Unsupported(why) if why.contains("no netdev")),
+            "{p:?}"
+        );
+    }
+    // The agent's long poll would hold the server's shutdown.
+    drop(host);
     s.stop().await;
 }

@@ -481,6 +481,149 @@ async fn host_networks(s: &TestServer) {
     );
 }
 
+/// RoCE segments: a VLAN each; a GPU VM on one gets its GPUs' NICs as
+/// VFs (on a host whose NICs have them), an address and MAC per rail, and
+/// the agent learns VF, VLAN and MAC; the NCCL file names the VFs.
+async fn roce_segments(s: &TestServer) {
+    s.tenant("lab").await;
+    let ib = s.sim_agent_at("ib-1", "hgx-h100", "192.0.2.1").await;
+    let fast: Segment = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/segments",
+            &seg("fast", SegmentKind::Roce, "10.2.0.0/24"),
+        )
+        .await
+        .unwrap();
+    let other: Segment = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/segments",
+            &seg("fast-2", SegmentKind::Roce, "10.3.0.0/24"),
+        )
+        .await
+        .unwrap();
+    assert_eq!((fast.vlan, other.vlan), (Some(100), Some(101)));
+    let mut gpu_vm = vm_on("train", &[("fast", None)]);
+    gpu_vm.gpus = 8;
+    gpu_vm.vcpus = Some(64);
+    gpu_vm.memory_gib = Some(256);
+    // Only an InfiniBand host: no VFs to give.
+    let e = s
+        .admin
+        .post::<_, Vm>("/api/v1/tenants/lab/vms", &gpu_vm)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    // No GPUs, or two RoCE segments: refused, naming the field.
+    for (body, says) in [
+        (vm_on("cpu-vm", &[("fast", None)]), "GPUs"),
+        (
+            {
+                let mut v = vm_on("two", &[("fast", None), ("fast-2", None)]);
+                v.gpus = 1;
+                v
+            },
+            "one RoCE segment",
+        ),
+    ] {
+        let e = s
+            .admin
+            .post::<_, Vm>("/api/v1/tenants/lab/vms", &body)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(400), "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    drop(ib);
+    let roce = s.sim_agent_at("roce-1", "hgx-h100-roce", "192.0.2.2").await;
+    let vm: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &gpu_vm)
+        .await
+        .unwrap();
+    assert_eq!(vm.host.as_deref(), Some("roce-1"));
+    assert_eq!(vm.networks.len(), 8, "an address per rail");
+    let ips: BTreeSet<&str> = vm.networks.iter().map(|n| n.ip.as_str()).collect();
+    assert_eq!(ips.len(), 8);
+    let placement = vm.placement.clone().unwrap();
+    let topo = crate::harness::fixture_topology("hgx-h100-roce");
+    for g in &placement.gpus {
+        let vf = g.nic_vf.as_deref().unwrap();
+        let n = topo
+            .nics
+            .iter()
+            .find(|n| Some(n.rdma_device.as_str()) == g.nic.as_deref())
+            .unwrap();
+        assert_eq!(vf, n.vfs[0].to_string(), "the paired NIC's first VF");
+        assert!(
+            g.nic_guest_bdf.as_deref().unwrap().ends_with(".0"),
+            "a VF is function 0"
+        );
+    }
+    let d = roce.desired(None).await;
+    let nics = &d.vms[0].nics;
+    assert_eq!(nics.len(), 8);
+    let vfs: BTreeSet<&str> = nics.iter().filter_map(|n| n.vf.as_deref()).collect();
+    let placed: BTreeSet<&str> = placement
+        .gpus
+        .iter()
+        .filter_map(|g| g.nic_vf.as_deref())
+        .collect();
+    assert_eq!(vfs, placed);
+    assert!(nics
+        .iter()
+        .all(|n| n.vlan == Some(100) && n.kind == SegmentKind::Roce && n.mtu == 8950));
+    assert_eq!(
+        d.network.map(|n| n.segments.len()),
+        Some(0),
+        "RoCE is not bridged on the host"
+    );
+    let nccl = s.admin.vm_nccl_topology("lab", "train").await.unwrap();
+    for g in &placement.gpus {
+        let bus = g.nic_guest_bdf.as_deref().unwrap();
+        assert!(
+            nccl.contains(&format!("busid=\"{bus}\"")),
+            "{bus} in {nccl}"
+        );
+    }
+    assert_eq!(nccl.matches("<net name=\"mlx5_").count(), 8, "{nccl}");
+    let shown: Segment = s
+        .admin
+        .get("/api/v1/tenants/lab/segments/fast")
+        .await
+        .unwrap();
+    assert_eq!(shown.attachments, 8);
+    // The agent's port report reaches the host's page.
+    let report = json!([{"netdev": "ens25np0", "qos": {"state": "unsupported", "detail": "no DCB"},
+                         "vfs": [[0, {"state": "applied"}]]}]);
+    let r = s
+        .http()
+        .post(format!("{}/agent/v1/heartbeat", s.url))
+        .bearer_auth(&roce.credential)
+        .json(&json!({ "fabric": report }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let h = s.admin.host("roce-1").await.unwrap();
+    assert_eq!(serde_json::to_value(&h.fabric).unwrap(), report);
+}
+
+#[tokio::test]
+async fn roce_segments_sqlite() {
+    let s = start(Backend::Sqlite).await;
+    roce_segments(&s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn roce_segments_postgres() {
+    let s = start(Backend::Postgres).await;
+    roce_segments(&s).await;
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn host_networks_sqlite() {
     let s = start(Backend::Sqlite).await;

@@ -126,6 +126,34 @@ fn reduced_nic_h100_shares_nics_fairly() {
 
 /// PCIe cards on root ports: PHB within a socket, SYS across, no NVLink.
 #[test]
+fn ethernet_ports_bring_their_vfs_and_infiniband_ones_serve_no_roce() {
+    let (_d, roce) = discover_fixture("hgx-h100-roce");
+    assert_eq!(roce.nics.len(), 8);
+    for n in &roce.nics {
+        assert_eq!(n.link_layer.as_deref(), Some("Ethernet"));
+        assert_eq!(
+            (n.sriov_total_vfs, n.sriov_num_vfs, n.vfs.len()),
+            (16, 4, 4)
+        );
+        let pf = n.location.bdf;
+        let vf = n.roce_vf().unwrap();
+        assert_eq!((vf.bus, vf.function), (pf.bus, 2), "{}", n.rdma_device);
+        assert_eq!(n.vf_index(n.vfs[3]), Some(3));
+        // A VF sits under the same switch as its PF, in a group of its own.
+        let d = roce.pci(vf).unwrap();
+        assert_eq!(d.location.pcie_path, n.location.pcie_path);
+        assert_ne!(d.iommu_group, n.iommu_group);
+    }
+    // The relations and pairing are those of the InfiniBand design.
+    let (_d, ib) = discover_fixture("hgx-h100");
+    assert_eq!(matrix::render(&roce), matrix::render(&ib));
+    assert!(ib
+        .nics
+        .iter()
+        .all(|n| n.vfs.is_empty() && n.roce_vf().is_none()));
+}
+
+#[test]
 fn pcie_card_server() {
     let (_d, topo) = discover_fixture("l40s-pcie");
     assert!(topo

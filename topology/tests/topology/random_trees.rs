@@ -91,6 +91,7 @@ impl Build {
                     rate: "400 Gb/sec (4X NDR)",
                     link_layer: "InfiniBand",
                     total_vfs: 8,
+                    num_vfs: 0,
                 }),
             ))
         }
