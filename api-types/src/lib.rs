@@ -799,6 +799,10 @@ pub struct ClusterCreate {
     pub service_level: ServiceLevel,
     #[serde(default)]
     pub ssh_keys: Vec<String>,
+    /// Segments every member joins (names or ids); the hostfile then names
+    /// members by their address on the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<String>,
 }
 
 /// vCPUs and GiB of memory a VM gets per GPU unless it asks otherwise:
@@ -832,7 +836,14 @@ impl ClusterCreate {
             template: self.template.clone(),
             service_level: self.service_level,
             ssh_keys: self.ssh_keys.clone(),
-            networks: Vec::new(),
+            networks: self
+                .networks
+                .iter()
+                .map(|s| NetworkRequest {
+                    segment: s.clone(),
+                    ip: None,
+                })
+                .collect(),
         }
     }
 }
@@ -847,6 +858,9 @@ pub struct ClusterMember {
     pub scalable_unit: Option<String>,
     /// The rail of each GPU's NIC, in guest GPU order.
     pub rails: Vec<Option<u32>>,
+    /// Its address on the cluster's first segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -1359,6 +1359,11 @@ async fn cluster(
             spec,
         } => {
             let v = spec.vm(name)?;
+            if v.networks.iter().any(|n| n.ip.is_some()) {
+                anyhow::bail!(
+                    "cluster members get their addresses from the segment: --network SEGMENT"
+                );
+            }
             let cl = c
                 .create_cluster(
                     &tenant.tenant,
@@ -1373,6 +1378,7 @@ async fn cluster(
                         template: v.template,
                         service_level: v.service_level,
                         ssh_keys: v.ssh_keys,
+                        networks: v.networks.into_iter().map(|n| n.segment).collect(),
                     },
                 )
                 .await?;

@@ -299,9 +299,7 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
         .all(&st.db)
         .await?
     {
-        let spec = super::clusters::stored_cluster_spec(&c)?;
-        let size = u32::try_from(c.size).unwrap_or(0);
-        hostfiles.insert(c.id, super::clusters::hostfile(&c.name, size, spec.gpus));
+        hostfiles.insert(c.id, super::clusters::cluster_hostfile(&st.db, &c).await?);
     }
     let mut net = crate::host_network::load(&st.db, host, &rows).await?;
     let mut out = Vec::new();

@@ -34,10 +34,57 @@ pub const MAX_CLUSTER_SIZE: u32 = 256;
 /// one slot per GPU (one for CPU-only members). It depends only on the
 /// cluster's definition, so every member's copy is the same and never
 /// changes under it.
-pub fn hostfile(name: &str, size: u32, gpus: u32) -> String {
-    (0..size)
-        .map(|i| format!("{name}-{i} slots={}\n", gpus.max(1)))
+/// One line per member in member order: its address on the cluster's
+/// first segment when it has one (MPI needs no DNS then), else its name.
+pub fn hostfile(members: &[(String, Option<String>)], gpus: u32) -> String {
+    members
+        .iter()
+        .map(|(name, addr)| {
+            format!(
+                "{} slots={}\n",
+                addr.as_deref().unwrap_or(name),
+                gpus.max(1)
+            )
+        })
         .collect()
+}
+
+/// A cluster's members in member order, each with its first address.
+pub async fn members_of(
+    db: &impl ConnectionTrait,
+    c: &clusters::Model,
+) -> Result<Vec<(vms::Model, Option<String>)>, ApiError> {
+    let mut rows = vms::Entity::find()
+        .filter(vms::Column::ClusterId.eq(c.id))
+        .all(db)
+        .await?;
+    rows.sort_by_key(|v| member_index(&c.name, &v.name));
+    let ids: Vec<Uuid> = rows.iter().map(|v| v.id).collect();
+    let nets = super::segments::networks_of(db, &ids).await?;
+    Ok(rows
+        .into_iter()
+        .map(|v| {
+            let addr = nets
+                .get(&v.id)
+                .and_then(|n| n.first())
+                .map(|n| n.ip.clone());
+            (v, addr)
+        })
+        .collect())
+}
+
+/// The MPI hostfile of a cluster as it is now.
+pub async fn cluster_hostfile(
+    db: &impl ConnectionTrait,
+    c: &clusters::Model,
+) -> Result<String, ApiError> {
+    let spec = stored_cluster_spec(c)?;
+    let members: Vec<(String, Option<String>)> = members_of(db, c)
+        .await?
+        .into_iter()
+        .map(|(v, a)| (v.name, a))
+        .collect();
+    Ok(hostfile(&members, spec.gpus))
 }
 
 pub fn stored_cluster_spec(c: &clusters::Model) -> Result<VmSpec, ApiError> {
@@ -74,12 +121,8 @@ async fn to_api(
     c: &clusters::Model,
     tenant: &str,
 ) -> Result<Cluster, ApiError> {
-    let mut rows = vms::Entity::find()
-        .filter(vms::Column::ClusterId.eq(c.id))
-        .all(db)
-        .await?;
-    rows.sort_by_key(|v| member_index(&c.name, &v.name));
-    let host_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.host_id).collect();
+    let rows = members_of(db, c).await?;
+    let host_ids: Vec<Uuid> = rows.iter().filter_map(|(v, _)| v.host_id).collect();
     let hosts_by_id: HashMap<Uuid, hosts::Model> = hosts::Entity::find()
         .filter(hosts::Column::Id.is_in(host_ids))
         .all(db)
@@ -96,7 +139,7 @@ async fn to_api(
             .collect()
     };
     let mut members = Vec::with_capacity(rows.len());
-    for v in &rows {
+    for (v, address) in &rows {
         let host = v.host_id.and_then(|h| hosts_by_id.get(&h));
         let rails = match (host, stored_placement(v)?) {
             (Some(h), Some(p)) => {
@@ -118,17 +161,22 @@ async fn to_api(
             host: host.map(|h| h.name.clone()),
             scalable_unit: host.and_then(|h| h.scalable_unit.clone()),
             rails,
+            address: address.clone(),
         });
     }
     let spec = stored_cluster_spec(c)?;
     let size = u32::try_from(c.size).unwrap_or(0);
+    let lines: Vec<(String, Option<String>)> = rows
+        .iter()
+        .map(|(v, a)| (v.name.clone(), a.clone()))
+        .collect();
     Ok(Cluster {
         id: c.id,
         name: c.name.clone(),
         tenant: tenant.to_owned(),
         size,
         state: c.state.clone(),
-        hostfile: hostfile(&c.name, size, spec.gpus),
+        hostfile: hostfile(&lines, spec.gpus),
         spec,
         members,
         created_at: c.created_at,
@@ -188,6 +236,16 @@ pub async fn create(
         ));
     }
     let spec = resolve_spec(&st, &last).await?;
+    let nics = super::segments::resolve(&st.db, &tenant, &last.networks).await?;
+    let roce = nics
+        .iter()
+        .any(|n| super::segments::stored_kind(&n.segment) == kumo_api_types::SegmentKind::Roce);
+    if roce && spec.gpus == 0 {
+        return Err(ApiError::field(
+            "networks",
+            "RoCE segments are reached through the NICs paired with the members' GPUs; ask for GPUs",
+        ));
+    }
     let names: Vec<String> = (0..body.size).map(|i| body.member(i).name).collect();
     let taken = vms::Entity::find()
         .filter(vms::Column::TenantId.eq(tenant.id))
@@ -217,9 +275,9 @@ pub async fn create(
             id: Uuid::now_v7(),
             name,
             spec: spec.clone(),
-            nics: Vec::new(),
-            networked: false,
-            roce: false,
+            nics: nics.clone(),
+            networked: !nics.is_empty(),
+            roce,
         })
         .collect();
     let new = NewCluster {

@@ -187,6 +187,7 @@ fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCrea
         template: None,
         service_level: level,
         ssh_keys: vec![],
+        networks: vec![],
     }
 }
 

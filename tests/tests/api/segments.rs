@@ -54,7 +54,7 @@ async fn start(backend: Backend) -> TestServer {
 async fn segments_and_vms(s: &TestServer) {
     s.tenant("lab").await;
     s.tenant("other").await;
-    let _agent = s.sim_agent_at("cpu-1", "cpu-only", "192.0.2.1").await;
+    let _agent = s.sim_agent_at("gpu-1", "hgx-h100-roce", "192.0.2.1").await;
     let eth: Segment = s
         .admin
         .post(
@@ -143,12 +143,12 @@ async fn segments_and_vms(s: &TestServer) {
 
     // VMs get the lowest free address (after the gateway), or theirs, and
     // unique MACs; two NICs on two segments.
+    // (A RoCE NIC is a GPU's NIC: vm-a has one GPU, so one rail.)
+    let mut with_gpu = vm_on("vm-a", &[("eth", None), ("fast", None)]);
+    with_gpu.gpus = 1;
     let a: Vm = s
         .admin
-        .post(
-            "/api/v1/tenants/lab/vms",
-            &vm_on("vm-a", &[("eth", None), ("fast", None)]),
-        )
+        .post("/api/v1/tenants/lab/vms", &with_gpu)
         .await
         .unwrap();
     assert_eq!(a.networks.len(), 2);
@@ -608,6 +608,33 @@ async fn roce_segments(s: &TestServer) {
     assert_eq!(r.status(), 204);
     let h = s.admin.host("roce-1").await.unwrap();
     assert_eq!(serde_json::to_value(&h.fabric).unwrap(), report);
+
+    // A training cluster on the segment: every member's ranks on every
+    // rail, and a hostfile of addresses (rail 0) that MPI can use as is.
+    let _r2 = s.sim_agent_at("roce-2", "hgx-h100-roce", "192.0.2.3").await;
+    let _r3 = s.sim_agent_at("roce-3", "hgx-h100-roce", "192.0.2.4").await;
+    let cl: kumo_api_types::Cluster = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/clusters",
+            &json!({"name": "big", "size": 2, "gpus": 8, "networks": ["fast"]}),
+        )
+        .await
+        .unwrap();
+    let addrs: Vec<String> = cl
+        .members
+        .iter()
+        .map(|m| m.address.clone().unwrap())
+        .collect();
+    assert_eq!(
+        cl.hostfile,
+        format!("{} slots=8\n{} slots=8\n", addrs[0], addrs[1])
+    );
+    for m in &cl.members {
+        let v = s.admin.vm("lab", &m.name).await.unwrap();
+        assert_eq!(v.networks.len(), 8, "{}", m.name);
+        assert_eq!(v.networks[0].ip, *m.address.as_ref().unwrap());
+    }
 }
 
 #[tokio::test]
