@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Builds the tiny guest of the QEMU end-to-end test from Debian packages:
 # OUT/vmlinuz (Debian's kernel) and OUT/initrd.img (busybox, the virtio
-# modules, and qemu-ga with its libraries). Its init starts the QEMU guest
-# agent on the virtio-serial port and waits; /etc is a tmpfs, so whatever
-# the host agent writes there is gone after a reboot.
+# modules, and qemu-ga with its libraries). Its init loads the virtio
+# console and network drivers, starts the QEMU guest agent on the
+# virtio-serial port and waits; /etc is a tmpfs, so whatever the host agent
+# writes there is gone after a reboot.
 set -euo pipefail
 out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-[ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && exit 0
+# Bump when the guest changes, so a cached guest is rebuilt.
+version=2
+[ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
+modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console failover net_failover virtio_net"
 
 for tool in busybox cpio dpkg-deb; do
   command -v "$tool" >/dev/null || { echo "build-test-guest: $tool is missing (busybox-static, cpio)" >&2; exit 1; }
@@ -30,7 +34,7 @@ cp x/usr/sbin/qemu-ga "$root/usr/bin/qemu-ga"
 ldd x/usr/sbin/qemu-ga | awk '/=> \// {print $3} /^\s*\/lib64/ {print $1}' | while read -r lib; do
   cp -L "$lib" "$root$lib"
 done
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console; do
+for m in $modules; do
   f=$(find x/lib/modules -name "$m.ko" | head -n 1)
   [ -n "$f" ] && cp "$f" "$root/lib/modules/"
 done
@@ -53,7 +57,7 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs run /run
 mount -t tmpfs etc /etc
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console; do
+for m in MODULES; do
   [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko
 done
 port=""
@@ -69,6 +73,8 @@ mkdir -p /var/run
 qemu-ga -m virtio-serial -p "$port" -t /run &
 while true; do sleep 3600; done
 SH
+sed -i "s/MODULES/$modules/" "$root/init"
 chmod +x "$root/init"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1 > "$out/initrd.img")
+echo "$version" > "$out/version"
 echo "build-test-guest: $out/vmlinuz $out/initrd.img"

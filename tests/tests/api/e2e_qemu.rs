@@ -2,6 +2,8 @@
 //! libvirt's `qemu:///system`, a real `qemu-ga` inside it. The agent writes
 //! the VM's NCCL file into the guest; the file there equals what the API
 //! serves; after a reboot (the guest's /etc is a tmpfs) it is written again.
+//! The VM is on an Ethernet segment: its virtio NIC sits on the segment's
+//! bridge, which the agent made, with the API's MAC and the segment's MTU.
 //! `cargo xtask test` installs QEMU and libvirtd, starts them, and the test
 //! builds its tiny guest with `scripts/build-test-guest.sh`.
 
@@ -163,11 +165,21 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         heartbeat: Duration::from_secs(5),
         scalable_unit: None,
         rails: Default::default(),
-        underlay_ip: None,
+        // A test address (RFC 2544): the segment has no other hosts, so
+        // nothing is ever sent to or from it.
+        underlay_ip: Some("198.18.0.1".parse().unwrap()),
         netns: None,
     })
     .await
     .unwrap();
+    let lan: kumo_api_types::Segment = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/segments",
+            &json!({"name": "lan", "kind": "ethernet", "cidr": "10.77.0.0/24"}),
+        )
+        .await
+        .unwrap();
 
     // `run()` heartbeats in the background; driving passes by hand, so do we.
     let hb = agent.client.clone();
@@ -181,7 +193,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     let started = Instant::now();
     let vm: Vm = s
         .admin
-        .post("/api/v1/tenants/lab/vms", &json!({"name": "tiny-vm", "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny"}))
+        .post("/api/v1/tenants/lab/vms", &json!({"name": "tiny-vm", "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny", "networks": [{"segment": "lan"}]}))
         .await
         .unwrap();
     let _cleanup = Cleanup(vec![vm.id.to_string()]);
@@ -242,6 +254,23 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         Some(served.as_str()),
         "the guest has exactly what the API serves"
     );
+    // The NIC, as the guest sees it: the API's MAC, the segment's MTU, on
+    // the segment's bridge.
+    assert!(
+        dom.xml_desc(0)
+            .unwrap()
+            .contains(&format!("<source bridge='kbr{}'/>", lan.vni)),
+        "{}",
+        dom.xml_desc(0).unwrap()
+    );
+    assert_eq!(
+        guest_read(&dom, "/sys/class/net/eth0/address").as_deref(),
+        Some(format!("{}\n", vm.networks[0].mac).as_str())
+    );
+    assert_eq!(
+        guest_read(&dom, "/sys/class/net/eth0/mtu").as_deref(),
+        Some(format!("{}\n", lan.mtu).as_str())
+    );
     let conf = guest_read(&dom, "/etc/nccl.conf").unwrap();
     assert!(
         conf.lines()
@@ -295,6 +324,18 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         conn.lookup_domain_by_uuid_string(&vm.id.to_string())
             .is_err(),
         "the domain is gone"
+    );
+    // With its last VM gone, the host keeps nothing of the segment.
+    agent.sync_once(None).await.unwrap();
+    let host = vxlan_manager::Kernel::connect(None)
+        .unwrap()
+        .observe()
+        .await
+        .unwrap();
+    assert!(
+        !host.links.contains_key(&format!("kbr{}", lan.vni)),
+        "{:?}",
+        host.links.keys()
     );
     heartbeat.abort();
     s.stop().await;
