@@ -319,6 +319,7 @@ async fn commit(
             .await?;
     }
     let mut claimed: Vec<Uuid> = Vec::new();
+    let mut peers: Vec<Uuid> = Vec::new();
     for (i, m) in members.iter().enumerate() {
         let r = reserved.and_then(|r| r.get(i));
         let spec_json =
@@ -403,7 +404,7 @@ async fn commit(
                         .await??;
                 }
                 if m.networked {
-                    crate::host_network::touch_peers(&txn, vm.id).await?;
+                    peers.extend(crate::host_network::touch_peers(&txn, vm.id).await?);
                 }
                 event(&txn, &vm, "scheduled", format!("placed on {}", r.host_name)).await?;
             }
@@ -431,6 +432,9 @@ async fn commit(
         .await?;
     }
     txn.commit().await?;
+    for h in peers {
+        st.signals.notify(h);
+    }
     Ok(())
 }
 

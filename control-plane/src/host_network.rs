@@ -256,8 +256,9 @@ pub async fn load(
 
 /// A VM with NICs came to a host or left it: every host with a VM on one
 /// of its segments has new networks. Bumps their `network_revision` (not
-/// `revision`, which placement commits check) in the caller's transaction.
-pub async fn touch_peers(db: &impl ConnectionTrait, vm: Uuid) -> Result<(), ApiError> {
+/// `revision`, which placement commits check) in the caller's transaction,
+/// and answers those hosts, to be woken once it commits.
+pub async fn touch_peers(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<Uuid>, ApiError> {
     let segs: Vec<Uuid> = attachments::Entity::find()
         .filter(attachments::Column::VmId.eq(vm))
         .all(db)
@@ -269,9 +270,12 @@ pub async fn touch_peers(db: &impl ConnectionTrait, vm: Uuid) -> Result<(), ApiE
 }
 
 /// Every host with a VM on one of these segments has new networks.
-pub async fn touch_segments(db: &impl ConnectionTrait, segs: Vec<Uuid>) -> Result<(), ApiError> {
+pub async fn touch_segments(
+    db: &impl ConnectionTrait,
+    segs: Vec<Uuid>,
+) -> Result<Vec<Uuid>, ApiError> {
     if segs.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let peers: BTreeSet<Uuid> = attachments::Entity::find()
         .filter(attachments::Column::SegmentId.is_in(segs))
@@ -289,17 +293,17 @@ pub async fn touch_segments(db: &impl ConnectionTrait, segs: Vec<Uuid>) -> Resul
         .filter_map(|v| v.host_id)
         .collect();
     if hosts.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     hosts::Entity::update_many()
         .col_expr(
             hosts::Column::NetworkRevision,
             Expr::col(hosts::Column::NetworkRevision).add(1),
         )
-        .filter(hosts::Column::Id.is_in(hosts))
+        .filter(hosts::Column::Id.is_in(hosts.iter().copied()))
         .exec(db)
         .await?;
-    Ok(())
+    Ok(hosts.into_iter().collect())
 }
 
 #[cfg(test)]

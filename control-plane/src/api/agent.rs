@@ -395,6 +395,8 @@ pub async fn status(
     }
     let txn = st.db.begin().await?;
     let mut freed = false;
+    // Hosts sharing a segment with a VM that left: woken after the commit.
+    let mut peers: Vec<Uuid> = Vec::new();
     for s in &report.vms {
         let Some(vm) = vms::Entity::find_by_id(s.id).one(&txn).await? else {
             continue; // already gone: nothing to apply
@@ -420,7 +422,7 @@ pub async fn status(
             // Gone from the host: its devices are free; the row stays so
             // the tenant sees what happened.
             release(&txn, &vm).await?;
-            crate::host_network::touch_peers(&txn, vm.id).await?;
+            peers.extend(crate::host_network::touch_peers(&txn, vm.id).await?);
             let mut a: vms::ActiveModel = vm.into();
             a.host_id = Set(None);
             a.updated_at = Set(Utc::now());
@@ -443,7 +445,7 @@ pub async fn status(
         event(&txn, &vm, next.as_str(), message).await?;
         if next == VmState::Deleted {
             release(&txn, &vm).await?;
-            super::vms::delete_row(&txn, &vm).await?;
+            peers.extend(super::vms::delete_row(&txn, &vm).await?);
             freed = true;
             continue;
         }
@@ -463,6 +465,9 @@ pub async fn status(
         a.update(&txn).await?;
     }
     txn.commit().await?;
+    for h in peers {
+        st.signals.notify(h);
+    }
     if freed {
         st.capacity.refresh_host(&st.db, host.id).await?;
     }

@@ -418,10 +418,13 @@ pub async fn set_ingress(
     let mut a: segments::ActiveModel = s.clone().into();
     a.ingress_rules = Set(rules);
     let s = a.update(&txn).await?;
-    crate::host_network::touch_segments(&txn, vec![s.id]).await?;
+    let hosts = crate::host_network::touch_segments(&txn, vec![s.id]).await?;
     audit::record(&txn, &ctx, "segment.ingress", Some(&tenant), &s.name).await?;
     let n = count_attached(&txn, s.id).await?;
     txn.commit().await?;
+    for h in hosts {
+        st.signals.notify(h);
+    }
     Ok(axum::Json(to_api(&s, &tenant.name, n)))
 }
 

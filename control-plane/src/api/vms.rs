@@ -664,9 +664,11 @@ pub async fn events(
 
 /// Deletes a VM row with what goes with it, in the caller's transaction:
 /// its NICs, and its cluster once it was the last member.
-pub async fn delete_row(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
-    crate::host_network::touch_peers(txn, vm.id).await?;
+/// Answers the hosts whose networks changed, to wake after the commit.
+pub async fn delete_row(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<Vec<Uuid>, ApiError> {
+    let peers = crate::host_network::touch_peers(txn, vm.id).await?;
     vms::Entity::delete_by_id(vm.id).exec(txn).await?;
     super::segments::detach_all(txn, vm.id).await?;
-    super::clusters::member_gone(txn, vm).await
+    super::clusters::member_gone(txn, vm).await?;
+    Ok(peers)
 }
