@@ -2,7 +2,11 @@
 //! the server on SQLite, a fleet of simulated hosts (one `kumo-agent`
 //! process each, over a fixture sysfs tree of a real machine design and
 //! libvirt's `test:///default` driver), a demo tenant with quota and a
-//! template. Seeding goes through the public API, like any client.
+//! template. Seeding goes through the public API, like any client. Run as
+//! root, each host also gets a network namespace of its own and an
+//! underlay address, so tenant networks (bridges, VXLAN devices, filters)
+//! are real kernel state per host; otherwise the fleet takes no VMs with
+//! networks.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -26,6 +30,8 @@ pub const FLEET: &[&str] = &[
 
 pub struct Fleet {
     children: Vec<Child>,
+    /// The hosts' network namespaces, removed with the fleet.
+    namespaces: Vec<String>,
 }
 
 impl Drop for Fleet {
@@ -33,6 +39,27 @@ impl Drop for Fleet {
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        for ns in &self.namespaces {
+            if let Err(e) = vxlan_manager::netns::delete(ns) {
+                tracing::warn!(netns = %ns, error = %e, "could not remove a dev host's namespace");
+            }
+        }
+    }
+}
+
+/// A network namespace for dev host `i` (named by this process, so two
+/// dev fleets never share one), or `None` where namespaces cannot be made
+/// (not root).
+fn host_namespace(i: usize) -> Option<String> {
+    let name = format!("kumo-dev-{}-{i}", std::process::id());
+    match vxlan_manager::netns::create(&name) {
+        Ok(()) => Some(name),
+        Err(e) => {
+            if i == 0 {
+                tracing::warn!(error = %e, "no network namespaces (run as root for tenant networks); the dev fleet takes no VMs with networks");
+            }
+            None
         }
     }
 }
@@ -128,6 +155,7 @@ pub async fn start_fleet(
     let bin = agent_binary()?;
     let mut fleet = Fleet {
         children: Vec::new(),
+        namespaces: Vec::new(),
     };
     for i in 0..hosts {
         let design = FLEET[i % FLEET.len()];
@@ -139,25 +167,35 @@ pub async fn start_fleet(
             kumo_topology::fixtures::write(&m, &sysfs)
                 .with_context(|| format!("writing {}", sysfs.display()))?;
         }
-        let child = Command::new(&bin)
-            .args([
-                "run",
-                "--server",
-                server,
-                "--libvirt-uri",
-                "test:///default",
-                "--virt-type",
-                "qemu",
-                "--heartbeat-secs",
-                "5",
-            ])
-            .arg("--name")
-            .arg(&name)
-            .arg("--sysfs-root")
-            .arg(&sysfs)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .env("KUMO_JOIN_TOKEN", &join.token)
+        let mut cmd = Command::new(&bin);
+        cmd.args([
+            "run",
+            "--server",
+            server,
+            "--libvirt-uri",
+            "test:///default",
+            "--virt-type",
+            "qemu",
+            "--heartbeat-secs",
+            "5",
+        ])
+        .arg("--name")
+        .arg(&name)
+        .arg("--sysfs-root")
+        .arg(&sysfs)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .env("KUMO_JOIN_TOKEN", &join.token);
+        if let Some(ns) = host_namespace(i) {
+            // Test addresses (RFC 2544): the namespaces share no underlay,
+            // so nothing is ever sent.
+            cmd.arg("--netns")
+                .arg(&ns)
+                .arg("--underlay-ip")
+                .arg(format!("198.18.{}.{}", i / 250, i % 250 + 1));
+            fleet.namespaces.push(ns);
+        }
+        let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         fleet.children.push(child);

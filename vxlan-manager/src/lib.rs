@@ -14,6 +14,8 @@ pub mod fabric;
 pub mod filter;
 #[cfg(feature = "kernel")]
 pub mod kernel;
+#[cfg(feature = "netns")]
+pub mod netns;
 #[cfg(feature = "kernel")]
 pub mod nft;
 pub mod plan;

@@ -75,6 +75,46 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
     .unwrap();
     assert_eq!(shown["placement"]["gpus"].as_array().unwrap().len(), 8);
     kumo(&["vm", "delete", "demo", "--tenant", "demo"]);
+    // As root each dev host has a network namespace and an underlay
+    // address: a VM on a segment runs, its bridge in its host's namespace.
+    kumo(&[
+        "segment",
+        "create",
+        "lab-net",
+        "--tenant",
+        "demo",
+        "--cidr",
+        "10.1.0.0/24",
+    ]);
+    let web: serde_json::Value = serde_json::from_str(&kumo(&[
+        "vm",
+        "create",
+        "web",
+        "--tenant",
+        "demo",
+        "--network",
+        "lab-net=10.1.0.9",
+        "--vcpus",
+        "2",
+        "--wait",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(web["state"], "running", "{web}");
+    assert_eq!(web["networks"][0]["ip"], "10.1.0.9");
+    let prefix = format!("kumo-dev-{}-", server.id());
+    let namespaces = || -> Vec<String> {
+        std::fs::read_dir("/run/netns")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(namespaces().len(), 3, "{:?}", namespaces());
 
     // SIGTERM takes the fleet down with the server.
     Command::new("kill")
@@ -91,4 +131,5 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
         "agents left running: {}",
         String::from_utf8_lossy(&left.stdout)
     );
+    assert!(namespaces().is_empty(), "{:?}", namespaces());
 }
