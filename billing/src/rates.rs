@@ -1,0 +1,121 @@
+//! Rate cards: per resource class a price per unit-hour for guaranteed and
+//! for spot VMs, in force from a given time until the next card. A card
+//! never changes what was charged before it took effect.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use crate::Level;
+
+/// `gpu:<model>` (per GPU), `vcpu`, `memory_gib`, `disk_gib`.
+pub type Class = String;
+
+pub fn gpu_class(model: &str) -> Class {
+    format!("gpu:{model}")
+}
+
+pub const VCPU: &str = "vcpu";
+pub const MEMORY_GIB: &str = "memory_gib";
+pub const DISK_GIB: &str = "disk_gib";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Price {
+    pub guaranteed: Decimal,
+    pub spot: Decimal,
+}
+
+impl Price {
+    pub fn of(&self, level: Level) -> Decimal {
+        match level {
+            Level::Guaranteed => self.guaranteed,
+            Level::Spot => self.spot,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateCard {
+    pub effective_from: DateTime<Utc>,
+    pub prices: BTreeMap<Class, Price>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateError {
+    #[error("{class}: prices must not be negative")]
+    Negative { class: Class },
+    #[error("{class}: the spot price is above the guaranteed one")]
+    SpotAboveGuaranteed { class: Class },
+    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib)")]
+    UnknownClass(String),
+}
+
+impl RateCard {
+    pub fn validate(&self) -> Result<(), RateError> {
+        for (class, p) in &self.prices {
+            let known = [VCPU, MEMORY_GIB, DISK_GIB].contains(&class.as_str())
+                || class
+                    .strip_prefix("gpu:")
+                    .is_some_and(|m| !m.is_empty() && m.len() <= 64);
+            if !known {
+                return Err(RateError::UnknownClass(class.clone()));
+            }
+            if p.guaranteed.is_sign_negative() || p.spot.is_sign_negative() {
+                return Err(RateError::Negative {
+                    class: class.clone(),
+                });
+            }
+            if p.spot > p.guaranteed {
+                return Err(RateError::SpotAboveGuaranteed {
+                    class: class.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every card, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RateBook {
+    cards: Vec<RateCard>,
+}
+
+impl RateBook {
+    pub fn new(mut cards: Vec<RateCard>) -> RateBook {
+        cards.sort_by_key(|c| c.effective_from);
+        RateBook { cards }
+    }
+
+    pub fn cards(&self) -> &[RateCard] {
+        &self.cards
+    }
+
+    /// The card in force at `t`.
+    pub fn at(&self, t: DateTime<Utc>) -> Option<&RateCard> {
+        self.cards.iter().rev().find(|c| c.effective_from <= t)
+    }
+
+    /// The price per unit-hour of `class` at `t` (zero where no card
+    /// prices it: nothing is charged for what has no price).
+    pub fn price(&self, t: DateTime<Utc>, class: &str, level: Level) -> Decimal {
+        self.at(t)
+            .and_then(|c| c.prices.get(class))
+            .map(|p| p.of(level))
+            .unwrap_or(Decimal::ZERO)
+    }
+
+    /// Times strictly between `from` and `to` at which a card takes effect.
+    pub fn changes_within(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> impl Iterator<Item = DateTime<Utc>> + '_ {
+        self.cards
+            .iter()
+            .map(|c| c.effective_from)
+            .filter(move |t| from < *t && *t < to)
+    }
+}
