@@ -47,7 +47,7 @@ pub fn balance(grants: &[Grant], debits: &[Debit], now: DateTime<Utc>) -> Balanc
     debits.sort_by_key(|d| d.at);
     let mut owed = Decimal::ZERO;
     // Takes `amount` from grants in force at `t`; answers what could not be paid.
-    let mut take = |amount: Decimal, t: DateTime<Utc>, left: &mut Vec<Decimal>| {
+    let take = |amount: Decimal, t: DateTime<Utc>, left: &mut [Decimal]| {
         let mut due = amount;
         for &i in &order {
             if due.is_zero() {
