@@ -374,6 +374,7 @@ async fn commit(
             .await?
         };
         if !existing {
+            crate::metering::created(&txn, &vm, st.config.clock.now()).await?;
             crate::api::segments::attach(&txn, vm.id, &m.nics).await??;
             let s = &specs[i];
             event(

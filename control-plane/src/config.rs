@@ -60,6 +60,17 @@ pub struct FileConfig {
     pub scheduler: SchedulerFileConfig,
     #[serde(default)]
     pub network: NetworkFileConfig,
+    #[serde(default)]
+    pub billing: BillingFileConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BillingFileConfig {
+    /// Seconds between postings of running VMs' charges (1 to 60).
+    pub post_interval_secs: Option<u64>,
+    /// The points' currency label.
+    pub currency: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -199,7 +210,30 @@ pub struct Config {
     pub heartbeat_timeout: Duration,
     pub preemption_grace: Duration,
     pub network: NetworkConfig,
+    pub billing: BillingConfig,
+    /// What metering and charging take as now.
+    pub clock: crate::clock::Clock,
 }
+
+/// Metering and points, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BillingConfig {
+    /// How often charges of running VMs are posted.
+    pub post_interval: Duration,
+    /// What points are called (1 point = ¥1 by default).
+    pub currency: String,
+}
+
+impl Default for BillingConfig {
+    fn default() -> Self {
+        BillingConfig {
+            post_interval: Duration::from_secs(DEFAULT_POST_INTERVAL_SECS),
+            currency: "JPY".into(),
+        }
+    }
+}
+
+pub const DEFAULT_POST_INTERVAL_SECS: u64 = 15;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -237,6 +271,8 @@ impl Config {
             heartbeat_timeout: Duration::from_secs(DEFAULT_HEARTBEAT_TIMEOUT_SECS),
             preemption_grace: Duration::from_secs(DEFAULT_PREEMPTION_GRACE_SECS),
             network: NetworkConfig::default(),
+            billing: BillingConfig::default(),
+            clock: crate::clock::Clock::default(),
         }
     }
 }
@@ -339,7 +375,32 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         heartbeat_timeout: Duration::from_secs(heartbeat_timeout_secs),
         preemption_grace: Duration::from_secs(grace),
         network: network(&file.network)?,
+        billing: billing(&file.billing)?,
+        clock: crate::clock::Clock::default(),
     })
+}
+
+fn billing(file: &BillingFileConfig) -> Result<BillingConfig, ConfigError> {
+    let mut out = BillingConfig::default();
+    if let Some(s) = file.post_interval_secs {
+        if !(1..=60).contains(&s) {
+            return Err(ConfigError::Invalid {
+                key: "billing.post_interval_secs",
+                message: "between 1 and 60: charges are posted at least every minute".into(),
+            });
+        }
+        out.post_interval = Duration::from_secs(s);
+    }
+    if let Some(c) = &file.currency {
+        if c.is_empty() || c.len() > 16 {
+            return Err(ConfigError::Invalid {
+                key: "billing.currency",
+                message: "1 to 16 characters".into(),
+            });
+        }
+        out.currency = c.clone();
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

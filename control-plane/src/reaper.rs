@@ -33,8 +33,15 @@ pub const PASS: Duration = Duration::from_secs(1);
 pub async fn run(st: AppState) {
     let mut tick = tokio::time::interval(PASS);
     let mut last_refresh = tokio::time::Instant::now();
+    let mut last_post = tokio::time::Instant::now();
     loop {
         tick.tick().await;
+        if last_post.elapsed() >= st.config.billing.post_interval {
+            last_post = tokio::time::Instant::now();
+            if let Err(e) = crate::metering::post_due(&st).await {
+                tracing::warn!(error = %e, "posting charges failed; retrying");
+            }
+        }
         if last_refresh.elapsed() >= REFRESH {
             last_refresh = tokio::time::Instant::now();
             if let Err(e) = st.capacity.refresh_all(&st.db).await {
@@ -87,6 +94,15 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
             event(&txn, &vm, "suspending", "grace period over; saving to disk").await?;
         } else {
             event(&txn, &vm, "preempted", "grace period over; shut down").await?;
+            crate::metering::transition(
+                &txn,
+                &vm,
+                VmState::Preempting,
+                VmState::Preempted,
+                None,
+                st.config.clock.now(),
+            )
+            .await?;
         }
         if let Some(h) = vm.host_id {
             bump_revision(&txn, h).await?;

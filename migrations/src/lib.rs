@@ -10,6 +10,7 @@ mod m0004_scheduler;
 mod m0005_host_drain;
 mod m0006_segments;
 mod m0007_host_networks;
+mod m0008_billing;
 
 pub struct Migrator;
 
@@ -24,6 +25,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0005_host_drain::Migration),
             Box::new(m0006_segments::Migration),
             Box::new(m0007_host_networks::Migration),
+            Box::new(m0008_billing::Migration),
         ]
     }
 }

@@ -393,6 +393,7 @@ pub async fn status(
     if report.vms.len() > 10_000 {
         return Err(ApiError::field("vms", "too many entries"));
     }
+    let now = st.config.clock.now();
     let txn = st.db.begin().await?;
     let mut freed = false;
     // Hosts sharing a segment with a VM that left: woken after the commit.
@@ -445,7 +446,7 @@ pub async fn status(
         event(&txn, &vm, next.as_str(), message).await?;
         if next == VmState::Deleted {
             release(&txn, &vm).await?;
-            peers.extend(super::vms::delete_row(&txn, &vm).await?);
+            peers.extend(super::vms::delete_row(&txn, &vm, now).await?);
             freed = true;
             continue;
         }
@@ -454,6 +455,10 @@ pub async fn status(
             release(&txn, &vm).await?;
             freed = true;
         }
+        let model = crate::metering::billable(next)
+            .then(|| crate::metering::gpu_model_of(&st, &vm))
+            .flatten();
+        crate::metering::transition(&txn, &vm, stored_state(&vm), next, model, now).await?;
         let mut a: vms::ActiveModel = vm.into();
         a.state = Set(next.as_str().to_owned());
         a.reason = Set(if next == VmState::Error {

@@ -381,7 +381,15 @@ pub async fn delete(
         if matches!(stored_state(vm), VmState::Deleting | VmState::Deleted) {
             continue;
         }
-        act_on(&txn, &ctx, &tenant, vm, Action::Delete).await?;
+        act_on(
+            &txn,
+            &ctx,
+            &tenant,
+            vm,
+            Action::Delete,
+            st.config.clock.now(),
+        )
+        .await?;
         hosts.extend(vm.host_id);
     }
     if members.is_empty() {

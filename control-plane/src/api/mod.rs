@@ -19,6 +19,7 @@ use crate::server::AppState;
 
 pub mod agent;
 pub mod audit;
+pub mod billing;
 pub mod clusters;
 pub mod docs;
 pub mod health;
@@ -59,6 +60,7 @@ pub mod vms;
         (name = "vms", description = "Virtual machines and their lifecycle"),
         (name = "clusters", description = "Training clusters: VMs placed together, rail-aligned"),
         (name = "segments", description = "Tenant networks (VXLAN) for Ethernet and RoCE, and VM addresses on them"),
+        (name = "billing", description = "Rate cards, prepaid points, statements"),
         (name = "agent", description = "The protocol between host agents and the server"),
         (name = "health", description = "Liveness, readiness, metrics"),
     )
@@ -153,6 +155,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(segments::create, segments::list))
         .routes(routes!(segments::show, segments::delete))
         .routes(routes!(segments::set_ingress))
+        .routes(routes!(billing::put_rates, billing::get_rates))
+        .routes(routes!(billing::grant))
+        .routes(routes!(billing::points))
+        .routes(routes!(billing::statement))
         .routes(routes!(agent::register))
         .routes(routes!(agent::heartbeat))
         .routes(routes!(agent::desired))

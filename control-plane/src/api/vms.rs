@@ -500,7 +500,7 @@ async fn act(
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
     let txn = st.db.begin().await?;
     let vm = find_vm(&txn, &tenant, vm).await?;
-    let updated = act_on(&txn, ctx, &tenant, &vm, action).await?;
+    let updated = act_on(&txn, ctx, &tenant, &vm, action, st.config.clock.now()).await?;
     txn.commit().await?;
     if let Some(h) = vm.host_id {
         st.signals.notify(h);
@@ -520,6 +520,7 @@ pub async fn act_on(
     tenant: &tenants::Model,
     vm: &vms::Model,
     action: Action,
+    now: chrono::DateTime<Utc>,
 ) -> Result<vms::Model, ApiError> {
     let effect = lifecycle::apply(
         stored_state(vm),
@@ -534,6 +535,7 @@ pub async fn act_on(
             s.as_str()
         ))
     })?;
+    crate::metering::transition(txn, vm, stored_state(vm), effect.state, None, now).await?;
     let mut active: vms::ActiveModel = vm.clone().into();
     active.state = Set(effect.state.as_str().to_owned());
     active.desired_power = Set(power_str(effect.desired_power).to_owned());
@@ -559,7 +561,7 @@ pub async fn act_on(
     .await?;
     if effect.state == VmState::Deleted {
         event(txn, vm, "deleted", "never placed").await?;
-        delete_row(txn, vm).await?;
+        delete_row(txn, vm, now).await?;
     }
     if let Some(h) = vm.host_id {
         bump_revision(txn, h).await?;
@@ -665,7 +667,12 @@ pub async fn events(
 /// Deletes a VM row with what goes with it, in the caller's transaction:
 /// its NICs, and its cluster once it was the last member.
 /// Answers the hosts whose networks changed, to wake after the commit.
-pub async fn delete_row(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<Vec<Uuid>, ApiError> {
+pub async fn delete_row(
+    txn: &DatabaseTransaction,
+    vm: &vms::Model,
+    now: chrono::DateTime<Utc>,
+) -> Result<Vec<Uuid>, ApiError> {
+    crate::metering::gone(txn, vm.id, now).await?;
     let peers = crate::host_network::touch_peers(txn, vm.id).await?;
     vms::Entity::delete_by_id(vm.id).exec(txn).await?;
     super::segments::detach_all(txn, vm.id).await?;

@@ -7,6 +7,7 @@ mod harness;
 mod agent;
 mod authz;
 mod bad_input;
+mod billing;
 mod cli;
 mod dev;
 mod e2e_qemu;

@@ -1,0 +1,277 @@
+//! Metering and points on an injected clock: per-second charges with a
+//! 60-second minimum, spot and guaranteed prices, disks charged while the
+//! VM exists, a month boundary, grants spent oldest-expiring first (and
+//! one expiring), statements that equal the ledger to the last decimal,
+//! and no charge posted twice — by a restarted server or by replicas
+//! posting at once.
+
+use chrono::{Duration, TimeZone, Utc};
+use kumo_api_types::{Points, Rates, Statement, Vm};
+use kumo_server::clock::Clock;
+use serde_json::json;
+
+use crate::harness::{Backend, TestServer};
+
+fn d(s: &str) -> kumo_billing::Decimal {
+    s.parse().unwrap()
+}
+
+async fn points(s: &TestServer) -> Points {
+    s.admin.get("/api/v1/tenants/lab/points").await.unwrap()
+}
+
+async fn month(s: &TestServer, m: &str) -> Statement {
+    s.admin
+        .get(&format!("/api/v1/tenants/lab/statements/{m}"))
+        .await
+        .unwrap()
+}
+
+async fn charges_follow_the_lifecycle(backend: Backend) {
+    // Three minutes before December: pieces on both sides of the month.
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 23, 57, 0).unwrap();
+    let clock = Clock::manual(t0);
+    let s = TestServer::start_with(backend, |c| c.clock = clock.clone()).await;
+    let post = || kumo_server::metering::post_due(&s.server.state);
+    let rates: Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"prices": {
+                "gpu:H100-SXM5-80GB": {"guaranteed": "3600", "spot": "1200"},
+                "vcpu": {"guaranteed": "36", "spot": "12"},
+                "memory_gib": {"guaranteed": "3.6", "spot": "1.2"},
+                "disk_gib": {"guaranteed": "0.36", "spot": "0.36"},
+            }}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rates.current.unwrap().effective_from, t0);
+    s.tenant("lab").await;
+    for (amount, expires) in [
+        ("1000", t0 + Duration::days(1)),
+        ("5", t0 + Duration::minutes(2)),
+    ] {
+        let _: kumo_api_types::PointGrant = s
+            .admin
+            .post(
+                "/api/v1/tenants/lab/points/grants",
+                &json!({"amount": amount, "expires_at": expires, "note": "test"}),
+            )
+            .await
+            .unwrap();
+    }
+    let mut agent = s.sim_agent("gpu-1", "hgx-h100").await;
+    for (name, level) in [("g", "guaranteed"), ("s", "spot")] {
+        let _: Vm = s
+            .admin
+            .post(
+                "/api/v1/tenants/lab/vms",
+                &json!({"name": format!("vm-{name}"), "gpus": 1, "vcpus": 8, "memory_gib": 16,
+                        "disk_gib": 10, "service_level": level}),
+            )
+            .await
+            .unwrap();
+    }
+    agent.converge().await; // both running at t0
+    clock.advance(Duration::seconds(10));
+    s.admin.vm_action("lab", "vm-g", "stop").await.unwrap();
+    agent.converge().await; // vm-g stopped at t0 + 10 s: its minute is charged
+    clock.advance(Duration::seconds(50));
+    // t0 + 1 min: every run's minimum, while the 5-point grant still holds.
+    assert!(post().await.unwrap() > 0);
+    assert_eq!(post().await.unwrap(), 0, "posting again posts nothing");
+    clock.advance(Duration::minutes(4)); // 00:02 on December 1st
+    post().await.unwrap();
+
+    // vm-g: 60 s guaranteed = 60 + 4.8 + 0.96; vm-s: 300 s spot =
+    // 100 + 8 + 1.6; two disks of 10 GiB for 300 s = 0.3 each.
+    let p = points(&s).await;
+    assert_eq!(d(&p.charged), d("175.96"), "{p:?}");
+    let nov = month(&s, "2026-11").await;
+    let dec = month(&s, "2026-12").await;
+    assert_eq!(d(&nov.total), d("131.88"), "{nov:?}");
+    assert_eq!(d(&dec.total), d("44.08"), "{dec:?}");
+    for st in [&nov, &dec] {
+        let sum: kumo_billing::Decimal = st.lines.iter().map(|l| d(&l.amount)).sum();
+        assert_eq!(sum, d(&st.total), "the total is the sum of the lines");
+    }
+    assert_eq!(
+        d(&nov.total) + d(&dec.total),
+        d(&p.charged),
+        "statements = ledger"
+    );
+    let line = |st: &Statement, vm: &str, res: &str| {
+        st.lines
+            .iter()
+            .find(|l| l.vm == vm && l.resource == res)
+            .map(|l| (l.seconds, d(&l.amount), d(&l.rate_per_hour)))
+    };
+    assert_eq!(
+        line(&nov, "vm-g", "gpu:H100-SXM5-80GB"),
+        Some((60, d("60"), d("3600"))),
+        "a 10-second run pays its minute"
+    );
+    assert_eq!(line(&dec, "vm-g", "gpu:H100-SXM5-80GB"), None);
+    assert_eq!(line(&nov, "vm-s", "vcpu"), Some((180, d("4.8"), d("12"))));
+    assert_eq!(line(&dec, "vm-s", "vcpu"), Some((120, d("3.2"), d("12"))));
+    assert_eq!(
+        line(&dec, "vm-g", "disk_gib"),
+        Some((120, d("0.12"), d("0.36"))),
+        "a stopped VM pays its disk"
+    );
+
+    // The first minute's 87.8 points took the 5 expiring ones first; the
+    // rest came from the 1000.
+    assert_eq!(d(&p.balance), d("1000") - d("82.8") - d("88.16"), "{p:?}");
+    let short = p.grants.iter().find(|g| g.amount == "5").unwrap();
+    assert!(short.expired && d(&short.remaining).is_zero());
+    assert_eq!(p.currency, "JPY");
+
+    // CSV: the same lines and total.
+    let csv = s
+        .http()
+        .get(format!("{}/api/v1/tenants/lab/statements/2026-11", s.url))
+        .bearer_auth(&s.admin_token)
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .unwrap();
+    assert!(csv.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/csv"));
+    let text = csv.text().await.unwrap();
+    assert!(text.starts_with("vm,resource,service_level,seconds,rate_per_hour,amount\n"));
+    assert_eq!(text.lines().count(), nov.lines.len() + 2, "{text}");
+    assert!(
+        text.ends_with(&format!("total,,,,,{}\n", nov.total)),
+        "{text}"
+    );
+
+    // A second server on the same database (a restart, or a replica)
+    // posts nothing already posted; one more minute is one more minute.
+    let replica = kumo_server::RunningServer::start(s.server.state.config.as_ref().clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        kumo_server::metering::post_due(&replica.state)
+            .await
+            .unwrap(),
+        0
+    );
+    clock.advance(Duration::minutes(1));
+    let (a, b) = tokio::join!(post(), kumo_server::metering::post_due(&replica.state));
+    assert_eq!(
+        a.unwrap() + b.unwrap(),
+        5,
+        "3 compute + 2 disk pieces, once"
+    );
+    let p2 = points(&s).await;
+    assert_eq!(
+        d(&p2.charged) - d(&p.charged),
+        d("20") + d("1.6") + d("0.32") + d("0.12")
+    );
+    replica.stop().await.unwrap();
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn charges_follow_the_lifecycle_sqlite() {
+    charges_follow_the_lifecycle(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn charges_follow_the_lifecycle_postgres() {
+    charges_follow_the_lifecycle(Backend::Postgres).await;
+}
+
+/// Rates are checked whole and never reach into the past; grants and
+/// months are checked; only admins set rates and grant points.
+#[tokio::test]
+async fn bad_rates_grants_and_months_are_refused() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 12, 0, 0).unwrap();
+    let clock = Clock::manual(t0);
+    let s = TestServer::start_with(Backend::Sqlite, |c| c.clock = clock.clone()).await;
+    s.tenant("lab").await;
+    let price = |g: &str, sp: &str| json!({"guaranteed": g, "spot": sp});
+    for (body, field) in [
+        (
+            json!({"effective_from": t0 - Duration::seconds(1), "prices": {"vcpu": price("1", "1")}}),
+            "effective_from",
+        ),
+        (
+            json!({"prices": {"vcpu": price("-1", "0")}}),
+            "prices.vcpu.guaranteed",
+        ),
+        (json!({"prices": {"vcpu": price("1", "2")}}), "prices"),
+        (json!({"prices": {"tpu": price("1", "1")}}), "prices"),
+        (
+            json!({"prices": {"vcpu": price("1.0000001", "1")}}),
+            "prices.vcpu.guaranteed",
+        ),
+        (
+            json!({"prices": {"vcpu": price("one", "1")}}),
+            "prices.vcpu.guaranteed",
+        ),
+    ] {
+        let e = s
+            .admin
+            .put::<_, Rates>("/api/v1/rates", &body)
+            .await
+            .unwrap_err();
+        assert_eq!(e.problem().unwrap().errors[0].field, field, "{body}");
+    }
+    let later = t0 + Duration::days(1);
+    let r: Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"effective_from": later, "prices": {"vcpu": price("2", "1")}}),
+        )
+        .await
+        .unwrap();
+    assert!(r.current.is_none(), "not in force yet");
+    assert_eq!(r.cards.len(), 1);
+    let e = s
+        .admin
+        .put::<_, Rates>(
+            "/api/v1/rates",
+            &json!({"effective_from": later, "prices": {}}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409));
+    clock.advance(Duration::days(2));
+    let r: Rates = s.admin.get("/api/v1/rates").await.unwrap();
+    assert_eq!(r.current.unwrap().prices["vcpu"].guaranteed, "2");
+    for (body, field) in [
+        (
+            json!({"amount": "0", "expires_at": later + Duration::days(9)}),
+            "amount",
+        ),
+        (
+            json!({"amount": "x", "expires_at": later + Duration::days(9)}),
+            "amount",
+        ),
+        (json!({"amount": "10", "expires_at": t0}), "expires_at"),
+    ] {
+        let e = s
+            .admin
+            .post::<_, kumo_api_types::PointGrant>("/api/v1/tenants/lab/points/grants", &body)
+            .await
+            .unwrap_err();
+        assert_eq!(e.problem().unwrap().errors[0].field, field, "{body}");
+    }
+    for m in ["2026-13", "2026-1", "latest"] {
+        let e = s
+            .admin
+            .get::<Statement>(&format!("/api/v1/tenants/lab/statements/{m}"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(400), "{m}");
+    }
+    let empty = month(&s, "2026-11").await;
+    assert!(empty.lines.is_empty() && d(&empty.total).is_zero());
+    s.stop().await;
+}
