@@ -2,10 +2,11 @@
 //! callers can branch on its `type`.
 
 use kumo_api_types::{
-    AuditEntry, Cluster, ClusterCreate, Host, HostDetail, JoinTokenCreate, JoinTokenCreated, Me,
-    Member, MemberPut, Page, Problem, Quota, Segment, SegmentCreate, SegmentIngress, Template,
-    TemplateCreate, Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User,
-    UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
+    AuditEntry, Cluster, ClusterCreate, GrantCreate, Host, HostDetail, JoinTokenCreate,
+    JoinTokenCreated, Me, Member, MemberPut, Page, PointGrant, Points, Problem, Quota, RateCardPut,
+    Rates, Segment, SegmentCreate, SegmentIngress, Statement, Template, TemplateCreate, Tenant,
+    TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User, UserCreate, Vm,
+    VmCreate, VmEvent, PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -495,6 +496,63 @@ impl Client {
             ),
         ))
         .await
+    }
+
+    // -------------------------------------------------------------- billing
+
+    pub async fn rates(&self) -> Result<Rates, ClientError> {
+        self.get("/api/v1/rates").await
+    }
+
+    pub async fn set_rates(&self, body: &RateCardPut) -> Result<Rates, ClientError> {
+        self.put("/api/v1/rates", body).await
+    }
+
+    pub async fn grant_points(
+        &self,
+        tenant: &str,
+        body: &GrantCreate,
+    ) -> Result<PointGrant, ClientError> {
+        self.post(
+            &format!("/api/v1/tenants/{}/points/grants", segment(tenant)),
+            body,
+        )
+        .await
+    }
+
+    pub async fn points(&self, tenant: &str) -> Result<Points, ClientError> {
+        self.get(&format!("/api/v1/tenants/{}/points", segment(tenant)))
+            .await
+    }
+
+    pub async fn statement(&self, tenant: &str, month: &str) -> Result<Statement, ClientError> {
+        self.get(&format!(
+            "/api/v1/tenants/{}/statements/{}",
+            segment(tenant),
+            segment(month)
+        ))
+        .await
+    }
+
+    /// The statement as the server writes it in CSV.
+    pub async fn statement_csv(&self, tenant: &str, month: &str) -> Result<String, ClientError> {
+        let resp = self
+            .send_raw(
+                self.request(
+                    Method::GET,
+                    &format!(
+                        "/api/v1/tenants/{}/statements/{}",
+                        segment(tenant),
+                        segment(month)
+                    ),
+                )
+                .header(reqwest::header::ACCEPT, "text/csv"),
+            )
+            .await?;
+        resp.text().await.map_err(|source| ClientError::Transport {
+            url: self.base.clone(),
+            source,
+        })
     }
 
     pub async fn vm_nccl_topology(&self, tenant: &str, vm: &str) -> Result<String, ClientError> {

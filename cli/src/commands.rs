@@ -81,6 +81,15 @@ pub enum Command {
     /// Tenant networks (VXLAN segments) for Ethernet and RoCE.
     #[command(subcommand)]
     Segment(SegmentCmd),
+    /// Rate cards: prices per hour, guaranteed and spot.
+    #[command(subcommand)]
+    Rate(crate::billing::RateCmd),
+    /// A tenant's prepaid points.
+    #[command(subcommand)]
+    Points(crate::billing::PointsCmd),
+    /// Monthly statements.
+    #[command(subcommand)]
+    Statement(crate::billing::StatementCmd),
     /// Lifecycle events of a tenant's VMs, newest first.
     Events {
         #[command(flatten)]
@@ -719,6 +728,11 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Vm(cmd) => vm(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Cluster(cmd) => cluster(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Segment(cmd) => segment_cmd(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Rate(cmd) => crate::billing::rate(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Points(cmd) => crate::billing::points(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Statement(cmd) => {
+            crate::billing::statement(cmd, &client(&cli, &env)?, fmt, out).await?
+        }
         Command::Events { tenant, limit } => {
             let events = client(&cli, &env)?.events(&tenant.tenant, *limit).await?;
             print_one(out, fmt, &events, || {
@@ -833,7 +847,7 @@ async fn tenant(
     Ok(())
 }
 
-fn print_one<T: serde::Serialize>(
+pub(crate) fn print_one<T: serde::Serialize>(
     out: &mut dyn Write,
     fmt: Format,
     value: &T,

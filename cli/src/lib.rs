@@ -1,6 +1,7 @@
 //! The `kumo` command-line client, and the typed HTTP client it is built on
 //! (the tests use the same client).
 
+pub mod billing;
 pub mod client;
 pub mod commands;
 pub mod output;

@@ -172,8 +172,9 @@ pub async fn grant(
     Path(tenant): Path<String>,
     Json(body): Json<GrantCreate>,
 ) -> Result<(StatusCode, axum::Json<PointGrant>), ApiError> {
-    require_admin(&ctx.caller, "granting points")?;
+    // Outsiders learn nothing of a foreign tenant, not even that it exists.
     let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    require_admin(&ctx.caller, "granting points")?;
     let amount = decimal("amount", &body.amount)?;
     if amount.is_zero() {
         return Err(ApiError::field("amount", "must be positive"));

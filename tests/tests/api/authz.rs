@@ -177,6 +177,31 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
     ),
     (
         "PUT",
+        "/api/v1/rates",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/rates",
+        [200, 200, 200, 200, 200, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/points/grants",
+        [201, 403, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/points",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/statements/{month}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "PUT",
         "/api/v1/tenants/{tenant}/quota",
         [200, 403, 403, 403, 404, 401, 401, 401],
     ),
@@ -406,6 +431,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         "alpha-cl".to_owned()
     };
     path = path.replace("{cluster}", &cluster);
+    path = path.replace("{month}", "2026-11");
     let segment = if (method, template) == ("DELETE", "/api/v1/tenants/{tenant}/segments/{segment}")
     {
         let name = format!("seg-{n}");
@@ -452,6 +478,12 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => {
             path = path.replace("{user}", "vera");
             None
+        }
+        ("PUT", "/api/v1/rates") => {
+            Some(json!({"prices": {"vcpu": {"guaranteed": "1.5", "spot": "0.5"}}}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/points/grants") => {
+            Some(json!({"amount": "100", "expires_at": Utc::now() + Duration::days(30)}))
         }
         ("PUT", "/api/v1/tenants/{tenant}/quota") => Some(
             json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "gpus": {"H100-SXM5-80GB": 8}}),

@@ -271,3 +271,87 @@ async fn cluster_and_host_commands() {
     .unwrap();
     s.stop().await;
 }
+
+#[tokio::test]
+async fn rate_points_and_statement_commands() {
+    use chrono::{Duration, TimeZone, Utc};
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 20, 12, 0, 0).unwrap();
+    let clock = kumo_server::clock::Clock::manual(t0);
+    let s = TestServer::start_with(Backend::Sqlite, |c| c.clock = clock.clone()).await;
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("cpu-1", "cpu-only").await;
+    let url = s.url.clone();
+    let token = s.admin_token.clone();
+    let k = std::sync::Arc::new(Kumo::new());
+    {
+        let (k, url, token) = (k.clone(), url.clone(), token.clone());
+        tokio::task::spawn_blocking(move || {
+            k.ok(&["login", "--server", &url, "--token", &token], None);
+            let rates = k.json(
+                &[
+                    "rate",
+                    "set",
+                    "--price",
+                    "vcpu=36/12",
+                    "--price",
+                    "memory_gib=3.6/1.2",
+                    "--price",
+                    "disk_gib=0/0",
+                ],
+                None,
+            );
+            assert_eq!(rates["current"]["prices"]["vcpu"]["spot"], "12", "{rates}");
+            let table = k.ok(&["rate", "list"], None);
+            assert!(
+                table.contains("in force") && table.contains("memory_gib"),
+                "{table}"
+            );
+            let bad = k.run(&["rate", "set", "--price", "vcpu=1"], None);
+            assert!(!bad.0 && bad.2.contains("GUARANTEED/SPOT"), "{}", bad.2);
+            k.ok(
+                &[
+                    "points",
+                    "grant",
+                    "--tenant",
+                    "lab",
+                    "--amount",
+                    "500",
+                    "--expires",
+                    "2027-03-31",
+                ],
+                None,
+            );
+            k.ok(
+                &[
+                    "vm", "create", "web", "--tenant", "lab", "--vcpus", "2", "--memory", "4",
+                ],
+                None,
+            );
+        })
+        .await
+        .unwrap();
+    }
+    agent.converge().await;
+    clock.advance(Duration::minutes(10));
+    kumo_server::metering::post_due(&s.server.state)
+        .await
+        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        // 10 minutes of 2 vCPUs (36/h) and 4 GiB (3.6/h): 12 + 2.4.
+        let p = k.json(&["points", "show", "--tenant", "lab"], None);
+        assert_eq!(p["charged"], "14.4", "{p}");
+        assert_eq!(p["balance"], "485.6", "{p}");
+        let shown = k.ok(&["points", "show", "--tenant", "lab"], None);
+        assert!(shown.contains("Balance: 485.6 JPY"), "{shown}");
+        let st = k.ok(&["statement", "get", "2026-11", "--tenant", "lab"], None);
+        assert!(st.contains("Total: 14.4"), "{st}");
+        let csv = k.ok(
+            &["statement", "get", "2026-11", "--tenant", "lab", "--csv"],
+            None,
+        );
+        assert!(csv.ends_with("total,,,,,14.4\n"), "{csv}");
+    })
+    .await
+    .unwrap();
+    s.stop().await;
+}
