@@ -1133,6 +1133,29 @@ pub struct Points {
     pub ledger: Vec<LedgerCharge>,
     /// Every charge posted so far.
     pub charged: String,
+    /// Since when the points are exhausted, if they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exhausted_since: Option<DateTime<Utc>>,
+    /// An admin's extension of the grace for guaranteed VMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_until: Option<DateTime<Utc>>,
+    /// Budget alerts, newest first.
+    pub alerts: Vec<BillingAlert>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BillingAlert {
+    /// `spent-80`, `spent-100`, `exhausted`.
+    pub kind: String,
+    pub message: String,
+    pub at: DateTime<Utc>,
+}
+
+/// Keep a tenant's guaranteed VMs running while out of points until then.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GraceExtend {
+    pub until: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

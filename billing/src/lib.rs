@@ -1,9 +1,11 @@
 //! Kumo's billing core, as plain functions over plain data: rate cards
 //! (`rates`), the pieces of metered runs still to be charged (`meter`),
-//! monthly statements (`statement`) and prepaid points (`points`).
+//! monthly statements (`statement`), prepaid points (`points`) and what a
+//! balance means for a tenant (`budget`).
 //! Amounts are exact decimals, rounded once per charge to [`SCALE`]
 //! places (half to even), so every sum of charges is exact.
 
+pub mod budget;
 pub mod meter;
 pub mod points;
 pub mod rates;

@@ -71,6 +71,10 @@ pub struct BillingFileConfig {
     pub post_interval_secs: Option<u64>,
     /// The points' currency label.
     pub currency: Option<String>,
+    /// Percentages of a grant spent that raise an alert.
+    pub alert_thresholds: Option<Vec<u32>>,
+    /// Seconds guaranteed VMs keep running once points are exhausted.
+    pub guaranteed_grace_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -222,6 +226,10 @@ pub struct BillingConfig {
     pub post_interval: Duration,
     /// What points are called (1 point = ¥1 by default).
     pub currency: String,
+    /// Alerts when this share (%) of a tenant's latest grant is spent.
+    pub alert_thresholds: Vec<u32>,
+    /// Out of points, guaranteed VMs run this long before they stop.
+    pub guaranteed_grace: Duration,
 }
 
 impl Default for BillingConfig {
@@ -229,11 +237,14 @@ impl Default for BillingConfig {
         BillingConfig {
             post_interval: Duration::from_secs(DEFAULT_POST_INTERVAL_SECS),
             currency: "JPY".into(),
+            alert_thresholds: vec![80, 100],
+            guaranteed_grace: Duration::from_secs(DEFAULT_GUARANTEED_GRACE_SECS),
         }
     }
 }
 
 pub const DEFAULT_POST_INTERVAL_SECS: u64 = 15;
+pub const DEFAULT_GUARANTEED_GRACE_SECS: u64 = 86_400;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -399,6 +410,18 @@ fn billing(file: &BillingFileConfig) -> Result<BillingConfig, ConfigError> {
             });
         }
         out.currency = c.clone();
+    }
+    if let Some(t) = &file.alert_thresholds {
+        if t.len() > 10 || t.iter().any(|p| *p == 0 || *p > 1000) {
+            return Err(ConfigError::Invalid {
+                key: "billing.alert_thresholds",
+                message: "at most 10 percentages, 1 to 1000".into(),
+            });
+        }
+        out.alert_thresholds = t.clone();
+    }
+    if let Some(g) = file.guaranteed_grace_secs {
+        out.guaranteed_grace = Duration::from_secs(g);
     }
     Ok(out)
 }

@@ -20,6 +20,7 @@ pub const PROBLEM_KINDS: &[(&str, &str, u16)] = &[
     ("idempotency-key-reuse", "Idempotency key reused", 422),
     ("quota-exceeded", "Quota exceeded", 409),
     ("insufficient-capacity", "Insufficient capacity", 409),
+    ("points-exhausted", "Points exhausted", 402),
     ("internal", "Internal server error", 500),
     ("unavailable", "Service unavailable", 503),
 ];
@@ -45,6 +46,8 @@ pub enum ApiError {
     QuotaExceeded { resource: String, detail: String },
     #[error("{0}")]
     InsufficientCapacity(String),
+    #[error("{0}")]
+    PointsExhausted(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -88,6 +91,7 @@ impl ApiError {
             ApiError::IdempotencyKeyReuse(_) => "idempotency-key-reuse",
             ApiError::QuotaExceeded { .. } => "quota-exceeded",
             ApiError::InsufficientCapacity(_) => "insufficient-capacity",
+            ApiError::PointsExhausted(_) => "points-exhausted",
             ApiError::PayloadTooLarge(_) => "payload-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::Unavailable => "unavailable",
@@ -240,6 +244,7 @@ mod tests {
             },
             ApiError::PayloadTooLarge("x".into()),
             ApiError::InsufficientCapacity("x".into()),
+            ApiError::PointsExhausted("x".into()),
             ApiError::UnsupportedMediaType("x".into()),
             ApiError::Unavailable,
             ApiError::Internal("secret detail".into()),

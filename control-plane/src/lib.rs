@@ -9,6 +9,7 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod bootstrap;
+pub mod budget;
 pub mod capacity;
 pub mod clock;
 pub mod config;

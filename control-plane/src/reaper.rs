@@ -41,6 +41,9 @@ pub async fn run(st: AppState) {
             if let Err(e) = crate::metering::post_due(&st).await {
                 tracing::warn!(error = %e, "posting charges failed; retrying");
             }
+            if let Err(e) = crate::budget::enforce(&st).await {
+                tracing::warn!(error = %e, "budget pass failed; retrying");
+            }
         }
         if last_refresh.elapsed() >= REFRESH {
             last_refresh = tokio::time::Instant::now();

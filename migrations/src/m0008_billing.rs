@@ -2,7 +2,8 @@
 //! metered runs (a resource of a VM while it runs, or its disk while it
 //! exists, with how far it has been charged), the charges posted from them
 //! (one per run and piece start: posting twice is a key conflict), and
-//! point grants.
+//! point grants; per tenant, when its points ran out and any grace an
+//! admin gave, and the budget alerts raised (each once).
 
 use sea_orm_migration::prelude::*;
 
@@ -49,6 +50,25 @@ enum Charges {
     PerHour,
     Amount,
     PostedAt,
+}
+
+#[derive(DeriveIden)]
+enum TenantBilling {
+    Table,
+    TenantId,
+    ExhaustedSince,
+    GraceUntil,
+}
+
+#[derive(DeriveIden)]
+enum BillingAlerts {
+    Table,
+    Id,
+    TenantId,
+    Kind,
+    GrantId,
+    Message,
+    At,
 }
 
 #[derive(DeriveIden)]
@@ -192,11 +212,72 @@ impl MigrationTrait for Migration {
                 .col(ts(PointGrants::CreatedAt))
                 .to_owned(),
         )
+        .await?;
+        m.create_table(
+            Table::create()
+                .table(TenantBilling::Table)
+                .col(
+                    ColumnDef::new(TenantBilling::TenantId)
+                        .uuid()
+                        .not_null()
+                        .primary_key(),
+                )
+                .col(
+                    ColumnDef::new(TenantBilling::ExhaustedSince)
+                        .timestamp_with_time_zone()
+                        .null(),
+                )
+                .col(
+                    ColumnDef::new(TenantBilling::GraceUntil)
+                        .timestamp_with_time_zone()
+                        .null(),
+                )
+                .to_owned(),
+        )
+        .await?;
+        m.create_table(
+            Table::create()
+                .table(BillingAlerts::Table)
+                .col(
+                    ColumnDef::new(BillingAlerts::Id)
+                        .uuid()
+                        .not_null()
+                        .primary_key(),
+                )
+                .col(ColumnDef::new(BillingAlerts::TenantId).uuid().not_null())
+                .col(
+                    ColumnDef::new(BillingAlerts::Kind)
+                        .string_len(40)
+                        .not_null(),
+                )
+                // What the alert is about (a grant, an exhaustion), so each fires once.
+                .col(ColumnDef::new(BillingAlerts::GrantId).uuid().not_null())
+                .col(
+                    ColumnDef::new(BillingAlerts::Message)
+                        .string_len(500)
+                        .not_null(),
+                )
+                .col(ts(BillingAlerts::At))
+                .to_owned(),
+        )
+        .await?;
+        m.create_index(
+            Index::create()
+                .name("billing_alerts_once_key")
+                .table(BillingAlerts::Table)
+                .col(BillingAlerts::TenantId)
+                .col(BillingAlerts::Kind)
+                .col(BillingAlerts::GrantId)
+                .unique()
+                .to_owned(),
+        )
         .await
     }
 
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
         for t in [
+            BillingAlerts::Table.into_iden(),
+            TenantBilling::Table.into_iden(),
             PointGrants::Table.into_iden(),
             Charges::Table.into_iden(),
             MeterRuns::Table.into_iden(),

@@ -11,8 +11,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use kumo_api_types::{
-    ClassPrice, GrantCreate, LedgerCharge, PointGrant, Points, RateCardInfo, RateCardPut, Rates,
-    ServiceLevel, Statement, StatementLine,
+    BillingAlert, ClassPrice, GraceExtend, GrantCreate, LedgerCharge, PointGrant, Points,
+    RateCardInfo, RateCardPut, Rates, ServiceLevel, Statement, StatementLine,
 };
 use kumo_billing::points::{self, Debit, Grant};
 use kumo_billing::rates::{Price, RateCard};
@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use super::Problems;
 use crate::access::{require_admin, tenant_access};
-use crate::entity::{charges, point_grants, rate_cards, tenants};
+use crate::entity::{billing_alerts, charges, point_grants, rate_cards, tenant_billing, tenants};
 use crate::error::{conflict_if_unique, ApiError};
 use crate::extract::{Ctx, Json, Path};
 use crate::server::AppState;
@@ -295,6 +295,9 @@ pub async fn points(
     let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     let (grants, charged) = ledger_of(&st.db, &tenant).await?;
     let b = balance_of(&grants, &charged, st.config.clock.now())?;
+    let standing = tenant_billing::Entity::find_by_id(tenant.id)
+        .one(&st.db)
+        .await?;
     let left: BTreeMap<Uuid, (Decimal, bool)> = b
         .grants
         .iter()
@@ -340,7 +343,54 @@ pub async fn points(
             })
             .collect(),
         charged: total.normalize().to_string(),
+        exhausted_since: standing.as_ref().and_then(|r| r.exhausted_since),
+        grace_until: standing.as_ref().and_then(|r| r.grace_until),
+        alerts: billing_alerts::Entity::find()
+            .filter(billing_alerts::Column::TenantId.eq(tenant.id))
+            .order_by_desc(billing_alerts::Column::At)
+            .all(&st.db)
+            .await?
+            .into_iter()
+            .map(|a| BillingAlert {
+                kind: a.kind,
+                message: a.message,
+                at: a.at,
+            })
+            .collect(),
     }))
+}
+
+/// Keep a tenant's guaranteed VMs running while it is out of points until
+/// `until` (platform admins).
+#[utoipa::path(
+    put, path = "/api/v1/tenants/{tenant}/points/grace", tag = "billing",
+    params(("tenant" = String, Path, description = "Tenant name or id")),
+    request_body = GraceExtend,
+    responses((status = 200, description = "The tenant's points", body = Points), Problems)
+)]
+pub async fn extend_grace(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(tenant): Path<String>,
+    Json(body): Json<GraceExtend>,
+) -> Result<axum::Json<Points>, ApiError> {
+    let (t, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    require_admin(&ctx.caller, "extending the grace")?;
+    if body.until <= st.config.clock.now() {
+        return Err(ApiError::field("until", "must be in the future"));
+    }
+    let txn = st.db.begin().await?;
+    crate::budget::extend_grace(&txn, t.id, body.until).await?;
+    audit::record(
+        &txn,
+        &ctx,
+        "points.grace",
+        Some(&t),
+        &body.until.to_rfc3339(),
+    )
+    .await?;
+    txn.commit().await?;
+    points(State(st), ctx, Path(tenant)).await
 }
 
 /// A month's statement (members): JSON, or CSV for `Accept: text/csv`.

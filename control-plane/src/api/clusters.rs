@@ -220,6 +220,7 @@ pub async fn create(
 ) -> Result<(StatusCode, axum::Json<Cluster>), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Member, "creating clusters")?;
+    crate::budget::check(&st, &tenant).await?;
     crate::names::tenant_name("name", &body.name)?;
     if !(1..=MAX_CLUSTER_SIZE).contains(&body.size) {
         return Err(ApiError::field(

@@ -158,6 +158,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(billing::put_rates, billing::get_rates))
         .routes(routes!(billing::grant))
         .routes(routes!(billing::points))
+        .routes(routes!(billing::extend_grace))
         .routes(routes!(billing::statement))
         .routes(routes!(agent::register))
         .routes(routes!(agent::heartbeat))

@@ -300,6 +300,7 @@ pub async fn create(
 ) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Member, "creating VMs")?;
+    crate::budget::check(&st, &tenant).await?;
     let spec = resolve_spec(&st, &body).await?;
     let name_taken = || {
         ApiError::Conflict(format!(
@@ -498,6 +499,9 @@ async fn act(
 ) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, tenant).await?;
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
+    if matches!(action, Action::Start) {
+        crate::budget::check(st, &tenant).await?;
+    }
     let txn = st.db.begin().await?;
     let vm = find_vm(&txn, &tenant, vm).await?;
     let updated = act_on(&txn, ctx, &tenant, &vm, action, st.config.clock.now()).await?;
@@ -520,6 +524,28 @@ pub async fn act_on(
     tenant: &tenants::Model,
     vm: &vms::Model,
     action: Action,
+    now: chrono::DateTime<Utc>,
+) -> Result<vms::Model, ApiError> {
+    let updated = apply_action(txn, vm, action, &ctx.caller.user.name, now).await?;
+    audit::record(
+        txn,
+        ctx,
+        &format!("vm.{}", action.as_str()),
+        Some(tenant),
+        &vm.name,
+    )
+    .await?;
+    Ok(updated)
+}
+
+/// An action's state change with its event (`by` names who asked) and
+/// its host's wake-up, in the caller's transaction; 409 when the VM's
+/// state does not allow it.
+pub async fn apply_action(
+    txn: &DatabaseTransaction,
+    vm: &vms::Model,
+    action: Action,
+    by: &str,
     now: chrono::DateTime<Utc>,
 ) -> Result<vms::Model, ApiError> {
     let effect = lifecycle::apply(
@@ -548,15 +574,7 @@ pub async fn act_on(
         txn,
         vm,
         &format!("{}-requested", action.as_str()),
-        format!("by {}", ctx.caller.user.name),
-    )
-    .await?;
-    audit::record(
-        txn,
-        ctx,
-        &format!("vm.{}", action.as_str()),
-        Some(tenant),
-        &vm.name,
+        format!("by {by}"),
     )
     .await?;
     if effect.state == VmState::Deleted {

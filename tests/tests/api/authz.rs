@@ -196,6 +196,11 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [200, 200, 200, 200, 404, 401, 401, 401],
     ),
     (
+        "PUT",
+        "/api/v1/tenants/{tenant}/points/grace",
+        [200, 403, 403, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/statements/{month}",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -478,6 +483,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => {
             path = path.replace("{user}", "vera");
             None
+        }
+        ("PUT", "/api/v1/tenants/{tenant}/points/grace") => {
+            Some(json!({"until": Utc::now() + Duration::days(3)}))
         }
         ("PUT", "/api/v1/rates") => {
             Some(json!({"prices": {"vcpu": {"guaranteed": "1.5", "spot": "0.5"}}}))

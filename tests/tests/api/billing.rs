@@ -6,7 +6,7 @@
 //! posting at once.
 
 use chrono::{Duration, TimeZone, Utc};
-use kumo_api_types::{Points, Rates, Statement, Vm};
+use kumo_api_types::{Points, Rates, Statement, Vm, VmState};
 use kumo_server::clock::Clock;
 use serde_json::json;
 
@@ -274,4 +274,126 @@ async fn bad_rates_grants_and_months_are_refused() {
     let empty = month(&s, "2026-11").await;
     assert!(empty.lines.is_empty() && d(&empty.total).is_zero());
     s.stop().await;
+}
+
+/// Out of points: alerts once each, new VMs and starts refused with a
+/// `points-exhausted` problem, spot VMs stopped at once, guaranteed VMs
+/// after the grace (or an admin's extension); a grant brings it back.
+async fn exhaustion(backend: Backend) {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap();
+    let clock = Clock::manual(t0);
+    let s = TestServer::start_with(backend, |c| c.clock = clock.clone()).await;
+    let state = &s.server.state;
+    let pass = || async {
+        kumo_server::metering::post_due(state).await.unwrap();
+        kumo_server::budget::enforce(state).await.unwrap();
+    };
+    let _: Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"prices": {"vcpu": {"guaranteed": "3600", "spot": "3600"}}}),
+        )
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    let grant = |amount: &str| {
+        let body = json!({"amount": amount, "expires_at": t0 + Duration::days(300)});
+        let c = s.admin.clone();
+        async move {
+            let _: kumo_api_types::PointGrant = c
+                .post("/api/v1/tenants/lab/points/grants", &body)
+                .await
+                .unwrap();
+        }
+    };
+    grant("100").await;
+    let mut agent = s.sim_agent("cpu-1", "cpu-only").await;
+    for (name, level) in [("vm-gua", "guaranteed"), ("vm-spot", "spot")] {
+        let _: Vm = s
+            .admin
+            .post(
+                "/api/v1/tenants/lab/vms",
+                &json!({"name": name, "vcpus": 1, "memory_gib": 1, "service_level": level}),
+            )
+            .await
+            .unwrap();
+    }
+    agent.converge().await;
+    clock.advance(Duration::seconds(40));
+    // Two minimum charges of 60 points: 20 more than the grant.
+    pass().await;
+    pass().await;
+    let p = points(&s).await;
+    assert_eq!(
+        (p.balance.as_str(), p.owed.as_str()),
+        ("-20", "20"),
+        "{p:?}"
+    );
+    assert_eq!(p.exhausted_since, Some(t0 + Duration::seconds(40)));
+    let mut kinds: Vec<&str> = p.alerts.iter().map(|a| a.kind.as_str()).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["exhausted", "spent-100", "spent-80"], "each once");
+    agent.converge().await;
+    let spot = s.admin.vm("lab", "vm-spot").await.unwrap();
+    assert_eq!(spot.state, VmState::Stopped, "spot stops at once");
+    let events = crate::harness::events_of(&s, "lab", &spot).await;
+    assert!(events.iter().any(|e| e == "stop-requested"), "{events:?}");
+    let gua = s.admin.vm("lab", "vm-gua").await.unwrap();
+    assert_eq!(gua.state, VmState::Running, "guaranteed has its grace");
+    for e in [
+        s.admin
+            .post::<_, Vm>(
+                "/api/v1/tenants/lab/vms",
+                &json!({"name": "vm-new", "vcpus": 1, "memory_gib": 1}),
+            )
+            .await
+            .unwrap_err(),
+        s.admin
+            .vm_action("lab", "vm-spot", "start")
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(e.status(), Some(402), "{e}");
+        assert_eq!(e.problem().unwrap().kind, "/problems/points-exhausted");
+    }
+
+    // An admin keeps the guaranteed VM up past the 24 h grace.
+    let until = t0 + Duration::hours(30);
+    let _: Points = s
+        .admin
+        .put("/api/v1/tenants/lab/points/grace", &json!({"until": until}))
+        .await
+        .unwrap();
+    clock.advance(Duration::hours(25));
+    pass().await;
+    agent.converge().await;
+    let gua = s.admin.vm("lab", "vm-gua").await.unwrap();
+    assert_eq!(gua.state, VmState::Running, "extended");
+    clock.advance(Duration::hours(5));
+    pass().await;
+    agent.converge().await;
+    let gua = s.admin.vm("lab", "vm-gua").await.unwrap();
+    assert_eq!(gua.state, VmState::Stopped, "grace over");
+
+    // A grant pays what is owed and lifts the limits.
+    let owed = d(&points(&s).await.owed);
+    grant("1000000").await;
+    pass().await;
+    let p = points(&s).await;
+    assert_eq!(d(&p.balance), d("1000100") - d(&p.charged), "{p:?}");
+    assert!(d(&p.owed).is_zero() && owed > d("0"), "{owed} {p:?}");
+    assert_eq!(p.exhausted_since, None);
+    s.admin.vm_action("lab", "vm-spot", "start").await.unwrap();
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn exhaustion_sqlite() {
+    exhaustion(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn exhaustion_postgres() {
+    exhaustion(Backend::Postgres).await;
 }
