@@ -1177,3 +1177,42 @@ pub struct Statement {
     pub lines: Vec<StatementLine>,
     pub total: String,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageGroup {
+    #[default]
+    Vm,
+    Resource,
+    Day,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UsageParams {
+    /// Start (RFC 3339) [default: the first of this month, UTC].
+    pub from: Option<DateTime<Utc>>,
+    /// End, exclusive [default: now].
+    pub to: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub group_by: UsageGroup,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UsageRow {
+    /// The VM, the resource class, or the UTC day.
+    pub key: String,
+    pub seconds: i64,
+    pub amount: String,
+}
+
+/// Charges of pieces starting in `[from, to)`, summed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    pub tenant: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub group_by: UsageGroup,
+    pub rows: Vec<UsageRow>,
+    pub total: String,
+}

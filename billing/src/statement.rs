@@ -134,6 +134,46 @@ pub fn to_csv(s: &Statement) -> String {
     out
 }
 
+/// How usage is summed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupBy {
+    Vm,
+    Resource,
+    Day,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRow {
+    /// The VM's name, the resource class, or the UTC day (`2026-11-30`).
+    pub key: String,
+    pub seconds: i64,
+    pub amount: Decimal,
+}
+
+/// Charges summed by VM, resource or UTC day of their piece's start,
+/// sorted by key.
+pub fn usage(charges: &[Charge], by: GroupBy) -> Vec<UsageRow> {
+    let mut rows: BTreeMap<String, (i64, Decimal)> = BTreeMap::new();
+    for c in charges {
+        let key = match by {
+            GroupBy::Vm => c.vm_name.clone(),
+            GroupBy::Resource => c.class.clone(),
+            GroupBy::Day => c.from.format("%Y-%m-%d").to_string(),
+        };
+        let e = rows.entry(key).or_default();
+        e.0 += c.seconds;
+        e.1 += c.amount;
+    }
+    rows.into_iter()
+        .map(|(key, (seconds, amount))| UsageRow {
+            key,
+            seconds,
+            amount: amount.normalize(),
+        })
+        .collect()
+}
+
 /// Today's month, for defaults.
 pub fn month_of(t: DateTime<Utc>) -> (i32, u32) {
     (t.year(), t.month())
@@ -198,6 +238,37 @@ mod tests {
             "{csv}"
         );
         assert!(csv.ends_with("total,,,,,18.358333\n"), "{csv}");
+    }
+
+    #[test]
+    fn usage_sums_by_vm_resource_or_day() {
+        let at = |d, h| Utc.with_ymd_and_hms(2026, 11, d, h, 0, 0).unwrap();
+        let charges = [
+            c("a", "vcpu", at(1, 0), 60, "1", "1"),
+            c("a", "gpu:H100", at(1, 23), 60, "1", "2"),
+            c("bb", "vcpu", at(2, 0), 30, "1", "0.5"),
+        ];
+        let by = |g| {
+            usage(&charges, g)
+                .into_iter()
+                .map(|r| (r.key, r.seconds, r.amount.to_string()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            by(GroupBy::Vm),
+            [
+                ("a".into(), 120, "3".into()),
+                ("bb".into(), 30, "0.5".into())
+            ]
+        );
+        assert_eq!(by(GroupBy::Resource)[1], ("vcpu".into(), 90, "1.5".into()));
+        assert_eq!(
+            by(GroupBy::Day),
+            [
+                ("2026-11-01".into(), 120, "3".into()),
+                ("2026-11-02".into(), 30, "0.5".into())
+            ]
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::io::Write;
 use anyhow::Context;
 use chrono::{DateTime, NaiveDate, Utc};
 use clap::Subcommand;
-use kumo_api_types::{ClassPrice, GrantCreate, RateCardInfo, RateCardPut};
+use kumo_api_types::{ClassPrice, GrantCreate, RateCardInfo, RateCardPut, UsageGroup};
 
 use crate::client::Client;
 use crate::commands::{print_one, TenantArg};
@@ -46,6 +46,30 @@ pub enum PointsCmd {
         #[arg(long)]
         note: Option<String>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UsageCmd {
+    /// Charges summed by VM, resource or day over a period.
+    Show {
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// RFC 3339 or YYYY-MM-DD [default: the first of this month].
+        #[arg(long)]
+        from: Option<String>,
+        /// Exclusive [default: now].
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long, value_enum, default_value = "vm")]
+        by: GroupArg,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum GroupArg {
+    Vm,
+    Resource,
+    Day,
 }
 
 #[derive(Subcommand, Debug)]
@@ -203,6 +227,47 @@ pub async fn points(
             })
         }
     }
+}
+
+pub async fn usage(
+    cmd: &UsageCmd,
+    c: &Client,
+    fmt: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let UsageCmd::Show {
+        tenant,
+        from,
+        to,
+        by,
+    } = cmd;
+    let group = match by {
+        GroupArg::Vm => UsageGroup::Vm,
+        GroupArg::Resource => UsageGroup::Resource,
+        GroupArg::Day => UsageGroup::Day,
+    };
+    let u = c
+        .usage(
+            &tenant.tenant,
+            from.as_deref().map(parse_time).transpose()?,
+            to.as_deref().map(parse_time).transpose()?,
+            group,
+        )
+        .await?;
+    print_one(out, fmt, &u, || {
+        let mut t = Table::new(&["key", "seconds", "amount"]);
+        for r in &u.rows {
+            t.row(vec![r.key.clone(), r.seconds.to_string(), r.amount.clone()]);
+        }
+        format!(
+            "Usage of {} from {} to {}\n{}Total: {}\n",
+            u.tenant,
+            u.from.format("%Y-%m-%d %H:%M"),
+            u.to.format("%Y-%m-%d %H:%M"),
+            t.render(),
+            u.total
+        )
+    })
 }
 
 pub async fn statement(

@@ -5,8 +5,8 @@ use kumo_api_types::{
     AuditEntry, Cluster, ClusterCreate, GrantCreate, Host, HostDetail, JoinTokenCreate,
     JoinTokenCreated, Me, Member, MemberPut, Page, PointGrant, Points, Problem, Quota, RateCardPut,
     Rates, Segment, SegmentCreate, SegmentIngress, Statement, Template, TemplateCreate, Tenant,
-    TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User, UserCreate, Vm,
-    VmCreate, VmEvent, PROBLEM_JSON,
+    TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, Usage, UsageGroup, User,
+    UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -531,6 +531,38 @@ impl Client {
             segment(tenant),
             segment(month)
         ))
+        .await
+    }
+
+    pub async fn usage(
+        &self,
+        tenant: &str,
+        from: Option<chrono::DateTime<chrono::Utc>>,
+        to: Option<chrono::DateTime<chrono::Utc>>,
+        group_by: UsageGroup,
+    ) -> Result<Usage, ClientError> {
+        let mut q: Vec<(&str, String)> = vec![(
+            "group_by",
+            match group_by {
+                UsageGroup::Vm => "vm",
+                UsageGroup::Resource => "resource",
+                UsageGroup::Day => "day",
+            }
+            .to_owned(),
+        )];
+        if let Some(f) = from {
+            q.push(("from", f.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+        }
+        if let Some(t) = to {
+            q.push(("to", t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+        }
+        self.send(
+            self.request(
+                Method::GET,
+                &format!("/api/v1/tenants/{}/usage", segment(tenant)),
+            )
+            .query(&q),
+        )
         .await
     }
 

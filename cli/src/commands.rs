@@ -90,6 +90,9 @@ pub enum Command {
     /// Monthly statements.
     #[command(subcommand)]
     Statement(crate::billing::StatementCmd),
+    /// Usage over a period, by VM, resource or day.
+    #[command(subcommand)]
+    Usage(crate::billing::UsageCmd),
     /// Lifecycle events of a tenant's VMs, newest first.
     Events {
         #[command(flatten)]
@@ -730,6 +733,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Segment(cmd) => segment_cmd(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Rate(cmd) => crate::billing::rate(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Points(cmd) => crate::billing::points(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Usage(cmd) => crate::billing::usage(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Statement(cmd) => {
             crate::billing::statement(cmd, &client(&cli, &env)?, fmt, out).await?
         }

@@ -12,7 +12,8 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use kumo_api_types::{
     BillingAlert, ClassPrice, GraceExtend, GrantCreate, LedgerCharge, PointGrant, Points,
-    RateCardInfo, RateCardPut, Rates, ServiceLevel, Statement, StatementLine,
+    RateCardInfo, RateCardPut, Rates, ServiceLevel, Statement, StatementLine, Usage, UsageGroup,
+    UsageParams,
 };
 use kumo_billing::points::{self, Debit, Grant};
 use kumo_billing::rates::{Price, RateCard};
@@ -28,7 +29,7 @@ use super::Problems;
 use crate::access::{require_admin, tenant_access};
 use crate::entity::{billing_alerts, charges, point_grants, rate_cards, tenant_billing, tenants};
 use crate::error::{conflict_if_unique, ApiError};
-use crate::extract::{Ctx, Json, Path};
+use crate::extract::{Ctx, Json, Path, Query};
 use crate::server::AppState;
 use crate::{audit, names};
 
@@ -393,6 +394,85 @@ pub async fn extend_grace(
     points(State(st), ctx, Path(tenant)).await
 }
 
+async fn charges_between(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<Charge>, ApiError> {
+    charges::Entity::find()
+        .filter(charges::Column::TenantId.eq(tenant.id))
+        .filter(charges::Column::PeriodFrom.gte(from))
+        .filter(charges::Column::PeriodFrom.lt(to))
+        .all(db)
+        .await?
+        .iter()
+        .map(|c| {
+            Ok(Charge {
+                vm: c.vm_id,
+                vm_name: c.vm_name.clone(),
+                class: c.class.clone(),
+                level: stored_level(&c.level),
+                from: c.period_from,
+                seconds: c.seconds,
+                per_hour: stored_decimal("charge", c.id, &c.per_hour)?,
+                amount: stored_decimal("charge", c.id, &c.amount)?,
+            })
+        })
+        .collect()
+}
+
+/// A tenant's usage over a period, by VM, resource or day (members).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/usage", tag = "billing",
+    params(("tenant" = String, Path, description = "Tenant name or id"), UsageParams),
+    responses((status = 200, description = "Usage", body = Usage), Problems)
+)]
+pub async fn usage(
+    State(st): State<AppState>,
+    ctx: Ctx,
+    Path(tenant): Path<String>,
+    Query(q): Query<UsageParams>,
+) -> Result<axum::Json<Usage>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
+    let now = st.config.clock.now();
+    let (y, m) = statement::month_of(now);
+    let from = match q.from {
+        Some(f) => f,
+        None => statement::month_bounds(y, m).map(|b| b.0).unwrap_or(now),
+    };
+    let to = q.to.unwrap_or(now);
+    if to <= from || to - from > chrono::Duration::days(400) {
+        return Err(ApiError::field(
+            "to",
+            "after `from`, at most 400 days later",
+        ));
+    }
+    let list = charges_between(&st.db, &tenant, from, to).await?;
+    let by = match q.group_by {
+        UsageGroup::Vm => statement::GroupBy::Vm,
+        UsageGroup::Resource => statement::GroupBy::Resource,
+        UsageGroup::Day => statement::GroupBy::Day,
+    };
+    let rows = statement::usage(&list, by);
+    let total: Decimal = rows.iter().map(|r| r.amount).sum();
+    Ok(axum::Json(Usage {
+        tenant: tenant.name.clone(),
+        from,
+        to,
+        group_by: q.group_by,
+        total: total.normalize().to_string(),
+        rows: rows
+            .into_iter()
+            .map(|r| kumo_api_types::UsageRow {
+                key: r.key,
+                seconds: r.seconds,
+                amount: r.amount.to_string(),
+            })
+            .collect(),
+    }))
+}
+
 /// A month's statement (members): JSON, or CSV for `Accept: text/csv`.
 #[utoipa::path(
     get, path = "/api/v1/tenants/{tenant}/statements/{month}", tag = "billing",
@@ -417,27 +497,7 @@ pub async fn statement(
         parse_month(&month).ok_or_else(|| ApiError::field("month", "expected YYYY-MM"))?;
     let (start, end) = statement::month_bounds(year, m)
         .ok_or_else(|| ApiError::field("month", "expected YYYY-MM"))?;
-    let rows = charges::Entity::find()
-        .filter(charges::Column::TenantId.eq(tenant.id))
-        .filter(charges::Column::PeriodFrom.gte(start))
-        .filter(charges::Column::PeriodFrom.lt(end))
-        .all(&st.db)
-        .await?;
-    let list = rows
-        .iter()
-        .map(|c| {
-            Ok(Charge {
-                vm: c.vm_id,
-                vm_name: c.vm_name.clone(),
-                class: c.class.clone(),
-                level: stored_level(&c.level),
-                from: c.period_from,
-                seconds: c.seconds,
-                per_hour: stored_decimal("charge", c.id, &c.per_hour)?,
-                amount: stored_decimal("charge", c.id, &c.amount)?,
-            })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+    let list = charges_between(&st.db, &tenant, start, end).await?;
     let s = statement::statement(&tenant.name, year, m, &list);
     let wants_csv = headers
         .get(ACCEPT)

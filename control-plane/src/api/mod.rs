@@ -160,6 +160,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(billing::points))
         .routes(routes!(billing::extend_grace))
         .routes(routes!(billing::statement))
+        .routes(routes!(billing::usage))
         .routes(routes!(agent::register))
         .routes(routes!(agent::heartbeat))
         .routes(routes!(agent::desired))

@@ -101,6 +101,21 @@ async fn charges_follow_the_lifecycle(backend: Backend) {
         d(&p.charged),
         "statements = ledger"
     );
+    let by_day: kumo_api_types::Usage = s
+        .admin
+        .get("/api/v1/tenants/lab/usage?group_by=day&from=2026-11-01T00:00:00Z&to=2026-12-31T00:00:00Z")
+        .await
+        .unwrap();
+    let days: Vec<(&str, kumo_billing::Decimal)> = by_day
+        .rows
+        .iter()
+        .map(|r| (r.key.as_str(), d(&r.amount)))
+        .collect();
+    assert_eq!(
+        days,
+        [("2026-11-30", d(&nov.total)), ("2026-12-01", d(&dec.total))]
+    );
+    assert_eq!(d(&by_day.total), d(&p.charged));
     let line = |st: &Statement, vm: &str, res: &str| {
         st.lines
             .iter()

@@ -345,6 +345,25 @@ async fn rate_points_and_statement_commands() {
         assert!(shown.contains("Balance: 485.6 JPY"), "{shown}");
         let st = k.ok(&["statement", "get", "2026-11", "--tenant", "lab"], None);
         assert!(st.contains("Total: 14.4"), "{st}");
+        let u = k.json(
+            &[
+                "usage",
+                "show",
+                "--tenant",
+                "lab",
+                "--by",
+                "resource",
+                "--from",
+                "2026-11-01",
+            ],
+            None,
+        );
+        assert_eq!(u["total"], "14.4", "{u}");
+        assert_eq!(
+            u["rows"].as_array().unwrap().len(),
+            3,
+            "disk, memory, vCPU: {u}"
+        );
         let csv = k.ok(
             &["statement", "get", "2026-11", "--tenant", "lab", "--csv"],
             None,
