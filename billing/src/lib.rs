@@ -5,6 +5,7 @@
 //! Amounts are exact decimals, rounded once per charge to [`SCALE`]
 //! places (half to even), so every sum of charges is exact.
 
+pub mod bench;
 pub mod budget;
 pub mod meter;
 pub mod points;

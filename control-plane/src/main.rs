@@ -49,6 +49,18 @@ enum Bench {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Rating a month of synthetic lifecycle events and building every
+    /// tenant's statement.
+    Billing {
+        #[arg(long, default_value_t = 1000)]
+        tenants: usize,
+        #[arg(long, default_value_t = 20)]
+        vms_per_tenant: usize,
+        #[arg(long, default_value_t = 31)]
+        days: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 fn init_tracing(format: LogFormat) {
@@ -161,6 +173,22 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r)?);
             Ok(())
         }),
+        Command::Bench(Bench::Billing {
+            tenants,
+            vms_per_tenant,
+            days,
+            seed,
+        }) => {
+            let r = kumo_billing::bench::run(&kumo_billing::bench::BenchConfig {
+                tenants,
+                vms_per_tenant,
+                days: days.clamp(1, 31),
+                seed,
+            });
+            serde_json::to_string(&r)
+                .map(|j| println!("{j}"))
+                .map_err(anyhow::Error::from)
+        }
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
