@@ -412,3 +412,53 @@ async fn exhaustion_sqlite() {
 async fn exhaustion_postgres() {
     exhaustion(Backend::Postgres).await;
 }
+
+/// A card set for later applies from its time: the run's seconds before
+/// it keep the old price, those after pay the new one.
+#[tokio::test]
+async fn a_rate_change_mid_run_applies_from_its_time() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap();
+    let clock = Clock::manual(t0);
+    let s = TestServer::start_with(Backend::Sqlite, |c| c.clock = clock.clone()).await;
+    let card = |at: chrono::DateTime<Utc>, vcpu: &str| json!({"effective_from": at, "prices": {"vcpu": {"guaranteed": vcpu, "spot": "1"}}});
+    let _: Rates = s
+        .admin
+        .put("/api/v1/rates", &card(t0, "3600"))
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("cpu-1", "cpu-only").await;
+    let _: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &json!({"name": "vm-a", "vcpus": 1, "memory_gib": 1}),
+        )
+        .await
+        .unwrap();
+    agent.converge().await;
+    let _: Rates = s
+        .admin
+        .put("/api/v1/rates", &card(t0 + Duration::seconds(90), "7200"))
+        .await
+        .unwrap();
+    clock.advance(Duration::minutes(3));
+    kumo_server::metering::post_due(&s.server.state)
+        .await
+        .unwrap();
+    let st = month(&s, "2026-11").await;
+    let vcpu: Vec<(i64, String, String)> = st
+        .lines
+        .iter()
+        .filter(|l| l.resource == "vcpu")
+        .map(|l| (l.seconds, l.rate_per_hour.clone(), l.amount.clone()))
+        .collect();
+    assert_eq!(
+        vcpu,
+        [
+            (90, "3600".into(), "90".into()),
+            (90, "7200".into(), "180".into())
+        ]
+    );
+    s.stop().await;
+}
