@@ -13,7 +13,9 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use anyhow::Context;
-use kumo_api_types::{JoinTokenCreate, Quota, TemplateCreate, TenantCreate};
+use kumo_api_types::{
+    ClassPrice, GrantCreate, JoinTokenCreate, Quota, RateCardPut, TemplateCreate, TenantCreate,
+};
 use kumo_cli::Client;
 
 use crate::config::Config;
@@ -102,6 +104,46 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
         quota.gpus.insert(m.into(), 64);
     }
     client.set_quota("demo", &quota).await?;
+    // Prices and points, so the demo's usage and statements fill up.
+    if client.rates().await?.cards.is_empty() {
+        let price = |g: &str, s: &str| ClassPrice {
+            guaranteed: g.into(),
+            spot: s.into(),
+        };
+        let mut prices: std::collections::BTreeMap<String, ClassPrice> = [
+            ("vcpu", price("2", "0.6")),
+            ("memory_gib", price("0.2", "0.06")),
+            ("disk_gib", price("0.01", "0.01")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (model, g, s) in [
+            ("H100-SXM5-80GB", "400", "120"),
+            ("A100-SXM4-40GB", "250", "75"),
+            ("L40S", "150", "45"),
+        ] {
+            prices.insert(format!("gpu:{model}"), price(g, s));
+        }
+        client
+            .set_rates(&RateCardPut {
+                effective_from: None,
+                prices,
+            })
+            .await?;
+    }
+    if client.points("demo").await?.grants.is_empty() {
+        client
+            .grant_points(
+                "demo",
+                &GrantCreate {
+                    amount: "1000000".into(),
+                    expires_at: chrono::Utc::now() + chrono::Duration::days(365),
+                    note: Some("kumo-server dev".into()),
+                },
+            )
+            .await?;
+    }
     // A real (empty) base image, so VM disks are real qcow2 overlays.
     let images = data_dir.join("images");
     std::fs::create_dir_all(&images)?;

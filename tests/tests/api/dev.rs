@@ -74,6 +74,10 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
     ]))
     .unwrap();
     assert_eq!(shown["placement"]["gpus"].as_array().unwrap().len(), 8);
+    // The demo has prices and points: the VM's first minute is charged.
+    let points: serde_json::Value =
+        serde_json::from_str(&kumo(&["points", "show", "--tenant", "demo", "-o", "json"])).unwrap();
+    assert_eq!(points["grants"][0]["amount"], "1000000", "{points}");
     kumo(&["vm", "delete", "demo", "--tenant", "demo"]);
     // As root each dev host has a network namespace and an underlay
     // address: a VM on a segment runs, its bridge in its host's namespace.
