@@ -42,6 +42,24 @@ pub fn charge(per_hour: Decimal, quantity: Decimal, seconds: i64) -> Decimal {
         .round_dp_with_strategy(SCALE, rust_decimal::RoundingStrategy::MidpointNearestEven)
 }
 
+/// An amount in millionths of a point (amounts have [`SCALE`] places);
+/// saturates far beyond any real balance.
+pub fn to_micro(amount: Decimal) -> i64 {
+    use rust_decimal::prelude::ToPrimitive;
+    (amount * Decimal::from(1_000_000))
+        .trunc()
+        .to_i64()
+        .unwrap_or(if amount.is_sign_negative() {
+            i64::MIN
+        } else {
+            i64::MAX
+        })
+}
+
+pub fn from_micro(micro: i64) -> Decimal {
+    Decimal::new(micro, SCALE)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -57,5 +75,13 @@ mod tests {
         assert_eq!(charge(d("100"), d("2"), 3600), d("200"));
         assert_eq!(charge(d("0.0000036"), d("1"), 1), d("0"));
         assert_eq!(charge(d("0.009"), d("1"), 1), d("0.000002"));
+    }
+
+    #[test]
+    fn micro_points_round_trip() {
+        for s in ["0", "0.000001", "123.456789", "6.576"] {
+            let x = s.parse::<Decimal>().unwrap();
+            assert_eq!(from_micro(to_micro(x)), x);
+        }
     }
 }

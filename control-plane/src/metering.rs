@@ -237,6 +237,7 @@ pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
                 seconds: Set(p.seconds),
                 per_hour: Set(p.per_hour.normalize().to_string()),
                 amount: Set(p.amount.normalize().to_string()),
+                amount_micro: Set(kumo_billing::to_micro(p.amount)),
                 posted_at: Set(now),
             })
             .collect();

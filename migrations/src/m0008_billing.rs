@@ -49,6 +49,7 @@ enum Charges {
     Seconds,
     PerHour,
     Amount,
+    AmountMicro,
     PostedAt,
 }
 
@@ -168,6 +169,13 @@ impl MigrationTrait for Migration {
                 .col(ColumnDef::new(Charges::Seconds).big_integer().not_null())
                 .col(ColumnDef::new(Charges::PerHour).string_len(40).not_null())
                 .col(ColumnDef::new(Charges::Amount).string_len(40).not_null())
+                // The same amount in millionths (charges have 6 places), so
+                // the database can sum a tenant's charges exactly.
+                .col(
+                    ColumnDef::new(Charges::AmountMicro)
+                        .big_integer()
+                        .not_null(),
+                )
                 .col(ts(Charges::PostedAt))
                 .to_owned(),
         )

@@ -17,6 +17,8 @@ pub struct Model {
     pub seconds: i64,
     pub per_hour: String,
     pub amount: String,
+    /// `amount` in millionths of a point.
+    pub amount_micro: i64,
     pub posted_at: DateTimeUtc,
 }
 
