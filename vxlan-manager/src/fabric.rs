@@ -168,3 +168,60 @@ impl RoceFabric for LeafVlan<'_> {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn vf_states_are_read_from_the_pf_vf_list() {
+        let mac: Mac = "02:6b:00:00:00:07".parse().unwrap();
+        let mut pf = LinkMessage::default();
+        pf.attributes.push(LinkAttribute::VfInfoList(vec![
+            LinkVfInfo(vec![
+                VfInfo::Mac(VfInfoMac::new(0, &mac.0)),
+                VfInfo::Vlan(VfInfoVlan::new(0, 100, 0)),
+            ]),
+            LinkVfInfo(vec![
+                VfInfo::Mac(VfInfoMac::new(1, &[0; 6])),
+                VfInfo::Vlan(VfInfoVlan::new(1, 0, 0)),
+            ]),
+        ]));
+        let states = vf_states(&pf);
+        assert_eq!(
+            states,
+            vec![
+                VfState {
+                    vf: 0,
+                    vlan: 100,
+                    mac
+                },
+                VfState {
+                    vf: 1,
+                    vlan: 0,
+                    mac: Mac::ZERO
+                },
+            ]
+        );
+        // What the kernel reports is what the plan compares: VF 0 is in
+        // place, VF 1 needs its VLAN and MAC.
+        let want = vec![
+            VfConfig {
+                pf: "p0".into(),
+                vf: 0,
+                vlan: 100,
+                mac,
+            },
+            VfConfig {
+                pf: "p0".into(),
+                vf: 1,
+                vlan: 100,
+                mac,
+            },
+        ];
+        let have: Vec<(String, VfState)> = states.into_iter().map(|s| ("p0".into(), s)).collect();
+        assert_eq!(vf_changes(&want, &have), vec![want[1].clone()]);
+    }
+}
