@@ -462,3 +462,87 @@ async fn a_rate_change_mid_run_applies_from_its_time() {
     );
     s.stop().await;
 }
+
+/// A server stopped and started again in the middle of a VM's run (same
+/// database, same clock) charges exactly what one that ran throughout does.
+#[tokio::test]
+async fn a_restart_mid_period_changes_no_total() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = kumo_server::config::Config::for_data_dir(dir.path(), None);
+    config.clock = Clock::manual(t0);
+    let clock = config.clock.clone();
+    let server = kumo_server::RunningServer::start(config.clone())
+        .await
+        .unwrap();
+    let token = std::fs::read_to_string(dir.path().join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let admin = kumo_cli::Client::new(&server.url(), Some(token.clone())).unwrap();
+    let _: Rates = admin
+        .put(
+            "/api/v1/rates",
+            &json!({"prices": {"vcpu": {"guaranteed": "3600", "spot": "1"}}}),
+        )
+        .await
+        .unwrap();
+    admin
+        .create_tenant(&kumo_api_types::TenantCreate {
+            name: "lab".into(),
+            display_name: None,
+            description: None,
+        })
+        .await
+        .unwrap();
+    admin
+        .set_quota(
+            "lab",
+            &kumo_api_types::Quota {
+                vcpus: 8,
+                memory_gib: 8,
+                vms: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let join: kumo_api_types::JoinTokenCreated = admin
+        .post("/api/v1/hosts/join-tokens", &json!({}))
+        .await
+        .unwrap();
+    let mut agent = crate::harness::SimAgent::register(
+        &server.url(),
+        &join.token,
+        "cpu-1",
+        crate::harness::fixture_topology("cpu-only"),
+    )
+    .await;
+    let _: Vm = admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &json!({"name": "vm-a", "vcpus": 2, "memory_gib": 1}),
+        )
+        .await
+        .unwrap();
+    agent.converge().await;
+    clock.advance(Duration::seconds(100));
+    kumo_server::metering::post_due(&server.state)
+        .await
+        .unwrap();
+    server.stop().await.unwrap();
+
+    let server = kumo_server::RunningServer::start(config).await.unwrap();
+    clock.advance(Duration::seconds(200));
+    kumo_server::metering::post_due(&server.state)
+        .await
+        .unwrap();
+    kumo_server::metering::post_due(&server.state)
+        .await
+        .unwrap();
+    let admin = kumo_cli::Client::new(&server.url(), Some(token)).unwrap();
+    let p: Points = admin.get("/api/v1/tenants/lab/points").await.unwrap();
+    // 300 s of 2 vCPUs at 1 point per vCPU-second, complete minutes only.
+    assert_eq!(d(&p.charged), d("600"), "{p:?}");
+    server.stop().await.unwrap();
+}
