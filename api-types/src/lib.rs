@@ -108,6 +108,8 @@ pub enum UserKind {
     Local,
     /// A robot account for automation; it logs in only with API tokens.
     Service,
+    /// A person who logs in through an institution's OpenID Provider.
+    Federated,
 }
 
 impl UserKind {
@@ -115,6 +117,7 @@ impl UserKind {
         match self {
             UserKind::Local => "local",
             UserKind::Service => "service",
+            UserKind::Federated => "federated",
         }
     }
 
@@ -122,6 +125,7 @@ impl UserKind {
         match s {
             "local" => Some(UserKind::Local),
             "service" => Some(UserKind::Service),
+            "federated" => Some(UserKind::Federated),
             _ => None,
         }
     }

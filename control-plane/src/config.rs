@@ -62,6 +62,33 @@ pub struct FileConfig {
     pub network: NetworkFileConfig,
     #[serde(default)]
     pub billing: BillingFileConfig,
+    #[serde(default)]
+    pub auth: AuthFileConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthFileConfig {
+    /// The address browsers reach Kumo at (for OpenID redirects and
+    /// `Secure` cookies) [default: http://<listen>].
+    pub public_url: Option<String>,
+    #[serde(default)]
+    pub oidc: Vec<OidcFileConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OidcFileConfig {
+    pub name: String,
+    pub display_name: String,
+    pub issuer: String,
+    pub client_id: String,
+    pub client_secret_file: PathBuf,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// E-mail domains allowed to log in (suffix match); all when empty.
+    #[serde(default)]
+    pub allowed_email_domains: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -215,8 +242,93 @@ pub struct Config {
     pub preemption_grace: Duration,
     pub network: NetworkConfig,
     pub billing: BillingConfig,
+    pub auth: AuthConfig,
     /// What metering and charging take as now.
     pub clock: crate::clock::Clock,
+}
+
+/// Federated login, resolved (client secrets read from their files).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AuthConfig {
+    /// Where browsers reach Kumo; `None`: `http://<listen address>`.
+    pub public_url: Option<String>,
+    pub oidc: Vec<OidcProvider>,
+}
+
+#[derive(Clone, PartialEq)]
+pub struct OidcProvider {
+    pub name: String,
+    pub display_name: String,
+    pub issuer: String,
+    pub client_id: String,
+    pub client_secret: String,
+    pub scopes: Vec<String>,
+    pub allowed_email_domains: Vec<String>,
+}
+
+impl std::fmt::Debug for OidcProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OidcProvider")
+            .field("name", &self.name)
+            .field("issuer", &self.issuer)
+            .field("client_id", &self.client_id)
+            .field("client_secret", &"<redacted>")
+            .finish()
+    }
+}
+
+fn auth(file: &AuthFileConfig) -> Result<AuthConfig, ConfigError> {
+    let mut out = AuthConfig {
+        public_url: file.public_url.clone(),
+        oidc: Vec::new(),
+    };
+    if let Some(u) = &out.public_url {
+        if !(u.starts_with("http://") || u.starts_with("https://")) {
+            return Err(ConfigError::Invalid {
+                key: "auth.public_url",
+                message: "an http:// or https:// URL".into(),
+            });
+        }
+    }
+    for p in &file.oidc {
+        let bad = |message: String| ConfigError::Invalid {
+            key: "auth.oidc",
+            message: format!("{}: {message}", p.name),
+        };
+        if !crate::names::is_tenant_name(&p.name) {
+            return Err(bad("name: lowercase letters, digits and dashes".into()));
+        }
+        if out.oidc.iter().any(|o| o.name == p.name) {
+            return Err(bad("named twice".into()));
+        }
+        if !(p.issuer.starts_with("https://") || p.issuer.starts_with("http://")) {
+            return Err(bad("issuer: an https:// URL".into()));
+        }
+        let secret = std::fs::read_to_string(&p.client_secret_file).map_err(|e| {
+            bad(format!(
+                "client_secret_file {}: {e}",
+                p.client_secret_file.display()
+            ))
+        })?;
+        let mut scopes = p.scopes.clone();
+        if !scopes.iter().any(|s| s == "openid") {
+            scopes.insert(0, "openid".into());
+        }
+        out.oidc.push(OidcProvider {
+            name: p.name.clone(),
+            display_name: p.display_name.clone(),
+            issuer: p.issuer.trim_end_matches('/').to_owned(),
+            client_id: p.client_id.clone(),
+            client_secret: secret.trim().to_owned(),
+            scopes,
+            allowed_email_domains: p
+                .allowed_email_domains
+                .iter()
+                .map(|d| d.trim_start_matches('.').to_lowercase())
+                .collect(),
+        });
+    }
+    Ok(out)
 }
 
 /// Metering and points, resolved.
@@ -283,6 +395,7 @@ impl Config {
             preemption_grace: Duration::from_secs(DEFAULT_PREEMPTION_GRACE_SECS),
             network: NetworkConfig::default(),
             billing: BillingConfig::default(),
+            auth: AuthConfig::default(),
             clock: crate::clock::Clock::default(),
         }
     }
@@ -387,6 +500,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         preemption_grace: Duration::from_secs(grace),
         network: network(&file.network)?,
         billing: billing(&file.billing)?,
+        auth: auth(&file.auth)?,
         clock: crate::clock::Clock::default(),
     })
 }
@@ -429,6 +543,41 @@ fn billing(file: &BillingFileConfig) -> Result<BillingConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oidc_providers_read_their_secret_files() {
+        let dir = std::env::temp_dir().join(format!("kumo-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        let secret = dir.join("uni.secret");
+        std::fs::write(&secret, "s3cret\n").unwrap_or_default();
+        let toml = |issuer: &str, file: &std::path::Path| {
+            format!(
+                "[auth]\npublic_url = \"https://kumo.example\"\n[[auth.oidc]]\nname = \"example-university\"\ndisplay_name = \"Example University\"\nissuer = \"{issuer}\"\nclient_id = \"kumo\"\nclient_secret_file = \"{}\"\nscopes = [\"email\"]\nallowed_email_domains = [\".ac.jp\"]\n",
+                file.display()
+            )
+        };
+        let parse = |t: String| {
+            toml::from_str::<FileConfig>(&t)
+                .map_err(|e| e.to_string())
+                .and_then(|f| resolve(&ServeArgs::default(), &f).map_err(|e| e.to_string()))
+        };
+        let c =
+            parse(toml("https://idp.example.ac.jp/", &secret)).unwrap_or_else(|e| panic!("{e}"));
+        let p = &c.auth.oidc[0];
+        assert_eq!(p.client_secret, "s3cret");
+        assert_eq!(p.issuer, "https://idp.example.ac.jp");
+        assert_eq!(p.scopes, ["openid", "email"]);
+        assert_eq!(p.allowed_email_domains, ["ac.jp"]);
+        assert!(
+            !format!("{p:?}").contains("s3cret"),
+            "secrets stay out of logs"
+        );
+        let e = parse(toml("ftp://idp", &secret)).unwrap_err();
+        assert!(e.contains("issuer"), "{e}");
+        let e = parse(toml("https://idp", &dir.join("missing"))).unwrap_err();
+        assert!(e.contains("client_secret_file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn defaults_put_sqlite_in_the_data_dir() {

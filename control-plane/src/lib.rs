@@ -29,5 +29,6 @@ pub mod paging;
 pub mod reaper;
 pub mod server;
 pub mod signals;
+pub mod sso;
 
 pub use server::{AppState, RunningServer};

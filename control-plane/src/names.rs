@@ -19,6 +19,15 @@ static GPU_MODEL: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$").unwrap()
 });
 
+pub fn is_tenant_name(name: &str) -> bool {
+    TENANT_NAME.is_match(name)
+}
+
+/// Whether `name` is a valid user name.
+pub fn is_user_name(name: &str) -> bool {
+    USER_NAME.is_match(name)
+}
+
 pub fn tenant_name(field: &str, name: &str) -> Result<(), ApiError> {
     if TENANT_NAME.is_match(name) {
         Ok(())

@@ -29,6 +29,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub signals: Arc<crate::signals::HostSignals>,
     pub capacity: Arc<crate::capacity::Capacity>,
+    pub sso: Arc<crate::sso::Sso>,
 }
 
 /// The whole HTTP application: API, docs, health, metrics.
@@ -45,6 +46,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(api_routes)
         .merge(api::docs::router(Arc::new(openapi)))
+        .merge(crate::sso::routes())
         // An empty 404 becomes a problem in the normaliser below.
         .fallback(|| async { StatusCode::NOT_FOUND })
         .layer(from_fn_with_state(state.clone(), middleware::metrics::layer))
@@ -134,6 +136,7 @@ impl RunningServer {
             config: Arc::new(config),
             signals: Arc::default(),
             capacity: Arc::default(),
+            sso: Arc::default(),
         };
         state.capacity.refresh_all(&state.db).await?;
         let detector = tokio::spawn(lost_host_detector(state.clone()));

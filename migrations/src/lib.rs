@@ -11,6 +11,7 @@ mod m0005_host_drain;
 mod m0006_segments;
 mod m0007_host_networks;
 mod m0008_billing;
+mod m0009_sso;
 
 pub struct Migrator;
 
@@ -26,6 +27,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0006_segments::Migration),
             Box::new(m0007_host_networks::Migration),
             Box::new(m0008_billing::Migration),
+            Box::new(m0009_sso::Migration),
         ]
     }
 }

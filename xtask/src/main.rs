@@ -75,6 +75,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ping", "iputils-ping"),
     // Segment ingress filters: the agent drives nft's JSON API.
     ("/usr/sbin/nft", "nftables"),
+    // The SSO tests run a real OpenID Provider (oidc-provider, from npm).
+    ("node", "nodejs"),
+    ("npm", "npm"),
 ];
 
 /// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img

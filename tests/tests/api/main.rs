@@ -18,4 +18,5 @@ mod process;
 mod resources;
 mod scheduling;
 mod segments;
+mod sso;
 mod vms;

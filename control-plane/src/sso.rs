@@ -1,0 +1,661 @@
+//! Federated login (OpenID Connect, authorization code flow with PKCE):
+//! `GET /auth/providers` lists the configured institutions,
+//! `GET /auth/login/{provider}` starts a flow, `GET /auth/callback` ends it
+//! — `state` looked up (and spent: a flow is used once), the code
+//! exchanged, the ID token verified (issuer, audience, expiry, signature,
+//! nonce; keys fetched again when an unknown one signs), the e-mail domain
+//! rule applied, the user provisioned by (issuer, subject) — and a
+//! server-side session begins. `GET /auth/session` shows it; `POST
+//! /auth/logout` ends it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::extract::{Path, Query, State};
+use axum::http::header::{HOST, LOCATION, SET_COOKIE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use openidconnect::core::{CoreAuthenticationFlow, CoreClient, CoreProviderMetadata};
+use openidconnect::{
+    AuthorizationCode, ClientId, ClientSecret, CsrfToken, IssuerUrl, Nonce, OAuth2TokenResponse,
+    PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope, TokenResponse,
+};
+use rand::RngCore;
+use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::config::OidcProvider;
+use crate::entity::{login_flows, sessions, user_identities, users};
+use crate::error::{is_unique_violation, ApiError};
+use crate::server::AppState;
+
+pub const COOKIE: &str = "kumo_session";
+/// A flow not finished within this is refused.
+const FLOW_TTL_SECS: i64 = 600;
+/// A session idle this long ends…
+pub const IDLE_SECS: i64 = 8 * 3600;
+/// …and any session ends this long after login.
+pub const ABSOLUTE_SECS: i64 = 7 * 24 * 3600;
+
+/// Providers' metadata (with their signing keys), fetched on first use.
+#[derive(Default)]
+pub struct Sso {
+    metadata: Mutex<HashMap<String, CoreProviderMetadata>>,
+}
+
+// ------------------------------------------------------------ pure rules
+
+/// Whether `email`'s domain is one of `allowed` or below one (`ac.jp`
+/// allows `u-tokyo.ac.jp`); everything when `allowed` is empty.
+pub fn email_allowed(email: &str, allowed: &[String]) -> bool {
+    if allowed.is_empty() {
+        return true;
+    }
+    let Some((_, domain)) = email.rsplit_once('@') else {
+        return false;
+    };
+    let domain = domain.to_lowercase();
+    allowed
+        .iter()
+        .any(|a| domain == *a || domain.ends_with(&format!(".{a}")))
+}
+
+/// A user name from an e-mail or subject: lowercase, only `[a-z0-9._-]`,
+/// starting with a letter, at most 40 characters.
+pub fn user_name_base(email: Option<&str>, subject: &str) -> String {
+    let source = email
+        .and_then(|e| e.split('@').next())
+        .unwrap_or(subject)
+        .to_lowercase();
+    let mut name: String = source
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        name.insert(0, 'u');
+    }
+    if name.len() < 2 {
+        name.push('0');
+    }
+    name
+}
+
+/// Only a local path may be where a login ends (no open redirects).
+pub fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && n.len() <= 512 =>
+        {
+            n.to_owned()
+        }
+        _ => "/".to_owned(),
+    }
+}
+
+fn random_token() -> String {
+    let mut b = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    URL_SAFE_NO_PAD.encode(b)
+}
+
+// ------------------------------------------------------------ IO
+
+fn http() -> Result<openidconnect::reqwest::Client, ApiError> {
+    openidconnect::reqwest::ClientBuilder::new()
+        // Following redirects would open the server to SSRF.
+        .redirect(openidconnect::reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+fn provider<'a>(st: &'a AppState, name: &str) -> Result<&'a OidcProvider, ApiError> {
+    st.config
+        .auth
+        .oidc
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| ApiError::not_found(format!("login provider {name:?}")))
+}
+
+async fn metadata(
+    st: &AppState,
+    p: &OidcProvider,
+    refresh: bool,
+) -> Result<CoreProviderMetadata, ApiError> {
+    if !refresh {
+        let cached = st
+            .sso
+            .metadata
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&p.name)
+            .cloned();
+        if let Some(m) = cached {
+            return Ok(m);
+        }
+    }
+    let issuer = IssuerUrl::new(p.issuer.clone())
+        .map_err(|e| ApiError::Internal(format!("issuer {}: {e}", p.issuer)))?;
+    let m = CoreProviderMetadata::discover_async(issuer, &http()?)
+        .await
+        .map_err(|e| {
+            tracing::warn!(provider = %p.name, error = %e, "OpenID discovery failed");
+            ApiError::Unavailable
+        })?;
+    st.sso
+        .metadata
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p.name.clone(), m.clone());
+    Ok(m)
+}
+
+fn redirect_uri(st: &AppState, headers: &HeaderMap) -> Result<RedirectUrl, ApiError> {
+    let base = match &st.config.auth.public_url {
+        Some(u) => u.trim_end_matches('/').to_owned(),
+        None => {
+            let host = headers
+                .get(HOST)
+                .and_then(|h| h.to_str().ok())
+                .ok_or_else(|| ApiError::validation("no Host header"))?;
+            format!("http://{host}")
+        }
+    };
+    RedirectUrl::new(format!("{base}/auth/callback")).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+#[derive(Serialize)]
+struct ProviderInfo {
+    name: String,
+    display_name: String,
+}
+
+async fn providers(State(st): State<AppState>) -> axum::Json<Vec<ProviderInfo>> {
+    axum::Json(
+        st.config
+            .auth
+            .oidc
+            .iter()
+            .map(|p| ProviderInfo {
+                name: p.name.clone(),
+                display_name: p.display_name.clone(),
+            })
+            .collect(),
+    )
+}
+
+#[derive(Deserialize)]
+struct LoginParams {
+    next: Option<String>,
+}
+
+fn redirect(to: &str) -> Response {
+    (StatusCode::FOUND, [(LOCATION, to.to_owned())]).into_response()
+}
+
+async fn login(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<LoginParams>,
+) -> Result<Response, ApiError> {
+    let p = provider(&st, &name)?.clone();
+    let m = metadata(&st, &p, false).await?;
+    let client = CoreClient::from_provider_metadata(
+        m,
+        ClientId::new(p.client_id.clone()),
+        Some(ClientSecret::new(p.client_secret.clone())),
+    )
+    .set_redirect_uri(redirect_uri(&st, &headers)?);
+    let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+    let mut req = client.authorize_url(
+        CoreAuthenticationFlow::AuthorizationCode,
+        CsrfToken::new_random,
+        Nonce::new_random,
+    );
+    for s in p.scopes.iter().filter(|s| *s != "openid") {
+        req = req.add_scope(Scope::new(s.clone()));
+    }
+    let (url, state, nonce) = req.set_pkce_challenge(challenge).url();
+    login_flows::ActiveModel {
+        state: Set(state.secret().clone()),
+        provider: Set(p.name.clone()),
+        pkce_verifier: Set(verifier.secret().clone()),
+        nonce: Set(nonce.secret().clone()),
+        next: Set(safe_next(q.next.as_deref())),
+        created_at: Set(Utc::now()),
+    }
+    .insert(&st.db)
+    .await?;
+    Ok(redirect(url.as_str()))
+}
+
+#[derive(Deserialize)]
+struct CallbackParams {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+}
+
+/// The claims Kumo keeps besides the standard ones, read from the verified
+/// ID token's payload.
+#[derive(Deserialize, Default)]
+struct ExtraClaims {
+    eppn: Option<String>,
+    affiliation: Option<serde_json::Value>,
+}
+
+fn extra_claims(id_token: &str) -> ExtraClaims {
+    id_token
+        .split('.')
+        .nth(1)
+        .and_then(|p| URL_SAFE_NO_PAD.decode(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+struct Identity {
+    issuer: String,
+    subject: String,
+    email: Option<String>,
+    name: Option<String>,
+    eppn: Option<String>,
+    affiliation: Option<String>,
+}
+
+async fn callback(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<CallbackParams>,
+) -> Result<Response, ApiError> {
+    if let Some(e) = q.error {
+        return Err(ApiError::Forbidden(format!(
+            "the provider refused the login: {e}"
+        )));
+    }
+    let (Some(code), Some(state)) = (q.code, q.state) else {
+        return Err(ApiError::validation("code and state are required"));
+    };
+    // A flow is spent by its first use: a forged or replayed state finds nothing.
+    let txn = st.db.begin().await?;
+    let flow = login_flows::Entity::find_by_id(state.clone())
+        .one(&txn)
+        .await?
+        .ok_or_else(|| ApiError::Forbidden("unknown or used login state".into()))?;
+    login_flows::Entity::delete_by_id(state).exec(&txn).await?;
+    txn.commit().await?;
+    if (Utc::now() - flow.created_at).num_seconds() > FLOW_TTL_SECS {
+        return Err(ApiError::Forbidden(
+            "the login took too long; start again".into(),
+        ));
+    }
+    let p = provider(&st, &flow.provider)?.clone();
+    let identity = verify(&st, &p, &headers, code, &flow).await?;
+    if !email_allowed(
+        identity.email.as_deref().unwrap_or(""),
+        &p.allowed_email_domains,
+    ) {
+        return Err(ApiError::Forbidden(format!(
+            "{} may not log in here: e-mail addresses under {} only",
+            identity
+                .email
+                .as_deref()
+                .unwrap_or("an account without an e-mail"),
+            p.allowed_email_domains.join(", ")
+        )));
+    }
+    let user = provision(&st, &identity).await?;
+    let secret = random_token();
+    let now = Utc::now();
+    sessions::ActiveModel {
+        id: Set(crate::auth::hash_secret(&secret)),
+        user_id: Set(user),
+        csrf: Set(random_token()),
+        created_at: Set(now),
+        last_seen_at: Set(now),
+    }
+    .insert(&st.db)
+    .await?;
+    tracing::info!(provider = %p.name, user = %user, "federated login");
+    let secure = st
+        .config
+        .auth
+        .public_url
+        .as_deref()
+        .is_some_and(|u| u.starts_with("https://"));
+    let cookie = format!(
+        "{COOKIE}={secret}; Path=/; HttpOnly; SameSite=Lax; Max-Age={ABSOLUTE_SECS}{}",
+        if secure { "; Secure" } else { "" }
+    );
+    Ok((
+        StatusCode::FOUND,
+        [(LOCATION, flow.next), (SET_COOKIE, cookie)],
+    )
+        .into_response())
+}
+
+async fn verify(
+    st: &AppState,
+    p: &OidcProvider,
+    headers: &HeaderMap,
+    code: String,
+    flow: &login_flows::Model,
+) -> Result<Identity, ApiError> {
+    let refused = |what: String| {
+        tracing::warn!(provider = %p.name, "login refused: {what}");
+        ApiError::Forbidden(format!("login refused: {what}"))
+    };
+    let mut m = metadata(st, p, false).await?;
+    let client = |m: CoreProviderMetadata| -> Result<_, ApiError> {
+        Ok(CoreClient::from_provider_metadata(
+            m,
+            ClientId::new(p.client_id.clone()),
+            Some(ClientSecret::new(p.client_secret.clone())),
+        )
+        .set_redirect_uri(redirect_uri(st, headers)?))
+    };
+    let token = client(m.clone())?
+        .exchange_code(AuthorizationCode::new(code))
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .set_pkce_verifier(PkceCodeVerifier::new(flow.pkce_verifier.clone()))
+        .request_async(&http()?)
+        .await
+        .map_err(|e| refused(format!("the code was not accepted ({e})")))?;
+    let id_token = token
+        .id_token()
+        .ok_or_else(|| refused("no ID token".into()))?
+        .clone();
+    let nonce = Nonce::new(flow.nonce.clone());
+    let claims = match id_token.claims(&client(m.clone())?.id_token_verifier(), &nonce) {
+        Ok(c) => c.clone(),
+        // Keys rotate: fetch them again once before refusing.
+        Err(openidconnect::ClaimsVerificationError::SignatureVerification(_)) => {
+            m = metadata(st, p, true).await?;
+            id_token
+                .claims(&client(m.clone())?.id_token_verifier(), &nonce)
+                .map_err(|e| refused(e.to_string()))?
+                .clone()
+        }
+        Err(e) => return Err(refused(e.to_string())),
+    };
+    let extra = extra_claims(&id_token.to_string());
+    let mut identity = Identity {
+        issuer: claims.issuer().to_string(),
+        subject: claims.subject().to_string(),
+        email: claims.email().map(|e| e.to_string().to_lowercase()),
+        name: claims
+            .name()
+            .and_then(|n| n.get(None))
+            .map(|n| n.to_string()),
+        eppn: extra.eppn,
+        affiliation: extra.affiliation.map(claim_text),
+    };
+    // Providers that keep the ID token small answer the rest at userinfo.
+    if identity.email.is_none() || identity.eppn.is_none() {
+        if let Some(endpoint) = m.userinfo_endpoint() {
+            let info: serde_json::Value = http()?
+                .get(endpoint.url().as_str())
+                .bearer_auth(token.access_token().secret())
+                .send()
+                .await
+                .and_then(|r| r.error_for_status())
+                .map_err(|e| refused(format!("userinfo: {e}")))?
+                .json()
+                .await
+                .map_err(|e| refused(format!("userinfo: {e}")))?;
+            if info["sub"].as_str() != Some(identity.subject.as_str()) {
+                return Err(refused("userinfo is about someone else".into()));
+            }
+            let text = |k: &str| info.get(k).cloned().map(claim_text);
+            identity.email = identity.email.or(text("email").map(|e| e.to_lowercase()));
+            identity.name = identity.name.or(text("name"));
+            identity.eppn = identity.eppn.or(text("eppn"));
+            identity.affiliation = identity.affiliation.or(text("affiliation"));
+        }
+    }
+    Ok(identity)
+}
+
+fn claim_text(v: serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+/// The user of an identity, created on its first login.
+async fn provision(st: &AppState, id: &Identity) -> Result<Uuid, ApiError> {
+    if let Some(known) =
+        user_identities::Entity::find_by_id((id.issuer.clone(), id.subject.clone()))
+            .one(&st.db)
+            .await?
+    {
+        return Ok(known.user_id);
+    }
+    let base = user_name_base(id.email.as_deref(), &id.subject);
+    for n in 0..50 {
+        let name = if n == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        if !crate::names::is_user_name(&name) {
+            continue;
+        }
+        let txn = st.db.begin().await?;
+        let user = users::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            name: Set(name),
+            display_name: Set(id
+                .name
+                .clone()
+                .or_else(|| id.email.clone())
+                .unwrap_or_else(|| id.subject.clone())
+                .chars()
+                .take(200)
+                .collect()),
+            email: Set(id.email.clone()),
+            kind: Set(kumo_api_types::UserKind::Federated.as_str().into()),
+            is_admin: Set(false),
+            created_at: Set(Utc::now()),
+        };
+        let user = match user.insert(&txn).await {
+            Ok(u) => u,
+            Err(e) if is_unique_violation(&e) => continue, // name taken: next
+            Err(e) => return Err(e.into()),
+        };
+        let identity = user_identities::ActiveModel {
+            issuer: Set(id.issuer.clone()),
+            subject: Set(id.subject.clone()),
+            user_id: Set(user.id),
+            email: Set(id.email.clone()),
+            eppn: Set(id.eppn.clone()),
+            affiliation: Set(id.affiliation.clone()),
+            created_at: Set(Utc::now()),
+        };
+        match identity.insert(&txn).await {
+            Ok(_) => {}
+            // The same person logging in twice at once: the other won.
+            Err(e) if is_unique_violation(&e) => {
+                drop(txn);
+                return Box::pin(provision(st, id)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        txn.commit().await?;
+        return Ok(user.id);
+    }
+    Err(ApiError::Conflict(
+        "no free user name for this identity".into(),
+    ))
+}
+
+fn cookie_secret(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// The session a request carries, if it is alive (idle and absolute
+/// limits); touches it.
+pub async fn session_of(
+    st: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<(sessions::Model, users::Model)>, ApiError> {
+    let Some(secret) = cookie_secret(headers) else {
+        return Ok(None);
+    };
+    let id = crate::auth::hash_secret(&secret);
+    let Some(s) = sessions::Entity::find_by_id(id.clone()).one(&st.db).await? else {
+        return Ok(None);
+    };
+    let now = Utc::now();
+    if expired(&s, now) {
+        sessions::Entity::delete_by_id(id).exec(&st.db).await?;
+        return Ok(None);
+    }
+    let Some(user) = users::Entity::find_by_id(s.user_id).one(&st.db).await? else {
+        return Ok(None);
+    };
+    if (now - s.last_seen_at).num_seconds() > 60 {
+        sessions::Entity::update_many()
+            .col_expr(
+                sessions::Column::LastSeenAt,
+                sea_orm::sea_query::Expr::value(now),
+            )
+            .filter(sessions::Column::Id.eq(s.id.clone()))
+            .exec(&st.db)
+            .await?;
+    }
+    Ok(Some((s, user)))
+}
+
+pub fn expired(s: &sessions::Model, now: DateTime<Utc>) -> bool {
+    (now - s.last_seen_at).num_seconds() > IDLE_SECS
+        || (now - s.created_at).num_seconds() > ABSOLUTE_SECS
+}
+
+#[derive(Serialize)]
+struct SessionInfo {
+    user: String,
+    display_name: String,
+    email: Option<String>,
+    kind: String,
+    csrf: String,
+}
+
+async fn session(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    match session_of(&st, &headers).await? {
+        Some((s, u)) => Ok(axum::Json(SessionInfo {
+            user: u.name,
+            display_name: u.display_name,
+            email: u.email,
+            kind: u.kind,
+            csrf: s.csrf,
+        })
+        .into_response()),
+        None => Err(ApiError::Unauthenticated("no session".into())),
+    }
+}
+
+#[derive(Deserialize)]
+struct LogoutForm {
+    csrf: String,
+}
+
+async fn logout(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<LogoutForm>,
+) -> Result<Response, ApiError> {
+    if let Some((s, _)) = session_of(&st, &headers).await? {
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            s.csrf.as_bytes(),
+            form.csrf.as_bytes(),
+        )) {
+            return Err(ApiError::Forbidden("bad CSRF token".into()));
+        }
+        sessions::Entity::delete_by_id(s.id).exec(&st.db).await?;
+    }
+    Ok((
+        StatusCode::FOUND,
+        [
+            (LOCATION, "/".to_owned()),
+            (
+                SET_COOKIE,
+                format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"),
+            ),
+        ],
+    )
+        .into_response())
+}
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/auth/providers", get(providers))
+        .route("/auth/login/{provider}", get(login))
+        .route("/auth/callback", get(callback))
+        .route("/auth/session", get(session))
+        .route("/auth/logout", post(logout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn email_domains_match_by_suffix_at_a_label() {
+        let allowed = vec!["ac.jp".to_owned(), "go.jp".to_owned()];
+        assert!(email_allowed("aiko@u-tokyo.ac.jp", &allowed));
+        assert!(email_allowed("x@AC.JP", &allowed));
+        assert!(!email_allowed("eve@evilac.jp", &allowed));
+        assert!(!email_allowed("eve@example.com", &allowed));
+        assert!(!email_allowed("no-at-sign", &allowed));
+        assert!(email_allowed("anyone@example.com", &[]));
+    }
+
+    #[test]
+    fn user_names_from_claims() {
+        assert_eq!(
+            user_name_base(Some("Aiko.Tanaka@u-tokyo.ac.jp"), "s"),
+            "aiko.tanaka"
+        );
+        assert_eq!(user_name_base(Some("1st+tag@x.jp"), "s"), "u1st-tag");
+        assert_eq!(user_name_base(None, "Z"), "z0");
+        assert!(crate::names::is_user_name(&user_name_base(
+            Some("名前@x.jp"),
+            "s"
+        )));
+    }
+
+    #[test]
+    fn only_local_paths_are_next() {
+        assert_eq!(safe_next(Some("/vms?x=1")), "/vms?x=1");
+        for bad in ["//evil.example", "https://evil.example", "/\\evil", ""] {
+            assert_eq!(safe_next(Some(bad)), "/", "{bad}");
+        }
+        assert_eq!(safe_next(None), "/");
+    }
+}

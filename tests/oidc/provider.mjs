@@ -1,0 +1,54 @@
+// Two real OpenID Providers ("institutions") on loopback for the SSO
+// tests: node provider.mjs PORT_A DOMAIN_A PORT_B DOMAIN_B REDIRECT_URI.
+// Any login name is accepted (oidc-provider's development interactions);
+// an account named like an e-mail address has that address, others get
+// NAME@DOMAIN. Prints "ready" once both listen.
+import Provider from 'oidc-provider';
+
+const [portA, domainA, portB, domainB, redirect] = process.argv.slice(2);
+
+function start(port, domain) {
+  const issuer = `http://127.0.0.1:${port}`;
+  const provider = new Provider(issuer, {
+    clients: [{
+      client_id: 'kumo',
+      client_secret: 'kumo-test-secret',
+      redirect_uris: [redirect],
+      grant_types: ['authorization_code'],
+      response_types: ['code'],
+    }],
+    pkce: { required: () => true },
+    scopes: ['openid', 'email', 'profile'],
+    claims: {
+      openid: ['sub', 'eppn', 'affiliation'],
+      email: ['email', 'email_verified'],
+      profile: ['name'],
+    },
+    cookies: { keys: ['kumo-test-cookie-key'] },
+    features: { devInteractions: { enabled: true } },
+    async findAccount(_ctx, id) {
+      const email = id.includes('@') ? id : `${id}@${domain}`;
+      return {
+        accountId: id,
+        async claims() {
+          return {
+            sub: id,
+            email,
+            email_verified: true,
+            name: `Test ${id}`,
+            eppn: email,
+            affiliation: `member@${domain}`,
+          };
+        },
+      };
+    },
+  });
+  provider.proxy = false;
+  return new Promise((resolve) => {
+    provider.listen(Number(port), '127.0.0.1', resolve);
+  });
+}
+
+await start(portA, domainA);
+await start(portB, domainB);
+console.log('ready');

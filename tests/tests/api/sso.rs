@@ -1,0 +1,278 @@
+//! Federated login against two real OpenID Providers (`oidc-provider`
+//! from npm, started on loopback by the test): the authorization code
+//! flow with PKCE through the providers' own login and consent pages,
+//! users provisioned once per (issuer, subject), sessions, logout, and
+//! the refusals — a forged state, a replayed code, a wrong nonce, an
+//! e-mail domain outside the provider's rule.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+
+use kumo_server::config::OidcProvider;
+use reqwest::header::{LOCATION, SET_COOKIE};
+use reqwest::redirect::Policy;
+use serde_json::Value;
+
+use crate::harness::{Backend, TestServer};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Providers(Child);
+
+impl Drop for Providers {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Installs `oidc-provider` (npm) once, then starts both providers.
+fn providers(a: u16, b: u16, redirect: &str) -> Providers {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
+    if !dir.join("node_modules/oidc-provider").exists() {
+        let out = Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--silent"])
+            .current_dir(&dir)
+            .output()
+            .unwrap_or_else(|e| panic!("npm (Node 20) is required for the SSO tests: {e}"));
+        assert!(
+            out.status.success(),
+            "npm install: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut child = Command::new("node")
+        .arg(dir.join("provider.mjs"))
+        .args([
+            &a.to_string(),
+            "u-kumo.ac.jp",
+            &b.to_string(),
+            "example.com",
+            redirect,
+        ])
+        .current_dir(&dir)
+        .env("NODE_ENV", "test")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("node is required for the SSO tests: {e}"));
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "the providers did not start");
+    // The providers log to stdout: keep draining it, or they die of EPIPE.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    Providers(child)
+}
+
+fn browser() -> reqwest::Client {
+    reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn location(r: &reqwest::Response) -> String {
+    r.headers()
+        .get(LOCATION)
+        .unwrap_or_else(|| panic!("no redirect from {} ({})", r.url(), r.status()))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn absolute(base: &str, loc: &str) -> String {
+    if loc.starts_with("http") {
+        loc.to_owned()
+    } else {
+        format!("{}{loc}", base.trim_end_matches('/'))
+    }
+}
+
+/// Logs in at `provider` as `login` through the provider's pages; answers
+/// the callback URL the provider sends the browser back to.
+async fn through_provider(
+    c: &reqwest::Client,
+    kumo: &str,
+    provider: &str,
+    issuer: &str,
+    login: &str,
+) -> String {
+    let r = c
+        .get(format!("{kumo}/auth/login/{provider}?next=/vms"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 302, "{:?}", r.text().await);
+    let mut url = location(&r);
+    assert!(url.starts_with(issuer), "{url}");
+    assert!(
+        url.contains("code_challenge_method=S256") && url.contains("nonce="),
+        "{url}"
+    );
+    for _ in 0..10 {
+        let r = c.get(&url).send().await.unwrap();
+        if r.status().is_redirection() {
+            let next = absolute(issuer, &location(&r));
+            if next.starts_with(kumo) {
+                return next;
+            }
+            url = next;
+            continue;
+        }
+        assert_eq!(r.status(), 200, "{url}");
+        let page = r.text().await.unwrap();
+        let prompt = if page.contains("name=\"login\"") {
+            "login"
+        } else {
+            "consent"
+        };
+        let r = c
+            .post(&url)
+            .form(&[("prompt", prompt), ("login", login), ("password", "any")])
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_redirection(), "{prompt}: {}", r.status());
+        url = absolute(issuer, &location(&r));
+    }
+    panic!("the provider never sent the browser back")
+}
+
+async fn session(c: &reqwest::Client, kumo: &str) -> (u16, Value) {
+    let r = c.get(format!("{kumo}/auth/session")).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn federated_login_with_two_institutions() {
+    let (pa, pb, pk) = (free_port(), free_port(), free_port());
+    let kumo = format!("http://127.0.0.1:{pk}");
+    let _providers = providers(pa, pb, &format!("{kumo}/auth/callback"));
+    let (ia, ib) = (
+        format!("http://127.0.0.1:{pa}"),
+        format!("http://127.0.0.1:{pb}"),
+    );
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), "kumo-test-secret\n").unwrap();
+    let provider = |name: &str, issuer: &str, domains: &[&str]| OidcProvider {
+        name: name.into(),
+        display_name: format!("University {name}"),
+        issuer: issuer.into(),
+        client_id: "kumo".into(),
+        client_secret: std::fs::read_to_string(secret.path())
+            .unwrap()
+            .trim()
+            .into(),
+        scopes: vec!["openid".into(), "email".into(), "profile".into()],
+        allowed_email_domains: domains.iter().map(|d| (*d).to_owned()).collect(),
+    };
+    let s = TestServer::start_with(Backend::Sqlite, |c| {
+        c.listen = format!("127.0.0.1:{pk}").parse().unwrap();
+        c.auth.oidc = vec![
+            provider("uni-a", &ia, &["ac.jp"]),
+            provider("uni-b", &ib, &["example.com"]),
+        ];
+    })
+    .await;
+    assert_eq!(s.url, kumo);
+    let listed: Value = s
+        .http()
+        .get(format!("{kumo}/auth/providers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed[1]["display_name"], "University uni-b");
+
+    // Institution A: a first login provisions the user; a second finds it.
+    let a = browser();
+    let back = through_provider(&a, &kumo, "uni-a", &ia, "aiko").await;
+    let r = a.get(&back).send().await.unwrap();
+    assert_eq!(r.status(), 302, "{:?}", r.text().await);
+    assert_eq!(location(&r), "/vms");
+    let cookie = r.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"),
+        "{cookie}"
+    );
+    let (status, me) = session(&a, &kumo).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (me["user"].as_str(), me["kind"].as_str()),
+        (Some("aiko"), Some("federated"))
+    );
+    assert_eq!(me["email"], "aiko@u-kumo.ac.jp");
+    // The callback replayed (its code and state spent): refused.
+    let r = a.get(&back).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    // A forged state: refused.
+    let forged = back.replace("state=", "state=x");
+    assert_eq!(a.get(&forged).send().await.unwrap().status(), 403);
+    // Logging in again at A: the same user, not a second one.
+    let again = browser();
+    let back = through_provider(&again, &kumo, "uni-a", &ia, "aiko").await;
+    assert_eq!(again.get(&back).send().await.unwrap().status(), 302);
+    assert_eq!(session(&again, &kumo).await.1["user"], "aiko");
+    let users: Vec<kumo_api_types::User> = s.admin.list_users().await.unwrap();
+    assert_eq!(
+        users.iter().filter(|u| u.name.starts_with("aiko")).count(),
+        1
+    );
+
+    // A code whose flow carries another nonce: the ID token is refused.
+    let n = browser();
+    let back = through_provider(&n, &kumo, "uni-a", &ia, "nonce-test").await;
+    use sea_orm::{ConnectionTrait, Statement};
+    s.db()
+        .execute(Statement::from_string(
+            s.db().get_database_backend(),
+            "UPDATE login_flows SET nonce = 'not-the-one-sent'".to_owned(),
+        ))
+        .await
+        .unwrap();
+    let r = n.get(&back).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let why = r.text().await.unwrap().to_lowercase();
+    assert!(why.contains("nonce"), "{why}");
+    assert_eq!(session(&n, &kumo).await.0, 401);
+
+    // Institution B: its own user; an address outside its rule is refused.
+    let b = browser();
+    let back = through_provider(&b, &kumo, "uni-b", &ib, "bob").await;
+    assert_eq!(b.get(&back).send().await.unwrap().status(), 302);
+    assert_eq!(session(&b, &kumo).await.1["email"], "bob@example.com");
+    let eve = browser();
+    let back = through_provider(&eve, &kumo, "uni-b", &ib, "eve@evil.example").await;
+    let r = eve.get(&back).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("example.com only"));
+
+    // Logout needs the session's CSRF token; then the session is gone.
+    let (_, me) = session(&a, &kumo).await;
+    let r = a
+        .post(format!("{kumo}/auth/logout"))
+        .form(&[("csrf", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = a
+        .post(format!("{kumo}/auth/logout"))
+        .form(&[("csrf", me["csrf"].as_str().unwrap())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 302);
+    assert_eq!(session(&a, &kumo).await.0, 401);
+    s.stop().await;
+}
