@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod middleware;
 pub mod names;
 pub mod paging;
+pub mod portal;
 pub mod reaper;
 pub mod server;
 pub mod signals;

@@ -257,6 +257,69 @@ async fn federated_login_with_two_institutions() {
     assert_eq!(r.status(), 403);
     assert!(r.text().await.unwrap().contains("example.com only"));
 
+    // The portal: each sees the tenants they belong to, and no other;
+    // in the language they ask for.
+    s.tenant("vision").await;
+    s.add("vision", "aiko", kumo_api_types::Role::Owner).await;
+    s.tenant("beta-lab").await;
+    s.add("beta-lab", "bob", kumo_api_types::Role::Member).await;
+    let page = |c: reqwest::Client, lang: &'static str| {
+        let url = format!("{kumo}/");
+        async move {
+            let r = c
+                .get(url)
+                .header("accept-language", lang)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, html) = page(a.clone(), "en").await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains("data-tenant=\"vision\"") && !html.contains("beta-lab"),
+        "{html}"
+    );
+    assert!(html.contains("My projects"));
+    let (_, html) = page(b.clone(), "ja-JP,ja;q=0.9").await;
+    assert!(
+        html.contains("data-tenant=\"beta-lab\"") && !html.contains("vision"),
+        "{html}"
+    );
+    assert!(html.contains("参加プロジェクト"), "{html}");
+    let (status, _) = page(browser(), "en").await;
+    assert_eq!(status, 303, "no session: to the chooser");
+    let chooser = s
+        .http()
+        .get(format!("{kumo}/login?next=/vms"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        chooser.contains("University uni-a") && chooser.contains("/auth/login/uni-b?next=%2Fvms"),
+        "{chooser}"
+    );
+    let r = a
+        .get(format!("{kumo}/lang/ja"))
+        .header("referer", format!("{kumo}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(r.headers()[SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .starts_with("kumo_lang=ja"));
+    let (_, html) = page(a.clone(), "en").await;
+    assert!(
+        html.contains("lang=\"ja\""),
+        "the switch beats Accept-Language"
+    );
+
     // Logout needs the session's CSRF token; then the session is gone.
     let (_, me) = session(&a, &kumo).await;
     let r = a

@@ -1,0 +1,119 @@
+//! The portal's two languages: chosen by the `kumo_lang` cookie (the
+//! switch), else by `Accept-Language`, else English.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    En,
+    Ja,
+}
+
+impl Lang {
+    pub fn code(self) -> &'static str {
+        match self {
+            Lang::En => "en",
+            Lang::Ja => "ja",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Lang> {
+        match s {
+            "en" => Some(Lang::En),
+            "ja" => Some(Lang::Ja),
+            _ => None,
+        }
+    }
+
+    /// The cookie's choice, else the first of `Accept-Language` we speak.
+    pub fn pick(cookie: Option<&str>, accept_language: Option<&str>) -> Lang {
+        if let Some(l) = cookie.and_then(Lang::parse) {
+            return l;
+        }
+        let mut tags: Vec<(f32, &str)> = accept_language
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|part| {
+                let mut it = part.trim().split(';');
+                let tag = it.next()?.trim();
+                let q = it
+                    .find_map(|p| p.trim().strip_prefix("q="))
+                    .and_then(|q| q.parse().ok())
+                    .unwrap_or(1.0);
+                (!tag.is_empty()).then_some((q, tag))
+            })
+            .collect();
+        tags.sort_by(|a, b| b.0.total_cmp(&a.0));
+        tags.iter()
+            .find_map(|(_, t)| {
+                let primary = t.split('-').next().unwrap_or("").to_ascii_lowercase();
+                Lang::parse(&primary)
+            })
+            .unwrap_or(Lang::En)
+    }
+}
+
+/// A message in the language.
+pub fn t(lang: Lang, key: Msg) -> &'static str {
+    use Msg::*;
+    match (lang, key) {
+        (Lang::En, AppName) => "Kumo GPU cloud",
+        (Lang::Ja, AppName) => "Kumo GPU クラウド",
+        (Lang::En, SignIn) => "Sign in",
+        (Lang::Ja, SignIn) => "ログイン",
+        (Lang::En, ChooseInstitution) => "Choose your institution",
+        (Lang::Ja, ChooseInstitution) => "所属機関を選択してください",
+        (Lang::En, Search) => "Search institutions",
+        (Lang::Ja, Search) => "機関を検索",
+        (Lang::En, NoProviders) => "No institution is configured; administrators sign in with an API token.",
+        (Lang::Ja, NoProviders) => "機関が設定されていません。管理者は API トークンでログインします。",
+        (Lang::En, Dashboard) => "Dashboard",
+        (Lang::Ja, Dashboard) => "ダッシュボード",
+        (Lang::En, MyTenants) => "My projects",
+        (Lang::Ja, MyTenants) => "参加プロジェクト",
+        (Lang::En, NoTenants) => "You are not a member of any project yet. Ask a project owner to add you.",
+        (Lang::Ja, NoTenants) => "まだどのプロジェクトにも参加していません。プロジェクトのオーナーに追加を依頼してください。",
+        (Lang::En, Role) => "Role",
+        (Lang::Ja, Role) => "ロール",
+        (Lang::En, Vms) => "VMs",
+        (Lang::Ja, Vms) => "VM 数",
+        (Lang::En, Gpus) => "GPUs in use / quota",
+        (Lang::Ja, Gpus) => "使用中 GPU / 上限",
+        (Lang::En, Points) => "Points",
+        (Lang::Ja, Points) => "ポイント残高",
+        (Lang::En, SignOut) => "Sign out",
+        (Lang::Ja, SignOut) => "ログアウト",
+        (Lang::En, Language) => "日本語",
+        (Lang::Ja, Language) => "English",
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Msg {
+    AppName,
+    SignIn,
+    ChooseInstitution,
+    Search,
+    NoProviders,
+    Dashboard,
+    MyTenants,
+    NoTenants,
+    Role,
+    Vms,
+    Gpus,
+    Points,
+    SignOut,
+    Language,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_switch_wins_then_accept_language_by_weight() {
+        assert_eq!(Lang::pick(Some("ja"), Some("en")), Lang::Ja);
+        assert_eq!(Lang::pick(None, Some("ja-JP,ja;q=0.9,en;q=0.8")), Lang::Ja);
+        assert_eq!(Lang::pick(None, Some("en;q=0.5, ja;q=0.9")), Lang::Ja);
+        assert_eq!(Lang::pick(None, Some("fr, en-GB;q=0.7")), Lang::En);
+        assert_eq!(Lang::pick(Some("xx"), None), Lang::En);
+    }
+}

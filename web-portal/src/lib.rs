@@ -1,0 +1,190 @@
+//! The researchers' web portal as pure renderers: each page is an askama
+//! template over a plain view model, in the request's language. The server
+//! gathers the data (with the API's authorization) and serves the HTML;
+//! the pages work without JavaScript.
+
+pub mod i18n;
+
+use askama::Template;
+
+use i18n::{t, Lang, Msg};
+
+/// An institution on the chooser.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderItem {
+    pub name: String,
+    pub display_name: String,
+}
+
+/// One of the user's tenants on the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantCard {
+    pub name: String,
+    pub display_name: String,
+    pub role: String,
+    pub vms: u64,
+    pub gpus_used: u64,
+    pub gpus_quota: u64,
+    /// `None` for a tenant not run on points.
+    pub balance: Option<String>,
+}
+
+/// Who is signed in, for the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Viewer {
+    pub display_name: String,
+    pub csrf: String,
+}
+
+#[derive(Template)]
+#[template(path = "layout.html")]
+struct Layout<'a> {
+    lang_code: &'a str,
+    other_lang: &'a str,
+    language: &'a str,
+    title: &'a str,
+    app_name: &'a str,
+    user: Option<&'a str>,
+    csrf: &'a str,
+    sign_out: &'a str,
+    body: &'a str,
+}
+
+fn page(lang: Lang, title: &str, viewer: Option<&Viewer>, body: &str) -> String {
+    Layout {
+        lang_code: lang.code(),
+        other_lang: match lang {
+            Lang::En => "ja",
+            Lang::Ja => "en",
+        },
+        language: t(lang, Msg::Language),
+        title,
+        app_name: t(lang, Msg::AppName),
+        user: viewer.map(|v| v.display_name.as_str()),
+        csrf: viewer.map(|v| v.csrf.as_str()).unwrap_or(""),
+        sign_out: t(lang, Msg::SignOut),
+        body,
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"))
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct Login<'a> {
+    sign_in: &'a str,
+    choose: &'a str,
+    search: &'a str,
+    no_providers: &'a str,
+    providers: &'a [ProviderItem],
+    next: &'a str,
+}
+
+/// The institution chooser.
+pub fn login_page(lang: Lang, providers: &[ProviderItem], next: &str) -> String {
+    let body = Login {
+        sign_in: t(lang, Msg::SignIn),
+        choose: t(lang, Msg::ChooseInstitution),
+        search: t(lang, Msg::Search),
+        no_providers: t(lang, Msg::NoProviders),
+        providers,
+        next,
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    page(lang, t(lang, Msg::SignIn), None, &body)
+}
+
+#[derive(Template)]
+#[template(path = "dashboard.html")]
+struct Dashboard<'a> {
+    heading: &'a str,
+    my_tenants: &'a str,
+    no_tenants: &'a str,
+    role: &'a str,
+    vms: &'a str,
+    gpus: &'a str,
+    points: &'a str,
+    currency: &'a str,
+    tenants: &'a [TenantCard],
+}
+
+/// The dashboard: the viewer's tenants with VMs, GPU use and points.
+pub fn dashboard_page(
+    lang: Lang,
+    viewer: &Viewer,
+    tenants: &[TenantCard],
+    currency: &str,
+) -> String {
+    let body = Dashboard {
+        heading: t(lang, Msg::Dashboard),
+        my_tenants: t(lang, Msg::MyTenants),
+        no_tenants: t(lang, Msg::NoTenants),
+        role: t(lang, Msg::Role),
+        vms: t(lang, Msg::Vms),
+        gpus: t(lang, Msg::Gpus),
+        points: t(lang, Msg::Points),
+        currency,
+        tenants,
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    page(lang, t(lang, Msg::Dashboard), Some(viewer), &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn card(name: &str) -> TenantCard {
+        TenantCard {
+            name: name.into(),
+            display_name: "<b>Vision</b> & Lab".into(),
+            role: "owner".into(),
+            vms: 3,
+            gpus_used: 8,
+            gpus_quota: 16,
+            balance: Some("1000".into()),
+        }
+    }
+
+    #[test]
+    fn pages_speak_both_languages_and_escape_data() {
+        let v = Viewer {
+            display_name: "Aiko <script>".into(),
+            csrf: "tok".into(),
+        };
+        let en = dashboard_page(Lang::En, &v, &[card("vision")], "JPY");
+        assert!(en.contains("<html lang=\"en\">") && en.contains("My projects"));
+        assert!(
+            en.contains("&#60;b&#62;Vision&#60;/b&#62; &#38; Lab"),
+            "escaped"
+        );
+        assert!(!en.contains("Aiko <script>"));
+        assert!(en.contains("8 / 16") && en.contains("1000 JPY"));
+        assert!(
+            en.contains("name=\"csrf\" value=\"tok\""),
+            "logout carries the CSRF token"
+        );
+        let ja = dashboard_page(Lang::Ja, &v, &[], "JPY");
+        assert!(ja.contains("<html lang=\"ja\">") && ja.contains("参加プロジェクト"));
+        assert!(ja.contains("まだどのプロジェクトにも参加していません"));
+        assert!(ja.contains("href=\"/lang/en\""), "the switch");
+    }
+
+    #[test]
+    fn the_chooser_lists_institutions_and_keeps_next() {
+        let ps = [ProviderItem {
+            name: "uni-a".into(),
+            display_name: "University A".into(),
+        }];
+        let html = login_page(Lang::En, &ps, "/vms?x=1");
+        assert!(
+            html.contains("href=\"/auth/login/uni-a?next=%2Fvms%3Fx%3D1\""),
+            "{html}"
+        );
+        assert!(html.contains("University A") && html.contains("type=\"search\""));
+        let none = login_page(Lang::Ja, &[], "/");
+        assert!(none.contains("機関が設定されていません"));
+    }
+}
