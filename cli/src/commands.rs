@@ -45,11 +45,16 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check a token against a server and save both as a profile.
+    /// Sign in: with an API token, or (without one) through the portal in
+    /// a browser, which hands this command a token of its own.
     Login {
         #[arg(long)]
         server: String,
         #[arg(long)]
-        token: String,
+        token: Option<String>,
+        /// Print the sign-in page's address instead of opening a browser.
+        #[arg(long)]
+        no_browser: bool,
     },
     /// Research projects.
     #[command(subcommand)]
@@ -693,7 +698,15 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             let mut cmd = Cli::command();
             clap_complete::generate(*shell, &mut cmd, "kumo", out);
         }
-        Command::Login { server, token } => {
+        Command::Login {
+            server,
+            token,
+            no_browser,
+        } => {
+            let token = match token {
+                Some(t) => t.clone(),
+                None => crate::browser_login::run(server, *no_browser, out).await?,
+            };
             let c = Client::new(server, Some(token.clone()))?;
             let me = c
                 .me()

@@ -2,6 +2,7 @@
 //! (the tests use the same client).
 
 pub mod billing;
+pub mod browser_login;
 pub mod client;
 pub mod commands;
 pub mod output;

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use crate::api::vms::stored_spec;
 use crate::entity::{memberships, tenant_gpu_quotas, tenants, vms};
 use crate::error::ApiError;
+use crate::extract::Ctx;
 use crate::server::AppState;
 use crate::sso::{safe_next, session_of};
 
@@ -156,9 +157,109 @@ async fn switch_lang(headers: HeaderMap, Path(code): Path<String>) -> Result<Res
         .into_response())
 }
 
+#[derive(Deserialize)]
+struct CliLogin {
+    port: u16,
+    state: String,
+}
+
+fn check_cli(port: u16, state: &str) -> Result<(), ApiError> {
+    if port < 1024 {
+        return Err(ApiError::field(
+            "port",
+            "the command's loopback port (1024 or above)",
+        ));
+    }
+    if !(16..=128).contains(&state.len())
+        || !state
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ApiError::field("state", "16 to 128 URL-safe characters"));
+    }
+    Ok(())
+}
+
+/// `kumo login`'s page: signed in, the user is asked to allow it.
+async fn cli_login(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<CliLogin>,
+) -> Result<Response, ApiError> {
+    check_cli(q.port, &q.state)?;
+    let Some((session, user)) = session_of(&st, &headers).await? else {
+        let back = format!("/login/cli?port={}&state={}", q.port, q.state);
+        let to = format!(
+            "/login?next={}",
+            openidconnect::url::form_urlencoded::byte_serialize(back.as_bytes())
+                .collect::<String>()
+        );
+        return Ok((StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response());
+    };
+    Ok(html(kumo_web_portal::cli_login_page(
+        lang(&headers),
+        &Viewer {
+            display_name: user.display_name,
+            csrf: session.csrf,
+        },
+        q.port,
+        &q.state,
+    )))
+}
+
+#[derive(Deserialize)]
+struct CliAllow {
+    csrf: String,
+    port: u16,
+    state: String,
+}
+
+/// Allowed: an API token for the user, handed to the command's loopback
+/// port (and nowhere else).
+async fn cli_allow(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    axum::Form(f): axum::Form<CliAllow>,
+) -> Result<Response, ApiError> {
+    check_cli(f.port, &f.state)?;
+    let Some((session, user)) = session_of(&st, &headers).await? else {
+        return Err(ApiError::Unauthenticated("sign in first".into()));
+    };
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(
+        session.csrf.as_bytes(),
+        f.csrf.as_bytes(),
+    )) {
+        return Err(ApiError::Forbidden("bad CSRF token".into()));
+    }
+    let ctx = Ctx {
+        caller: crate::auth::Caller {
+            user: user.clone(),
+            token_id: uuid::Uuid::nil(),
+        },
+        request_id: uuid::Uuid::now_v7().to_string(),
+        source_ip: "portal".into(),
+    };
+    let minted = crate::api::tokens::mint_for(
+        &st.db,
+        &ctx,
+        &user,
+        kumo_api_types::TokenCreate {
+            description: Some("kumo login".into()),
+            expires_at: Some(chrono::Utc::now() + chrono::Duration::days(90)),
+        },
+    )
+    .await?;
+    let to = format!(
+        "http://127.0.0.1:{}/?state={}&token={}",
+        f.port, f.state, minted.token
+    );
+    Ok((StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response())
+}
+
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(dashboard))
+        .route("/login/cli", get(cli_login).post(cli_allow))
         .route("/login", get(login))
         .route("/lang/{code}", get(switch_lang))
 }

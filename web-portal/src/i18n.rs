@@ -83,6 +83,12 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, SignOut) => "ログアウト",
         (Lang::En, Language) => "日本語",
         (Lang::Ja, Language) => "English",
+        (Lang::En, CliLogin) => "Sign the command line in",
+        (Lang::Ja, CliLogin) => "コマンドラインツールへのログイン",
+        (Lang::En, CliLoginAsk) => "The kumo command on this computer asks to act as you: it gets an API token valid for 90 days, which you can revoke among your tokens.",
+        (Lang::Ja, CliLoginAsk) => "このコンピューターの kumo コマンドが、あなたとして操作する許可を求めています。90 日間有効な API トークンが発行され、トークン一覧から取り消せます。",
+        (Lang::En, Allow) => "Allow",
+        (Lang::Ja, Allow) => "許可する",
     }
 }
 
@@ -102,6 +108,9 @@ pub enum Msg {
     Points,
     SignOut,
     Language,
+    CliLogin,
+    CliLoginAsk,
+    Allow,
 }
 
 #[cfg(test)]

@@ -132,6 +132,33 @@ pub fn dashboard_page(
     page(lang, t(lang, Msg::Dashboard), Some(viewer), &body)
 }
 
+#[derive(Template)]
+#[template(path = "cli_login.html")]
+struct CliLogin<'a> {
+    heading: &'a str,
+    ask: &'a str,
+    allow: &'a str,
+    csrf: &'a str,
+    port: u16,
+    state: &'a str,
+}
+
+/// The consent page of `kumo login`: a form (with the CSRF token) that
+/// hands an API token to the command's loopback port.
+pub fn cli_login_page(lang: Lang, viewer: &Viewer, port: u16, state: &str) -> String {
+    let body = CliLogin {
+        heading: t(lang, Msg::CliLogin),
+        ask: t(lang, Msg::CliLoginAsk),
+        allow: t(lang, Msg::Allow),
+        csrf: &viewer.csrf,
+        port,
+        state,
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    page(lang, t(lang, Msg::CliLogin), Some(viewer), &body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

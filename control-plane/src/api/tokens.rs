@@ -19,7 +19,7 @@ use crate::names;
 use crate::paging::Paging;
 use crate::server::AppState;
 
-async fn mint_for(
+pub(crate) async fn mint_for(
     db: &impl TransactionTrait,
     ctx: &Ctx,
     user: &users_entity::Model,

@@ -151,7 +151,7 @@ async fn session(c: &reqwest::Client, kumo: &str) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or_default())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn federated_login_with_two_institutions() {
     let (pa, pb, pk) = (free_port(), free_port(), free_port());
     let kumo = format!("http://127.0.0.1:{pk}");
@@ -318,6 +318,92 @@ async fn federated_login_with_two_institutions() {
     assert!(
         html.contains("lang=\"ja\""),
         "the switch beats Accept-Language"
+    );
+
+    // `kumo login` through the portal: the signed-in user allows it, and
+    // the command gets a token of its own on its loopback port.
+    let home = tempfile::tempdir().unwrap();
+    let mut cli = Command::new(crate::harness::bin("kumo"))
+        .args(["login", "--server", &kumo, "--no-browser"])
+        .env("HOME", home.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(cli.stdout.take().unwrap()));
+    let _ = lines.next();
+    let url = lines.next().unwrap().unwrap().trim().to_owned();
+    assert!(url.starts_with(&format!("{kumo}/login/cli?port=")), "{url}");
+    let r = again.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("method=\"post\" action=\"/login/cli\""));
+    let query: std::collections::HashMap<String, String> = url
+        .split_once('?')
+        .unwrap()
+        .1
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let csrf = session(&again, &kumo).await.1["csrf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = again
+        .post(format!("{kumo}/login/cli"))
+        .form(&[
+            ("csrf", "forged"),
+            ("port", &query["port"]),
+            ("state", &query["state"]),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a forged CSRF token");
+    let r = again
+        .post(format!("{kumo}/login/cli"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("port", &query["port"]),
+            ("state", &query["state"]),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let to = location(&r);
+    assert!(
+        to.starts_with(&format!("http://127.0.0.1:{}/?state=", query["port"])),
+        "{to}"
+    );
+    let r = again.get(&to).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let done = tokio::task::spawn_blocking(move || {
+        let said: Vec<String> = lines.map_while(Result::ok).collect();
+        (cli.wait().unwrap(), said)
+    })
+    .await
+    .unwrap();
+    assert!(done.0.success());
+    assert!(done.1.iter().any(|l| l.contains("as aiko")), "{:?}", done.1);
+    let home_dir = home.path().to_path_buf();
+    let listed = tokio::task::spawn_blocking(move || {
+        Command::new(crate::harness::bin("kumo"))
+            .args(["tenant", "list"])
+            .env("HOME", home_dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&listed.stderr).into_owned();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains("vision") && !listed.contains("beta-lab"),
+        "{listed} {err}"
     );
 
     // Logout needs the session's CSRF token; then the session is gone.
