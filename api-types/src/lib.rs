@@ -720,6 +720,9 @@ pub struct PlacedGpu {
     /// On a RoCE segment: the NIC's VF that is passed through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nic_vf: Option<String>,
+    /// The guest NUMA node the GPU sits on.
+    #[serde(default)]
+    pub guest_numa: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use kumo_web_portal::i18n::Lang;
-use kumo_web_portal::{ProviderItem, TenantCard, Viewer};
+use kumo_web_portal::{diagram, ProviderItem, TenantCard, Viewer, VmRow};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::Deserialize;
 
@@ -256,9 +256,350 @@ async fn cli_allow(
     Ok((StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response())
 }
 
+/// The API caller a session stands for: pages go through the same
+/// handlers, so they see and may do exactly what the API allows.
+fn ctx_of(user: &crate::entity::users::Model) -> Ctx {
+    Ctx {
+        caller: crate::auth::Caller {
+            user: user.clone(),
+            token_id: uuid::Uuid::nil(),
+        },
+        request_id: uuid::Uuid::now_v7().to_string(),
+        source_ip: "portal".into(),
+    }
+}
+
+/// The session, or a redirect to the chooser coming back to `here`.
+async fn signed_in(
+    st: &AppState,
+    headers: &HeaderMap,
+    here: &str,
+) -> Result<Result<(Viewer, crate::entity::users::Model), Response>, ApiError> {
+    match session_of(st, headers).await? {
+        Some((s, u)) => Ok(Ok((
+            Viewer {
+                display_name: u.display_name.clone(),
+                csrf: s.csrf,
+            },
+            u,
+        ))),
+        None => {
+            let to = format!(
+                "/login?next={}",
+                openidconnect::url::form_urlencoded::byte_serialize(here.as_bytes())
+                    .collect::<String>()
+            );
+            Ok(Err(
+                (StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response()
+            ))
+        }
+    }
+}
+
+fn csrf_ok(viewer: &Viewer, given: &str) -> Result<(), ApiError> {
+    if bool::from(subtle::ConstantTimeEq::ct_eq(
+        viewer.csrf.as_bytes(),
+        given.as_bytes(),
+    )) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden("bad CSRF token".into()))
+    }
+}
+
+async fn vm_rows(st: &AppState, ctx: &Ctx, tenant: &str) -> Result<Vec<VmRow>, ApiError> {
+    let page = crate::api::vms::list(
+        State(st.clone()),
+        ctx.clone(),
+        crate::extract::Path(tenant.to_owned()),
+        crate::extract::Query(kumo_api_types::PageParams {
+            limit: Some(200),
+            page_token: None,
+        }),
+    )
+    .await?;
+    Ok(page
+        .0
+        .items
+        .into_iter()
+        .map(|v| VmRow {
+            name: v.name,
+            state: v.state.as_str().to_owned(),
+            gpus: v.spec.gpus,
+            host: v.host.unwrap_or_default(),
+        })
+        .collect())
+}
+
+async fn vms_page(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let rows = vm_rows(&st, &ctx_of(&user), &tenant).await?;
+    Ok(html(kumo_web_portal::vms_page(
+        lang(&headers),
+        &viewer,
+        &tenant,
+        &rows,
+        None,
+    )))
+}
+
+#[derive(Deserialize)]
+struct CreateForm {
+    csrf: String,
+    name: String,
+    #[serde(default)]
+    gpus: Option<String>,
+    #[serde(default)]
+    vcpus: Option<String>,
+    #[serde(default)]
+    memory_gib: Option<String>,
+    #[serde(default)]
+    spot: Option<String>,
+    #[serde(default)]
+    network: Option<String>,
+    #[serde(default)]
+    ssh_key: Option<String>,
+}
+
+fn number(field: &str, v: &Option<String>) -> Result<Option<u32>, ApiError> {
+    match v.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| ApiError::field(field, "a whole number")),
+    }
+}
+
+async fn create_vm(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+    axum::Form(f): axum::Form<CreateForm>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    csrf_ok(&viewer, &f.csrf)?;
+    let ctx = ctx_of(&user);
+    let body = number("gpus", &f.gpus).and_then(|gpus| {
+        Ok(kumo_api_types::VmCreate {
+            name: f.name.trim().to_owned(),
+            gpus: gpus.unwrap_or(0),
+            gpu_model: None,
+            vcpus: number("vcpus", &f.vcpus)?,
+            memory_gib: number("memory_gib", &f.memory_gib)?,
+            disk_gib: None,
+            template: None,
+            service_level: if f.spot.is_some() {
+                kumo_api_types::ServiceLevel::Spot
+            } else {
+                kumo_api_types::ServiceLevel::Guaranteed
+            },
+            ssh_keys: f
+                .ssh_key
+                .iter()
+                .map(|k| k.trim().to_owned())
+                .filter(|k| !k.is_empty())
+                .collect(),
+            networks: f
+                .network
+                .iter()
+                .map(|n| n.trim())
+                .filter(|n| !n.is_empty())
+                .map(|n| kumo_api_types::NetworkRequest {
+                    segment: n.to_owned(),
+                    ip: None,
+                })
+                .collect(),
+        })
+    });
+    let made = match body {
+        Ok(b) => {
+            crate::api::vms::create(
+                State(st.clone()),
+                ctx.clone(),
+                crate::extract::Path(tenant.clone()),
+                crate::extract::Json(b),
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    match made {
+        Ok((_, vm)) => Ok((
+            StatusCode::SEE_OTHER,
+            [(LOCATION, format!("/t/{tenant}/vms/{}", vm.0.name))],
+        )
+            .into_response()),
+        // A foreign or missing tenant stays a 404, whatever the form said.
+        Err(e @ ApiError::NotFound(_)) => Err(e),
+        Err(e) => {
+            let rows = vm_rows(&st, &ctx, &tenant).await?;
+            let mut r = html(kumo_web_portal::vms_page(
+                lang(&headers),
+                &viewer,
+                &tenant,
+                &rows,
+                Some(&e.to_string()),
+            ));
+            *r.status_mut() =
+                StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST);
+            Ok(r)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    csrf: String,
+}
+
+async fn vm_action(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, vm, action)): Path<(String, String, String)>,
+    axum::Form(f): axum::Form<CsrfForm>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    csrf_ok(&viewer, &f.csrf)?;
+    let (ctx, at) = (ctx_of(&user), crate::extract::Path((tenant.clone(), vm)));
+    let s = State(st.clone());
+    let _ = match action.as_str() {
+        "start" => crate::api::vms::start(s, ctx, at).await?,
+        "stop" => crate::api::vms::stop(s, ctx, at).await?,
+        "reboot" => crate::api::vms::reboot(s, ctx, at).await?,
+        "delete" => crate::api::vms::delete(s, ctx, at).await?,
+        other => return Err(ApiError::not_found(format!("action {other:?}"))),
+    };
+    Ok((
+        StatusCode::SEE_OTHER,
+        [(LOCATION, format!("/t/{tenant}/vms"))],
+    )
+        .into_response())
+}
+
+async fn vm_page(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms/{name}")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let ctx = ctx_of(&user);
+    let vm = crate::api::vms::show(
+        State(st.clone()),
+        ctx.clone(),
+        crate::extract::Path((tenant.clone(), name.clone())),
+    )
+    .await?
+    .0;
+    let events = crate::api::vms::events(
+        State(st.clone()),
+        ctx.clone(),
+        crate::extract::Path(tenant.clone()),
+        crate::extract::Query(kumo_api_types::PageParams {
+            limit: Some(500),
+            page_token: None,
+        }),
+    )
+    .await?
+    .0
+    .items
+    .into_iter()
+    .filter(|e| e.vm_id == vm.id)
+    .map(|e| {
+        format!(
+            "{} {} — {}",
+            e.at.format("%Y-%m-%d %H:%M:%S"),
+            e.kind,
+            e.message
+        )
+    })
+    .collect();
+    let nccl = if vm.placement.is_some() {
+        match crate::api::vms::nccl_topology(
+            State(st.clone()),
+            ctx.clone(),
+            crate::extract::Path((tenant.clone(), name.clone())),
+        )
+        .await
+        {
+            Ok(r) => axum::body::to_bytes(r.into_response().into_body(), 1 << 20)
+                .await
+                .ok()
+                .map(|b| String::from_utf8_lossy(&b).into_owned()),
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    let placement = vm.placement.clone().unwrap_or(kumo_api_types::VmPlacement {
+        gpus: vec![],
+        numa: vec![],
+    });
+    let detail = kumo_web_portal::VmDetail {
+        tenant: tenant.clone(),
+        name: vm.name.clone(),
+        state: vm.state.as_str().to_owned(),
+        host: vm.host.clone(),
+        cells: placement
+            .numa
+            .iter()
+            .map(|n| diagram::Cell {
+                guest_node: n.guest_node,
+                host_node: n.host_node,
+                vcpus: n.vcpus.clone(),
+                memory_mib: n.memory_mib,
+            })
+            .collect(),
+        gpus: placement
+            .gpus
+            .iter()
+            .map(|g| diagram::Gpu {
+                model: g.model.clone(),
+                host_bdf: g.host_bdf.clone(),
+                guest_bdf: g.guest_bdf.clone(),
+                guest_node: g.guest_numa,
+                nic: g.nic.as_ref().map(|n| diagram::Nic {
+                    name: n.clone(),
+                    host_bdf: g.nic_vf.clone().unwrap_or_else(|| n.clone()),
+                    guest_bdf: g.nic_guest_bdf.clone(),
+                }),
+            })
+            .collect(),
+        events,
+        nccl,
+    };
+    Ok(html(kumo_web_portal::vm_page(
+        lang(&headers),
+        &viewer,
+        &detail,
+    )))
+}
+
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(dashboard))
+        .route("/t/{tenant}/vms", get(vms_page).post(create_vm))
+        .route("/t/{tenant}/vms/{vm}", get(vm_page))
+        .route(
+            "/t/{tenant}/vms/{vm}/{action}",
+            axum::routing::post(vm_action),
+        )
         .route("/login/cli", get(cli_login).post(cli_allow))
         .route("/login", get(login))
         .route("/lang/{code}", get(switch_lang))

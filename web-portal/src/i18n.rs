@@ -89,6 +89,24 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, CliLoginAsk) => "このコンピューターの kumo コマンドが、あなたとして操作する許可を求めています。90 日間有効な API トークンが発行され、トークン一覧から取り消せます。",
         (Lang::En, Allow) => "Allow",
         (Lang::Ja, Allow) => "許可する",
+        (Lang::En, VmsTitle) => "Virtual machines",
+        (Lang::Ja, VmsTitle) => "仮想マシン",
+        (Lang::En, Name) => "Name",
+        (Lang::Ja, Name) => "名前",
+        (Lang::En, State) => "State",
+        (Lang::Ja, State) => "状態",
+        (Lang::En, Host) => "Host",
+        (Lang::Ja, Host) => "ホスト",
+        (Lang::En, Create) => "Create",
+        (Lang::Ja, Create) => "作成",
+        (Lang::En, Memory) => "Memory (GiB)",
+        (Lang::Ja, Memory) => "メモリ (GiB)",
+        (Lang::En, Segment) => "Segment",
+        (Lang::Ja, Segment) => "セグメント",
+        (Lang::En, Topology) => "Topology",
+        (Lang::Ja, Topology) => "トポロジー",
+        (Lang::En, Events) => "Events",
+        (Lang::Ja, Events) => "イベント",
     }
 }
 
@@ -111,6 +129,15 @@ pub enum Msg {
     CliLogin,
     CliLoginAsk,
     Allow,
+    VmsTitle,
+    Name,
+    State,
+    Host,
+    Create,
+    Memory,
+    Segment,
+    Topology,
+    Events,
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! gathers the data (with the API's authorization) and serves the HTML;
 //! the pages work without JavaScript.
 
+pub mod diagram;
 pub mod i18n;
 
 use askama::Template;
@@ -157,6 +158,109 @@ pub fn cli_login_page(lang: Lang, viewer: &Viewer, port: u16, state: &str) -> St
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
     page(lang, t(lang, Msg::CliLogin), Some(viewer), &body)
+}
+
+/// One VM on the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmRow {
+    pub name: String,
+    pub state: String,
+    pub gpus: u32,
+    pub host: String,
+}
+
+#[derive(Template)]
+#[template(path = "vms.html")]
+struct Vms<'a> {
+    tenant: &'a str,
+    heading: &'a str,
+    error: Option<&'a str>,
+    vms: &'a [VmRow],
+    actions: [&'a str; 4],
+    csrf: &'a str,
+    l_name: &'a str,
+    l_state: &'a str,
+    l_host: &'a str,
+    l_create: &'a str,
+    l_memory: &'a str,
+    l_segment: &'a str,
+}
+
+/// A tenant's VMs, their actions and the create form.
+pub fn vms_page(
+    lang: Lang,
+    viewer: &Viewer,
+    tenant: &str,
+    vms: &[VmRow],
+    error: Option<&str>,
+) -> String {
+    let body = Vms {
+        tenant,
+        heading: t(lang, Msg::VmsTitle),
+        error,
+        vms,
+        actions: ["start", "stop", "reboot", "delete"],
+        csrf: &viewer.csrf,
+        l_name: t(lang, Msg::Name),
+        l_state: t(lang, Msg::State),
+        l_host: t(lang, Msg::Host),
+        l_create: t(lang, Msg::Create),
+        l_memory: t(lang, Msg::Memory),
+        l_segment: t(lang, Msg::Segment),
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    page(lang, t(lang, Msg::VmsTitle), Some(viewer), &body)
+}
+
+/// What the VM page shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmDetail {
+    pub tenant: String,
+    pub name: String,
+    pub state: String,
+    pub host: Option<String>,
+    pub cells: Vec<diagram::Cell>,
+    pub gpus: Vec<diagram::Gpu>,
+    pub events: Vec<String>,
+    pub nccl: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "vm.html")]
+struct VmPage<'a> {
+    tenant: &'a str,
+    name: &'a str,
+    state: &'a str,
+    host: Option<&'a str>,
+    svg: &'a str,
+    events: &'a [String],
+    nccl: Option<&'a str>,
+    l_state: &'a str,
+    l_host: &'a str,
+    l_topology: &'a str,
+    l_events: &'a str,
+}
+
+/// A VM: state, topology diagram, events and NCCL file.
+pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
+    let svg = diagram::topology_svg(&vm.cells, &vm.gpus);
+    let body = VmPage {
+        tenant: &vm.tenant,
+        name: &vm.name,
+        state: &vm.state,
+        host: vm.host.as_deref(),
+        svg: &svg,
+        events: &vm.events,
+        nccl: vm.nccl.as_deref(),
+        l_state: t(lang, Msg::State),
+        l_host: t(lang, Msg::Host),
+        l_topology: t(lang, Msg::Topology),
+        l_events: t(lang, Msg::Events),
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    page(lang, &vm.name, Some(viewer), &body)
 }
 
 #[cfg(test)]

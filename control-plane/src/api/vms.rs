@@ -92,6 +92,7 @@ pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> 
                 nic_vf: nic
                     .filter(|n| n.pf.is_some())
                     .map(|n| n.host_bdf.to_string()),
+                guest_numa: layout.expander_of(*g).map(|e| e.guest_node).unwrap_or(0),
             }
         })
         .collect();

@@ -320,6 +320,111 @@ async fn federated_login_with_two_institutions() {
         "the switch beats Accept-Language"
     );
 
+    // From the portal to a running 8-GPU VM and its topology diagram.
+    let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    let csrf_a = session(&a, &kumo).await.1["csrf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let form = |csrf: &str| {
+        vec![
+            ("csrf", csrf.to_owned()),
+            ("name", "train".to_owned()),
+            ("gpus", "8".to_owned()),
+            ("network", String::new()),
+        ]
+    };
+    let r = a
+        .post(format!("{kumo}/t/vision/vms"))
+        .form(&form("forged"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a forged CSRF token creates nothing");
+    let r = a
+        .post(format!("{kumo}/t/vision/vms"))
+        .form(&form(&csrf_a))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "{:?}", r.text().await);
+    assert_eq!(location(&r), "/t/vision/vms/train");
+    agent.converge().await;
+    let vm_page = a
+        .get(format!("{kumo}/t/vision/vms/train"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(vm_page.contains("data-state=\"running\""), "{vm_page}");
+    assert_eq!(vm_page.matches("class=\"gpu\"").count(), 8, "a box per GPU");
+    assert_eq!(
+        vm_page.matches("class=\"nic\"").count(),
+        8,
+        "each beside its NIC"
+    );
+    assert!(
+        vm_page.contains("<pre class=\"nccl\">&#60;system version=&#34;1&#34;&#62;"),
+        "the NCCL file"
+    );
+    let list = a
+        .get(format!("{kumo}/t/vision/vms"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains("data-vm=\"train\""));
+    // Another institution's user gets nothing of it, page or form.
+    assert_eq!(
+        b.get(format!("{kumo}/t/vision/vms"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        b.get(format!("{kumo}/t/vision/vms/train"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let csrf_b = session(&b, &kumo).await.1["csrf"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = b
+        .post(format!("{kumo}/t/vision/vms/train/delete"))
+        .form(&[("csrf", csrf_b.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // Actions are forms too.
+    let r = a
+        .post(format!("{kumo}/t/vision/vms/train/stop"))
+        .form(&[("csrf", csrf_a.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    agent.converge().await;
+    let list = a
+        .get(format!("{kumo}/t/vision/vms"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(list.contains("data-state=\"stopped\""), "{list}");
+
     // `kumo login` through the portal: the signed-in user allows it, and
     // the command gets a token of its own on its loopback port.
     let home = tempfile::tempdir().unwrap();

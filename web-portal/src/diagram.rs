@@ -1,0 +1,155 @@
+//! A VM's topology as an SVG drawn on the server: a column per guest NUMA
+//! cell (with the host node it is pinned to), and in it each GPU beside
+//! the NIC paired with it, with host and guest bus addresses.
+
+use std::fmt::Write;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cell {
+    pub guest_node: u32,
+    pub host_node: u32,
+    pub vcpus: String,
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nic {
+    pub name: String,
+    /// The host function passed through (a PF, or a VF for RoCE).
+    pub host_bdf: String,
+    pub guest_bdf: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    pub model: String,
+    pub host_bdf: String,
+    pub guest_bdf: String,
+    pub guest_node: u32,
+    pub nic: Option<Nic>,
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+const COL: i64 = 330;
+const ROW: i64 = 70;
+const HEAD: i64 = 56;
+
+pub fn topology_svg(cells: &[Cell], gpus: &[Gpu]) -> String {
+    let rows = cells
+        .iter()
+        .map(|c| gpus.iter().filter(|g| g.guest_node == c.guest_node).count() as i64)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let width = COL * cells.len().max(1) as i64 + 20;
+    let height = HEAD + rows * ROW + 30;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" class="topology" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">"#
+    );
+    for (i, c) in cells.iter().enumerate() {
+        let x = 10 + COL * i as i64;
+        let _ = write!(
+            s,
+            r##"<g class="cell" data-guest-node="{gn}"><rect x="{x}" y="10" width="{w}" height="{h}" rx="6" fill="#f3f6fa" stroke="#12355b"/><text x="{tx}" y="28" font-weight="bold">NUMA {gn} (host node {hn})</text><text x="{tx}" y="44">vCPUs {v} · {m} MiB</text>"##,
+            gn = c.guest_node,
+            hn = c.host_node,
+            w = COL - 20,
+            h = height - 20,
+            tx = x + 10,
+            v = esc(&c.vcpus),
+            m = c.memory_mib,
+        );
+        for (r, g) in gpus
+            .iter()
+            .filter(|g| g.guest_node == c.guest_node)
+            .enumerate()
+        {
+            let y = HEAD + ROW * r as i64;
+            let _ = write!(
+                s,
+                r##"<g class="gpu" data-host="{hb}"><rect x="{gx}" y="{y}" width="140" height="54" rx="4" fill="#76b900" fill-opacity="0.18" stroke="#3f6b00"/><text x="{tx}" y="{t1}" font-weight="bold">{model}</text><text x="{tx}" y="{t2}">host {hb}</text><text x="{tx}" y="{t3}">guest {gb}</text></g>"##,
+                gx = x + 10,
+                tx = x + 16,
+                t1 = y + 16,
+                t2 = y + 31,
+                t3 = y + 46,
+                model = esc(&g.model),
+                hb = esc(&g.host_bdf),
+                gb = esc(&g.guest_bdf),
+            );
+            if let Some(n) = &g.nic {
+                let _ = write!(
+                    s,
+                    r##"<line x1="{lx1}" y1="{ly}" x2="{lx2}" y2="{ly}" stroke="#12355b" stroke-width="2"/><g class="nic" data-host="{hb}"><rect x="{nx}" y="{y}" width="140" height="54" rx="4" fill="#0a6ebd" fill-opacity="0.15" stroke="#0a4f86"/><text x="{tx}" y="{t1}" font-weight="bold">{name}</text><text x="{tx}" y="{t2}">host {hb}</text><text x="{tx}" y="{t3}">guest {gb}</text></g>"##,
+                    lx1 = x + 150,
+                    lx2 = x + 165,
+                    ly = y + 27,
+                    nx = x + 165,
+                    tx = x + 171,
+                    t1 = y + 16,
+                    t2 = y + 31,
+                    t3 = y + 46,
+                    name = esc(&n.name),
+                    hb = esc(&n.host_bdf),
+                    gb = esc(n.guest_bdf.as_deref().unwrap_or("—")),
+                );
+            }
+        }
+        s.push_str("</g>");
+    }
+    s.push_str("</svg>");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_sit_in_their_cells_beside_their_nics() {
+        let cells = [
+            Cell {
+                guest_node: 0,
+                host_node: 3,
+                vcpus: "0-7".into(),
+                memory_mib: 1024,
+            },
+            Cell {
+                guest_node: 1,
+                host_node: 5,
+                vcpus: "8-15".into(),
+                memory_mib: 1024,
+            },
+        ];
+        let gpu = |n: u32, host: &str| Gpu {
+            model: "H100 <SXM>".into(),
+            host_bdf: host.into(),
+            guest_bdf: "0000:21:00.0".into(),
+            guest_node: n,
+            nic: Some(Nic {
+                name: "mlx5_0".into(),
+                host_bdf: "0000:19:00.2".into(),
+                guest_bdf: Some("0000:22:00.0".into()),
+            }),
+        };
+        let svg = topology_svg(&cells, &[gpu(0, "0000:18:00.0"), gpu(1, "0000:9a:00.0")]);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
+        assert_eq!(svg.matches("class=\"cell\"").count(), 2);
+        assert_eq!(svg.matches("class=\"gpu\"").count(), 2);
+        assert_eq!(svg.matches("class=\"nic\"").count(), 2);
+        assert!(svg.contains("NUMA 1 (host node 5)"));
+        assert!(svg.contains("H100 &lt;SXM&gt;"), "escaped");
+        // The second GPU is drawn in the second column.
+        let second = svg.find("data-guest-node=\"1\"").unwrap();
+        assert!(svg[second..].contains("0000:9a:00.0"));
+        assert!(!svg[..second].contains("0000:9a:00.0"));
+    }
+}
