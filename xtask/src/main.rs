@@ -75,9 +75,16 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ping", "iputils-ping"),
     // Segment ingress filters: the agent drives nft's JSON API.
     ("/usr/sbin/nft", "nftables"),
-    // The SSO tests run a real OpenID Provider (oidc-provider, from npm).
+    // The SSO tests run a real OpenID Provider (oidc-provider, from npm),
+    // the portal tests a real browser (with Japanese fonts for the
+    // screenshots).
     ("node", "nodejs"),
     ("npm", "npm"),
+    ("/usr/bin/chromium", "chromium"),
+    (
+        "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
+        "fonts-noto-cjk",
+    ),
 ];
 
 /// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img

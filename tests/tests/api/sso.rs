@@ -151,26 +151,30 @@ async fn session(c: &reqwest::Client, kumo: &str) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or_default())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn federated_login_with_two_institutions() {
+/// Two providers (A: `u-kumo.ac.jp` accounts, only `ac.jp` allowed; B:
+/// `example.com`) and a server configured with both.
+struct World {
+    _providers: Providers,
+    s: TestServer,
+    kumo: String,
+    ia: String,
+    ib: String,
+}
+
+async fn world() -> World {
     let (pa, pb, pk) = (free_port(), free_port(), free_port());
     let kumo = format!("http://127.0.0.1:{pk}");
-    let _providers = providers(pa, pb, &format!("{kumo}/auth/callback"));
+    let providers = providers(pa, pb, &format!("{kumo}/auth/callback"));
     let (ia, ib) = (
         format!("http://127.0.0.1:{pa}"),
         format!("http://127.0.0.1:{pb}"),
     );
-    let secret = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(secret.path(), "kumo-test-secret\n").unwrap();
     let provider = |name: &str, issuer: &str, domains: &[&str]| OidcProvider {
         name: name.into(),
         display_name: format!("University {name}"),
         issuer: issuer.into(),
         client_id: "kumo".into(),
-        client_secret: std::fs::read_to_string(secret.path())
-            .unwrap()
-            .trim()
-            .into(),
+        client_secret: "kumo-test-secret".into(),
         scopes: vec!["openid".into(), "email".into(), "profile".into()],
         allowed_email_domains: domains.iter().map(|d| (*d).to_owned()).collect(),
     };
@@ -182,6 +186,19 @@ async fn federated_login_with_two_institutions() {
         ];
     })
     .await;
+    World {
+        _providers: providers,
+        s,
+        kumo,
+        ia,
+        ib,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn federated_login_with_two_institutions() {
+    let w = world().await;
+    let (s, kumo, ia, ib) = (&w.s, w.kumo.clone(), w.ia.clone(), w.ib.clone());
     assert_eq!(s.url, kumo);
     let listed: Value = s
         .http()
@@ -528,5 +545,67 @@ async fn federated_login_with_two_institutions() {
         .unwrap();
     assert_eq!(r.status(), 302);
     assert_eq!(session(&a, &kumo).await.0, 401);
-    s.stop().await;
+    drop(agent);
+}
+
+/// The portal in a real browser (Debian's Chromium, driven by
+/// `playwright-core`): from the institution chooser through the
+/// provider's login to the dashboard, then a new 8-GPU VM until it runs,
+/// and its topology diagram — in Japanese. Screenshots of each page are
+/// kept in `target/portal-screenshots/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_portal_in_a_browser() {
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "Debian's chromium is required (the README's test command installs it)"
+    );
+    let w = world().await;
+    let (s, kumo, ia) = (&w.s, w.kumo.clone(), w.ia.clone());
+    // The user exists once they have logged in; then an owner adds them.
+    let pre = browser();
+    let back = through_provider(&pre, &kumo, "uni-a", &ia, "aiko").await;
+    assert_eq!(pre.get(&back).send().await.unwrap().status(), 302);
+    s.tenant("vision").await;
+    s.add("vision", "aiko", kumo_api_types::Role::Owner).await;
+    let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    let converging = tokio::spawn(async move {
+        loop {
+            agent.converge().await;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/portal-screenshots");
+    std::fs::create_dir_all(&out).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
+    let (kumo2, out2) = (kumo.clone(), out.clone());
+    let seen = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(dir.join("browser.mjs"))
+            .args([&kumo2, "University uni-a", "aiko", "vision", "ja-JP"])
+            .arg(&out2)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    converging.abort();
+    let text = String::from_utf8_lossy(&seen.stdout);
+    let seen: Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("browser: {text} {}", String::from_utf8_lossy(&seen.stderr)));
+    assert_eq!(seen["error"], Value::Null, "{seen}");
+    assert_eq!(seen["chooser"], true, "{seen}");
+    assert_eq!(seen["dashboard_lang"], "ja", "{seen}");
+    assert_eq!(seen["dashboard_has_tenant"], true, "{seen}");
+    assert_eq!(seen["vm_state"], "running", "{seen}");
+    assert_eq!(
+        (seen["gpu_boxes"].as_u64(), seen["nic_boxes"].as_u64()),
+        (Some(8), Some(8))
+    );
+    for shot in ["login.png", "dashboard.png", "vm.png", "vms.png"] {
+        let len = std::fs::metadata(out.join(shot))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(len > 10_000, "{shot}: {len} bytes");
+    }
 }
