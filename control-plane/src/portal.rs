@@ -325,6 +325,7 @@ async fn vm_rows(st: &AppState, ctx: &Ctx, tenant: &str) -> Result<Vec<VmRow>, A
         .map(|v| VmRow {
             name: v.name,
             state: v.state.as_str().to_owned(),
+            state_label: String::new(),
             gpus: v.spec.gpus,
             host: v.host.unwrap_or_default(),
         })

@@ -51,6 +51,33 @@ impl Lang {
     }
 }
 
+/// A VM state or action word as the page shows it (the attribute keeps
+/// the API's word).
+pub fn word(lang: Lang, w: &str) -> String {
+    let ja = match w {
+        "pending" => "待機中",
+        "scheduled" => "配置済み",
+        "provisioning" => "準備中",
+        "running" => "実行中",
+        "stopped" => "停止",
+        "deleting" => "削除中",
+        "preempting" => "回収予告",
+        "preempted" => "回収済み",
+        "suspended" => "一時保存",
+        "error" => "エラー",
+        "unknown" => "不明",
+        "start" => "起動",
+        "stop" => "停止する",
+        "reboot" => "再起動",
+        "delete" => "削除",
+        other => other,
+    };
+    match lang {
+        Lang::En => w.to_owned(),
+        Lang::Ja => ja.to_owned(),
+    }
+}
+
 /// A message in the language.
 pub fn t(lang: Lang, key: Msg) -> &'static str {
     use Msg::*;
@@ -143,6 +170,13 @@ pub enum Msg {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn states_and_actions_in_japanese() {
+        assert_eq!(word(Lang::Ja, "running"), "実行中");
+        assert_eq!(word(Lang::En, "running"), "running");
+        assert_eq!(word(Lang::Ja, "something-new"), "something-new");
+    }
 
     #[test]
     fn the_switch_wins_then_accept_language_by_weight() {

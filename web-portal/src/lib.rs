@@ -165,6 +165,8 @@ pub fn cli_login_page(lang: Lang, viewer: &Viewer, port: u16, state: &str) -> St
 pub struct VmRow {
     pub name: String,
     pub state: String,
+    /// The state in the page's language (filled by `vms_page`).
+    pub state_label: String,
     pub gpus: u32,
     pub host: String,
 }
@@ -176,7 +178,7 @@ struct Vms<'a> {
     heading: &'a str,
     error: Option<&'a str>,
     vms: &'a [VmRow],
-    actions: [&'a str; 4],
+    actions: Vec<(&'a str, String)>,
     csrf: &'a str,
     l_name: &'a str,
     l_state: &'a str,
@@ -194,12 +196,22 @@ pub fn vms_page(
     vms: &[VmRow],
     error: Option<&str>,
 ) -> String {
+    let vms: Vec<VmRow> = vms
+        .iter()
+        .map(|v| VmRow {
+            state_label: i18n::word(lang, &v.state),
+            ..v.clone()
+        })
+        .collect();
     let body = Vms {
         tenant,
         heading: t(lang, Msg::VmsTitle),
         error,
-        vms,
-        actions: ["start", "stop", "reboot", "delete"],
+        vms: &vms,
+        actions: ["start", "stop", "reboot", "delete"]
+            .into_iter()
+            .map(|a| (a, i18n::word(lang, a)))
+            .collect(),
         csrf: &viewer.csrf,
         l_name: t(lang, Msg::Name),
         l_state: t(lang, Msg::State),
@@ -232,6 +244,7 @@ struct VmPage<'a> {
     tenant: &'a str,
     name: &'a str,
     state: &'a str,
+    state_label: &'a str,
     host: Option<&'a str>,
     svg: &'a str,
     events: &'a [String],
@@ -245,10 +258,12 @@ struct VmPage<'a> {
 /// A VM: state, topology diagram, events and NCCL file.
 pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
     let svg = diagram::topology_svg(&vm.cells, &vm.gpus);
+    let state_label = i18n::word(lang, &vm.state);
     let body = VmPage {
         tenant: &vm.tenant,
         name: &vm.name,
         state: &vm.state,
+        state_label: &state_label,
         host: vm.host.as_deref(),
         svg: &svg,
         events: &vm.events,
