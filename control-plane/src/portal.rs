@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use chrono::Datelike;
 use kumo_web_portal::i18n::Lang;
 use kumo_web_portal::{diagram, ProviderItem, TenantCard, Viewer, VmRow};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
@@ -592,9 +593,129 @@ async fn vm_page(
     )))
 }
 
+/// A tenant's points, the last 30 days as a chart, statements, ledger.
+async fn billing_page(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/billing")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let ctx = ctx_of(&user);
+    let points = crate::api::billing::points(
+        State(st.clone()),
+        ctx.clone(),
+        crate::extract::Path(tenant.clone()),
+    )
+    .await?
+    .0;
+    let now = st.config.clock.now();
+    let from = (now - chrono::Duration::days(29))
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .map(|t| t.and_utc())
+        .unwrap_or(now);
+    let usage = crate::api::billing::usage(
+        State(st.clone()),
+        ctx,
+        crate::extract::Path(tenant.clone()),
+        crate::extract::Query(kumo_api_types::UsageParams {
+            from: Some(from),
+            to: Some(now + chrono::Duration::seconds(1)),
+            group_by: kumo_api_types::UsageGroup::Day,
+        }),
+    )
+    .await?
+    .0;
+    let by_day: std::collections::BTreeMap<String, f64> = usage
+        .rows
+        .iter()
+        .map(|r| (r.key.clone(), r.amount.parse().unwrap_or(0.0)))
+        .collect();
+    let daily = (0..30)
+        .map(|i| {
+            let day = (from + chrono::Duration::days(i))
+                .format("%Y-%m-%d")
+                .to_string();
+            let v = by_day.get(&day).copied().unwrap_or(0.0);
+            (day[5..].to_owned(), v)
+        })
+        .collect();
+    let this = now.format("%Y-%m").to_string();
+    let last = (now.date_naive().with_day(1).unwrap_or(now.date_naive())
+        - chrono::Duration::days(1))
+    .format("%Y-%m")
+    .to_string();
+    let view = kumo_web_portal::BillingView {
+        tenant: tenant.clone(),
+        balance: points.balance,
+        currency: points.currency,
+        daily,
+        months: vec![this, last],
+        ledger: points
+            .ledger
+            .iter()
+            .take(50)
+            .map(|c| {
+                (
+                    c.from.format("%Y-%m-%d %H:%M").to_string(),
+                    c.vm.clone(),
+                    c.resource.clone(),
+                    c.seconds,
+                    c.amount.clone(),
+                )
+            })
+            .collect(),
+    };
+    Ok(html(kumo_web_portal::billing_page(
+        lang(&headers),
+        &viewer,
+        &view,
+    )))
+}
+
+/// A month's statement as a CSV download.
+async fn statement_csv(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, file)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let (_, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/billing")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let month = file
+        .strip_suffix(".csv")
+        .ok_or_else(|| ApiError::not_found(format!("statement {file:?}")))?
+        .to_owned();
+    let mut want_csv = HeaderMap::new();
+    want_csv.insert(
+        axum::http::header::ACCEPT,
+        "text/csv"
+            .parse()
+            .map_err(|_| ApiError::Internal("header".into()))?,
+    );
+    let mut r = crate::api::billing::statement(
+        State(st.clone()),
+        ctx_of(&user),
+        want_csv,
+        crate::extract::Path((tenant.clone(), month.clone())),
+    )
+    .await?;
+    if let Ok(v) = format!("attachment; filename=\"kumo-{tenant}-{month}.csv\"").parse() {
+        r.headers_mut()
+            .insert(axum::http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(r)
+}
+
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(dashboard))
+        .route("/t/{tenant}/billing", get(billing_page))
+        .route("/t/{tenant}/billing/statements/{file}", get(statement_csv))
         .route("/t/{tenant}/vms", get(vms_page).post(create_vm))
         .route("/t/{tenant}/vms/{vm}", get(vm_page))
         .route(

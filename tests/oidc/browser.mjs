@@ -46,6 +46,9 @@ try {
   await page.screenshot({ path: `${out}/vm.png`, fullPage: true });
   await page.goto(`${kumo}/t/${tenant}/vms`);
   await page.screenshot({ path: `${out}/vms.png`, fullPage: true });
+  await page.goto(`${kumo}/t/${tenant}/billing`);
+  seen.billing_bars = (await page.$$('svg.chart rect.bar')).length;
+  await page.screenshot({ path: `${out}/billing.png`, fullPage: true });
 } catch (e) {
   seen.error = String(e);
   await page.screenshot({ path: `${out}/failure.png`, fullPage: true }).catch(() => {});

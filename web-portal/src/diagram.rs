@@ -109,9 +109,62 @@ pub fn topology_svg(cells: &[Cell], gpus: &[Gpu]) -> String {
     s
 }
 
+/// A bar per `(label, value)` (e.g. points per day), scaled to the
+/// largest; labels every few bars so they stay readable.
+pub fn bar_chart(bars: &[(String, f64)]) -> String {
+    let (w, h, pad) = (720i64, 200i64, 30i64);
+    let max = bars.iter().map(|b| b.1).fold(0.0_f64, f64::max);
+    let n = bars.len().max(1) as i64;
+    let step = (w - 2 * pad) / n;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="10"><line x1="{pad}" y1="{base}" x2="{x2}" y2="{base}" stroke="#888"/>"##,
+        base = h - pad,
+        x2 = w - pad,
+    );
+    let every = (bars.len() / 8).max(1);
+    for (i, (label, v)) in bars.iter().enumerate() {
+        let bh = if max > 0.0 {
+            ((v / max) * (h - 2 * pad) as f64).round() as i64
+        } else {
+            0
+        };
+        let x = pad + step * i as i64;
+        let _ = write!(
+            s,
+            r##"<rect class="bar" data-label="{l}" x="{x}" y="{y}" width="{bw}" height="{bh}" fill="#12355b"><title>{l}: {v}</title></rect>"##,
+            l = esc(label),
+            y = h - pad - bh,
+            bw = (step - 2).max(1),
+        );
+        if i % every == 0 {
+            let _ = write!(
+                s,
+                r#"<text x="{x}" y="{ty}">{l}</text>"#,
+                ty = h - pad + 14,
+                l = esc(label),
+            );
+        }
+    }
+    s.push_str("</svg>");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bars_scale_to_the_largest() {
+        let svg = bar_chart(&[("11-01".into(), 10.0), ("11-02".into(), 5.0)]);
+        assert_eq!(svg.matches("class=\"bar\"").count(), 2);
+        assert!(
+            svg.contains("height=\"140\"") && svg.contains("height=\"70\""),
+            "{svg}"
+        );
+        assert!(bar_chart(&[]).ends_with("</svg>"));
+    }
 
     #[test]
     fn gpus_sit_in_their_cells_beside_their_nics() {

@@ -134,6 +134,14 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, Topology) => "トポロジー",
         (Lang::En, Events) => "Events",
         (Lang::Ja, Events) => "イベント",
+        (Lang::En, Billing) => "Points and usage",
+        (Lang::Ja, Billing) => "ポイントと利用量",
+        (Lang::En, Usage30) => "Usage over the last 30 days",
+        (Lang::Ja, Usage30) => "過去 30 日間の利用量",
+        (Lang::En, Statements) => "Monthly statements",
+        (Lang::Ja, Statements) => "月次明細",
+        (Lang::En, Ledger) => "Latest charges",
+        (Lang::Ja, Ledger) => "最近の課金",
     }
 }
 
@@ -165,6 +173,10 @@ pub enum Msg {
     Segment,
     Topology,
     Events,
+    Billing,
+    Usage30,
+    Statements,
+    Ledger,
 }
 
 #[cfg(test)]

@@ -278,6 +278,57 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
     page(lang, &vm.name, Some(viewer), &body)
 }
 
+/// What the billing page shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BillingView {
+    pub tenant: String,
+    pub balance: String,
+    pub currency: String,
+    /// Points per UTC day, oldest first.
+    pub daily: Vec<(String, f64)>,
+    /// `YYYY-MM`, newest first.
+    pub months: Vec<String>,
+    /// `(from, vm, resource, seconds, amount)`, newest first.
+    pub ledger: Vec<(String, String, String, i64, String)>,
+}
+
+#[derive(Template)]
+#[template(path = "billing.html")]
+struct Billing<'a> {
+    tenant: &'a str,
+    heading: &'a str,
+    balance: &'a str,
+    currency: &'a str,
+    chart: &'a str,
+    months: &'a [String],
+    ledger: &'a [(String, String, String, i64, String)],
+    l_balance: &'a str,
+    l_usage: &'a str,
+    l_statements: &'a str,
+    l_ledger: &'a str,
+}
+
+/// Points, usage over the last 30 days as a chart, statements, ledger.
+pub fn billing_page(lang: Lang, viewer: &Viewer, b: &BillingView) -> String {
+    let chart = diagram::bar_chart(&b.daily);
+    let body = Billing {
+        tenant: &b.tenant,
+        heading: t(lang, Msg::Billing),
+        balance: &b.balance,
+        currency: &b.currency,
+        chart: &chart,
+        months: &b.months,
+        ledger: &b.ledger,
+        l_balance: t(lang, Msg::Points),
+        l_usage: t(lang, Msg::Usage30),
+        l_statements: t(lang, Msg::Statements),
+        l_ledger: t(lang, Msg::Ledger),
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    page(lang, t(lang, Msg::Billing), Some(viewer), &body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

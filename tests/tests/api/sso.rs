@@ -338,6 +338,22 @@ async fn federated_login_with_two_institutions() {
     );
 
     // From the portal to a running 8-GPU VM and its topology diagram.
+    let _: kumo_api_types::Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &serde_json::json!({"prices": {"gpu:H100-SXM5-80GB": {"guaranteed": "3600", "spot": "1200"}}}),
+        )
+        .await
+        .unwrap();
+    let _: kumo_api_types::PointGrant = s
+        .admin
+        .post(
+            "/api/v1/tenants/vision/points/grants",
+            &serde_json::json!({"amount": "100000", "expires_at": chrono::Utc::now() + chrono::Duration::days(30)}),
+        )
+        .await
+        .unwrap();
     let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
     let csrf_a = session(&a, &kumo).await.1["csrf"]
         .as_str()
@@ -395,6 +411,55 @@ async fn federated_login_with_two_institutions() {
         .await
         .unwrap();
     assert!(list.contains("data-vm=\"train\""));
+    // Points and usage: the VM's first minute is charged at once.
+    kumo_server::metering::post_due(&s.server.state)
+        .await
+        .unwrap();
+    let billing = a
+        .get(format!("{kumo}/t/vision/billing"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        billing.contains("data-balance=\"99520\""),
+        "8 GPUs × 60 s: {billing}"
+    );
+    assert_eq!(
+        billing.matches("class=\"bar\"").count(),
+        30,
+        "a bar per day"
+    );
+    assert!(billing.contains("class=\"charge\""));
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    let csv = a
+        .get(format!("{kumo}/t/vision/billing/statements/{month}.csv"))
+        .send()
+        .await
+        .unwrap();
+    assert!(csv.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/csv"));
+    assert!(csv.headers()["content-disposition"]
+        .to_str()
+        .unwrap()
+        .contains("attachment"));
+    assert!(csv
+        .text()
+        .await
+        .unwrap()
+        .contains("train,gpu:H100-SXM5-80GB,guaranteed,60,3600,480"));
+    assert_eq!(
+        b.get(format!("{kumo}/t/vision/billing"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
     // Another institution's user gets nothing of it, page or form.
     assert_eq!(
         b.get(format!("{kumo}/t/vision/vms"))
@@ -602,7 +667,14 @@ async fn the_portal_in_a_browser() {
         (seen["gpu_boxes"].as_u64(), seen["nic_boxes"].as_u64()),
         (Some(8), Some(8))
     );
-    for shot in ["login.png", "dashboard.png", "vm.png", "vms.png"] {
+    assert_eq!(seen["billing_bars"], 30, "{seen}");
+    for shot in [
+        "login.png",
+        "dashboard.png",
+        "vm.png",
+        "vms.png",
+        "billing.png",
+    ] {
         let len = std::fs::metadata(out.join(shot))
             .map(|m| m.len())
             .unwrap_or(0);
