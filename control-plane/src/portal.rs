@@ -16,7 +16,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::Deserialize;
 
 use crate::api::vms::stored_spec;
-use crate::entity::{memberships, tenant_gpu_quotas, tenants, vms};
+use crate::entity::{charges, memberships, tenant_gpu_quotas, tenants, vms};
 use crate::error::ApiError;
 use crate::extract::Ctx;
 use crate::server::AppState;
@@ -78,6 +78,7 @@ async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Res
         return Ok((StatusCode::SEE_OTHER, [(LOCATION, "/login?next=/")]).into_response());
     };
     let mut cards = Vec::new();
+    let mut tenant_ids = Vec::new();
     for m in memberships::Entity::find()
         .filter(memberships::Column::UserId.eq(user.id))
         .all(&st.db)
@@ -86,6 +87,7 @@ async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Res
         let Some(t) = tenants::Entity::find_by_id(m.tenant_id).one(&st.db).await? else {
             continue;
         };
+        tenant_ids.push(t.id);
         let rows = vms::Entity::find()
             .filter(vms::Column::TenantId.eq(t.id))
             .all(&st.db)
@@ -122,6 +124,26 @@ async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Res
         });
     }
     cards.sort_by(|a, b| a.name.cmp(&b.name));
+    // Usage of all of them over the last 30 days.
+    let from = thirty_days_from(st.config.clock.now());
+    let mut per_day = Vec::new();
+    for id in &tenant_ids {
+        for c in charges::Entity::find()
+            .filter(charges::Column::TenantId.eq(*id))
+            .filter(charges::Column::PeriodFrom.gte(from))
+            .all(&st.db)
+            .await?
+        {
+            per_day.push((
+                c.period_from.format("%Y-%m-%d").to_string(),
+                kumo_billing::from_micro(c.amount_micro)
+                    .to_string()
+                    .parse()
+                    .unwrap_or(0.0),
+            ));
+        }
+    }
+    let daily = thirty_days(from, per_day.into_iter());
     let viewer = Viewer {
         display_name: user.display_name,
         csrf: session.csrf,
@@ -131,6 +153,7 @@ async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Res
         &viewer,
         &cards,
         &st.config.billing.currency,
+        &daily,
     )))
 }
 
@@ -593,6 +616,36 @@ async fn vm_page(
     )))
 }
 
+/// The start (UTC midnight) of the 30 days up to `now`.
+fn thirty_days_from(now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    (now - chrono::Duration::days(29))
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .map(|t| t.and_utc())
+        .unwrap_or(now)
+}
+
+/// Points per day for the 30 days from `from`, `MM-DD` labels, zero
+/// where nothing was charged.
+fn thirty_days(
+    from: chrono::DateTime<chrono::Utc>,
+    per_day: impl Iterator<Item = (String, f64)>,
+) -> Vec<(String, f64)> {
+    let mut by_day: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for (day, v) in per_day {
+        *by_day.entry(day).or_default() += v;
+    }
+    (0..30)
+        .map(|i| {
+            let day = (from + chrono::Duration::days(i))
+                .format("%Y-%m-%d")
+                .to_string();
+            let v = by_day.get(&day).copied().unwrap_or(0.0);
+            (day[5..].to_owned(), v)
+        })
+        .collect()
+}
+
 /// A tenant's points, the last 30 days as a chart, statements, ledger.
 async fn billing_page(
     State(st): State<AppState>,
@@ -612,11 +665,7 @@ async fn billing_page(
     .await?
     .0;
     let now = st.config.clock.now();
-    let from = (now - chrono::Duration::days(29))
-        .date_naive()
-        .and_hms_opt(0, 0, 0)
-        .map(|t| t.and_utc())
-        .unwrap_or(now);
+    let from = thirty_days_from(now);
     let usage = crate::api::billing::usage(
         State(st.clone()),
         ctx,
@@ -629,20 +678,13 @@ async fn billing_page(
     )
     .await?
     .0;
-    let by_day: std::collections::BTreeMap<String, f64> = usage
-        .rows
-        .iter()
-        .map(|r| (r.key.clone(), r.amount.parse().unwrap_or(0.0)))
-        .collect();
-    let daily = (0..30)
-        .map(|i| {
-            let day = (from + chrono::Duration::days(i))
-                .format("%Y-%m-%d")
-                .to_string();
-            let v = by_day.get(&day).copied().unwrap_or(0.0);
-            (day[5..].to_owned(), v)
-        })
-        .collect();
+    let daily = thirty_days(
+        from,
+        usage
+            .rows
+            .iter()
+            .map(|r| (r.key.clone(), r.amount.parse().unwrap_or(0.0))),
+    );
     let this = now.format("%Y-%m").to_string();
     let last = (now.date_naive().with_day(1).unwrap_or(now.date_naive())
         - chrono::Duration::days(1))

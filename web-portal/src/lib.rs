@@ -108,6 +108,8 @@ struct Dashboard<'a> {
     points: &'a str,
     currency: &'a str,
     tenants: &'a [TenantCard],
+    usage: &'a str,
+    chart: &'a str,
 }
 
 /// The dashboard: the viewer's tenants with VMs, GPU use and points.
@@ -116,7 +118,9 @@ pub fn dashboard_page(
     viewer: &Viewer,
     tenants: &[TenantCard],
     currency: &str,
+    daily: &[(String, f64)],
 ) -> String {
+    let chart = diagram::bar_chart(daily);
     let body = Dashboard {
         heading: t(lang, Msg::Dashboard),
         my_tenants: t(lang, Msg::MyTenants),
@@ -127,6 +131,8 @@ pub fn dashboard_page(
         points: t(lang, Msg::Points),
         currency,
         tenants,
+        usage: t(lang, Msg::Usage30),
+        chart: &chart,
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
@@ -351,7 +357,14 @@ mod tests {
             display_name: "Aiko <script>".into(),
             csrf: "tok".into(),
         };
-        let en = dashboard_page(Lang::En, &v, &[card("vision")], "JPY");
+        let en = dashboard_page(
+            Lang::En,
+            &v,
+            &[card("vision")],
+            "JPY",
+            &[("11-01".into(), 3.0)],
+        );
+        assert!(en.contains("class=\"bar\""), "the usage chart");
         assert!(en.contains("<html lang=\"en\">") && en.contains("My projects"));
         assert!(
             en.contains("&#60;b&#62;Vision&#60;/b&#62; &#38; Lab"),
@@ -363,7 +376,7 @@ mod tests {
             en.contains("name=\"csrf\" value=\"tok\""),
             "logout carries the CSRF token"
         );
-        let ja = dashboard_page(Lang::Ja, &v, &[], "JPY");
+        let ja = dashboard_page(Lang::Ja, &v, &[], "JPY", &[]);
         assert!(ja.contains("<html lang=\"ja\">") && ja.contains("参加プロジェクト"));
         assert!(ja.contains("まだどのプロジェクトにも参加していません"));
         assert!(ja.contains("href=\"/lang/en\""), "the switch");

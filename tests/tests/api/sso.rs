@@ -433,6 +433,23 @@ async fn federated_login_with_two_institutions() {
         "a bar per day"
     );
     assert!(billing.contains("class=\"charge\""));
+    let dash = a
+        .get(format!("{kumo}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        dash.matches("class=\"bar\"").count(),
+        30,
+        "the dashboard's usage chart"
+    );
+    assert!(
+        dash.contains("height=\"140\""),
+        "today's bar is the tallest: {dash}"
+    );
     let month = chrono::Utc::now().format("%Y-%m").to_string();
     let csv = a
         .get(format!("{kumo}/t/vision/billing/statements/{month}.csv"))
