@@ -7,7 +7,6 @@
 use chrono::{DateTime, Utc};
 use kumo_api_types::{ServiceLevel, VmState};
 use kumo_billing::budget::{self, Standing};
-use kumo_billing::points::Grant;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect, Set,
@@ -15,28 +14,12 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use crate::api::billing::{balance_of, ledger_of};
+use crate::api::billing::{balance_of, grants_of, ledger_of};
 use crate::api::vms::{apply_action, stored_spec, stored_state};
 use crate::entity::{billing_alerts, charges, point_grants, tenant_billing, tenants, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::lifecycle::Action;
 use crate::server::AppState;
-
-fn grants_of(rows: &[point_grants::Model]) -> Result<Vec<Grant>, ApiError> {
-    rows.iter()
-        .map(|g| {
-            Ok(Grant {
-                id: g.id,
-                amount: g
-                    .amount
-                    .parse()
-                    .map_err(|_| ApiError::Internal(format!("grant {}: amount", g.id)))?,
-                granted_at: g.granted_at,
-                expires_at: g.expires_at,
-            })
-        })
-        .collect()
-}
 
 /// Refuses new VMs and starts for a tenant out of points. Usually one
 /// sum in the database: points of grants in force less every charge ever

@@ -259,13 +259,7 @@ pub async fn load(
 /// `revision`, which placement commits check) in the caller's transaction,
 /// and answers those hosts, to be woken once it commits.
 pub async fn touch_peers(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<Uuid>, ApiError> {
-    let segs: Vec<Uuid> = attachments::Entity::find()
-        .filter(attachments::Column::VmId.eq(vm))
-        .all(db)
-        .await?
-        .into_iter()
-        .map(|a| a.segment_id)
-        .collect();
+    let segs = crate::api::segments::segments_of(db, vm).await?;
     touch_segments(db, segs).await
 }
 

@@ -163,7 +163,7 @@ pub async fn rate_book(db: &impl ConnectionTrait) -> Result<RateBook, ApiError> 
     Ok(RateBook::new(cards))
 }
 
-fn stored_level(s: &str) -> Level {
+pub fn stored_level(s: &str) -> Level {
     if s == "spot" {
         Level::Spot
     } else {

@@ -4,7 +4,7 @@
 //! they are a member of.
 
 use axum::extract::{Path, Query, State};
-use axum::http::header::{ACCEPT_LANGUAGE, CONTENT_TYPE, COOKIE, LOCATION, REFERER, SET_COOKIE};
+use axum::http::header::{ACCEPT_LANGUAGE, CONTENT_TYPE, LOCATION, REFERER, SET_COOKIE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -20,20 +20,9 @@ use crate::entity::{charges, memberships, tenant_gpu_quotas, tenants, vms};
 use crate::error::ApiError;
 use crate::extract::Ctx;
 use crate::server::AppState;
-use crate::sso::{safe_next, session_of};
+use crate::sso::{check_csrf, cookie, safe_next, session_of};
 
 const LANG_COOKIE: &str = "kumo_lang";
-
-fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.to_owned())
-}
 
 fn lang(headers: &HeaderMap) -> Lang {
     Lang::pick(
@@ -211,21 +200,14 @@ async fn cli_login(
     Query(q): Query<CliLogin>,
 ) -> Result<Response, ApiError> {
     check_cli(q.port, &q.state)?;
-    let Some((session, user)) = session_of(&st, &headers).await? else {
-        let back = format!("/login/cli?port={}&state={}", q.port, q.state);
-        let to = format!(
-            "/login?next={}",
-            openidconnect::url::form_urlencoded::byte_serialize(back.as_bytes())
-                .collect::<String>()
-        );
-        return Ok((StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response());
+    let here = format!("/login/cli?port={}&state={}", q.port, q.state);
+    let (viewer, _) = match signed_in(&st, &headers, &here).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
     };
     Ok(html(kumo_web_portal::cli_login_page(
         lang(&headers),
-        &Viewer {
-            display_name: user.display_name,
-            csrf: session.csrf,
-        },
+        &viewer,
         q.port,
         &q.state,
     )))
@@ -249,23 +231,10 @@ async fn cli_allow(
     let Some((session, user)) = session_of(&st, &headers).await? else {
         return Err(ApiError::Unauthenticated("sign in first".into()));
     };
-    if !bool::from(subtle::ConstantTimeEq::ct_eq(
-        session.csrf.as_bytes(),
-        f.csrf.as_bytes(),
-    )) {
-        return Err(ApiError::Forbidden("bad CSRF token".into()));
-    }
-    let ctx = Ctx {
-        caller: crate::auth::Caller {
-            user: user.clone(),
-            token_id: uuid::Uuid::nil(),
-        },
-        request_id: uuid::Uuid::now_v7().to_string(),
-        source_ip: "portal".into(),
-    };
+    check_csrf(&session.csrf, &f.csrf)?;
     let minted = crate::api::tokens::mint_for(
         &st.db,
-        &ctx,
+        &ctx_of(&user),
         &user,
         kumo_api_types::TokenCreate {
             description: Some("kumo login".into()),
@@ -317,17 +286,6 @@ async fn signed_in(
                 (StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response()
             ))
         }
-    }
-}
-
-fn csrf_ok(viewer: &Viewer, given: &str) -> Result<(), ApiError> {
-    if bool::from(subtle::ConstantTimeEq::ct_eq(
-        viewer.csrf.as_bytes(),
-        given.as_bytes(),
-    )) {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden("bad CSRF token".into()))
     }
 }
 
@@ -413,7 +371,7 @@ async fn create_vm(
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    csrf_ok(&viewer, &f.csrf)?;
+    check_csrf(&viewer.csrf, &f.csrf)?;
     let ctx = ctx_of(&user);
     let body = number("gpus", &f.gpus).and_then(|gpus| {
         Ok(kumo_api_types::VmCreate {
@@ -498,7 +456,7 @@ async fn vm_action(
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    csrf_ok(&viewer, &f.csrf)?;
+    check_csrf(&viewer.csrf, &f.csrf)?;
     let (ctx, at) = (ctx_of(&user), crate::extract::Path((tenant.clone(), vm)));
     let s = State(st.clone());
     let _ = match action.as_str() {

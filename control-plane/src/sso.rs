@@ -43,10 +43,12 @@ pub const IDLE_SECS: i64 = 8 * 3600;
 /// …and any session ends this long after login.
 pub const ABSOLUTE_SECS: i64 = 7 * 24 * 3600;
 
-/// Providers' metadata (with their signing keys), fetched on first use.
+/// Providers' metadata (with their signing keys), fetched on first use,
+/// and the HTTP client that talks to them.
 #[derive(Default)]
 pub struct Sso {
     metadata: Mutex<HashMap<String, CoreProviderMetadata>>,
+    http: std::sync::OnceLock<openidconnect::reqwest::Client>,
 }
 
 // ------------------------------------------------------------ pure rules
@@ -116,13 +118,17 @@ fn random_token() -> String {
 
 // ------------------------------------------------------------ IO
 
-fn http() -> Result<openidconnect::reqwest::Client, ApiError> {
-    openidconnect::reqwest::ClientBuilder::new()
+fn http(st: &AppState) -> Result<&openidconnect::reqwest::Client, ApiError> {
+    if let Some(c) = st.sso.http.get() {
+        return Ok(c);
+    }
+    let c = openidconnect::reqwest::ClientBuilder::new()
         // Following redirects would open the server to SSRF.
         .redirect(openidconnect::reqwest::redirect::Policy::none())
         .timeout(std::time::Duration::from_secs(10))
         .build()
-        .map_err(|e| ApiError::Internal(e.to_string()))
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(st.sso.http.get_or_init(|| c))
 }
 
 fn provider<'a>(st: &'a AppState, name: &str) -> Result<&'a OidcProvider, ApiError> {
@@ -153,7 +159,7 @@ async fn metadata(
     }
     let issuer = IssuerUrl::new(p.issuer.clone())
         .map_err(|e| ApiError::Internal(format!("issuer {}: {e}", p.issuer)))?;
-    let m = CoreProviderMetadata::discover_async(issuer, &http()?)
+    let m = CoreProviderMetadata::discover_async(issuer, http(st)?)
         .await
         .map_err(|e| {
             tracing::warn!(provider = %p.name, error = %e, "OpenID discovery failed");
@@ -375,7 +381,7 @@ async fn verify(
         .exchange_code(AuthorizationCode::new(code))
         .map_err(|e| ApiError::Internal(e.to_string()))?
         .set_pkce_verifier(PkceCodeVerifier::new(flow.pkce_verifier.clone()))
-        .request_async(&http()?)
+        .request_async(http(st)?)
         .await
         .map_err(|e| refused(format!("the code was not accepted ({e})")))?;
     let id_token = token
@@ -410,7 +416,7 @@ async fn verify(
     // Providers that keep the ID token small answer the rest at userinfo.
     if identity.email.is_none() || identity.eppn.is_none() {
         if let Some(endpoint) = m.userinfo_endpoint() {
-            let info: serde_json::Value = http()?
+            let info: serde_json::Value = http(st)?
                 .get(endpoint.url().as_str())
                 .bearer_auth(token.access_token().secret())
                 .send()
@@ -507,15 +513,28 @@ async fn provision(st: &AppState, id: &Identity) -> Result<Uuid, ApiError> {
     ))
 }
 
-fn cookie_secret(headers: &HeaderMap) -> Option<String> {
+/// A cookie's value from the request.
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_owned())
+}
+
+/// A form's CSRF token against the session's, in constant time.
+pub fn check_csrf(expected: &str, given: &str) -> Result<(), ApiError> {
+    if bool::from(subtle::ConstantTimeEq::ct_eq(
+        expected.as_bytes(),
+        given.as_bytes(),
+    )) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden("bad CSRF token".into()))
+    }
 }
 
 /// The session a request carries, if it is alive (idle and absolute
@@ -524,7 +543,7 @@ pub async fn session_of(
     st: &AppState,
     headers: &HeaderMap,
 ) -> Result<Option<(sessions::Model, users::Model)>, ApiError> {
-    let Some(secret) = cookie_secret(headers) else {
+    let Some(secret) = cookie(headers, COOKIE) else {
         return Ok(None);
     };
     let id = crate::auth::hash_secret(&secret);
@@ -591,12 +610,7 @@ async fn logout(
     axum::Form(form): axum::Form<LogoutForm>,
 ) -> Result<Response, ApiError> {
     if let Some((s, _)) = session_of(&st, &headers).await? {
-        if !bool::from(subtle::ConstantTimeEq::ct_eq(
-            s.csrf.as_bytes(),
-            form.csrf.as_bytes(),
-        )) {
-            return Err(ApiError::Forbidden("bad CSRF token".into()));
-        }
+        check_csrf(&s.csrf, &form.csrf)?;
         sessions::Entity::delete_by_id(s.id).exec(&st.db).await?;
     }
     Ok((

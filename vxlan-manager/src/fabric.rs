@@ -2,8 +2,6 @@
 //! VLAN and MAC over netlink, port QoS through `dcb(8)`. What the NIC or
 //! kernel cannot do is reported as [`Outcome::Unsupported`], never hidden.
 
-use std::process::Command;
-
 use futures_util::stream::TryStreamExt;
 use rtnetlink::packet_route::link::{
     LinkAttribute, LinkExtentMask, LinkMessage, LinkVfInfo, VfInfo, VfInfoMac, VfInfoSpoofCheck,
@@ -11,7 +9,7 @@ use rtnetlink::packet_route::link::{
 };
 use rtnetlink::packet_route::AddressFamily;
 
-use crate::kernel::{within, Kernel, NetError};
+use crate::kernel::{tool, Kernel};
 use crate::roce::{
     dcb_commands, vf_changes, Outcome, PortReport, Qos, RoceFabric, VfConfig, VfState,
 };
@@ -94,27 +92,16 @@ impl LeafVlan<'_> {
     }
 
     fn qos_of(&self, port: &str, qos: &Qos) -> Outcome {
-        let run = |args: &[String]| -> Result<(bool, String), NetError> {
-            within(self.netns, || {
-                let out = Command::new("dcb")
-                    .args(args)
-                    .output()
-                    .map_err(|e| NetError::Tool(format!("cannot run dcb (iproute2): {e}")))?;
-                Ok((
-                    out.status.success(),
-                    String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-                ))
-            })
-        };
         for cmd in dcb_commands(port, qos) {
-            match run(&cmd) {
-                Ok((true, _)) => {}
-                Ok((false, err))
+            let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            match tool(self.netns, "dcb", "iproute2", &args, None) {
+                Ok((true, _, _)) => {}
+                Ok((false, _, err))
                     if err.contains("not supported") || err.contains("No such device") =>
                 {
                     return Outcome::Unsupported(format!("{port}: {err}"));
                 }
-                Ok((false, err)) => {
+                Ok((false, _, err)) => {
                     return Outcome::Failed(format!("dcb {}: {err}", cmd.join(" ")))
                 }
                 Err(e) => return Outcome::Failed(e.to_string()),

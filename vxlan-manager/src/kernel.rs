@@ -90,6 +90,47 @@ pub(crate) fn within<T: Send>(
     })
 }
 
+/// Runs a helper program (`nft`, `dcb`) in the namespace, feeding it
+/// `input`; answers `(success, stdout, stderr)`.
+pub(crate) fn tool(
+    netns: Option<&str>,
+    program: &str,
+    package: &str,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<(bool, String, String), NetError> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    within(netns, || {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                NetError::Tool(format!("cannot run {program} (package {package}): {e}"))
+            })?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|e| NetError::Tool(format!("writing to {program}: {e}")))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| NetError::Tool(format!("waiting for {program}: {e}")))?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ))
+    })
+}
+
 fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
     let what = what.into();
     move |source| NetError::Netlink { what, source }

@@ -2,13 +2,10 @@
 //! nft's JSON API (`nft -j`), in the host's namespace. Only that table is
 //! ever read or written.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use serde_json::Value;
 
 use crate::filter::{self, TABLE};
-use crate::kernel::{within, NetError};
+use crate::kernel::{tool, NetError};
 use crate::state::DesiredState;
 
 fn nft(
@@ -16,32 +13,7 @@ fn nft(
     args: &[&str],
     input: Option<&str>,
 ) -> Result<(bool, String, String), NetError> {
-    within(netns, || {
-        let mut child = Command::new("nft")
-            .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| NetError::Tool(format!("cannot run nft (package nftables): {e}")))?;
-        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin
-                .write_all(text.as_bytes())
-                .map_err(|e| NetError::Tool(format!("writing to nft: {e}")))?;
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| NetError::Tool(format!("waiting for nft: {e}")))?;
-        Ok((
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ))
-    })
+    tool(netns, "nft", "nftables", args, input)
 }
 
 /// The `(chain, comment)` of each rule in Kumo's table, or `None` when

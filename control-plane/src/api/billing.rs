@@ -245,14 +245,9 @@ pub async fn ledger_of(
     Ok((grants, charged))
 }
 
-/// The balance of a tenant at `now`.
-pub fn balance_of(
-    grants: &[point_grants::Model],
-    charged: &[charges::Model],
-    now: DateTime<Utc>,
-) -> Result<points::Balance, ApiError> {
-    let gs = grants
-        .iter()
+/// Grants as the billing core reads them.
+pub fn grants_of(rows: &[point_grants::Model]) -> Result<Vec<Grant>, ApiError> {
+    rows.iter()
         .map(|g| {
             Ok(Grant {
                 id: g.id,
@@ -261,7 +256,16 @@ pub fn balance_of(
                 expires_at: g.expires_at,
             })
         })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+        .collect()
+}
+
+/// The balance of a tenant at `now`.
+pub fn balance_of(
+    grants: &[point_grants::Model],
+    charged: &[charges::Model],
+    now: DateTime<Utc>,
+) -> Result<points::Balance, ApiError> {
+    let gs = grants_of(grants)?;
     let ds = charged
         .iter()
         .map(|c| {
@@ -272,14 +276,6 @@ pub fn balance_of(
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(points::balance(&gs, &ds, now))
-}
-
-fn stored_level(s: &str) -> Level {
-    if s == "spot" {
-        Level::Spot
-    } else {
-        Level::Guaranteed
-    }
 }
 
 /// A tenant's points: balance, grants, the latest charges (members).
@@ -335,7 +331,7 @@ pub async fn points(
             .map(|c| LedgerCharge {
                 vm: c.vm_name.clone(),
                 resource: c.class.clone(),
-                service_level: level_api(stored_level(&c.level)),
+                service_level: level_api(crate::metering::stored_level(&c.level)),
                 from: c.period_from,
                 to: c.period_to,
                 seconds: c.seconds,
@@ -412,7 +408,7 @@ async fn charges_between(
                 vm: c.vm_id,
                 vm_name: c.vm_name.clone(),
                 class: c.class.clone(),
-                level: stored_level(&c.level),
+                level: crate::metering::stored_level(&c.level),
                 from: c.period_from,
                 seconds: c.seconds,
                 per_hour: stored_decimal("charge", c.id, &c.per_hour)?,

@@ -620,8 +620,8 @@ pub async fn ensure_rails(
     Ok(Ok(()))
 }
 
-/// `(any segment, a RoCE segment)` among the VM's NICs.
-pub async fn kinds_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<(bool, bool), ApiError> {
+/// The segments a VM has NICs on.
+pub async fn segments_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<Uuid>, ApiError> {
     let segs: BTreeSet<Uuid> = attachments::Entity::find()
         .filter(attachments::Column::VmId.eq(vm))
         .all(db)
@@ -629,6 +629,12 @@ pub async fn kinds_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<(bool, bool
         .into_iter()
         .map(|a| a.segment_id)
         .collect();
+    Ok(segs.into_iter().collect())
+}
+
+/// `(any segment, a RoCE segment)` among the VM's NICs.
+pub async fn kinds_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<(bool, bool), ApiError> {
+    let segs = segments_of(db, vm).await?;
     if segs.is_empty() {
         return Ok((false, false));
     }
