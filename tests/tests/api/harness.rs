@@ -204,10 +204,12 @@ impl TestServer {
     }
 }
 
-/// Runs each scenario against SQLite and against PostgreSQL.
+/// Runs each scenario against SQLite and against PostgreSQL, on servers
+/// whose configuration `config = f;` adjusts where a file needs it.
 macro_rules! on_both_backends {
-    ($(async fn $name:ident($s:ident: &TestServer) $body:block)*) => {
+    (config = $config:expr; $($(#[$meta:meta])* async fn $name:ident($s:ident: &TestServer) $body:block)*) => {
         $(
+            $(#[$meta])*
             mod $name {
                 #[allow(unused_imports)]
                 use super::*;
@@ -216,19 +218,22 @@ macro_rules! on_both_backends {
 
                 #[tokio::test]
                 async fn sqlite() {
-                    let s = $crate::harness::TestServer::start($crate::harness::Backend::Sqlite).await;
+                    let s = $crate::harness::TestServer::start_with($crate::harness::Backend::Sqlite, $config).await;
                     scenario(&s).await;
                     s.stop().await;
                 }
 
                 #[tokio::test]
                 async fn postgres() {
-                    let s = $crate::harness::TestServer::start($crate::harness::Backend::Postgres).await;
+                    let s = $crate::harness::TestServer::start_with($crate::harness::Backend::Postgres, $config).await;
                     scenario(&s).await;
                     s.stop().await;
                 }
             }
         )*
+    };
+    ($($(#[$meta:meta])* async fn $name:ident($s:ident: &TestServer) $body:block)*) => {
+        on_both_backends! { config = |_| {}; $($(#[$meta])* async fn $name($s: &TestServer) $body)* }
     };
 }
 pub(crate) use on_both_backends;

@@ -9,7 +9,9 @@ use kumo_api_types::{
 };
 use serde_json::json;
 
-use crate::harness::{Backend, TestServer};
+use kumo_server::config::Config;
+
+use crate::harness::{on_both_backends, Backend, TestServer};
 
 fn seg(name: &str, kind: SegmentKind, cidr: &str) -> SegmentCreate {
     SegmentCreate {
@@ -43,13 +45,35 @@ fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
     }
 }
 
-async fn start(backend: Backend) -> TestServer {
-    TestServer::start_with(backend, |c| {
-        c.network.vni_ranges = vec![5000..=5002];
-        c.network.vni_quarantine = std::time::Duration::from_secs(2);
-    })
-    .await
+/// Three VNIs, resting two seconds: small enough to run out of.
+fn config(c: &mut Config) {
+    c.network.vni_ranges = vec![5000..=5002];
+    c.network.vni_quarantine = std::time::Duration::from_secs(2);
 }
+
+/// `vni mtu [vteps] [mac ip vtep]` of a host's network document.
+fn network_of(d: &DesiredState) -> Vec<String> {
+    d.network
+        .as_ref()
+        .map(|n| {
+            n.segments
+                .iter()
+                .map(|s| {
+                    let vteps: Vec<String> = s.remote_vteps.iter().map(|v| v.to_string()).collect();
+                    let eps: Vec<String> = s
+                        .remote_endpoints
+                        .iter()
+                        .map(|e| format!("{} {} {}", e.mac, e.ip, e.vtep))
+                        .collect();
+                    format!("{} {} {vteps:?} {eps:?}", s.vni, s.mtu)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+on_both_backends! {
+config = config;
 
 async fn segments_and_vms(s: &TestServer) {
     s.tenant("lab").await;
@@ -249,26 +273,6 @@ async fn segments_and_vms(s: &TestServer) {
     assert!(audit.iter().any(|e| e.action == "segment.delete"));
 }
 
-/// `vni mtu [vteps] [mac ip vtep]` of a host's network document.
-fn network_of(d: &DesiredState) -> Vec<String> {
-    d.network
-        .as_ref()
-        .map(|n| {
-            n.segments
-                .iter()
-                .map(|s| {
-                    let vteps: Vec<String> = s.remote_vteps.iter().map(|v| v.to_string()).collect();
-                    let eps: Vec<String> = s
-                        .remote_endpoints
-                        .iter()
-                        .map(|e| format!("{} {} {}", e.mac, e.ip, e.vtep))
-                        .collect();
-                    format!("{} {} {vteps:?} {eps:?}", s.vni, s.mtu)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Hosts with an underlay address get, in their desired state, every
 /// segment with a VM of theirs: the other hosts with VMs on it (flood
@@ -636,47 +640,6 @@ async fn roce_segments(s: &TestServer) {
         assert_eq!(v.networks[0].ip, *m.address.as_ref().unwrap());
     }
 }
-
-#[tokio::test]
-async fn roce_segments_sqlite() {
-    let s = start(Backend::Sqlite).await;
-    roce_segments(&s).await;
-    s.stop().await;
-}
-
-#[tokio::test]
-async fn roce_segments_postgres() {
-    let s = start(Backend::Postgres).await;
-    roce_segments(&s).await;
-    s.stop().await;
-}
-
-#[tokio::test]
-async fn host_networks_sqlite() {
-    let s = start(Backend::Sqlite).await;
-    host_networks(&s).await;
-    s.stop().await;
-}
-
-#[tokio::test]
-async fn host_networks_postgres() {
-    let s = start(Backend::Postgres).await;
-    host_networks(&s).await;
-    s.stop().await;
-}
-
-#[tokio::test]
-async fn segments_and_vms_sqlite() {
-    let s = start(Backend::Sqlite).await;
-    segments_and_vms(&s).await;
-    s.stop().await;
-}
-
-#[tokio::test]
-async fn segments_and_vms_postgres() {
-    let s = start(Backend::Postgres).await;
-    segments_and_vms(&s).await;
-    s.stop().await;
 }
 
 /// Twenty concurrent creations against three servers' worth of contention
