@@ -30,8 +30,10 @@ use crate::paging::Paging;
 use crate::server::AppState;
 use crate::{audit, names};
 
-/// Tries at leasing a VNI when other servers lease at the same time.
-const VNI_ROUNDS: usize = 16;
+/// Tries at leasing a VNI when other servers lease at the same time. Each
+/// round has a winner, so this bounds the concurrent creations that all
+/// succeed; a jittered pause between rounds keeps losers from meeting again.
+const VNI_ROUNDS: u32 = 64;
 
 fn kind_str(k: SegmentKind) -> &'static str {
     match k {
@@ -270,7 +272,11 @@ pub async fn create(
     let mtu = ipam::segment_mtu(st.config.network.underlay_mtu, body.mtu)?;
     let ingress = rules_json("ingress", &body.ingress)?;
     let id = Uuid::now_v7();
-    for _ in 0..VNI_ROUNDS {
+    for round in 0..VNI_ROUNDS {
+        if round > 0 {
+            let pause = rand::random::<u64>() % 10 + 1;
+            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+        }
         let txn = st.db.begin().await?;
         let Some(vni) = lease_vni(&st, &txn, id).await? else {
             continue;
