@@ -97,6 +97,9 @@ enum Command {
         /// instead of the agent's own: for simulated fleets on one machine.
         #[arg(long)]
         netns: Option<String>,
+        /// Milliseconds between passes that repair drift when nothing changed.
+        #[arg(long, default_value_t = 3000)]
+        resync_ms: u64,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -138,6 +141,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rails,
             underlay_ip,
             netns,
+            resync_ms,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -159,6 +163,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 rails: rails.into_iter().collect(),
                 underlay_ip,
                 netns,
+                resync: std::time::Duration::from_millis(resync_ms.max(1)),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -34,6 +34,8 @@ pub struct AgentConfig {
     /// The network namespace tenant networks are programmed in (simulated
     /// fleets); the agent's own when `None`.
     pub netns: Option<String>,
+    /// How often a pass repairs drift between changes ([`RESYNC`]).
+    pub resync: Duration,
 }
 
 /// A registered agent with its reconciler.
@@ -235,6 +237,7 @@ impl Agent {
     }
 
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
+        tracing::debug!(revision = desired.revision, "pass: networks");
         if let Some(net) = &desired.network {
             if let Err(e) = self.converge_network(net).await {
                 // VMs would start without their bridges: wait for the next pass.
@@ -242,7 +245,9 @@ impl Agent {
                 return Ok(());
             }
         }
+        tracing::debug!("pass: fabric");
         self.converge_fabric(&desired).await;
+        tracing::debug!("pass: libvirt");
         let r = self.reconciler.clone();
         let d = desired.clone();
         let report = tokio::task::spawn_blocking(move || {
@@ -251,6 +256,7 @@ impl Agent {
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
+        tracing::debug!("pass: status");
         match report {
             Ok(statuses) => self.client.status(statuses).await?,
             Err(e) => tracing::warn!(error = %e, "reconcile pass failed; retrying"),
@@ -290,12 +296,16 @@ impl Agent {
         });
         let mut after = None;
         let mut backoff = Duration::from_millis(250);
-        let mut resync = tokio::time::interval(RESYNC);
+        let mut resync = tokio::time::interval(self.config.resync);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            // Resync passes run while the long-poll waits; the poll itself
-            // is kept, not cancelled and re-sent on every tick.
-            let synced = {
-                let mut poll = std::pin::pin!(self.sync_once(after));
+            // The long poll only fetches; every pass runs here, one at a
+            // time. A pass holds the netlink connection across awaits, so a
+            // resync pass started while another was suspended inside the
+            // poll would wait for it forever (it did, under load).
+            tracing::debug!(?after, "long poll");
+            let fetched = {
+                let mut poll = std::pin::pin!(self.client.desired(after));
                 loop {
                     tokio::select! {
                         r = &mut poll => break r,
@@ -307,11 +317,16 @@ impl Agent {
                     }
                 }
             };
-            match synced {
-                Ok(rev) => {
-                    after = Some(rev);
-                    backoff = Duration::from_millis(250);
+            let synced = match fetched {
+                Ok(desired) => {
+                    after = Some(desired.revision);
+                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(desired.clone());
+                    self.apply(desired).await
                 }
+                Err(e) => Err(e),
+            };
+            match synced {
+                Ok(()) => backoff = Duration::from_millis(250),
                 Err(ClientError::Unauthorized(msg)) => {
                     tracing::warn!(%msg, "credential refused; registering again");
                     let topo = self

@@ -38,6 +38,7 @@ fn start_agent(
     machine: &str,
     join: &str,
     root: &std::path::Path,
+    extra: &[&str],
 ) -> Host {
     let dir = root.join(format!("h{h}"));
     let sysfs = dir.join("sysfs");
@@ -67,11 +68,16 @@ fn start_agent(
         join,
     ]
     .iter()
+    .chain(extra)
     .map(|a| a.to_string())
     .collect();
     let child = Command::new(crate::harness::bin("kumo-agent"))
         .args(&args)
-        .env("KUMO_LOG", "warn")
+        // KUMO_AGENT_LOG=debug shows each pass when a test here hangs.
+        .env(
+            "KUMO_LOG",
+            std::env::var("KUMO_AGENT_LOG").unwrap_or("warn".into()),
+        )
         .spawn()
         .unwrap();
     Host { child, args }
@@ -173,7 +179,15 @@ async fn tenant_networks_on_three_hosts_from_the_cli() {
     let mut hosts: Vec<Host> = Vec::new();
     for h in 0..3 {
         let join = s.join_token().await;
-        hosts.push(start_agent(&s, &fab, h, "cpu-only", &join, root.path()));
+        hosts.push(start_agent(
+            &s,
+            &fab,
+            h,
+            "cpu-only",
+            &join,
+            root.path(),
+            &[],
+        ));
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     while s.admin.list_hosts().await.unwrap().len() < 3 {
@@ -446,7 +460,11 @@ async fn tenant_networks_on_three_hosts_from_the_cli() {
     ip(&["-n", &ns0, "link", "add", "kbr4999", "type", "bridge"]);
     let restarted = Command::new(crate::harness::bin("kumo-agent"))
         .args(&args)
-        .env("KUMO_LOG", "warn")
+        // KUMO_AGENT_LOG=debug shows each pass when a test here hangs.
+        .env(
+            "KUMO_LOG",
+            std::env::var("KUMO_AGENT_LOG").unwrap_or("warn".into()),
+        )
         .spawn()
         .unwrap();
     hosts.insert(
@@ -476,7 +494,19 @@ async fn roce_vm_and_its_port_report_from_a_real_agent() {
     s.tenant("lab").await;
     let root = crate::harness::scratch();
     let join = s.join_token().await;
-    let host = start_agent(&s, &fab, 0, "hgx-h100-roce", &join, root.path());
+    // A drift-repair pass every 5 ms: passes must never wait on each other.
+    // (They did: a pass begun on a tick waited forever for the netlink
+    // connection held by a pass suspended inside the long poll, and the VM
+    // stayed `scheduled`.)
+    let host = start_agent(
+        &s,
+        &fab,
+        0,
+        "hgx-h100-roce",
+        &join,
+        root.path(),
+        &["--resync-ms", "5"],
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while s.admin.list_hosts().await.unwrap().is_empty() {
         assert!(Instant::now() < deadline, "the agent did not register");
