@@ -586,6 +586,49 @@ pub struct IngressRule {
     pub source: String,
 }
 
+/// The short form the CLI and the portal take: `PROTO[:PORTS]:SOURCE`,
+/// e.g. `tcp:22:0.0.0.0/0`, `icmp:10.0.0.0/8`.
+impl std::str::FromStr for IngressRule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<IngressRule, String> {
+        let bad = || format!("{s:?}: expected PROTO[:PORTS]:SOURCE, e.g. tcp:22:0.0.0.0/0");
+        let parts: Vec<&str> = s.split(':').collect();
+        let (proto, ports, source) = match parts.as_slice() {
+            [p, src] => (*p, None, *src),
+            [p, ports, src] => (*p, Some((*ports).to_owned()), *src),
+            _ => return Err(bad()),
+        };
+        let protocol = match proto {
+            "tcp" => IngressProtocol::Tcp,
+            "udp" => IngressProtocol::Udp,
+            "icmp" => IngressProtocol::Icmp,
+            "any" => IngressProtocol::Any,
+            _ => return Err(bad()),
+        };
+        Ok(IngressRule {
+            protocol,
+            ports,
+            source: source.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for IngressRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let proto = match self.protocol {
+            IngressProtocol::Tcp => "tcp",
+            IngressProtocol::Udp => "udp",
+            IngressProtocol::Icmp => "icmp",
+            IngressProtocol::Any => "any",
+        };
+        match &self.ports {
+            Some(p) => write!(f, "{proto}:{p}:{}", self.source),
+            None => write!(f, "{proto}:{}", self.source),
+        }
+    }
+}
+
 /// A segment's whole ingress rule list, replacing the one before.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -9,10 +9,9 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kumo_api_types::{
-    Cluster, ClusterCreate, IngressProtocol, IngressRule, JoinTokenCreate, MemberPut,
-    NetworkRequest, Quota, Role, Segment, SegmentCreate, SegmentIngress, SegmentKind, ServiceLevel,
-    TemplateCreate, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate,
-    VmState,
+    Cluster, ClusterCreate, IngressRule, JoinTokenCreate, MemberPut, NetworkRequest, Quota, Role,
+    Segment, SegmentCreate, SegmentIngress, SegmentKind, ServiceLevel, TemplateCreate,
+    TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
 };
 
 use crate::client::Client;
@@ -316,25 +315,7 @@ pub struct SpecArgs {
 
 /// `tcp:22:0.0.0.0/0`, `udp:8000-8100:10.0.0.0/8`, `icmp:10.0.0.0/8`, `any:192.0.2.0/24`.
 fn parse_ingress(s: &str) -> Result<IngressRule, String> {
-    let bad = || format!("{s:?}: expected PROTO[:PORTS]:SOURCE, e.g. tcp:22:0.0.0.0/0");
-    let parts: Vec<&str> = s.split(':').collect();
-    let (proto, ports, source) = match parts.as_slice() {
-        [p, src] => (*p, None, *src),
-        [p, ports, src] => (*p, Some((*ports).to_owned()), *src),
-        _ => return Err(bad()),
-    };
-    let protocol = match proto {
-        "tcp" => IngressProtocol::Tcp,
-        "udp" => IngressProtocol::Udp,
-        "icmp" => IngressProtocol::Icmp,
-        "any" => IngressProtocol::Any,
-        _ => return Err(bad()),
-    };
-    Ok(IngressRule {
-        protocol,
-        ports,
-        source: source.to_owned(),
-    })
+    s.parse()
 }
 
 fn parse_network(s: &str) -> Result<NetworkRequest, String> {

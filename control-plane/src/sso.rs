@@ -20,11 +20,16 @@ use axum::Router;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use openidconnect::core::{CoreAuthenticationFlow, CoreClient, CoreProviderMetadata};
+use openidconnect::core::{CoreAuthenticationFlow, CoreClient, CoreIdToken};
 use openidconnect::{
-    AuthorizationCode, ClientId, ClientSecret, CsrfToken, IssuerUrl, Nonce, OAuth2TokenResponse,
-    PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope, TokenResponse,
+    AuthorizationCode, ClientId, ClientSecret, CsrfToken, IssuerUrl, LogoutRequest, Nonce,
+    OAuth2TokenResponse, PkceCodeChallenge, PkceCodeVerifier, PostLogoutRedirectUrl,
+    ProviderMetadataWithLogout, RedirectUrl, Scope, TokenResponse,
 };
+
+/// A provider's discovery document, with its end session endpoint when it
+/// offers RP-initiated logout.
+type Metadata = ProviderMetadataWithLogout;
 use rand::RngCore;
 use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
 use serde::{Deserialize, Serialize};
@@ -47,7 +52,7 @@ pub const ABSOLUTE_SECS: i64 = 7 * 24 * 3600;
 /// and the HTTP client that talks to them.
 #[derive(Default)]
 pub struct Sso {
-    metadata: Mutex<HashMap<String, CoreProviderMetadata>>,
+    metadata: Mutex<HashMap<String, Metadata>>,
     http: std::sync::OnceLock<openidconnect::reqwest::Client>,
 }
 
@@ -140,11 +145,7 @@ fn provider<'a>(st: &'a AppState, name: &str) -> Result<&'a OidcProvider, ApiErr
         .ok_or_else(|| ApiError::not_found(format!("login provider {name:?}")))
 }
 
-async fn metadata(
-    st: &AppState,
-    p: &OidcProvider,
-    refresh: bool,
-) -> Result<CoreProviderMetadata, ApiError> {
+async fn metadata(st: &AppState, p: &OidcProvider, refresh: bool) -> Result<Metadata, ApiError> {
     if !refresh {
         let cached = st
             .sso
@@ -159,7 +160,7 @@ async fn metadata(
     }
     let issuer = IssuerUrl::new(p.issuer.clone())
         .map_err(|e| ApiError::Internal(format!("issuer {}: {e}", p.issuer)))?;
-    let m = CoreProviderMetadata::discover_async(issuer, http(st)?)
+    let m = Metadata::discover_async(issuer, http(st)?)
         .await
         .map_err(|e| {
             tracing::warn!(provider = %p.name, error = %e, "OpenID discovery failed");
@@ -278,6 +279,8 @@ fn extra_claims(id_token: &str) -> ExtraClaims {
 }
 
 struct Identity {
+    /// The verified ID token as received, kept for logout.
+    id_token: String,
     issuer: String,
     subject: String,
     email: Option<String>,
@@ -328,18 +331,38 @@ async fn callback(
         )));
     }
     let user = provision(&st, &identity).await?;
+    tracing::info!(provider = %p.name, user = %user, "federated login");
+    begin_session(
+        &st,
+        user,
+        Some((p.name.clone(), identity.id_token)),
+        flow.next,
+    )
+    .await
+}
+
+/// A new session for `user` (with the provider and ID token of a
+/// federated login) and the redirect that sets its cookie.
+async fn begin_session(
+    st: &AppState,
+    user: Uuid,
+    federated: Option<(String, String)>,
+    next: String,
+) -> Result<Response, ApiError> {
     let secret = random_token();
-    let now = Utc::now();
+    let now = st.config.clock.now();
+    let (provider, id_token) = federated.unzip();
     sessions::ActiveModel {
         id: Set(crate::auth::hash_secret(&secret)),
         user_id: Set(user),
         csrf: Set(random_token()),
         created_at: Set(now),
         last_seen_at: Set(now),
+        provider: Set(provider),
+        id_token: Set(id_token),
     }
     .insert(&st.db)
     .await?;
-    tracing::info!(provider = %p.name, user = %user, "federated login");
     let secure = st
         .config
         .auth
@@ -350,11 +373,24 @@ async fn callback(
         "{COOKIE}={secret}; Path=/; HttpOnly; SameSite=Lax; Max-Age={ABSOLUTE_SECS}{}",
         if secure { "; Secure" } else { "" }
     );
-    Ok((
-        StatusCode::FOUND,
-        [(LOCATION, flow.next), (SET_COOKIE, cookie)],
-    )
-        .into_response())
+    Ok((StatusCode::FOUND, [(LOCATION, next), (SET_COOKIE, cookie)]).into_response())
+}
+
+#[derive(Deserialize)]
+struct TokenLogin {
+    token: String,
+    next: Option<String>,
+}
+
+/// Local login for administrators and service users: an API token
+/// (checked as the API checks it) begins a browser session.
+async fn token_login(
+    State(st): State<AppState>,
+    axum::Form(f): axum::Form<TokenLogin>,
+) -> Result<Response, ApiError> {
+    let caller = crate::auth::authenticate(&st.db, f.token.trim(), st.config.clock.now()).await?;
+    tracing::info!(user = %caller.user.name, "token login to the portal");
+    begin_session(&st, caller.user.id, None, safe_next(f.next.as_deref())).await
 }
 
 async fn verify(
@@ -369,7 +405,7 @@ async fn verify(
         ApiError::Forbidden(format!("login refused: {what}"))
     };
     let mut m = metadata(st, p, false).await?;
-    let client = |m: CoreProviderMetadata| -> Result<_, ApiError> {
+    let client = |m: Metadata| -> Result<_, ApiError> {
         Ok(CoreClient::from_provider_metadata(
             m,
             ClientId::new(p.client_id.clone()),
@@ -403,6 +439,7 @@ async fn verify(
     };
     let extra = extra_claims(&id_token.to_string());
     let mut identity = Identity {
+        id_token: id_token.to_string(),
         issuer: claims.issuer().to_string(),
         subject: claims.subject().to_string(),
         email: claims.email().map(|e| e.to_string().to_lowercase()),
@@ -550,7 +587,7 @@ pub async fn session_of(
     let Some(s) = sessions::Entity::find_by_id(id.clone()).one(&st.db).await? else {
         return Ok(None);
     };
-    let now = Utc::now();
+    let now = st.config.clock.now();
     if expired(&s, now) {
         sessions::Entity::delete_by_id(id).exec(&st.db).await?;
         return Ok(None);
@@ -604,19 +641,28 @@ struct LogoutForm {
     csrf: String,
 }
 
+/// Ends the session; a federated one then goes on to its provider's end
+/// session endpoint (RP-initiated logout) when the provider has one, and
+/// the provider sends the browser back to the chooser.
 async fn logout(
     State(st): State<AppState>,
     headers: HeaderMap,
     axum::Form(form): axum::Form<LogoutForm>,
 ) -> Result<Response, ApiError> {
+    let mut to = "/".to_owned();
     if let Some((s, _)) = session_of(&st, &headers).await? {
         check_csrf(&s.csrf, &form.csrf)?;
-        sessions::Entity::delete_by_id(s.id).exec(&st.db).await?;
+        sessions::Entity::delete_by_id(s.id.clone())
+            .exec(&st.db)
+            .await?;
+        if let Some(url) = end_session_url(&st, &headers, &s).await {
+            to = url;
+        }
     }
     Ok((
         StatusCode::FOUND,
         [
-            (LOCATION, "/".to_owned()),
+            (LOCATION, to),
             (
                 SET_COOKIE,
                 format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"),
@@ -626,6 +672,34 @@ async fn logout(
         .into_response())
 }
 
+/// Where a federated session's logout continues at its provider, if the
+/// provider offers RP-initiated logout. A provider that cannot be asked
+/// only loses its own session's end: Kumo's is over either way.
+async fn end_session_url(
+    st: &AppState,
+    headers: &HeaderMap,
+    s: &sessions::Model,
+) -> Option<String> {
+    let p = provider(st, s.provider.as_deref()?).ok()?.clone();
+    let m = metadata(st, &p, false).await.ok()?;
+    let endpoint = m.additional_metadata().end_session_endpoint.clone()?;
+    let back = redirect_uri(st, headers)
+        .ok()?
+        .as_str()
+        .replace("/auth/callback", "/login");
+    let mut req = LogoutRequest::from(endpoint)
+        .set_client_id(ClientId::new(p.client_id.clone()))
+        .set_post_logout_redirect_uri(PostLogoutRedirectUrl::new(back).ok()?);
+    if let Some(t) = s
+        .id_token
+        .as_deref()
+        .and_then(|t| t.parse::<CoreIdToken>().ok())
+    {
+        req = req.set_id_token_hint(&t);
+    }
+    Some(req.http_get_url().to_string())
+}
+
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/auth/providers", get(providers))
@@ -633,6 +707,7 @@ pub fn routes() -> Router<AppState> {
         .route("/auth/callback", get(callback))
         .route("/auth/session", get(session))
         .route("/auth/logout", post(logout))
+        .route("/auth/token", post(token_login))
 }
 
 #[cfg(test)]

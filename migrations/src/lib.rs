@@ -12,6 +12,7 @@ mod m0006_segments;
 mod m0007_host_networks;
 mod m0008_billing;
 mod m0009_sso;
+mod m0010_session_logout;
 
 pub struct Migrator;
 
@@ -28,6 +29,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0007_host_networks::Migration),
             Box::new(m0008_billing::Migration),
             Box::new(m0009_sso::Migration),
+            Box::new(m0010_session_logout::Migration),
         ]
     }
 }

@@ -1,8 +1,8 @@
 // Drives Debian's Chromium through the portal like a researcher:
 // node browser.mjs KUMO_URL INSTITUTION LOGIN TENANT LOCALE OUT_DIR
 // Chooses the institution, logs in at the provider, lands on the
-// dashboard, creates an 8-GPU VM, waits for it to run, and looks at its
-// topology. Saves a screenshot of each page in OUT_DIR and prints a JSON
+// dashboard, creates an 8-GPU VM, watches it reach running (live, without
+// reloading), looks at its topology, points, a new segment and tokens. Saves a screenshot of each page in OUT_DIR and prints a JSON
 // summary of what it saw.
 import { chromium } from 'playwright-core';
 
@@ -34,12 +34,10 @@ try {
   await page.fill('input[name="gpus"]', '8');
   await page.click('form[action$="/vms"] button[type="submit"]');
   await page.waitForURL(`${kumo}/t/${tenant}/vms/browser-vm`);
-  for (let i = 0; i < 40; i += 1) {
-    const state = await page.getAttribute('strong.state', 'data-state');
-    if (state === 'running') break;
-    await page.waitForTimeout(250);
-    await page.reload();
-  }
+  // No reload: the page's own script brings the state up to date (the
+  // test's host starts VMs only a few seconds after they are created).
+  seen.state_at_load = await page.getAttribute('strong.state', 'data-state');
+  await page.waitForSelector('strong.state[data-state="running"]', { timeout: 30000 });
   seen.vm_state = await page.getAttribute('strong.state', 'data-state');
   seen.gpu_boxes = (await page.$$('svg.topology g.gpu')).length;
   seen.nic_boxes = (await page.$$('svg.topology g.nic')).length;
@@ -49,6 +47,15 @@ try {
   await page.goto(`${kumo}/t/${tenant}/billing`);
   seen.billing_bars = (await page.$$('svg.chart rect.bar')).length;
   await page.screenshot({ path: `${out}/billing.png`, fullPage: true });
+  await page.click(`nav.tenant a[href="/t/${tenant}/segments"]`);
+  await page.fill('input[name="name"]', 'lan');
+  await page.fill('input[name="cidr"]', '10.8.0.0/24');
+  await page.click('form.create button[type="submit"]');
+  await page.waitForURL(`${kumo}/t/${tenant}/segments`);
+  seen.segment_listed = (await page.content()).includes('10.8.0.0/24');
+  await page.screenshot({ path: `${out}/segments.png`, fullPage: true });
+  await page.goto(`${kumo}/tokens`);
+  await page.screenshot({ path: `${out}/tokens.png`, fullPage: true });
 } catch (e) {
   seen.error = String(e);
   await page.screenshot({ path: `${out}/failure.png`, fullPage: true }).catch(() => {});

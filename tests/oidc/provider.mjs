@@ -2,18 +2,27 @@
 // tests: node provider.mjs PORT_A DOMAIN_A PORT_B DOMAIN_B REDIRECT_URI.
 // Any login name is accepted (oidc-provider's development interactions);
 // an account named like an e-mail address has that address, others get
-// NAME@DOMAIN. Prints "ready" once both listen.
+// NAME@DOMAIN. Each start signs with a new RSA key, so a restart is a key
+// rotation. Prints "ready" once both listen.
+import { generateKeyPairSync, randomUUID } from 'node:crypto';
 import Provider from 'oidc-provider';
 
 const [portA, domainA, portB, domainB, redirect] = process.argv.slice(2);
 
+function signingKey() {
+  const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+  return { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), use: 'sig', alg: 'RS256' };
+}
+
 function start(port, domain) {
   const issuer = `http://127.0.0.1:${port}`;
   const provider = new Provider(issuer, {
+    jwks: { keys: [signingKey()] },
     clients: [{
       client_id: 'kumo',
       client_secret: 'kumo-test-secret',
       redirect_uris: [redirect],
+      post_logout_redirect_uris: [redirect.replace('/auth/callback', '/login')],
       grant_types: ['authorization_code'],
       response_types: ['code'],
     }],

@@ -29,7 +29,7 @@ pub struct Gpu {
     pub nic: Option<Nic>,
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

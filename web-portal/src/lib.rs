@@ -5,6 +5,7 @@
 
 pub mod diagram;
 pub mod i18n;
+pub mod listing;
 
 use askama::Template;
 
@@ -35,7 +36,13 @@ pub struct TenantCard {
 pub struct Viewer {
     pub display_name: String,
     pub csrf: String,
+    /// Administrators see the admin pages in the navigation.
+    pub is_admin: bool,
 }
+
+/// The portal's own script: live state updates on pages that ask for them
+/// (an element `#live` with `data-src`); every page works without it.
+pub const PORTAL_JS: &str = include_str!("portal.js");
 
 #[derive(Template)]
 #[template(path = "layout.html")]
@@ -48,10 +55,47 @@ struct Layout<'a> {
     user: Option<&'a str>,
     csrf: &'a str,
     sign_out: &'a str,
+    nav: Vec<(String, &'a str)>,
+    tenant: Option<&'a str>,
+    tenant_nav: Vec<(String, &'a str)>,
     body: &'a str,
 }
 
-fn page(lang: Lang, title: &str, viewer: Option<&Viewer>, body: &str) -> String {
+/// The layout around a page's body; `tenant` adds that project's pages to
+/// the navigation.
+fn page(
+    lang: Lang,
+    title: &str,
+    viewer: Option<&Viewer>,
+    tenant: Option<&str>,
+    body: &str,
+) -> String {
+    let mut nav = Vec::new();
+    if let Some(v) = viewer {
+        nav.push(("/".to_owned(), t(lang, Msg::Dashboard)));
+        nav.push(("/tokens".to_owned(), t(lang, Msg::Tokens)));
+        if v.is_admin {
+            nav.push(("/admin/hosts".to_owned(), t(lang, Msg::Hosts)));
+            nav.push(("/admin/tenants".to_owned(), t(lang, Msg::Tenants)));
+            nav.push(("/admin/rates".to_owned(), t(lang, Msg::Rates)));
+            nav.push(("/admin/join-tokens".to_owned(), t(lang, Msg::JoinTokens)));
+        }
+    }
+    let tenant_nav = tenant
+        .filter(|_| viewer.is_some())
+        .map(|tn| {
+            [
+                ("vms", Msg::VmsTitle),
+                ("clusters", Msg::Clusters),
+                ("segments", Msg::Segments),
+                ("billing", Msg::Billing),
+                ("members", Msg::Members),
+            ]
+            .into_iter()
+            .map(|(p, m)| (format!("/t/{tn}/{p}"), t(lang, m)))
+            .collect()
+        })
+        .unwrap_or_default();
     Layout {
         lang_code: lang.code(),
         other_lang: match lang {
@@ -64,6 +108,9 @@ fn page(lang: Lang, title: &str, viewer: Option<&Viewer>, body: &str) -> String 
         user: viewer.map(|v| v.display_name.as_str()),
         csrf: viewer.map(|v| v.csrf.as_str()).unwrap_or(""),
         sign_out: t(lang, Msg::SignOut),
+        nav,
+        tenant: tenant.filter(|_| viewer.is_some()),
+        tenant_nav,
         body,
     }
     .render()
@@ -77,6 +124,8 @@ struct Login<'a> {
     choose: &'a str,
     search: &'a str,
     no_providers: &'a str,
+    token_heading: &'a str,
+    token_label: &'a str,
     providers: &'a [ProviderItem],
     next: &'a str,
 }
@@ -88,12 +137,14 @@ pub fn login_page(lang: Lang, providers: &[ProviderItem], next: &str) -> String 
         choose: t(lang, Msg::ChooseInstitution),
         search: t(lang, Msg::Search),
         no_providers: t(lang, Msg::NoProviders),
+        token_heading: t(lang, Msg::SignInToken),
+        token_label: t(lang, Msg::Token),
         providers,
         next,
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
-    page(lang, t(lang, Msg::SignIn), None, &body)
+    page(lang, t(lang, Msg::SignIn), None, None, &body)
 }
 
 #[derive(Template)]
@@ -136,7 +187,7 @@ pub fn dashboard_page(
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
-    page(lang, t(lang, Msg::Dashboard), Some(viewer), &body)
+    page(lang, t(lang, Msg::Dashboard), Some(viewer), None, &body)
 }
 
 #[derive(Template)]
@@ -163,7 +214,7 @@ pub fn cli_login_page(lang: Lang, viewer: &Viewer, port: u16, state: &str) -> St
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
-    page(lang, t(lang, Msg::CliLogin), Some(viewer), &body)
+    page(lang, t(lang, Msg::CliLogin), Some(viewer), None, &body)
 }
 
 /// One VM on the list.
@@ -228,7 +279,13 @@ pub fn vms_page(
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
-    page(lang, t(lang, Msg::VmsTitle), Some(viewer), &body)
+    page(
+        lang,
+        t(lang, Msg::VmsTitle),
+        Some(viewer),
+        Some(tenant),
+        &body,
+    )
 }
 
 /// What the VM page shows.
@@ -281,7 +338,7 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
-    page(lang, &vm.name, Some(viewer), &body)
+    page(lang, &vm.name, Some(viewer), Some(&vm.tenant), &body)
 }
 
 /// What the billing page shows.
@@ -332,7 +389,24 @@ pub fn billing_page(lang: Lang, viewer: &Viewer, b: &BillingView) -> String {
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
-    page(lang, t(lang, Msg::Billing), Some(viewer), &body)
+    page(
+        lang,
+        t(lang, Msg::Billing),
+        Some(viewer),
+        Some(&b.tenant),
+        &body,
+    )
+}
+
+/// A page of tables and forms over one kind of resource.
+pub fn listing_page(
+    lang: Lang,
+    viewer: &Viewer,
+    tenant: Option<&str>,
+    l: &listing::Listing,
+) -> String {
+    let body = listing::render(l, &viewer.csrf);
+    page(lang, &l.heading, Some(viewer), tenant, &body)
 }
 
 #[cfg(test)]
@@ -356,6 +430,7 @@ mod tests {
         let v = Viewer {
             display_name: "Aiko <script>".into(),
             csrf: "tok".into(),
+            is_admin: false,
         };
         let en = dashboard_page(
             Lang::En,

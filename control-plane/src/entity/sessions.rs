@@ -11,6 +11,10 @@ pub struct Model {
     pub csrf: String,
     pub created_at: DateTimeUtc,
     pub last_seen_at: DateTimeUtc,
+    /// The OpenID Provider a federated session came from…
+    pub provider: Option<String>,
+    /// …and its ID token, the hint for RP-initiated logout.
+    pub id_token: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

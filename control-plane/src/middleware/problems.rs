@@ -1,6 +1,8 @@
 //! Makes every error answer RFC 9457 problem+json, including those made by
 //! layers that know nothing of problems (timeouts, unknown routes, wrong
-//! methods), and stamps each problem with the request id and path.
+//! methods), and stamps each problem with the request id and path. The
+//! portal's own error pages (HTML: a form shown again with the API's
+//! reason) are left as they are.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -25,6 +27,13 @@ pub async fn layer(req: Request, next: Next) -> Response {
     let resp = next.run(req).await;
     let status = resp.status();
     if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_page = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    if is_page {
         return resp;
     }
     let (mut parts, body) = resp.into_parts();

@@ -154,7 +154,9 @@ async fn session(c: &reqwest::Client, kumo: &str) -> (u16, Value) {
 /// Two providers (A: `u-kumo.ac.jp` accounts, only `ac.jp` allowed; B:
 /// `example.com`) and a server configured with both.
 struct World {
-    _providers: Providers,
+    providers: Providers,
+    pa: u16,
+    pb: u16,
     s: TestServer,
     kumo: String,
     ia: String,
@@ -162,6 +164,10 @@ struct World {
 }
 
 async fn world() -> World {
+    world_with(|_| {}).await
+}
+
+async fn world_with(more: impl FnOnce(&mut kumo_server::config::Config)) -> World {
     let (pa, pb, pk) = (free_port(), free_port(), free_port());
     let kumo = format!("http://127.0.0.1:{pk}");
     let providers = providers(pa, pb, &format!("{kumo}/auth/callback"));
@@ -184,10 +190,13 @@ async fn world() -> World {
             provider("uni-a", &ia, &["ac.jp"]),
             provider("uni-b", &ib, &["example.com"]),
         ];
+        more(c);
     })
     .await;
     World {
-        _providers: providers,
+        providers,
+        pa,
+        pb,
         s,
         kumo,
         ia,
@@ -650,7 +659,19 @@ async fn the_portal_in_a_browser() {
     s.tenant("vision").await;
     s.add("vision", "aiko", kumo_api_types::Role::Owner).await;
     let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    // The host starts the browser's VM 3 s after it appears, so the page
+    // first shows it not running and its script must catch up.
+    let admin = s.admin.clone();
     let converging = tokio::spawn(async move {
+        loop {
+            let vms: kumo_api_types::Page<kumo_api_types::Vm> =
+                admin.get("/api/v1/tenants/vision/vms").await.unwrap();
+            if !vms.items.is_empty() {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         loop {
             agent.converge().await;
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -679,22 +700,457 @@ async fn the_portal_in_a_browser() {
     assert_eq!(seen["chooser"], true, "{seen}");
     assert_eq!(seen["dashboard_lang"], "ja", "{seen}");
     assert_eq!(seen["dashboard_has_tenant"], true, "{seen}");
+    assert_ne!(seen["state_at_load"], "running", "{seen}");
     assert_eq!(seen["vm_state"], "running", "{seen}");
     assert_eq!(
         (seen["gpu_boxes"].as_u64(), seen["nic_boxes"].as_u64()),
         (Some(8), Some(8))
     );
     assert_eq!(seen["billing_bars"], 30, "{seen}");
+    assert_eq!(seen["segment_listed"], true, "{seen}");
     for shot in [
         "login.png",
         "dashboard.png",
         "vm.png",
         "vms.png",
         "billing.png",
+        "segments.png",
+        "tokens.png",
     ] {
         let len = std::fs::metadata(out.join(shot))
             .map(|m| m.len())
             .unwrap_or(0);
         assert!(len > 10_000, "{shot}: {len} bytes");
     }
+}
+
+/// Signs `login` in at `provider` in a fresh browser.
+async fn signed_in(w: &World, provider: &str, issuer: &str, login: &str) -> reqwest::Client {
+    let c = browser();
+    let back = through_provider(&c, &w.kumo, provider, issuer, login).await;
+    let r = c.get(&back).send().await.unwrap();
+    assert_eq!(r.status(), 302, "{:?}", r.text().await);
+    c
+}
+
+async fn csrf_of(c: &reqwest::Client, kumo: &str) -> String {
+    session(c, kumo).await.1["csrf"]
+        .as_str()
+        .expect("a session")
+        .to_owned()
+}
+
+async fn get(c: &reqwest::Client, url: &str) -> (u16, String) {
+    let r = c.get(url).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn post(c: &reqwest::Client, url: &str, form: &[(&str, &str)]) -> (u16, String, String) {
+    let r = c.post(url).form(form).send().await.unwrap();
+    let loc = r
+        .headers()
+        .get(LOCATION)
+        .map(|l| l.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (r.status().as_u16(), loc, r.text().await.unwrap())
+}
+
+/// The listing pages (segments, clusters, members, tokens, and the
+/// admin's hosts, projects, rates, join tokens) do what the API does for
+/// the session's user: forms create and delete, refusals come back with
+/// the API's reason, a foreign project is a 404 in every page and form,
+/// admin pages are for administrators (who sign in with an API token),
+/// and the live-state feed follows the VMs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portal_pages_act_through_the_api() {
+    let w = world().await;
+    let (s, kumo) = (&w.s, w.kumo.clone());
+    let u = |p: &str| format!("{kumo}{p}");
+    let a = signed_in(&w, "uni-a", &w.ia, "aiko").await;
+    let b = signed_in(&w, "uni-b", &w.ib, "bob").await;
+    s.tenant("vision").await;
+    s.add("vision", "aiko", kumo_api_types::Role::Owner).await;
+    let (ca, cb) = (csrf_of(&a, &kumo).await, csrf_of(&b, &kumo).await);
+
+    // Segments from the form, with ingress rules in the CLI's short form.
+    let (status, to, _) = post(
+        &a,
+        &u("/t/vision/segments"),
+        &[
+            ("csrf", &ca),
+            ("name", "lan"),
+            ("kind", "ethernet"),
+            ("cidr", "10.5.0.0/24"),
+            ("mtu", ""),
+            ("ingress", "tcp:22:0.0.0.0/0\r\nicmp:10.0.0.0/8"),
+        ],
+    )
+    .await;
+    assert_eq!((status, to.as_str()), (303, "/t/vision/segments"));
+    let seg: kumo_api_types::Segment = s
+        .admin
+        .get("/api/v1/tenants/vision/segments/lan")
+        .await
+        .unwrap();
+    assert_eq!(seg.ingress.len(), 2);
+    let (status, page) = get(&a, &u("/t/vision/segments")).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("10.5.0.0/24") && page.contains("tcp:22:0.0.0.0/0 icmp:10.0.0.0/8"),
+        "{page}"
+    );
+    assert!(
+        page.contains("href=\"/t/vision/clusters\""),
+        "project navigation"
+    );
+    assert!(!page.contains("/admin/hosts"), "no admin pages for aiko");
+    let (status, _, page) = post(
+        &a,
+        &u("/t/vision/segments"),
+        &[("csrf", &ca), ("name", "bad"), ("cidr", "10.5.0.0/33")],
+    )
+    .await;
+    assert_eq!(status, 400, "{page}");
+    assert!(
+        page.contains("class=\"error\"") && page.contains("cidr"),
+        "{page}"
+    );
+    let (status, _, page) = post(
+        &a,
+        &u("/t/vision/segments"),
+        &[
+            ("csrf", &ca),
+            ("name", "bad"),
+            ("cidr", "10.6.0.0/24"),
+            ("ingress", "ssh:22:0.0.0.0/0"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(page.contains("PROTO[:PORTS]:SOURCE"), "{page}");
+    let (status, ..) = post(
+        &a,
+        &u("/t/vision/segments"),
+        &[("csrf", "forged"), ("name", "x")],
+    )
+    .await;
+    assert_eq!(status, 403, "a forged CSRF token");
+
+    // Clusters: one 8-GPU member on the one host, then deleted.
+    let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    let (status, to, page) = post(
+        &a,
+        &u("/t/vision/clusters"),
+        &[
+            ("csrf", &ca),
+            ("name", "train"),
+            ("size", "1"),
+            ("gpus", "8"),
+        ],
+    )
+    .await;
+    assert_eq!((status, to.as_str()), (303, "/t/vision/clusters"), "{page}");
+    agent.converge().await;
+    let (_, page) = get(&a, &u("/t/vision/clusters")).await;
+    assert!(page.contains("train-0 running gpu-001"), "{page}");
+    // The live feed, in the page's language; nothing without a session.
+    let live: Value = a
+        .get(u("/t/vision/vms/live"))
+        .header("accept-language", "ja")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(live[0]["name"], "train-0");
+    assert_eq!(live[0]["state"], "running");
+    assert_eq!(live[0]["label"], "実行中");
+    assert_eq!(get(&browser(), &u("/t/vision/vms/live")).await.0, 401);
+    let (status, js) = get(&a, &u("/static/portal.js")).await;
+    assert!(status == 200 && js.contains("dataset.state"), "{js}");
+
+    // Another institution's user: every page and form of the project is a 404.
+    for p in ["segments", "clusters", "members", "vms/live"] {
+        assert_eq!(get(&b, &u(&format!("/t/vision/{p}"))).await.0, 404, "{p}");
+    }
+    for (p, form) in [
+        (
+            "/t/vision/segments",
+            vec![
+                ("csrf", cb.as_str()),
+                ("name", "x"),
+                ("cidr", "10.9.0.0/24"),
+            ],
+        ),
+        ("/t/vision/segments/lan/delete", vec![("csrf", cb.as_str())]),
+        (
+            "/t/vision/clusters/train/delete",
+            vec![("csrf", cb.as_str())],
+        ),
+        (
+            "/t/vision/members",
+            vec![("csrf", cb.as_str()), ("user", "bob"), ("role", "owner")],
+        ),
+    ] {
+        assert_eq!(post(&b, &u(p), &form).await.0, 404, "{p}");
+    }
+    // Members: bob joins as a viewer; he sees, and may not change.
+    let (status, ..) = post(
+        &a,
+        &u("/t/vision/members"),
+        &[("csrf", &ca), ("user", "bob"), ("role", "viewer")],
+    )
+    .await;
+    assert_eq!(status, 303);
+    let (status, page) = get(&b, &u("/t/vision/members")).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("<td>bob</td><td>viewer</td>"), "{page}");
+    let (status, _, page) = post(&b, &u("/t/vision/segments/lan/delete"), &[("csrf", &cb)]).await;
+    assert_eq!(status, 403, "{page}");
+    assert!(page.contains("class=\"error\""));
+    let (status, ..) = post(&a, &u("/t/vision/clusters/train/delete"), &[("csrf", &ca)]).await;
+    assert_eq!(status, 303);
+    agent.converge().await;
+    let gone = s
+        .admin
+        .get::<kumo_api_types::Cluster>("/api/v1/tenants/vision/clusters/train")
+        .await;
+    assert!(
+        gone.as_ref().map_or(true, |c| c
+            .members
+            .iter()
+            .all(|m| m.state != kumo_api_types::VmState::Running)),
+        "{gone:?}"
+    );
+
+    // API tokens: the secret shown once, usable, then revoked.
+    let (status, _, page) = post(
+        &a,
+        &u("/tokens"),
+        &[("csrf", &ca), ("description", "laptop"), ("days", "30")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let token = page
+        .split("<code>")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap()
+        .to_owned();
+    assert!(token.starts_with("kumo_"), "{page}");
+    let me = |t: String| {
+        let url = u("/api/v1/users/me");
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(t)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(me(token.clone()).await, 200);
+    let (_, page) = get(&a, &u("/tokens")).await;
+    assert!(page.contains("<td>laptop</td>"));
+    let id = page
+        .split("action=\"/tokens/")
+        .nth(1)
+        .and_then(|t| t.split('/').next())
+        .unwrap()
+        .to_owned();
+    let (status, ..) = post(&a, &u(&format!("/tokens/{id}/revoke")), &[("csrf", &ca)]).await;
+    assert_eq!(status, 303);
+    assert_eq!(me(token).await, 401);
+    assert_eq!(
+        post(&b, &u(&format!("/tokens/{id}/revoke")), &[("csrf", &cb)])
+            .await
+            .0,
+        404,
+        "someone else's token"
+    );
+
+    // Admin pages: refused to aiko; an administrator signs in with a token.
+    for p in [
+        "/admin/hosts",
+        "/admin/tenants",
+        "/admin/rates",
+        "/admin/join-tokens",
+    ] {
+        assert_eq!(get(&a, &u(p)).await.0, 403, "{p}");
+    }
+    let adm = browser();
+    let (status, ..) = post(&adm, &u("/auth/token"), &[("token", "kumo_not-a-token")]).await;
+    assert_eq!(status, 401);
+    let (status, to, _) = post(
+        &adm,
+        &u("/auth/token"),
+        &[("token", &s.admin_token), ("next", "/admin/hosts")],
+    )
+    .await;
+    assert_eq!((status, to.as_str()), (302, "/admin/hosts"));
+    let cadm = csrf_of(&adm, &kumo).await;
+    let (status, page) = get(&adm, &u("/admin/hosts")).await;
+    assert_eq!(status, 200);
+    assert_eq!(page.matches("class=\"gpu free\"").count(), 8, "{page}");
+    assert!(page.contains("href=\"/admin/hosts/gpu-001\""));
+    let (_, page) = get(&adm, &u("/admin/hosts/gpu-001")).await;
+    assert!(
+        page.contains("<pre>") && page.contains("GPU7"),
+        "the matrix: {page}"
+    );
+    let (status, ..) = post(
+        &adm,
+        &u("/admin/tenants"),
+        &[
+            ("csrf", &cadm),
+            ("name", "newlab"),
+            ("display_name", "New Lab"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 303);
+    assert!(get(&adm, &u("/admin/tenants")).await.1.contains("New Lab"));
+    let (status, ..) = post(
+        &adm,
+        &u("/admin/rates"),
+        &[
+            ("csrf", &cadm),
+            ("class", "vcpu"),
+            ("guaranteed", "10"),
+            ("spot", "3"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 303);
+    let rates: kumo_api_types::Rates = s.admin.get("/api/v1/rates").await.unwrap();
+    assert_eq!(rates.current.unwrap().prices["vcpu"].spot, "3");
+    let (status, _, page) = post(
+        &adm,
+        &u("/admin/join-tokens"),
+        &[("csrf", &cadm), ("description", "rack 7"), ("ttl", "600")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(page.contains("<code>kumoj_"), "{page}");
+    drop(agent);
+}
+
+/// A provider's answer to the browser: where its pages lead, followed
+/// until it either sends the browser back to Kumo or shows a login form.
+async fn provider_asks_to_log_in(c: &reqwest::Client, kumo: &str, issuer: &str) -> bool {
+    let r = c
+        .get(format!("{kumo}/auth/login/uni-a"))
+        .send()
+        .await
+        .unwrap();
+    let mut url = location(&r);
+    for _ in 0..10 {
+        let r = c.get(&url).send().await.unwrap();
+        if !r.status().is_redirection() {
+            return r.text().await.unwrap().contains("name=\"login\"");
+        }
+        url = absolute(issuer, &location(&r));
+        if url.starts_with(kumo) {
+            return false;
+        }
+    }
+    panic!("the provider kept redirecting")
+}
+
+/// Sessions end after 8 idle hours and 7 days in all (on an injected
+/// clock); logout ends the provider's session too (RP-initiated logout);
+/// and a provider that rotates its signing key still logs users in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_end_and_providers_rotate_keys() {
+    use chrono::Duration;
+    let clock = kumo_server::clock::Clock::manual(chrono::Utc::now());
+    let mut w = world_with(|c| c.clock = clock.clone()).await;
+    let kumo = w.kumo.clone();
+    let ia = w.ia.clone();
+
+    // Idle: seven hours apart keeps a session alive; eight idle end it.
+    let a = signed_in(&w, "uni-a", &ia, "aiko").await;
+    for _ in 0..3 {
+        clock.advance(Duration::hours(7));
+        assert_eq!(session(&a, &kumo).await.0, 200);
+    }
+    clock.advance(Duration::hours(8) + Duration::seconds(1));
+    assert_eq!(session(&a, &kumo).await.0, 401);
+    assert_eq!(
+        get(&a, &format!("{kumo}/")).await.0,
+        303,
+        "back to the chooser"
+    );
+    // Absolute: in use every 7 hours, it still ends after 7 days.
+    let a = signed_in(&w, "uni-a", &ia, "aiko").await;
+    for _ in 0..24 {
+        clock.advance(Duration::hours(7));
+        assert_eq!(session(&a, &kumo).await.0, 200);
+    }
+    clock.advance(Duration::hours(1));
+    assert_eq!(session(&a, &kumo).await.0, 401);
+
+    // RP-initiated logout: Kumo's session ends, then the provider's.
+    let a = signed_in(&w, "uni-a", &ia, "aiko").await;
+    assert!(
+        !provider_asks_to_log_in(&a, &kumo, &ia).await,
+        "signed in at the provider"
+    );
+    let csrf = csrf_of(&a, &kumo).await;
+    let (status, to, _) = post(&a, &format!("{kumo}/auth/logout"), &[("csrf", &csrf)]).await;
+    assert_eq!(status, 302);
+    assert!(to.starts_with(&format!("{ia}/session/end?")), "{to}");
+    let back = format!("{kumo}/login");
+    let encoded = back.replace(':', "%3A").replace('/', "%2F");
+    assert!(
+        to.contains("id_token_hint=")
+            && to.contains(&format!("post_logout_redirect_uri={encoded}")),
+        "{to}"
+    );
+    assert_eq!(session(&a, &kumo).await.0, 401);
+    let (status, confirm) = get(&a, &to).await;
+    assert_eq!(status, 200);
+    let xsrf = confirm
+        .split("name=\"xsrf\" value=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("{confirm}"))
+        .to_owned();
+    let (status, to, _) = post(
+        &a,
+        &format!("{ia}/session/end/confirm"),
+        &[("xsrf", &xsrf), ("logout", "yes")],
+    )
+    .await;
+    assert!((300..400).contains(&status), "{status}");
+    assert_eq!(to, back);
+    assert!(
+        provider_asks_to_log_in(&a, &kumo, &ia).await,
+        "signed out at the provider too"
+    );
+
+    // Key rotation: the provider restarts with a new signing key; the
+    // server's cached keys fail, are fetched again, and login works.
+    let kid = |jwks: Value| jwks["keys"][0]["kid"].as_str().unwrap().to_owned();
+    let before = kid(reqwest::get(format!("{ia}/jwks"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap());
+    let _ = w.providers.0.kill();
+    let _ = w.providers.0.wait();
+    w.providers = providers(w.pa, w.pb, &format!("{kumo}/auth/callback"));
+    let after = kid(reqwest::get(format!("{ia}/jwks"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap());
+    assert_ne!(before, after, "a new key");
+    let c = signed_in(&w, "uni-a", &ia, "aiko").await;
+    assert_eq!(session(&c, &kumo).await.1["user"], "aiko");
 }

@@ -1,7 +1,10 @@
 //! The web portal's pages (rendered by `kumo-web-portal`), mounted at `/`:
-//! the institution chooser, the dashboard, the language switch. A page
-//! shows only what the session's user may see through the API: tenants
-//! they are a member of.
+//! the institution chooser, the dashboard, the language switch, VMs and
+//! points; [`resources`] has the listing pages. A page shows only what
+//! the session's user may see through the API: tenants they are a member
+//! of.
+
+mod resources;
 
 use axum::extract::{Path, Query, State};
 use axum::http::header::{ACCEPT_LANGUAGE, CONTENT_TYPE, LOCATION, REFERER, SET_COOKIE};
@@ -136,6 +139,7 @@ async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Res
     let viewer = Viewer {
         display_name: user.display_name,
         csrf: session.csrf,
+        is_admin: user.is_admin,
     };
     Ok(html(kumo_web_portal::dashboard_page(
         lang(&headers),
@@ -273,6 +277,7 @@ async fn signed_in(
             Viewer {
                 display_name: u.display_name.clone(),
                 csrf: s.csrf,
+                is_admin: u.is_admin,
             },
             u,
         ))),
@@ -717,6 +722,7 @@ pub fn routes() -> Router<AppState> {
         .route("/t/{tenant}/billing", get(billing_page))
         .route("/t/{tenant}/billing/statements/{file}", get(statement_csv))
         .route("/t/{tenant}/vms", get(vms_page).post(create_vm))
+        .route("/t/{tenant}/vms/live", get(vms_live))
         .route("/t/{tenant}/vms/{vm}", get(vm_page))
         .route(
             "/t/{tenant}/vms/{vm}/{action}",
@@ -725,4 +731,48 @@ pub fn routes() -> Router<AppState> {
         .route("/login/cli", get(cli_login).post(cli_allow))
         .route("/login", get(login))
         .route("/lang/{code}", get(switch_lang))
+        .route("/static/portal.js", get(portal_js))
+        .merge(resources::routes())
+}
+
+async fn portal_js() -> Response {
+    (
+        [
+            (CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (axum::http::header::CACHE_CONTROL, "max-age=300"),
+        ],
+        kumo_web_portal::PORTAL_JS,
+    )
+        .into_response()
+}
+
+#[derive(serde::Serialize)]
+struct LiveVm {
+    name: String,
+    state: String,
+    label: String,
+}
+
+/// The feed of the pages' live states: a tenant's VMs and their states in
+/// the page's language, for the session's user (401 without one).
+async fn vms_live(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    let Some((_, user)) = session_of(&st, &headers).await? else {
+        return Err(ApiError::Unauthenticated("sign in first".into()));
+    };
+    let l = lang(&headers);
+    let rows = vm_rows(&st, &ctx_of(&user), &tenant).await?;
+    Ok(axum::Json(
+        rows.into_iter()
+            .map(|v| LiveVm {
+                label: kumo_web_portal::i18n::word(l, &v.state),
+                name: v.name,
+                state: v.state,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .into_response())
 }
