@@ -54,6 +54,14 @@ pub enum Command {
         /// Print the sign-in page's address instead of opening a browser.
         #[arg(long)]
         no_browser: bool,
+        /// Sign in on another device with a code (OAuth device
+        /// authorization grant), for terminals without a browser.
+        #[arg(long, conflicts_with_all = ["token", "no_browser"])]
+        device: bool,
+        /// The institution to sign in at with --device (when the server
+        /// has several).
+        #[arg(long, requires = "device")]
+        provider: Option<String>,
     },
     /// Research projects.
     #[command(subcommand)]
@@ -683,9 +691,14 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             server,
             token,
             no_browser,
+            device,
+            provider,
         } => {
             let token = match token {
                 Some(t) => t.clone(),
+                None if *device => {
+                    crate::device_login::run(server, provider.as_deref(), out).await?
+                }
                 None => crate::browser_login::run(server, *no_browser, out).await?,
             };
             let c = Client::new(server, Some(token.clone()))?;

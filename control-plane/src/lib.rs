@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod db;
 pub mod dev;
+pub mod device_login;
 pub mod entity;
 pub mod error;
 pub mod extract;

@@ -47,6 +47,7 @@ pub fn router(state: AppState) -> Router {
         .merge(api_routes)
         .merge(api::docs::router(Arc::new(openapi)))
         .merge(crate::sso::routes())
+        .merge(crate::device_login::routes())
         .merge(crate::portal::routes())
         // An empty 404 becomes a problem in the normaliser below.
         .fallback(|| async { StatusCode::NOT_FOUND })

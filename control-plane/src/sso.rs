@@ -20,16 +20,45 @@ use axum::Router;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use openidconnect::core::{CoreAuthenticationFlow, CoreClient, CoreIdToken};
+use openidconnect::core::{
+    CoreAuthDisplay, CoreAuthenticationFlow, CoreClaimName, CoreClaimType, CoreClient,
+    CoreClientAuthMethod, CoreGrantType, CoreIdToken, CoreJsonWebKey,
+    CoreJweContentEncryptionAlgorithm, CoreJweKeyManagementAlgorithm, CoreResponseMode,
+    CoreResponseType, CoreSubjectIdentifierType,
+};
 use openidconnect::{
-    AuthorizationCode, ClientId, ClientSecret, CsrfToken, IssuerUrl, LogoutRequest, Nonce,
-    OAuth2TokenResponse, PkceCodeChallenge, PkceCodeVerifier, PostLogoutRedirectUrl,
-    ProviderMetadataWithLogout, RedirectUrl, Scope, TokenResponse,
+    AccessToken, AdditionalProviderMetadata, AuthorizationCode, ClientId, ClientSecret, CsrfToken,
+    DeviceAuthorizationUrl, EndSessionUrl, IssuerUrl, LogoutRequest, Nonce, OAuth2TokenResponse,
+    PkceCodeChallenge, PkceCodeVerifier, PostLogoutRedirectUrl, ProviderMetadata, RedirectUrl,
+    Scope, TokenResponse,
 };
 
-/// A provider's discovery document, with its end session endpoint when it
-/// offers RP-initiated logout.
-type Metadata = ProviderMetadataWithLogout;
+/// What Kumo reads of a discovery document beyond the core: the end
+/// session endpoint (RP-initiated logout) and the device authorization
+/// endpoint (`kumo login --device`), where the provider has them.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Endpoints {
+    pub end_session_endpoint: Option<EndSessionUrl>,
+    pub device_authorization_endpoint: Option<DeviceAuthorizationUrl>,
+}
+
+impl AdditionalProviderMetadata for Endpoints {}
+
+/// A provider's discovery document.
+pub type Metadata = ProviderMetadata<
+    Endpoints,
+    CoreAuthDisplay,
+    CoreClientAuthMethod,
+    CoreClaimName,
+    CoreClaimType,
+    CoreGrantType,
+    CoreJweContentEncryptionAlgorithm,
+    CoreJweKeyManagementAlgorithm,
+    CoreJsonWebKey,
+    CoreResponseMode,
+    CoreResponseType,
+    CoreSubjectIdentifierType,
+>;
 use rand::RngCore;
 use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
 use serde::{Deserialize, Serialize};
@@ -115,7 +144,7 @@ pub fn safe_next(next: Option<&str>) -> String {
     }
 }
 
-fn random_token() -> String {
+pub(crate) fn random_token() -> String {
     let mut b = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut b);
     URL_SAFE_NO_PAD.encode(b)
@@ -123,7 +152,7 @@ fn random_token() -> String {
 
 // ------------------------------------------------------------ IO
 
-fn http(st: &AppState) -> Result<&openidconnect::reqwest::Client, ApiError> {
+pub(crate) fn http(st: &AppState) -> Result<&openidconnect::reqwest::Client, ApiError> {
     if let Some(c) = st.sso.http.get() {
         return Ok(c);
     }
@@ -136,7 +165,7 @@ fn http(st: &AppState) -> Result<&openidconnect::reqwest::Client, ApiError> {
     Ok(st.sso.http.get_or_init(|| c))
 }
 
-fn provider<'a>(st: &'a AppState, name: &str) -> Result<&'a OidcProvider, ApiError> {
+pub(crate) fn provider<'a>(st: &'a AppState, name: &str) -> Result<&'a OidcProvider, ApiError> {
     st.config
         .auth
         .oidc
@@ -145,7 +174,11 @@ fn provider<'a>(st: &'a AppState, name: &str) -> Result<&'a OidcProvider, ApiErr
         .ok_or_else(|| ApiError::not_found(format!("login provider {name:?}")))
 }
 
-async fn metadata(st: &AppState, p: &OidcProvider, refresh: bool) -> Result<Metadata, ApiError> {
+pub(crate) async fn metadata(
+    st: &AppState,
+    p: &OidcProvider,
+    refresh: bool,
+) -> Result<Metadata, ApiError> {
     if !refresh {
         let cached = st
             .sso
@@ -278,7 +311,7 @@ fn extra_claims(id_token: &str) -> ExtraClaims {
         .unwrap_or_default()
 }
 
-struct Identity {
+pub(crate) struct Identity {
     /// The verified ID token as received, kept for logout.
     id_token: String,
     issuer: String,
@@ -317,20 +350,7 @@ async fn callback(
     }
     let p = provider(&st, &flow.provider)?.clone();
     let identity = verify(&st, &p, &headers, code, &flow).await?;
-    if !email_allowed(
-        identity.email.as_deref().unwrap_or(""),
-        &p.allowed_email_domains,
-    ) {
-        return Err(ApiError::Forbidden(format!(
-            "{} may not log in here: e-mail addresses under {} only",
-            identity
-                .email
-                .as_deref()
-                .unwrap_or("an account without an e-mail"),
-            p.allowed_email_domains.join(", ")
-        )));
-    }
-    let user = provision(&st, &identity).await?;
+    let user = admit(&st, &p, &identity).await?;
     tracing::info!(provider = %p.name, user = %user, "federated login");
     begin_session(
         &st,
@@ -393,6 +413,34 @@ async fn token_login(
     begin_session(&st, caller.user.id, None, safe_next(f.next.as_deref())).await
 }
 
+/// The user of a verified identity, provisioned on first login, if the
+/// provider's e-mail domain rule lets them in.
+pub(crate) async fn admit(
+    st: &AppState,
+    p: &OidcProvider,
+    identity: &Identity,
+) -> Result<Uuid, ApiError> {
+    if !email_allowed(
+        identity.email.as_deref().unwrap_or(""),
+        &p.allowed_email_domains,
+    ) {
+        return Err(ApiError::Forbidden(format!(
+            "{} may not log in here: e-mail addresses under {} only",
+            identity
+                .email
+                .as_deref()
+                .unwrap_or("an account without an e-mail"),
+            p.allowed_email_domains.join(", ")
+        )));
+    }
+    provision(st, identity).await
+}
+
+fn refused(p: &OidcProvider, what: String) -> ApiError {
+    tracing::warn!(provider = %p.name, "login refused: {what}");
+    ApiError::Forbidden(format!("login refused: {what}"))
+}
+
 async fn verify(
     st: &AppState,
     p: &OidcProvider,
@@ -400,38 +448,61 @@ async fn verify(
     code: String,
     flow: &login_flows::Model,
 ) -> Result<Identity, ApiError> {
-    let refused = |what: String| {
-        tracing::warn!(provider = %p.name, "login refused: {what}");
-        ApiError::Forbidden(format!("login refused: {what}"))
-    };
-    let mut m = metadata(st, p, false).await?;
-    let client = |m: Metadata| -> Result<_, ApiError> {
-        Ok(CoreClient::from_provider_metadata(
-            m,
-            ClientId::new(p.client_id.clone()),
-            Some(ClientSecret::new(p.client_secret.clone())),
-        )
-        .set_redirect_uri(redirect_uri(st, headers)?))
-    };
-    let token = client(m.clone())?
-        .exchange_code(AuthorizationCode::new(code))
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .set_pkce_verifier(PkceCodeVerifier::new(flow.pkce_verifier.clone()))
-        .request_async(http(st)?)
-        .await
-        .map_err(|e| refused(format!("the code was not accepted ({e})")))?;
+    let refused = |what: String| refused(p, what);
+    let m = metadata(st, p, false).await?;
+    let token = CoreClient::from_provider_metadata(
+        m,
+        ClientId::new(p.client_id.clone()),
+        Some(ClientSecret::new(p.client_secret.clone())),
+    )
+    .set_redirect_uri(redirect_uri(st, headers)?)
+    .exchange_code(AuthorizationCode::new(code))
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+    .set_pkce_verifier(PkceCodeVerifier::new(flow.pkce_verifier.clone()))
+    .request_async(http(st)?)
+    .await
+    .map_err(|e| refused(format!("the code was not accepted ({e})")))?;
     let id_token = token
         .id_token()
         .ok_or_else(|| refused("no ID token".into()))?
         .clone();
-    let nonce = Nonce::new(flow.nonce.clone());
-    let claims = match id_token.claims(&client(m.clone())?.id_token_verifier(), &nonce) {
+    identity_of(st, p, &id_token, token.access_token(), Some(&flow.nonce)).await
+}
+
+/// Who an ID token from `p` says the user is: verified (issuer, audience,
+/// expiry, signature — the provider's keys fetched again once if they
+/// fail — and the nonce, when the flow sent one), completed from userinfo
+/// where the token leaves claims out.
+pub(crate) async fn identity_of(
+    st: &AppState,
+    p: &OidcProvider,
+    id_token: &CoreIdToken,
+    access_token: &AccessToken,
+    nonce: Option<&str>,
+) -> Result<Identity, ApiError> {
+    let refused = |what: String| refused(p, what);
+    let check_nonce = |got: Option<&Nonce>| -> Result<(), String> {
+        match nonce {
+            None => Ok(()),
+            Some(want) if got.is_some_and(|g| constant_time_eq(g.secret(), want)) => Ok(()),
+            Some(_) => Err("the nonce does not match the login's".into()),
+        }
+    };
+    let verifier_of = |m: Metadata| {
+        CoreClient::from_provider_metadata(
+            m,
+            ClientId::new(p.client_id.clone()),
+            Some(ClientSecret::new(p.client_secret.clone())),
+        )
+    };
+    let mut m = metadata(st, p, false).await?;
+    let claims = match id_token.claims(&verifier_of(m.clone()).id_token_verifier(), check_nonce) {
         Ok(c) => c.clone(),
         // Keys rotate: fetch them again once before refusing.
         Err(openidconnect::ClaimsVerificationError::SignatureVerification(_)) => {
             m = metadata(st, p, true).await?;
             id_token
-                .claims(&client(m.clone())?.id_token_verifier(), &nonce)
+                .claims(&verifier_of(m.clone()).id_token_verifier(), check_nonce)
                 .map_err(|e| refused(e.to_string()))?
                 .clone()
         }
@@ -455,7 +526,7 @@ async fn verify(
         if let Some(endpoint) = m.userinfo_endpoint() {
             let info: serde_json::Value = http(st)?
                 .get(endpoint.url().as_str())
-                .bearer_auth(token.access_token().secret())
+                .bearer_auth(access_token.secret())
                 .send()
                 .await
                 .and_then(|r| r.error_for_status())
@@ -474,6 +545,10 @@ async fn verify(
         }
     }
     Ok(identity)
+}
+
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    bool::from(subtle::ConstantTimeEq::ct_eq(a.as_bytes(), b.as_bytes()))
 }
 
 fn claim_text(v: serde_json::Value) -> String {
@@ -564,10 +639,7 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 
 /// A form's CSRF token against the session's, in constant time.
 pub fn check_csrf(expected: &str, given: &str) -> Result<(), ApiError> {
-    if bool::from(subtle::ConstantTimeEq::ct_eq(
-        expected.as_bytes(),
-        given.as_bytes(),
-    )) {
+    if constant_time_eq(expected, given) {
         Ok(())
     } else {
         Err(ApiError::Forbidden("bad CSRF token".into()))

@@ -13,6 +13,7 @@ mod m0007_host_networks;
 mod m0008_billing;
 mod m0009_sso;
 mod m0010_session_logout;
+mod m0011_device_logins;
 
 pub struct Migrator;
 
@@ -30,6 +31,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0008_billing::Migration),
             Box::new(m0009_sso::Migration),
             Box::new(m0010_session_logout::Migration),
+            Box::new(m0011_device_logins::Migration),
         ]
     }
 }

@@ -14,7 +14,9 @@ function signingKey() {
   return { ...privateKey.export({ format: 'jwk' }), kid: randomUUID(), use: 'sig', alg: 'RS256' };
 }
 
-function start(port, domain) {
+// The first institution also offers the device authorization grant
+// (`kumo login --device`); the second does not.
+function start(port, domain, device) {
   const issuer = `http://127.0.0.1:${port}`;
   const provider = new Provider(issuer, {
     jwks: { keys: [signingKey()] },
@@ -23,7 +25,9 @@ function start(port, domain) {
       client_secret: 'kumo-test-secret',
       redirect_uris: [redirect],
       post_logout_redirect_uris: [redirect.replace('/auth/callback', '/login')],
-      grant_types: ['authorization_code'],
+      grant_types: device
+        ? ['authorization_code', 'urn:ietf:params:oauth:grant-type:device_code']
+        : ['authorization_code'],
       response_types: ['code'],
     }],
     pkce: { required: () => true },
@@ -34,7 +38,7 @@ function start(port, domain) {
       profile: ['name'],
     },
     cookies: { keys: ['kumo-test-cookie-key'] },
-    features: { devInteractions: { enabled: true } },
+    features: { devInteractions: { enabled: true }, deviceFlow: { enabled: device } },
     async findAccount(_ctx, id) {
       const email = id.includes('@') ? id : `${id}@${domain}`;
       return {
@@ -58,6 +62,6 @@ function start(port, domain) {
   });
 }
 
-await start(portA, domainA);
-await start(portB, domainB);
+await start(portA, domainA, true);
+await start(portB, domainB, false);
 console.log('ready');

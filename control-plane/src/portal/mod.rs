@@ -255,7 +255,7 @@ async fn cli_allow(
 
 /// The API caller a session stands for: pages go through the same
 /// handlers, so they see and may do exactly what the API allows.
-fn ctx_of(user: &crate::entity::users::Model) -> Ctx {
+pub(crate) fn ctx_of(user: &crate::entity::users::Model) -> Ctx {
     Ctx {
         caller: crate::auth::Caller {
             user: user.clone(),

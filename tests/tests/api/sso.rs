@@ -1154,3 +1154,167 @@ async fn sessions_end_and_providers_rotate_keys() {
     let c = signed_in(&w, "uni-a", &ia, "aiko").await;
     assert_eq!(session(&c, &kumo).await.1["user"], "aiko");
 }
+
+/// `kumo login --device`: the command shows a code, the user enters it at
+/// the provider (on "another device": a separate HTTP client), logs in
+/// and consents; the command gets a token of its own. Aborting at the
+/// provider fails the command with the provider's word; a provider
+/// without the grant is refused with a clear message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_login_from_the_cli() {
+    let w = world().await;
+    let (s, kumo, ia) = (&w.s, w.kumo.clone(), w.ia.clone());
+    s.tenant("vision").await;
+    // The user exists after a first login; then an owner adds them.
+    signed_in(&w, "uni-a", &ia, "aiko").await;
+    s.add("vision", "aiko", kumo_api_types::Role::Member).await;
+
+    let start = |provider: &str| {
+        let home = tempfile::tempdir().unwrap();
+        let mut cli = Command::new(crate::harness::bin("kumo"))
+            .args([
+                "login",
+                "--server",
+                &kumo,
+                "--device",
+                "--provider",
+                provider,
+            ])
+            .env("HOME", home.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(cli.stdout.take().unwrap()));
+        let mut said = Vec::new();
+        let mut code = None;
+        while code.is_none() {
+            let Some(Ok(l)) = lines.next() else { break };
+            code = l
+                .split_once("enter the code")
+                .map(|(_, c)| c.trim().to_owned());
+            said.push(l);
+        }
+        (home, cli, lines, code, said)
+    };
+
+    // At the provider, on another device: enter the code, confirm, log
+    // in, consent (or abort at the confirmation).
+    let enter = |code: String, abort: bool| {
+        let ia = ia.clone();
+        async move {
+            let dev = browser();
+            let page = dev.get(format!("{ia}/device")).send().await.unwrap();
+            let page = page.text().await.unwrap();
+            let xsrf = page
+                .split("name=\"xsrf\" value=\"")
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .unwrap_or_else(|| panic!("{page}"))
+                .to_owned();
+            let confirm = dev
+                .post(format!("{ia}/device"))
+                .form(&[("xsrf", xsrf.as_str()), ("user_code", &code)])
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert!(confirm.contains("Confirm Device"), "{confirm}");
+            let answer = if abort {
+                ("abort", "yes")
+            } else {
+                ("confirm", "yes")
+            };
+            let mut r = dev
+                .post(format!("{ia}/device"))
+                .form(&[("xsrf", xsrf.as_str()), ("user_code", &code), answer])
+                .send()
+                .await
+                .unwrap();
+            for _ in 0..10 {
+                if r.status().is_redirection() {
+                    let next = absolute(&ia, &location(&r));
+                    r = dev.get(&next).send().await.unwrap();
+                    continue;
+                }
+                let url = r.url().to_string();
+                let page = r.text().await.unwrap();
+                if !page.contains("name=\"prompt\"") {
+                    return page;
+                }
+                let prompt = if page.contains("name=\"login\"") {
+                    "login"
+                } else {
+                    "consent"
+                };
+                r = dev
+                    .post(&url)
+                    .form(&[("prompt", prompt), ("login", "aiko"), ("password", "any")])
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            panic!("the provider's device pages never finished")
+        }
+    };
+
+    let (home, cli, lines, code, said) = start("uni-a");
+    let code = code.unwrap_or_else(|| panic!("no code shown: {said:?}"));
+    let done = enter(code, false).await;
+    assert!(done.contains("Sign-in Success"), "{done}");
+    let (status, rest) = tokio::task::spawn_blocking(move || {
+        let mut cli = cli;
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        (cli.wait().unwrap(), rest)
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("Signed in as aiko")),
+        "{rest:?}"
+    );
+    // The stored token works, as aiko, for aiko's projects only.
+    let home_dir = home.path().to_path_buf();
+    let listed = tokio::task::spawn_blocking(move || {
+        Command::new(crate::harness::bin("kumo"))
+            .args(["tenant", "list"])
+            .env("HOME", home_dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("vision"),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+
+    // Aborted at the provider: the command fails with its word.
+    let (_home, cli, _lines, code, said) = start("uni-a");
+    let code = code.unwrap_or_else(|| panic!("no code shown: {said:?}"));
+    enter(code, true).await;
+    let out = tokio::task::spawn_blocking(move || cli.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("access_denied"), "{err}");
+
+    // Institution B offers no device grant.
+    let (_home, cli, _lines, code, _) = start("uni-b");
+    assert!(code.is_none());
+    let out = tokio::task::spawn_blocking(move || cli.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not offer the device authorization grant"),
+        "{err}"
+    );
+}
