@@ -1,6 +1,7 @@
 //! A VM's topology as an SVG drawn on the server: a column per guest NUMA
 //! cell (with the host node it is pinned to), and in it each GPU beside
-//! the NIC paired with it, with host and guest bus addresses.
+//! the NIC paired with it inside the PCIe switch they share, with host and
+//! guest bus addresses and the GPU's NVLink count.
 
 use std::fmt::Write;
 
@@ -27,6 +28,10 @@ pub struct Gpu {
     pub guest_bdf: String,
     pub guest_node: u32,
     pub nic: Option<Nic>,
+    /// The PCIe switch above the GPU (and its NIC) on the host.
+    pub switch: Option<String>,
+    /// NVLink links from the GPU (to NVSwitches or peers); 0: none.
+    pub nvlinks: u32,
 }
 
 pub(crate) fn esc(s: &str) -> String {
@@ -37,7 +42,7 @@ pub(crate) fn esc(s: &str) -> String {
 }
 
 const COL: i64 = 330;
-const ROW: i64 = 70;
+const ROW: i64 = 86;
 const HEAD: i64 = 56;
 
 pub fn topology_svg(cells: &[Cell], gpus: &[Gpu]) -> String {
@@ -72,15 +77,34 @@ pub fn topology_svg(cells: &[Cell], gpus: &[Gpu]) -> String {
             .filter(|g| g.guest_node == c.guest_node)
             .enumerate()
         {
-            let y = HEAD + ROW * r as i64;
+            let top = HEAD + ROW * r as i64;
+            if let Some(sw) = &g.switch {
+                let _ = write!(
+                    s,
+                    r##"<g class="switch"><rect x="{rx}" y="{top}" width="{rw}" height="{rh}" rx="4" fill="none" stroke="#8a97a8" stroke-dasharray="4 3"/><text x="{tx}" y="{ty}" font-size="9" fill="#5a6778">PCIe switch {sw}</text></g>"##,
+                    rx = x + 5,
+                    rw = COL - 30,
+                    rh = ROW - 6,
+                    tx = x + 10,
+                    ty = top + 11,
+                    sw = esc(sw),
+                );
+            }
+            let y = top + 15;
+            let nvlink = if g.nvlinks > 0 {
+                format!("NVLink ×{}", g.nvlinks)
+            } else {
+                String::new()
+            };
             let _ = write!(
                 s,
-                r##"<g class="gpu" data-host="{hb}"><rect x="{gx}" y="{y}" width="140" height="54" rx="4" fill="#76b900" fill-opacity="0.18" stroke="#3f6b00"/><text x="{tx}" y="{t1}" font-weight="bold">{model}</text><text x="{tx}" y="{t2}">host {hb}</text><text x="{tx}" y="{t3}">guest {gb}</text></g>"##,
+                r##"<g class="gpu" data-host="{hb}"><rect x="{gx}" y="{y}" width="140" height="64" rx="4" fill="#76b900" fill-opacity="0.18" stroke="#3f6b00"/><text x="{tx}" y="{t1}" font-weight="bold">{model}</text><text x="{tx}" y="{t2}">host {hb}</text><text x="{tx}" y="{t3}">guest {gb}</text><text class="nvlink" x="{tx}" y="{t4}">{nvlink}</text></g>"##,
                 gx = x + 10,
                 tx = x + 16,
-                t1 = y + 16,
-                t2 = y + 31,
-                t3 = y + 46,
+                t1 = y + 15,
+                t2 = y + 29,
+                t3 = y + 43,
+                t4 = y + 57,
                 model = esc(&g.model),
                 hb = esc(&g.host_bdf),
                 gb = esc(&g.guest_bdf),
@@ -88,15 +112,15 @@ pub fn topology_svg(cells: &[Cell], gpus: &[Gpu]) -> String {
             if let Some(n) = &g.nic {
                 let _ = write!(
                     s,
-                    r##"<line x1="{lx1}" y1="{ly}" x2="{lx2}" y2="{ly}" stroke="#12355b" stroke-width="2"/><g class="nic" data-host="{hb}"><rect x="{nx}" y="{y}" width="140" height="54" rx="4" fill="#0a6ebd" fill-opacity="0.15" stroke="#0a4f86"/><text x="{tx}" y="{t1}" font-weight="bold">{name}</text><text x="{tx}" y="{t2}">host {hb}</text><text x="{tx}" y="{t3}">guest {gb}</text></g>"##,
+                    r##"<line x1="{lx1}" y1="{ly}" x2="{lx2}" y2="{ly}" stroke="#12355b" stroke-width="2"/><g class="nic" data-host="{hb}"><rect x="{nx}" y="{y}" width="140" height="64" rx="4" fill="#0a6ebd" fill-opacity="0.15" stroke="#0a4f86"/><text x="{tx}" y="{t1}" font-weight="bold">{name}</text><text x="{tx}" y="{t2}">host {hb}</text><text x="{tx}" y="{t3}">guest {gb}</text></g>"##,
                     lx1 = x + 150,
                     lx2 = x + 165,
-                    ly = y + 27,
+                    ly = y + 32,
                     nx = x + 165,
                     tx = x + 171,
-                    t1 = y + 16,
-                    t2 = y + 31,
-                    t3 = y + 46,
+                    t1 = y + 15,
+                    t2 = y + 29,
+                    t3 = y + 43,
                     name = esc(&n.name),
                     hb = esc(&n.host_bdf),
                     gb = esc(n.guest_bdf.as_deref().unwrap_or("—")),
@@ -192,6 +216,8 @@ mod tests {
                 host_bdf: "0000:19:00.2".into(),
                 guest_bdf: Some("0000:22:00.0".into()),
             }),
+            switch: Some("0000:15:00.0".into()),
+            nvlinks: 18,
         };
         let svg = topology_svg(&cells, &[gpu(0, "0000:18:00.0"), gpu(1, "0000:9a:00.0")]);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
@@ -200,6 +226,8 @@ mod tests {
         assert_eq!(svg.matches("class=\"nic\"").count(), 2);
         assert!(svg.contains("NUMA 1 (host node 5)"));
         assert!(svg.contains("H100 &lt;SXM&gt;"), "escaped");
+        assert_eq!(svg.matches("class=\"switch\"").count(), 2);
+        assert!(svg.contains("PCIe switch 0000:15:00.0") && svg.contains("NVLink ×18"));
         // The second GPU is drawn in the second column.
         let second = svg.find("data-guest-node=\"1\"").unwrap();
         assert!(svg[second..].contains("0000:9a:00.0"));

@@ -212,6 +212,10 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, Fabric) => "RoCE ポート",
         (Lang::En, SignInToken) => "Administrators: sign in with an API token",
         (Lang::Ja, SignInToken) => "管理者: API トークンでログイン",
+        (Lang::En, Any) => "(any)",
+        (Lang::Ja, Any) => "(指定なし)",
+        (Lang::En, Template) => "Template",
+        (Lang::Ja, Template) => "テンプレート",
         (Lang::En, Token) => "Token",
         (Lang::Ja, Token) => "トークン",
     }
@@ -285,6 +289,8 @@ pub enum Msg {
     Fabric,
     SignInToken,
     Token,
+    Any,
+    Template,
 }
 
 #[cfg(test)]

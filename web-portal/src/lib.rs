@@ -228,10 +228,23 @@ pub struct VmRow {
     pub host: String,
 }
 
+/// What the VM form offers to choose from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VmChoices {
+    /// GPU models with a price (any model when none is chosen).
+    pub gpu_models: Vec<String>,
+    /// OS templates (the server's default when none is chosen).
+    pub templates: Vec<String>,
+    /// The project's segments.
+    pub segments: Vec<String>,
+}
+
 #[derive(Template)]
 #[template(path = "vms.html")]
 struct Vms<'a> {
     tenant: &'a str,
+    choices: &'a VmChoices,
+    l_any: &'a str,
     heading: &'a str,
     error: Option<&'a str>,
     vms: &'a [VmRow],
@@ -243,6 +256,7 @@ struct Vms<'a> {
     l_create: &'a str,
     l_memory: &'a str,
     l_segment: &'a str,
+    l_template: &'a str,
 }
 
 /// A tenant's VMs, their actions and the create form.
@@ -251,6 +265,7 @@ pub fn vms_page(
     viewer: &Viewer,
     tenant: &str,
     vms: &[VmRow],
+    choices: &VmChoices,
     error: Option<&str>,
 ) -> String {
     let vms: Vec<VmRow> = vms
@@ -262,6 +277,8 @@ pub fn vms_page(
         .collect();
     let body = Vms {
         tenant,
+        choices,
+        l_any: t(lang, Msg::Any),
         heading: t(lang, Msg::VmsTitle),
         error,
         vms: &vms,
@@ -276,6 +293,7 @@ pub fn vms_page(
         l_create: t(lang, Msg::Create),
         l_memory: t(lang, Msg::Memory),
         l_segment: t(lang, Msg::Segment),
+        l_template: t(lang, Msg::Template),
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));

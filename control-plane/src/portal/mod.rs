@@ -319,6 +319,55 @@ async fn vm_rows(st: &AppState, ctx: &Ctx, tenant: &str) -> Result<Vec<VmRow>, A
         .collect())
 }
 
+/// The VM form's choices: priced GPU models, templates, the project's
+/// segments — each as the API shows them to this user.
+async fn vm_choices(
+    st: &AppState,
+    ctx: &Ctx,
+    tenant: &str,
+) -> Result<kumo_web_portal::VmChoices, ApiError> {
+    let all = || {
+        crate::extract::Query(kumo_api_types::PageParams {
+            limit: Some(200),
+            page_token: None,
+        })
+    };
+    let rates = crate::api::billing::get_rates(State(st.clone()), ctx.clone())
+        .await?
+        .0;
+    let gpu_models = rates
+        .current
+        .iter()
+        .flat_map(|c| c.prices.keys())
+        .filter_map(|class| class.strip_prefix("gpu:"))
+        .map(str::to_owned)
+        .collect();
+    let templates = crate::api::templates::list(State(st.clone()), ctx.clone(), all())
+        .await?
+        .0
+        .items
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let segments = crate::api::segments::list(
+        State(st.clone()),
+        ctx.clone(),
+        crate::extract::Path(tenant.to_owned()),
+        all(),
+    )
+    .await?
+    .0
+    .items
+    .into_iter()
+    .map(|s| s.name)
+    .collect();
+    Ok(kumo_web_portal::VmChoices {
+        gpu_models,
+        templates,
+        segments,
+    })
+}
+
 async fn vms_page(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -328,12 +377,15 @@ async fn vms_page(
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    let rows = vm_rows(&st, &ctx_of(&user), &tenant).await?;
+    let ctx = ctx_of(&user);
+    let rows = vm_rows(&st, &ctx, &tenant).await?;
+    let choices = vm_choices(&st, &ctx, &tenant).await?;
     Ok(html(kumo_web_portal::vms_page(
         lang(&headers),
         &viewer,
         &tenant,
         &rows,
+        &choices,
         None,
     )))
 }
@@ -349,11 +401,23 @@ struct CreateForm {
     #[serde(default)]
     memory_gib: Option<String>,
     #[serde(default)]
+    gpu_model: Option<String>,
+    #[serde(default)]
+    template: Option<String>,
+    #[serde(default)]
     spot: Option<String>,
     #[serde(default)]
     network: Option<String>,
     #[serde(default)]
     ssh_key: Option<String>,
+}
+
+/// A select's choice; the empty first option is no choice.
+fn chosen(v: &Option<String>) -> Option<String> {
+    v.as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
 }
 
 fn number(field: &str, v: &Option<String>) -> Result<Option<u32>, ApiError> {
@@ -382,11 +446,11 @@ async fn create_vm(
         Ok(kumo_api_types::VmCreate {
             name: f.name.trim().to_owned(),
             gpus: gpus.unwrap_or(0),
-            gpu_model: None,
+            gpu_model: chosen(&f.gpu_model),
             vcpus: number("vcpus", &f.vcpus)?,
             memory_gib: number("memory_gib", &f.memory_gib)?,
             disk_gib: None,
-            template: None,
+            template: chosen(&f.template),
             service_level: if f.spot.is_some() {
                 kumo_api_types::ServiceLevel::Spot
             } else {
@@ -432,11 +496,13 @@ async fn create_vm(
         Err(e @ ApiError::NotFound(_)) => Err(e),
         Err(e) => {
             let rows = vm_rows(&st, &ctx, &tenant).await?;
+            let choices = vm_choices(&st, &ctx, &tenant).await?;
             let mut r = html(kumo_web_portal::vms_page(
                 lang(&headers),
                 &viewer,
                 &tenant,
                 &rows,
+                &choices,
                 Some(&e.to_string()),
             ));
             *r.status_mut() =
@@ -539,6 +605,10 @@ async fn vm_page(
         gpus: vec![],
         numa: vec![],
     });
+    let host = match &vm.host {
+        Some(h) => host_topology(&st, h).await?,
+        None => None,
+    };
     let detail = kumo_web_portal::VmDetail {
         tenant: tenant.clone(),
         name: vm.name.clone(),
@@ -567,6 +637,16 @@ async fn vm_page(
                     host_bdf: g.nic_vf.clone().unwrap_or_else(|| n.clone()),
                     guest_bdf: g.nic_guest_bdf.clone(),
                 }),
+                switch: host.as_ref().and_then(|t| switch_above(t, &g.host_bdf)),
+                nvlinks: host
+                    .as_ref()
+                    .and_then(|t| {
+                        t.gpus
+                            .iter()
+                            .find(|x| x.location.bdf.to_string() == g.host_bdf)
+                    })
+                    .map(|x| x.nvlinks.iter().map(|l| l.count).sum())
+                    .unwrap_or(0),
             })
             .collect(),
         events,
@@ -577,6 +657,28 @@ async fn vm_page(
         &viewer,
         &detail,
     )))
+}
+
+/// The topology a host registered (the server's own record; `None` if it
+/// cannot be read, and the diagram goes without switches and NVLink).
+async fn host_topology(
+    st: &AppState,
+    name: &str,
+) -> Result<Option<kumo_topology::HostTopology>, ApiError> {
+    Ok(crate::api::hosts::find(&st.db, name)
+        .await?
+        .and_then(|h| serde_json::from_str(&h.topology).ok()))
+}
+
+/// The PCIe switch a GPU hangs under on its host (as guest layout groups
+/// devices); `None` for a GPU straight on a root port.
+fn switch_above(t: &kumo_topology::HostTopology, gpu_bdf: &str) -> Option<String> {
+    let gpu = t
+        .gpus
+        .iter()
+        .find(|g| g.location.bdf.to_string() == gpu_bdf)?;
+    (gpu.location.pcie_path.len() >= 2)
+        .then(|| kumo_topology::guest_layout::switch_group(&gpu.location))
 }
 
 /// The start (UTC midnight) of the 30 days up to `now`.

@@ -373,9 +373,23 @@ async fn federated_login_with_two_institutions() {
             ("csrf", csrf.to_owned()),
             ("name", "train".to_owned()),
             ("gpus", "8".to_owned()),
+            ("gpu_model", "H100-SXM5-80GB".to_owned()),
+            ("template", String::new()),
             ("network", String::new()),
         ]
     };
+    let form_page = a
+        .get(format!("{kumo}/t/vision/vms"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        form_page.contains("<option value=\"H100-SXM5-80GB\">"),
+        "priced GPU models are offered: {form_page}"
+    );
     let r = a
         .post(format!("{kumo}/t/vision/vms"))
         .form(&form("forged"))
@@ -406,6 +420,16 @@ async fn federated_login_with_two_institutions() {
         vm_page.matches("class=\"nic\"").count(),
         8,
         "each beside its NIC"
+    );
+    assert_eq!(
+        vm_page.matches("class=\"switch\"").count(),
+        8,
+        "each pair in its PCIe switch"
+    );
+    assert_eq!(
+        vm_page.matches("NVLink ×18").count(),
+        8,
+        "each H100 with its 18 links"
     );
     assert!(
         vm_page.contains("<pre class=\"nccl\">&#60;system version=&#34;1&#34;&#62;"),
