@@ -1,12 +1,13 @@
 // Drives Debian's Chromium through the portal like a researcher:
-// node browser.mjs KUMO_URL INSTITUTION LOGIN TENANT LOCALE OUT_DIR
+// node browser.mjs KUMO_URL INSTITUTION LOGIN TENANT LOCALE OUT_DIR ADMIN_TOKEN
 // Chooses the institution, logs in at the provider, lands on the
 // dashboard, creates an 8-GPU VM, watches it reach running (live, without
-// reloading), looks at its topology, points, a new segment and tokens. Saves a screenshot of each page in OUT_DIR and prints a JSON
+// reloading), looks at its topology, points, a new segment and tokens;
+// then an administrator signs in with a token and looks at the hosts. Saves a screenshot of each page in OUT_DIR and prints a JSON
 // summary of what it saw.
 import { chromium } from 'playwright-core';
 
-const [kumo, institution, login, tenant, locale, out] = process.argv.slice(2);
+const [kumo, institution, login, tenant, locale, out, adminToken] = process.argv.slice(2);
 const browser = await chromium.launch({
   executablePath: '/usr/bin/chromium',
   args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking'],
@@ -56,6 +57,19 @@ try {
   await page.screenshot({ path: `${out}/segments.png`, fullPage: true });
   await page.goto(`${kumo}/tokens`);
   await page.screenshot({ path: `${out}/tokens.png`, fullPage: true });
+  // An administrator signs in with an API token, in a browser of their own.
+  const admin = await browser.newPage({ locale, viewport: { width: 1280, height: 900 } });
+  await admin.goto(`${kumo}/login?next=/admin/hosts`);
+  await admin.click('details.token-login summary');
+  await admin.fill('input[name="token"]', adminToken);
+  await admin.click('details.token-login button[type="submit"]');
+  await admin.waitForURL(`${kumo}/admin/hosts`);
+  seen.heatmap_gpus = (await admin.$$('svg.heatmap rect.gpu')).length;
+  await admin.screenshot({ path: `${out}/admin-hosts.png`, fullPage: true });
+  await admin.click('a[href^="/admin/hosts/"]');
+  seen.matrix = (await admin.textContent('pre')).includes('GPU0');
+  seen.host_vm = (await admin.content()).includes('<td>browser-vm</td>');
+  await admin.screenshot({ path: `${out}/admin-host.png`, fullPage: true });
 } catch (e) {
   seen.error = String(e);
   await page.screenshot({ path: `${out}/failure.png`, fullPage: true }).catch(() => {});

@@ -17,6 +17,7 @@ use kumo_api_types as api;
 use kumo_web_portal::i18n::{t, word, Lang, Msg};
 use kumo_web_portal::listing::{heatmap_svg, Cell, Field, Form, Input, Listing, Section};
 use kumo_web_portal::Viewer;
+use sea_orm::EntityTrait;
 
 use super::{ctx_of, html, lang, signed_in};
 use crate::error::ApiError;
@@ -372,17 +373,31 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         }
         Page::Host(name) => {
             let h = crate::api::hosts::show(st, ctx, P(name.clone())).await?.0;
-            let allocations = h
-                .allocations
-                .iter()
-                .map(|a| {
-                    vec![
-                        Cell::text(&a.kind),
-                        Cell::Code(a.key.clone()),
-                        Cell::Code(a.vm_id.to_string()),
-                    ]
-                })
-                .collect();
+            // One row per VM: its GPUs and NICs by address, its CPUs counted.
+            let mut per_vm: std::collections::BTreeMap<uuid::Uuid, (Vec<&str>, Vec<&str>, usize)> =
+                Default::default();
+            for a in &h.allocations {
+                let e = per_vm.entry(a.vm_id).or_default();
+                match a.kind.as_str() {
+                    "gpu" => e.0.push(&a.key),
+                    "nic" => e.1.push(&a.key),
+                    _ => e.2 += 1,
+                }
+            }
+            let mut allocations = Vec::new();
+            for (vm, (gpus, nics, cpus)) in per_vm {
+                let name = crate::entity::vms::Entity::find_by_id(vm)
+                    .one(&v.st.db)
+                    .await?
+                    .map(|r| r.name)
+                    .unwrap_or_else(|| vm.to_string());
+                allocations.push(vec![
+                    Cell::text(name),
+                    Cell::Code(gpus.join(" ")),
+                    Cell::Code(nics.join(" ")),
+                    Cell::text(cpus.to_string()),
+                ]);
+            }
             let fabric = h
                 .fabric
                 .iter()
@@ -414,7 +429,7 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     },
                     Section {
                         heading: tx(Msg::Allocations),
-                        columns: vec![tx(Msg::Kind), "".into(), "VM".into()],
+                        columns: vec!["VM".into(), "GPU".into(), "NIC".into(), "vCPU".into()],
                         rows: allocations,
                         empty: empty.clone(),
                         ..Default::default()

@@ -704,12 +704,13 @@ async fn the_portal_in_a_browser() {
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/portal-screenshots");
     std::fs::create_dir_all(&out).unwrap();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
-    let (kumo2, out2) = (kumo.clone(), out.clone());
+    let (kumo2, out2, admin_token) = (kumo.clone(), out.clone(), s.admin_token.clone());
     let seen = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .arg(dir.join("browser.mjs"))
             .args([&kumo2, "University uni-a", "aiko", "vision", "ja-JP"])
             .arg(&out2)
+            .arg(&admin_token)
             .current_dir(&dir)
             .output()
             .unwrap()
@@ -732,6 +733,12 @@ async fn the_portal_in_a_browser() {
     );
     assert_eq!(seen["billing_bars"], 30, "{seen}");
     assert_eq!(seen["segment_listed"], true, "{seen}");
+    assert_eq!(seen["heatmap_gpus"], 8, "{seen}");
+    assert_eq!(seen["matrix"], true, "{seen}");
+    assert_eq!(
+        seen["host_vm"], true,
+        "the host's allocations by VM: {seen}"
+    );
     for shot in [
         "login.png",
         "dashboard.png",
@@ -740,6 +747,8 @@ async fn the_portal_in_a_browser() {
         "billing.png",
         "segments.png",
         "tokens.png",
+        "admin-hosts.png",
+        "admin-host.png",
     ] {
         let len = std::fs::metadata(out.join(shot))
             .map(|m| m.len())
