@@ -88,6 +88,27 @@ fn delete_button(l: Lang, action: String) -> Cell {
     }
 }
 
+/// A page of one table with its create form.
+fn table_page(
+    heading: String,
+    columns: Vec<String>,
+    rows: Vec<Vec<Cell>>,
+    empty: String,
+    form: Form,
+) -> Listing {
+    Listing {
+        heading,
+        sections: vec![Section {
+            columns,
+            rows,
+            empty,
+            form: Some(form),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
 async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     let (st, l, ctx) = (State(v.st.clone()), v.lang, v.ctx.clone());
     let empty = t(l, Msg::Empty).to_owned();
@@ -124,35 +145,30 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     ]
                 })
                 .collect();
-            Listing {
-                heading: format!("{tenant} — {}", t(l, Msg::Clusters)),
-                sections: vec![Section {
-                    heading: String::new(),
-                    columns: vec![
-                        tx(Msg::Name),
-                        tx(Msg::State),
-                        tx(Msg::Size),
-                        tx(Msg::GpusEach),
-                        tx(Msg::VmsTitle),
-                        String::new(),
+            table_page(
+                format!("{tenant} — {}", t(l, Msg::Clusters)),
+                vec![
+                    tx(Msg::Name),
+                    tx(Msg::State),
+                    tx(Msg::Size),
+                    tx(Msg::GpusEach),
+                    tx(Msg::VmsTitle),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                Form {
+                    action: page.href(),
+                    submit: tx(Msg::Create),
+                    fields: vec![
+                        Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                        Field::new("size", t(l, Msg::Size), Input::Number).required(),
+                        Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
+                        Field::new("network", t(l, Msg::Segment), Input::Text),
+                        Field::new("spot", "spot", Input::Checkbox),
                     ],
-                    rows,
-                    empty,
-                    form: Some(Form {
-                        action: page.href(),
-                        submit: tx(Msg::Create),
-                        fields: vec![
-                            Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                            Field::new("size", t(l, Msg::Size), Input::Number).required(),
-                            Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
-                            Field::new("network", t(l, Msg::Segment), Input::Text),
-                            Field::new("spot", "spot", Input::Checkbox),
-                        ],
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
+                },
+            )
         }
         Page::Segments(tenant) => {
             let items = crate::api::segments::list(st, ctx, P(tenant.clone()), all())
@@ -183,47 +199,42 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     ]
                 })
                 .collect();
-            Listing {
-                heading: format!("{tenant} — {}", t(l, Msg::Segments)),
-                sections: vec![Section {
-                    heading: String::new(),
-                    columns: vec![
-                        tx(Msg::Name),
-                        tx(Msg::Kind),
-                        "CIDR".into(),
-                        "MTU".into(),
-                        "VNI".into(),
-                        "NICs".into(),
-                        tx(Msg::Ingress),
-                        String::new(),
+            table_page(
+                format!("{tenant} — {}", t(l, Msg::Segments)),
+                vec![
+                    tx(Msg::Name),
+                    tx(Msg::Kind),
+                    "CIDR".into(),
+                    "MTU".into(),
+                    "VNI".into(),
+                    "NICs".into(),
+                    tx(Msg::Ingress),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                Form {
+                    action: page.href(),
+                    submit: tx(Msg::Create),
+                    fields: vec![
+                        Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                        Field::new(
+                            "kind",
+                            t(l, Msg::Kind),
+                            Input::Select(vec![
+                                ("ethernet".into(), "Ethernet".into()),
+                                ("roce".into(), "RoCE".into()),
+                            ]),
+                        ),
+                        Field::new("cidr", "CIDR", Input::Text)
+                            .required()
+                            .placeholder("10.0.0.0/24"),
+                        Field::new("mtu", "MTU", Input::Number),
+                        Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
+                            .placeholder("tcp:22:0.0.0.0/0"),
                     ],
-                    rows,
-                    empty,
-                    form: Some(Form {
-                        action: page.href(),
-                        submit: tx(Msg::Create),
-                        fields: vec![
-                            Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                            Field::new(
-                                "kind",
-                                t(l, Msg::Kind),
-                                Input::Select(vec![
-                                    ("ethernet".into(), "Ethernet".into()),
-                                    ("roce".into(), "RoCE".into()),
-                                ]),
-                            ),
-                            Field::new("cidr", "CIDR", Input::Text)
-                                .required()
-                                .placeholder("10.0.0.0/24"),
-                            Field::new("mtu", "MTU", Input::Number),
-                            Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
-                                .placeholder("tcp:22:0.0.0.0/0"),
-                        ],
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
+                },
+            )
         }
         Page::Members(tenant) => {
             let items = crate::api::members::list(st, ctx, P(tenant.clone()), all())
@@ -248,30 +259,25 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                 .iter()
                 .map(|r| (r.to_string(), r.to_string()))
                 .collect();
-            Listing {
-                heading: format!("{tenant} — {}", t(l, Msg::Members)),
-                sections: vec![Section {
-                    heading: String::new(),
-                    columns: vec![
-                        tx(Msg::User),
-                        tx(Msg::Role),
-                        tx(Msg::Created),
-                        String::new(),
+            table_page(
+                format!("{tenant} — {}", t(l, Msg::Members)),
+                vec![
+                    tx(Msg::User),
+                    tx(Msg::Role),
+                    tx(Msg::Created),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                Form {
+                    action: page.href(),
+                    submit: tx(Msg::AddMember),
+                    fields: vec![
+                        Field::new("user", t(l, Msg::User), Input::Text).required(),
+                        Field::new("role", t(l, Msg::Role), Input::Select(roles)),
                     ],
-                    rows,
-                    empty,
-                    form: Some(Form {
-                        action: page.href(),
-                        submit: tx(Msg::AddMember),
-                        fields: vec![
-                            Field::new("user", t(l, Msg::User), Input::Text).required(),
-                            Field::new("role", t(l, Msg::Role), Input::Select(roles)),
-                        ],
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
+                },
+            )
         }
         Page::Tokens => {
             let items = crate::api::tokens::list(st, ctx, all()).await?.0.items;
@@ -290,32 +296,26 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     ]
                 })
                 .collect();
-            Listing {
-                heading: tx(Msg::Tokens),
-                sections: vec![Section {
-                    heading: String::new(),
-                    columns: vec![
-                        tx(Msg::Description),
-                        tx(Msg::Created),
-                        tx(Msg::Expires),
-                        tx(Msg::LastUsed),
-                        String::new(),
+            table_page(
+                tx(Msg::Tokens),
+                vec![
+                    tx(Msg::Description),
+                    tx(Msg::Created),
+                    tx(Msg::Expires),
+                    tx(Msg::LastUsed),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                Form {
+                    action: page.href(),
+                    submit: tx(Msg::Create),
+                    fields: vec![
+                        Field::new("description", t(l, Msg::Description), Input::Text).required(),
+                        Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
                     ],
-                    rows,
-                    empty,
-                    form: Some(Form {
-                        action: page.href(),
-                        submit: tx(Msg::Create),
-                        fields: vec![
-                            Field::new("description", t(l, Msg::Description), Input::Text)
-                                .required(),
-                            Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
-                        ],
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
+                },
+            )
         }
         Page::Hosts => {
             let items = crate::api::hosts::list(st, ctx, all()).await?.0.items;
@@ -463,31 +463,26 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     ]
                 })
                 .collect();
-            Listing {
-                heading: tx(Msg::Tenants),
-                sections: vec![Section {
-                    heading: String::new(),
-                    columns: vec![
-                        tx(Msg::Name),
-                        tx(Msg::DisplayName),
-                        tx(Msg::Description),
-                        tx(Msg::Created),
+            table_page(
+                tx(Msg::Tenants),
+                vec![
+                    tx(Msg::Name),
+                    tx(Msg::DisplayName),
+                    tx(Msg::Description),
+                    tx(Msg::Created),
+                ],
+                rows,
+                empty,
+                Form {
+                    action: page.href(),
+                    submit: tx(Msg::Create),
+                    fields: vec![
+                        Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                        Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
+                        Field::new("description", t(l, Msg::Description), Input::Text),
                     ],
-                    rows,
-                    empty,
-                    form: Some(Form {
-                        action: page.href(),
-                        submit: tx(Msg::Create),
-                        fields: vec![
-                            Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                            Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
-                            Field::new("description", t(l, Msg::Description), Input::Text),
-                        ],
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
+                },
+            )
         }
         Page::Rates => {
             // Only administrators manage rates; everyone may read them.
@@ -509,33 +504,28 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     })
                 })
                 .collect();
-            Listing {
-                heading: tx(Msg::Rates),
-                sections: vec![Section {
-                    heading: String::new(),
-                    columns: vec![
-                        tx(Msg::EffectiveFrom),
-                        tx(Msg::Class),
-                        tx(Msg::Guaranteed),
-                        tx(Msg::Spot),
+            table_page(
+                tx(Msg::Rates),
+                vec![
+                    tx(Msg::EffectiveFrom),
+                    tx(Msg::Class),
+                    tx(Msg::Guaranteed),
+                    tx(Msg::Spot),
+                ],
+                rows,
+                empty,
+                Form {
+                    action: page.href(),
+                    submit: tx(Msg::SetRate),
+                    fields: vec![
+                        Field::new("class", t(l, Msg::Class), Input::Text)
+                            .required()
+                            .placeholder("gpu:H100-SXM5-80GB"),
+                        Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
+                        Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
                     ],
-                    rows,
-                    empty,
-                    form: Some(Form {
-                        action: page.href(),
-                        submit: tx(Msg::SetRate),
-                        fields: vec![
-                            Field::new("class", t(l, Msg::Class), Input::Text)
-                                .required()
-                                .placeholder("gpu:H100-SXM5-80GB"),
-                            Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
-                            Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
-                        ],
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
+                },
+            )
         }
         Page::JoinTokens => {
             crate::access::require_admin(&v.ctx.caller, "creating join tokens")?;

@@ -146,6 +146,25 @@ async fn through_provider(
     panic!("the provider never sent the browser back")
 }
 
+/// `kumo tenant list` with the profile `kumo login` saved under `home`:
+/// its output and its errors.
+async fn tenants_as(home: &std::path::Path) -> (String, String) {
+    let home = home.to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(crate::harness::bin("kumo"))
+            .args(["tenant", "list"])
+            .env("HOME", home)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 async fn session(c: &reqwest::Client, kumo: &str) -> (u16, Value) {
     let r = c.get(format!("{kumo}/auth/session")).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or_default())
@@ -626,18 +645,7 @@ async fn federated_login_with_two_institutions() {
     .unwrap();
     assert!(done.0.success());
     assert!(done.1.iter().any(|l| l.contains("as aiko")), "{:?}", done.1);
-    let home_dir = home.path().to_path_buf();
-    let listed = tokio::task::spawn_blocking(move || {
-        Command::new(crate::harness::bin("kumo"))
-            .args(["tenant", "list"])
-            .env("HOME", home_dir)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let err = String::from_utf8_lossy(&listed.stderr).into_owned();
-    let listed = String::from_utf8_lossy(&listed.stdout);
+    let (listed, err) = tenants_as(home.path()).await;
     assert!(
         listed.contains("vision") && !listed.contains("beta-lab"),
         "{listed} {err}"
@@ -1311,21 +1319,8 @@ async fn device_login_from_the_cli() {
         "{rest:?}"
     );
     // The stored token works, as aiko, for aiko's projects only.
-    let home_dir = home.path().to_path_buf();
-    let listed = tokio::task::spawn_blocking(move || {
-        Command::new(crate::harness::bin("kumo"))
-            .args(["tenant", "list"])
-            .env("HOME", home_dir)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        String::from_utf8_lossy(&listed.stdout).contains("vision"),
-        "{}",
-        String::from_utf8_lossy(&listed.stderr)
-    );
+    let (listed, err) = tenants_as(home.path()).await;
+    assert!(listed.contains("vision"), "{err}");
 
     // Aborted at the provider: the command fails with its word.
     let (_home, cli, _lines, code, said) = start("uni-a");
