@@ -15,7 +15,9 @@ use kumo_api_types::{
     DesiredVm, HostState, PreemptionNotice, StatusReport, VmState,
 };
 use sea_orm::sea_query::Expr;
-use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set, TransactionTrait};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QuerySelect, Set, TransactionTrait,
+};
 use uuid::Uuid;
 
 use super::vms::{desired_power, event, stored_placement, stored_spec, stored_state};
@@ -398,8 +400,17 @@ pub async fn status(
     let mut freed = false;
     // Hosts sharing a segment with a VM that left: woken after the commit.
     let mut peers: Vec<Uuid> = Vec::new();
-    for s in &report.vms {
-        let Some(vm) = vms::Entity::find_by_id(s.id).one(&txn).await? else {
+    // Rows are locked in id order (a report never deadlocks another), and
+    // held to the commit: an API action on one of these VMs waits for this
+    // report, or this report sees the action, never a mix.
+    let mut entries: Vec<&kumo_api_types::VmStatus> = report.vms.iter().collect();
+    entries.sort_by_key(|s| s.id);
+    for s in entries {
+        let Some(vm) = vms::Entity::find_by_id(s.id)
+            .lock_exclusive()
+            .one(&txn)
+            .await?
+        else {
             continue; // already gone: nothing to apply
         };
         if vm.host_id.is_none() && s.state == ActualState::Absent {

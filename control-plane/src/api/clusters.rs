@@ -374,6 +374,8 @@ pub async fn delete(
     let before = to_api(&st, &txn, &c, &tenant.name).await?;
     let members = vms::Entity::find()
         .filter(vms::Column::ClusterId.eq(c.id))
+        .order_by_asc(vms::Column::Id)
+        .lock_exclusive()
         .all(&txn)
         .await?;
     let mut hosts = Vec::new();

@@ -442,6 +442,26 @@ async fn find_vm(
         .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
 }
 
+/// [`find_vm`] for a change: the row stays locked until the transaction
+/// ends (PostgreSQL; SQLite's one connection serialises anyway), so a
+/// concurrent agent report cannot write over the change with what it read
+/// before it.
+async fn find_vm_to_change(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    vm_ref: &str,
+) -> Result<vms::Model, ApiError> {
+    let q = vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id));
+    let q = match Uuid::try_parse(vm_ref) {
+        Ok(id) => q.filter(vms::Column::Id.eq(id)),
+        Err(_) => q.filter(vms::Column::Name.eq(vm_ref)),
+    };
+    q.lock_exclusive()
+        .one(txn)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
+}
+
 /// Show a VM with its placement (any member).
 #[utoipa::path(
     get, path = "/api/v1/tenants/{tenant}/vms/{vm}", tag = "vms",
@@ -504,7 +524,7 @@ async fn act(
         crate::budget::check(st, &tenant).await?;
     }
     let txn = st.db.begin().await?;
-    let vm = find_vm(&txn, &tenant, vm).await?;
+    let vm = find_vm_to_change(&txn, &tenant, vm).await?;
     let updated = act_on(&txn, ctx, &tenant, &vm, action, st.config.clock.now()).await?;
     txn.commit().await?;
     if let Some(h) = vm.host_id {

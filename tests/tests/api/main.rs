@@ -9,6 +9,7 @@ mod authz;
 mod bad_input;
 mod billing;
 mod cli;
+mod crash;
 mod dev;
 mod e2e_qemu;
 mod idempotency;

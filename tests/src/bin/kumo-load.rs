@@ -1,0 +1,298 @@
+//! `kumo-load`: an open-loop load generator for a running `kumo-server`.
+//!
+//! `kumo-load api --url U --token T --rate 500 --seconds 30` sends requests
+//! at a fixed rate whatever the server's pace (so a slow server cannot
+//! slow the test down and hide its own latency): 80 % reads (a tenant, its
+//! VMs, the hosts) and 20 % writes (a tenant, an API token), as an admin.
+//! Latency is measured from when a request was due, not when it was sent.
+//!
+//! `kumo-load fleet --url U --token T --hosts 10000 --heartbeat-secs 30
+//! --seconds 60` registers simulated hosts (a fixture machine each) and
+//! keeps every one heart-beating, for the server's memory under a fleet.
+//!
+//! Each prints one JSON object.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+
+#[derive(Parser)]
+struct Cli {
+    #[arg(long)]
+    url: String,
+    /// An administrator's API token.
+    #[arg(long)]
+    token: String,
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand)]
+enum What {
+    Api {
+        #[arg(long, default_value_t = 500)]
+        rate: u32,
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+    },
+    Fleet {
+        #[arg(long, default_value_t = 10_000)]
+        hosts: usize,
+        #[arg(long, default_value_t = 30)]
+        heartbeat_secs: u64,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Registrations in flight at once.
+        #[arg(long, default_value_t = 32)]
+        parallel: usize,
+    },
+}
+
+#[derive(Default)]
+struct Tally {
+    latencies_ms: Vec<f64>,
+    ok: u64,
+    non_2xx: u64,
+    errors: u64,
+    statuses: std::collections::BTreeMap<u16, u64>,
+}
+
+impl Tally {
+    fn record(&mut self, due: Instant, r: &Result<reqwest::Response, reqwest::Error>) {
+        self.latencies_ms.push(due.elapsed().as_secs_f64() * 1000.0);
+        match r {
+            Ok(resp) if resp.status().is_success() => self.ok += 1,
+            Ok(resp) => {
+                self.non_2xx += 1;
+                *self.statuses.entry(resp.status().as_u16()).or_default() += 1;
+            }
+            Err(_) => self.errors += 1,
+        }
+    }
+
+    fn summary(mut self, elapsed: Duration) -> Value {
+        self.latencies_ms.sort_by(f64::total_cmp);
+        let n = self.latencies_ms.len();
+        let at = |q: f64| {
+            if n == 0 {
+                0.0
+            } else {
+                let i = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+                (self.latencies_ms[i] * 100.0).round() / 100.0
+            }
+        };
+        json!({
+            "requests": n,
+            "achieved_rate": (n as f64 / elapsed.as_secs_f64()).round(),
+            "ok": self.ok,
+            "non_2xx": self.non_2xx,
+            "non_2xx_by_status": self.statuses,
+            "errors": self.errors,
+            "p50_ms": at(0.50),
+            "p90_ms": at(0.90),
+            "p99_ms": at(0.99),
+            "max_ms": at(1.0),
+        })
+    }
+}
+
+async fn api(c: &Cli, rate: u32, seconds: u64) -> anyhow::Result<Value> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(256)
+        .build()?;
+    let base = c.url.trim_end_matches('/').to_owned();
+    let tenant = format!("load-{}", std::process::id());
+    let r = http
+        .post(format!("{base}/api/v1/tenants"))
+        .bearer_auth(&c.token)
+        .json(&json!({ "name": tenant }))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        r.status().is_success(),
+        "cannot create {tenant}: {}",
+        r.status()
+    );
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let every = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let start = Instant::now();
+    let total = u64::from(rate) * seconds;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = start + every * i as u32;
+        tokio::time::sleep_until(due.into()).await;
+        let (http, base, token, tenant, tally) = (
+            http.clone(),
+            base.clone(),
+            c.token.clone(),
+            tenant.clone(),
+            tally.clone(),
+        );
+        tasks.spawn(async move {
+            let req = match i % 10 {
+                0..=3 => http.get(format!("{base}/api/v1/tenants/{tenant}")),
+                4 | 5 => http.get(format!("{base}/api/v1/tenants/{tenant}/vms")),
+                6 | 7 => http.get(format!("{base}/api/v1/hosts?limit=50")),
+                8 => http
+                    .post(format!("{base}/api/v1/tenants"))
+                    .json(&json!({ "name": format!("{tenant}-{i}") })),
+                _ => http
+                    .post(format!("{base}/api/v1/tokens"))
+                    .json(&json!({ "description": format!("load {i}") })),
+            };
+            let r = req.bearer_auth(token).send().await;
+            tally.lock().await.record(due, &r);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    let t = std::mem::take(&mut *tally.lock().await);
+    let mut out = t.summary(elapsed);
+    out["target_rate"] = json!(rate);
+    out["mix"] =
+        json!("40% tenant, 20% VM list, 20% host list, 10% create tenant, 10% create token");
+    Ok(out)
+}
+
+async fn fleet(
+    c: &Cli,
+    hosts: usize,
+    heartbeat: u64,
+    seconds: u64,
+    parallel: usize,
+) -> anyhow::Result<Value> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(256)
+        .build()?;
+    let base = c.url.trim_end_matches('/').to_owned();
+    let join: Value = http
+        .post(format!("{base}/api/v1/hosts/join-tokens"))
+        .bearer_auth(&c.token)
+        .json(&json!({ "description": "kumo-load fleet", "ttl_seconds": 86400 }))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let join = join["token"].as_str().unwrap_or_default().to_owned();
+    let machines = ["hgx-h100", "dgx-a100", "l40s-pcie", "cpu-only"];
+    let topologies: Vec<Value> = machines
+        .iter()
+        .map(|m| {
+            let t = kumo_topology::fixtures::machine(m)
+                .ok_or_else(|| anyhow::anyhow!("no fixture {m}"))?;
+            let dir = tempfile::tempdir()?;
+            kumo_topology::fixtures::write(&t, dir.path())?;
+            let topo = kumo_topology::sysfs::discover(dir.path(), None)?;
+            Ok(serde_json::to_value(topo)?)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    // Register, `parallel` at a time.
+    let started = Instant::now();
+    let credentials = Arc::new(Mutex::new(Vec::with_capacity(hosts)));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..parallel.max(1) {
+        let (http, base, join, topologies, credentials, next) = (
+            http.clone(),
+            base.clone(),
+            join.clone(),
+            topologies.clone(),
+            credentials.clone(),
+            next.clone(),
+        );
+        workers.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= hosts {
+                    return;
+                }
+                let r = http
+                    .post(format!("{base}/agent/v1/register"))
+                    .json(&json!({
+                        "join_token": join,
+                        "name": format!("load-{i:05}"),
+                        "topology": topologies[i % topologies.len()],
+                        "virt_type": "kvm",
+                    }))
+                    .send()
+                    .await;
+                if let Ok(r) = r {
+                    if let Ok(v) = r.json::<Value>().await {
+                        if let Some(c) = v["credential"].as_str() {
+                            credentials.lock().await.push(c.to_owned());
+                        }
+                    }
+                }
+            }
+        });
+    }
+    while workers.join_next().await.is_some() {}
+    let registration = started.elapsed();
+    let credentials = std::mem::take(&mut *credentials.lock().await);
+    let registered = credentials.len();
+    // Heartbeats: each host once per period, spread evenly over it.
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let every = Duration::from_secs_f64(heartbeat as f64 / registered.max(1) as f64);
+    let start = Instant::now();
+    let total = (seconds / heartbeat.max(1)).max(1) as usize * registered;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = start + every * i as u32;
+        tokio::time::sleep_until(due.into()).await;
+        let (http, base, cred, tally) = (
+            http.clone(),
+            base.clone(),
+            credentials[i % registered].clone(),
+            tally.clone(),
+        );
+        tasks.spawn(async move {
+            let r = http
+                .post(format!("{base}/agent/v1/heartbeat"))
+                .bearer_auth(cred)
+                .json(&json!({}))
+                .send()
+                .await;
+            tally.lock().await.record(due, &r);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    let t = std::mem::take(&mut *tally.lock().await);
+    Ok(json!({
+        "hosts": hosts,
+        "registered": registered,
+        "registration_s": (registration.as_secs_f64() * 10.0).round() / 10.0,
+        "heartbeat_every_s": heartbeat,
+        "heartbeats": t.summary(start.elapsed()),
+    }))
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let c = Cli::parse();
+    let out = match &c.what {
+        What::Api { rate, seconds } => api(&c, *rate, *seconds).await,
+        What::Fleet {
+            hosts,
+            heartbeat_secs,
+            seconds,
+            parallel,
+        } => fleet(&c, *hosts, *heartbeat_secs, *seconds, *parallel).await,
+    };
+    match out {
+        Ok(v) => {
+            println!("{v}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kumo-load: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! Crash safety: a real `kumo-server` process, killed with SIGKILL at
+//! random moments and started again on the same database, while clients
+//! churn VMs and clusters (create, stop, start, delete; spot VMs reclaimed
+//! when guaranteed ones need their GPUs) and simulated hosts keep
+//! reconciling. Afterwards:
+//! - every VM settles (nothing left scheduled, provisioning, deleting or
+//!   preempting);
+//! - every answer a client got with a 2xx is reflected: created VMs and
+//!   clusters exist unless a 2xx deleted them, and 2xx-deleted ones are gone;
+//! - no device is held twice, and every allocation belongs to a VM that
+//!   is on that host and holds its devices;
+//! - the points ledger is exactly the rating of every run up to where it
+//!   was posted (no piece twice, none missing);
+//! - deleting everything frees every device.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kumo_api_types::{Vm, VmState};
+use rand::Rng;
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, EntityTrait, Statement};
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+
+use crate::harness::{bin, fresh_pg_schema, pg_base_url, Backend, SimAgent};
+
+struct Server {
+    child: Option<Child>,
+    args: Vec<String>,
+    url: String,
+}
+
+impl Server {
+    fn spawn(&mut self) {
+        let child = Command::new(bin("kumo-server"))
+            .arg("serve")
+            .args(&self.args)
+            .env("KUMO_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SIGKILL: no shutdown, no draining, mid-transaction.
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    async fn ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = reqwest::get(format!("{}/readyz", self.url)).await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the server did not come back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What clients were told with a 2xx.
+#[derive(Default)]
+struct Told {
+    created: BTreeSet<String>,
+    deleted: BTreeSet<String>,
+    /// Deletions whose answer a crash swallowed: they may have happened.
+    maybe_deleted: BTreeSet<String>,
+    clusters_created: BTreeSet<String>,
+    clusters_deleted: BTreeSet<String>,
+    answers_2xx: u64,
+    refused_4xx: u64,
+    failed: u64,
+}
+
+async fn churn(
+    client: usize,
+    base: String,
+    token: String,
+    told: Arc<Mutex<Told>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let api = format!("{base}/api/v1/tenants/churn");
+    let mut mine: Vec<String> = Vec::new();
+    let mut clusters: Vec<String> = Vec::new();
+    let mut n = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        n += 1;
+        let roll = rand::thread_rng().gen_range(0..100);
+        let (req, what) = if roll < 35 || mine.is_empty() {
+            let name = format!("c{client}-{n}");
+            let spot = rand::thread_rng().gen_bool(0.4);
+            let gpus = rand::thread_rng().gen_range(1..=4);
+            (
+                http.post(format!("{api}/vms")).json(&json!({
+                    "name": name, "gpus": gpus, "vcpus": 2, "memory_gib": 2,
+                    "service_level": if spot { "spot" } else { "guaranteed" },
+                })),
+                ("create", name),
+            )
+        } else if roll < 45 {
+            let name = format!("k{client}-{n}");
+            (
+                http.post(format!("{api}/clusters")).json(
+                    &json!({"name": name, "size": 2, "gpus": 2, "vcpus": 2, "memory_gib": 2}),
+                ),
+                ("cluster-create", name),
+            )
+        } else if roll < 50 && !clusters.is_empty() {
+            let name = clusters.swap_remove(rand::thread_rng().gen_range(0..clusters.len()));
+            (
+                http.delete(format!("{api}/clusters/{name}")),
+                ("cluster-delete", name),
+            )
+        } else {
+            let name = mine[rand::thread_rng().gen_range(0..mine.len())].clone();
+            match roll % 3 {
+                0 => (http.post(format!("{api}/vms/{name}/stop")), ("stop", name)),
+                1 => (
+                    http.post(format!("{api}/vms/{name}/start")),
+                    ("start", name),
+                ),
+                _ => {
+                    mine.retain(|m| *m != name);
+                    (http.delete(format!("{api}/vms/{name}")), ("delete", name))
+                }
+            }
+        };
+        let r = req.bearer_auth(&token).send().await;
+        let mut t = told.lock().await;
+        match r {
+            Ok(r) if r.status().is_success() => {
+                t.answers_2xx += 1;
+                match what.0 {
+                    "create" => {
+                        t.created.insert(what.1.clone());
+                        mine.push(what.1);
+                    }
+                    "delete" => {
+                        t.deleted.insert(what.1);
+                    }
+                    "cluster-create" => {
+                        t.clusters_created.insert(what.1.clone());
+                        clusters.push(what.1);
+                    }
+                    "cluster-delete" => {
+                        t.clusters_deleted.insert(what.1);
+                    }
+                    _ => {}
+                }
+            }
+            // Starting a running VM, a create over capacity: refused, fine.
+            Ok(r) if r.status().is_client_error() => t.refused_4xx += 1,
+            // The server died under the request: its outcome is unknown,
+            // and nothing is asserted of it but that it settles.
+            _ => {
+                t.failed += 1;
+                if what.0 == "delete" {
+                    t.maybe_deleted.insert(what.1);
+                }
+            }
+        }
+        drop(t);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn transitional(s: &VmState) -> bool {
+    matches!(
+        s,
+        VmState::Scheduled | VmState::Provisioning | VmState::Deleting | VmState::Preempting
+    )
+}
+
+async fn all_vms(http: &reqwest::Client, base: &str, token: &str) -> Vec<Vm> {
+    let r = http
+        .get(format!("{base}/api/v1/tenants/churn/vms?limit=500"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let page: kumo_api_types::Page<Vm> = r.json().await.unwrap();
+    page.items
+}
+
+async fn rows(db: &DatabaseConnection, sql: &str) -> Vec<sea_orm::QueryResult> {
+    db.query_all(Statement::from_string(
+        db.get_database_backend(),
+        sql.to_owned(),
+    ))
+    .await
+    .unwrap()
+}
+
+async fn scenario(backend: Backend, kills: usize) {
+    let dir = crate::harness::scratch();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let data = dir.path().join("data");
+    // Charges posted every second, so crashes land amid posting too.
+    let config = dir.path().join("kumo.toml");
+    std::fs::write(&config, "[billing]\npost_interval_secs = 1\n").unwrap();
+    let mut args = vec![
+        "--config".to_owned(),
+        config.display().to_string(),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{port}"),
+        "--data-dir".to_owned(),
+        data.display().to_string(),
+    ];
+    let db_url = match backend {
+        Backend::Sqlite => format!("sqlite://{}?mode=rwc", data.join("kumo.db").display()),
+        Backend::Postgres => {
+            let schema = fresh_pg_schema().await;
+            let sep = if pg_base_url().contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            let url = format!("{}{sep}options[search_path]={schema}", pg_base_url());
+            args.extend(["--database-url".to_owned(), url.clone()]);
+            url
+        }
+    };
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = Server {
+        child: None,
+        args,
+        url: base.clone(),
+    };
+    server.spawn();
+    server.ready().await;
+    let token = std::fs::read_to_string(data.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let admin = kumo_cli::Client::new(&base, Some(token.clone())).unwrap();
+    let _: Value = admin
+        .post("/api/v1/tenants", &json!({"name": "churn"}))
+        .await
+        .unwrap();
+    let _: Value = admin
+        .put(
+            "/api/v1/tenants/churn/quota",
+            &json!({"gpus": {"H100-SXM5-80GB": 1000}, "vcpus": 10000, "memory_gib": 10000, "vms": 1000}),
+        )
+        .await
+        .unwrap();
+    let _: Value = admin
+        .put(
+            "/api/v1/rates",
+            &json!({"prices": {
+                "gpu:H100-SXM5-80GB": {"guaranteed": "3600", "spot": "1200"},
+                "vcpu": {"guaranteed": "10", "spot": "3"},
+                "memory_gib": {"guaranteed": "1", "spot": "0.5"},
+                "disk_gib": {"guaranteed": "0.01", "spot": "0.01"},
+            }}),
+        )
+        .await
+        .unwrap();
+    let _: Value = admin
+        .post(
+            "/api/v1/tenants/churn/points/grants",
+            &json!({"amount": "100000000", "expires_at": chrono::Utc::now() + chrono::Duration::days(30)}),
+        )
+        .await
+        .unwrap();
+    let join: kumo_api_types::JoinTokenCreated = admin
+        .post("/api/v1/hosts/join-tokens", &json!({}))
+        .await
+        .unwrap();
+    let mut agents = Vec::new();
+    for h in 0..3 {
+        agents.push(
+            SimAgent::register(
+                &base,
+                &join.token,
+                &format!("crash-{h}"),
+                crate::harness::fixture_topology("hgx-h100"),
+            )
+            .await,
+        );
+    }
+    // The hosts reconcile all along, through every crash.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_agents = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hosts = {
+        let stop = stop_agents.clone();
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for a in agents.iter_mut() {
+                    let _ = a.try_converge().await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let told = Arc::new(Mutex::new(Told::default()));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            tokio::spawn(churn(
+                c,
+                base.clone(),
+                token.clone(),
+                told.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    for _ in 0..kills {
+        let pause = rand::thread_rng().gen_range(200..1200);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        server.kill();
+        server.spawn();
+        server.ready().await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+
+    // Everything settles.
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let vms = loop {
+        let vms = all_vms(&http, &base, &token).await;
+        if vms.iter().all(|v| !transitional(&v.state)) {
+            break vms;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "VMs did not settle: {:?}",
+            vms.iter()
+                .filter(|v| transitional(&v.state))
+                .map(|v| (&v.name, &v.state))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let told = std::mem::take(&mut *told.lock().await);
+    assert!(
+        told.answers_2xx > 50,
+        "too little churn: {}",
+        told.answers_2xx
+    );
+    assert!(told.failed > 0, "no request ever met a crash");
+    let names: BTreeSet<&str> = vms.iter().map(|v| v.name.as_str()).collect();
+    for c in told.created.difference(&told.deleted) {
+        if told.maybe_deleted.contains(c) {
+            continue;
+        }
+        assert!(
+            names.contains(c.as_str()),
+            "{c} was created (2xx) and is gone"
+        );
+    }
+    for d in &told.deleted {
+        if let Some(v) = vms.iter().find(|v| &v.name == d) {
+            let events: Value = admin
+                .get("/api/v1/tenants/churn/events?limit=500")
+                .await
+                .unwrap();
+            let mine: Vec<&Value> = events["items"]
+                .as_array()
+                .map(|a| a.iter().filter(|e| e["vm_id"] == json!(v.id)).collect())
+                .unwrap_or_default();
+            panic!("{d} was deleted (2xx) and is still here: {v:?}\n{mine:#?}");
+        }
+    }
+    let clusters: kumo_api_types::Page<kumo_api_types::Cluster> = admin
+        .get("/api/v1/tenants/churn/clusters?limit=500")
+        .await
+        .unwrap();
+    let cluster_names: BTreeSet<&str> = clusters.items.iter().map(|c| c.name.as_str()).collect();
+    for c in told.clusters_created.difference(&told.clusters_deleted) {
+        assert!(
+            cluster_names.contains(c.as_str()),
+            "cluster {c} was created (2xx) and is gone"
+        );
+    }
+    for c in &told.clusters_deleted {
+        if let Some(k) = clusters.items.iter().find(|k| &k.name == c) {
+            assert!(
+                k.members.iter().all(|m| m.state != VmState::Running),
+                "cluster {c} was deleted (2xx) and still runs: {k:?}"
+            );
+        }
+    }
+
+    let db = Database::connect(&db_url).await.unwrap();
+    // No device held twice.
+    let twice = rows(
+        &db,
+        "SELECT host_id, kind, key FROM allocations GROUP BY host_id, kind, key HAVING COUNT(*) > 1",
+    )
+    .await;
+    assert!(twice.is_empty(), "{} devices held twice", twice.len());
+    // Every allocation belongs to a VM on that host that holds devices.
+    let orphans = rows(
+        &db,
+        "SELECT a.vm_id FROM allocations a LEFT JOIN vms v ON v.id = a.vm_id \
+         WHERE v.id IS NULL OR v.host_id IS NULL OR v.host_id <> a.host_id \
+         OR v.state IN ('preempted', 'suspended', 'pending')",
+    )
+    .await;
+    assert!(
+        orphans.is_empty(),
+        "{} allocations without a live VM",
+        orphans.len()
+    );
+    // A placed, running VM holds its GPUs.
+    let mut by_vm: BTreeMap<uuid::Uuid, i64> = BTreeMap::new();
+    for a in kumo_server::entity::allocations::Entity::find()
+        .all(&db)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|a| a.kind == "gpu")
+    {
+        *by_vm.entry(a.vm_id).or_default() += 1;
+    }
+    for v in vms.iter().filter(|v| v.state == VmState::Running) {
+        let held = by_vm.get(&v.id).copied().unwrap_or(0);
+        assert_eq!(
+            held,
+            i64::from(v.spec.gpus),
+            "{} runs on {held} GPUs",
+            v.name
+        );
+    }
+
+    // The ledger is the rating of every run, up to where it was posted.
+    let book = kumo_server::metering::rate_book(&db).await.unwrap();
+    let runs = kumo_server::entity::meter_runs::Entity::find()
+        .all(&db)
+        .await
+        .unwrap();
+    let charges = kumo_server::entity::charges::Entity::find()
+        .all(&db)
+        .await
+        .unwrap();
+    let mut posted: BTreeMap<uuid::Uuid, Vec<&kumo_server::entity::charges::Model>> =
+        BTreeMap::new();
+    for c in &charges {
+        posted.entry(c.run_id).or_default().push(c);
+    }
+    let mut checked = 0;
+    for r in &runs {
+        let mine = posted.remove(&r.id).unwrap_or_default();
+        let Some(until) = r.posted_until else {
+            assert!(mine.is_empty(), "charges of a run never posted");
+            continue;
+        };
+        let run = kumo_server::metering::run_of(r).unwrap();
+        let want = kumo_billing::meter::due(&run, None, until, &book);
+        let mut got: Vec<_> = mine
+            .iter()
+            .map(|c| {
+                (
+                    c.period_from,
+                    c.period_to,
+                    c.amount.parse::<kumo_billing::Decimal>().unwrap(),
+                )
+            })
+            .collect();
+        got.sort();
+        let want: Vec<_> = want.iter().map(|p| (p.from, p.to, p.amount)).collect();
+        assert_eq!(got, want, "run {} ({})", r.id, r.vm_name);
+        checked += 1;
+    }
+    assert!(posted.is_empty(), "charges without a run");
+    assert!(checked > 0, "nothing was ever posted");
+
+    // Deleting everything frees every device.
+    for v in &vms {
+        let _ = http
+            .delete(format!("{base}/api/v1/tenants/churn/vms/{}", v.name))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !all_vms(&http, &base, &token).await.is_empty() {
+        assert!(Instant::now() < deadline, "VMs were not deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left = rows(&db, "SELECT vm_id FROM allocations").await;
+    assert!(left.is_empty(), "{} allocations left", left.len());
+    stop_agents.store(true, std::sync::atomic::Ordering::Relaxed);
+    hosts.await.unwrap();
+    eprintln!(
+        "crash safety ({backend:?}): {kills} kills; {} answers 2xx, {} refused, {} met a crash; {} VMs settled; {checked} runs' charges checked",
+        told.answers_2xx,
+        told.refused_4xx,
+        told.failed,
+        vms.len()
+    );
+    db.close().await.unwrap();
+    server.kill();
+}
+
+/// 20 SIGKILLs on PostgreSQL, the production database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_20_times_under_churn_postgres() {
+    scenario(Backend::Postgres, 20).await;
+}
+
+/// Fewer rounds on SQLite, the embedded default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_8_times_under_churn_sqlite() {
+    scenario(Backend::Sqlite, 8).await;
+}
