@@ -11,7 +11,9 @@
 //!   is on that host and holds its devices;
 //! - the points ledger is exactly the rating of every run up to where it
 //!   was posted (no piece twice, none missing);
-//! - deleting everything frees every device.
+//! - deleting everything frees every device;
+//! - with two replicas behind one address, nothing their background loops
+//!   do happens twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
@@ -26,10 +28,47 @@ use tokio::sync::Mutex;
 
 use crate::harness::{bin, fresh_pg_schema, pg_base_url, Backend, SimAgent};
 
+/// One replica: a `kumo-server serve` process on its own port.
 struct Server {
     child: Option<Child>,
     args: Vec<String>,
     url: String,
+}
+
+/// One address for several replicas: each connection goes to the next
+/// replica that accepts it, as a load balancer would.
+async fn balancer(backends: Vec<u16>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut next = 0usize;
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                continue;
+            };
+            next += 1;
+            let order: Vec<u16> = (0..backends.len())
+                .map(|i| backends[(next + i) % backends.len()])
+                .collect();
+            tokio::spawn(async move {
+                for b in order {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", b)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Server {
@@ -210,22 +249,15 @@ async fn rows(db: &DatabaseConnection, sql: &str) -> Vec<sea_orm::QueryResult> {
     .unwrap()
 }
 
-async fn scenario(backend: Backend, kills: usize) {
+async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     let dir = crate::harness::scratch();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let data = dir.path().join("data");
     // Charges posted every second, so crashes land amid posting too.
     let config = dir.path().join("kumo.toml");
     std::fs::write(&config, "[billing]\npost_interval_secs = 1\n").unwrap();
-    let mut args = vec![
+    let mut common = vec![
         "--config".to_owned(),
         config.display().to_string(),
-        "--listen".to_owned(),
-        format!("127.0.0.1:{port}"),
         "--data-dir".to_owned(),
         data.display().to_string(),
     ];
@@ -239,18 +271,35 @@ async fn scenario(backend: Backend, kills: usize) {
                 '?'
             };
             let url = format!("{}{sep}options[search_path]={schema}", pg_base_url());
-            args.extend(["--database-url".to_owned(), url.clone()]);
+            common.extend(["--database-url".to_owned(), url.clone()]);
             url
         }
     };
-    let base = format!("http://127.0.0.1:{port}");
-    let mut server = Server {
-        child: None,
-        args,
-        url: base.clone(),
+    let mut servers: Vec<Server> = Vec::new();
+    for _ in 0..replicas {
+        let port = free_port();
+        let mut args = vec!["--listen".to_owned(), format!("127.0.0.1:{port}")];
+        args.extend(common.iter().cloned());
+        servers.push(Server {
+            child: None,
+            args,
+            url: format!("http://127.0.0.1:{port}"),
+        });
+    }
+    // The first bootstraps the database; the others join it.
+    for s in servers.iter_mut() {
+        s.spawn();
+        s.ready().await;
+    }
+    let base = if replicas == 1 {
+        servers[0].url.clone()
+    } else {
+        let ports = servers
+            .iter()
+            .map(|s| s.url.rsplit(':').next().unwrap().parse().unwrap())
+            .collect();
+        format!("http://127.0.0.1:{}", balancer(ports).await)
     };
-    server.spawn();
-    server.ready().await;
     let token = std::fs::read_to_string(data.join("admin-token"))
         .unwrap()
         .trim()
@@ -331,9 +380,10 @@ async fn scenario(backend: Backend, kills: usize) {
     for _ in 0..kills {
         let pause = rand::thread_rng().gen_range(200..1200);
         tokio::time::sleep(Duration::from_millis(pause)).await;
-        server.kill();
-        server.spawn();
-        server.ready().await;
+        let victim = rand::thread_rng().gen_range(0..servers.len());
+        servers[victim].kill();
+        servers[victim].spawn();
+        servers[victim].ready().await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -512,24 +562,47 @@ async fn scenario(backend: Backend, kills: usize) {
     stop_agents.store(true, std::sync::atomic::Ordering::Relaxed);
     hosts.await.unwrap();
     eprintln!(
-        "crash safety ({backend:?}): {kills} kills; {} answers 2xx, {} refused, {} met a crash; {} VMs settled; {checked} runs' charges checked",
+        "crash safety ({backend:?}, {replicas} replica(s)): {kills} kills; {} answers 2xx, {} refused, {} met a crash; {} VMs settled; {checked} runs' charges checked",
         told.answers_2xx,
         told.refused_4xx,
         told.failed,
         vms.len()
     );
+    // What every replica's loops do at once happens once: no VM is
+    // preempted or deleted twice.
+    let twice = rows(
+        &db,
+        "SELECT vm_id, kind FROM vm_events WHERE kind IN ('preempted', 'deleted') \
+         GROUP BY vm_id, kind HAVING COUNT(*) > 1",
+    )
+    .await;
+    assert!(
+        twice.is_empty(),
+        "{} VMs preempted or deleted twice",
+        twice.len()
+    );
     db.close().await.unwrap();
-    server.kill();
+    for s in servers.iter_mut() {
+        s.kill();
+    }
 }
 
 /// 20 SIGKILLs on PostgreSQL, the production database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_20_times_under_churn_postgres() {
-    scenario(Backend::Postgres, 20).await;
+    scenario(Backend::Postgres, 20, 1).await;
 }
 
 /// Fewer rounds on SQLite, the embedded default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_8_times_under_churn_sqlite() {
-    scenario(Backend::Sqlite, 8).await;
+    scenario(Backend::Sqlite, 8, 1).await;
+}
+
+/// Two replicas on one PostgreSQL behind one address, each killed now and
+/// then while the other serves: the reclaimer, the billing poster and the
+/// lost-host detector run on both, and what they do happens once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_killed_20_times_under_churn_postgres() {
+    scenario(Backend::Postgres, 20, 2).await;
 }
