@@ -85,6 +85,10 @@ const PACKAGES: &[(&str, &str)] = &[
         "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc",
         "fonts-noto-cjk",
     ),
+    // The API fuzz test installs schemathesis (PyPI) into a virtual
+    // environment under target/.
+    ("python3", "python3"),
+    ("/usr/share/doc/python3-venv", "python3-venv"),
 ];
 
 /// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img

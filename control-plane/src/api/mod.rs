@@ -105,6 +105,8 @@ impl utoipa::IntoResponses for Problems {
             ("403", "The caller's role does not allow this"),
             ("404", "No such resource, or not visible to the caller"),
             ("409", "Conflicts with the current state"),
+            ("413", "The request body is too large"),
+            ("415", "The request body is not application/json"),
             ("422", "Idempotency-Key reused for a different request"),
         ]
         .into_iter()

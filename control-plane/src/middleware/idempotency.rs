@@ -45,16 +45,17 @@ async fn handle(state: &AppState, req: Request, next: Next) -> Result<Response, 
     let Some(key) = req.headers().get(HEADER) else {
         return Ok(next.run(req).await);
     };
+    // Without a caller the handler answers 401, before anything about the
+    // request is judged; there is nothing to scope the key to either.
+    let Some(AuthOutcome::Caller(caller)) = req.extensions().get::<AuthOutcome>().cloned() else {
+        return Ok(next.run(req).await);
+    };
     let key = key
         .to_str()
         .ok()
         .filter(|k| (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()))
         .ok_or_else(|| ApiError::field("Idempotency-Key", "1–255 visible ASCII characters"))?
         .to_owned();
-    // Without a caller the handler answers 401; there is nothing to scope the key to.
-    let Some(AuthOutcome::Caller(caller)) = req.extensions().get::<AuthOutcome>().cloned() else {
-        return Ok(next.run(req).await);
-    };
     let user_id = caller.user.id;
 
     let (parts, body) = req.into_parts();

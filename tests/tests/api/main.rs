@@ -5,6 +5,7 @@
 mod harness;
 
 mod agent;
+mod api_fuzz;
 mod authz;
 mod bad_input;
 mod billing;
