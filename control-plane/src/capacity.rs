@@ -60,22 +60,39 @@ impl Capacity {
     pub fn lock(&self) -> MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// What a host's profile is derived from: its topology (by digest, or by
+/// the text for rows from before digests) and its rails.
+fn profile_key(h: &hosts::Model) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    match &h.topology_digest {
+        Some(d) => d.hash(&mut hasher),
+        None => h.topology.hash(&mut hasher),
+    }
+    h.rails.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Capacity {
+    fn cached_profile(&self, h: &hosts::Model) -> Option<Arc<HostProfile>> {
+        let profiles = self.profiles.lock().unwrap_or_else(|e| e.into_inner());
+        profiles.get(&profile_key(h)).cloned()
+    }
 
     fn profile(&self, h: &hosts::Model) -> Result<Arc<HostProfile>, ApiError> {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        h.topology.hash(&mut hasher);
-        h.rails.hash(&mut hasher);
-        let key = hasher.finish();
-        let mut profiles = self.profiles.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = profiles.get(&key) {
-            return Ok(p.clone());
+        if let Some(p) = self.cached_profile(h) {
+            return Ok(p);
         }
         let topo = stored_topology(h)?;
         let p = self
             .lock()
             .profile(&topo, &stored_rails(h))
             .map_err(|e| ApiError::Internal(format!("host {}: {e}", h.name)))?;
-        profiles.insert(key, p.clone());
+        self.profiles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(profile_key(h), p.clone());
         Ok(p)
     }
 
@@ -135,7 +152,25 @@ impl Capacity {
 
     /// Re-reads every host.
     pub async fn refresh_all(&self, db: &impl ConnectionTrait) -> Result<(), ApiError> {
-        let hosts = hosts::Entity::find().all(db).await?;
+        use sea_orm::sea_query::Expr;
+        use sea_orm::{Iterable, QuerySelect};
+        // Every host without its topology (the digest says whether the
+        // profile in hand is still its); a host whose profile is not in
+        // hand is read whole.
+        let mut hosts = hosts::Entity::find()
+            .select_only()
+            .columns(hosts::Column::iter().filter(|c| !matches!(c, hosts::Column::Topology)))
+            .column_as(Expr::value(""), "topology")
+            .into_model::<hosts::Model>()
+            .all(db)
+            .await?;
+        for h in hosts.iter_mut() {
+            if h.topology_digest.is_none() || self.cached_profile(h).is_none() {
+                if let Some(whole) = hosts::Entity::find_by_id(h.id).one(db).await? {
+                    *h = whole;
+                }
+            }
+        }
         let mut by_host: HashMap<Uuid, Vec<vms::Model>> = HashMap::new();
         for v in vms::Entity::find()
             .filter(vms::Column::HostId.is_not_null())

@@ -14,6 +14,7 @@ mod m0008_billing;
 mod m0009_sso;
 mod m0010_session_logout;
 mod m0011_device_logins;
+mod m0012_topology_digest;
 
 pub struct Migrator;
 
@@ -32,6 +33,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0009_sso::Migration),
             Box::new(m0010_session_logout::Migration),
             Box::new(m0011_device_logins::Migration),
+            Box::new(m0012_topology_digest::Migration),
         ]
     }
 }

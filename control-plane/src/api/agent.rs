@@ -175,6 +175,7 @@ pub async fn register(
             let mut a: hosts::ActiveModel = h.into();
             a.underlay_ip = Set(underlay.clone());
             a.credential_hash = Set(minted.secret_hash);
+            a.topology_digest = Set(Some(auth::hash_secret(&topology)));
             a.topology = Set(topology);
             a.virt_type = Set(body.virt_type.clone());
             a.scalable_unit = Set(body.scalable_unit.clone());
@@ -194,6 +195,7 @@ pub async fn register(
                 name: Set(body.name.clone()),
                 state: Set(HostState::Ready.as_str().into()),
                 credential_hash: Set(minted.secret_hash),
+                topology_digest: Set(Some(auth::hash_secret(&topology))),
                 topology: Set(topology),
                 scalable_unit: Set(body.scalable_unit.clone()),
                 registered_at: Set(now),
@@ -254,7 +256,9 @@ pub async fn heartbeat(
     }
     if let Some(t) = &body.topology {
         validate_topology(t)?;
-        a.topology = Set(serde_json::to_string(t).map_err(|e| ApiError::Internal(e.to_string()))?);
+        let text = serde_json::to_string(t).map_err(|e| ApiError::Internal(e.to_string()))?;
+        a.topology_digest = Set(Some(auth::hash_secret(&text)));
+        a.topology = Set(text);
     }
     if let Some(f) = &body.fabric {
         if f.len() > 64 || f.iter().any(|p| p.vfs.len() > 256) {

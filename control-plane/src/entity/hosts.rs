@@ -33,6 +33,8 @@ pub struct Model {
     pub network_revision: i64,
     /// The agent's last RoCE port report (`[PortReport]`) as JSON.
     pub fabric: Option<String>,
+    /// SHA-256 of `topology`, written with it (`None` for rows from before).
+    pub topology_digest: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
