@@ -9,24 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 cargo build --release -q -p kumo-server
-work=$(mktemp -d)
-trap 'kill $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 port=18090
-args=(--listen 127.0.0.1:$port --data-dir "$work/data")
-label=sqlite
-if [ $# -ge 1 ]; then
-  schema=kumo_bench_$$
-  psql "$1" -qc "CREATE SCHEMA $schema"
-  trap 'kill $pid 2>/dev/null || true; psql "$1" -qc "SET client_min_messages=warning; DROP SCHEMA $schema CASCADE"; rm -rf "$work"' EXIT
-  sep='?'; [[ $1 == *\?* ]] && sep='&'
-  args+=(--database-url "$1${sep}options[search_path]=$schema")
-  label=postgres
-fi
-KUMO_LOG=warn target/release/kumo-server serve "${args[@]}" >"$work/server.log" 2>&1 &
-pid=$!
-for _ in $(seq 50); do [ -s "$work/data/admin-token" ] && curl -sf localhost:$port/readyz >/dev/null && break; sleep 0.2; done
-T=$(cat "$work/data/admin-token")
-S=http://127.0.0.1:$port
+source scripts/server-under-test.sh
 post() { curl -sf -H "Authorization: Bearer $T" -H 'content-type: application/json' "$@"; }
 post -d '{"name":"bench"}' $S/api/v1/tenants >/dev/null
 post -d '{"name":"reader"}' $S/api/v1/users >/dev/null

@@ -12,24 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p kumo-server -p kumo-tests --bin kumo-server --bin kumo-load
-work=$(mktemp -d)
-trap 'kill $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 port=18091
-args=(--listen 127.0.0.1:$port --data-dir "$work/data")
-label=sqlite
-if [ $# -ge 1 ]; then
-  schema=kumo_load_$$
-  psql "$1" -qc "CREATE SCHEMA $schema"
-  trap 'kill $pid 2>/dev/null || true; psql "$1" -qc "SET client_min_messages=warning; DROP SCHEMA $schema CASCADE"; rm -rf "$work"' EXIT
-  sep='?'; [[ $1 == *\?* ]] && sep='&'
-  args+=(--database-url "$1${sep}options[search_path]=$schema")
-  label=postgres
-fi
-KUMO_LOG=warn target/release/kumo-server serve "${args[@]}" >"$work/server.log" 2>&1 &
-pid=$!
-for _ in $(seq 100); do [ -s "$work/data/admin-token" ] && curl -sf localhost:$port/readyz >/dev/null && break; sleep 0.2; done
-T=$(cat "$work/data/admin-token")
-S=http://127.0.0.1:$port
+source scripts/server-under-test.sh
 mem() { awk '/VmRSS|VmHWM/ {printf "%s %d MiB  ", $1, $2/1024}' /proc/$pid/status; echo; }
 echo "== $label: server after start: $(mem)"
 echo "== $label: api ${RATE:-500}/s for ${SECONDS_:-30} s"

@@ -427,17 +427,22 @@ pub async fn list(
     }))
 }
 
+/// A tenant's VM by name or id.
+fn vm_query(tenant: &tenants::Model, vm_ref: &str) -> sea_orm::Select<vms::Entity> {
+    let q = vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id));
+    match Uuid::try_parse(vm_ref) {
+        Ok(id) => q.filter(vms::Column::Id.eq(id)),
+        Err(_) => q.filter(vms::Column::Name.eq(vm_ref)),
+    }
+}
+
 async fn find_vm(
     db: &impl ConnectionTrait,
     tenant: &tenants::Model,
     vm_ref: &str,
 ) -> Result<vms::Model, ApiError> {
-    let q = vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id));
-    let q = match Uuid::try_parse(vm_ref) {
-        Ok(id) => q.filter(vms::Column::Id.eq(id)),
-        Err(_) => q.filter(vms::Column::Name.eq(vm_ref)),
-    };
-    q.one(db)
+    vm_query(tenant, vm_ref)
+        .one(db)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
 }
@@ -451,12 +456,8 @@ async fn find_vm_to_change(
     tenant: &tenants::Model,
     vm_ref: &str,
 ) -> Result<vms::Model, ApiError> {
-    let q = vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id));
-    let q = match Uuid::try_parse(vm_ref) {
-        Ok(id) => q.filter(vms::Column::Id.eq(id)),
-        Err(_) => q.filter(vms::Column::Name.eq(vm_ref)),
-    };
-    q.lock_exclusive()
+    vm_query(tenant, vm_ref)
+        .lock_exclusive()
         .one(txn)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))

@@ -26,7 +26,7 @@ use sea_orm::{ConnectionTrait, Database, DatabaseConnection, EntityTrait, Statem
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
-use crate::harness::{bin, fresh_pg_schema, pg_base_url, Backend, SimAgent};
+use crate::harness::{bin, fresh_pg_url, Backend, SimAgent};
 
 /// One replica: a `kumo-server serve` process on its own port.
 struct Server {
@@ -264,13 +264,7 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     let db_url = match backend {
         Backend::Sqlite => format!("sqlite://{}?mode=rwc", data.join("kumo.db").display()),
         Backend::Postgres => {
-            let schema = fresh_pg_schema().await;
-            let sep = if pg_base_url().contains('?') {
-                '&'
-            } else {
-                '?'
-            };
-            let url = format!("{}{sep}options[search_path]={schema}", pg_base_url());
+            let (url, _) = fresh_pg_url().await;
             common.extend(["--database-url".to_owned(), url.clone()]);
             url
         }

@@ -42,7 +42,7 @@ fn now_secs() -> u64 {
 
 /// Creates a fresh schema, dropping leftovers of runs older than an hour
 /// (a test that panicked does not get to clean up after itself).
-pub async fn fresh_pg_schema() -> String {
+async fn fresh_pg_schema() -> String {
     let base = pg_base_url();
     let db = Database::connect(&base).await.unwrap_or_else(|e| {
         panic!("PostgreSQL at {base} is required for these tests (the README's test command starts it): {e}")
@@ -72,6 +72,20 @@ pub async fn fresh_pg_schema() -> String {
     schema
 }
 
+/// A fresh schema and the database URL that works in it.
+pub async fn fresh_pg_url() -> (String, String) {
+    let schema = fresh_pg_schema().await;
+    let sep = if pg_base_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    (
+        format!("{}{sep}options[search_path]={schema}", pg_base_url()),
+        schema,
+    )
+}
+
 impl TestServer {
     pub async fn start(backend: Backend) -> TestServer {
         Self::start_with(backend, |_| {}).await
@@ -82,19 +96,8 @@ impl TestServer {
         let (url, pg_schema) = match backend {
             Backend::Sqlite => (None, None),
             Backend::Postgres => {
-                let schema = fresh_pg_schema().await;
-                let sep = if pg_base_url().contains('?') {
-                    '&'
-                } else {
-                    '?'
-                };
-                (
-                    Some(format!(
-                        "{}{sep}options[search_path]={schema}",
-                        pg_base_url()
-                    )),
-                    Some(schema),
-                )
+                let (url, schema) = fresh_pg_url().await;
+                (Some(url), Some(schema))
             }
         };
         let mut config = Config::for_data_dir(dir.path(), url);
