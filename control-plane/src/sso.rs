@@ -70,6 +70,8 @@ use crate::error::{is_unique_violation, ApiError};
 use crate::server::AppState;
 
 pub const COOKIE: &str = "kumo_session";
+/// The login page's CSRF cookie for the token form.
+pub const LOGIN_CSRF_COOKIE: &str = "kumo_login_csrf";
 /// A flow not finished within this is refused.
 const FLOW_TTL_SECS: i64 = 600;
 /// A session idle this long ends…
@@ -399,6 +401,7 @@ async fn begin_session(
 #[derive(Deserialize)]
 struct TokenLogin {
     token: String,
+    csrf: String,
     next: Option<String>,
 }
 
@@ -406,8 +409,15 @@ struct TokenLogin {
 /// (checked as the API checks it) begins a browser session.
 async fn token_login(
     State(st): State<AppState>,
+    headers: HeaderMap,
     axum::Form(f): axum::Form<TokenLogin>,
 ) -> Result<Response, ApiError> {
+    // Without it another site could sign a browser in as someone else.
+    let expected = cookie(&headers, LOGIN_CSRF_COOKIE).unwrap_or_default();
+    if expected.is_empty() {
+        return Err(ApiError::Forbidden("open the sign-in page first".into()));
+    }
+    check_csrf(&expected, &f.csrf)?;
     let caller = crate::auth::authenticate(&st.db, f.token.trim(), st.config.clock.now()).await?;
     tracing::info!(user = %caller.user.name, "token login to the portal");
     begin_session(&st, caller.user.id, None, safe_next(f.next.as_deref())).await

@@ -126,13 +126,17 @@ struct Login<'a> {
     no_providers: &'a str,
     token_heading: &'a str,
     token_label: &'a str,
+    csrf: &'a str,
     providers: &'a [ProviderItem],
     next: &'a str,
 }
 
 /// The institution chooser.
-pub fn login_page(lang: Lang, providers: &[ProviderItem], next: &str) -> String {
+/// `csrf` guards the token form (a double-submitted cookie: there is no
+/// session yet).
+pub fn login_page(lang: Lang, providers: &[ProviderItem], next: &str, csrf: &str) -> String {
     let body = Login {
+        csrf,
         sign_in: t(lang, Msg::SignIn),
         choose: t(lang, Msg::ChooseInstitution),
         search: t(lang, Msg::Search),
@@ -481,13 +485,17 @@ mod tests {
             name: "uni-a".into(),
             display_name: "University A".into(),
         }];
-        let html = login_page(Lang::En, &ps, "/vms?x=1");
+        let html = login_page(Lang::En, &ps, "/vms?x=1", "tok");
         assert!(
             html.contains("href=\"/auth/login/uni-a?next=%2Fvms%3Fx%3D1\""),
             "{html}"
         );
         assert!(html.contains("University A") && html.contains("type=\"search\""));
-        let none = login_page(Lang::Ja, &[], "/");
+        assert!(
+            html.contains(r#"name="csrf" value="tok""#),
+            "the token form's CSRF field"
+        );
+        let none = login_page(Lang::Ja, &[], "/", "tok");
         assert!(none.contains("機関が設定されていません"));
     }
 }

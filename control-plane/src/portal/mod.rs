@@ -58,11 +58,26 @@ async fn login(
             display_name: p.display_name.clone(),
         })
         .collect();
-    html(kumo_web_portal::login_page(
+    // The token form's CSRF token, double-submitted: the same value in a
+    // cookie this site alone can set and in the form.
+    let csrf = crate::sso::cookie(&headers, crate::sso::LOGIN_CSRF_COOKIE)
+        .filter(|c| c.len() == 43)
+        .unwrap_or_else(crate::sso::random_token);
+    let mut r = html(kumo_web_portal::login_page(
         lang(&headers),
         &providers,
         &safe_next(q.next.as_deref()),
-    ))
+        &csrf,
+    ));
+    if let Ok(v) = format!(
+        "{}={csrf}; Path=/auth/token; HttpOnly; SameSite=Strict; Max-Age=3600",
+        crate::sso::LOGIN_CSRF_COOKIE
+    )
+    .parse()
+    {
+        r.headers_mut().insert(SET_COOKIE, v);
+    }
+    r
 }
 
 async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {

@@ -1023,12 +1023,43 @@ async fn portal_pages_act_through_the_api() {
         assert_eq!(get(&a, &u(p)).await.0, 403, "{p}");
     }
     let adm = browser();
-    let (status, ..) = post(&adm, &u("/auth/token"), &[("token", "kumo_not-a-token")]).await;
+    // The token form carries the login page's CSRF token (double-submitted).
+    let (_, login) = get(&adm, &u("/login")).await;
+    let lcsrf = login
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("{login}"))
+        .to_owned();
+    let (status, ..) = post(
+        &browser(),
+        &u("/auth/token"),
+        &[("token", &s.admin_token), ("csrf", &lcsrf)],
+    )
+    .await;
+    assert_eq!(status, 403, "a form posted from elsewhere: no CSRF cookie");
+    let (status, ..) = post(
+        &adm,
+        &u("/auth/token"),
+        &[("token", &s.admin_token), ("csrf", "forged")],
+    )
+    .await;
+    assert_eq!(status, 403, "a forged CSRF token");
+    let (status, ..) = post(
+        &adm,
+        &u("/auth/token"),
+        &[("token", "kumo_not-a-token"), ("csrf", &lcsrf)],
+    )
+    .await;
     assert_eq!(status, 401);
     let (status, to, _) = post(
         &adm,
         &u("/auth/token"),
-        &[("token", &s.admin_token), ("next", "/admin/hosts")],
+        &[
+            ("token", &s.admin_token),
+            ("csrf", &lcsrf),
+            ("next", "/admin/hosts"),
+        ],
     )
     .await;
     assert_eq!((status, to.as_str()), (302, "/admin/hosts"));
