@@ -37,7 +37,7 @@ fn schemathesis() -> PathBuf {
             String::from_utf8_lossy(&out.stderr)
         );
         let out = Command::new(root.join("bin/pip"))
-            .args(["install", "-q", "schemathesis==4.*"])
+            .args(["install", "-q", "schemathesis==4.32.5"])
             .output()
             .unwrap();
         assert!(
@@ -55,7 +55,10 @@ fn run(st: &Path, url: &str, token: &str, markers: &str) -> (bool, String) {
         .args(["run", &format!("{url}/api/v1/openapi.json")])
         .args(["-H", &format!("Authorization: Bearer {token}")])
         .args(["--checks", CHECKS])
-        .args(["--max-examples", "15", "--workers", "2", "--seed", "1"])
+        // One worker: hypothesis describing strategies from several threads
+        // at once trips over CPython 3.11's AST recursion counter (a tool
+        // error, "AST constructor recursion depth mismatch", not an API one).
+        .args(["--max-examples", "15", "--workers", "1", "--seed", "1"])
         // Health checks judge the generator, not the API.
         .args(["--suppress-health-check", "all"])
         .current_dir(&hooks)
