@@ -343,3 +343,133 @@ async fn a_reclaimed_cpu_only_spot_vm_is_saved_and_resumed() {
     assert!(v.placement.is_some() && v.host.as_deref() == Some("cpu-007"));
     s.stop().await;
 }
+
+/// A TCP relay between an agent and the server that the test can cut:
+/// while cut it ends the connections it carries and refuses new ones, as a
+/// network partition would.
+struct Relay {
+    url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn to(server: &str) -> Relay {
+        let backend = server.trim_start_matches("http://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if *watch.borrow() {
+                    continue; // dropped: refused
+                }
+                let (backend, mut watch) = (backend.clone(), watch.clone());
+                tokio::spawn(async move {
+                    let Ok(mut out) = tokio::net::TcpStream::connect(&backend).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
+                        _ = watch.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Relay { url, cut }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+async fn wait_for<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An agent cut off from the server (its own loop running, as
+/// `kumo-agent run` does): its VM keeps running, the host turns
+/// `unreachable` and its VM `unknown`; an action taken meanwhile waits;
+/// once the network is back the host is ready again, the action is
+/// carried out, and no domain was made twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cut_off_keeps_its_vms_and_catches_up() {
+    let s = TestServer::start_with(Backend::Sqlite, |c| {
+        c.heartbeat_timeout = Duration::from_secs(2);
+    })
+    .await;
+    s.tenant("lab").await;
+    let libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    let domains = || libvirtd.list_all_domains(0).unwrap().len();
+    let dir = scratch();
+    let sysfs = fixture(dir.path(), "hgx-h100");
+    let relay = Relay::to(&s.url).await;
+    let mut cfg = config(
+        &s,
+        Some(s.join_token().await),
+        &sysfs,
+        &dir.path().join("state"),
+    );
+    cfg.server = relay.url.clone();
+    cfg.resync = Duration::from_millis(200);
+    let agent = Agent::start(cfg).await.unwrap();
+    let running = tokio::spawn(agent.run());
+    let before = domains();
+
+    let v: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &vm("train", 2))
+        .await
+        .unwrap();
+    wait_for("the VM to run", || async {
+        state(&s, "train").await == Some(VmState::Running)
+    })
+    .await;
+    assert_eq!(domain(v.id), (true, true));
+
+    relay.set_cut(true);
+    let host = || async { s.admin.host("gpu-001").await.map(|h| h.host.state).ok() };
+    wait_for("the host to turn unreachable", || async {
+        host().await == Some(kumo_api_types::HostState::Unreachable)
+    })
+    .await;
+    assert_eq!(state(&s, "train").await, Some(VmState::Unknown));
+    assert_eq!(
+        domain(v.id),
+        (true, true),
+        "the VM runs on while its agent is away"
+    );
+    act(&s, "train", "stop").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        domain(v.id),
+        (true, true),
+        "nothing reaches the host while cut"
+    );
+
+    relay.set_cut(false);
+    wait_for("the host to be ready again", || async {
+        host().await == Some(kumo_api_types::HostState::Ready)
+    })
+    .await;
+    wait_for("the stop to be carried out", || async {
+        state(&s, "train").await == Some(VmState::Stopped)
+    })
+    .await;
+    assert_eq!(domain(v.id), (true, false));
+    assert_eq!(domains(), before + 1, "one domain, never made twice");
+    let events = events_of(&s, "lab", &v).await;
+    assert_eq!(
+        events.iter().filter(|e| e.as_str() == "running").count(),
+        1,
+        "{events:?}"
+    );
+    running.abort();
+}
