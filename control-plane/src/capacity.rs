@@ -157,20 +157,13 @@ impl Capacity {
         // Every host without its topology (the digest says whether the
         // profile in hand is still its); a host whose profile is not in
         // hand is read whole.
-        let mut hosts = hosts::Entity::find()
+        let hosts = hosts::Entity::find()
             .select_only()
             .columns(hosts::Column::iter().filter(|c| !matches!(c, hosts::Column::Topology)))
             .column_as(Expr::value(""), "topology")
             .into_model::<hosts::Model>()
             .all(db)
             .await?;
-        for h in hosts.iter_mut() {
-            if h.topology_digest.is_none() || self.cached_profile(h).is_none() {
-                if let Some(whole) = hosts::Entity::find_by_id(h.id).one(db).await? {
-                    *h = whole;
-                }
-            }
-        }
         let mut by_host: HashMap<Uuid, Vec<vms::Model>> = HashMap::new();
         for v in vms::Entity::find()
             .filter(vms::Column::HostId.is_not_null())
@@ -181,9 +174,19 @@ impl Capacity {
                 by_host.entry(h).or_default().push(v);
             }
         }
-        let known: Vec<Uuid> = hosts.iter().map(|h| h.id).collect();
-        for h in &hosts {
-            self.upsert(h, by_host.get(&h.id).map(Vec::as_slice).unwrap_or(&[]))?;
+        let mut known = std::collections::HashSet::with_capacity(hosts.len());
+        for h in hosts {
+            // Each upsert caches its profile, so of many hosts of one
+            // design only the first is read whole.
+            let h = match self.cached_profile(&h) {
+                Some(_) if h.topology_digest.is_some() => h,
+                _ => match hosts::Entity::find_by_id(h.id).one(db).await? {
+                    Some(whole) => whole,
+                    None => continue, // removed meanwhile
+                },
+            };
+            known.insert(h.id);
+            self.upsert(&h, by_host.get(&h.id).map(Vec::as_slice).unwrap_or(&[]))?;
         }
         let mut index = self.lock();
         let gone: Vec<Uuid> = index

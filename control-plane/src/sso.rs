@@ -209,18 +209,22 @@ pub(crate) async fn metadata(
     Ok(m)
 }
 
+/// Where browsers reach Kumo: the configured public URL, else this
+/// request's host.
+fn public_base(st: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    match &st.config.auth.public_url {
+        Some(u) => Ok(u.trim_end_matches('/').to_owned()),
+        None => headers
+            .get(HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(|host| format!("http://{host}"))
+            .ok_or_else(|| ApiError::validation("no Host header")),
+    }
+}
+
 fn redirect_uri(st: &AppState, headers: &HeaderMap) -> Result<RedirectUrl, ApiError> {
-    let base = match &st.config.auth.public_url {
-        Some(u) => u.trim_end_matches('/').to_owned(),
-        None => {
-            let host = headers
-                .get(HOST)
-                .and_then(|h| h.to_str().ok())
-                .ok_or_else(|| ApiError::validation("no Host header"))?;
-            format!("http://{host}")
-        }
-    };
-    RedirectUrl::new(format!("{base}/auth/callback")).map_err(|e| ApiError::Internal(e.to_string()))
+    RedirectUrl::new(format!("{}/auth/callback", public_base(st, headers)?))
+        .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 #[derive(Serialize)]
@@ -765,10 +769,7 @@ async fn end_session_url(
     let p = provider(st, s.provider.as_deref()?).ok()?.clone();
     let m = metadata(st, &p, false).await.ok()?;
     let endpoint = m.additional_metadata().end_session_endpoint.clone()?;
-    let back = redirect_uri(st, headers)
-        .ok()?
-        .as_str()
-        .replace("/auth/callback", "/login");
+    let back = format!("{}/login", public_base(st, headers).ok()?);
     let mut req = LogoutRequest::from(endpoint)
         .set_client_id(ClientId::new(p.client_id.clone()))
         .set_post_logout_redirect_uri(PostLogoutRedirectUrl::new(back).ok()?);

@@ -17,7 +17,7 @@ use kumo_api_types as api;
 use kumo_web_portal::i18n::{t, word, Lang, Msg};
 use kumo_web_portal::listing::{heatmap_svg, Cell, Field, Form, Input, Listing, Section};
 use kumo_web_portal::Viewer;
-use sea_orm::EntityTrait;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
 use super::{ctx_of, html, lang, signed_in};
 use crate::error::ApiError;
@@ -88,13 +88,15 @@ fn delete_button(l: Lang, action: String) -> Cell {
     }
 }
 
-/// A page of one table with its create form.
+/// A page of one table with its create form, posted back to the page.
 fn table_page(
     heading: String,
     columns: Vec<String>,
     rows: Vec<Vec<Cell>>,
     empty: String,
-    form: Form,
+    page: &Page,
+    submit: String,
+    fields: Vec<Field>,
 ) -> Listing {
     Listing {
         heading,
@@ -102,7 +104,11 @@ fn table_page(
             columns,
             rows,
             empty,
-            form: Some(form),
+            form: Some(Form {
+                action: page.href(),
+                submit,
+                fields,
+            }),
             ..Default::default()
         }],
         ..Default::default()
@@ -157,17 +163,15 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                 ],
                 rows,
                 empty,
-                Form {
-                    action: page.href(),
-                    submit: tx(Msg::Create),
-                    fields: vec![
-                        Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                        Field::new("size", t(l, Msg::Size), Input::Number).required(),
-                        Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
-                        Field::new("network", t(l, Msg::Segment), Input::Text),
-                        Field::new("spot", "spot", Input::Checkbox),
-                    ],
-                },
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                    Field::new("size", t(l, Msg::Size), Input::Number).required(),
+                    Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
+                    Field::new("network", t(l, Msg::Segment), Input::Text),
+                    Field::new("spot", "spot", Input::Checkbox),
+                ],
             )
         }
         Page::Segments(tenant) => {
@@ -213,27 +217,25 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                 ],
                 rows,
                 empty,
-                Form {
-                    action: page.href(),
-                    submit: tx(Msg::Create),
-                    fields: vec![
-                        Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                        Field::new(
-                            "kind",
-                            t(l, Msg::Kind),
-                            Input::Select(vec![
-                                ("ethernet".into(), "Ethernet".into()),
-                                ("roce".into(), "RoCE".into()),
-                            ]),
-                        ),
-                        Field::new("cidr", "CIDR", Input::Text)
-                            .required()
-                            .placeholder("10.0.0.0/24"),
-                        Field::new("mtu", "MTU", Input::Number),
-                        Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
-                            .placeholder("tcp:22:0.0.0.0/0"),
-                    ],
-                },
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                    Field::new(
+                        "kind",
+                        t(l, Msg::Kind),
+                        Input::Select(vec![
+                            ("ethernet".into(), "Ethernet".into()),
+                            ("roce".into(), "RoCE".into()),
+                        ]),
+                    ),
+                    Field::new("cidr", "CIDR", Input::Text)
+                        .required()
+                        .placeholder("10.0.0.0/24"),
+                    Field::new("mtu", "MTU", Input::Number),
+                    Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
+                        .placeholder("tcp:22:0.0.0.0/0"),
+                ],
             )
         }
         Page::Members(tenant) => {
@@ -269,14 +271,12 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                 ],
                 rows,
                 empty,
-                Form {
-                    action: page.href(),
-                    submit: tx(Msg::AddMember),
-                    fields: vec![
-                        Field::new("user", t(l, Msg::User), Input::Text).required(),
-                        Field::new("role", t(l, Msg::Role), Input::Select(roles)),
-                    ],
-                },
+                page,
+                tx(Msg::AddMember),
+                vec![
+                    Field::new("user", t(l, Msg::User), Input::Text).required(),
+                    Field::new("role", t(l, Msg::Role), Input::Select(roles)),
+                ],
             )
         }
         Page::Tokens => {
@@ -307,14 +307,12 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                 ],
                 rows,
                 empty,
-                Form {
-                    action: page.href(),
-                    submit: tx(Msg::Create),
-                    fields: vec![
-                        Field::new("description", t(l, Msg::Description), Input::Text).required(),
-                        Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
-                    ],
-                },
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("description", t(l, Msg::Description), Input::Text).required(),
+                    Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
+                ],
             )
         }
         Page::Hosts => {
@@ -384,20 +382,25 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     _ => e.2 += 1,
                 }
             }
-            let mut allocations = Vec::new();
-            for (vm, (gpus, nics, cpus)) in per_vm {
-                let name = crate::entity::vms::Entity::find_by_id(vm)
-                    .one(&v.st.db)
+            let names: std::collections::HashMap<uuid::Uuid, String> =
+                crate::entity::vms::Entity::find()
+                    .filter(crate::entity::vms::Column::Id.is_in(per_vm.keys().copied()))
+                    .all(&v.st.db)
                     .await?
-                    .map(|r| r.name)
-                    .unwrap_or_else(|| vm.to_string());
-                allocations.push(vec![
-                    Cell::text(name),
-                    Cell::Code(gpus.join(" ")),
-                    Cell::Code(nics.join(" ")),
-                    Cell::text(cpus.to_string()),
-                ]);
-            }
+                    .into_iter()
+                    .map(|r| (r.id, r.name))
+                    .collect();
+            let allocations = per_vm
+                .into_iter()
+                .map(|(vm, (gpus, nics, cpus))| {
+                    vec![
+                        Cell::text(names.get(&vm).cloned().unwrap_or_else(|| vm.to_string())),
+                        Cell::Code(gpus.join(" ")),
+                        Cell::Code(nics.join(" ")),
+                        Cell::text(cpus.to_string()),
+                    ]
+                })
+                .collect();
             let fabric = h
                 .fabric
                 .iter()
@@ -473,15 +476,13 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                 ],
                 rows,
                 empty,
-                Form {
-                    action: page.href(),
-                    submit: tx(Msg::Create),
-                    fields: vec![
-                        Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                        Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
-                        Field::new("description", t(l, Msg::Description), Input::Text),
-                    ],
-                },
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                    Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
+                    Field::new("description", t(l, Msg::Description), Input::Text),
+                ],
             )
         }
         Page::Rates => {
@@ -514,17 +515,15 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                 ],
                 rows,
                 empty,
-                Form {
-                    action: page.href(),
-                    submit: tx(Msg::SetRate),
-                    fields: vec![
-                        Field::new("class", t(l, Msg::Class), Input::Text)
-                            .required()
-                            .placeholder("gpu:H100-SXM5-80GB"),
-                        Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
-                        Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
-                    ],
-                },
+                page,
+                tx(Msg::SetRate),
+                vec![
+                    Field::new("class", t(l, Msg::Class), Input::Text)
+                        .required()
+                        .placeholder("gpu:H100-SXM5-80GB"),
+                    Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
+                    Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
+                ],
             )
         }
         Page::JoinTokens => {

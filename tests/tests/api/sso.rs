@@ -383,10 +383,7 @@ async fn federated_login_with_two_institutions() {
         .await
         .unwrap();
     let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
-    let csrf_a = session(&a, &kumo).await.1["csrf"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let csrf_a = csrf_of(&a, &kumo).await;
     let form = |csrf: &str| {
         vec![
             ("csrf", csrf.to_owned()),
@@ -397,14 +394,7 @@ async fn federated_login_with_two_institutions() {
             ("network", String::new()),
         ]
     };
-    let form_page = a
-        .get(format!("{kumo}/t/vision/vms"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let form_page = get(&a, &format!("{kumo}/t/vision/vms")).await.1;
     assert!(
         form_page.contains("<option value=\"H100-SXM5-80GB\">"),
         "priced GPU models are offered: {form_page}"
@@ -425,14 +415,7 @@ async fn federated_login_with_two_institutions() {
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
     assert_eq!(location(&r), "/t/vision/vms/train");
     agent.converge().await;
-    let vm_page = a
-        .get(format!("{kumo}/t/vision/vms/train"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let vm_page = get(&a, &format!("{kumo}/t/vision/vms/train")).await.1;
     assert!(vm_page.contains("data-state=\"running\""), "{vm_page}");
     assert_eq!(vm_page.matches("class=\"gpu\"").count(), 8, "a box per GPU");
     assert_eq!(
@@ -454,27 +437,13 @@ async fn federated_login_with_two_institutions() {
         vm_page.contains("<pre class=\"nccl\">&#60;system version=&#34;1&#34;&#62;"),
         "the NCCL file"
     );
-    let list = a
-        .get(format!("{kumo}/t/vision/vms"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let list = get(&a, &format!("{kumo}/t/vision/vms")).await.1;
     assert!(list.contains("data-vm=\"train\""));
     // Points and usage: the VM's first minute is charged at once.
     kumo_server::metering::post_due(&s.server.state)
         .await
         .unwrap();
-    let billing = a
-        .get(format!("{kumo}/t/vision/billing"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let billing = get(&a, &format!("{kumo}/t/vision/billing")).await.1;
     assert!(
         billing.contains("data-balance=\"99520\""),
         "8 GPUs × 60 s: {billing}"
@@ -485,14 +454,7 @@ async fn federated_login_with_two_institutions() {
         "a bar per day"
     );
     assert!(billing.contains("class=\"charge\""));
-    let dash = a
-        .get(format!("{kumo}/"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let dash = get(&a, &format!("{kumo}/")).await.1;
     assert_eq!(
         dash.matches("class=\"bar\"").count(),
         30,
@@ -521,35 +483,11 @@ async fn federated_login_with_two_institutions() {
         .await
         .unwrap()
         .contains("train,gpu:H100-SXM5-80GB,guaranteed,60,3600,480"));
-    assert_eq!(
-        b.get(format!("{kumo}/t/vision/billing"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
-    );
+    assert_eq!(get(&b, &format!("{kumo}/t/vision/billing")).await.0, 404);
     // Another institution's user gets nothing of it, page or form.
-    assert_eq!(
-        b.get(format!("{kumo}/t/vision/vms"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
-    );
-    assert_eq!(
-        b.get(format!("{kumo}/t/vision/vms/train"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        404
-    );
-    let csrf_b = session(&b, &kumo).await.1["csrf"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    assert_eq!(get(&b, &format!("{kumo}/t/vision/vms")).await.0, 404);
+    assert_eq!(get(&b, &format!("{kumo}/t/vision/vms/train")).await.0, 404);
+    let csrf_b = csrf_of(&b, &kumo).await;
     let r = b
         .post(format!("{kumo}/t/vision/vms/train/delete"))
         .form(&[("csrf", csrf_b.as_str())])
@@ -566,14 +504,7 @@ async fn federated_login_with_two_institutions() {
         .unwrap();
     assert_eq!(r.status(), 303);
     agent.converge().await;
-    let list = a
-        .get(format!("{kumo}/t/vision/vms"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let list = get(&a, &format!("{kumo}/t/vision/vms")).await.1;
     assert!(list.contains("data-state=\"stopped\""), "{list}");
 
     // `kumo login` through the portal: the signed-in user allows it, and
@@ -604,10 +535,7 @@ async fn federated_login_with_two_institutions() {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-    let csrf = session(&again, &kumo).await.1["csrf"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let csrf = csrf_of(&again, &kumo).await;
     let r = again
         .post(format!("{kumo}/login/cli"))
         .form(&[
