@@ -23,7 +23,9 @@ const METADATA_ELEMENT: i32 = 2;
 const VIR_DOMAIN_REBOOT_GUEST_AGENT: u32 = 2;
 
 pub struct Reconciler {
-    conn: Connect,
+    /// Open while libvirt answers; reopened from `uri` after it went away.
+    conn: Option<Connect>,
+    uri: String,
     host_id: Uuid,
     topology: HostTopology,
     virt_type: String,
@@ -34,6 +36,8 @@ pub struct Reconciler {
     noticed: BTreeMap<Uuid, chrono::DateTime<chrono::Utc>>,
     /// libvirt calls that changed something, for tests and logs.
     pub changes: u64,
+    /// Times libvirt was opened again after its connection died.
+    pub reconnects: u64,
 }
 
 /// A YAML double-quoted scalar.
@@ -108,6 +112,7 @@ fn err(e: virt::error::Error) -> String {
 impl Reconciler {
     pub fn new(
         conn: Connect,
+        uri: &str,
         host_id: Uuid,
         topology: HostTopology,
         virt_type: &str,
@@ -118,7 +123,8 @@ impl Reconciler {
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or_default();
         Reconciler {
-            conn,
+            conn: Some(conn),
+            uri: uri.to_owned(),
             host_id,
             topology,
             virt_type: virt_type.to_owned(),
@@ -126,7 +132,33 @@ impl Reconciler {
             reboots,
             noticed: BTreeMap::new(),
             changes: 0,
+            reconnects: 0,
         }
+    }
+
+    /// The libvirt connection, opened again when it died: a dead
+    /// `virConnect` (libvirtd restarted, its socket gone) never recovers
+    /// by itself, and every later call on it would fail.
+    fn connection(&mut self) -> Result<&Connect, String> {
+        let dead = self
+            .conn
+            .as_ref()
+            .is_some_and(|c| !c.is_alive().unwrap_or(false));
+        if dead {
+            tracing::warn!(uri = %self.uri, "libvirt connection lost; opening it again");
+            // Dropping the handle closes it.
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            let c = Connect::open(Some(&self.uri))
+                .map_err(|e| format!("cannot open libvirt at {}: {e}", self.uri))?;
+            self.reconnects += 1;
+            tracing::info!(uri = %self.uri, "libvirt connection opened again");
+            self.conn = Some(c);
+        }
+        self.conn
+            .as_ref()
+            .ok_or_else(|| format!("no libvirt connection to {}", self.uri))
     }
 
     pub fn topology(&self) -> &HostTopology {
@@ -134,16 +166,17 @@ impl Reconciler {
     }
 
     /// Domains whose metadata says they belong to this host, by VM id.
-    pub fn owned(&self) -> Result<HashMap<Uuid, Domain>, String> {
+    pub fn owned(&mut self) -> Result<HashMap<Uuid, Domain>, String> {
+        let host_id = self.host_id;
         let mut out = HashMap::new();
-        for d in self.conn.list_all_domains(0).map_err(err)? {
+        for d in self.connection()?.list_all_domains(0).map_err(err)? {
             let Ok(meta) = d.metadata(METADATA_ELEMENT, Some(METADATA_NS), 0) else {
                 continue;
             };
             let host = attr(&meta, "host").and_then(|h| Uuid::try_parse(h).ok());
             let vm = attr(&meta, "id").and_then(|v| Uuid::try_parse(v).ok());
             if let (Some(host), Some(vm)) = (host, vm) {
-                if host == self.host_id {
+                if host == host_id {
                     out.insert(vm, d);
                 }
             }
@@ -260,7 +293,7 @@ impl Reconciler {
                 let seed = self.ensure_seed(vm)?;
                 let xml = self.render(vm, &disk, &seed)?;
                 self.changes += 1;
-                self.conn.define_domain_xml(&xml).map_err(err)?
+                self.connection()?.define_domain_xml(&xml).map_err(err)?
             }
         };
         let active = dom.is_active().map_err(err)?;

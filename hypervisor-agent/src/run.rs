@@ -117,6 +117,7 @@ impl Agent {
             .map_err(|e| anyhow::anyhow!("cannot open libvirt at {}: {e}", config.libvirt_uri))?;
         let reconciler = Reconciler::new(
             conn,
+            &config.libvirt_uri,
             cred.host_id,
             topo.clone(),
             &config.virt_type,

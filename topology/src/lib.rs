@@ -193,7 +193,24 @@ pub fn gpu_model(device: u16) -> String {
     }
 }
 
+/// Topologies larger than this are not a server, they are an attack.
+pub const MAX_PCI_DEVICES: usize = 4096;
+pub const MAX_NUMA_NODES: usize = 1024;
+
 impl HostTopology {
+    /// Whether a topology an agent sent is small enough to take: what the
+    /// server checks before anything else looks at it.
+    pub fn plausible(&self) -> Result<(), String> {
+        if self.pci_devices.len() > MAX_PCI_DEVICES || self.numa_nodes.len() > MAX_NUMA_NODES {
+            return Err(format!(
+                "implausibly large: {} PCI functions (at most {MAX_PCI_DEVICES}), {} NUMA nodes (at most {MAX_NUMA_NODES})",
+                self.pci_devices.len(),
+                self.numa_nodes.len()
+            ));
+        }
+        Ok(())
+    }
+
     pub fn gpu(&self, bdf: Bdf) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.location.bdf == bdf)
     }

@@ -92,6 +92,11 @@ impl Element {
     }
 }
 
+/// Text or an attribute value that any XML parser reads back as `s`.
+/// Tabs and line ends are written as character references: parsers turn
+/// them into spaces in attributes and `\r` into `\n` in text. Characters
+/// XML 1.0 cannot carry at all (other C0 controls, U+FFFE, U+FFFF) become
+/// U+FFFD, so the document stays well-formed whatever it is given.
 pub fn escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
@@ -101,15 +106,31 @@ pub fn escape(s: &str) -> String {
             '>' => o.push_str("&gt;"),
             '"' => o.push_str("&quot;"),
             '\'' => o.push_str("&apos;"),
-            c => o.push(c),
+            '\t' => o.push_str("&#9;"),
+            '\n' => o.push_str("&#10;"),
+            '\r' => o.push_str("&#13;"),
+            c if xml_char(c) => o.push(c),
+            _ => o.push(char::REPLACEMENT_CHARACTER),
         }
     }
     o
 }
 
+/// XML 1.0's `Char` production (surrogates cannot occur in a `char`).
+pub fn xml_char(c: char) -> bool {
+    !matches!(c, '\0'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escapes_what_parsers_would_change_or_refuse() {
+        assert_eq!(escape("a\tb\nc\rd"), "a&#9;b&#10;c&#13;d");
+        assert_eq!(escape("x\u{1}y\u{ffff}"), "x\u{fffd}y\u{fffd}");
+        assert_eq!(escape("グラフ"), "グラフ");
+    }
 
     #[test]
     fn renders_nested_and_escaped() {

@@ -132,8 +132,11 @@ fn is_root() -> bool {
 
 /// Everything CI checks: formatting, lints, and every test on SQLite and
 /// PostgreSQL (started or installed here when missing), with the Debian
-/// packages in [`PACKAGES`].
-fn test(extra: &[String]) -> Result<(), String> {
+/// packages in [`PACKAGES`]. `--extended` also runs the long harnesses:
+/// five times the crash rounds, and every fuzz target for a bounded time.
+fn test(args: &[String]) -> Result<(), String> {
+    let extended = args.iter().any(|a| a == "--extended");
+    let extra: Vec<&String> = args.iter().filter(|a| *a != "--extended").collect();
     if std::env::var_os("KUMO_TEST_DATABASE_URL").is_none() {
         run(Command::new("bash").arg("scripts/ensure-postgres.sh"))?;
     }
@@ -151,15 +154,91 @@ fn test(extra: &[String]) -> Result<(), String> {
     ]))?;
     // The CLI tests run the real `kumo` binary: build every binary first.
     run(cargo().args(["build", "--workspace", "--bins"]))?;
+    let mut tests = cargo();
     if has_nextest() {
-        run(cargo()
-            .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-            .args(extra))
+        tests.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
     } else {
-        run(cargo()
-            .args(["test", "--workspace", "--no-fail-fast"])
-            .args(extra))
+        tests.args(["test", "--workspace", "--no-fail-fast"]);
     }
+    if extended {
+        tests.env("KUMO_EXTENDED", "1");
+    }
+    run(tests.args(extra))?;
+    if extended {
+        fuzz()?;
+    }
+    Ok(())
+}
+
+/// The fuzz targets in `fuzz/`, from the nightly toolchain `cargo fuzz`
+/// needs.
+const FUZZ_TARGETS: &[&str] = &[
+    "sysfs_discovery",
+    "agent_messages",
+    "config_files",
+    "xml_round_trip",
+];
+
+/// Seconds each fuzz target runs in the extended run, unless
+/// `KUMO_FUZZ_SECONDS` says otherwise.
+const FUZZ_SECONDS: u32 = 120;
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.output().is_ok_and(|o| o.status.success())
+}
+
+/// Installs a nightly toolchain and cargo-fuzz when missing, then runs each
+/// target over its kept corpus (`fuzz/corpus/<target>`, where new finds are
+/// added) and on for a bounded time. A panic, a hang (10 s on one input) or
+/// running out of memory fails the run, with the input in `fuzz/artifacts/`.
+fn fuzz() -> Result<(), String> {
+    if !succeeds(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    if !succeeds(cargo().args(["fuzz", "--version"])) {
+        run(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    let seconds = std::env::var("KUMO_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or(FUZZ_SECONDS);
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join("fuzz");
+    for t in FUZZ_TARGETS {
+        let corpus = root().join("fuzz/corpus").join(t);
+        std::fs::create_dir_all(&corpus)
+            .map_err(|e| format!("cannot create {}: {e}", corpus.display()))?;
+        run(Command::new("cargo")
+            .args([
+                "+nightly",
+                "fuzz",
+                "run",
+                "--sanitizer",
+                "none",
+                "--debug-assertions",
+            ])
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .arg(t)
+            .arg(&corpus)
+            .arg("--")
+            .arg(format!("-max_total_time={seconds}"))
+            .args(["-timeout=10", "-rss_limit_mb=4096", "-print_final_stats=1"])
+            // cargo fuzz is run through rustup's proxy: the workspace's
+            // CARGO would pin the stable toolchain.
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
+            .env_remove("RUSTUP_TOOLCHAIN"))?;
+    }
+    Ok(())
 }
 
 /// Starts the whole system on its embedded default: the server on SQLite
@@ -222,10 +301,11 @@ fn main() -> ExitCode {
     };
     let result = match task {
         "test" => test(extra),
+        "fuzz" => fuzz(),
         "start" => start(extra),
         "openapi" => openapi(),
         _ => {
-            eprintln!("usage: cargo xtask <start|test|openapi> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  test     fmt, clippy and every test (starts PostgreSQL if needed)\n  openapi  regenerate api-spec/openapi.json");
+            eprintln!("usage: cargo xtask <start|test|openapi> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  openapi  regenerate api-spec/openapi.json");
             return if task == "help" {
                 ExitCode::SUCCESS
             } else {

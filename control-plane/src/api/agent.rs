@@ -32,8 +32,6 @@ use crate::{auth, names};
 
 /// How long a desired-state request waits for a change.
 pub const LONG_POLL: Duration = Duration::from_secs(25);
-/// Topologies larger than this are not a server, they are an attack.
-pub const MAX_PCI_DEVICES: usize = 4096;
 
 /// An agent, authenticated by its host credential.
 pub struct HostCaller(pub hosts::Model);
@@ -65,10 +63,7 @@ impl FromRequestParts<AppState> for HostCaller {
 }
 
 fn validate_topology(t: &kumo_topology::HostTopology) -> Result<(), ApiError> {
-    if t.pci_devices.len() > MAX_PCI_DEVICES || t.numa_nodes.len() > 1024 {
-        return Err(ApiError::field("topology", "implausibly large"));
-    }
-    Ok(())
+    t.plausible().map_err(|m| ApiError::field("topology", m))
 }
 
 fn check_underlay(ip: Option<Ipv4Addr>) -> Result<(), ApiError> {

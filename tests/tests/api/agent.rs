@@ -344,31 +344,75 @@ async fn a_reclaimed_cpu_only_spot_vm_is_saved_and_resumed() {
     s.stop().await;
 }
 
-/// A TCP relay between an agent and the server that the test can cut:
-/// while cut it ends the connections it carries and refuses new ones, as a
-/// network partition would.
+/// A relay between an agent and what it talks to (the server over TCP,
+/// libvirtd over its Unix socket) that the test can cut: while cut it ends
+/// the connections it carries and refuses new ones, as a network partition
+/// or a restarting daemon would.
 struct Relay {
-    url: String,
+    /// `http://…` for TCP, the socket's path for Unix.
+    addr: String,
     cut: tokio::sync::watch::Sender<bool>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+enum Listener {
+    Tcp(tokio::net::TcpListener, String),
+    Unix(tokio::net::UnixListener, std::path::PathBuf),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Box<dyn Stream>> {
+        Ok(match self {
+            Listener::Tcp(l, _) => Box::new(l.accept().await?.0),
+            Listener::Unix(l, _) => Box::new(l.accept().await?.0),
+        })
+    }
+
+    async fn connect(&self) -> std::io::Result<Box<dyn Stream>> {
+        Ok(match self {
+            Listener::Tcp(_, to) => Box::new(tokio::net::TcpStream::connect(to).await?),
+            Listener::Unix(_, to) => Box::new(tokio::net::UnixStream::connect(to).await?),
+        })
+    }
 }
 
 impl Relay {
     async fn to(server: &str) -> Relay {
         let backend = server.trim_start_matches("http://").to_owned();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        Relay::start(Listener::Tcp(listener, backend), addr, None)
+    }
+
+    async fn to_socket(path: &Path) -> Relay {
+        let dir = scratch();
+        let addr = dir.path().join("relay.sock");
+        let listener = tokio::net::UnixListener::bind(&addr).unwrap();
+        let addr = addr.display().to_string();
+        Relay::start(
+            Listener::Unix(listener, path.to_path_buf()),
+            addr,
+            Some(dir),
+        )
+    }
+
+    fn start(listener: Listener, addr: String, dir: Option<tempfile::TempDir>) -> Relay {
         let (cut, watch) = tokio::sync::watch::channel(false);
+        let listener = std::sync::Arc::new(listener);
         tokio::spawn(async move {
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let Ok(mut inbound) = listener.accept().await else {
                     continue;
                 };
                 if *watch.borrow() {
                     continue; // dropped: refused
                 }
-                let (backend, mut watch) = (backend.clone(), watch.clone());
+                let (listener, mut watch) = (listener.clone(), watch.clone());
                 tokio::spawn(async move {
-                    let Ok(mut out) = tokio::net::TcpStream::connect(&backend).await else {
+                    let Ok(mut out) = listener.connect().await else {
                         return;
                     };
                     tokio::select! {
@@ -378,7 +422,11 @@ impl Relay {
                 });
             }
         });
-        Relay { url, cut }
+        Relay {
+            addr,
+            cut,
+            _dir: dir,
+        }
     }
 
     fn set_cut(&self, cut: bool) {
@@ -417,7 +465,7 @@ async fn an_agent_cut_off_keeps_its_vms_and_catches_up() {
         &sysfs,
         &dir.path().join("state"),
     );
-    cfg.server = relay.url.clone();
+    cfg.server = relay.addr.clone();
     cfg.resync = Duration::from_millis(200);
     let agent = Agent::start(cfg).await.unwrap();
     let running = tokio::spawn(agent.run());
@@ -472,4 +520,122 @@ async fn an_agent_cut_off_keeps_its_vms_and_catches_up() {
         "{events:?}"
     );
     running.abort();
+}
+
+/// libvirtd's read-write socket (started by `scripts/ensure-libvirtd.sh`).
+const LIBVIRT_SOCK: &str = "/run/libvirt/libvirt-sock";
+
+/// libvirt failing under a running agent. First libvirtd goes away (its
+/// connections end and new ones are refused, as in a restart): the running
+/// VM keeps running, a VM created meanwhile waits, and once libvirtd is
+/// back the agent opens a new connection and starts it. Then a libvirt
+/// call fails (defining the domain: its name is taken): the VM turns
+/// `error` with libvirt's reason, and runs once the cause is gone. No
+/// domain is made twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_rides_out_libvirt_failures() {
+    let s = TestServer::start_with(Backend::Sqlite, |_| {}).await;
+    s.tenant("lab").await;
+    // The daemon's test driver, seen directly; holding it open also keeps
+    // the driver's domains while the agent's connection is gone.
+    let libvirtd = virt::connect::Connect::open(Some("test+unix:///default")).unwrap();
+    let domain = |id: uuid::Uuid| match libvirtd.lookup_domain_by_uuid_string(&id.to_string()) {
+        Ok(d) => (true, d.is_active().unwrap()),
+        Err(_) => (false, false),
+    };
+    let relay = Relay::to_socket(Path::new(LIBVIRT_SOCK)).await;
+    let dir = scratch();
+    let sysfs = fixture(dir.path(), "hgx-h100");
+    let mut cfg = config(
+        &s,
+        Some(s.join_token().await),
+        &sysfs,
+        &dir.path().join("state"),
+    );
+    cfg.libvirt_uri = format!("test+unix:///default?socket={}", relay.addr);
+    cfg.resync = Duration::from_millis(200);
+    let agent = Agent::start(cfg).await.unwrap();
+    let reconciler = agent.reconciler.clone();
+    let running = tokio::spawn(agent.run());
+
+    let a: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &vm("first", 2))
+        .await
+        .unwrap();
+    wait_for("the first VM to run", || async {
+        state(&s, "first").await == Some(VmState::Running)
+    })
+    .await;
+    assert_eq!(domain(a.id), (true, true));
+
+    relay.set_cut(true);
+    let b: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &vm("second", 2))
+        .await
+        .unwrap();
+    // Passes run every 200 ms and fail while libvirtd is away.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(state(&s, "second").await, Some(VmState::Scheduled));
+    assert_eq!(domain(b.id), (false, false));
+    assert_eq!(domain(a.id), (true, true), "the first VM runs on");
+    assert_eq!(state(&s, "first").await, Some(VmState::Running));
+
+    // A foreign domain with the name the agent will give the second VM.
+    let name = format!("kumo-second-{}", &b.id.simple().to_string()[..8]);
+    let squatter = libvirtd
+        .define_domain_xml(&format!(
+            "<domain type='test'><name>{name}</name><memory>1024</memory>\
+             <os><type>hvm</type></os></domain>"
+        ))
+        .unwrap();
+
+    relay.set_cut(false);
+    wait_for("the second VM to fail on the taken name", || async {
+        state(&s, "second").await == Some(VmState::Error)
+    })
+    .await;
+    let v: Vm = s.admin.get("/api/v1/tenants/lab/vms/second").await.unwrap();
+    let reason = v.reason.unwrap_or_default();
+    assert!(reason.contains(&name), "libvirt's reason: {reason}");
+    assert!(
+        reconciler.lock().unwrap().reconnects >= 1,
+        "the agent opened libvirt again"
+    );
+    assert_eq!(domain(a.id), (true, true));
+
+    squatter.undefine().unwrap();
+    wait_for("the second VM to run", || async {
+        state(&s, "second").await == Some(VmState::Running)
+    })
+    .await;
+    assert_eq!(domain(b.id), (true, true));
+    assert_eq!(domain(a.id), (true, true));
+    let ours = libvirtd
+        .list_all_domains(0)
+        .unwrap()
+        .iter()
+        .filter(|d| {
+            let u = d.uuid_string().unwrap();
+            u == a.id.to_string() || u == b.id.to_string()
+        })
+        .count();
+    assert_eq!(ours, 2, "one domain each, never made twice");
+    for v in [&a, &b] {
+        let events = events_of(&s, "lab", v).await;
+        assert_eq!(
+            events.iter().filter(|e| e.as_str() == "running").count(),
+            1,
+            "{events:?}"
+        );
+    }
+    running.abort();
+    // The daemon's driver is shared: leave nothing behind.
+    for id in [a.id, b.id] {
+        if let Ok(d) = libvirtd.lookup_domain_by_uuid_string(&id.to_string()) {
+            let _ = d.destroy();
+            let _ = d.undefine();
+        }
+    }
 }

@@ -581,22 +581,33 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     }
 }
 
-/// 20 SIGKILLs on PostgreSQL, the production database.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_killed_20_times_under_churn_postgres() {
-    scenario(Backend::Postgres, 20, 1).await;
+/// Kills per scenario: as given in the default run, five times as many in
+/// the extended run (`./x test --extended` sets `KUMO_EXTENDED`).
+fn rounds(default: usize) -> usize {
+    if std::env::var_os("KUMO_EXTENDED").is_some() {
+        default * 5
+    } else {
+        default
+    }
 }
 
-/// Fewer rounds on SQLite, the embedded default.
+/// 20 SIGKILLs (100 extended) on PostgreSQL, the production database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_killed_8_times_under_churn_sqlite() {
-    scenario(Backend::Sqlite, 8, 1).await;
+async fn server_killed_under_churn_postgres() {
+    scenario(Backend::Postgres, rounds(20), 1).await;
+}
+
+/// Fewer rounds on SQLite, the embedded default: 8 (40 extended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_under_churn_sqlite() {
+    scenario(Backend::Sqlite, rounds(8), 1).await;
 }
 
 /// Two replicas on one PostgreSQL behind one address, each killed now and
 /// then while the other serves: the reclaimer, the billing poster and the
-/// lost-host detector run on both, and what they do happens once.
+/// lost-host detector run on both, and what they do happens once. 20 kills
+/// (100 extended).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_killed_20_times_under_churn_postgres() {
-    scenario(Backend::Postgres, 20, 2).await;
+async fn two_replicas_killed_under_churn_postgres() {
+    scenario(Backend::Postgres, rounds(20), 2).await;
 }

@@ -36,6 +36,35 @@ async fn get_vm(s: &TestServer, name: &str) -> Vm {
 }
 
 on_both_backends! {
+    /// The capacity index's full re-read walks the hosts a page at a time:
+    /// every host is found whatever the page size, with its VMs, and a
+    /// walk over pages removes no host that is still there.
+    async fn the_capacity_reread_finds_every_host_page_by_page(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut agents = Vec::new();
+        for i in 0..5 {
+            agents.push(s.sim_agent(&format!("gpu-{i}"), "hgx-h100").await);
+        }
+        let v: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("one", 2, ServiceLevel::Guaranteed)).await.unwrap();
+        use sea_orm::EntityTrait;
+        let mut want: Vec<uuid::Uuid> = kumo_server::entity::hosts::Entity::find()
+            .all(s.db()).await.unwrap().into_iter().map(|h| h.id).collect();
+        want.sort();
+        assert_eq!(want.len(), 5);
+        for page in [1, 2, 5, 500] {
+            let cap = kumo_server::capacity::Capacity::default();
+            for _ in 0..2 {
+                cap.refresh_all_paged(s.db(), page).await.unwrap();
+                let index = cap.lock();
+                let mut got: Vec<uuid::Uuid> = index.hosts.iter().map(|h| h.id).collect();
+                got.sort();
+                assert_eq!(got, want, "page size {page}");
+                let holding = index.hosts.iter().filter(|h| h.holds.iter().any(|x| x.vm == v.id)).count();
+                assert_eq!(holding, 1, "the VM on its host, page size {page}");
+            }
+        }
+    }
+
     async fn concurrent_requests_never_exceed_the_quota(s: &TestServer) {
         s.bare_tenant("lab").await;
         let mut q = Quota { vcpus: 1000, memory_gib: 10_000, vms: 100, ..Default::default() };

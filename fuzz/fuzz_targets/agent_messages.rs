@@ -1,0 +1,78 @@
+//! What crosses the wire between agent and server, as JSON: registrations
+//! and heartbeats (the server reads them), status reports (the server),
+//! and desired states (the agent). Each must parse or be refused, survive a
+//! round trip unchanged, and — when it carries a topology or placements —
+//! go through everything the receiving side computes from it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use kumo_api_types::{AgentHeartbeat, AgentRegister, DesiredState, StatusReport};
+
+/// Parses, and checks that writing and reading again gives the same JSON.
+fn round_trip<T: DeserializeOwned + Serialize>(data: &[u8]) -> Option<T> {
+    let v: T = serde_json::from_slice(data).ok()?;
+    let once = serde_json::to_value(&v).expect("a parsed message serializes");
+    let again: T = serde_json::from_value(once.clone()).expect("a message reads back");
+    assert_eq!(serde_json::to_value(&again).ok(), Some(once));
+    Some(v)
+}
+
+fn desired(d: &DesiredState) {
+    let Some(m) = kumo_topology::fixtures::machine("hgx-h100-roce") else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("kumo-fuzz-agent-{}", std::process::id()));
+    static TOPO: std::sync::OnceLock<Option<kumo_topology::HostTopology>> =
+        std::sync::OnceLock::new();
+    let topo = TOPO.get_or_init(|| {
+        kumo_topology::fixtures::write(&m, &dir).ok()?;
+        kumo_topology::sysfs::discover(&dir, None).ok()
+    });
+    let Some(topo) = topo else { return };
+    for vm in &d.vms {
+        let _ = kumo_agent::reconcile::cloud_init(vm);
+        let _ = kumo_agent::reconcile::network_config(vm);
+        let _ = kumo_agent::reconcile::bridge_nics(vm);
+        let Ok(layout) = kumo_topology::guest_layout::guest_layout(topo, &vm.placement) else {
+            continue;
+        };
+        if let Ok(xml) = kumo_topology::nccl_xml::nccl_topology_xml(topo, &layout) {
+            kumo_fuzz::well_formed(&xml);
+        }
+    }
+    if let Some(net) = &d.network {
+        let _ = kumo_agent::roce_ports::wanted(topo, d);
+        let _ = serde_json::to_string(net);
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((kind, body)) = data.split_first() else {
+        return;
+    };
+    match kind % 4 {
+        0 => {
+            if let Some(r) = round_trip::<AgentRegister>(body) {
+                kumo_fuzz::exercise_topology(&r.topology);
+            }
+        }
+        1 => {
+            if let Some(h) = round_trip::<AgentHeartbeat>(body) {
+                if let Some(t) = &h.topology {
+                    kumo_fuzz::exercise_topology(t);
+                }
+            }
+        }
+        2 => {
+            let _ = round_trip::<StatusReport>(body);
+        }
+        _ => {
+            if let Some(d) = round_trip::<DesiredState>(body) {
+                desired(&d);
+            }
+        }
+    }
+});
