@@ -12,14 +12,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p kumo-server -p kumo-tests --bin kumo-server --bin kumo-load
+bin="${CARGO_TARGET_DIR:-target}/release"
 port=18091
 source scripts/server-under-test.sh
 mem() { awk '/VmRSS|VmHWM/ {printf "%s %d MiB  ", $1, $2/1024}' /proc/$pid/status; echo; }
 echo "== $label: server after start: $(mem)"
 echo "== $label: api ${RATE:-500}/s for ${SECONDS_:-30} s"
-target/release/kumo-load --url $S --token "$T" api --rate "${RATE:-500}" --seconds "${SECONDS_:-30}"
+"$bin"/kumo-load --url $S --token "$T" api --rate "${RATE:-500}" --seconds "${SECONDS_:-30}"
 echo "== $label: server after the api run: $(mem)"
 echo "== $label: fleet of ${HOSTS:-10000} hosts"
-target/release/kumo-load --url $S --token "$T" fleet --hosts "${HOSTS:-10000}" \
+"$bin"/kumo-load --url $S --token "$T" fleet --hosts "${HOSTS:-10000}" \
   --heartbeat-secs "${HEARTBEAT:-30}" --seconds "${FLEET_SECONDS:-60}"
 echo "== $label: server with the fleet: $(mem)"

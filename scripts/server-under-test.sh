@@ -14,7 +14,7 @@ if [ $# -ge 1 ]; then
   args+=(--database-url "$1${sep}options[search_path]=$schema")
   label=postgres
 fi
-KUMO_LOG=warn target/release/kumo-server serve "${args[@]}" >"$work/server.log" 2>&1 &
+KUMO_LOG=warn "${CARGO_TARGET_DIR:-target}"/release/kumo-server serve "${args[@]}" >"$work/server.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [ -s "$work/data/admin-token" ] && curl -sf localhost:$port/readyz >/dev/null && break; sleep 0.2; done
 T=$(cat "$work/data/admin-token")

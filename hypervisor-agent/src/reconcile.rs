@@ -189,6 +189,8 @@ impl Reconciler {
     }
 
     /// The VM's disk: a qcow2 overlay on its template, or an empty qcow2.
+    /// Made under a temporary name and renamed, so an agent killed halfway
+    /// leaves no truncated disk that a later pass would take as made.
     fn ensure_disk(&self, vm: &DesiredVm) -> Result<PathBuf, String> {
         let dir = self.vm_dir(vm.id);
         let disk = dir.join("disk.qcow2");
@@ -196,12 +198,13 @@ impl Reconciler {
             return Ok(disk);
         }
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let partial = dir.join("disk.qcow2.partial");
         let mut cmd = std::process::Command::new("qemu-img");
         cmd.args(["create", "-q", "-f", "qcow2"]);
         if let Some(base) = &vm.spec.image_path {
             cmd.args(["-b", base, "-F", "qcow2"]);
         }
-        cmd.arg(&disk).arg(format!("{}G", vm.spec.disk_gib));
+        cmd.arg(&partial).arg(format!("{}G", vm.spec.disk_gib));
         let out = cmd.output().map_err(|e| format!("running qemu-img: {e}"))?;
         if !out.status.success() {
             return Err(format!(
@@ -209,6 +212,8 @@ impl Reconciler {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        std::fs::rename(&partial, &disk)
+            .map_err(|e| format!("renaming {}: {e}", partial.display()))?;
         Ok(disk)
     }
 
@@ -230,19 +235,23 @@ impl Reconciler {
             std::fs::write(src.join("network-config"), net).map_err(|e| e.to_string())?;
             files.push(src.join("network-config"));
         }
+        // As for the disk: whole or not at all.
+        let partial = dir.join("seed.iso.partial");
         let out = std::process::Command::new("genisoimage")
             .args(["-quiet", "-volid", "cidata", "-joliet", "-rock", "-output"])
-            .arg(&seed)
+            .arg(&partial)
             .args(&files)
             .output()
             .map_err(|e| format!("running genisoimage: {e}"))?;
         if !out.status.success() {
-            let _ = std::fs::remove_file(&seed);
+            let _ = std::fs::remove_file(&partial);
             return Err(format!(
                 "genisoimage: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        std::fs::rename(&partial, &seed)
+            .map_err(|e| format!("renaming {}: {e}", partial.display()))?;
         Ok(seed)
     }
 

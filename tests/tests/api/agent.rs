@@ -150,46 +150,35 @@ on_both_backends! {
     }
 }
 
-/// The `kumo-agent run` binary as its own process: request → running.
-#[tokio::test]
-async fn agent_process_brings_a_vm_to_running() {
-    let s = TestServer::start(Backend::Sqlite).await;
-    s.tenant("lab").await;
-    let dir = scratch();
-    let sysfs = fixture(dir.path(), "hgx-h100");
-    let child = std::process::Command::new(bin("kumo-agent"))
-        .args([
-            "run",
-            "--server",
-            &s.url,
-            "--libvirt-uri",
-            "test:///default",
-            "--virt-type",
-            "qemu",
-            "--name",
-            "gpu-001",
-            "--heartbeat-secs",
-            "1",
-        ])
-        .arg("--join-token")
-        .arg(s.join_token().await)
-        .arg("--sysfs-root")
-        .arg(&sysfs)
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .env("KUMO_LOG", "warn")
-        .spawn()
-        .unwrap();
-    // Killed however the test ends.
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
+/// A `kumo-agent run` process, killed however the test ends.
+struct AgentProcess(std::process::Child);
+
+impl AgentProcess {
+    fn spawn(s: &TestServer, join: &str, sysfs: &Path, state: &Path, libvirt: &str) -> Self {
+        let child = std::process::Command::new(bin("kumo-agent"))
+            .args(["run", "--server", &s.url, "--libvirt-uri", libvirt])
+            .args(["--virt-type", "qemu", "--name", "gpu-001"])
+            .args(["--heartbeat-secs", "1", "--join-token", join])
+            .arg("--sysfs-root")
+            .arg(sysfs)
+            .arg("--state-dir")
+            .arg(state)
+            .env("KUMO_LOG", "warn")
+            .spawn()
+            .unwrap();
+        AgentProcess(child)
     }
-    let _child = Kill(child);
-    // Wait for the host to register.
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        // SIGKILL: no chance to finish what it was doing.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_for_a_host(s: &TestServer) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let hosts: kumo_api_types::Page<kumo_api_types::Host> =
@@ -200,6 +189,24 @@ async fn agent_process_brings_a_vm_to_running() {
         assert!(Instant::now() < deadline, "agent never registered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The `kumo-agent run` binary as its own process: request → running.
+#[tokio::test]
+async fn agent_process_brings_a_vm_to_running() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let dir = scratch();
+    let sysfs = fixture(dir.path(), "hgx-h100");
+    let join = s.join_token().await;
+    let _agent = AgentProcess::spawn(
+        &s,
+        &join,
+        &sysfs,
+        &dir.path().join("state"),
+        "test:///default",
+    );
+    wait_for_a_host(&s).await;
     let mut times = Vec::new();
     for i in 0..20 {
         let started = Instant::now();
@@ -538,6 +545,7 @@ async fn an_agent_rides_out_libvirt_failures() {
     s.tenant("lab").await;
     // The daemon's test driver, seen directly; holding it open also keeps
     // the driver's domains while the agent's connection is gone.
+    virt::error::clear_error_callback();
     let libvirtd = virt::connect::Connect::open(Some("test+unix:///default")).unwrap();
     let domain = |id: uuid::Uuid| match libvirtd.lookup_domain_by_uuid_string(&id.to_string()) {
         Ok(d) => (true, d.is_active().unwrap()),
@@ -634,6 +642,143 @@ async fn an_agent_rides_out_libvirt_failures() {
     // The daemon's driver is shared: leave nothing behind.
     for id in [a.id, b.id] {
         if let Ok(d) = libvirtd.lookup_domain_by_uuid_string(&id.to_string()) {
+            let _ = d.destroy();
+            let _ = d.undefine();
+        }
+    }
+}
+
+/// `kumo-agent run` killed with SIGKILL at random moments, a dozen times,
+/// while it brings eight VMs up, deletes two and stops one; its domains
+/// live on in libvirtd (the daemon's test driver). Restarted each time
+/// over the same state directory, it ends with every VM as asked: one
+/// domain each, running or not as wanted, none left of the deleted ones,
+/// every disk and seed whole, and one `running` event per VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_reconcile_makes_nothing_twice() {
+    use rand::Rng;
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    virt::error::clear_error_callback();
+    let libvirtd = virt::connect::Connect::open(Some("test+unix:///default")).unwrap();
+    let made = || {
+        libvirtd
+            .list_all_domains(0)
+            .unwrap()
+            .iter()
+            .filter(|d| d.name().is_ok_and(|n| n.starts_with("kumo-kill-")))
+            .count()
+    };
+    let dir = scratch();
+    let sysfs = fixture(dir.path(), "hgx-h100");
+    let state_dir = dir.path().join("state");
+    let join = s.join_token().await;
+    let spawn = || AgentProcess::spawn(&s, &join, &sysfs, &state_dir, "test+unix:///default");
+    let mut agent = spawn();
+    wait_for_a_host(&s).await;
+
+    // A VM asked for just before most kills, the deletions and the stop
+    // before a later one: kills land while domains are being made, started,
+    // destroyed and removed.
+    let mut vms = Vec::new();
+    let kills = 12;
+    let mut at_kill = Vec::new();
+    for round in 0..kills {
+        if round < 8 {
+            let v: Vm = s
+                .admin
+                .post("/api/v1/tenants/lab/vms", &vm(&format!("kill-{round}"), 1))
+                .await
+                .unwrap();
+            vms.push(v);
+        }
+        if round == 9 {
+            for name in ["kill-0", "kill-1"] {
+                let r = s
+                    .http()
+                    .delete(format!("{}/api/v1/tenants/lab/vms/{name}", s.url))
+                    .bearer_auth(&s.admin_token)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 202, "delete {name}");
+            }
+            act(&s, "kill-2", "stop").await;
+        }
+        let pause = rand::thread_rng().gen_range(10..250);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        at_kill.push(made());
+        drop(agent);
+        agent = spawn();
+    }
+
+    let want = |name: &str| match name {
+        "kill-0" | "kill-1" => None,
+        "kill-2" => Some(VmState::Stopped),
+        _ => Some(VmState::Running),
+    };
+    wait_for("every VM as asked", || async {
+        for v in &vms {
+            let now = state(&s, &v.name)
+                .await
+                .filter(|st| *st != VmState::Deleted);
+            if now != want(&v.name) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    drop(agent);
+
+    for v in &vms {
+        let dom = libvirtd.lookup_domain_by_uuid_string(&v.id.to_string());
+        let vm_dir = state_dir.join("vms").join(v.id.to_string());
+        match want(&v.name) {
+            None => {
+                assert!(dom.is_err(), "{}: deleted, yet its domain is there", v.name);
+                assert!(!vm_dir.exists(), "{}: its files are left", v.name);
+                continue;
+            }
+            Some(st) => {
+                let dom = dom.unwrap_or_else(|e| panic!("{}: no domain: {e}", v.name));
+                assert_eq!(
+                    dom.is_active().unwrap(),
+                    st == VmState::Running,
+                    "{}",
+                    v.name
+                );
+            }
+        }
+        let disk = std::process::Command::new("qemu-img")
+            .arg("check")
+            .arg(vm_dir.join("disk.qcow2"))
+            .output()
+            .unwrap();
+        assert!(
+            disk.status.success(),
+            "{}: disk: {}",
+            v.name,
+            String::from_utf8_lossy(&disk.stderr)
+        );
+        let seed = std::process::Command::new("isoinfo")
+            .args(["-f", "-R", "-i"])
+            .arg(vm_dir.join("seed.iso"))
+            .output()
+            .unwrap();
+        let files = String::from_utf8_lossy(&seed.stdout);
+        assert!(files.contains("/user-data"), "{}: seed: {files}", v.name);
+        // kill-2 may have been stopped before it first ran.
+        let events = events_of(&s, "lab", v).await;
+        let runs = events.iter().filter(|e| e.as_str() == "running").count();
+        let expected = if v.name == "kill-2" { 0..=1 } else { 1..=1 };
+        assert!(expected.contains(&runs), "{}: {events:?}", v.name);
+    }
+    // No other domain of these VMs' names was made.
+    assert_eq!(made(), 6, "one domain per VM left");
+    println!("agent killed {kills} times (domains at each kill: {at_kill:?}); 8 VMs converged");
+    for v in &vms {
+        if let Ok(d) = libvirtd.lookup_domain_by_uuid_string(&v.id.to_string()) {
             let _ = d.destroy();
             let _ = d.undefine();
         }
