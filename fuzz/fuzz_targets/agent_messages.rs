@@ -21,17 +21,8 @@ fn round_trip<T: DeserializeOwned + Serialize>(data: &[u8]) -> Option<T> {
 }
 
 fn desired(d: &DesiredState) {
-    let Some(m) = kumo_topology::fixtures::machine("hgx-h100-roce") else {
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("kumo-fuzz-agent-{}", std::process::id()));
-    static TOPO: std::sync::OnceLock<Option<kumo_topology::HostTopology>> =
-        std::sync::OnceLock::new();
-    let topo = TOPO.get_or_init(|| {
-        kumo_topology::fixtures::write(&m, &dir).ok()?;
-        kumo_topology::sysfs::discover(&dir, None).ok()
-    });
-    let Some(topo) = topo else { return };
+    // The machine with every kind of device: GPUs, NVLinks, RoCE NICs.
+    let topo = &kumo_fuzz::fixture_topologies()[0];
     for vm in &d.vms {
         let _ = kumo_agent::reconcile::cloud_init(vm);
         let _ = kumo_agent::reconcile::network_config(vm);

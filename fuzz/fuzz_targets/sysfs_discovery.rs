@@ -27,8 +27,6 @@ struct Input {
     changes: Vec<(u16, Change)>,
 }
 
-const MACHINES: &[&str] = &["hgx-h100-roce", "dgx-a100", "l40s-pcie", "cpu-only"];
-
 enum Original {
     File(Vec<u8>),
     Link(PathBuf),
@@ -65,13 +63,10 @@ fn walk(dir: &Path, out: &mut Vec<(PathBuf, Original)>) {
 fn trees() -> &'static Vec<Tree> {
     static TREES: OnceLock<Vec<Tree>> = OnceLock::new();
     TREES.get_or_init(|| {
-        let base = std::env::temp_dir().join(format!("kumo-fuzz-sysfs-{}", std::process::id()));
-        MACHINES
+        kumo_fuzz::MACHINES
             .iter()
             .map(|name| {
-                let root = base.join(name);
-                let m = kumo_topology::fixtures::machine(name).expect("a fixture machine");
-                kumo_topology::fixtures::write(&m, &root).expect("writing the fixture");
+                let root = kumo_fuzz::fixture_tree(name);
                 let mut entries = Vec::new();
                 walk(&root, &mut entries);
                 Tree { root, entries }

@@ -5,15 +5,12 @@
 //! address, one NCCL GPU (a display-class `pci`) per GPU and one `cpu` per guest cell.
 #![no_main]
 
-use std::sync::OnceLock;
-
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
 use kumo_topology::domain_xml::{domain_xml, BridgeNic, DomainSpec, KernelBoot};
 use kumo_topology::guest_layout::{guest_layout, place};
 use kumo_topology::xml::xml_char;
-use kumo_topology::HostTopology;
 
 #[derive(Debug, Arbitrary)]
 struct Input {
@@ -27,24 +24,6 @@ struct Input {
     kernel: Option<(String, Option<String>, String)>,
     nics: Vec<(String, String, u16)>,
     host_id: Option<String>,
-}
-
-const MACHINES: &[&str] = &["hgx-h100-roce", "dgx-a100", "l40s-pcie", "cpu-only"];
-
-fn topologies() -> &'static Vec<HostTopology> {
-    static T: OnceLock<Vec<HostTopology>> = OnceLock::new();
-    T.get_or_init(|| {
-        let base = std::env::temp_dir().join(format!("kumo-fuzz-xml-{}", std::process::id()));
-        MACHINES
-            .iter()
-            .map(|name| {
-                let root = base.join(name);
-                let m = kumo_topology::fixtures::machine(name).expect("a fixture machine");
-                kumo_topology::fixtures::write(&m, &root).expect("writing the fixture");
-                kumo_topology::sysfs::discover(&root, None).expect("a fixture reads")
-            })
-            .collect()
-    })
 }
 
 /// What a parser gives back for `s`: characters XML cannot carry become
@@ -71,7 +50,7 @@ fn hex(s: Option<&str>) -> u32 {
 }
 
 fuzz_target!(|input: Input| {
-    let topos = topologies();
+    let topos = kumo_fuzz::fixture_topologies();
     let topo = &topos[usize::from(input.machine) % topos.len()];
     let gpus: Vec<_> = topo
         .gpus

@@ -1,11 +1,42 @@
-//! What the fuzz targets share: the checks every topology must pass, however
-//! it was obtained (read from a garbled sysfs tree, or sent by an agent).
+//! What the fuzz targets share: the machines they start from, and the
+//! checks every topology must pass however it was obtained (read from a
+//! garbled sysfs tree, or sent by an agent).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use kumo_topology::domain_xml::{domain_xml, DomainSpec};
 use kumo_topology::guest_layout::{guest_layout, place};
 use kumo_topology::HostTopology;
+
+/// Real machine designs, from a GPU server with RoCE NICs to a CPU-only one.
+pub const MACHINES: &[&str] = &["hgx-h100-roce", "dgx-a100", "l40s-pcie", "cpu-only"];
+
+/// `machine`'s sysfs tree, written once per process under the temp dir.
+pub fn fixture_tree(machine: &str) -> PathBuf {
+    let root = std::env::temp_dir()
+        .join(format!("kumo-fuzz-{}", std::process::id()))
+        .join(machine);
+    if !root.exists() {
+        let m = kumo_topology::fixtures::machine(machine).expect("a fixture machine");
+        kumo_topology::fixtures::write(&m, &root).expect("writing the fixture");
+    }
+    root
+}
+
+/// [`MACHINES`]' topologies as discovery reads them.
+pub fn fixture_topologies() -> &'static [HostTopology] {
+    static T: OnceLock<Vec<HostTopology>> = OnceLock::new();
+    T.get_or_init(|| {
+        MACHINES
+            .iter()
+            .map(|m| {
+                kumo_topology::sysfs::discover(&fixture_tree(m), None).expect("a fixture reads")
+            })
+            .collect()
+    })
+}
 
 /// Everything the server and the agent compute from a host's topology must
 /// answer (a value or an error) without panicking, and what they render

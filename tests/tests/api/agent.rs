@@ -449,6 +449,20 @@ async fn wait_for<F: std::future::Future<Output = bool>>(what: &str, mut f: impl
     }
 }
 
+/// A 2-GPU VM, created and then waited for until it runs.
+async fn create_and_run(s: &TestServer, name: &str) -> Vm {
+    let v: Vm = s
+        .admin
+        .post("/api/v1/tenants/lab/vms", &vm(name, 2))
+        .await
+        .unwrap();
+    wait_for(&format!("{name} to run"), || async {
+        state(s, name).await == Some(VmState::Running)
+    })
+    .await;
+    v
+}
+
 /// An agent cut off from the server (its own loop running, as
 /// `kumo-agent run` does): its VM keeps running, the host turns
 /// `unreachable` and its VM `unknown`; an action taken meanwhile waits;
@@ -478,15 +492,7 @@ async fn an_agent_cut_off_keeps_its_vms_and_catches_up() {
     let running = tokio::spawn(agent.run());
     let before = domains();
 
-    let v: Vm = s
-        .admin
-        .post("/api/v1/tenants/lab/vms", &vm("train", 2))
-        .await
-        .unwrap();
-    wait_for("the VM to run", || async {
-        state(&s, "train").await == Some(VmState::Running)
-    })
-    .await;
+    let v = create_and_run(&s, "train").await;
     assert_eq!(domain(v.id), (true, true));
 
     relay.set_cut(true);
@@ -566,15 +572,7 @@ async fn an_agent_rides_out_libvirt_failures() {
     let reconciler = agent.reconciler.clone();
     let running = tokio::spawn(agent.run());
 
-    let a: Vm = s
-        .admin
-        .post("/api/v1/tenants/lab/vms", &vm("first", 2))
-        .await
-        .unwrap();
-    wait_for("the first VM to run", || async {
-        state(&s, "first").await == Some(VmState::Running)
-    })
-    .await;
+    let a = create_and_run(&s, "first").await;
     assert_eq!(domain(a.id), (true, true));
 
     relay.set_cut(true);

@@ -120,6 +120,8 @@ struct Told {
     maybe_deleted: BTreeSet<String>,
     clusters_created: BTreeSet<String>,
     clusters_deleted: BTreeSet<String>,
+    /// Cluster deletions whose answer a crash swallowed.
+    clusters_maybe_deleted: BTreeSet<String>,
     answers_2xx: u64,
     refused_4xx: u64,
     failed: u64,
@@ -211,8 +213,14 @@ async fn churn(
             // and nothing is asserted of it but that it settles.
             _ => {
                 t.failed += 1;
-                if what.0 == "delete" {
-                    t.maybe_deleted.insert(what.1);
+                match what.0 {
+                    "delete" => {
+                        t.maybe_deleted.insert(what.1);
+                    }
+                    "cluster-delete" => {
+                        t.clusters_maybe_deleted.insert(what.1);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -439,6 +447,9 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
         .unwrap();
     let cluster_names: BTreeSet<&str> = clusters.items.iter().map(|c| c.name.as_str()).collect();
     for c in told.clusters_created.difference(&told.clusters_deleted) {
+        if told.clusters_maybe_deleted.contains(c) {
+            continue; // its deletion may have happened before the crash
+        }
         assert!(
             cluster_names.contains(c.as_str()),
             "cluster {c} was created (2xx) and is gone"
@@ -556,10 +567,12 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     stop_agents.store(true, std::sync::atomic::Ordering::Relaxed);
     hosts.await.unwrap();
     eprintln!(
-        "crash safety ({backend:?}, {replicas} replica(s)): {kills} kills; {} answers 2xx, {} refused, {} met a crash; {} VMs settled; {checked} runs' charges checked",
+        "crash safety ({backend:?}, {replicas} replica(s)): {kills} kills; {} answers 2xx, {} refused, {} met a crash ({} of them VM and {} cluster deletions); {} VMs settled; {checked} runs' charges checked",
         told.answers_2xx,
         told.refused_4xx,
         told.failed,
+        told.maybe_deleted.len(),
+        told.clusters_maybe_deleted.len(),
         vms.len()
     );
     // What every replica's loops do at once happens once: no VM is
