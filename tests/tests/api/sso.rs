@@ -32,21 +32,44 @@ impl Drop for Providers {
     }
 }
 
-/// Installs `oidc-provider` (npm) once, then starts both providers.
+/// Installs the npm packages (`oidc-provider`, `playwright-core`) once:
+/// into a private directory, then renamed into place, so that an SSO test
+/// starting beside the one installing never finds a half-written
+/// `node_modules` (one did: "Cannot find package …/oidc-provider/index.js").
+fn install_node_modules(dir: &std::path::Path) {
+    let target = dir.join("node_modules");
+    if target.exists() {
+        return;
+    }
+    let staging = dir.join(format!(".install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).unwrap();
+    for f in ["package.json", "package-lock.json"] {
+        std::fs::copy(dir.join(f), staging.join(f)).unwrap();
+    }
+    let out = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--silent"])
+        .current_dir(&staging)
+        .output()
+        .unwrap_or_else(|e| panic!("npm (Node 20) is required for the SSO tests: {e}"));
+    assert!(
+        out.status.success(),
+        "npm install: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Another test may have got there first: its copy is as good.
+    let moved = std::fs::rename(staging.join("node_modules"), &target);
+    assert!(
+        moved.is_ok() || target.exists(),
+        "installing node_modules: {moved:?}"
+    );
+    let _ = std::fs::remove_dir_all(&staging);
+}
+
+/// Installs the npm packages once, then starts both providers.
 fn providers(a: u16, b: u16, redirect: &str) -> Providers {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
-    if !dir.join("node_modules/oidc-provider").exists() {
-        let out = Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--silent"])
-            .current_dir(&dir)
-            .output()
-            .unwrap_or_else(|e| panic!("npm (Node 20) is required for the SSO tests: {e}"));
-        assert!(
-            out.status.success(),
-            "npm install: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    install_node_modules(&dir);
     let mut child = Command::new("node")
         .arg(dir.join("provider.mjs"))
         .args([
