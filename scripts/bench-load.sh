@@ -12,7 +12,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p kumo-server -p kumo-tests --bin kumo-server --bin kumo-load
-bin="${CARGO_TARGET_DIR:-target}/release"
 port=18091
 source scripts/server-under-test.sh
 mem() { awk '/VmRSS|VmHWM/ {printf "%s %d MiB  ", $1, $2/1024}' /proc/$pid/status; echo; }

@@ -29,11 +29,8 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-fn has_nextest() -> bool {
-    cargo()
-        .args(["nextest", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success())
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.output().is_ok_and(|o| o.status.success())
 }
 
 /// A tool on PATH, or (for entries starting with `/`) a file.
@@ -155,7 +152,7 @@ fn test(args: &[String]) -> Result<(), String> {
     // The CLI tests run the real `kumo` binary: build every binary first.
     run(cargo().args(["build", "--workspace", "--bins"]))?;
     let mut tests = cargo();
-    if has_nextest() {
+    if succeeds(cargo().args(["nextest", "--version"])) {
         tests.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
     } else {
         tests.args(["test", "--workspace", "--no-fail-fast"]);
@@ -182,10 +179,6 @@ const FUZZ_TARGETS: &[&str] = &[
 /// Seconds each fuzz target runs in the extended run, unless
 /// `KUMO_FUZZ_SECONDS` says otherwise.
 const FUZZ_SECONDS: u32 = 120;
-
-fn succeeds(cmd: &mut Command) -> bool {
-    cmd.output().is_ok_and(|o| o.status.success())
-}
 
 /// Installs a nightly toolchain and cargo-fuzz when missing, then runs each
 /// target over its kept corpus (`fuzz/corpus/<target>`, where new finds are

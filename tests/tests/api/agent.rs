@@ -51,7 +51,24 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
 
 /// The domain of a VM as libvirt has it: (exists, active).
 fn domain(id: uuid::Uuid) -> (bool, bool) {
-    let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    domain_in(
+        &virt::connect::Connect::open(Some("test:///default")).unwrap(),
+        id,
+    )
+}
+
+/// Destroys and undefines these VMs' domains: libvirtd's test driver is
+/// shared by every client of the daemon, so a test leaves nothing behind.
+fn forget(conn: &virt::connect::Connect, ids: &[uuid::Uuid]) {
+    for id in ids {
+        if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
+            let _ = d.destroy();
+            let _ = d.undefine();
+        }
+    }
+}
+
+fn domain_in(conn: &virt::connect::Connect, id: uuid::Uuid) -> (bool, bool) {
     match conn.lookup_domain_by_uuid_string(&id.to_string()) {
         Ok(d) => (true, d.is_active().unwrap()),
         Err(_) => (false, false),
@@ -547,16 +564,13 @@ const LIBVIRT_SOCK: &str = "/run/libvirt/libvirt-sock";
 /// domain is made twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_rides_out_libvirt_failures() {
-    let s = TestServer::start_with(Backend::Sqlite, |_| {}).await;
+    let s = TestServer::start(Backend::Sqlite).await;
     s.tenant("lab").await;
     // The daemon's test driver, seen directly; holding it open also keeps
     // the driver's domains while the agent's connection is gone.
     virt::error::clear_error_callback();
     let libvirtd = virt::connect::Connect::open(Some("test+unix:///default")).unwrap();
-    let domain = |id: uuid::Uuid| match libvirtd.lookup_domain_by_uuid_string(&id.to_string()) {
-        Ok(d) => (true, d.is_active().unwrap()),
-        Err(_) => (false, false),
-    };
+    let domain = |id| domain_in(&libvirtd, id);
     let relay = Relay::to_socket(Path::new(LIBVIRT_SOCK)).await;
     let dir = scratch();
     let sysfs = fixture(dir.path(), "hgx-h100");
@@ -637,13 +651,7 @@ async fn an_agent_rides_out_libvirt_failures() {
         );
     }
     running.abort();
-    // The daemon's driver is shared: leave nothing behind.
-    for id in [a.id, b.id] {
-        if let Ok(d) = libvirtd.lookup_domain_by_uuid_string(&id.to_string()) {
-            let _ = d.destroy();
-            let _ = d.undefine();
-        }
-    }
+    forget(&libvirtd, &[a.id, b.id]);
 }
 
 /// `kumo-agent run` killed with SIGKILL at random moments, a dozen times,
@@ -730,24 +738,23 @@ async fn an_agent_killed_mid_reconcile_makes_nothing_twice() {
     drop(agent);
 
     for v in &vms {
-        let dom = libvirtd.lookup_domain_by_uuid_string(&v.id.to_string());
         let vm_dir = state_dir.join("vms").join(v.id.to_string());
-        match want(&v.name) {
-            None => {
-                assert!(dom.is_err(), "{}: deleted, yet its domain is there", v.name);
-                assert!(!vm_dir.exists(), "{}: its files are left", v.name);
-                continue;
-            }
-            Some(st) => {
-                let dom = dom.unwrap_or_else(|e| panic!("{}: no domain: {e}", v.name));
-                assert_eq!(
-                    dom.is_active().unwrap(),
-                    st == VmState::Running,
-                    "{}",
-                    v.name
-                );
-            }
-        }
+        let Some(st) = want(&v.name) else {
+            assert_eq!(
+                domain_in(&libvirtd, v.id),
+                (false, false),
+                "{}: deleted, yet its domain is there",
+                v.name
+            );
+            assert!(!vm_dir.exists(), "{}: its files are left", v.name);
+            continue;
+        };
+        assert_eq!(
+            domain_in(&libvirtd, v.id),
+            (true, st == VmState::Running),
+            "{}",
+            v.name
+        );
         let disk = std::process::Command::new("qemu-img")
             .arg("check")
             .arg(vm_dir.join("disk.qcow2"))
@@ -775,10 +782,5 @@ async fn an_agent_killed_mid_reconcile_makes_nothing_twice() {
     // No other domain of these VMs' names was made.
     assert_eq!(made(), 6, "one domain per VM left");
     println!("agent killed {kills} times (domains at each kill: {at_kill:?}); 8 VMs converged");
-    for v in &vms {
-        if let Ok(d) = libvirtd.lookup_domain_by_uuid_string(&v.id.to_string()) {
-            let _ = d.destroy();
-            let _ = d.undefine();
-        }
-    }
+    forget(&libvirtd, &vms.iter().map(|v| v.id).collect::<Vec<_>>());
 }
