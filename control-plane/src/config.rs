@@ -295,7 +295,7 @@ fn auth(file: &AuthFileConfig) -> Result<AuthConfig, ConfigError> {
             key: "auth.oidc",
             message: format!("{}: {message}", p.name),
         };
-        if !crate::names::is_tenant_name(&p.name) {
+        if !crate::domain::names::is_tenant_name(&p.name) {
             return Err(bad("name: lowercase letters, digits and dashes".into()));
         }
         if out.oidc.iter().any(|o| o.name == p.name) {

@@ -255,7 +255,7 @@ pub async fn start_fleet(
 pub async fn dev(config: Config, hosts: usize) -> anyhow::Result<(RunningServer, Fleet)> {
     let data_dir = config.data_dir.clone();
     let server = RunningServer::start(config).await?;
-    let token_path = data_dir.join(crate::bootstrap::ADMIN_TOKEN_FILE);
+    let token_path = data_dir.join(crate::app::bootstrap::ADMIN_TOKEN_FILE);
     let token = std::fs::read_to_string(&token_path)
         .with_context(|| format!("reading {}", token_path.display()))?
         .trim()

@@ -1,36 +1,35 @@
-//! `kumo-server`: the control plane. The database is the source of truth;
-//! handlers are thin and pure rules (names, roles, paging) live in small
-//! modules beside them.
+//! `kumo-server`: the control plane, in one-way layers (see
+//! `ARCHITECTURE.md`, "Architecture invariants"):
+//!
+//! - `http/` — axum only: the REST API, the agent API, the portal, SSO,
+//!   middleware and extractors; it maps requests to `app::` operations and
+//!   their answers to `kumo-api-types`;
+//! - `app/` — one function per use case: transactions, access and quota
+//!   checks, audit entries, wake-ups after commit; background jobs in
+//!   `app/jobs/`;
+//! - `store/` — queries, one file per aggregate, over any connection or
+//!   transaction;
+//! - `domain/` — pure rules over plain data;
+//! - beneath them all: `context` (the shared state), `config`, `clock`,
+//!   `error`, `entity` (the tables), `db`, `metrics`, `signals`, `oidc`.
+//!
+//! Nothing calls upward; `cargo xtask layers` checks it.
 
-pub mod access;
-pub mod admission;
-pub mod allocation_rows;
-pub mod api;
-pub mod audit;
-pub mod auth;
-pub mod bootstrap;
-pub mod budget;
-pub mod capacity;
+pub mod app;
 pub mod clock;
 pub mod config;
+pub mod context;
 pub mod db;
 pub mod dev;
-pub mod device_login;
+pub mod domain;
 pub mod entity;
 pub mod error;
-pub mod extract;
-pub mod host_network;
-pub mod ipam;
-pub mod lifecycle;
-pub mod metering;
+pub mod http;
 pub mod metrics;
-pub mod middleware;
-pub mod names;
-pub mod paging;
-pub mod portal;
-pub mod reaper;
+pub mod oidc;
 pub mod server;
 pub mod signals;
-pub mod sso;
+pub mod store;
 
-pub use server::{AppState, RunningServer};
+pub use context::AppState;
+pub use server::RunningServer;

@@ -154,7 +154,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Openapi => {
-            print!("{}", kumo_server::api::openapi_json());
+            print!("{}", kumo_server::http::api::openapi_json());
             Ok(())
         }
         Command::Bench(Bench::Placement {

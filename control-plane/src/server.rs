@@ -1,112 +1,18 @@
-//! Assembling the HTTP stack and running it.
+//! The composition root: opens the database, builds the shared state,
+//! starts the background jobs and serves the HTTP stack.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
-use axum::middleware::{from_fn, from_fn_with_state};
-use axum::Router;
-use sea_orm::DatabaseConnection;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tower::ServiceBuilder;
-use tower_http::compression::CompressionLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
-use tracing::Level;
 
+use crate::app::bootstrap;
 use crate::config::Config;
+use crate::context::AppState;
+use crate::db;
 use crate::metrics::Metrics;
-use crate::{api, bootstrap, db, middleware};
-
-#[derive(Clone)]
-pub struct AppState {
-    pub db: DatabaseConnection,
-    pub metrics: Arc<Metrics>,
-    pub config: Arc<Config>,
-    pub signals: Arc<crate::signals::HostSignals>,
-    pub capacity: Arc<crate::capacity::Capacity>,
-    pub sso: Arc<crate::sso::Sso>,
-}
-
-/// The whole HTTP application: API, docs, health, metrics.
-pub fn router(state: AppState) -> Router {
-    let (api_routes, openapi) = api::router().split_for_parts();
-    let api_routes = api_routes
-        .layer(from_fn_with_state(
-            state.clone(),
-            middleware::idempotency::layer,
-        ))
-        .layer(from_fn_with_state(state.clone(), middleware::authn::layer));
-    let timeout = state.config.request_timeout;
-    let body_limit = state.config.body_limit_bytes;
-    Router::new()
-        .merge(api_routes)
-        .merge(api::docs::router(Arc::new(openapi)))
-        .merge(crate::sso::routes())
-        .merge(crate::device_login::routes())
-        .merge(crate::portal::routes())
-        // An empty 404 becomes a problem in the normaliser below.
-        .fallback(|| async { StatusCode::NOT_FOUND })
-        .layer(from_fn_with_state(state.clone(), middleware::metrics::layer))
-        .with_state(state)
-        .layer(
-            ServiceBuilder::new()
-                .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-                .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
-                    let request_id = req
-                        .headers()
-                        .get(crate::extract::REQUEST_ID_HEADER)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("");
-                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id)
-                })
-                // One access-log line per request, with status and latency.
-                .on_response(DefaultOnResponse::new().level(Level::INFO))
-                .on_failure(DefaultOnFailure::new().level(Level::WARN)))
-                .layer(PropagateRequestIdLayer::x_request_id())
-                // Outside the normaliser, which must read bodies uncompressed.
-                .layer(CompressionLayer::new())
-                .layer(from_fn(middleware::problems::layer))
-                .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
-                .layer(DefaultBodyLimit::max(body_limit)),
-        )
-}
-
-/// Marks hosts whose agents fell silent as `unreachable`. Idempotent, so
-/// several replicas running it at once do no harm.
-async fn lost_host_detector(state: AppState) {
-    use crate::entity::hosts;
-    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
-    let timeout = state.config.heartbeat_timeout;
-    let mut tick = tokio::time::interval((timeout / 4).max(std::time::Duration::from_millis(250)));
-    loop {
-        tick.tick().await;
-        let Ok(limit) = chrono::Duration::from_std(timeout) else {
-            return;
-        };
-        let cutoff = chrono::Utc::now() - limit;
-        let lost = hosts::Entity::update_many()
-            .col_expr(
-                hosts::Column::State,
-                sea_orm::sea_query::Expr::value("unreachable"),
-            )
-            .filter(hosts::Column::State.is_in(["ready", "draining"]))
-            .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
-            .exec(&state.db)
-            .await;
-        match lost {
-            Ok(r) if r.rows_affected > 0 => {
-                tracing::warn!(hosts = r.rows_affected, "hosts became unreachable")
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "lost-host detector could not run"),
-        }
-    }
-}
 
 /// A server bound to its address and serving in the background.
 pub struct RunningServer {
@@ -141,9 +47,9 @@ impl RunningServer {
             sso: Arc::default(),
         };
         state.capacity.refresh_all(&state.db).await?;
-        let detector = tokio::spawn(lost_host_detector(state.clone()));
-        let reaper = tokio::spawn(crate::reaper::run(state.clone()));
-        let app = router(state.clone());
+        let detector = tokio::spawn(crate::app::jobs::lost_hosts::run(state.clone()));
+        let reaper = tokio::spawn(crate::app::jobs::reclaimer::run(state.clone()));
+        let app = crate::http::router::router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let served = axum::serve(

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod layers;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -140,6 +142,7 @@ fn test(args: &[String]) -> Result<(), String> {
     ensure_tools(PACKAGES)?;
     ensure_tools(AFTER)?;
     run(Command::new("bash").arg("scripts/ensure-libvirtd.sh"))?;
+    check_layers()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args([
         "clippy",
@@ -165,6 +168,19 @@ fn test(args: &[String]) -> Result<(), String> {
         fuzz()?;
     }
     Ok(())
+}
+
+/// The control plane's architecture invariants (see [`layers`]).
+fn check_layers() -> Result<(), String> {
+    let v = layers::check(&root());
+    if v.is_empty() {
+        eprintln!("xtask: layers: every import goes downward");
+        return Ok(());
+    }
+    for x in &v {
+        eprintln!("{x}");
+    }
+    Err(format!("{} imports break the one-way layers", v.len()))
 }
 
 /// The fuzz targets in `fuzz/`, from the nightly toolchain `cargo fuzz`
@@ -297,8 +313,9 @@ fn main() -> ExitCode {
         "fuzz" => fuzz(),
         "start" => start(extra),
         "openapi" => openapi(),
+        "layers" => check_layers(),
         _ => {
-            eprintln!("usage: cargo xtask <start|test|openapi> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  openapi  regenerate api-spec/openapi.json");
+            eprintln!("usage: cargo xtask <start|test|openapi> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  layers   check the control plane's one-way layers\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  openapi  regenerate api-spec/openapi.json");
             return if task == "help" {
                 ExitCode::SUCCESS
             } else {

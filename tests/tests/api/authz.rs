@@ -557,7 +557,7 @@ async fn send(s: &TestServer, method: &str, call: &Call, token: Option<&str>) ->
 }
 
 fn operations_in_openapi() -> BTreeSet<(String, String)> {
-    let doc: Value = serde_json::from_str(&kumo_server::api::openapi_json()).unwrap();
+    let doc: Value = serde_json::from_str(&kumo_server::http::api::openapi_json()).unwrap();
     let mut ops = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {

@@ -150,7 +150,7 @@ on_both_backends! {
             .header("authorization", format!("bearer {}", s.admin_token)).send().await.unwrap();
         assert_eq!(resp.status(), 200);
         // A real token id with a forged secret.
-        let (id, _) = kumo_server::auth::parse(&s.admin_token).unwrap();
+        let (id, _) = kumo_server::app::auth::parse(&s.admin_token).unwrap();
         let forged = format!("kumo_{}_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", id.simple());
         assert_eq!(s.client(Some(&forged)).me().await.unwrap_err().status(), Some(401));
     }

@@ -32,7 +32,7 @@ async fn charges_follow_the_lifecycle(backend: Backend) {
     let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 23, 57, 0).unwrap();
     let clock = Clock::manual(t0);
     let s = TestServer::start_with(backend, |c| c.clock = clock.clone()).await;
-    let post = || kumo_server::metering::post_due(&s.server.state);
+    let post = || kumo_server::app::metering::post_due(&s.server.state);
     let rates: Rates = s
         .admin
         .put(
@@ -170,13 +170,13 @@ async fn charges_follow_the_lifecycle(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(
-        kumo_server::metering::post_due(&replica.state)
+        kumo_server::app::metering::post_due(&replica.state)
             .await
             .unwrap(),
         0
     );
     clock.advance(Duration::minutes(1));
-    let (a, b) = tokio::join!(post(), kumo_server::metering::post_due(&replica.state));
+    let (a, b) = tokio::join!(post(), kumo_server::app::metering::post_due(&replica.state));
     assert_eq!(
         a.unwrap() + b.unwrap(),
         5,
@@ -300,8 +300,8 @@ async fn exhaustion(backend: Backend) {
     let s = TestServer::start_with(backend, |c| c.clock = clock.clone()).await;
     let state = &s.server.state;
     let pass = || async {
-        kumo_server::metering::post_due(state).await.unwrap();
-        kumo_server::budget::enforce(state).await.unwrap();
+        kumo_server::app::metering::post_due(state).await.unwrap();
+        kumo_server::app::budget::enforce(state).await.unwrap();
     };
     let _: Rates = s
         .admin
@@ -443,7 +443,7 @@ async fn a_rate_change_mid_run_applies_from_its_time() {
         .await
         .unwrap();
     clock.advance(Duration::minutes(3));
-    kumo_server::metering::post_due(&s.server.state)
+    kumo_server::app::metering::post_due(&s.server.state)
         .await
         .unwrap();
     let st = month(&s, "2026-11").await;
@@ -527,17 +527,17 @@ async fn a_restart_mid_period_changes_no_total() {
         .unwrap();
     agent.converge().await;
     clock.advance(Duration::seconds(100));
-    kumo_server::metering::post_due(&server.state)
+    kumo_server::app::metering::post_due(&server.state)
         .await
         .unwrap();
     server.stop().await.unwrap();
 
     let server = kumo_server::RunningServer::start(config).await.unwrap();
     clock.advance(Duration::seconds(200));
-    kumo_server::metering::post_due(&server.state)
+    kumo_server::app::metering::post_due(&server.state)
         .await
         .unwrap();
-    kumo_server::metering::post_due(&server.state)
+    kumo_server::app::metering::post_due(&server.state)
         .await
         .unwrap();
     let admin = kumo_cli::Client::new(&server.url(), Some(token)).unwrap();

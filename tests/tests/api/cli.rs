@@ -333,7 +333,7 @@ async fn rate_points_and_statement_commands() {
     }
     agent.converge().await;
     clock.advance(Duration::minutes(10));
-    kumo_server::metering::post_due(&s.server.state)
+    kumo_server::app::metering::post_due(&s.server.state)
         .await
         .unwrap();
     tokio::task::spawn_blocking(move || {

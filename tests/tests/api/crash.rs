@@ -507,7 +507,7 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     }
 
     // The ledger is the rating of every run, up to where it was posted.
-    let book = kumo_server::metering::rate_book(&db).await.unwrap();
+    let book = kumo_server::app::metering::rate_book(&db).await.unwrap();
     let runs = kumo_server::entity::meter_runs::Entity::find()
         .all(&db)
         .await
@@ -528,7 +528,7 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
             assert!(mine.is_empty(), "charges of a run never posted");
             continue;
         };
-        let run = kumo_server::metering::run_of(r).unwrap();
+        let run = kumo_server::app::metering::run_of(r).unwrap();
         let want = kumo_billing::meter::due(&run, None, until, &book);
         let mut got: Vec<_> = mine
             .iter()

@@ -12,7 +12,7 @@ fn checked_in_path() -> std::path::PathBuf {
 /// `cargo xtask openapi` rewrites it.
 #[test]
 fn checked_in_document_matches_the_code() {
-    let generated = kumo_server::api::openapi_json();
+    let generated = kumo_server::http::api::openapi_json();
     let checked_in = std::fs::read_to_string(checked_in_path()).unwrap_or_default();
     assert!(
         generated == checked_in,
@@ -22,7 +22,7 @@ fn checked_in_document_matches_the_code() {
 
 #[test]
 fn document_is_openapi_3_1_with_problem_errors() {
-    let doc: Value = serde_json::from_str(&kumo_server::api::openapi_json()).unwrap();
+    let doc: Value = serde_json::from_str(&kumo_server::http::api::openapi_json()).unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
     assert_eq!(
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
@@ -64,7 +64,7 @@ async fn served_document_and_docs_page() {
         .unwrap();
     assert_eq!(served.headers()["content-type"], "application/json");
     let served: Value = served.json().await.unwrap();
-    let generated: Value = serde_json::from_str(&kumo_server::api::openapi_json()).unwrap();
+    let generated: Value = serde_json::from_str(&kumo_server::http::api::openapi_json()).unwrap();
     assert_eq!(served, generated);
 
     let html = s

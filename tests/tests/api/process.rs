@@ -83,7 +83,7 @@ async fn binary_logs_json_with_request_ids_and_never_a_token() {
         .await
         .unwrap();
 
-    let secret = kumo_server::auth::parse(&token).unwrap().1.to_owned();
+    let secret = kumo_server::app::auth::parse(&token).unwrap().1.to_owned();
     for output in stdout.iter().map(String::as_str).chain(stderr.lines()) {
         assert!(
             !output.contains(&secret),

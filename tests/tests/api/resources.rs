@@ -21,7 +21,7 @@ on_both_backends! {
         assert!(me.user.is_admin);
         // A restart on the same database creates no second admin and keeps
         // the first token valid.
-        let again = kumo_server::bootstrap::bootstrap(s.db(), &s.data_dir).await.unwrap();
+        let again = kumo_server::app::bootstrap::bootstrap(s.db(), &s.data_dir).await.unwrap();
         assert!(again.is_none());
         assert_eq!(s.admin.list_users().await.unwrap().len(), 1);
     }
@@ -195,8 +195,8 @@ on_both_backends! {
         assert!(!created.token.contains(&row.secret_hash));
         assert_eq!(row.secret_hash.len(), 64);
         // The secret is base64url and may itself contain `_`.
-        let (_, secret) = kumo_server::auth::parse(&created.token).unwrap();
-        assert_eq!(row.secret_hash, kumo_server::auth::hash_secret(secret));
+        let (_, secret) = kumo_server::app::auth::parse(&created.token).unwrap();
+        assert_eq!(row.secret_hash, kumo_server::app::auth::hash_secret(secret));
 
         let laptop = s.client(Some(&created.token));
         assert_eq!(laptop.me().await.unwrap().user.name, "alice");
@@ -231,7 +231,7 @@ on_both_backends! {
         let (_, token) = s.user("alice").await;
         let c = s.client(Some(&token));
         c.me().await.unwrap();
-        let (id, _) = kumo_server::auth::parse(&token).unwrap();
+        let (id, _) = kumo_server::app::auth::parse(&token).unwrap();
         let row = api_tokens::Entity::find_by_id(id).one(s.db()).await.unwrap().unwrap();
         let mut row: api_tokens::ActiveModel = row.into();
         row.expires_at = Set(Some(Utc::now() - Duration::seconds(1)));

@@ -52,7 +52,7 @@ on_both_backends! {
         want.sort();
         assert_eq!(want.len(), 5);
         for page in [1, 2, 5, 500] {
-            let cap = kumo_server::capacity::Capacity::default();
+            let cap = kumo_server::store::capacity::Capacity::default();
             for _ in 0..2 {
                 cap.refresh_all_paged(s.db(), page).await.unwrap();
                 let index = cap.lock();

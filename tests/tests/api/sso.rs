@@ -463,7 +463,7 @@ async fn federated_login_with_two_institutions() {
     let list = get(&a, &format!("{kumo}/t/vision/vms")).await.1;
     assert!(list.contains("data-vm=\"train\""));
     // Points and usage: the VM's first minute is charged at once.
-    kumo_server::metering::post_due(&s.server.state)
+    kumo_server::app::metering::post_due(&s.server.state)
         .await
         .unwrap();
     let billing = get(&a, &format!("{kumo}/t/vision/billing")).await.1;

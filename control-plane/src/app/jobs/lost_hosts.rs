@@ -1,0 +1,35 @@
+//! The lost-host detector.
+
+use crate::context::AppState;
+
+/// Marks hosts whose agents fell silent as `unreachable`. Idempotent, so
+/// several replicas running it at once do no harm.
+pub async fn run(state: AppState) {
+    use crate::entity::hosts;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let timeout = state.config.heartbeat_timeout;
+    let mut tick = tokio::time::interval((timeout / 4).max(std::time::Duration::from_millis(250)));
+    loop {
+        tick.tick().await;
+        let Ok(limit) = chrono::Duration::from_std(timeout) else {
+            return;
+        };
+        let cutoff = chrono::Utc::now() - limit;
+        let lost = hosts::Entity::update_many()
+            .col_expr(
+                hosts::Column::State,
+                sea_orm::sea_query::Expr::value("unreachable"),
+            )
+            .filter(hosts::Column::State.is_in(["ready", "draining"]))
+            .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
+            .exec(&state.db)
+            .await;
+        match lost {
+            Ok(r) if r.rows_affected > 0 => {
+                tracing::warn!(hosts = r.rows_affected, "hosts became unreachable")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "lost-host detector could not run"),
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Background jobs. Each runs on every replica and is idempotent, so
+//! several running at once do no harm; they call the same operations as
+//! the API.
+
+pub mod lost_hosts;
+pub mod reclaimer;

@@ -1,0 +1,15 @@
+//! Use cases, one function each: they own the transaction, the access and
+//! quota checks, the audit entry and the wake-ups after commit, and take an
+//! [`Actor`](crate::context::Actor), never an HTTP extractor. The REST API,
+//! the portal and the background jobs call the same operations.
+
+pub mod access;
+pub mod admission;
+pub mod audit;
+pub mod auth;
+pub mod bootstrap;
+pub mod budget;
+pub mod host_network;
+pub mod jobs;
+pub mod metering;
+pub mod vms;

@@ -1,0 +1,45 @@
+//! What every layer above the store shares: the application state (the
+//! database pool, configuration, clock, caches and wake-up signals) and the
+//! actor an operation runs for.
+
+use std::sync::Arc;
+
+use sea_orm::DatabaseConnection;
+
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::entity::users;
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub db: DatabaseConnection,
+    pub metrics: Arc<Metrics>,
+    pub config: Arc<Config>,
+    pub signals: Arc<crate::signals::HostSignals>,
+    pub capacity: Arc<crate::store::capacity::Capacity>,
+    pub sso: Arc<crate::oidc::Sso>,
+}
+
+/// Who asks for an operation and from where: the authenticated caller, the
+/// request id and the source address recorded in the audit log.
+#[derive(Debug, Clone)]
+pub struct Actor {
+    pub caller: Caller,
+    pub request_id: String,
+    pub source_ip: String,
+}
+
+/// Who is calling: the authenticated user and the token used.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub user: users::Model,
+    pub token_id: Uuid,
+}
+
+impl Caller {
+    pub fn is_admin(&self) -> bool {
+        self.user.is_admin
+    }
+}

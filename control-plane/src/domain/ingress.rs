@@ -1,0 +1,69 @@
+//! Ingress rules as tenants write them (`tcp:22:0.0.0.0/0`) and as hosts
+//! apply them.
+
+use kumo_api_types::{IngressProtocol, IngressRule};
+use vxlan_manager::state::{Allow, Net, PortRange, Protocol, MAX_ALLOW};
+
+use crate::error::ApiError;
+
+/// Checks rules as the hosts will apply them; the first problem names
+/// its field (`ingress[2].ports`).
+pub fn parse_rules(field: &str, rules: &[IngressRule]) -> Result<Vec<Allow>, ApiError> {
+    if rules.len() > MAX_ALLOW {
+        return Err(ApiError::field(field, format!("at most {MAX_ALLOW} rules")));
+    }
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let at = |f: &str| format!("{field}[{i}].{f}");
+            let protocol = match r.protocol {
+                IngressProtocol::Tcp => Protocol::Tcp,
+                IngressProtocol::Udp => Protocol::Udp,
+                IngressProtocol::Icmp => Protocol::Icmp,
+                IngressProtocol::Any => Protocol::Any,
+            };
+            let ports = r
+                .ports
+                .as_deref()
+                .map(|p| p.parse::<PortRange>())
+                .transpose()
+                .map_err(|e| ApiError::field(&at("ports"), e))?;
+            if ports.is_some() && !protocol.has_ports() {
+                return Err(ApiError::field(
+                    &at("ports"),
+                    "ports go with tcp or udp only",
+                ));
+            }
+            let source: Net = r
+                .source
+                .parse()
+                .map_err(|e: String| ApiError::field(&at("source"), e))?;
+            Ok(Allow {
+                protocol,
+                ports,
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The rules as stored and shown: normalised (`0022` → `22`).
+pub fn rules_json(field: &str, rules: &[IngressRule]) -> Result<Option<String>, ApiError> {
+    let parsed = parse_rules(field, rules)?;
+    if parsed.is_empty() {
+        return Ok(None);
+    }
+    let normal: Vec<IngressRule> = rules
+        .iter()
+        .zip(&parsed)
+        .map(|(r, p)| IngressRule {
+            protocol: r.protocol,
+            ports: p.ports.map(|x| x.to_string()),
+            source: p.source.to_string(),
+        })
+        .collect();
+    serde_json::to_string(&normal)
+        .map(Some)
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}

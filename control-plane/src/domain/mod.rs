@@ -1,0 +1,7 @@
+//! Pure rules over plain data: no database, no HTTP, no clock of their own.
+
+pub mod ingress;
+pub mod ipam;
+pub mod lifecycle;
+pub mod names;
+pub mod paging;

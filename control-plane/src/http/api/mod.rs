@@ -1,0 +1,186 @@
+//! The REST API under `/api/v1`, and the OpenAPI document derived from it.
+//! Every route is registered through `routes!`, so a handler cannot exist
+//! without its entry in the document.
+
+use std::collections::BTreeMap;
+
+use kumo_api_types::{
+    AuditEntry, FieldError, Health, Me, Member, MemberPut, Membership, Problem, Quota, Role,
+    Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, User, UserCreate,
+    UserKind, PROBLEM_JSON,
+};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::context::AppState;
+
+pub mod agent;
+pub mod audit;
+pub mod billing;
+pub mod clusters;
+pub mod docs;
+pub mod health;
+pub mod hosts;
+pub mod members;
+pub mod quota;
+pub mod segments;
+pub mod templates;
+pub mod tenants;
+pub mod tokens;
+pub mod users;
+pub mod vms;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Kumo API",
+        description = "Multi-tenant GPU cloud control plane. Errors are RFC 9457 problem+json; lists are paginated with `limit` and `page_token`; POSTs accept `Idempotency-Key`.",
+        version = "1.0.0",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    components(schemas(
+        Problem, FieldError, Tenant, TenantCreate, TenantUpdate, User, UserCreate, UserKind, Me,
+        Membership, Member, MemberPut, Role, TokenCreate, TokenCreated, TokenInfo, Quota,
+        AuditEntry, Health
+    )),
+    tags(
+        (name = "tenants", description = "Research projects"),
+        (name = "users", description = "People and service accounts"),
+        (name = "members", description = "Who belongs to a tenant, with which role"),
+        (name = "tokens", description = "API tokens"),
+        (name = "quota", description = "Tenant limits"),
+        (name = "audit", description = "Who did what"),
+        (name = "hosts", description = "GPU hosts and their registration"),
+        (name = "templates", description = "VM images"),
+        (name = "vms", description = "Virtual machines and their lifecycle"),
+        (name = "clusters", description = "Training clusters: VMs placed together, rail-aligned"),
+        (name = "segments", description = "Tenant networks (VXLAN) for Ethernet and RoCE, and VM addresses on them"),
+        (name = "billing", description = "Rate cards, prepaid points, statements"),
+        (name = "agent", description = "The protocol between host agents and the server"),
+        (name = "health", description = "Liveness, readiness, metrics"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "host",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("kumoh_<host id>_<secret>")
+                    .description(Some("A host's credential, for its agent"))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("kumo_<id>_<secret>")
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The error answers every authenticated operation may give, documented once.
+pub struct Problems;
+
+impl utoipa::IntoResponses for Problems {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        [
+            ("400", "Invalid request"),
+            ("401", "Missing, invalid, expired or revoked token"),
+            ("403", "The caller's role does not allow this"),
+            ("404", "No such resource, or not visible to the caller"),
+            ("409", "Conflicts with the current state"),
+            ("413", "The request body is too large"),
+            ("415", "The request body is not application/json"),
+            ("422", "Idempotency-Key reused for a different request"),
+        ]
+        .into_iter()
+        .map(|(status, description)| {
+            let response = ResponseBuilder::new()
+                .description(description)
+                .content(
+                    PROBLEM_JSON,
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build();
+            (status.to_owned(), RefOr::T(response))
+        })
+        .collect()
+    }
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(tenants::create, tenants::list))
+        .routes(routes!(tenants::show, tenants::update, tenants::delete))
+        .routes(routes!(users::create, users::list))
+        .routes(routes!(users::me))
+        .routes(routes!(members::list))
+        .routes(routes!(members::put, members::remove))
+        .routes(routes!(tokens::create, tokens::list))
+        .routes(routes!(tokens::revoke))
+        .routes(routes!(tokens::create_for_user))
+        .routes(routes!(quota::show, quota::set))
+        .routes(routes!(audit::list))
+        .routes(routes!(hosts::create_join_token))
+        .routes(routes!(hosts::list))
+        .routes(routes!(hosts::show))
+        .routes(routes!(hosts::drain))
+        .routes(routes!(hosts::undrain))
+        .routes(routes!(templates::create, templates::list))
+        .routes(routes!(vms::create, vms::list))
+        .routes(routes!(vms::show, vms::delete))
+        .routes(routes!(vms::nccl_topology))
+        .routes(routes!(vms::start))
+        .routes(routes!(vms::stop))
+        .routes(routes!(vms::reboot))
+        .routes(routes!(vms::events))
+        .routes(routes!(clusters::create, clusters::list))
+        .routes(routes!(clusters::show, clusters::delete))
+        .routes(routes!(segments::create, segments::list))
+        .routes(routes!(segments::show, segments::delete))
+        .routes(routes!(segments::set_ingress))
+        .routes(routes!(billing::put_rates, billing::get_rates))
+        .routes(routes!(billing::grant))
+        .routes(routes!(billing::points))
+        .routes(routes!(billing::extend_grace))
+        .routes(routes!(billing::statement))
+        .routes(routes!(billing::usage))
+        .routes(routes!(agent::register))
+        .routes(routes!(agent::heartbeat))
+        .routes(routes!(agent::desired))
+        .routes(routes!(agent::status))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+}
+
+/// The OpenAPI document, as served at `/api/v1/openapi.json` and checked
+/// in as `api-spec/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    router().split_for_parts().1
+}
+
+/// Pretty JSON of the document, with a trailing newline, exactly as checked in.
+pub fn openapi_json() -> String {
+    let mut s = openapi().to_pretty_json().unwrap_or_default();
+    s.push('\n');
+    s
+}

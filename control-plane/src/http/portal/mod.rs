@@ -1,0 +1,898 @@
+//! The web portal's pages (rendered by `kumo-web-portal`), mounted at `/`:
+//! the institution chooser, the dashboard, the language switch, VMs and
+//! points; [`resources`] has the listing pages. A page shows only what
+//! the session's user may see through the API: tenants they are a member
+//! of.
+
+mod resources;
+
+use axum::extract::{Path, Query, State};
+use axum::http::header::{ACCEPT_LANGUAGE, CONTENT_TYPE, LOCATION, REFERER, SET_COOKIE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use chrono::Datelike;
+use kumo_web_portal::i18n::Lang;
+use kumo_web_portal::{diagram, ProviderItem, TenantCard, Viewer, VmRow};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use serde::Deserialize;
+
+use crate::context::Actor;
+use crate::context::AppState;
+use crate::entity::{charges, memberships, tenant_gpu_quotas, tenants, vms};
+use crate::error::ApiError;
+use crate::http::sso::{check_csrf, cookie, safe_next, session_of};
+use crate::store::vms::stored_spec;
+
+const LANG_COOKIE: &str = "kumo_lang";
+
+fn lang(headers: &HeaderMap) -> Lang {
+    Lang::pick(
+        cookie(headers, LANG_COOKIE).as_deref(),
+        headers.get(ACCEPT_LANGUAGE).and_then(|v| v.to_str().ok()),
+    )
+}
+
+fn html(body: String) -> Response {
+    ([(CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
+}
+
+#[derive(Deserialize)]
+struct NextParam {
+    next: Option<String>,
+}
+
+async fn login(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<NextParam>,
+) -> Response {
+    let providers: Vec<ProviderItem> = st
+        .config
+        .auth
+        .oidc
+        .iter()
+        .map(|p| ProviderItem {
+            name: p.name.clone(),
+            display_name: p.display_name.clone(),
+        })
+        .collect();
+    // The token form's CSRF token, double-submitted: the same value in a
+    // cookie this site alone can set and in the form.
+    let csrf = crate::http::sso::cookie(&headers, crate::http::sso::LOGIN_CSRF_COOKIE)
+        .filter(|c| c.len() == 43)
+        .unwrap_or_else(crate::http::sso::random_token);
+    let mut r = html(kumo_web_portal::login_page(
+        lang(&headers),
+        &providers,
+        &safe_next(q.next.as_deref()),
+        &csrf,
+    ));
+    if let Ok(v) = format!(
+        "{}={csrf}; Path=/auth/token; HttpOnly; SameSite=Strict; Max-Age=3600",
+        crate::http::sso::LOGIN_CSRF_COOKIE
+    )
+    .parse()
+    {
+        r.headers_mut().insert(SET_COOKIE, v);
+    }
+    r
+}
+
+async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let Some((session, user)) = session_of(&st, &headers).await? else {
+        return Ok((StatusCode::SEE_OTHER, [(LOCATION, "/login?next=/")]).into_response());
+    };
+    let mut cards = Vec::new();
+    let mut tenant_ids = Vec::new();
+    for m in memberships::Entity::find()
+        .filter(memberships::Column::UserId.eq(user.id))
+        .all(&st.db)
+        .await?
+    {
+        let Some(t) = tenants::Entity::find_by_id(m.tenant_id).one(&st.db).await? else {
+            continue;
+        };
+        tenant_ids.push(t.id);
+        let rows = vms::Entity::find()
+            .filter(vms::Column::TenantId.eq(t.id))
+            .all(&st.db)
+            .await?;
+        let mut gpus_used = 0u64;
+        for v in rows.iter().filter(|v| v.host_id.is_some()) {
+            gpus_used += u64::from(stored_spec(v)?.gpus);
+        }
+        let gpus_quota: i64 = tenant_gpu_quotas::Entity::find()
+            .filter(tenant_gpu_quotas::Column::TenantId.eq(t.id))
+            .all(&st.db)
+            .await?
+            .iter()
+            .map(|q| q.gpus)
+            .sum();
+        let (grants, charged) = crate::store::billing::ledger_of(&st.db, &t).await?;
+        let balance = if grants.is_empty() {
+            None
+        } else {
+            Some(
+                crate::store::billing::balance_of(&grants, &charged, st.config.clock.now())?
+                    .balance
+                    .to_string(),
+            )
+        };
+        cards.push(TenantCard {
+            name: t.name.clone(),
+            display_name: t.display_name.clone(),
+            role: m.role.clone(),
+            vms: rows.len() as u64,
+            gpus_used,
+            gpus_quota: u64::try_from(gpus_quota).unwrap_or(0),
+            balance,
+        });
+    }
+    cards.sort_by(|a, b| a.name.cmp(&b.name));
+    // Usage of all of them over the last 30 days.
+    let from = thirty_days_from(st.config.clock.now());
+    let mut per_day = Vec::new();
+    for id in &tenant_ids {
+        for c in charges::Entity::find()
+            .filter(charges::Column::TenantId.eq(*id))
+            .filter(charges::Column::PeriodFrom.gte(from))
+            .all(&st.db)
+            .await?
+        {
+            per_day.push((
+                c.period_from.format("%Y-%m-%d").to_string(),
+                kumo_billing::from_micro(c.amount_micro)
+                    .to_string()
+                    .parse()
+                    .unwrap_or(0.0),
+            ));
+        }
+    }
+    let daily = thirty_days(from, per_day.into_iter());
+    let viewer = Viewer {
+        display_name: user.display_name,
+        csrf: session.csrf,
+        is_admin: user.is_admin,
+    };
+    Ok(html(kumo_web_portal::dashboard_page(
+        lang(&headers),
+        &viewer,
+        &cards,
+        &st.config.billing.currency,
+        &daily,
+    )))
+}
+
+/// The language switch: remembered in a cookie, back to where one was.
+async fn switch_lang(headers: HeaderMap, Path(code): Path<String>) -> Result<Response, ApiError> {
+    let l = Lang::parse(&code).ok_or_else(|| ApiError::not_found(format!("language {code:?}")))?;
+    let back = headers
+        .get(REFERER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|r| r.find("://").map(|i| &r[i + 3..]))
+        .and_then(|r| r.find('/').map(|i| r[i..].to_owned()));
+    Ok((
+        StatusCode::SEE_OTHER,
+        [
+            (LOCATION, safe_next(back.as_deref())),
+            (
+                SET_COOKIE,
+                format!(
+                    "{LANG_COOKIE}={}; Path=/; SameSite=Lax; Max-Age=31536000",
+                    l.code()
+                ),
+            ),
+        ],
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct CliLogin {
+    port: u16,
+    state: String,
+}
+
+fn check_cli(port: u16, state: &str) -> Result<(), ApiError> {
+    if port < 1024 {
+        return Err(ApiError::field(
+            "port",
+            "the command's loopback port (1024 or above)",
+        ));
+    }
+    if !(16..=128).contains(&state.len())
+        || !state
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ApiError::field("state", "16 to 128 URL-safe characters"));
+    }
+    Ok(())
+}
+
+/// `kumo login`'s page: signed in, the user is asked to allow it.
+async fn cli_login(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<CliLogin>,
+) -> Result<Response, ApiError> {
+    check_cli(q.port, &q.state)?;
+    let here = format!("/login/cli?port={}&state={}", q.port, q.state);
+    let (viewer, _) = match signed_in(&st, &headers, &here).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    Ok(html(kumo_web_portal::cli_login_page(
+        lang(&headers),
+        &viewer,
+        q.port,
+        &q.state,
+    )))
+}
+
+#[derive(Deserialize)]
+struct CliAllow {
+    csrf: String,
+    port: u16,
+    state: String,
+}
+
+/// Allowed: an API token for the user, handed to the command's loopback
+/// port (and nowhere else).
+async fn cli_allow(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    axum::Form(f): axum::Form<CliAllow>,
+) -> Result<Response, ApiError> {
+    check_cli(f.port, &f.state)?;
+    let Some((session, user)) = session_of(&st, &headers).await? else {
+        return Err(ApiError::Unauthenticated("sign in first".into()));
+    };
+    check_csrf(&session.csrf, &f.csrf)?;
+    let minted = crate::http::api::tokens::mint_for(
+        &st.db,
+        &ctx_of(&user),
+        &user,
+        kumo_api_types::TokenCreate {
+            description: Some("kumo login".into()),
+            expires_at: Some(chrono::Utc::now() + chrono::Duration::days(90)),
+        },
+    )
+    .await?;
+    let to = format!(
+        "http://127.0.0.1:{}/?state={}&token={}",
+        f.port, f.state, minted.token
+    );
+    Ok((StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response())
+}
+
+/// The API caller a session stands for: pages go through the same
+/// handlers, so they see and may do exactly what the API allows.
+pub(crate) fn ctx_of(user: &crate::entity::users::Model) -> Actor {
+    Actor {
+        caller: crate::context::Caller {
+            user: user.clone(),
+            token_id: uuid::Uuid::nil(),
+        },
+        request_id: uuid::Uuid::now_v7().to_string(),
+        source_ip: "portal".into(),
+    }
+}
+
+/// The session, or a redirect to the chooser coming back to `here`.
+async fn signed_in(
+    st: &AppState,
+    headers: &HeaderMap,
+    here: &str,
+) -> Result<Result<(Viewer, crate::entity::users::Model), Response>, ApiError> {
+    match session_of(st, headers).await? {
+        Some((s, u)) => Ok(Ok((
+            Viewer {
+                display_name: u.display_name.clone(),
+                csrf: s.csrf,
+                is_admin: u.is_admin,
+            },
+            u,
+        ))),
+        None => {
+            let to = format!(
+                "/login?next={}",
+                openidconnect::url::form_urlencoded::byte_serialize(here.as_bytes())
+                    .collect::<String>()
+            );
+            Ok(Err(
+                (StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response()
+            ))
+        }
+    }
+}
+
+async fn vm_rows(st: &AppState, ctx: &Actor, tenant: &str) -> Result<Vec<VmRow>, ApiError> {
+    let page = crate::http::api::vms::list(
+        State(st.clone()),
+        ctx.clone(),
+        crate::http::extract::Path(tenant.to_owned()),
+        crate::http::extract::Query(kumo_api_types::PageParams {
+            limit: Some(200),
+            page_token: None,
+        }),
+    )
+    .await?;
+    Ok(page
+        .0
+        .items
+        .into_iter()
+        .map(|v| VmRow {
+            name: v.name,
+            state: v.state.as_str().to_owned(),
+            state_label: String::new(),
+            gpus: v.spec.gpus,
+            host: v.host.unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// The VM form's choices: priced GPU models, templates, the project's
+/// segments — each as the API shows them to this user.
+async fn vm_choices(
+    st: &AppState,
+    ctx: &Actor,
+    tenant: &str,
+) -> Result<kumo_web_portal::VmChoices, ApiError> {
+    let all = || {
+        crate::http::extract::Query(kumo_api_types::PageParams {
+            limit: Some(200),
+            page_token: None,
+        })
+    };
+    let rates = crate::http::api::billing::get_rates(State(st.clone()), ctx.clone())
+        .await?
+        .0;
+    let gpu_models = rates
+        .current
+        .iter()
+        .flat_map(|c| c.prices.keys())
+        .filter_map(|class| class.strip_prefix("gpu:"))
+        .map(str::to_owned)
+        .collect();
+    let templates = crate::http::api::templates::list(State(st.clone()), ctx.clone(), all())
+        .await?
+        .0
+        .items
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let segments = crate::http::api::segments::list(
+        State(st.clone()),
+        ctx.clone(),
+        crate::http::extract::Path(tenant.to_owned()),
+        all(),
+    )
+    .await?
+    .0
+    .items
+    .into_iter()
+    .map(|s| s.name)
+    .collect();
+    Ok(kumo_web_portal::VmChoices {
+        gpu_models,
+        templates,
+        segments,
+    })
+}
+
+async fn vms_page(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let ctx = ctx_of(&user);
+    let rows = vm_rows(&st, &ctx, &tenant).await?;
+    let choices = vm_choices(&st, &ctx, &tenant).await?;
+    Ok(html(kumo_web_portal::vms_page(
+        lang(&headers),
+        &viewer,
+        &tenant,
+        &rows,
+        &choices,
+        None,
+    )))
+}
+
+#[derive(Deserialize)]
+struct CreateForm {
+    csrf: String,
+    name: String,
+    #[serde(default)]
+    gpus: Option<String>,
+    #[serde(default)]
+    vcpus: Option<String>,
+    #[serde(default)]
+    memory_gib: Option<String>,
+    #[serde(default)]
+    gpu_model: Option<String>,
+    #[serde(default)]
+    template: Option<String>,
+    #[serde(default)]
+    spot: Option<String>,
+    #[serde(default)]
+    network: Option<String>,
+    #[serde(default)]
+    ssh_key: Option<String>,
+}
+
+/// A select's choice; the empty first option is no choice.
+fn chosen(v: &Option<String>) -> Option<String> {
+    v.as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
+fn number(field: &str, v: &Option<String>) -> Result<Option<u32>, ApiError> {
+    match v.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| ApiError::field(field, "a whole number")),
+    }
+}
+
+async fn create_vm(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+    axum::Form(f): axum::Form<CreateForm>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    check_csrf(&viewer.csrf, &f.csrf)?;
+    let ctx = ctx_of(&user);
+    let body = number("gpus", &f.gpus).and_then(|gpus| {
+        Ok(kumo_api_types::VmCreate {
+            name: f.name.trim().to_owned(),
+            gpus: gpus.unwrap_or(0),
+            gpu_model: chosen(&f.gpu_model),
+            vcpus: number("vcpus", &f.vcpus)?,
+            memory_gib: number("memory_gib", &f.memory_gib)?,
+            disk_gib: None,
+            template: chosen(&f.template),
+            service_level: if f.spot.is_some() {
+                kumo_api_types::ServiceLevel::Spot
+            } else {
+                kumo_api_types::ServiceLevel::Guaranteed
+            },
+            ssh_keys: f
+                .ssh_key
+                .iter()
+                .map(|k| k.trim().to_owned())
+                .filter(|k| !k.is_empty())
+                .collect(),
+            networks: f
+                .network
+                .iter()
+                .map(|n| n.trim())
+                .filter(|n| !n.is_empty())
+                .map(|n| kumo_api_types::NetworkRequest {
+                    segment: n.to_owned(),
+                    ip: None,
+                })
+                .collect(),
+        })
+    });
+    let made = match body {
+        Ok(b) => {
+            crate::http::api::vms::create(
+                State(st.clone()),
+                ctx.clone(),
+                crate::http::extract::Path(tenant.clone()),
+                crate::http::extract::Json(b),
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    match made {
+        Ok((_, vm)) => Ok((
+            StatusCode::SEE_OTHER,
+            [(LOCATION, format!("/t/{tenant}/vms/{}", vm.0.name))],
+        )
+            .into_response()),
+        // A foreign or missing tenant stays a 404, whatever the form said.
+        Err(e @ ApiError::NotFound(_)) => Err(e),
+        Err(e) => {
+            let rows = vm_rows(&st, &ctx, &tenant).await?;
+            let choices = vm_choices(&st, &ctx, &tenant).await?;
+            let mut r = html(kumo_web_portal::vms_page(
+                lang(&headers),
+                &viewer,
+                &tenant,
+                &rows,
+                &choices,
+                Some(&e.to_string()),
+            ));
+            *r.status_mut() =
+                StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST);
+            Ok(r)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    csrf: String,
+}
+
+async fn vm_action(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, vm, action)): Path<(String, String, String)>,
+    axum::Form(f): axum::Form<CsrfForm>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    check_csrf(&viewer.csrf, &f.csrf)?;
+    let (ctx, at) = (
+        ctx_of(&user),
+        crate::http::extract::Path((tenant.clone(), vm)),
+    );
+    let s = State(st.clone());
+    let _ = match action.as_str() {
+        "start" => crate::http::api::vms::start(s, ctx, at).await?,
+        "stop" => crate::http::api::vms::stop(s, ctx, at).await?,
+        "reboot" => crate::http::api::vms::reboot(s, ctx, at).await?,
+        "delete" => crate::http::api::vms::delete(s, ctx, at).await?,
+        other => return Err(ApiError::not_found(format!("action {other:?}"))),
+    };
+    Ok((
+        StatusCode::SEE_OTHER,
+        [(LOCATION, format!("/t/{tenant}/vms"))],
+    )
+        .into_response())
+}
+
+async fn vm_page(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms/{name}")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let ctx = ctx_of(&user);
+    let vm = crate::http::api::vms::show(
+        State(st.clone()),
+        ctx.clone(),
+        crate::http::extract::Path((tenant.clone(), name.clone())),
+    )
+    .await?
+    .0;
+    let events = crate::http::api::vms::events(
+        State(st.clone()),
+        ctx.clone(),
+        crate::http::extract::Path(tenant.clone()),
+        crate::http::extract::Query(kumo_api_types::PageParams {
+            limit: Some(500),
+            page_token: None,
+        }),
+    )
+    .await?
+    .0
+    .items
+    .into_iter()
+    .filter(|e| e.vm_id == vm.id)
+    .map(|e| {
+        format!(
+            "{} {} — {}",
+            e.at.format("%Y-%m-%d %H:%M:%S"),
+            e.kind,
+            e.message
+        )
+    })
+    .collect();
+    let nccl = if vm.placement.is_some() {
+        match crate::http::api::vms::nccl_topology(
+            State(st.clone()),
+            ctx.clone(),
+            crate::http::extract::Path((tenant.clone(), name.clone())),
+        )
+        .await
+        {
+            Ok(r) => axum::body::to_bytes(r.into_response().into_body(), 1 << 20)
+                .await
+                .ok()
+                .map(|b| String::from_utf8_lossy(&b).into_owned()),
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    let placement = vm.placement.clone().unwrap_or(kumo_api_types::VmPlacement {
+        gpus: vec![],
+        numa: vec![],
+    });
+    let host = match &vm.host {
+        Some(h) => host_topology(&st, h).await?,
+        None => None,
+    };
+    let detail = kumo_web_portal::VmDetail {
+        tenant: tenant.clone(),
+        name: vm.name.clone(),
+        state: vm.state.as_str().to_owned(),
+        host: vm.host.clone(),
+        cells: placement
+            .numa
+            .iter()
+            .map(|n| diagram::Cell {
+                guest_node: n.guest_node,
+                host_node: n.host_node,
+                vcpus: n.vcpus.clone(),
+                memory_mib: n.memory_mib,
+            })
+            .collect(),
+        gpus: placement
+            .gpus
+            .iter()
+            .map(|g| diagram::Gpu {
+                model: g.model.clone(),
+                host_bdf: g.host_bdf.clone(),
+                guest_bdf: g.guest_bdf.clone(),
+                guest_node: g.guest_numa,
+                nic: g.nic.as_ref().map(|n| diagram::Nic {
+                    name: n.clone(),
+                    host_bdf: g.nic_vf.clone().unwrap_or_else(|| n.clone()),
+                    guest_bdf: g.nic_guest_bdf.clone(),
+                }),
+                switch: host.as_ref().and_then(|t| switch_above(t, &g.host_bdf)),
+                nvlinks: host
+                    .as_ref()
+                    .and_then(|t| {
+                        t.gpus
+                            .iter()
+                            .find(|x| x.location.bdf.to_string() == g.host_bdf)
+                    })
+                    .map(|x| x.nvlinks.iter().map(|l| l.count).sum())
+                    .unwrap_or(0),
+            })
+            .collect(),
+        events,
+        nccl,
+    };
+    Ok(html(kumo_web_portal::vm_page(
+        lang(&headers),
+        &viewer,
+        &detail,
+    )))
+}
+
+/// The topology a host registered (the server's own record; `None` if it
+/// cannot be read, and the diagram goes without switches and NVLink).
+async fn host_topology(
+    st: &AppState,
+    name: &str,
+) -> Result<Option<kumo_topology::HostTopology>, ApiError> {
+    Ok(crate::store::hosts::find(&st.db, name)
+        .await?
+        .and_then(|h| serde_json::from_str(&h.topology).ok()))
+}
+
+/// The PCIe switch a GPU hangs under on its host (as guest layout groups
+/// devices); `None` for a GPU straight on a root port.
+fn switch_above(t: &kumo_topology::HostTopology, gpu_bdf: &str) -> Option<String> {
+    let gpu = t
+        .gpus
+        .iter()
+        .find(|g| g.location.bdf.to_string() == gpu_bdf)?;
+    (gpu.location.pcie_path.len() >= 2)
+        .then(|| kumo_topology::guest_layout::switch_group(&gpu.location))
+}
+
+/// The start (UTC midnight) of the 30 days up to `now`.
+fn thirty_days_from(now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    (now - chrono::Duration::days(29))
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .map(|t| t.and_utc())
+        .unwrap_or(now)
+}
+
+/// Points per day for the 30 days from `from`, `MM-DD` labels, zero
+/// where nothing was charged.
+fn thirty_days(
+    from: chrono::DateTime<chrono::Utc>,
+    per_day: impl Iterator<Item = (String, f64)>,
+) -> Vec<(String, f64)> {
+    let mut by_day: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for (day, v) in per_day {
+        *by_day.entry(day).or_default() += v;
+    }
+    (0..30)
+        .map(|i| {
+            let day = (from + chrono::Duration::days(i))
+                .format("%Y-%m-%d")
+                .to_string();
+            let v = by_day.get(&day).copied().unwrap_or(0.0);
+            (day[5..].to_owned(), v)
+        })
+        .collect()
+}
+
+/// A tenant's points, the last 30 days as a chart, statements, ledger.
+async fn billing_page(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/billing")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let ctx = ctx_of(&user);
+    let points = crate::http::api::billing::points(
+        State(st.clone()),
+        ctx.clone(),
+        crate::http::extract::Path(tenant.clone()),
+    )
+    .await?
+    .0;
+    let now = st.config.clock.now();
+    let from = thirty_days_from(now);
+    let usage = crate::http::api::billing::usage(
+        State(st.clone()),
+        ctx,
+        crate::http::extract::Path(tenant.clone()),
+        crate::http::extract::Query(kumo_api_types::UsageParams {
+            from: Some(from),
+            to: Some(now + chrono::Duration::seconds(1)),
+            group_by: kumo_api_types::UsageGroup::Day,
+        }),
+    )
+    .await?
+    .0;
+    let daily = thirty_days(
+        from,
+        usage
+            .rows
+            .iter()
+            .map(|r| (r.key.clone(), r.amount.parse().unwrap_or(0.0))),
+    );
+    let this = now.format("%Y-%m").to_string();
+    let last = (now.date_naive().with_day(1).unwrap_or(now.date_naive())
+        - chrono::Duration::days(1))
+    .format("%Y-%m")
+    .to_string();
+    let view = kumo_web_portal::BillingView {
+        tenant: tenant.clone(),
+        balance: points.balance,
+        currency: points.currency,
+        daily,
+        months: vec![this, last],
+        ledger: points
+            .ledger
+            .iter()
+            .take(50)
+            .map(|c| {
+                (
+                    c.from.format("%Y-%m-%d %H:%M").to_string(),
+                    c.vm.clone(),
+                    c.resource.clone(),
+                    c.seconds,
+                    c.amount.clone(),
+                )
+            })
+            .collect(),
+    };
+    Ok(html(kumo_web_portal::billing_page(
+        lang(&headers),
+        &viewer,
+        &view,
+    )))
+}
+
+/// A month's statement as a CSV download.
+async fn statement_csv(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, file)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let (_, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/billing")).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let month = file
+        .strip_suffix(".csv")
+        .ok_or_else(|| ApiError::not_found(format!("statement {file:?}")))?
+        .to_owned();
+    let mut want_csv = HeaderMap::new();
+    want_csv.insert(
+        axum::http::header::ACCEPT,
+        "text/csv"
+            .parse()
+            .map_err(|_| ApiError::Internal("header".into()))?,
+    );
+    let mut r = crate::http::api::billing::statement(
+        State(st.clone()),
+        ctx_of(&user),
+        want_csv,
+        crate::http::extract::Path((tenant.clone(), month.clone())),
+    )
+    .await?;
+    if let Ok(v) = format!("attachment; filename=\"kumo-{tenant}-{month}.csv\"").parse() {
+        r.headers_mut()
+            .insert(axum::http::header::CONTENT_DISPOSITION, v);
+    }
+    Ok(r)
+}
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/t/{tenant}/billing", get(billing_page))
+        .route("/t/{tenant}/billing/statements/{file}", get(statement_csv))
+        .route("/t/{tenant}/vms", get(vms_page).post(create_vm))
+        .route("/t/{tenant}/vms/live", get(vms_live))
+        .route("/t/{tenant}/vms/{vm}", get(vm_page))
+        .route(
+            "/t/{tenant}/vms/{vm}/{action}",
+            axum::routing::post(vm_action),
+        )
+        .route("/login/cli", get(cli_login).post(cli_allow))
+        .route("/login", get(login))
+        .route("/lang/{code}", get(switch_lang))
+        .route("/static/portal.js", get(portal_js))
+        .merge(resources::routes())
+}
+
+async fn portal_js() -> Response {
+    (
+        [
+            (CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (axum::http::header::CACHE_CONTROL, "max-age=300"),
+        ],
+        kumo_web_portal::PORTAL_JS,
+    )
+        .into_response()
+}
+
+#[derive(serde::Serialize)]
+struct LiveVm {
+    name: String,
+    state: String,
+    label: String,
+}
+
+/// The feed of the pages' live states: a tenant's VMs and their states in
+/// the page's language, for the session's user (401 without one).
+async fn vms_live(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(tenant): Path<String>,
+) -> Result<Response, ApiError> {
+    let Some((_, user)) = session_of(&st, &headers).await? else {
+        return Err(ApiError::Unauthenticated("sign in first".into()));
+    };
+    let l = lang(&headers);
+    let rows = vm_rows(&st, &ctx_of(&user), &tenant).await?;
+    Ok(axum::Json(
+        rows.into_iter()
+            .map(|v| LiveVm {
+                label: kumo_web_portal::i18n::word(l, &v.state),
+                name: v.name,
+                state: v.state,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .into_response())
+}

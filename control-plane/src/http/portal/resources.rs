@@ -1,0 +1,888 @@
+//! The portal's listing pages: a project's clusters, segments and members,
+//! the user's API tokens, and the administrators' hosts, projects, rates
+//! and join tokens. Each is a [`Listing`] built from the API's own
+//! handlers called as the session's user, so a page shows and a form does
+//! exactly what the API allows that user; a refused form comes back as
+//! the page with the API's reason.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, State};
+use axum::http::header::LOCATION;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use kumo_api_types as api;
+use kumo_web_portal::i18n::{t, word, Lang, Msg};
+use kumo_web_portal::listing::{heatmap_svg, Cell, Field, Form, Input, Listing, Section};
+use kumo_web_portal::Viewer;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+
+use super::{ctx_of, html, lang, signed_in};
+use crate::context::AppState;
+use crate::error::ApiError;
+use crate::http::extract::{Json as J, Path as P, Query as Q};
+use crate::http::sso::check_csrf;
+
+/// Which listing a request is about.
+#[derive(Debug, Clone)]
+enum Page {
+    Clusters(String),
+    Segments(String),
+    Members(String),
+    Tokens,
+    Hosts,
+    Host(String),
+    Tenants,
+    Rates,
+    JoinTokens,
+}
+
+impl Page {
+    fn href(&self) -> String {
+        match self {
+            Page::Clusters(t) => format!("/t/{t}/clusters"),
+            Page::Segments(t) => format!("/t/{t}/segments"),
+            Page::Members(t) => format!("/t/{t}/members"),
+            Page::Tokens => "/tokens".into(),
+            Page::Hosts => "/admin/hosts".into(),
+            Page::Host(h) => format!("/admin/hosts/{h}"),
+            Page::Tenants => "/admin/tenants".into(),
+            Page::Rates => "/admin/rates".into(),
+            Page::JoinTokens => "/admin/join-tokens".into(),
+        }
+    }
+
+    fn tenant(&self) -> Option<&str> {
+        match self {
+            Page::Clusters(t) | Page::Segments(t) | Page::Members(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// The session's user with what a page needs to answer them.
+struct Visit {
+    st: AppState,
+    lang: Lang,
+    viewer: Viewer,
+    ctx: crate::context::Actor,
+}
+
+fn all() -> Q<api::PageParams> {
+    Q(api::PageParams {
+        limit: Some(200),
+        page_token: None,
+    })
+}
+
+fn when(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M").to_string()
+}
+
+fn delete_button(l: Lang, action: String) -> Cell {
+    Cell::Button {
+        action,
+        label: word(l, "delete"),
+    }
+}
+
+/// A page of one table with its create form, posted back to the page.
+fn table_page(
+    heading: String,
+    columns: Vec<String>,
+    rows: Vec<Vec<Cell>>,
+    empty: String,
+    page: &Page,
+    submit: String,
+    fields: Vec<Field>,
+) -> Listing {
+    Listing {
+        heading,
+        sections: vec![Section {
+            columns,
+            rows,
+            empty,
+            form: Some(Form {
+                action: page.href(),
+                submit,
+                fields,
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
+    let (st, l, ctx) = (State(v.st.clone()), v.lang, v.ctx.clone());
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    Ok(match page {
+        Page::Clusters(tenant) => {
+            let items = crate::http::api::clusters::list(st, ctx, P(tenant.clone()), all())
+                .await?
+                .0
+                .items;
+            let rows = items
+                .iter()
+                .map(|c| {
+                    vec![
+                        Cell::text(&c.name),
+                        Cell::text(&c.state),
+                        Cell::text(c.size.to_string()),
+                        Cell::text(c.spec.gpus.to_string()),
+                        Cell::Code(
+                            c.members
+                                .iter()
+                                .map(|m| {
+                                    format!(
+                                        "{} {} {}",
+                                        m.name,
+                                        m.state.as_str(),
+                                        m.host.as_deref().unwrap_or("-")
+                                    )
+                                })
+                                .collect::<Vec<_>>()
+                                .join("\n"),
+                        ),
+                        delete_button(l, format!("/t/{tenant}/clusters/{}/delete", c.name)),
+                    ]
+                })
+                .collect();
+            table_page(
+                format!("{tenant} — {}", t(l, Msg::Clusters)),
+                vec![
+                    tx(Msg::Name),
+                    tx(Msg::State),
+                    tx(Msg::Size),
+                    tx(Msg::GpusEach),
+                    tx(Msg::VmsTitle),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                    Field::new("size", t(l, Msg::Size), Input::Number).required(),
+                    Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
+                    Field::new("network", t(l, Msg::Segment), Input::Text),
+                    Field::new("spot", "spot", Input::Checkbox),
+                ],
+            )
+        }
+        Page::Segments(tenant) => {
+            let items = crate::http::api::segments::list(st, ctx, P(tenant.clone()), all())
+                .await?
+                .0
+                .items;
+            let rows = items
+                .iter()
+                .map(|s| {
+                    vec![
+                        Cell::text(&s.name),
+                        Cell::text(format!("{:?}", s.kind).to_lowercase()),
+                        Cell::Code(s.cidr.clone()),
+                        Cell::text(s.mtu.to_string()),
+                        Cell::text(match s.vlan {
+                            Some(vlan) => format!("{} / VLAN {vlan}", s.vni),
+                            None => s.vni.to_string(),
+                        }),
+                        Cell::text(s.attachments.to_string()),
+                        Cell::Code(
+                            s.ingress
+                                .iter()
+                                .map(|r| r.to_string())
+                                .collect::<Vec<_>>()
+                                .join(" "),
+                        ),
+                        delete_button(l, format!("/t/{tenant}/segments/{}/delete", s.name)),
+                    ]
+                })
+                .collect();
+            table_page(
+                format!("{tenant} — {}", t(l, Msg::Segments)),
+                vec![
+                    tx(Msg::Name),
+                    tx(Msg::Kind),
+                    "CIDR".into(),
+                    "MTU".into(),
+                    "VNI".into(),
+                    "NICs".into(),
+                    tx(Msg::Ingress),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                    Field::new(
+                        "kind",
+                        t(l, Msg::Kind),
+                        Input::Select(vec![
+                            ("ethernet".into(), "Ethernet".into()),
+                            ("roce".into(), "RoCE".into()),
+                        ]),
+                    ),
+                    Field::new("cidr", "CIDR", Input::Text)
+                        .required()
+                        .placeholder("10.0.0.0/24"),
+                    Field::new("mtu", "MTU", Input::Number),
+                    Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
+                        .placeholder("tcp:22:0.0.0.0/0"),
+                ],
+            )
+        }
+        Page::Members(tenant) => {
+            let items = crate::http::api::members::list(st, ctx, P(tenant.clone()), all())
+                .await?
+                .0
+                .items;
+            let rows = items
+                .iter()
+                .map(|m| {
+                    vec![
+                        Cell::text(&m.user),
+                        Cell::text(m.role.as_str()),
+                        Cell::text(when(m.since)),
+                        Cell::Button {
+                            action: format!("/t/{tenant}/members/{}/remove", m.user),
+                            label: tx(Msg::Remove),
+                        },
+                    ]
+                })
+                .collect();
+            let roles = ["member", "viewer", "owner"]
+                .iter()
+                .map(|r| (r.to_string(), r.to_string()))
+                .collect();
+            table_page(
+                format!("{tenant} — {}", t(l, Msg::Members)),
+                vec![
+                    tx(Msg::User),
+                    tx(Msg::Role),
+                    tx(Msg::Created),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                page,
+                tx(Msg::AddMember),
+                vec![
+                    Field::new("user", t(l, Msg::User), Input::Text).required(),
+                    Field::new("role", t(l, Msg::Role), Input::Select(roles)),
+                ],
+            )
+        }
+        Page::Tokens => {
+            let items = crate::http::api::tokens::list(st, ctx, all())
+                .await?
+                .0
+                .items;
+            let rows = items
+                .iter()
+                .map(|k| {
+                    vec![
+                        Cell::text(&k.description),
+                        Cell::text(when(k.created_at)),
+                        Cell::text(k.expires_at.map(when).unwrap_or_else(|| "-".into())),
+                        Cell::text(k.last_used_at.map(when).unwrap_or_else(|| "-".into())),
+                        Cell::Button {
+                            action: format!("/tokens/{}/revoke", k.id),
+                            label: tx(Msg::Revoke),
+                        },
+                    ]
+                })
+                .collect();
+            table_page(
+                tx(Msg::Tokens),
+                vec![
+                    tx(Msg::Description),
+                    tx(Msg::Created),
+                    tx(Msg::Expires),
+                    tx(Msg::LastUsed),
+                    String::new(),
+                ],
+                rows,
+                empty,
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("description", t(l, Msg::Description), Input::Text).required(),
+                    Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
+                ],
+            )
+        }
+        Page::Hosts => {
+            let items = crate::http::api::hosts::list(st, ctx, all()).await?.0.items;
+            let rows = items
+                .iter()
+                .map(|h| {
+                    vec![
+                        Cell::Link {
+                            href: format!("/admin/hosts/{}", h.name),
+                            text: h.name.clone(),
+                        },
+                        Cell::State {
+                            word: h.state.as_str().into(),
+                            label: h.state.as_str().into(),
+                        },
+                        Cell::text(h.gpu_models.join(", ")),
+                        Cell::text(format!("{} / {}", h.gpus - h.gpus_free.min(h.gpus), h.gpus)),
+                        Cell::text(h.rdma_nics.to_string()),
+                        Cell::text(h.scalable_unit.clone().unwrap_or_default()),
+                        Cell::text(when(h.last_heartbeat_at)),
+                    ]
+                })
+                .collect();
+            let heat: Vec<(String, u32, u32)> = items
+                .iter()
+                .filter(|h| h.gpus > 0)
+                .map(|h| (h.name.clone(), h.gpus - h.gpus_free.min(h.gpus), h.gpus))
+                .collect();
+            Listing {
+                heading: tx(Msg::Hosts),
+                sections: vec![
+                    Section {
+                        heading: tx(Msg::GpuUse),
+                        svg: Some(heatmap_svg(&heat)),
+                        ..Default::default()
+                    },
+                    Section {
+                        heading: String::new(),
+                        columns: vec![
+                            tx(Msg::Name),
+                            tx(Msg::State),
+                            "GPU".into(),
+                            tx(Msg::Gpus),
+                            "RDMA".into(),
+                            "SU".into(),
+                            tx(Msg::Heartbeat),
+                        ],
+                        rows,
+                        empty,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }
+        }
+        Page::Host(name) => {
+            let h = crate::http::api::hosts::show(st, ctx, P(name.clone()))
+                .await?
+                .0;
+            // One row per VM: its GPUs and NICs by address, its CPUs counted.
+            let mut per_vm: std::collections::BTreeMap<uuid::Uuid, (Vec<&str>, Vec<&str>, usize)> =
+                Default::default();
+            for a in &h.allocations {
+                let e = per_vm.entry(a.vm_id).or_default();
+                match a.kind.as_str() {
+                    "gpu" => e.0.push(&a.key),
+                    "nic" => e.1.push(&a.key),
+                    _ => e.2 += 1,
+                }
+            }
+            let names: std::collections::HashMap<uuid::Uuid, String> =
+                crate::entity::vms::Entity::find()
+                    .filter(crate::entity::vms::Column::Id.is_in(per_vm.keys().copied()))
+                    .all(&v.st.db)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.id, r.name))
+                    .collect();
+            let allocations = per_vm
+                .into_iter()
+                .map(|(vm, (gpus, nics, cpus))| {
+                    vec![
+                        Cell::text(names.get(&vm).cloned().unwrap_or_else(|| vm.to_string())),
+                        Cell::Code(gpus.join(" ")),
+                        Cell::Code(nics.join(" ")),
+                        Cell::text(cpus.to_string()),
+                    ]
+                })
+                .collect();
+            let fabric = h
+                .fabric
+                .iter()
+                .map(|p| {
+                    vec![
+                        Cell::text(&p.netdev),
+                        Cell::text(format!("{:?}", p.qos)),
+                        Cell::text(format!("{:?}", p.vfs)),
+                    ]
+                })
+                .collect();
+            let heat = [(
+                h.host.name.clone(),
+                h.host.gpus - h.host.gpus_free.min(h.host.gpus),
+                h.host.gpus,
+            )];
+            Listing {
+                heading: format!("{} — {}", tx(Msg::Hosts), h.host.name),
+                sections: vec![
+                    Section {
+                        heading: tx(Msg::GpuUse),
+                        svg: Some(heatmap_svg(&heat)),
+                        ..Default::default()
+                    },
+                    Section {
+                        heading: tx(Msg::Matrix),
+                        pre: Some(h.matrix.clone()),
+                        ..Default::default()
+                    },
+                    Section {
+                        heading: tx(Msg::Allocations),
+                        columns: vec!["VM".into(), "GPU".into(), "NIC".into(), "vCPU".into()],
+                        rows: allocations,
+                        empty: empty.clone(),
+                        ..Default::default()
+                    },
+                    Section {
+                        heading: tx(Msg::Fabric),
+                        columns: vec!["netdev".into(), "QoS".into(), "VF".into()],
+                        rows: fabric,
+                        empty,
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }
+        }
+        Page::Tenants => {
+            // Everyone may list their own projects; this page is the admin's.
+            crate::app::access::require_admin(&v.ctx.caller, "managing projects")?;
+            let items = crate::http::api::tenants::list(st, ctx, all())
+                .await?
+                .0
+                .items;
+            let rows = items
+                .iter()
+                .map(|tn| {
+                    vec![
+                        Cell::Link {
+                            href: format!("/t/{}/vms", tn.name),
+                            text: tn.name.clone(),
+                        },
+                        Cell::text(&tn.display_name),
+                        Cell::text(&tn.description),
+                        Cell::text(when(tn.created_at)),
+                    ]
+                })
+                .collect();
+            table_page(
+                tx(Msg::Tenants),
+                vec![
+                    tx(Msg::Name),
+                    tx(Msg::DisplayName),
+                    tx(Msg::Description),
+                    tx(Msg::Created),
+                ],
+                rows,
+                empty,
+                page,
+                tx(Msg::Create),
+                vec![
+                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
+                    Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
+                    Field::new("description", t(l, Msg::Description), Input::Text),
+                ],
+            )
+        }
+        Page::Rates => {
+            // Only administrators manage rates; everyone may read them.
+            crate::app::access::require_admin(&v.ctx.caller, "managing rates")?;
+            let rates = crate::http::api::billing::get_rates(st, ctx).await?.0;
+            let currency = &rates.currency;
+            let rows = rates
+                .cards
+                .iter()
+                .rev()
+                .flat_map(|c| {
+                    c.prices.iter().map(move |(class, p)| {
+                        vec![
+                            Cell::text(when(c.effective_from)),
+                            Cell::Code(class.clone()),
+                            Cell::text(format!("{} {currency}", p.guaranteed)),
+                            Cell::text(format!("{} {currency}", p.spot)),
+                        ]
+                    })
+                })
+                .collect();
+            table_page(
+                tx(Msg::Rates),
+                vec![
+                    tx(Msg::EffectiveFrom),
+                    tx(Msg::Class),
+                    tx(Msg::Guaranteed),
+                    tx(Msg::Spot),
+                ],
+                rows,
+                empty,
+                page,
+                tx(Msg::SetRate),
+                vec![
+                    Field::new("class", t(l, Msg::Class), Input::Text)
+                        .required()
+                        .placeholder("gpu:H100-SXM5-80GB"),
+                    Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
+                    Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
+                ],
+            )
+        }
+        Page::JoinTokens => {
+            crate::app::access::require_admin(&v.ctx.caller, "creating join tokens")?;
+            Listing {
+                heading: tx(Msg::JoinTokens),
+                sections: vec![Section {
+                    form: Some(Form {
+                        action: page.href(),
+                        submit: tx(Msg::Create),
+                        fields: vec![
+                            Field::new("description", t(l, Msg::Description), Input::Text),
+                            Field::new("ttl", t(l, Msg::ValidFor), Input::Number)
+                                .placeholder("3600"),
+                        ],
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+        }
+    })
+}
+
+async fn visit(
+    st: &AppState,
+    headers: &HeaderMap,
+    page: &Page,
+) -> Result<Result<Visit, Response>, ApiError> {
+    Ok(match signed_in(st, headers, &page.href()).await? {
+        Ok((viewer, user)) => Ok(Visit {
+            st: st.clone(),
+            lang: lang(headers),
+            viewer,
+            ctx: ctx_of(&user),
+        }),
+        Err(r) => Err(r),
+    })
+}
+
+fn render(v: &Visit, page: &Page, l: &Listing) -> Response {
+    html(kumo_web_portal::listing_page(
+        v.lang,
+        &v.viewer,
+        page.tenant(),
+        l,
+    ))
+}
+
+async fn show(st: &AppState, headers: &HeaderMap, page: Page) -> Result<Response, ApiError> {
+    let v = match visit(st, headers, &page).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let l = listing(&v, &page).await?;
+    Ok(render(&v, &page, &l))
+}
+
+/// A form's outcome: back to the page (303) when done, the page with a
+/// secret shown once, or the page with the API's refusal and its status.
+/// A foreign or missing tenant stays a 404 whatever the form said.
+async fn answer(
+    v: &Visit,
+    page: &Page,
+    outcome: Result<Option<String>, ApiError>,
+) -> Result<Response, ApiError> {
+    match outcome {
+        Ok(None) => Ok((StatusCode::SEE_OTHER, [(LOCATION, page.href())]).into_response()),
+        Ok(Some(secret)) => {
+            let mut l = listing(v, page).await?;
+            l.notice = Some(format!("{secret} — {}", t(v.lang, Msg::ShownOnce)));
+            Ok(render(v, page, &l))
+        }
+        Err(e @ ApiError::NotFound(_)) => Err(e),
+        Err(e) => {
+            let mut l = listing(v, page).await?;
+            l.error = Some(e.to_string());
+            let mut r = render(v, page, &l);
+            *r.status_mut() =
+                StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST);
+            Ok(r)
+        }
+    }
+}
+
+type Fields = HashMap<String, String>;
+
+fn text(f: &Fields, k: &str) -> Option<String> {
+    f.get(k)
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+fn number<T: std::str::FromStr>(f: &Fields, k: &str) -> Result<Option<T>, ApiError> {
+    text(f, k)
+        .map(|v| v.parse().map_err(|_| ApiError::field(k, "a whole number")))
+        .transpose()
+}
+
+/// What a form asks for, done through the API as the session's user.
+async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String>, ApiError> {
+    let (st, ctx) = (State(v.st.clone()), v.ctx.clone());
+    let need = |k: &str| text(f, k).ok_or_else(|| ApiError::field(k, "required"));
+    match (page, op) {
+        (Page::Clusters(tn), Op::Create) => {
+            let body = api::ClusterCreate {
+                name: need("name")?,
+                size: number(f, "size")?.unwrap_or(0),
+                gpus: number(f, "gpus")?.unwrap_or(0),
+                gpu_model: None,
+                vcpus: None,
+                memory_gib: None,
+                disk_gib: None,
+                template: None,
+                service_level: if f.contains_key("spot") {
+                    api::ServiceLevel::Spot
+                } else {
+                    api::ServiceLevel::Guaranteed
+                },
+                ssh_keys: vec![],
+                networks: text(f, "network").into_iter().collect(),
+            };
+            let _ = crate::http::api::clusters::create(st, ctx, P(tn.clone()), J(body)).await?;
+        }
+        (Page::Clusters(tn), Op::Delete(c)) => {
+            let _ = crate::http::api::clusters::delete(st, ctx, P((tn.clone(), c))).await?;
+        }
+        (Page::Segments(tn), Op::Create) => {
+            let kind = match text(f, "kind").as_deref() {
+                None | Some("ethernet") => api::SegmentKind::Ethernet,
+                Some("roce") => api::SegmentKind::Roce,
+                Some(_) => return Err(ApiError::field("kind", "ethernet or roce")),
+            };
+            let ingress = text(f, "ingress")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|r| r.parse().map_err(|e: String| ApiError::field("ingress", e)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let body = api::SegmentCreate {
+                name: need("name")?,
+                kind,
+                cidr: need("cidr")?,
+                gateway: None,
+                mtu: number(f, "mtu")?,
+                ingress,
+            };
+            let _ = crate::http::api::segments::create(st, ctx, P(tn.clone()), J(body)).await?;
+        }
+        (Page::Segments(tn), Op::Delete(s)) => {
+            crate::http::api::segments::delete(st, ctx, P((tn.clone(), s))).await?;
+        }
+        (Page::Members(tn), Op::Create) => {
+            let role = serde_json::from_value(serde_json::Value::String(
+                text(f, "role").unwrap_or_else(|| "member".into()),
+            ))
+            .map_err(|_| ApiError::field("role", "owner, member or viewer"))?;
+            let body = api::MemberPut { role };
+            let _ =
+                crate::http::api::members::put(st, ctx, P((tn.clone(), need("user")?)), J(body))
+                    .await?;
+        }
+        (Page::Members(tn), Op::Delete(u)) => {
+            crate::http::api::members::remove(st, ctx, P((tn.clone(), u))).await?;
+        }
+        (Page::Tokens, Op::Create) => {
+            let days: i64 = number(f, "days")?.unwrap_or(90);
+            if !(1..=3650).contains(&days) {
+                return Err(ApiError::field("days", "1 to 3650"));
+            }
+            let body = api::TokenCreate {
+                description: text(f, "description"),
+                expires_at: Some(chrono::Utc::now() + chrono::Duration::days(days)),
+            };
+            let made = crate::http::api::tokens::create(st, ctx, J(body))
+                .await?
+                .1
+                 .0;
+            return Ok(Some(made.token));
+        }
+        (Page::Tokens, Op::Delete(id)) => {
+            crate::http::api::tokens::revoke(st, ctx, P(id)).await?;
+        }
+        (Page::Tenants, Op::Create) => {
+            let body = api::TenantCreate {
+                name: need("name")?,
+                display_name: text(f, "display_name"),
+                description: text(f, "description"),
+            };
+            let _ = crate::http::api::tenants::create(st, ctx, J(body)).await?;
+        }
+        (Page::Rates, Op::Create) => {
+            // A card replaces the one in force: carry the other classes.
+            let now = crate::http::api::billing::get_rates(State(v.st.clone()), v.ctx.clone())
+                .await?
+                .0;
+            let mut prices = now.current.map(|c| c.prices).unwrap_or_default();
+            prices.insert(
+                need("class")?,
+                api::ClassPrice {
+                    guaranteed: need("guaranteed")?,
+                    spot: need("spot")?,
+                },
+            );
+            let body = api::RateCardPut {
+                effective_from: None,
+                prices,
+            };
+            let _ = crate::http::api::billing::put_rates(st, ctx, J(body)).await?;
+        }
+        (Page::JoinTokens, Op::Create) => {
+            let body = api::JoinTokenCreate {
+                description: text(f, "description"),
+                ttl_seconds: number(f, "ttl")?,
+            };
+            let made = crate::http::api::hosts::create_join_token(st, ctx, J(body))
+                .await?
+                .1
+                 .0;
+            return Ok(Some(made.token));
+        }
+        (p, _) => return Err(ApiError::not_found(format!("no such form on {}", p.href()))),
+    }
+    Ok(None)
+}
+
+enum Op {
+    Create,
+    Delete(String),
+}
+
+async fn post_form(
+    st: &AppState,
+    headers: &HeaderMap,
+    page: Page,
+    op: Op,
+    f: Fields,
+) -> Result<Response, ApiError> {
+    let v = match visit(st, headers, &page).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    check_csrf(
+        &v.viewer.csrf,
+        f.get("csrf").map(String::as_str).unwrap_or(""),
+    )?;
+    let outcome = act(&v, &page, op, &f).await;
+    answer(&v, &page, outcome).await
+}
+
+fn tenant_page(kind: &str, tenant: String) -> Result<Page, ApiError> {
+    Ok(match kind {
+        "clusters" => Page::Clusters(tenant),
+        "segments" => Page::Segments(tenant),
+        "members" => Page::Members(tenant),
+        other => return Err(ApiError::not_found(format!("page {other:?}"))),
+    })
+}
+
+fn admin_page(kind: &str) -> Result<Page, ApiError> {
+    Ok(match kind {
+        "hosts" => Page::Hosts,
+        "tenants" => Page::Tenants,
+        "rates" => Page::Rates,
+        "join-tokens" => Page::JoinTokens,
+        other => return Err(ApiError::not_found(format!("page {other:?}"))),
+    })
+}
+
+async fn tenant_get(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, kind)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    show(&st, &headers, tenant_page(&kind, tenant)?).await
+}
+
+async fn tenant_post(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, kind)): Path<(String, String)>,
+    axum::Form(f): axum::Form<Fields>,
+) -> Result<Response, ApiError> {
+    post_form(&st, &headers, tenant_page(&kind, tenant)?, Op::Create, f).await
+}
+
+/// `…/{item}/delete` and `…/{item}/remove` (members).
+async fn tenant_item_post(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((tenant, kind, item, verb)): Path<(String, String, String, String)>,
+    axum::Form(f): axum::Form<Fields>,
+) -> Result<Response, ApiError> {
+    if !matches!(verb.as_str(), "delete" | "remove") {
+        return Err(ApiError::not_found(format!("action {verb:?}")));
+    }
+    let page = tenant_page(&kind, tenant)?;
+    post_form(&st, &headers, page, Op::Delete(item), f).await
+}
+
+async fn tokens_get(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    show(&st, &headers, Page::Tokens).await
+}
+
+async fn tokens_post(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    axum::Form(f): axum::Form<Fields>,
+) -> Result<Response, ApiError> {
+    post_form(&st, &headers, Page::Tokens, Op::Create, f).await
+}
+
+async fn token_revoke(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    axum::Form(f): axum::Form<Fields>,
+) -> Result<Response, ApiError> {
+    post_form(&st, &headers, Page::Tokens, Op::Delete(id), f).await
+}
+
+async fn admin_get(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(kind): Path<String>,
+) -> Result<Response, ApiError> {
+    show(&st, &headers, admin_page(&kind)?).await
+}
+
+async fn admin_post(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(kind): Path<String>,
+    axum::Form(f): axum::Form<Fields>,
+) -> Result<Response, ApiError> {
+    post_form(&st, &headers, admin_page(&kind)?, Op::Create, f).await
+}
+
+async fn host_get(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path(host): Path<String>,
+) -> Result<Response, ApiError> {
+    show(&st, &headers, Page::Host(host)).await
+}
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/t/{tenant}/{kind}", get(tenant_get).post(tenant_post))
+        .route("/t/{tenant}/{kind}/{item}/{verb}", post(tenant_item_post))
+        .route("/tokens", get(tokens_get).post(tokens_post))
+        .route("/tokens/{id}/revoke", post(token_revoke))
+        .route("/admin/hosts/{host}", get(host_get))
+        .route("/admin/{kind}", get(admin_get).post(admin_post))
+}

@@ -1,0 +1,62 @@
+//! Assembling the HTTP stack: the API with its middleware, docs, SSO, the
+//! device login and the portal.
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::Router;
+use tower::ServiceBuilder;
+use tower_http::compression::CompressionLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+use crate::context::AppState;
+use crate::http::{api, middleware};
+
+/// The whole HTTP application: API, docs, health, metrics.
+pub fn router(state: AppState) -> Router {
+    let (api_routes, openapi) = api::router().split_for_parts();
+    let api_routes = api_routes
+        .layer(from_fn_with_state(
+            state.clone(),
+            middleware::idempotency::layer,
+        ))
+        .layer(from_fn_with_state(state.clone(), middleware::authn::layer));
+    let timeout = state.config.request_timeout;
+    let body_limit = state.config.body_limit_bytes;
+    Router::new()
+        .merge(api_routes)
+        .merge(api::docs::router(Arc::new(openapi)))
+        .merge(crate::http::sso::routes())
+        .merge(crate::http::device_login::routes())
+        .merge(crate::http::portal::routes())
+        // An empty 404 becomes a problem in the normaliser below.
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .layer(from_fn_with_state(state.clone(), middleware::metrics::layer))
+        .with_state(state)
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+                .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                    let request_id = req
+                        .headers()
+                        .get(crate::http::extract::REQUEST_ID_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("");
+                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id)
+                })
+                // One access-log line per request, with status and latency.
+                .on_response(DefaultOnResponse::new().level(Level::INFO))
+                .on_failure(DefaultOnFailure::new().level(Level::WARN)))
+                .layer(PropagateRequestIdLayer::x_request_id())
+                // Outside the normaliser, which must read bodies uncompressed.
+                .layer(CompressionLayer::new())
+                .layer(from_fn(middleware::problems::layer))
+                .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+                .layer(DefaultBodyLimit::max(body_limit)),
+        )
+}

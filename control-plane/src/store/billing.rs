@@ -1,0 +1,66 @@
+//! Queries over point grants and charges, and the balance they make.
+
+use chrono::{DateTime, Utc};
+use kumo_billing::points::{self, Debit, Grant};
+use kumo_billing::Decimal;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
+use uuid::Uuid;
+
+use crate::entity::{charges, point_grants, tenants};
+use crate::error::ApiError;
+
+pub fn stored_decimal(what: &str, id: Uuid, s: &str) -> Result<Decimal, ApiError> {
+    s.parse()
+        .map_err(|_| ApiError::Internal(format!("{what} {id}: amount {s:?}")))
+}
+
+/// A tenant's grants and charges, as the billing core reads them.
+pub async fn ledger_of(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+) -> Result<(Vec<point_grants::Model>, Vec<charges::Model>), ApiError> {
+    let grants = point_grants::Entity::find()
+        .filter(point_grants::Column::TenantId.eq(tenant.id))
+        .order_by_asc(point_grants::Column::GrantedAt)
+        .all(db)
+        .await?;
+    let charged = charges::Entity::find()
+        .filter(charges::Column::TenantId.eq(tenant.id))
+        .order_by_asc(charges::Column::PeriodFrom)
+        .all(db)
+        .await?;
+    Ok((grants, charged))
+}
+
+/// Grants as the billing core reads them.
+pub fn grants_of(rows: &[point_grants::Model]) -> Result<Vec<Grant>, ApiError> {
+    rows.iter()
+        .map(|g| {
+            Ok(Grant {
+                id: g.id,
+                amount: stored_decimal("grant", g.id, &g.amount)?,
+                granted_at: g.granted_at,
+                expires_at: g.expires_at,
+            })
+        })
+        .collect()
+}
+
+/// The balance of a tenant at `now`.
+pub fn balance_of(
+    grants: &[point_grants::Model],
+    charged: &[charges::Model],
+    now: DateTime<Utc>,
+) -> Result<points::Balance, ApiError> {
+    let gs = grants_of(grants)?;
+    let ds = charged
+        .iter()
+        .map(|c| {
+            Ok(Debit {
+                amount: stored_decimal("charge", c.id, &c.amount)?,
+                at: c.posted_at,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok(points::balance(&gs, &ds, now))
+}

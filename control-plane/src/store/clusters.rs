@@ -1,0 +1,95 @@
+//! Queries over clusters and their members.
+
+use kumo_api_types::VmSpec;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
+};
+use uuid::Uuid;
+
+use crate::entity::{clusters, vms};
+use crate::error::ApiError;
+
+/// The MPI hostfile of a cluster: its members by name, one per line, with
+/// one slot per GPU (one for CPU-only members). It depends only on the
+/// cluster's definition, so every member's copy is the same and never
+/// changes under it.
+/// One line per member in member order: its address on the cluster's
+/// first segment when it has one (MPI needs no DNS then), else its name.
+pub fn hostfile(members: &[(String, Option<String>)], gpus: u32) -> String {
+    members
+        .iter()
+        .map(|(name, addr)| {
+            format!(
+                "{} slots={}\n",
+                addr.as_deref().unwrap_or(name),
+                gpus.max(1)
+            )
+        })
+        .collect()
+}
+
+/// A cluster's members in member order, each with its first address.
+pub async fn members_of(
+    db: &impl ConnectionTrait,
+    c: &clusters::Model,
+) -> Result<Vec<(vms::Model, Option<String>)>, ApiError> {
+    let mut rows = vms::Entity::find()
+        .filter(vms::Column::ClusterId.eq(c.id))
+        .all(db)
+        .await?;
+    rows.sort_by_key(|v| member_index(&c.name, &v.name));
+    let ids: Vec<Uuid> = rows.iter().map(|v| v.id).collect();
+    let nets = crate::store::segments::networks_of(db, &ids).await?;
+    Ok(rows
+        .into_iter()
+        .map(|v| {
+            let addr = nets
+                .get(&v.id)
+                .and_then(|n| n.first())
+                .map(|n| n.ip.clone());
+            (v, addr)
+        })
+        .collect())
+}
+
+/// The MPI hostfile of a cluster as it is now.
+pub async fn cluster_hostfile(
+    db: &impl ConnectionTrait,
+    c: &clusters::Model,
+) -> Result<String, ApiError> {
+    let spec = stored_cluster_spec(c)?;
+    let members: Vec<(String, Option<String>)> = members_of(db, c)
+        .await?
+        .into_iter()
+        .map(|(v, a)| (v.name, a))
+        .collect();
+    Ok(hostfile(&members, spec.gpus))
+}
+
+pub fn stored_cluster_spec(c: &clusters::Model) -> Result<VmSpec, ApiError> {
+    serde_json::from_str(&c.spec)
+        .map_err(|e| ApiError::Internal(format!("cluster {} spec: {e}", c.id)))
+}
+
+/// Forgets the cluster once its last member VM is gone (same transaction).
+pub async fn member_gone(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+    let Some(c) = vm.cluster_id else {
+        return Ok(());
+    };
+    let left = vms::Entity::find()
+        .filter(vms::Column::ClusterId.eq(c))
+        .count(txn)
+        .await?;
+    if left == 0 {
+        clusters::Entity::delete_by_id(c).exec(txn).await?;
+    }
+    Ok(())
+}
+
+/// Members ordered by their index (`NAME-2` before `NAME-10`).
+pub fn member_index(cluster: &str, vm: &str) -> u64 {
+    vm.strip_prefix(cluster)
+        .and_then(|s| s.strip_prefix('-'))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX)
+}

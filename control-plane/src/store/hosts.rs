@@ -1,0 +1,83 @@
+//! Queries over hosts: the stored topology and state of a row, a host by
+//! name or id, the devices held on hosts, and revision bumps that wake an
+//! agent.
+
+use kumo_api_types::HostState;
+use kumo_topology::HostTopology;
+use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter};
+use uuid::Uuid;
+
+use crate::entity::{allocations, hosts};
+use crate::error::ApiError;
+
+/// Marks a host's desired state as changed, inside the caller's transaction.
+pub async fn bump_revision(txn: &DatabaseTransaction, host: Uuid) -> Result<(), ApiError> {
+    use sea_orm::sea_query::Expr;
+    hosts::Entity::update_many()
+        .col_expr(
+            hosts::Column::Revision,
+            Expr::col(hosts::Column::Revision).add(1),
+        )
+        .filter(hosts::Column::Id.eq(host))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// A stored topology; a row that does not parse is a bug, reported as such.
+pub fn stored_topology(h: &hosts::Model) -> Result<HostTopology, ApiError> {
+    serde_json::from_str(&h.topology)
+        .map_err(|e| ApiError::Internal(format!("host {} topology: {e}", h.name)))
+}
+
+pub fn host_state(h: &hosts::Model) -> HostState {
+    HostState::parse(&h.state).unwrap_or(HostState::Unreachable)
+}
+
+pub async fn held(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+) -> Result<Vec<allocations::Model>, ApiError> {
+    Ok(allocations::Entity::find()
+        .filter(allocations::Column::HostId.eq(host))
+        .all(db)
+        .await?)
+}
+
+/// Every allocation of the given hosts, by host, in one query.
+pub async fn held_by_host(
+    db: &impl ConnectionTrait,
+    hosts: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, Vec<allocations::Model>>, ApiError> {
+    let mut by_host: std::collections::HashMap<Uuid, Vec<allocations::Model>> =
+        std::collections::HashMap::new();
+    for a in allocations::Entity::find()
+        .filter(allocations::Column::HostId.is_in(hosts.iter().copied()))
+        .all(db)
+        .await?
+    {
+        by_host.entry(a.host_id).or_default().push(a);
+    }
+    Ok(by_host)
+}
+
+pub async fn find(
+    db: &impl ConnectionTrait,
+    host_ref: &str,
+) -> Result<Option<hosts::Model>, ApiError> {
+    let q = match Uuid::try_parse(host_ref) {
+        Ok(id) => hosts::Entity::find_by_id(id),
+        Err(_) => hosts::Entity::find().filter(hosts::Column::Name.eq(host_ref)),
+    };
+    Ok(q.one(db).await?)
+}
+
+/// The state of a host that answers: an operator's drain outlives the
+/// host going silent and coming back.
+pub fn reachable_state(drained: bool) -> HostState {
+    if drained {
+        HostState::Draining
+    } else {
+        HostState::Ready
+    }
+}

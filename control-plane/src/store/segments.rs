@@ -1,0 +1,218 @@
+//! Queries over segments and VM attachments: stored kinds, CIDRs and
+//! rules, attaching NICs, the networks of VMs.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+
+use chrono::Utc;
+use kumo_api_types::{IngressRule, SegmentKind, VmNetwork};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
+    PaginatorTrait, QueryFilter, QueryOrder, Set,
+};
+use uuid::Uuid;
+
+use crate::domain::ipam::{self, Cidr};
+use crate::entity::{attachments, segments};
+use crate::error::ApiError;
+
+pub fn kind_str(k: SegmentKind) -> &'static str {
+    match k {
+        SegmentKind::Ethernet => "ethernet",
+        SegmentKind::Roce => "roce",
+    }
+}
+
+pub fn stored_kind(s: &segments::Model) -> SegmentKind {
+    if s.kind == "roce" {
+        SegmentKind::Roce
+    } else {
+        SegmentKind::Ethernet
+    }
+}
+
+pub fn stored_cidr(s: &segments::Model) -> Result<Cidr, ApiError> {
+    Cidr::parse("cidr", &s.cidr)
+        .map_err(|_| ApiError::Internal(format!("segment {} has CIDR {:?}", s.id, s.cidr)))
+}
+
+pub fn stored_gateway(s: &segments::Model) -> Result<Ipv4Addr, ApiError> {
+    s.gateway
+        .parse()
+        .map_err(|_| ApiError::Internal(format!("segment {} has gateway {:?}", s.id, s.gateway)))
+}
+
+/// A segment's stored ingress rules (checked when stored).
+pub fn stored_rules(s: &segments::Model) -> Vec<IngressRule> {
+    s.ingress_rules
+        .as_deref()
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default()
+}
+
+/// A NIC a new VM asked for, its segment found and its address checked.
+#[derive(Debug, Clone)]
+pub struct PlannedNic {
+    pub segment: segments::Model,
+    pub ip: Option<Ipv4Addr>,
+}
+
+/// Attaches a VM inside its creating transaction: an address (the asked
+/// one, else the lowest free) and a fresh MAC per NIC. A unique violation
+/// means another transaction took the address or MAC: the caller retries.
+/// A RoCE segment gets its first rail here, the rest once placed
+/// ([`ensure_rails`]).
+pub async fn attach(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    nics: &[PlannedNic],
+) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
+    for nic in nics {
+        if let Err(e) = attach_one(txn, vm, &nic.segment, nic.ip).await? {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(()))
+}
+
+pub async fn attach_one(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    segment: &segments::Model,
+    asked: Option<Ipv4Addr>,
+) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
+    use rand::Rng;
+    let taken: BTreeSet<Ipv4Addr> = attachments::Entity::find()
+        .filter(attachments::Column::SegmentId.eq(segment.id))
+        .all(txn)
+        .await?
+        .iter()
+        .filter_map(|a| a.ip.parse().ok())
+        .collect();
+    let pick = stored_cidr(segment)
+        .and_then(|c| Ok((c, stored_gateway(segment)?)))
+        .and_then(|(c, g)| ipam::pick_address(&c, g, &taken, asked));
+    let ip = match pick {
+        Ok(ip) => ip,
+        Err(e) => return Ok(Err(e)),
+    };
+    // Drawn before the await: the thread's RNG stays on this thread.
+    let random: u32 = rand::thread_rng().gen();
+    attachments::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        vm_id: Set(vm),
+        segment_id: Set(segment.id),
+        ip: Set(ip.to_string()),
+        mac: Set(ipam::mac_from(random)),
+        created_at: Set(Utc::now()),
+    }
+    .insert(txn)
+    .await?;
+    Ok(Ok(()))
+}
+
+/// A placed VM on a RoCE segment has one NIC there per rail (per VF it
+/// was given), each with its own address and MAC: adds the missing ones,
+/// removes the surplus (a VM placed again on a host with fewer NICs).
+pub async fn ensure_rails(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    rails: usize,
+) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
+    let rows = attachments::Entity::find()
+        .filter(attachments::Column::VmId.eq(vm))
+        .order_by_asc(attachments::Column::Id)
+        .all(txn)
+        .await?;
+    let roce = segments::Entity::find()
+        .filter(segments::Column::Id.is_in(rows.iter().map(|a| a.segment_id)))
+        .filter(segments::Column::Kind.eq(kind_str(SegmentKind::Roce)))
+        .all(txn)
+        .await?;
+    for s in &roce {
+        let mine: Vec<&attachments::Model> = rows.iter().filter(|a| a.segment_id == s.id).collect();
+        for _ in mine.len()..rails {
+            if let Err(e) = attach_one(txn, vm, s, None).await? {
+                return Ok(Err(e));
+            }
+        }
+        for extra in mine.iter().skip(rails.max(1)) {
+            attachments::Entity::delete_by_id(extra.id)
+                .exec(txn)
+                .await?;
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The segments a VM has NICs on.
+pub async fn segments_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<Uuid>, ApiError> {
+    let segs: BTreeSet<Uuid> = attachments::Entity::find()
+        .filter(attachments::Column::VmId.eq(vm))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|a| a.segment_id)
+        .collect();
+    Ok(segs.into_iter().collect())
+}
+
+/// `(any segment, a RoCE segment)` among the VM's NICs.
+pub async fn kinds_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<(bool, bool), ApiError> {
+    let segs = segments_of(db, vm).await?;
+    if segs.is_empty() {
+        return Ok((false, false));
+    }
+    let roce = segments::Entity::find()
+        .filter(segments::Column::Id.is_in(segs))
+        .filter(segments::Column::Kind.eq(kind_str(SegmentKind::Roce)))
+        .count(db)
+        .await?
+        > 0;
+    Ok((true, roce))
+}
+
+/// The NICs of the given VMs, in creation order.
+pub async fn networks_of(
+    db: &impl ConnectionTrait,
+    vms: &[Uuid],
+) -> Result<HashMap<Uuid, Vec<VmNetwork>>, ApiError> {
+    let rows = attachments::Entity::find()
+        .filter(attachments::Column::VmId.is_in(vms.iter().copied()))
+        .order_by_asc(attachments::Column::Id)
+        .all(db)
+        .await?;
+    let seg_ids: Vec<Uuid> = rows.iter().map(|a| a.segment_id).collect();
+    let names: HashMap<Uuid, String> = segments::Entity::find()
+        .filter(segments::Column::Id.is_in(seg_ids))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|s| (s.id, s.name))
+        .collect();
+    let mut out: HashMap<Uuid, Vec<VmNetwork>> = HashMap::new();
+    for a in rows {
+        out.entry(a.vm_id).or_default().push(VmNetwork {
+            segment: names.get(&a.segment_id).cloned().unwrap_or_default(),
+            ip: a.ip,
+            mac: a.mac,
+        });
+    }
+    Ok(out)
+}
+
+/// A VM row is gone: so are its attachments (same transaction).
+pub async fn detach_all(txn: &DatabaseTransaction, vm: Uuid) -> Result<(), ApiError> {
+    attachments::Entity::delete_many()
+        .filter(attachments::Column::VmId.eq(vm))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+pub async fn count_attached(db: &impl ConnectionTrait, segment: Uuid) -> Result<u64, ApiError> {
+    Ok(attachments::Entity::find()
+        .filter(attachments::Column::SegmentId.eq(segment))
+        .count(db)
+        .await?)
+}

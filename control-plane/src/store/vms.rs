@@ -1,0 +1,102 @@
+//! Queries over VMs and their events: the stored spec, placement, state
+//! and power of a row, a tenant's VM by name or id, and event rows.
+
+use chrono::Utc;
+use kumo_api_types::{Power, VmSpec, VmState};
+use kumo_topology::guest_layout::Placement;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
+    QueryFilter, QuerySelect, Set,
+};
+
+use uuid::Uuid;
+
+use crate::entity::{tenants, vm_events, vms};
+use crate::error::ApiError;
+
+pub fn stored_spec(v: &vms::Model) -> Result<VmSpec, ApiError> {
+    serde_json::from_str(&v.spec).map_err(|e| ApiError::Internal(format!("vm {} spec: {e}", v.id)))
+}
+
+pub fn stored_placement(v: &vms::Model) -> Result<Option<Placement>, ApiError> {
+    v.placement
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| ApiError::Internal(format!("vm {} placement: {e}", v.id)))
+}
+
+pub fn stored_state(v: &vms::Model) -> VmState {
+    VmState::parse(&v.state).unwrap_or(VmState::Error)
+}
+
+pub fn desired_power(v: &vms::Model) -> Power {
+    match v.desired_power.as_str() {
+        "stopped" => Power::Stopped,
+        "saved" => Power::Suspended,
+        _ => Power::Running,
+    }
+}
+
+pub fn power_str(p: Power) -> &'static str {
+    match p {
+        Power::Running => "running",
+        Power::Stopped => "stopped",
+        Power::Suspended => "saved",
+    }
+}
+
+pub async fn event(
+    db: &impl ConnectionTrait,
+    vm: &vms::Model,
+    kind: &str,
+    message: impl Into<String>,
+) -> Result<(), ApiError> {
+    vm_events::ActiveModel {
+        id: NotSet,
+        vm_id: Set(vm.id),
+        tenant_id: Set(vm.tenant_id),
+        at: Set(Utc::now()),
+        kind: Set(kind.to_owned()),
+        message: Set(message.into()),
+    }
+    .insert(db)
+    .await?;
+    Ok(())
+}
+
+/// A tenant's VM by name or id.
+pub fn vm_query(tenant: &tenants::Model, vm_ref: &str) -> sea_orm::Select<vms::Entity> {
+    let q = vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id));
+    match Uuid::try_parse(vm_ref) {
+        Ok(id) => q.filter(vms::Column::Id.eq(id)),
+        Err(_) => q.filter(vms::Column::Name.eq(vm_ref)),
+    }
+}
+
+pub async fn find_vm(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    vm_ref: &str,
+) -> Result<vms::Model, ApiError> {
+    vm_query(tenant, vm_ref)
+        .one(db)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
+}
+
+/// [`find_vm`] for a change: the row stays locked until the transaction
+/// ends (PostgreSQL; SQLite's one connection serialises anyway), so a
+/// concurrent agent report cannot write over the change with what it read
+/// before it.
+pub async fn find_vm_to_change(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    vm_ref: &str,
+) -> Result<vms::Model, ApiError> {
+    vm_query(tenant, vm_ref)
+        .lock_exclusive()
+        .one(txn)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
+}
