@@ -29,6 +29,9 @@ pub struct Actor {
     pub caller: Caller,
     pub request_id: String,
     pub source_ip: String,
+    /// When the request arrived, by the state's clock: what the operation
+    /// stamps its rows and audit entry with.
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 /// Who is calling: the authenticated user and the token used.

@@ -33,7 +33,8 @@ impl RunningServer {
             })?;
         }
         let db = db::open(&config.database_url).await?;
-        let admin_token_file = bootstrap::bootstrap(&db, &config.data_dir).await?;
+        let admin_token_file =
+            bootstrap::bootstrap(&db, &config.data_dir, config.clock.now()).await?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;

@@ -146,8 +146,27 @@ pub fn check_file(rel: &Path, text: &str) -> Vec<Violation> {
     // its layer (`store/x.rs` → `super::` is `store`).
     let depth = rel.components().count().saturating_sub(1);
     let mut out = Vec::new();
+    let mut in_tests = false;
     for (i, line) in text.lines().enumerate() {
+        in_tests |= line.trim() == "#[cfg(test)]";
         let code = line.split("//").next().unwrap_or("");
+        // One clock: below the HTTP edge, time comes from the state's
+        // clock (or the caller), so tests can move it. The one exception
+        // says why on its line.
+        if matches!(layer, Layer::Domain | Layer::Store | Layer::App)
+            && !in_tests
+            && code.contains("Utc::now()")
+            && !line.contains("// wall clock:")
+        {
+            out.push(Violation {
+                file: rel.to_owned(),
+                line: i + 1,
+                text: format!(
+                    "{layer:?} reads the system clock; take the state's clock: {}",
+                    line.trim()
+                ),
+            });
+        }
         for m in crate_modules(code) {
             let Some(target) = Layer::of_module(&m) else {
                 continue; // a macro or a re-export of lib.rs
@@ -285,6 +304,8 @@ mod tests {
         assert!(bad("error.rs", "use crate::app::auth;"));
         assert!(bad("store/vms.rs", "use super::super::app::vms;"));
         assert!(bad("brand_new.rs", ""));
+        assert!(bad("app/vms.rs", "    let now = Utc::now();"));
+        assert!(bad("store/vms.rs", "        at: Set(chrono::Utc::now()),"));
     }
 
     #[test]
@@ -305,6 +326,11 @@ mod tests {
         ));
         assert!(!bad("server.rs", "use crate::http::router::router;"));
         assert!(!bad("app/vms.rs", "let x = kumo_crate::store::thing;"));
+        assert!(!bad("http/api/vms.rs", "let now = Utc::now();"));
+        assert!(!bad(
+            "domain/ipam.rs",
+            "#[cfg(test)]\nmod tests {\n    let now = Utc::now();"
+        ));
     }
 
     /// The tree as it is holds every invariant.

@@ -58,20 +58,6 @@ pub fn require_admin(caller: &Caller, action: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Finds a tenant by name or id. Lookups by a string that is neither a
-/// valid name nor an id find nothing rather than erroring, so that a path
-/// never says more than "not found".
-pub async fn find_tenant(
-    db: &impl ConnectionTrait,
-    tenant_ref: &str,
-) -> Result<Option<tenants::Model>, ApiError> {
-    let q = match Uuid::try_parse(tenant_ref) {
-        Ok(id) => tenants::Entity::find_by_id(id),
-        Err(_) => tenants::Entity::find().filter(tenants::Column::Name.eq(tenant_ref)),
-    };
-    Ok(q.one(db).await?)
-}
-
 /// The tenant named in a path, with the caller's standing in it; `404` when
 /// it does not exist or the caller is not a member.
 pub async fn tenant_access(
@@ -80,7 +66,9 @@ pub async fn tenant_access(
     tenant_ref: &str,
 ) -> Result<(tenants::Model, Access), ApiError> {
     let not_found = || ApiError::not_found(format!("tenant {tenant_ref:?}"));
-    let tenant = find_tenant(db, tenant_ref).await?.ok_or_else(not_found)?;
+    let tenant = crate::store::tenancy::find_tenant(db, tenant_ref)
+        .await?
+        .ok_or_else(not_found)?;
     if caller.is_admin() {
         return Ok((tenant, Access::Admin));
     }

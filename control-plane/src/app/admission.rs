@@ -119,7 +119,7 @@ fn reserve(
             None => return Ok(None),
         }
     };
-    let now = Utc::now().timestamp();
+    let now = st.config.clock.now().timestamp();
     let mut out = Vec::with_capacity(choices.len());
     for c in choices {
         let h = &mut index.hosts[c.host];
@@ -276,7 +276,7 @@ async fn commit(
     cluster: Option<&NewCluster<'_>>,
     plan: Option<&Plan>,
 ) -> Result<(), CommitError> {
-    let now = Utc::now();
+    let now = st.config.clock.now();
     let txn = st.db.begin().await?;
     let specs: Vec<VmSpec> = members
         .iter()
@@ -375,11 +375,12 @@ async fn commit(
         };
         if !existing {
             crate::app::metering::created(&txn, &vm, st.config.clock.now()).await?;
-            crate::store::segments::attach(&txn, vm.id, &m.nics).await??;
+            crate::store::segments::attach(&txn, vm.id, &m.nics, now).await??;
             let s = &specs[i];
             event(
                 &txn,
                 &vm,
+                now,
                 "created",
                 format!("{} GPU(s), {} vCPUs, {} GiB", s.gpus, s.vcpus, s.memory_gib),
             )
@@ -401,13 +402,20 @@ async fn commit(
                     claimed.push(r.host);
                 }
                 if m.roce {
-                    crate::store::segments::ensure_rails(&txn, vm.id, r.placement.nics.len())
+                    crate::store::segments::ensure_rails(&txn, vm.id, r.placement.nics.len(), now)
                         .await??;
                 }
                 if m.networked {
                     peers.extend(crate::app::host_network::touch_peers(&txn, vm.id).await?);
                 }
-                event(&txn, &vm, "scheduled", format!("placed on {}", r.host_name)).await?;
+                event(
+                    &txn,
+                    &vm,
+                    now,
+                    "scheduled",
+                    format!("placed on {}", r.host_name),
+                )
+                .await?;
             }
             None => {
                 let n = plan
@@ -416,6 +424,7 @@ async fn commit(
                 event(
                     &txn,
                     &vm,
+                    now,
                     "pending",
                     format!("waiting for {n} spot VM(s) to be reclaimed"),
                 )
@@ -429,6 +438,7 @@ async fn commit(
             &p.victims.iter().map(|(_, v)| *v).collect::<Vec<_>>(),
             st.config.preemption_grace,
             "reclaimed for a guaranteed request",
+            now,
         )
         .await?;
     }
@@ -446,9 +456,10 @@ pub async fn preempt(
     victims: &[Uuid],
     grace: std::time::Duration,
     why: &str,
+    now: DateTime<Utc>,
 ) -> Result<Vec<Uuid>, ApiError> {
-    let deadline: DateTime<Utc> = Utc::now()
-        + chrono::Duration::from_std(grace).unwrap_or_else(|_| chrono::Duration::seconds(30));
+    let deadline: DateTime<Utc> =
+        now + chrono::Duration::from_std(grace).unwrap_or_else(|_| chrono::Duration::seconds(30));
     let mut hosts_touched = Vec::new();
     for id in victims {
         let Some(vm) = vms::Entity::find_by_id(*id).one(txn).await? else {
@@ -466,11 +477,12 @@ pub async fn preempt(
         let mut a: vms::ActiveModel = vm.clone().into();
         a.state = Set(VmState::Preempting.as_str().into());
         a.preempt_deadline = Set(Some(deadline));
-        a.updated_at = Set(Utc::now());
+        a.updated_at = Set(now);
         a.update(txn).await?;
         event(
             txn,
             &vm,
+            now,
             "preempting",
             format!(
                 "{why}; notice sent to the guest, deadline {}",
@@ -578,7 +590,7 @@ pub async fn admit(
     let plan = {
         let index = st.capacity.lock();
         let req = request(&index, first)?;
-        let now = Utc::now().timestamp();
+        let now = st.config.clock.now().timestamp();
         if members.len() == 1 {
             reclaim::plan(&index, &req, now)
         } else {

@@ -2,7 +2,6 @@
 //! Entries are written in the same transaction as the change they record,
 //! so a change without its entry (or the reverse) cannot be committed.
 
-use chrono::Utc;
 use sea_orm::{ActiveModelTrait, ConnectionTrait, NotSet, Set};
 
 use crate::context::Actor;
@@ -18,7 +17,7 @@ pub async fn record(
 ) -> Result<(), ApiError> {
     audit_log::ActiveModel {
         id: NotSet,
-        at: Set(Utc::now()),
+        at: Set(ctx.at),
         actor_id: Set(Some(ctx.caller.user.id)),
         actor_name: Set(ctx.caller.user.name.clone()),
         action: Set(action.to_owned()),

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sea_orm::{
     ActiveModelTrait, DatabaseConnection, EntityTrait, PaginatorTrait, Set, TransactionTrait,
 };
@@ -34,11 +34,11 @@ pub enum BootstrapError {
 pub async fn bootstrap(
     db: &DatabaseConnection,
     data_dir: &Path,
+    now: DateTime<Utc>,
 ) -> Result<Option<PathBuf>, BootstrapError> {
     if users::Entity::find().count(db).await? > 0 {
         return Ok(None);
     }
-    let now = Utc::now();
     let minted = auth::mint();
     let txn = db.begin().await?;
     let user = users::ActiveModel {

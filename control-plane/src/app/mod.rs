@@ -9,6 +9,7 @@ pub mod audit;
 pub mod auth;
 pub mod bootstrap;
 pub mod budget;
+pub mod clusters;
 pub mod host_network;
 pub mod jobs;
 pub mod metering;

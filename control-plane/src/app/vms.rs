@@ -2,17 +2,23 @@
 //! removal of a VM row with what goes with it.
 
 use chrono::{DateTime, Utc};
-use kumo_api_types::{Role, VmState};
-use sea_orm::{ActiveModelTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait};
+use std::net::Ipv4Addr;
+
+use kumo_api_types::{NetworkRequest, Role, SegmentKind, VmCreate, VmSpec, VmState};
+use sea_orm::{
+    ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
+};
 use uuid::Uuid;
 
 use crate::app::access::tenant_access;
+use crate::app::admission::{admit, Member};
 use crate::app::audit;
 use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::{self, Action};
 use crate::entity::{tenants, vms};
 use crate::error::ApiError;
 use crate::store::hosts::bump_revision;
+use crate::store::segments::{stored_cidr, stored_gateway, stored_kind, PlannedNic};
 use crate::store::vms::{desired_power, event, find_vm_to_change, power_str, stored_state};
 
 /// A member's lifecycle action on a tenant's VM: access, the budget for a
@@ -98,12 +104,13 @@ pub async fn apply_action(
     event(
         txn,
         vm,
+        now,
         &format!("{}-requested", action.as_str()),
         format!("by {by}"),
     )
     .await?;
     if effect.state == VmState::Deleted {
-        event(txn, vm, "deleted", "never placed").await?;
+        event(txn, vm, now, "deleted", "never placed").await?;
         delete_row(txn, vm, now).await?;
     }
     if let Some(h) = vm.host_id {
@@ -126,4 +133,175 @@ pub async fn delete_row(
     crate::store::segments::detach_all(txn, vm.id).await?;
     crate::store::clusters::member_gone(txn, vm).await?;
     Ok(peers)
+}
+
+/// The stored spec of a VM request: validated, defaults filled in, its
+/// template's image and kernel resolved.
+pub async fn resolve_spec(st: &AppState, body: &VmCreate) -> Result<VmSpec, ApiError> {
+    let mut spec = crate::domain::specs::validate(body)?;
+    if let Some(t) = &body.template {
+        let tpl = crate::store::templates::find(&st.db, t)
+            .await?
+            .ok_or_else(|| ApiError::field("template", format!("no template named {t:?}")))?;
+        spec.image_path = Some(tpl.image_path);
+        spec.kernel = tpl.kernel_path.map(|kernel| kumo_api_types::KernelBoot {
+            kernel,
+            initrd: tpl.initrd_path,
+            cmdline: tpl.kernel_cmdline.unwrap_or_default(),
+        });
+    }
+    Ok(spec)
+}
+
+/// Resolves a VM request's networks against the tenant's segments.
+pub async fn plan_nics(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    requests: &[NetworkRequest],
+) -> Result<Vec<PlannedNic>, ApiError> {
+    if requests.len() > 8 {
+        return Err(ApiError::field("networks", "at most 8"));
+    }
+    let mut out: Vec<PlannedNic> = Vec::with_capacity(requests.len());
+    for r in requests {
+        let segment = crate::store::segments::find(db, tenant, &r.segment)
+            .await
+            .map_err(|_| {
+                ApiError::field(
+                    "networks.segment",
+                    format!("no segment {:?} in this tenant", r.segment),
+                )
+            })?;
+        if out.iter().any(|p| p.segment.id == segment.id) {
+            return Err(ApiError::field(
+                "networks.segment",
+                format!("{:?} is named twice", r.segment),
+            ));
+        }
+        let ip = match &r.ip {
+            None => None,
+            Some(s) => {
+                let ip: Ipv4Addr = s.parse().map_err(|_| {
+                    ApiError::field("networks.ip", format!("{s:?} is not an IPv4 address"))
+                })?;
+                let cidr = stored_cidr(&segment)?;
+                if !cidr.is_host(ip) || ip == stored_gateway(&segment)? {
+                    return Err(ApiError::field(
+                        "networks.ip",
+                        format!(
+                            "{ip} is not a VM address of {cidr} (gateway {})",
+                            segment.gateway
+                        ),
+                    ));
+                }
+                Some(ip)
+            }
+        };
+        if stored_kind(&segment) == SegmentKind::Roce
+            && out
+                .iter()
+                .any(|p| stored_kind(&p.segment) == SegmentKind::Roce)
+        {
+            return Err(ApiError::field(
+                "networks.segment",
+                "one RoCE segment per VM: its GPUs' NICs carry one VLAN",
+            ));
+        }
+        out.push(PlannedNic { segment, ip });
+    }
+    Ok(out)
+}
+
+/// What creating a VM and creating a cluster share: the member's spec
+/// (template resolved), its NICs on the tenant's segments, and whether one
+/// is on a RoCE segment (reached through the GPUs' NICs, so GPUs are
+/// needed). `field` and `whose` name the request's parts in errors.
+pub async fn prepare(
+    st: &AppState,
+    tenant: &tenants::Model,
+    body: &VmCreate,
+    field: &str,
+    whose: &str,
+) -> Result<Prepared, ApiError> {
+    let spec = resolve_spec(st, body).await?;
+    let nics = plan_nics(&st.db, tenant, &body.networks).await?;
+    let roce = nics
+        .iter()
+        .any(|n| stored_kind(&n.segment) == SegmentKind::Roce);
+    if roce && spec.gpus == 0 {
+        return Err(ApiError::field(
+            field,
+            format!(
+                "RoCE segments are reached through the NICs paired with {whose} GPUs; ask for GPUs"
+            ),
+        ));
+    }
+    Ok(Prepared { spec, nics, roce })
+}
+
+/// A member ready for admission, less its name and id.
+pub struct Prepared {
+    pub spec: VmSpec,
+    pub nics: Vec<PlannedNic>,
+    pub roce: bool,
+}
+
+impl Prepared {
+    pub fn member(&self, name: String) -> Member {
+        Member {
+            id: Uuid::now_v7(),
+            name,
+            spec: self.spec.clone(),
+            networked: !self.nics.is_empty(),
+            roce: self.roce,
+            nics: self.nics.clone(),
+        }
+    }
+}
+
+/// A member creates a VM: access, budget, the spec and NICs, a free name,
+/// then admission (placement, quota, the rows, the wake-ups). Answers the
+/// tenant and the new VM.
+pub async fn create(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    body: &VmCreate,
+) -> Result<(tenants::Model, vms::Model), ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "creating VMs")?;
+    crate::app::budget::check(st, &tenant).await?;
+    let prepared = prepare(st, &tenant, body, "networks.segment", "the VM's").await?;
+    let name_taken = || {
+        ApiError::Conflict(format!(
+            "tenant {:?} already has a VM named {:?}",
+            tenant.name, body.name
+        ))
+    };
+    if crate::store::vms::named(&st.db, tenant.id, &[body.name.clone()])
+        .await?
+        .is_some()
+    {
+        return Err(name_taken());
+    }
+    let member = prepared.member(body.name.clone());
+    match admit(
+        st,
+        Some(actor),
+        &tenant,
+        std::slice::from_ref(&member),
+        false,
+        None,
+    )
+    .await
+    {
+        Ok(_) => {}
+        Err(ApiError::Conflict(_)) => return Err(name_taken()),
+        Err(e) => return Err(e),
+    }
+    let vm = vms::Entity::find_by_id(member.id)
+        .one(&st.db)
+        .await?
+        .ok_or_else(name_taken)?;
+    Ok((tenant, vm))
 }

@@ -20,6 +20,13 @@ impl Action {
             Action::Delete => "delete",
         }
     }
+
+    /// The action a word names (the portal's forms post these).
+    pub fn parse(s: &str) -> Option<Action> {
+        [Action::Start, Action::Stop, Action::Reboot, Action::Delete]
+            .into_iter()
+            .find(|a| a.as_str() == s)
+    }
 }
 
 /// What an accepted action changes.

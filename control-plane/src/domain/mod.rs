@@ -5,3 +5,4 @@ pub mod ipam;
 pub mod lifecycle;
 pub mod names;
 pub mod paging;
+pub mod specs;

@@ -228,7 +228,7 @@ async fn poll(
         .ok_or_else(|| ApiError::Internal("the admitted user vanished".into()))?;
     let minted = crate::http::api::tokens::mint_for(
         &st.db,
-        &crate::http::portal::ctx_of(&user),
+        &crate::http::portal::ctx_of(&st, &user),
         &user,
         kumo_api_types::TokenCreate {
             description: Some("kumo login --device".into()),

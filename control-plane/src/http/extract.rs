@@ -9,8 +9,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
-use crate::context::Actor;
 use crate::context::Caller;
+use crate::context::{Actor, AppState};
 use crate::error::ApiError;
 
 /// `axum::Json` with RFC 9457 rejections.
@@ -71,10 +71,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
 
 /// The actor of an API request: the caller the authentication layer
 /// found, with the request id and the source address.
-impl<S: Send + Sync> FromRequestParts<S> for Actor {
+impl FromRequestParts<AppState> for Actor {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         // The authentication layer has already checked the token; a request
         // that reaches here without a caller presented none (or a bad one).
         let caller = match parts.extensions.get::<AuthOutcome>() {
@@ -94,6 +97,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|ci| ci.0.ip().to_string())
                 .unwrap_or_else(|| "unknown".into()),
+            at: state.config.clock.now(),
         })
     }
 }

@@ -6,7 +6,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use crate::entity::{clusters, vms};
+use crate::entity::{clusters, tenants, vms};
 use crate::error::ApiError;
 
 /// The MPI hostfile of a cluster: its members by name, one per line, with
@@ -92,4 +92,20 @@ pub fn member_index(cluster: &str, vm: &str) -> u64 {
         .and_then(|s| s.strip_prefix('-'))
         .and_then(|s| s.parse().ok())
         .unwrap_or(u64::MAX)
+}
+
+pub async fn find(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    cluster: &str,
+) -> Result<clusters::Model, ApiError> {
+    crate::store::name_or_id(
+        clusters::Entity::find().filter(clusters::Column::TenantId.eq(tenant.id)),
+        clusters::Column::Id,
+        clusters::Column::Name,
+        cluster,
+    )
+    .one(db)
+    .await?
+    .ok_or_else(|| ApiError::not_found(format!("cluster {cluster:?}")))
 }

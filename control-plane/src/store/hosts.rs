@@ -65,11 +65,14 @@ pub async fn find(
     db: &impl ConnectionTrait,
     host_ref: &str,
 ) -> Result<Option<hosts::Model>, ApiError> {
-    let q = match Uuid::try_parse(host_ref) {
-        Ok(id) => hosts::Entity::find_by_id(id),
-        Err(_) => hosts::Entity::find().filter(hosts::Column::Name.eq(host_ref)),
-    };
-    Ok(q.one(db).await?)
+    Ok(super::name_or_id(
+        hosts::Entity::find(),
+        hosts::Column::Id,
+        hosts::Column::Name,
+        host_ref,
+    )
+    .one(db)
+    .await?)
 }
 
 /// The state of a host that answers: an operator's drain outlives the

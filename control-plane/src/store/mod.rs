@@ -10,7 +10,9 @@ pub mod billing;
 pub mod capacity;
 pub mod clusters;
 pub mod hosts;
+pub mod identity;
 pub mod segments;
+pub mod templates;
 pub mod tenancy;
 pub mod vms;
 

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use kumo_api_types::{IngressRule, SegmentKind, VmNetwork};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
@@ -13,7 +13,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::domain::ipam::{self, Cidr};
-use crate::entity::{attachments, segments};
+use crate::entity::{attachments, segments, tenants};
 use crate::error::ApiError;
 
 pub fn kind_str(k: SegmentKind) -> &'static str {
@@ -66,20 +66,22 @@ pub async fn attach(
     txn: &DatabaseTransaction,
     vm: Uuid,
     nics: &[PlannedNic],
+    now: DateTime<Utc>,
 ) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
     for nic in nics {
-        if let Err(e) = attach_one(txn, vm, &nic.segment, nic.ip).await? {
+        if let Err(e) = attach_one(txn, vm, &nic.segment, nic.ip, now).await? {
             return Ok(Err(e));
         }
     }
     Ok(Ok(()))
 }
 
-pub async fn attach_one(
+async fn attach_one(
     txn: &DatabaseTransaction,
     vm: Uuid,
     segment: &segments::Model,
     asked: Option<Ipv4Addr>,
+    now: DateTime<Utc>,
 ) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
     use rand::Rng;
     let taken: BTreeSet<Ipv4Addr> = attachments::Entity::find()
@@ -104,7 +106,7 @@ pub async fn attach_one(
         segment_id: Set(segment.id),
         ip: Set(ip.to_string()),
         mac: Set(ipam::mac_from(random)),
-        created_at: Set(Utc::now()),
+        created_at: Set(now),
     }
     .insert(txn)
     .await?;
@@ -118,6 +120,7 @@ pub async fn ensure_rails(
     txn: &DatabaseTransaction,
     vm: Uuid,
     rails: usize,
+    now: DateTime<Utc>,
 ) -> Result<Result<(), ApiError>, sea_orm::DbErr> {
     let rows = attachments::Entity::find()
         .filter(attachments::Column::VmId.eq(vm))
@@ -132,7 +135,7 @@ pub async fn ensure_rails(
     for s in &roce {
         let mine: Vec<&attachments::Model> = rows.iter().filter(|a| a.segment_id == s.id).collect();
         for _ in mine.len()..rails {
-            if let Err(e) = attach_one(txn, vm, s, None).await? {
+            if let Err(e) = attach_one(txn, vm, s, None, now).await? {
                 return Ok(Err(e));
             }
         }
@@ -215,4 +218,20 @@ pub async fn count_attached(db: &impl ConnectionTrait, segment: Uuid) -> Result<
         .filter(attachments::Column::SegmentId.eq(segment))
         .count(db)
         .await?)
+}
+
+pub async fn find(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    segment: &str,
+) -> Result<segments::Model, ApiError> {
+    crate::store::name_or_id(
+        segments::Entity::find().filter(segments::Column::TenantId.eq(tenant.id)),
+        segments::Column::Id,
+        segments::Column::Name,
+        segment,
+    )
+    .one(db)
+    .await?
+    .ok_or_else(|| ApiError::not_found(format!("segment {segment:?}")))
 }

@@ -4,7 +4,8 @@ use kumo_api_types::Quota;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
 use uuid::Uuid;
 
-use crate::entity::{tenant_gpu_quotas, tenant_quotas};
+use super::name_or_id;
+use crate::entity::{tenant_gpu_quotas, tenant_quotas, tenants};
 use crate::error::ApiError;
 
 pub fn to_u32(v: i64) -> u32 {
@@ -30,4 +31,21 @@ pub async fn load(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Quota, A
         .map(|g| (g.gpu_model, to_u32(g.gpus)))
         .collect();
     Ok(q)
+}
+
+/// Finds a tenant by name or id. Lookups by a string that is neither a
+/// valid name nor an id find nothing rather than erroring, so that a path
+/// never says more than "not found".
+pub async fn find_tenant(
+    db: &impl ConnectionTrait,
+    tenant_ref: &str,
+) -> Result<Option<tenants::Model>, ApiError> {
+    Ok(name_or_id(
+        tenants::Entity::find(),
+        tenants::Column::Id,
+        tenants::Column::Name,
+        tenant_ref,
+    )
+    .one(db)
+    .await?)
 }

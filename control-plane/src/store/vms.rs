@@ -1,15 +1,13 @@
 //! Queries over VMs and their events: the stored spec, placement, state
 //! and power of a row, a tenant's VM by name or id, and event rows.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use kumo_api_types::{Power, VmSpec, VmState};
 use kumo_topology::guest_layout::Placement;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
     QueryFilter, QuerySelect, Set,
 };
-
-use uuid::Uuid;
 
 use crate::entity::{tenants, vm_events, vms};
 use crate::error::ApiError;
@@ -49,6 +47,7 @@ pub fn power_str(p: Power) -> &'static str {
 pub async fn event(
     db: &impl ConnectionTrait,
     vm: &vms::Model,
+    at: DateTime<Utc>,
     kind: &str,
     message: impl Into<String>,
 ) -> Result<(), ApiError> {
@@ -56,7 +55,7 @@ pub async fn event(
         id: NotSet,
         vm_id: Set(vm.id),
         tenant_id: Set(vm.tenant_id),
-        at: Set(Utc::now()),
+        at: Set(at),
         kind: Set(kind.to_owned()),
         message: Set(message.into()),
     }
@@ -67,11 +66,12 @@ pub async fn event(
 
 /// A tenant's VM by name or id.
 pub fn vm_query(tenant: &tenants::Model, vm_ref: &str) -> sea_orm::Select<vms::Entity> {
-    let q = vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id));
-    match Uuid::try_parse(vm_ref) {
-        Ok(id) => q.filter(vms::Column::Id.eq(id)),
-        Err(_) => q.filter(vms::Column::Name.eq(vm_ref)),
-    }
+    super::name_or_id(
+        vms::Entity::find().filter(vms::Column::TenantId.eq(tenant.id)),
+        vms::Column::Id,
+        vms::Column::Name,
+        vm_ref,
+    )
 }
 
 pub async fn find_vm(
@@ -99,4 +99,17 @@ pub async fn find_vm_to_change(
         .one(txn)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
+}
+
+/// The first of a tenant's VMs that has one of `names`.
+pub async fn named(
+    db: &impl ConnectionTrait,
+    tenant: uuid::Uuid,
+    names: &[String],
+) -> Result<Option<vms::Model>, ApiError> {
+    Ok(vms::Entity::find()
+        .filter(vms::Column::TenantId.eq(tenant))
+        .filter(vms::Column::Name.is_in(names.iter().cloned()))
+        .one(db)
+        .await?)
 }

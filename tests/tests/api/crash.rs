@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use kumo_api_types::{Vm, VmState};
 use rand::Rng;
-use sea_orm::{ConnectionTrait, Database, DatabaseConnection, EntityTrait, Statement};
+use sea_orm::{
+    ConnectionTrait, Database, DatabaseConnection, EntityTrait, Statement, TransactionTrait,
+};
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
@@ -387,7 +389,15 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
         servers[victim].spawn();
         servers[victim].ready().await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Enough churn to check, however slowly a loaded machine served it:
+    // the clients go on (no more kills) until 50 answers were 2xx.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if told.lock().await.answers_2xx > 50 || Instant::now() > deadline {
+            break;
+        }
+    }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for c in clients {
         c.await.unwrap();
@@ -507,46 +517,17 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     }
 
     // The ledger is the rating of every run, up to where it was posted.
-    let book = kumo_server::app::metering::rate_book(&db).await.unwrap();
-    let runs = kumo_server::entity::meter_runs::Entity::find()
-        .all(&db)
-        .await
-        .unwrap();
-    let charges = kumo_server::entity::charges::Entity::find()
-        .all(&db)
-        .await
-        .unwrap();
-    let mut posted: BTreeMap<uuid::Uuid, Vec<&kumo_server::entity::charges::Model>> =
-        BTreeMap::new();
-    for c in &charges {
-        posted.entry(c.run_id).or_default().push(c);
-    }
-    let mut checked = 0;
-    for r in &runs {
-        let mine = posted.remove(&r.id).unwrap_or_default();
-        let Some(until) = r.posted_until else {
-            assert!(mine.is_empty(), "charges of a run never posted");
-            continue;
-        };
-        let run = kumo_server::app::metering::run_of(r).unwrap();
-        let want = kumo_billing::meter::due(&run, None, until, &book);
-        let mut got: Vec<_> = mine
-            .iter()
-            .map(|c| {
-                (
-                    c.period_from,
-                    c.period_to,
-                    c.amount.parse::<kumo_billing::Decimal>().unwrap(),
-                )
-            })
-            .collect();
-        got.sort();
-        let want: Vec<_> = want.iter().map(|p| (p.from, p.to, p.amount)).collect();
-        assert_eq!(got, want, "run {} ({})", r.id, r.vm_name);
-        checked += 1;
-    }
-    assert!(posted.is_empty(), "charges without a run");
-    assert!(checked > 0, "nothing was ever posted");
+    // The poster runs every second but a server killed often may not have
+    // lived that long; it now serves undisturbed, so wait for it to post.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let checked = loop {
+        let checked = ledger_checked(&db).await;
+        if checked > 0 {
+            break checked;
+        }
+        assert!(Instant::now() < deadline, "nothing was ever posted");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
 
     // Deleting everything frees every device.
     for v in &vms {
@@ -592,6 +573,59 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     for s in servers.iter_mut() {
         s.kill();
     }
+}
+
+/// Checks that every run's charges are exactly its rating up to where it
+/// was posted, and answers how many posted runs were checked. Runs and
+/// charges are read in one snapshot: the poster keeps running meanwhile,
+/// and a post between two plain reads would look like a missing or an
+/// extra piece.
+async fn ledger_checked(db: &DatabaseConnection) -> usize {
+    let book = kumo_server::app::metering::rate_book(db).await.unwrap();
+    let snapshot = db
+        .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+        .await
+        .unwrap();
+    let runs = kumo_server::entity::meter_runs::Entity::find()
+        .all(&snapshot)
+        .await
+        .unwrap();
+    let charges = kumo_server::entity::charges::Entity::find()
+        .all(&snapshot)
+        .await
+        .unwrap();
+    snapshot.commit().await.unwrap();
+    let mut posted: BTreeMap<uuid::Uuid, Vec<&kumo_server::entity::charges::Model>> =
+        BTreeMap::new();
+    for c in &charges {
+        posted.entry(c.run_id).or_default().push(c);
+    }
+    let mut checked = 0;
+    for r in &runs {
+        let mine = posted.remove(&r.id).unwrap_or_default();
+        let Some(until) = r.posted_until else {
+            assert!(mine.is_empty(), "charges of a run never posted");
+            continue;
+        };
+        let run = kumo_server::app::metering::run_of(r).unwrap();
+        let want = kumo_billing::meter::due(&run, None, until, &book);
+        let mut got: Vec<_> = mine
+            .iter()
+            .map(|c| {
+                (
+                    c.period_from,
+                    c.period_to,
+                    c.amount.parse::<kumo_billing::Decimal>().unwrap(),
+                )
+            })
+            .collect();
+        got.sort();
+        let want: Vec<_> = want.iter().map(|p| (p.from, p.to, p.amount)).collect();
+        assert_eq!(got, want, "run {} ({})", r.id, r.vm_name);
+        checked += 1;
+    }
+    assert!(posted.is_empty(), "charges without a run");
+    checked
 }
 
 /// Kills per scenario: as given in the default run, five times as many in

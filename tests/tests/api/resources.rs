@@ -21,7 +21,9 @@ on_both_backends! {
         assert!(me.user.is_admin);
         // A restart on the same database creates no second admin and keeps
         // the first token valid.
-        let again = kumo_server::app::bootstrap::bootstrap(s.db(), &s.data_dir).await.unwrap();
+        let again = kumo_server::app::bootstrap::bootstrap(s.db(), &s.data_dir, chrono::Utc::now())
+            .await
+            .unwrap();
         assert!(again.is_none());
         assert_eq!(s.admin.list_users().await.unwrap().len(), 1);
     }

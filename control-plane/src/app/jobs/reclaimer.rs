@@ -71,7 +71,7 @@ pub async fn pass(st: &AppState) -> Result<(), ApiError> {
 async fn expire(st: &AppState) -> Result<(), ApiError> {
     let due = vms::Entity::find()
         .filter(vms::Column::State.eq(VmState::Preempting.as_str()))
-        .filter(vms::Column::PreemptDeadline.lte(Utc::now()))
+        .filter(vms::Column::PreemptDeadline.lte(st.config.clock.now()))
         .all(&st.db)
         .await?;
     for vm in due {
@@ -83,7 +83,7 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
                 vms::Column::PreemptDeadline,
                 Expr::value(None::<chrono::DateTime<Utc>>),
             )
-            .col_expr(vms::Column::UpdatedAt, Expr::value(Utc::now()))
+            .col_expr(vms::Column::UpdatedAt, Expr::value(st.config.clock.now()))
             .filter(vms::Column::Id.eq(vm.id))
             .filter(vms::Column::State.eq(VmState::Preempting.as_str()));
         update = if cpu_only {
@@ -95,9 +95,23 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
             continue;
         }
         if cpu_only {
-            event(&txn, &vm, "suspending", "grace period over; saving to disk").await?;
+            event(
+                &txn,
+                &vm,
+                st.config.clock.now(),
+                "suspending",
+                "grace period over; saving to disk",
+            )
+            .await?;
         } else {
-            event(&txn, &vm, "preempted", "grace period over; shut down").await?;
+            event(
+                &txn,
+                &vm,
+                st.config.clock.now(),
+                "preempted",
+                "grace period over; shut down",
+            )
+            .await?;
             crate::app::metering::transition(
                 &txn,
                 &vm,
@@ -168,11 +182,18 @@ async fn resume(st: &AppState) -> Result<(), ApiError> {
                 Expr::value(VmState::Provisioning.as_str()),
             )
             .col_expr(vms::Column::DesiredPower, Expr::value("running"))
-            .col_expr(vms::Column::UpdatedAt, Expr::value(Utc::now()))
+            .col_expr(vms::Column::UpdatedAt, Expr::value(st.config.clock.now()))
             .filter(vms::Column::Id.eq(vm.id))
             .exec(&txn)
             .await?;
-        event(&txn, &vm, "resuming", "room returned on its host").await?;
+        event(
+            &txn,
+            &vm,
+            st.config.clock.now(),
+            "resuming",
+            "room returned on its host",
+        )
+        .await?;
         txn.commit().await?;
         st.capacity.refresh_host(&st.db, host).await?;
         st.signals.notify(host);

@@ -434,7 +434,14 @@ pub async fn status(
             names::text("reason", text, 1000)?;
         }
         if let Some(notice) = &s.notice {
-            event(&txn, &vm, "preemption-notice", notice.clone()).await?;
+            event(
+                &txn,
+                &vm,
+                st.config.clock.now(),
+                "preemption-notice",
+                notice.clone(),
+            )
+            .await?;
         }
         let state = stored_state(&vm);
         if state == VmState::Preempted && s.state == ActualState::Absent {
@@ -461,7 +468,7 @@ pub async fn status(
             .reason
             .clone()
             .unwrap_or_else(|| format!("reported by {}", host.name));
-        event(&txn, &vm, next.as_str(), message).await?;
+        event(&txn, &vm, st.config.clock.now(), next.as_str(), message).await?;
         if next == VmState::Deleted {
             release(&txn, &vm).await?;
             peers.extend(crate::app::vms::delete_row(&txn, &vm, now).await?);

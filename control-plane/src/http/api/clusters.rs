@@ -13,24 +13,18 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::vms::resolve_spec;
 use super::Problems;
 use crate::app::access::tenant_access;
-use crate::app::admission::{admit, Member, NewCluster};
 use crate::app::vms::act_on;
 use crate::context::Actor;
 use crate::context::AppState;
 use crate::domain::lifecycle::Action;
 use crate::domain::paging::Paging;
-use crate::entity::{clusters, hosts, tenants, vms};
+use crate::entity::{clusters, hosts, vms};
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
 use crate::store::clusters::{hostfile, members_of, stored_cluster_spec};
 use crate::store::vms::{stored_placement, stored_state};
-
-/// Largest cluster one request may create (two full SUs of 8-GPU hosts
-/// is 64; this leaves room for CPU-only and small-GPU clusters).
-pub const MAX_CLUSTER_SIZE: u32 = 256;
 
 async fn to_api(
     st: &AppState,
@@ -100,21 +94,6 @@ async fn to_api(
     })
 }
 
-async fn find(
-    db: &impl ConnectionTrait,
-    tenant: &tenants::Model,
-    cluster: &str,
-) -> Result<clusters::Model, ApiError> {
-    let q = clusters::Entity::find().filter(clusters::Column::TenantId.eq(tenant.id));
-    let q = match Uuid::try_parse(cluster) {
-        Ok(id) => q.filter(clusters::Column::Id.eq(id)),
-        Err(_) => q.filter(clusters::Column::Name.eq(cluster)),
-    };
-    q.one(db)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("cluster {cluster:?}")))
-}
-
 /// Create a training cluster (members): `size` identical VMs named
 /// `NAME-0` … placed all or nothing, in one scalable unit when one has
 /// room (else the fewest), GPU *i* of every member on rail *i*. A
@@ -135,88 +114,7 @@ pub async fn create(
     Path(tenant): Path<String>,
     Json(body): Json<ClusterCreate>,
 ) -> Result<(StatusCode, axum::Json<Cluster>), ApiError> {
-    let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    access.require(Role::Member, "creating clusters")?;
-    crate::app::budget::check(&st, &tenant).await?;
-    crate::domain::names::tenant_name("name", &body.name)?;
-    if !(1..=MAX_CLUSTER_SIZE).contains(&body.size) {
-        return Err(ApiError::field(
-            "size",
-            format!("between 1 and {MAX_CLUSTER_SIZE}"),
-        ));
-    }
-    // Every member has the same spec; the last has the longest name.
-    let last = body.member(body.size - 1);
-    if crate::domain::names::tenant_name("name", &last.name).is_err() {
-        return Err(ApiError::field(
-            "name",
-            format!("too long for member names like {:?}", last.name),
-        ));
-    }
-    let spec = resolve_spec(&st, &last).await?;
-    let nics = super::segments::resolve(&st.db, &tenant, &last.networks).await?;
-    let roce = nics.iter().any(|n| {
-        crate::store::segments::stored_kind(&n.segment) == kumo_api_types::SegmentKind::Roce
-    });
-    if roce && spec.gpus == 0 {
-        return Err(ApiError::field(
-            "networks",
-            "RoCE segments are reached through the NICs paired with the members' GPUs; ask for GPUs",
-        ));
-    }
-    let names: Vec<String> = (0..body.size).map(|i| body.member(i).name).collect();
-    let taken = vms::Entity::find()
-        .filter(vms::Column::TenantId.eq(tenant.id))
-        .filter(vms::Column::Name.is_in(names.clone()))
-        .one(&st.db)
-        .await?;
-    if let Some(v) = taken {
-        return Err(ApiError::Conflict(format!(
-            "tenant {:?} already has a VM named {:?}",
-            tenant.name, v.name
-        )));
-    }
-    let exists = clusters::Entity::find()
-        .filter(clusters::Column::TenantId.eq(tenant.id))
-        .filter(clusters::Column::Name.eq(body.name.clone()))
-        .one(&st.db)
-        .await?;
-    if exists.is_some() {
-        return Err(ApiError::Conflict(format!(
-            "tenant {:?} already has a cluster named {:?}",
-            tenant.name, body.name
-        )));
-    }
-    let members: Vec<Member> = names
-        .into_iter()
-        .map(|name| Member {
-            id: Uuid::now_v7(),
-            name,
-            spec: spec.clone(),
-            nics: nics.clone(),
-            networked: !nics.is_empty(),
-            roce,
-        })
-        .collect();
-    let new = NewCluster {
-        id: Uuid::now_v7(),
-        name: &body.name,
-        spec: &spec,
-    };
-    match admit(&st, Some(&ctx), &tenant, &members, false, Some(&new)).await {
-        Ok(_) => {}
-        Err(ApiError::Conflict(_)) => {
-            return Err(ApiError::Conflict(format!(
-                "a cluster or VM of tenant {:?} with one of these names was created concurrently",
-                tenant.name
-            )))
-        }
-        Err(e) => return Err(e),
-    }
-    let row = clusters::Entity::find_by_id(new.id)
-        .one(&st.db)
-        .await?
-        .ok_or_else(|| ApiError::Internal("the cluster vanished after its commit".into()))?;
+    let (tenant, row) = crate::app::clusters::create(&st, &ctx, &tenant, &body).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(to_api(&st, &st.db, &row, &tenant.name).await?),
@@ -268,7 +166,7 @@ pub async fn show(
     Path((tenant, cluster)): Path<(String, String)>,
 ) -> Result<axum::Json<Cluster>, ApiError> {
     let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    let c = find(&st.db, &tenant, &cluster).await?;
+    let c = crate::store::clusters::find(&st.db, &tenant, &cluster).await?;
     Ok(axum::Json(to_api(&st, &st.db, &c, &tenant.name).await?))
 }
 
@@ -287,7 +185,7 @@ pub async fn delete(
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Member, "deleting clusters")?;
     let txn = st.db.begin().await?;
-    let c = find(&txn, &tenant, &cluster).await?;
+    let c = crate::store::clusters::find(&txn, &tenant, &cluster).await?;
     let before = to_api(&st, &txn, &c, &tenant.name).await?;
     let members = vms::Entity::find()
         .filter(vms::Column::ClusterId.eq(c.id))

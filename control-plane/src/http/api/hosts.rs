@@ -229,6 +229,7 @@ async fn set_drained(
             &spot,
             st.config.preemption_grace,
             "its host is being drained",
+            st.config.clock.now(),
         )
         .await?
         .len();

@@ -8,7 +8,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::{users, Problems};
+use super::Problems;
 use crate::app::access::{stored_role, tenant_access};
 use crate::app::audit;
 use crate::context::Actor;
@@ -111,7 +111,7 @@ pub async fn put(
 ) -> Result<(StatusCode, axum::Json<Member>), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Owner, "managing members")?;
-    let user = users::find(&st.db, &user)
+    let user = crate::store::identity::find(&st.db, &user)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("user {user:?}")))?;
     let txn = st.db.begin().await?;
@@ -168,7 +168,9 @@ pub async fn remove(
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Owner, "managing members")?;
     let not_member = || ApiError::not_found(format!("member {user:?}"));
-    let user_row = users::find(&st.db, &user).await?.ok_or_else(not_member)?;
+    let user_row = crate::store::identity::find(&st.db, &user)
+        .await?
+        .ok_or_else(not_member)?;
     let txn = st.db.begin().await?;
     let m = memberships::Entity::find_by_id((tenant.id, user_row.id))
         .one(&txn)

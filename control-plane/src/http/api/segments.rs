@@ -8,13 +8,11 @@ use std::net::Ipv4Addr;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::Utc;
-use kumo_api_types::{
-    NetworkRequest, Page, PageParams, Role, Segment, SegmentCreate, SegmentIngress, SegmentKind,
-};
+use kumo_api_types::{Page, PageParams, Role, Segment, SegmentCreate, SegmentIngress, SegmentKind};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -26,12 +24,10 @@ use crate::context::AppState;
 use crate::domain::ipam::{self, Cidr, Lease, NextVni};
 use crate::domain::names;
 use crate::domain::paging::Paging;
-use crate::entity::{segments, tenants, vni_leases};
+use crate::entity::{segments, vni_leases};
 use crate::error::{is_unique_violation, ApiError};
 use crate::http::extract::{Json, Path, Query};
-use crate::store::segments::{
-    count_attached, kind_str, stored_cidr, stored_gateway, stored_kind, stored_rules, PlannedNic,
-};
+use crate::store::segments::{count_attached, kind_str, stored_kind, stored_rules};
 
 /// Tries at leasing a VNI when other servers lease at the same time. Each
 /// round has a winner, so this bounds the concurrent creations that all
@@ -58,21 +54,6 @@ fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Segment {
         ingress: stored_rules(s),
         created_at: s.created_at,
     }
-}
-
-pub async fn find(
-    db: &impl ConnectionTrait,
-    tenant: &tenants::Model,
-    segment: &str,
-) -> Result<segments::Model, ApiError> {
-    let q = segments::Entity::find().filter(segments::Column::TenantId.eq(tenant.id));
-    let q = match Uuid::try_parse(segment) {
-        Ok(id) => q.filter(segments::Column::Id.eq(id)),
-        Err(_) => q.filter(segments::Column::Name.eq(segment)),
-    };
-    q.one(db)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("segment {segment:?}")))
 }
 
 /// Leases the lowest free VNI for `segment` inside `txn`. `Ok(None)` when
@@ -297,7 +278,7 @@ pub async fn show(
     Path((tenant, segment)): Path<(String, String)>,
 ) -> Result<axum::Json<Segment>, ApiError> {
     let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    let s = find(&st.db, &tenant, &segment).await?;
+    let s = crate::store::segments::find(&st.db, &tenant, &segment).await?;
     let n = count_attached(&st.db, s.id).await?;
     Ok(axum::Json(to_api(&s, &tenant.name, n)))
 }
@@ -320,7 +301,7 @@ pub async fn set_ingress(
     access.require(Role::Member, "changing segment rules")?;
     let rules = crate::domain::ingress::rules_json("rules", &body.rules)?;
     let txn = st.db.begin().await?;
-    let s = find(&txn, &tenant, &segment).await?;
+    let s = crate::store::segments::find(&txn, &tenant, &segment).await?;
     let mut a: segments::ActiveModel = s.clone().into();
     a.ingress_rules = Set(rules);
     let s = a.update(&txn).await?;
@@ -349,7 +330,7 @@ pub async fn delete(
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Member, "deleting segments")?;
     let txn = st.db.begin().await?;
-    let s = find(&txn, &tenant, &segment).await?;
+    let s = crate::store::segments::find(&txn, &tenant, &segment).await?;
     let n = count_attached(&txn, s.id).await?;
     if n > 0 {
         return Err(ApiError::Conflict(format!(
@@ -372,61 +353,4 @@ pub async fn delete(
     audit::record(&txn, &ctx, "segment.delete", Some(&tenant), &s.name).await?;
     txn.commit().await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Resolves a VM request's networks against the tenant's segments.
-pub async fn resolve(
-    db: &impl ConnectionTrait,
-    tenant: &tenants::Model,
-    requests: &[NetworkRequest],
-) -> Result<Vec<PlannedNic>, ApiError> {
-    if requests.len() > 8 {
-        return Err(ApiError::field("networks", "at most 8"));
-    }
-    let mut out: Vec<PlannedNic> = Vec::with_capacity(requests.len());
-    for r in requests {
-        let segment = find(db, tenant, &r.segment).await.map_err(|_| {
-            ApiError::field(
-                "networks.segment",
-                format!("no segment {:?} in this tenant", r.segment),
-            )
-        })?;
-        if out.iter().any(|p| p.segment.id == segment.id) {
-            return Err(ApiError::field(
-                "networks.segment",
-                format!("{:?} is named twice", r.segment),
-            ));
-        }
-        let ip = match &r.ip {
-            None => None,
-            Some(s) => {
-                let ip: Ipv4Addr = s.parse().map_err(|_| {
-                    ApiError::field("networks.ip", format!("{s:?} is not an IPv4 address"))
-                })?;
-                let cidr = stored_cidr(&segment)?;
-                if !cidr.is_host(ip) || ip == stored_gateway(&segment)? {
-                    return Err(ApiError::field(
-                        "networks.ip",
-                        format!(
-                            "{ip} is not a VM address of {cidr} (gateway {})",
-                            segment.gateway
-                        ),
-                    ));
-                }
-                Some(ip)
-            }
-        };
-        if stored_kind(&segment) == SegmentKind::Roce
-            && out
-                .iter()
-                .any(|p| stored_kind(&p.segment) == SegmentKind::Roce)
-        {
-            return Err(ApiError::field(
-                "networks.segment",
-                "one RoCE segment per VM: its GPUs' NICs carry one VLAN",
-            ));
-        }
-        out.push(PlannedNic { segment, ip });
-    }
-    Ok(out)
 }

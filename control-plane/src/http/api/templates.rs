@@ -126,10 +126,3 @@ fn host_path(field: &str, p: &str) -> Result<(), ApiError> {
     }
     Ok(())
 }
-
-pub async fn find(st: &AppState, name: &str) -> Result<Option<templates::Model>, ApiError> {
-    Ok(templates::Entity::find()
-        .filter(templates::Column::Name.eq(name))
-        .one(&st.db)
-        .await?)
-}

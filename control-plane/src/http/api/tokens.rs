@@ -8,7 +8,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::{users, Problems};
+use super::Problems;
 use crate::app::access::require_admin;
 use crate::app::audit;
 use crate::app::auth;
@@ -96,7 +96,7 @@ pub async fn create_for_user(
     Json(body): Json<TokenCreate>,
 ) -> Result<(StatusCode, axum::Json<TokenCreated>), ApiError> {
     require_admin(&ctx.caller, "minting tokens for other users")?;
-    let user = users::find(&st.db, &user)
+    let user = crate::store::identity::find(&st.db, &user)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("user {user:?}")))?;
     let created = mint_for(&st.db, &ctx, &user, body).await?;

@@ -3,8 +3,8 @@ use axum::http::StatusCode;
 use chrono::Utc;
 use kumo_api_types::{Me, Membership, Page, PageParams, User, UserCreate, UserKind};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
+    TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -31,18 +31,6 @@ pub fn to_api(u: users::Model) -> Result<User, ApiError> {
         is_admin: u.is_admin,
         created_at: u.created_at,
     })
-}
-
-/// Finds a user by name or id.
-pub async fn find(
-    db: &impl ConnectionTrait,
-    user_ref: &str,
-) -> Result<Option<users::Model>, ApiError> {
-    let q = match Uuid::try_parse(user_ref) {
-        Ok(id) => users::Entity::find_by_id(id),
-        Err(_) => users::Entity::find().filter(users::Column::Name.eq(user_ref)),
-    };
-    Ok(q.one(db).await?)
 }
 
 /// Create a local or service account (platform admins).

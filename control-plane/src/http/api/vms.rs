@@ -6,8 +6,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use kumo_api_types::{
-    GuestNuma, HostState, Page, PageParams, PlacedGpu, Role, SegmentKind, Vm, VmCreate, VmEvent,
-    VmPlacement, VmSpec, VmState,
+    GuestNuma, HostState, Page, PageParams, PlacedGpu, Vm, VmCreate, VmEvent, VmPlacement, VmState,
 };
 use kumo_topology::guest_layout::{guest_layout, Placement};
 use kumo_topology::sysfs::format_cpulist;
@@ -17,24 +16,16 @@ use uuid::Uuid;
 
 use super::Problems;
 use crate::app::access::tenant_access;
-use crate::app::admission::{admit, Member};
 use crate::app::vms::act;
 use crate::context::Actor;
 use crate::context::AppState;
 use crate::domain::lifecycle::Action;
-use crate::domain::names;
 use crate::domain::paging::Paging;
 use crate::entity::{clusters, hosts, vm_events, vms};
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
 use crate::store::hosts::{host_state, stored_topology};
 use crate::store::vms::{find_vm, stored_placement, stored_spec, stored_state};
-
-pub const MAX_GPUS: u32 = 64;
-pub const MAX_VCPUS: u32 = 1024;
-pub const MAX_MEMORY_GIB: u32 = 16_384;
-pub const MAX_DISK_GIB: u32 = 65_536;
-pub const MAX_SSH_KEYS: usize = 32;
 
 /// The placement as the API shows it: host↔guest addresses, NICs, NUMA map.
 pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> {
@@ -145,76 +136,6 @@ async fn to_api(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Resu
     )
 }
 
-fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
-    names::tenant_name("name", &body.name)?;
-    if body.gpus > MAX_GPUS {
-        return Err(ApiError::field("gpus", format!("at most {MAX_GPUS}")));
-    }
-    if let Some(m) = &body.gpu_model {
-        names::gpu_model("gpu_model", m)?;
-    }
-    let vcpus = body.vcpus_or_default();
-    let memory_gib = body.memory_gib_or_default();
-    let disk_gib = body.disk_gib.unwrap_or(50);
-    for (field, v, max) in [
-        ("vcpus", vcpus, MAX_VCPUS),
-        ("memory_gib", memory_gib, MAX_MEMORY_GIB),
-        ("disk_gib", disk_gib, MAX_DISK_GIB),
-    ] {
-        if !(1..=max).contains(&v) {
-            return Err(ApiError::field(field, format!("between 1 and {max}")));
-        }
-    }
-    if body.ssh_keys.len() > MAX_SSH_KEYS {
-        return Err(ApiError::field(
-            "ssh_keys",
-            format!("at most {MAX_SSH_KEYS}"),
-        ));
-    }
-    for k in &body.ssh_keys {
-        let kind = k.split_whitespace().next().unwrap_or("");
-        if !(kind.starts_with("ssh-") || kind.starts_with("ecdsa-") || kind.starts_with("sk-"))
-            || k.len() > 8192
-            || k.contains('\n')
-        {
-            return Err(ApiError::field(
-                "ssh_keys",
-                "each key is one OpenSSH public key line",
-            ));
-        }
-    }
-    Ok(VmSpec {
-        gpus: body.gpus,
-        gpu_model: body.gpu_model.clone(),
-        vcpus,
-        memory_gib,
-        disk_gib,
-        template: body.template.clone(),
-        image_path: None,
-        kernel: None,
-        service_level: body.service_level,
-        ssh_keys: body.ssh_keys.clone(),
-    })
-}
-
-/// The stored spec of a VM request: validated, defaults filled in, its
-/// template's image and kernel resolved.
-pub async fn resolve_spec(st: &AppState, body: &VmCreate) -> Result<VmSpec, ApiError> {
-    let mut spec = validate(body)?;
-    if let Some(t) = &body.template {
-        let tpl = super::templates::find(st, t)
-            .await?
-            .ok_or_else(|| ApiError::field("template", format!("no template named {t:?}")))?;
-        spec.image_path = Some(tpl.image_path);
-        spec.kernel = tpl.kernel_path.map(|kernel| kumo_api_types::KernelBoot {
-            kernel,
-            initrd: tpl.initrd_path,
-            cmdline: tpl.kernel_cmdline.unwrap_or_default(),
-        });
-    }
-    Ok(spec)
-}
-
 /// Create a VM (members). It is placed at once (best fit, topology-aware)
 /// and the host's agent brings it up; a guaranteed VM that does not fit
 /// reclaims spot VMs and is `pending` until they are gone.
@@ -233,60 +154,7 @@ pub async fn create(
     Path(tenant): Path<String>,
     Json(body): Json<VmCreate>,
 ) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
-    let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    access.require(Role::Member, "creating VMs")?;
-    crate::app::budget::check(&st, &tenant).await?;
-    let spec = resolve_spec(&st, &body).await?;
-    let name_taken = || {
-        ApiError::Conflict(format!(
-            "tenant {:?} already has a VM named {:?}",
-            tenant.name, body.name
-        ))
-    };
-    let exists = vms::Entity::find()
-        .filter(vms::Column::TenantId.eq(tenant.id))
-        .filter(vms::Column::Name.eq(body.name.clone()))
-        .one(&st.db)
-        .await?;
-    if exists.is_some() {
-        return Err(name_taken());
-    }
-    let nics = super::segments::resolve(&st.db, &tenant, &body.networks).await?;
-    let roce = nics
-        .iter()
-        .any(|n| crate::store::segments::stored_kind(&n.segment) == SegmentKind::Roce);
-    if roce && spec.gpus == 0 {
-        return Err(ApiError::field(
-            "networks.segment",
-            "RoCE segments are reached through the NICs paired with the VM's GPUs; ask for GPUs",
-        ));
-    }
-    let member = Member {
-        id: Uuid::now_v7(),
-        name: body.name.clone(),
-        spec,
-        networked: !nics.is_empty(),
-        roce,
-        nics,
-    };
-    match admit(
-        &st,
-        Some(&ctx),
-        &tenant,
-        std::slice::from_ref(&member),
-        false,
-        None,
-    )
-    .await
-    {
-        Ok(_) => {}
-        Err(ApiError::Conflict(_)) => return Err(name_taken()),
-        Err(e) => return Err(e),
-    }
-    let vm = vms::Entity::find_by_id(member.id)
-        .one(&st.db)
-        .await?
-        .ok_or_else(name_taken)?;
+    let (tenant, vm) = crate::app::vms::create(&st, &ctx, &tenant, &body).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(to_api(&st.db, &vm, &tenant.name).await?),

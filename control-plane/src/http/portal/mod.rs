@@ -253,7 +253,7 @@ async fn cli_allow(
     check_csrf(&session.csrf, &f.csrf)?;
     let minted = crate::http::api::tokens::mint_for(
         &st.db,
-        &ctx_of(&user),
+        &ctx_of(&st, &user),
         &user,
         kumo_api_types::TokenCreate {
             description: Some("kumo login".into()),
@@ -270,7 +270,7 @@ async fn cli_allow(
 
 /// The API caller a session stands for: pages go through the same
 /// handlers, so they see and may do exactly what the API allows.
-pub(crate) fn ctx_of(user: &crate::entity::users::Model) -> Actor {
+pub(crate) fn ctx_of(st: &AppState, user: &crate::entity::users::Model) -> Actor {
     Actor {
         caller: crate::context::Caller {
             user: user.clone(),
@@ -278,6 +278,7 @@ pub(crate) fn ctx_of(user: &crate::entity::users::Model) -> Actor {
         },
         request_id: uuid::Uuid::now_v7().to_string(),
         source_ip: "portal".into(),
+        at: st.config.clock.now(),
     }
 }
 
@@ -392,7 +393,7 @@ async fn vms_page(
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    let ctx = ctx_of(&user);
+    let ctx = ctx_of(&st, &user);
     let rows = vm_rows(&st, &ctx, &tenant).await?;
     let choices = vm_choices(&st, &ctx, &tenant).await?;
     Ok(html(kumo_web_portal::vms_page(
@@ -456,7 +457,7 @@ async fn create_vm(
         Err(r) => return Ok(r),
     };
     check_csrf(&viewer.csrf, &f.csrf)?;
-    let ctx = ctx_of(&user);
+    let ctx = ctx_of(&st, &user);
     let body = number("gpus", &f.gpus).and_then(|gpus| {
         Ok(kumo_api_types::VmCreate {
             name: f.name.trim().to_owned(),
@@ -490,21 +491,13 @@ async fn create_vm(
         })
     });
     let made = match body {
-        Ok(b) => {
-            crate::http::api::vms::create(
-                State(st.clone()),
-                ctx.clone(),
-                crate::http::extract::Path(tenant.clone()),
-                crate::http::extract::Json(b),
-            )
-            .await
-        }
+        Ok(b) => crate::app::vms::create(&st, &ctx, &tenant, &b).await,
         Err(e) => Err(e),
     };
     match made {
         Ok((_, vm)) => Ok((
             StatusCode::SEE_OTHER,
-            [(LOCATION, format!("/t/{tenant}/vms/{}", vm.0.name))],
+            [(LOCATION, format!("/t/{tenant}/vms/{}", vm.name))],
         )
             .into_response()),
         // A foreign or missing tenant stays a 404, whatever the form said.
@@ -543,18 +536,9 @@ async fn vm_action(
         Err(r) => return Ok(r),
     };
     check_csrf(&viewer.csrf, &f.csrf)?;
-    let (ctx, at) = (
-        ctx_of(&user),
-        crate::http::extract::Path((tenant.clone(), vm)),
-    );
-    let s = State(st.clone());
-    let _ = match action.as_str() {
-        "start" => crate::http::api::vms::start(s, ctx, at).await?,
-        "stop" => crate::http::api::vms::stop(s, ctx, at).await?,
-        "reboot" => crate::http::api::vms::reboot(s, ctx, at).await?,
-        "delete" => crate::http::api::vms::delete(s, ctx, at).await?,
-        other => return Err(ApiError::not_found(format!("action {other:?}"))),
-    };
+    let action = crate::domain::lifecycle::Action::parse(&action)
+        .ok_or_else(|| ApiError::not_found(format!("action {action:?}")))?;
+    crate::app::vms::act(&st, &ctx_of(&st, &user), &tenant, &vm, action).await?;
     Ok((
         StatusCode::SEE_OTHER,
         [(LOCATION, format!("/t/{tenant}/vms"))],
@@ -571,7 +555,7 @@ async fn vm_page(
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    let ctx = ctx_of(&user);
+    let ctx = ctx_of(&st, &user);
     let vm = crate::http::api::vms::show(
         State(st.clone()),
         ctx.clone(),
@@ -739,7 +723,7 @@ async fn billing_page(
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    let ctx = ctx_of(&user);
+    let ctx = ctx_of(&st, &user);
     let points = crate::http::api::billing::points(
         State(st.clone()),
         ctx.clone(),
@@ -824,7 +808,7 @@ async fn statement_csv(
     );
     let mut r = crate::http::api::billing::statement(
         State(st.clone()),
-        ctx_of(&user),
+        ctx_of(&st, &user),
         want_csv,
         crate::http::extract::Path((tenant.clone(), month.clone())),
     )
@@ -884,7 +868,7 @@ async fn vms_live(
         return Err(ApiError::Unauthenticated("sign in first".into()));
     };
     let l = lang(&headers);
-    let rows = vm_rows(&st, &ctx_of(&user), &tenant).await?;
+    let rows = vm_rows(&st, &ctx_of(&st, &user), &tenant).await?;
     Ok(axum::Json(
         rows.into_iter()
             .map(|v| LiveVm {

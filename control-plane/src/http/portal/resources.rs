@@ -566,7 +566,7 @@ async fn visit(
             st: st.clone(),
             lang: lang(headers),
             viewer,
-            ctx: ctx_of(&user),
+            ctx: ctx_of(&st, &user),
         }),
         Err(r) => Err(r),
     })
@@ -654,7 +654,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 ssh_keys: vec![],
                 networks: text(f, "network").into_iter().collect(),
             };
-            let _ = crate::http::api::clusters::create(st, ctx, P(tn.clone()), J(body)).await?;
+            crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
         (Page::Clusters(tn), Op::Delete(c)) => {
             let _ = crate::http::api::clusters::delete(st, ctx, P((tn.clone(), c))).await?;
