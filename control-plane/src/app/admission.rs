@@ -6,10 +6,8 @@
 //! fit reclaims spot VMs and waits as `pending`; the reaper
 //! ([`crate::app::jobs::reclaimer`]) places it once they are gone.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
-use kumo_api_types::{ServiceLevel, VmSpec, VmState};
+use kumo_api_types::{HostState, Power, ServiceLevel, VmSpec, VmState};
 use kumo_scheduler::reclaim::{self, Plan};
 use kumo_scheduler::{place_cluster, ClusterRequest, Index, Request, Strategy};
 use kumo_topology::guest_layout::Placement;
@@ -23,11 +21,12 @@ use uuid::Uuid;
 use crate::app::audit;
 use crate::context::Actor;
 use crate::context::AppState;
+use crate::domain::states::{ClusterState, StoredText};
 use crate::entity::{allocations, clusters, hosts, tenants, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::allocations as allocation_rows;
 use crate::store::capacity::holds;
-use crate::store::vms::{event, stored_spec, stored_state};
+use crate::store::vms::{event, stored_state};
 
 /// Rounds of place → commit before giving up under heavy contention.
 const ROUNDS: usize = 4;
@@ -189,53 +188,11 @@ pub async fn check_quota(
     }
     q.one(txn).await?;
     let quota = crate::store::tenancy::load(txn, tenant.id).await?;
-    let mut count = 0u64;
-    let mut vcpus = 0u64;
-    let mut memory = 0u64;
-    let mut gpus: BTreeMap<String, u64> = BTreeMap::new();
-    let existing = vms::Entity::find()
-        .filter(vms::Column::TenantId.eq(tenant.id))
-        .all(txn)
-        .await?;
-    let mut specs: Vec<VmSpec> = Vec::new();
-    for v in &existing {
-        count += 1;
-        // Preempted VMs hold nothing and will not again.
-        if stored_state(v) != VmState::Preempted {
-            specs.push(stored_spec(v)?);
-        }
+    let mut usage = crate::store::vms::usage(txn, tenant.id).await?;
+    for s in adding {
+        usage.add(s);
     }
-    for s in specs.iter().chain(adding.iter().copied()) {
-        vcpus += u64::from(s.vcpus);
-        memory += u64::from(s.memory_gib);
-        if s.gpus > 0 {
-            let model = s.gpu_model.clone().unwrap_or_default();
-            *gpus.entry(model).or_default() += u64::from(s.gpus);
-        }
-    }
-    count += adding.len() as u64;
-    let over = |resource: &str, used: u64, limit: u32| {
-        (used > u64::from(limit)).then(|| ApiError::QuotaExceeded {
-            resource: resource.to_owned(),
-            detail: format!(
-                "tenant {:?} would use {used} with this request; its quota is {limit}",
-                tenant.name
-            ),
-        })
-    };
-    if let Some(e) = over("vms", count, quota.vms)
-        .or_else(|| over("vcpus", vcpus, quota.vcpus))
-        .or_else(|| over("memory_gib", memory, quota.memory_gib))
-    {
-        return Err(e);
-    }
-    for (model, used) in gpus {
-        let limit = quota.gpus.get(&model).copied().unwrap_or(0);
-        if let Some(e) = over(&format!("gpus.{model}"), used, limit) {
-            return Err(e);
-        }
-    }
-    Ok(())
+    usage.check(&quota, &tenant.name)
 }
 
 /// The host's revision moves from what the placement saw, or the commit
@@ -252,7 +209,7 @@ pub async fn claim_host(
         )
         .filter(hosts::Column::Id.eq(host))
         .filter(hosts::Column::Revision.eq(seen))
-        .filter(hosts::Column::State.eq("ready"))
+        .filter(hosts::Column::State.eq(HostState::Ready.to_text()))
         .exec(txn)
         .await?;
     Ok(r.rows_affected == 1)
@@ -302,7 +259,13 @@ async fn commit(
             name: Set(c.name.to_owned()),
             size: Set(members.len() as i32),
             spec: Set(serde_json::to_string(c.spec).map_err(|e| ApiError::Internal(e.to_string()))?),
-            state: Set(if reserved.is_some() { "placed" } else { "pending" }.into()),
+            state: Set(if reserved.is_some() {
+                ClusterState::Placed
+            } else {
+                ClusterState::Pending
+            }
+            .to_text()
+            .into()),
             created_at: Set(now),
         }
         .insert(&txn)
@@ -313,7 +276,10 @@ async fn commit(
     }
     if let (Some(c), true, Some(_)) = (cluster, existing, reserved) {
         clusters::Entity::update_many()
-            .col_expr(clusters::Column::State, Expr::value("placed"))
+            .col_expr(
+                clusters::Column::State,
+                Expr::value(ClusterState::Placed.to_text()),
+            )
             .filter(clusters::Column::Id.eq(c.id))
             .exec(&txn)
             .await?;
@@ -362,7 +328,7 @@ async fn commit(
                 host_id: Set(r.map(|r| r.host)),
                 spec: Set(spec_json),
                 placement: Set(placement_json),
-                desired_power: Set("running".into()),
+                desired_power: Set(Power::Running.to_text().into()),
                 power_generation: Set(0),
                 guest_condition: Set(None),
                 preempt_deadline: Set(None),
@@ -465,7 +431,7 @@ pub async fn preempt(
         let Some(vm) = vms::Entity::find_by_id(*id).one(txn).await? else {
             continue;
         };
-        let state = stored_state(&vm);
+        let state = stored_state(&vm)?;
         if !holds(state)
             || matches!(
                 state,

@@ -5,7 +5,7 @@
 //! events.
 
 use chrono::{DateTime, Utc};
-use kumo_api_types::{ServiceLevel, VmState};
+use kumo_api_types::{Power, ServiceLevel, VmState};
 use kumo_billing::budget::{self, Standing};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -17,6 +17,7 @@ use uuid::Uuid;
 use crate::app::vms::apply_action;
 use crate::context::AppState;
 use crate::domain::lifecycle::Action;
+use crate::domain::states::StoredText;
 use crate::entity::{billing_alerts, charges, point_grants, tenant_billing, tenants, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::billing::{balance_of, grants_of, ledger_of};
@@ -191,12 +192,12 @@ async fn stop_tenant_vms(
 ) -> Result<(), ApiError> {
     let rows = vms::Entity::find()
         .filter(vms::Column::TenantId.eq(tenant))
-        .filter(vms::Column::DesiredPower.eq("running"))
+        .filter(vms::Column::DesiredPower.eq(Power::Running.to_text()))
         .all(&st.db)
         .await?;
     for vm in rows {
         let spot = stored_spec(&vm)?.service_level == ServiceLevel::Spot;
-        if !(spot || guaranteed) || !matches!(stored_state(&vm), VmState::Running) {
+        if !(spot || guaranteed) || !matches!(stored_state(&vm)?, VmState::Running) {
             continue;
         }
         let txn = st.db.begin().await?;

@@ -162,7 +162,7 @@ pub async fn load(
             continue;
         };
         let prefix = crate::store::segments::stored_cidr(s)?.prefix;
-        let kind = crate::store::segments::stored_kind(s);
+        let kind = crate::store::segments::stored_kind(s)?;
         let vf = match kind {
             SegmentKind::Ethernet => None,
             SegmentKind::Roce => {
@@ -195,9 +195,14 @@ pub async fn load(
     };
     // Only Ethernet segments are VXLAN bridges on the host; RoCE NICs are
     // the GPU-paired NIC's own functions.
-    let bridged: BTreeMap<Uuid, SegmentInfo> = segs
-        .values()
-        .filter(|s| crate::store::segments::stored_kind(s) == SegmentKind::Ethernet)
+    let mut ethernet = Vec::new();
+    for s in segs.values() {
+        if crate::store::segments::stored_kind(s)? == SegmentKind::Ethernet {
+            ethernet.push(s);
+        }
+    }
+    let bridged: BTreeMap<Uuid, SegmentInfo> = ethernet
+        .into_iter()
         .map(|s| {
             let cidr = crate::store::segments::stored_cidr(s)?;
             let allow = crate::domain::ingress::parse_rules(

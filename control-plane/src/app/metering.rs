@@ -163,12 +163,9 @@ pub async fn rate_book(db: &impl ConnectionTrait) -> Result<RateBook, ApiError> 
     Ok(RateBook::new(cards))
 }
 
-pub fn stored_level(s: &str) -> Level {
-    if s == "spot" {
-        Level::Spot
-    } else {
-        Level::Guaranteed
-    }
+/// The service level of a meter run or charge row.
+pub fn stored_level(table: &str, row: uuid::Uuid, s: &str) -> Result<Level, ApiError> {
+    crate::domain::states::decode(table, row, s)
 }
 
 pub fn run_of(r: &meter_runs::Model) -> Result<Run, ApiError> {
@@ -178,7 +175,7 @@ pub fn run_of(r: &meter_runs::Model) -> Result<Run, ApiError> {
             .quantity
             .parse()
             .map_err(|_| ApiError::Internal(format!("run {}: quantity {:?}", r.id, r.quantity)))?,
-        level: stored_level(&r.level),
+        level: stored_level("meter_runs", r.id, &r.level)?,
         start: r.started_at,
         end: r.ended_at,
     })

@@ -15,11 +15,12 @@ use crate::app::admission::{admit, Member};
 use crate::app::audit;
 use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::{self, Action};
+use crate::domain::states::StoredText;
 use crate::entity::{tenants, vms};
 use crate::error::ApiError;
 use crate::store::hosts::bump_revision;
 use crate::store::segments::{stored_cidr, stored_gateway, stored_kind, PlannedNic};
-use crate::store::vms::{desired_power, event, find_vm_to_change, power_str, stored_state};
+use crate::store::vms::{desired_power, event, find_vm_to_change, stored_state};
 
 /// A member's lifecycle action on a tenant's VM: access, the budget for a
 /// start, the change in one transaction (the VM row locked), and the host
@@ -80,8 +81,8 @@ pub async fn apply_action(
     now: DateTime<Utc>,
 ) -> Result<vms::Model, ApiError> {
     let effect = lifecycle::apply(
-        stored_state(vm),
-        desired_power(vm),
+        stored_state(vm)?,
+        desired_power(vm)?,
         action,
         vm.host_id.is_some(),
     )
@@ -92,10 +93,10 @@ pub async fn apply_action(
             s.as_str()
         ))
     })?;
-    crate::app::metering::transition(txn, vm, stored_state(vm), effect.state, None, now).await?;
+    crate::app::metering::transition(txn, vm, stored_state(vm)?, effect.state, None, now).await?;
     let mut active: vms::ActiveModel = vm.clone().into();
     active.state = Set(effect.state.as_str().to_owned());
-    active.desired_power = Set(power_str(effect.desired_power).to_owned());
+    active.desired_power = Set(effect.desired_power.to_text().to_owned());
     if effect.bump_generation {
         active.power_generation = Set(vm.power_generation + 1);
     }
@@ -197,17 +198,14 @@ pub async fn plan_nics(
                 Some(ip)
             }
         };
-        if stored_kind(&segment) == SegmentKind::Roce
-            && out
-                .iter()
-                .any(|p| stored_kind(&p.segment) == SegmentKind::Roce)
-        {
+        let kind = stored_kind(&segment)?;
+        if kind == SegmentKind::Roce && out.iter().any(|p| p.kind == SegmentKind::Roce) {
             return Err(ApiError::field(
                 "networks.segment",
                 "one RoCE segment per VM: its GPUs' NICs carry one VLAN",
             ));
         }
-        out.push(PlannedNic { segment, ip });
+        out.push(PlannedNic { segment, kind, ip });
     }
     Ok(out)
 }
@@ -225,9 +223,7 @@ pub async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let spec = resolve_spec(st, body).await?;
     let nics = plan_nics(&st.db, tenant, &body.networks).await?;
-    let roce = nics
-        .iter()
-        .any(|n| stored_kind(&n.segment) == SegmentKind::Roce);
+    let roce = nics.iter().any(|n| n.kind == SegmentKind::Roce);
     if roce && spec.gpus == 0 {
         return Err(ApiError::field(
             field,

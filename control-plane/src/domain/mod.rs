@@ -5,4 +5,6 @@ pub mod ipam;
 pub mod lifecycle;
 pub mod names;
 pub mod paging;
+pub mod quota;
 pub mod specs;
+pub mod states;

@@ -6,18 +6,27 @@ use kumo_topology::guest_layout::Placement;
 use sea_orm::Set;
 use uuid::Uuid;
 
+use crate::domain::states::{AllocationKind, StoredText};
 use crate::entity::allocations;
 
-pub const KIND_GPU: &str = "gpu";
-pub const KIND_NIC: &str = "nic";
-pub const KIND_CPU: &str = "cpu";
-
 /// The allocation rows a placement needs: `(kind, key)`.
-pub fn allocations(p: &Placement) -> Vec<(&'static str, String)> {
-    let mut rows: Vec<(&'static str, String)> =
-        p.gpus.iter().map(|g| (KIND_GPU, g.to_string())).collect();
-    rows.extend(p.nics.iter().map(|n| (KIND_NIC, n.physical().to_string())));
-    rows.extend(p.cpus.values().flatten().map(|c| (KIND_CPU, c.to_string())));
+pub fn allocations(p: &Placement) -> Vec<(AllocationKind, String)> {
+    let mut rows: Vec<(AllocationKind, String)> = p
+        .gpus
+        .iter()
+        .map(|g| (AllocationKind::Gpu, g.to_string()))
+        .collect();
+    rows.extend(
+        p.nics
+            .iter()
+            .map(|n| (AllocationKind::Nic, n.physical().to_string())),
+    );
+    rows.extend(
+        p.cpus
+            .values()
+            .flatten()
+            .map(|c| (AllocationKind::Cpu, c.to_string())),
+    );
     rows
 }
 
@@ -27,7 +36,7 @@ pub fn rows(host: Uuid, vm: Uuid, p: &Placement) -> Vec<allocations::ActiveModel
         .into_iter()
         .map(|(kind, key)| allocations::ActiveModel {
             host_id: Set(host),
-            kind: Set(kind.to_owned()),
+            kind: Set(kind.to_text().to_owned()),
             key: Set(key),
             vm_id: Set(vm),
         })

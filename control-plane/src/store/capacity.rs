@@ -35,12 +35,12 @@ pub struct Capacity {
     profiles: Mutex<HashMap<u64, Arc<HostProfile>>>,
 }
 
-pub fn host_use(h: &hosts::Model) -> HostUse {
-    match host_state(h) {
+pub fn host_use(h: &hosts::Model) -> Result<HostUse, ApiError> {
+    Ok(match host_state(h)? {
         HostState::Ready => HostUse::Ready,
         HostState::Draining => HostUse::Draining,
         HostState::Unreachable | HostState::Retired => HostUse::Unavailable,
-    }
+    })
 }
 
 /// Whether a VM in this state holds its share of its host.
@@ -100,24 +100,25 @@ impl Capacity {
 
     fn upsert(&self, h: &hosts::Model, rows: &[vms::Model]) -> Result<(), ApiError> {
         let profile = self.profile(h)?;
-        let mut placed: Vec<(&vms::Model, Placement, bool)> = Vec::new();
+        let mut placed: Vec<(&vms::Model, Placement, bool, bool)> = Vec::new();
         for v in rows {
-            let state = stored_state(v);
+            let state = stored_state(v)?;
             if !holds(state) {
                 continue;
             }
             if let Some(p) = stored_placement(v)? {
                 let spot = stored_spec(v)?.service_level == kumo_api_types::ServiceLevel::Spot;
-                placed.push((v, p, spot));
+                let reclaiming = matches!(state, VmState::Preempting | VmState::Preempted);
+                placed.push((v, p, spot, reclaiming));
             }
         }
         let inputs: Vec<VmInput> = placed
             .iter()
-            .map(|(v, p, spot)| VmInput {
+            .map(|(v, p, spot, reclaiming)| VmInput {
                 vm: v.id,
                 tenant: v.tenant_id,
                 spot: *spot,
-                reclaiming: matches!(stored_state(v), VmState::Preempting | VmState::Preempted),
+                reclaiming: *reclaiming,
                 since: v.created_at.timestamp(),
                 placement: p,
             })
@@ -127,7 +128,7 @@ impl Capacity {
                 id: h.id,
                 name: h.name.clone(),
                 scalable_unit: h.scalable_unit.clone(),
-                state: host_use(h),
+                state: host_use(h)?,
                 revision: h.revision,
                 profile,
                 networked: h.underlay_ip.is_some(),

@@ -7,6 +7,7 @@ use kumo_topology::HostTopology;
 use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter};
 use uuid::Uuid;
 
+use crate::domain::states::decode;
 use crate::entity::{allocations, hosts};
 use crate::error::ApiError;
 
@@ -30,8 +31,8 @@ pub fn stored_topology(h: &hosts::Model) -> Result<HostTopology, ApiError> {
         .map_err(|e| ApiError::Internal(format!("host {} topology: {e}", h.name)))
 }
 
-pub fn host_state(h: &hosts::Model) -> HostState {
-    HostState::parse(&h.state).unwrap_or(HostState::Unreachable)
+pub fn host_state(h: &hosts::Model) -> Result<HostState, ApiError> {
+    decode("hosts", &h.name, &h.state)
 }
 
 pub async fn held(

@@ -13,22 +13,12 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::domain::ipam::{self, Cidr};
+use crate::domain::states::{decode, StoredText};
 use crate::entity::{attachments, segments, tenants};
 use crate::error::ApiError;
 
-pub fn kind_str(k: SegmentKind) -> &'static str {
-    match k {
-        SegmentKind::Ethernet => "ethernet",
-        SegmentKind::Roce => "roce",
-    }
-}
-
-pub fn stored_kind(s: &segments::Model) -> SegmentKind {
-    if s.kind == "roce" {
-        SegmentKind::Roce
-    } else {
-        SegmentKind::Ethernet
-    }
+pub fn stored_kind(s: &segments::Model) -> Result<SegmentKind, ApiError> {
+    decode("segments", s.id, &s.kind)
 }
 
 pub fn stored_cidr(s: &segments::Model) -> Result<Cidr, ApiError> {
@@ -53,6 +43,7 @@ pub fn stored_rules(s: &segments::Model) -> Vec<IngressRule> {
 /// A NIC a new VM asked for, its segment found and its address checked.
 #[derive(Debug, Clone)]
 pub struct PlannedNic {
+    pub kind: SegmentKind,
     pub segment: segments::Model,
     pub ip: Option<Ipv4Addr>,
 }
@@ -129,7 +120,7 @@ pub async fn ensure_rails(
         .await?;
     let roce = segments::Entity::find()
         .filter(segments::Column::Id.is_in(rows.iter().map(|a| a.segment_id)))
-        .filter(segments::Column::Kind.eq(kind_str(SegmentKind::Roce)))
+        .filter(segments::Column::Kind.eq(SegmentKind::Roce.to_text()))
         .all(txn)
         .await?;
     for s in &roce {
@@ -168,7 +159,7 @@ pub async fn kinds_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<(bool, bool
     }
     let roce = segments::Entity::find()
         .filter(segments::Column::Id.is_in(segs))
-        .filter(segments::Column::Kind.eq(kind_str(SegmentKind::Roce)))
+        .filter(segments::Column::Kind.eq(SegmentKind::Roce.to_text()))
         .count(db)
         .await?
         > 0;

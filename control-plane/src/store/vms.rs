@@ -9,6 +9,8 @@ use sea_orm::{
     QueryFilter, QuerySelect, Set,
 };
 
+use crate::domain::quota::Usage;
+use crate::domain::states::decode;
 use crate::entity::{tenants, vm_events, vms};
 use crate::error::ApiError;
 
@@ -24,24 +26,12 @@ pub fn stored_placement(v: &vms::Model) -> Result<Option<Placement>, ApiError> {
         .map_err(|e| ApiError::Internal(format!("vm {} placement: {e}", v.id)))
 }
 
-pub fn stored_state(v: &vms::Model) -> VmState {
-    VmState::parse(&v.state).unwrap_or(VmState::Error)
+pub fn stored_state(v: &vms::Model) -> Result<VmState, ApiError> {
+    decode("vms", v.id, &v.state)
 }
 
-pub fn desired_power(v: &vms::Model) -> Power {
-    match v.desired_power.as_str() {
-        "stopped" => Power::Stopped,
-        "saved" => Power::Suspended,
-        _ => Power::Running,
-    }
-}
-
-pub fn power_str(p: Power) -> &'static str {
-    match p {
-        Power::Running => "running",
-        Power::Stopped => "stopped",
-        Power::Suspended => "saved",
-    }
+pub fn desired_power(v: &vms::Model) -> Result<Power, ApiError> {
+    decode("vms", v.id, &v.desired_power)
 }
 
 pub async fn event(
@@ -112,4 +102,17 @@ pub async fn named(
         .filter(vms::Column::Name.is_in(names.iter().cloned()))
         .one(db)
         .await?)
+}
+
+/// What a tenant's VMs hold against its quota.
+pub async fn usage(db: &impl ConnectionTrait, tenant: uuid::Uuid) -> Result<Usage, ApiError> {
+    let rows = vms::Entity::find()
+        .filter(vms::Column::TenantId.eq(tenant))
+        .all(db)
+        .await?;
+    let mut held = Vec::with_capacity(rows.len());
+    for v in &rows {
+        held.push((stored_state(v)?, stored_spec(v)?));
+    }
+    Ok(Usage::of(held.iter().map(|(s, spec)| (*s, spec))))
 }

@@ -1,6 +1,9 @@
 //! The lost-host detector.
 
+use kumo_api_types::HostState;
+
 use crate::context::AppState;
+use crate::domain::states::StoredText;
 
 /// Marks hosts whose agents fell silent as `unreachable`. Idempotent, so
 /// several replicas running it at once do no harm.
@@ -21,9 +24,12 @@ pub async fn run(state: AppState) {
         let lost = hosts::Entity::update_many()
             .col_expr(
                 hosts::Column::State,
-                sea_orm::sea_query::Expr::value("unreachable"),
+                sea_orm::sea_query::Expr::value(HostState::Unreachable.to_text()),
             )
-            .filter(hosts::Column::State.is_in(["ready", "draining"]))
+            .filter(
+                hosts::Column::State
+                    .is_in([HostState::Ready.to_text(), HostState::Draining.to_text()]),
+            )
             .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
             .exec(&state.db)
             .await;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::Utc;
-use kumo_api_types::VmState;
+use kumo_api_types::{Power, VmState};
 use kumo_scheduler::index::VmInput;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrait};
@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use crate::app::admission::{admit, Member, NewCluster};
 use crate::context::AppState;
+use crate::domain::states::StoredText;
 use crate::entity::{allocations, clusters, tenants, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::capacity::REFRESH;
@@ -87,7 +88,10 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
             .filter(vms::Column::Id.eq(vm.id))
             .filter(vms::Column::State.eq(VmState::Preempting.as_str()));
         update = if cpu_only {
-            update.col_expr(vms::Column::DesiredPower, Expr::value("saved"))
+            update.col_expr(
+                vms::Column::DesiredPower,
+                Expr::value(Power::Suspended.to_text()),
+            )
         } else {
             update.col_expr(vms::Column::State, Expr::value(VmState::Preempted.as_str()))
         };
@@ -181,7 +185,10 @@ async fn resume(st: &AppState) -> Result<(), ApiError> {
                 vms::Column::State,
                 Expr::value(VmState::Provisioning.as_str()),
             )
-            .col_expr(vms::Column::DesiredPower, Expr::value("running"))
+            .col_expr(
+                vms::Column::DesiredPower,
+                Expr::value(Power::Running.to_text()),
+            )
             .col_expr(vms::Column::UpdatedAt, Expr::value(st.config.clock.now()))
             .filter(vms::Column::Id.eq(vm.id))
             .exec(&txn)

@@ -314,7 +314,7 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
     let mut out = Vec::new();
     let mut remove = Vec::new();
     for v in rows {
-        let state = stored_state(&v);
+        let state = stored_state(&v)?;
         if matches!(
             state,
             VmState::Deleting | VmState::Deleted | VmState::Preempted
@@ -342,7 +342,7 @@ async fn desired_of(st: &AppState, host: &hosts::Model) -> Result<DesiredState, 
         out.push(DesiredVm {
             id: v.id,
             name: v.name.clone(),
-            power: desired_power(&v),
+            power: desired_power(&v)?,
             power_generation: v.power_generation,
             spec,
             placement,
@@ -443,7 +443,7 @@ pub async fn status(
             )
             .await?;
         }
-        let state = stored_state(&vm);
+        let state = stored_state(&vm)?;
         if state == VmState::Preempted && s.state == ActualState::Absent {
             // Gone from the host: its devices are free; the row stays so
             // the tenant sees what happened.
@@ -461,7 +461,8 @@ pub async fn status(
             a.guest_condition = Set(s.guest.clone());
             a.update(&txn).await?;
         }
-        let Some(next) = lifecycle::observe(stored_state(&vm), desired_power(&vm), s.state) else {
+        let Some(next) = lifecycle::observe(stored_state(&vm)?, desired_power(&vm)?, s.state)
+        else {
             continue;
         };
         let message = s
@@ -483,7 +484,7 @@ pub async fn status(
         let model = crate::app::metering::billable(next)
             .then(|| crate::app::metering::gpu_model_of(&st, &vm))
             .flatten();
-        crate::app::metering::transition(&txn, &vm, stored_state(&vm), next, model, now).await?;
+        crate::app::metering::transition(&txn, &vm, stored_state(&vm)?, next, model, now).await?;
         let mut a: vms::ActiveModel = vm.into();
         a.state = Set(next.as_str().to_owned());
         a.reason = Set(if next == VmState::Error {

@@ -274,17 +274,21 @@ pub async fn points(
             .iter()
             .rev()
             .take(100)
-            .map(|c| LedgerCharge {
-                vm: c.vm_name.clone(),
-                resource: c.class.clone(),
-                service_level: level_api(crate::app::metering::stored_level(&c.level)),
-                from: c.period_from,
-                to: c.period_to,
-                seconds: c.seconds,
-                rate_per_hour: c.per_hour.clone(),
-                amount: c.amount.clone(),
+            .map(|c| {
+                Ok(LedgerCharge {
+                    vm: c.vm_name.clone(),
+                    resource: c.class.clone(),
+                    service_level: level_api(crate::app::metering::stored_level(
+                        "charges", c.id, &c.level,
+                    )?),
+                    from: c.period_from,
+                    to: c.period_to,
+                    seconds: c.seconds,
+                    rate_per_hour: c.per_hour.clone(),
+                    amount: c.amount.clone(),
+                })
             })
-            .collect(),
+            .collect::<Result<_, ApiError>>()?,
         charged: total.normalize().to_string(),
         exhausted_since: standing.as_ref().and_then(|r| r.exhausted_since),
         grace_until: standing.as_ref().and_then(|r| r.grace_until),
@@ -354,7 +358,7 @@ async fn charges_between(
                 vm: c.vm_id,
                 vm_name: c.vm_name.clone(),
                 class: c.class.clone(),
-                level: crate::app::metering::stored_level(&c.level),
+                level: crate::app::metering::stored_level("charges", c.id, &c.level)?,
                 from: c.period_from,
                 seconds: c.seconds,
                 per_hour: stored_decimal("charge", c.id, &c.per_hour)?,

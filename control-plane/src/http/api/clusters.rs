@@ -68,7 +68,7 @@ async fn to_api(
         };
         members.push(ClusterMember {
             name: v.name.clone(),
-            state: stored_state(v),
+            state: stored_state(v)?,
             host: host.map(|h| h.name.clone()),
             scalable_unit: host.and_then(|h| h.scalable_unit.clone()),
             rails,
@@ -196,7 +196,7 @@ pub async fn delete(
     let mut hosts = Vec::new();
     for vm in &members {
         // Members already on their way out are left to finish.
-        if matches!(stored_state(vm), VmState::Deleting | VmState::Deleted) {
+        if matches!(stored_state(vm)?, VmState::Deleting | VmState::Deleted) {
             continue;
         }
         act_on(

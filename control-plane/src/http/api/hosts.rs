@@ -21,29 +21,34 @@ use crate::context::Actor;
 use crate::context::AppState;
 use crate::domain::names;
 use crate::domain::paging::Paging;
+use crate::domain::states::{AllocationKind, StoredText};
 use crate::entity::{allocations, hosts, join_tokens, vms};
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
-use crate::store::allocations::KIND_GPU;
 use crate::store::hosts::{find, held, held_by_host, host_state, reachable_state, stored_topology};
 use crate::store::vms::stored_spec;
 
 pub const DEFAULT_JOIN_TTL_SECS: u64 = 86_400;
 pub const MAX_JOIN_TTL_SECS: u64 = 30 * 86_400;
 
-fn to_api(h: &hosts::Model, topo: &HostTopology, held: &[allocations::Model]) -> Host {
+fn to_api(
+    h: &hosts::Model,
+    topo: &HostTopology,
+    held: &[allocations::Model],
+) -> Result<Host, ApiError> {
+    let state = host_state(h)?;
     let used: BTreeSet<&str> = held
         .iter()
-        .filter(|a| a.kind == KIND_GPU)
+        .filter(|a| a.kind == AllocationKind::Gpu.to_text())
         .map(|a| a.key.as_str())
         .collect();
     let mut models: Vec<String> = topo.gpus.iter().map(|g| g.model.clone()).collect();
     models.sort();
     models.dedup();
-    Host {
+    Ok(Host {
         id: h.id,
         name: h.name.clone(),
-        state: host_state(h),
+        state,
         scalable_unit: h.scalable_unit.clone(),
         virt_type: h.virt_type.clone(),
         gpu_models: models,
@@ -58,7 +63,7 @@ fn to_api(h: &hosts::Model, topo: &HostTopology, held: &[allocations::Model]) ->
         cpus: topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum(),
         registered_at: h.registered_at,
         last_heartbeat_at: h.last_heartbeat_at,
-    }
+    })
 }
 
 /// Create a join token for registering hosts (platform admins).
@@ -142,7 +147,7 @@ pub async fn list(
             h,
             &stored_topology(h)?,
             held.get(&h.id).map(Vec::as_slice).unwrap_or_default(),
-        ));
+        )?);
     }
     Ok(axum::Json(Page {
         items,
@@ -174,7 +179,7 @@ pub async fn show(
         .unwrap_or_default();
     Ok(axum::Json(HostDetail {
         fabric,
-        host: to_api(&h, &topo, &held),
+        host: to_api(&h, &topo, &held)?,
         matrix: kumo_topology::matrix::render(&topo),
         topology: serde_json::to_value(&topo).map_err(|e| ApiError::Internal(e.to_string()))?,
         allocations: held
@@ -200,7 +205,7 @@ async fn set_drained(
     let h = find(&txn, host)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
-    if host_state(&h) == HostState::Retired {
+    if host_state(&h)? == HostState::Retired {
         return Err(ApiError::Conflict(format!("host {:?} is retired", h.name)));
     }
     let id = h.id;
@@ -208,7 +213,7 @@ async fn set_drained(
     let mut a: hosts::ActiveModel = h.clone().into();
     a.drained = Set(drained);
     // An unreachable host stays so until it answers; then it takes this.
-    if host_state(&h) != HostState::Unreachable {
+    if host_state(&h)? != HostState::Unreachable {
         a.state = Set(reachable_state(drained).as_str().into());
     }
     let updated = a.update(&txn).await?;
@@ -256,7 +261,7 @@ async fn set_drained(
         &updated,
         &stored_topology(&updated)?,
         &held,
-    )))
+    )?))
 }
 
 /// Drain a host (platform admins): no new placements on it; its spot VMs

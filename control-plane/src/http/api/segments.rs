@@ -24,20 +24,21 @@ use crate::context::AppState;
 use crate::domain::ipam::{self, Cidr, Lease, NextVni};
 use crate::domain::names;
 use crate::domain::paging::Paging;
+use crate::domain::states::StoredText;
 use crate::entity::{segments, vni_leases};
 use crate::error::{is_unique_violation, ApiError};
 use crate::http::extract::{Json, Path, Query};
-use crate::store::segments::{count_attached, kind_str, stored_kind, stored_rules};
+use crate::store::segments::{count_attached, stored_kind, stored_rules};
 
 /// Tries at leasing a VNI when other servers lease at the same time. Each
 /// round has a winner, so this bounds the concurrent creations that all
 /// succeed; a jittered pause between rounds keeps losers from meeting again.
 const VNI_ROUNDS: u32 = 64;
 
-fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Segment {
-    let kind = stored_kind(s);
+fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Result<Segment, ApiError> {
+    let kind = stored_kind(s)?;
     let mtu = u32::try_from(s.mtu).unwrap_or(0);
-    Segment {
+    Ok(Segment {
         id: s.id,
         name: s.name.clone(),
         tenant: tenant.to_owned(),
@@ -53,7 +54,7 @@ fn to_api(s: &segments::Model, tenant: &str, attached: u64) -> Segment {
         attachments: u32::try_from(attached).unwrap_or(u32::MAX),
         ingress: stored_rules(s),
         created_at: s.created_at,
-    }
+    })
 }
 
 /// Leases the lowest free VNI for `segment` inside `txn`. `Ok(None)` when
@@ -193,7 +194,7 @@ pub async fn create(
             id: Set(id),
             tenant_id: Set(tenant.id),
             name: Set(body.name.clone()),
-            kind: Set(kind_str(body.kind).into()),
+            kind: Set(body.kind.to_text().into()),
             cidr: Set(cidr.to_string()),
             gateway: Set(gateway.to_string()),
             mtu: Set(mtu as i32),
@@ -226,7 +227,7 @@ pub async fn create(
         txn.commit().await?;
         return Ok((
             StatusCode::CREATED,
-            axum::Json(to_api(&row, &tenant.name, 0)),
+            axum::Json(to_api(&row, &tenant.name, 0)?),
         ));
     }
     Err(ApiError::Conflict(
@@ -258,7 +259,11 @@ pub async fn list(
     let (rows, next) = paging.finish(rows, |s| s.name.clone());
     let mut items = Vec::with_capacity(rows.len());
     for s in &rows {
-        items.push(to_api(s, &tenant.name, count_attached(&st.db, s.id).await?));
+        items.push(to_api(
+            s,
+            &tenant.name,
+            count_attached(&st.db, s.id).await?,
+        )?);
     }
     Ok(axum::Json(Page {
         items,
@@ -280,7 +285,7 @@ pub async fn show(
     let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     let s = crate::store::segments::find(&st.db, &tenant, &segment).await?;
     let n = count_attached(&st.db, s.id).await?;
-    Ok(axum::Json(to_api(&s, &tenant.name, n)))
+    Ok(axum::Json(to_api(&s, &tenant.name, n)?))
 }
 
 /// Replace a segment's ingress rules (members). Hosts with its VMs apply
@@ -312,7 +317,7 @@ pub async fn set_ingress(
     for h in hosts {
         st.signals.notify(h);
     }
-    Ok(axum::Json(to_api(&s, &tenant.name, n)))
+    Ok(axum::Json(to_api(&s, &tenant.name, n)?))
 }
 
 /// Delete a segment without attachments (members); its VNI rests for the

@@ -82,10 +82,12 @@ fn to_api_on(
     cluster: Option<&str>,
     networks: Vec<kumo_api_types::VmNetwork>,
 ) -> Result<Vm, ApiError> {
-    let mut state = stored_state(v);
-    if host.is_some_and(|(h, _)| host_state(h) == HostState::Unreachable)
-        && state != VmState::Deleting
-    {
+    let mut state = stored_state(v)?;
+    let unreachable = match host {
+        Some((h, _)) => host_state(h)? == HostState::Unreachable,
+        None => false,
+    };
+    if unreachable && state != VmState::Deleting {
         state = VmState::Unknown;
     }
     let placement = match (host, stored_placement(v)?) {

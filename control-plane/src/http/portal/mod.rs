@@ -23,7 +23,6 @@ use crate::context::AppState;
 use crate::entity::{charges, memberships, tenant_gpu_quotas, tenants, vms};
 use crate::error::ApiError;
 use crate::http::sso::{check_csrf, cookie, safe_next, session_of};
-use crate::store::vms::stored_spec;
 
 const LANG_COOKIE: &str = "kumo_lang";
 
@@ -99,10 +98,7 @@ async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Res
             .filter(vms::Column::TenantId.eq(t.id))
             .all(&st.db)
             .await?;
-        let mut gpus_used = 0u64;
-        for v in rows.iter().filter(|v| v.host_id.is_some()) {
-            gpus_used += u64::from(stored_spec(v)?.gpus);
-        }
+        let gpus_used = crate::store::vms::usage(&st.db, t.id).await?.gpus_total();
         let gpus_quota: i64 = tenant_gpu_quotas::Entity::find()
             .filter(tenant_gpu_quotas::Column::TenantId.eq(t.id))
             .all(&st.db)
