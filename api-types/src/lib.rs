@@ -1083,6 +1083,41 @@ pub struct VmStatus {
     pub notice: Option<String>,
 }
 
+/// The most characters a status entry's `reason`, `guest` or `notice`
+/// may carry; the server drops an entry with more.
+pub const REPORT_TEXT_MAX: usize = 1000;
+
+impl VmStatus {
+    /// The entry with its texts made fit to report: control characters
+    /// (other than line ends) become spaces and each text is cut to
+    /// [`REPORT_TEXT_MAX`] characters. Guests and libvirt write these
+    /// texts; one VM's garbage must not cost its host the whole report.
+    pub fn bounded(mut self) -> VmStatus {
+        for t in [&mut self.reason, &mut self.guest, &mut self.notice]
+            .into_iter()
+            .flatten()
+        {
+            *t = report_text(t);
+        }
+        self
+    }
+
+    /// Whether every text fits what the server accepts.
+    pub fn texts_fit(&self) -> bool {
+        [&self.reason, &self.guest, &self.notice]
+            .into_iter()
+            .flatten()
+            .all(|t| report_text(t) == *t)
+    }
+}
+
+fn report_text(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() && c != '\n' { ' ' } else { c })
+        .take(REPORT_TEXT_MAX)
+        .collect()
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatusReport {

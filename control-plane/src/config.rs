@@ -116,6 +116,9 @@ pub struct NetworkFileConfig {
     /// VLANs RoCE segments are given (`"FIRST-LAST"`): the leaf switches
     /// map each to its segment's VNI.
     pub roce_vlans: Option<String>,
+    /// The IPv4 ranges tenant segments' CIDRs must lie in (default: the
+    /// RFC 1918 blocks and 100.64.0.0/10).
+    pub tenant_ranges: Option<Vec<String>>,
 }
 
 /// VNIs below this are the infrastructure's (0 is invalid in VXLAN).
@@ -131,6 +134,7 @@ pub struct NetworkConfig {
     pub underlay_mtu: u32,
     pub vni_quarantine: Duration,
     pub roce_vlans: std::ops::RangeInclusive<u16>,
+    pub tenant_ranges: Vec<crate::domain::ipam::Cidr>,
 }
 
 impl Default for NetworkConfig {
@@ -140,6 +144,7 @@ impl Default for NetworkConfig {
             underlay_mtu: DEFAULT_UNDERLAY_MTU,
             vni_quarantine: Duration::from_secs(DEFAULT_VNI_QUARANTINE_SECS),
             roce_vlans: DEFAULT_ROCE_VLANS,
+            tenant_ranges: crate::domain::ipam::default_tenant_ranges(),
         }
     }
 }
@@ -201,6 +206,22 @@ fn network(file: &NetworkFileConfig) -> Result<NetworkConfig, ConfigError> {
                 message: format!("{r:?}: expected FIRST-LAST within 2-4094"),
             })?;
         out.roce_vlans = range.0..=range.1;
+    }
+    if let Some(ranges) = &file.tenant_ranges {
+        let bad = |message: String| ConfigError::Invalid {
+            key: "network.tenant_ranges",
+            message,
+        };
+        out.tenant_ranges = ranges
+            .iter()
+            .map(|r| {
+                crate::domain::ipam::Cidr::parse("tenant_ranges", r)
+                    .map_err(|e| bad(format!("{r:?}: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        if out.tenant_ranges.is_empty() {
+            return Err(bad("at least one range".into()));
+        }
     }
     Ok(out)
 }
@@ -596,6 +617,24 @@ mod tests {
                 .unwrap();
         assert_eq!(c.network.vni_ranges, vec![5000..=5999, 20000..=20999]);
         assert_eq!(c.network.underlay_mtu, 1500);
+        assert_eq!(
+            c.network.tenant_ranges,
+            crate::domain::ipam::default_tenant_ranges()
+        );
+        let c = parse("[network]\ntenant_ranges = [\"10.200.0.0/16\"]").unwrap();
+        assert_eq!(c.network.tenant_ranges.len(), 1);
+        for bad in [
+            "[]",
+            "[\"10.0.0.0\"]",
+            "[\"999.0.0.0/8\"]",
+            "[\"0.0.0.0/0\"]",
+        ] {
+            let e = parse(&format!("[network]\ntenant_ranges = {bad}")).unwrap_err();
+            assert!(
+                e.to_string().contains("network.tenant_ranges"),
+                "{bad}: {e}"
+            );
+        }
         for bad in [
             "[\"0-100\"]",
             "[\"5000\"]",

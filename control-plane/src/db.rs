@@ -16,6 +16,15 @@ pub enum DbOpenError {
 /// Connects and runs pending migrations. Migrations are safe to start from
 /// several replicas at once on PostgreSQL: sea-orm runs each in a
 /// transaction and records it in `seaql_migrations`.
+/// The file of a `sqlite:` URL (`sqlite://PATH?mode=rwc`), or `None` for
+/// other databases and in-memory ones.
+pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path = rest.split('?').next().unwrap_or("");
+    (!path.is_empty() && path != ":memory:").then(|| std::path::PathBuf::from(path))
+}
+
 pub async fn open(url: &str) -> Result<DatabaseConnection, DbOpenError> {
     let mut opts = ConnectOptions::new(url.to_owned());
     let sqlite = url.starts_with("sqlite:");
@@ -56,5 +65,21 @@ pub fn pool_stats(db: &DatabaseConnection) -> (u32, u32) {
             (p.size(), p.num_idle() as u32)
         }
         _ => (0, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_of_a_sqlite_url() {
+        assert_eq!(
+            sqlite_file("sqlite:///var/lib/kumo/kumo.db?mode=rwc"),
+            Some("/var/lib/kumo/kumo.db".into())
+        );
+        assert_eq!(sqlite_file("sqlite:kumo.db"), Some("kumo.db".into()));
+        assert_eq!(sqlite_file("sqlite::memory:"), None);
+        assert_eq!(sqlite_file("postgres://db/kumo"), None);
     }
 }

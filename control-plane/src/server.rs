@@ -14,6 +14,31 @@ use crate::context::AppState;
 use crate::db;
 use crate::metrics::Metrics;
 
+/// The data directory holds the database and the bootstrap token: only
+/// the server's user may enter it (0700), whatever the umask.
+fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| anyhow::anyhow!("cannot create data dir {}: {e}", dir.display()))
+}
+
+/// The SQLite database and its journal files: readable by the server's
+/// user alone (0600). SQLite gives later journal files the database's mode.
+fn private_files(db: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        let path = std::path::PathBuf::from(name);
+        if path.exists() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| anyhow::anyhow!("cannot make {} private: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// A server bound to its address and serving in the background.
 pub struct RunningServer {
     pub addr: SocketAddr,
@@ -28,11 +53,12 @@ impl RunningServer {
     /// Connects to the database, migrates, bootstraps, binds and serves.
     pub async fn start(config: Config) -> anyhow::Result<RunningServer> {
         if config.database_url.starts_with("sqlite:") {
-            std::fs::create_dir_all(&config.data_dir).map_err(|e| {
-                anyhow::anyhow!("cannot create data dir {}: {e}", config.data_dir.display())
-            })?;
+            private_dir(&config.data_dir)?;
         }
         let db = db::open(&config.database_url).await?;
+        if let Some(file) = db::sqlite_file(&config.database_url) {
+            private_files(&file)?;
+        }
         let admin_token_file =
             bootstrap::bootstrap(&db, &config.data_dir, config.clock.now()).await?;
         let listener = tokio::net::TcpListener::bind(config.listen)

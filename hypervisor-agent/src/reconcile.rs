@@ -427,7 +427,7 @@ impl Reconciler {
                     }
                 }
             };
-            report.push(status);
+            report.push(status.bounded());
         }
         // Ours, but not wanted: being deleted, or unknown to the server.
         for (id, dom) in owned {

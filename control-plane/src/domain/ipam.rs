@@ -21,6 +21,40 @@ pub struct Cidr {
     pub prefix: u8,
 }
 
+/// Blocks no tenant segment may touch, whatever the operator's ranges say
+/// (RFC 6890): `(network, prefix)` and what the block is.
+const SPECIAL_USE: &[((u32, u8), &str)] = &[
+    (
+        (0x0000_0000, 8),
+        "unspecified (\"this network\", 0.0.0.0/8)",
+    ),
+    ((0x7f00_0000, 8), "loopback (127.0.0.0/8)"),
+    ((0xa9fe_0000, 16), "link-local (169.254.0.0/16)"),
+    ((0xe000_0000, 4), "multicast (224.0.0.0/4)"),
+    ((0xf000_0000, 4), "reserved and broadcast (240.0.0.0/4)"),
+];
+
+fn block_of((network, prefix): (u32, u8)) -> Cidr {
+    Cidr {
+        network: Ipv4Addr::from(network),
+        prefix,
+    }
+}
+
+/// What tenants get when the operator names no ranges: the RFC 1918
+/// private blocks and the shared address space (RFC 6598).
+pub fn default_tenant_ranges() -> Vec<Cidr> {
+    [
+        (0x0a00_0000, 8),
+        (0xac10_0000, 12),
+        (0xc0a8_0000, 16),
+        (0x6440_0000, 10),
+    ]
+    .into_iter()
+    .map(block_of)
+    .collect()
+}
+
 impl Cidr {
     pub fn parse(field: &str, s: &str) -> Result<Cidr, ApiError> {
         let net: Net = s.parse().map_err(|e: String| ApiError::field(field, e))?;
@@ -31,6 +65,50 @@ impl Cidr {
             network: net.addr,
             prefix: net.len,
         })
+    }
+
+    /// A tenant segment's CIDR: well formed, inside one of the ranges the
+    /// operator gives tenants, and clear of every special-use block (so
+    /// every address handed out is a usable unicast host address).
+    pub fn for_tenant(field: &str, s: &str, allowed: &[Cidr]) -> Result<Cidr, ApiError> {
+        let c = Cidr::parse(field, s)?;
+        if let Some((_, why)) = SPECIAL_USE
+            .iter()
+            .find(|(block, _)| block_of(*block).overlaps(&c))
+        {
+            return Err(ApiError::field(
+                field,
+                format!("{c} overlaps the {why} block"),
+            ));
+        }
+        if !allowed.iter().any(|r| r.covers(&c)) {
+            let ranges: Vec<String> = allowed.iter().map(Cidr::to_string).collect();
+            return Err(ApiError::field(
+                field,
+                format!("{c} is outside the tenant ranges ({})", ranges.join(", ")),
+            ));
+        }
+        Ok(c)
+    }
+
+    /// Whether the two share an address.
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        let wider = if self.prefix <= other.prefix {
+            self
+        } else {
+            other
+        };
+        let narrower = if self.prefix <= other.prefix {
+            other
+        } else {
+            self
+        };
+        wider.contains(narrower.network)
+    }
+
+    /// Whether every address of `inner` is one of these.
+    pub fn covers(&self, inner: &Cidr) -> bool {
+        self.prefix <= inner.prefix && self.contains(inner.network)
     }
 
     pub fn net(&self) -> Net {
@@ -197,6 +275,35 @@ mod tests {
         ] {
             assert!(Cidr::parse("cidr", bad).is_err(), "{bad}");
         }
+        let ranges = default_tenant_ranges();
+        for ok in [
+            "10.1.0.0/24",
+            "172.16.4.0/22",
+            "192.168.10.0/24",
+            "100.64.0.0/16",
+        ] {
+            assert!(Cidr::for_tenant("cidr", ok, &ranges).is_ok(), "{ok}");
+        }
+        for bad in [
+            "224.0.0.0/24",
+            "239.255.255.0/24",
+            "127.0.0.0/24",
+            "169.254.1.0/24",
+            "0.0.0.0/24",
+            "240.0.0.0/24",
+            "255.255.255.0/24",
+            "8.8.8.0/24",
+            "172.32.0.0/24",
+            "192.0.2.0/24",
+        ] {
+            assert!(Cidr::for_tenant("cidr", bad, &ranges).is_err(), "{bad}");
+        }
+        // An operator who allows everything still gets no special block.
+        let all = [
+            Cidr::parse("r", "0.0.0.0/8").unwrap(),
+            Cidr::parse("r", "224.0.0.0/8").unwrap(),
+        ];
+        assert!(Cidr::for_tenant("cidr", "224.0.0.0/24", &all).is_err());
         let gw = ip("10.1.0.1");
         let mut taken = BTreeSet::new();
         assert_eq!(pick_address(&c, gw, &taken, None).unwrap(), ip("10.1.0.2"));

@@ -91,6 +91,26 @@ pub fn email(field: &str, value: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Where to send a browser after sign-in: a path on this site, or `/`.
+/// One leading `/` and no second (`//host` is another site), no `\\`
+/// (`/\\host` is one too, to browsers), and no control characters:
+/// browsers drop tabs and line ends from URLs, so `/\t/host` would become
+/// `//host`.
+pub fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.chars().any(char::is_control)
+                && n.len() <= 512 =>
+        {
+            n.to_owned()
+        }
+        _ => "/".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +165,24 @@ mod tests {
         assert!(email("email", "a@localhost").is_err());
         assert!(email("email", "@x.jp").is_err());
         assert!(email("email", "a b@x.jp").is_err());
+    }
+
+    #[test]
+    fn only_local_paths_are_next() {
+        assert_eq!(safe_next(Some("/vms?x=1")), "/vms?x=1");
+        for bad in [
+            "//evil.example",
+            "https://evil.example",
+            "/\\evil",
+            "",
+            "/\t/evil.example/x",
+            "/\n/evil.example",
+            "/\r\n/evil.example",
+            "/\u{0}/evil.example",
+            "/\u{7f}/x",
+        ] {
+            assert_eq!(safe_next(Some(bad)), "/", "{bad:?}");
+        }
+        assert_eq!(safe_next(None), "/");
     }
 }

@@ -66,6 +66,18 @@ async fn binary_logs_json_with_request_ids_and_never_a_token() {
         .unwrap()
         .trim()
         .to_owned();
+    // The data directory and the database are the server's user's alone.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700, "the data directory");
+        assert_eq!(mode(&data.join("kumo.db")), 0o600, "the database");
+        for journal in ["kumo.db-wal", "kumo.db-shm"] {
+            if data.join(journal).exists() {
+                assert_eq!(mode(&data.join(journal)), 0o600, "{journal}");
+            }
+        }
+    }
     assert!(
         stdout[0].contains(&data.join("admin-token").display().to_string()),
         "{stdout:?}"

@@ -138,6 +138,28 @@ async fn segments_and_vms(s: &TestServer) {
             json!({"name": "bad-3", "kind": "ethernet", "cidr": "10.0.0.0/24", "mtu": 9000}),
             "mtu",
         ),
+        // Special-use blocks (a multicast segment wedged whole hosts) and
+        // anything outside the operator's tenant ranges.
+        (
+            json!({"name": "bad-mc", "kind": "ethernet", "cidr": "224.0.0.0/24"}),
+            "cidr",
+        ),
+        (
+            json!({"name": "bad-lo", "kind": "ethernet", "cidr": "127.0.0.0/24"}),
+            "cidr",
+        ),
+        (
+            json!({"name": "bad-ll", "kind": "roce", "cidr": "169.254.0.0/24"}),
+            "cidr",
+        ),
+        (
+            json!({"name": "bad-bc", "kind": "ethernet", "cidr": "255.255.255.0/24"}),
+            "cidr",
+        ),
+        (
+            json!({"name": "bad-pub", "kind": "ethernet", "cidr": "8.8.8.0/24"}),
+            "cidr",
+        ),
     ] {
         let e = s
             .admin

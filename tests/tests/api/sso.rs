@@ -1003,6 +1003,19 @@ async fn portal_pages_act_through_the_api() {
     )
     .await;
     assert_eq!(status, 401);
+    // A tab is dropped by browsers, so `/\t/evil.example/x` would read as
+    // `//evil.example/x`, another site: sign-in ends at `/` instead.
+    let (status, to, _) = post(
+        &adm,
+        &u("/auth/token"),
+        &[
+            ("token", &s.admin_token),
+            ("csrf", &lcsrf),
+            ("next", "/\t/evil.example/x"),
+        ],
+    )
+    .await;
+    assert_eq!((status, to.as_str()), (302, "/"), "a tab-smuggled next");
     let (status, to, _) = post(
         &adm,
         &u("/auth/token"),

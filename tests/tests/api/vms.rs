@@ -248,6 +248,35 @@ on_both_backends! {
         assert_eq!((e.state, e.reason.as_deref()), (VmState::Error, Some("qemu: vfio error")));
     }
 
+    async fn one_guests_garbage_costs_only_its_own_entry(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        let bad = create(s, "lab", &vm("noisy", 1)).await.unwrap();
+        let good = create(s, "lab", &vm("quiet", 1)).await.unwrap();
+        // A guest (through the guest agent) controls these texts: a control
+        // character in one, far too much in another.
+        let r = agent
+            .report(vec![
+                VmStatus { id: bad.id, state: ActualState::Running, reason: None, guest: Some("nccl\u{1b}[2J\u{0}".into()), notice: None },
+                VmStatus { id: good.id, state: ActualState::Running, reason: None, guest: Some("nccl topology written".into()), notice: None },
+            ])
+            .await;
+        assert_eq!(r.status(), 204, "the report is taken");
+        assert_eq!(get_vm(s, "lab", "quiet").await.unwrap().state, VmState::Running, "the good entry applied");
+        assert_eq!(get_vm(s, "lab", "noisy").await.unwrap().state, VmState::Scheduled, "the bad entry dropped");
+        let r = agent
+            .report(vec![VmStatus { id: bad.id, state: ActualState::Failed, reason: Some("x".repeat(kumo_api_types::REPORT_TEXT_MAX + 1)), guest: None, notice: None }])
+            .await;
+        assert_eq!(r.status(), 204);
+        assert_eq!(get_vm(s, "lab", "noisy").await.unwrap().state, VmState::Scheduled);
+        // What the real agent sends is bounded first, so it always fits.
+        let cleaned = VmStatus { id: bad.id, state: ActualState::Running, reason: None, guest: Some("a\u{0}b".repeat(600)), notice: None }.bounded();
+        assert!(cleaned.texts_fit());
+        assert_eq!(agent.report(vec![cleaned]).await.status(), 204);
+        assert_eq!(get_vm(s, "lab", "noisy").await.unwrap().state, VmState::Running);
+        agent.converge().await;
+    }
+
     async fn changes_reach_a_long_polling_agent_at_once(s: &TestServer) {
         s.tenant("lab").await;
         let agent = s.sim_agent("gpu-001", "hgx-h100").await;

@@ -423,6 +423,10 @@ pub async fn status(
         if vm.host_id.is_none() && s.state == ActualState::Absent {
             continue; // released already (a preempted VM): a repeated report
         }
+        // A host speaking for another host's VM is forging: the whole report
+        // is refused. What a guest or libvirt wrote is another matter: an
+        // entry whose text does not fit is dropped (and logged), and the
+        // rest of the host's report still counts.
         if vm.host_id != Some(host.id) {
             tracing::warn!(host = %host.name, vm = %s.id, "agent reported a VM of another host; refused");
             return Err(ApiError::validation(format!(
@@ -430,8 +434,9 @@ pub async fn status(
                 s.id, host.name
             )));
         }
-        for text in [&s.reason, &s.guest, &s.notice].into_iter().flatten() {
-            names::text("reason", text, 1000)?;
+        if !s.texts_fit() {
+            tracing::warn!(host = %host.name, vm = %s.id, "a status entry's text has control characters or is too long; entry dropped");
+            continue;
         }
         if let Some(notice) = &s.notice {
             event(

@@ -135,7 +135,7 @@ pub async fn create(
     let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
     access.require(Role::Member, "creating segments")?;
     names::tenant_name("name", &body.name)?;
-    let cidr = Cidr::parse("cidr", &body.cidr)?;
+    let cidr = Cidr::for_tenant("cidr", &body.cidr, &st.config.network.tenant_ranges)?;
     let gateway = match &body.gateway {
         None => cidr.first_host(),
         Some(g) => {
