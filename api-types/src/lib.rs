@@ -143,6 +143,10 @@ pub struct User {
     /// Platform administrator: sees and manages every tenant.
     pub is_admin: bool,
     pub created_at: DateTime<Utc>,
+    /// Disabled by an administrator: its tokens fail and it has no
+    /// sessions until enabled again.
+    #[serde(default)]
+    pub disabled: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -352,10 +356,13 @@ mod tests {
 pub struct JoinTokenCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// Lifetime in seconds (default one day, at most 30 days). A join token
-    /// may register any number of hosts until it expires.
+    /// Lifetime in seconds (default one day, at most 30 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
+    /// How many hosts it may register (default 1, at most 10,000). A join
+    /// token never takes the name of a registered host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -364,6 +371,22 @@ pub struct JoinTokenCreated {
     /// `kumoj_<id>_<secret>`, shown once.
     pub token: String,
     pub expires_at: DateTime<Utc>,
+    /// How many hosts it may register.
+    pub uses: u32,
+}
+
+/// A join token as listed: never its secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JoinTokenInfo {
+    pub id: Uuid,
+    pub description: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Registrations it may make, and has made.
+    pub uses: u32,
+    pub used: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -3,10 +3,10 @@
 
 use kumo_api_types::{
     AuditEntry, Cluster, ClusterCreate, GrantCreate, Host, HostDetail, JoinTokenCreate,
-    JoinTokenCreated, Me, Member, MemberPut, Page, PointGrant, Points, Problem, Quota, RateCardPut,
-    Rates, Segment, SegmentCreate, SegmentIngress, Statement, Template, TemplateCreate, Tenant,
-    TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo, Usage, UsageGroup, User,
-    UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
+    JoinTokenCreated, JoinTokenInfo, Me, Member, MemberPut, Page, PointGrant, Points, Problem,
+    Quota, RateCardPut, Rates, Segment, SegmentCreate, SegmentIngress, Statement, Template,
+    TemplateCreate, Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo,
+    Usage, UsageGroup, User, UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -309,6 +309,20 @@ impl Client {
             .await
     }
 
+    pub async fn set_user_disabled(&self, user: &str, disabled: bool) -> Result<User, ClientError> {
+        let verb = if disabled { "disable" } else { "enable" };
+        self.send(self.request(
+            Method::POST,
+            &format!("/api/v1/users/{}/{verb}", segment(user)),
+        ))
+        .await
+    }
+
+    pub async fn end_sessions(&self, user: &str) -> Result<(), ClientError> {
+        self.delete(&format!("/api/v1/users/{}/sessions", segment(user)))
+            .await
+    }
+
     // ------------------------------------------------------------ quota
 
     pub async fn quota(&self, tenant: &str) -> Result<Quota, ClientError> {
@@ -328,6 +342,24 @@ impl Client {
         body: &JoinTokenCreate,
     ) -> Result<JoinTokenCreated, ClientError> {
         self.post("/api/v1/hosts/join-tokens", body).await
+    }
+
+    pub async fn list_join_tokens(&self) -> Result<Vec<JoinTokenInfo>, ClientError> {
+        self.list_all("/api/v1/hosts/join-tokens").await
+    }
+
+    pub async fn revoke_join_token(&self, id: &str) -> Result<(), ClientError> {
+        self.delete(&format!("/api/v1/hosts/join-tokens/{}", segment(id)))
+            .await
+    }
+
+    /// Lets a registered host join again; its credential is revoked.
+    pub async fn rejoin_host(&self, host: &str) -> Result<(), ClientError> {
+        self.send_empty(self.request(
+            Method::POST,
+            &format!("/api/v1/hosts/{}/rejoin", segment(host)),
+        ))
+        .await
     }
 
     pub async fn list_hosts(&self) -> Result<Vec<Host>, ClientError> {

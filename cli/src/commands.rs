@@ -194,6 +194,23 @@ pub enum UserCmd {
     List,
     /// Who am I, and where do I belong.
     Me,
+    /// Their tokens fail at once and their portal sessions end (admins).
+    Disable {
+        name: String,
+    },
+    /// Let a disabled user in again (admins).
+    Enable {
+        name: String,
+    },
+    /// Portal sessions.
+    #[command(subcommand)]
+    Sessions(UserSessionsCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserSessionsCmd {
+    /// Sign every browser of the user out (admins, or yourself).
+    End { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -255,6 +272,11 @@ pub enum HostCmd {
     Undrain {
         host: String,
     },
+    /// Let a registered host join again with a join token (a reinstalled
+    /// machine); its current credential is revoked at once.
+    Rejoin {
+        host: String,
+    },
     /// Join tokens register new hosts.
     #[command(subcommand)]
     JoinToken(JoinTokenCmd),
@@ -268,7 +290,14 @@ pub enum JoinTokenCmd {
         /// Lifetime, e.g. 24h (default), 7d.
         #[arg(long, value_parser = parse_duration)]
         ttl: Option<u64>,
+        /// How many hosts it may register (default 1).
+        #[arg(long)]
+        uses: Option<u32>,
     },
+    /// Join tokens with their uses (never their secrets).
+    List,
+    /// It registers no more hosts.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -914,7 +943,11 @@ fn users_table(items: &[kumo_api_types::User]) -> String {
     let mut t = Table::new(&["name", "display name", "kind", "admin", "email"]);
     for u in items {
         t.row(vec![
-            u.name.clone(),
+            if u.disabled {
+                format!("{} (disabled)", u.name)
+            } else {
+                u.name.clone()
+            },
             u.display_name.clone(),
             u.kind.as_str().into(),
             if u.is_admin { "yes" } else { "no" }.into(),
@@ -951,6 +984,17 @@ async fn user(cmd: &UserCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
         UserCmd::List => {
             let us = c.list_users().await?;
             print_one(out, fmt, &us, || users_table(&us))?;
+        }
+        UserCmd::Disable { name } | UserCmd::Enable { name } => {
+            let disable = matches!(cmd, UserCmd::Disable { .. });
+            let u = c.set_user_disabled(name, disable).await?;
+            print_one(out, fmt, &u, || users_table(std::slice::from_ref(&u)))?;
+        }
+        UserCmd::Sessions(UserSessionsCmd::End { name }) => {
+            c.end_sessions(name).await?;
+            if fmt == Format::Table {
+                writeln!(out, "Ended every portal session of {name}")?;
+            }
         }
         UserCmd::Me => {
             let me = c.me().await?;
@@ -1164,19 +1208,52 @@ async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
                 format!("{}: {}\n", h.name, h.state.as_str())
             })?;
         }
-        HostCmd::JoinToken(JoinTokenCmd::Create { description, ttl }) => {
+        HostCmd::JoinToken(JoinTokenCmd::Create {
+            description,
+            ttl,
+            uses,
+        }) => {
             let t = c
                 .create_join_token(&JoinTokenCreate {
                     description: description.clone(),
                     ttl_seconds: *ttl,
+                    uses: *uses,
                 })
                 .await?;
             print_one(out, fmt, &t, || {
                 format!(
-                    "Join token {} (expires {}). It is shown only once:\n{}\n",
-                    t.id, t.expires_at, t.token
+                    "Join token {} for {} host(s) (expires {}). It is shown only once:\n{}\n",
+                    t.id, t.uses, t.expires_at, t.token
                 )
             })?;
+        }
+        HostCmd::JoinToken(JoinTokenCmd::List) => {
+            let ts = c.list_join_tokens().await?;
+            print_one(out, fmt, &ts, || {
+                let mut t = Table::new(&["id", "description", "expires", "used", "revoked"]);
+                for x in &ts {
+                    t.row(vec![
+                        x.id.to_string(),
+                        x.description.clone(),
+                        x.expires_at.format("%Y-%m-%d %H:%M").to_string(),
+                        format!("{}/{}", x.used, x.uses),
+                        opt(&x.revoked_at.map(|e| e.format("%Y-%m-%d %H:%M").to_string())),
+                    ]);
+                }
+                t.render()
+            })?;
+        }
+        HostCmd::JoinToken(JoinTokenCmd::Revoke { id }) => {
+            c.revoke_join_token(id).await?;
+            if fmt == Format::Table {
+                writeln!(out, "Revoked join token {id}")?;
+            }
+        }
+        HostCmd::Rejoin { host } => {
+            c.rejoin_host(host).await?;
+            if fmt == Format::Table {
+                writeln!(out, "{host} may join again; its old credential is revoked")?;
+            }
         }
     }
     Ok(())

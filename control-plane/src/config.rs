@@ -72,6 +72,9 @@ pub struct AuthFileConfig {
     /// The address browsers reach Kumo at (for OpenID redirects and
     /// `Secure` cookies) [default: http://<listen>].
     pub public_url: Option<String>,
+    /// The longest an API token may live, in days: a token asked for
+    /// longer (or without an end) ends then [default: no limit].
+    pub max_token_days: Option<u32>,
     #[serde(default)]
     pub oidc: Vec<OidcFileConfig>,
 }
@@ -274,6 +277,8 @@ pub struct AuthConfig {
     /// Where browsers reach Kumo; `None`: `http://<listen address>`.
     pub public_url: Option<String>,
     pub oidc: Vec<OidcProvider>,
+    /// The longest an API token may live.
+    pub max_token_lifetime: Option<chrono::Duration>,
 }
 
 #[derive(Clone, PartialEq)]
@@ -302,7 +307,17 @@ fn auth(file: &AuthFileConfig) -> Result<AuthConfig, ConfigError> {
     let mut out = AuthConfig {
         public_url: file.public_url.clone(),
         oidc: Vec::new(),
+        max_token_lifetime: None,
     };
+    if let Some(d) = file.max_token_days {
+        if !(1..=3650).contains(&d) {
+            return Err(ConfigError::Invalid {
+                key: "auth.max_token_days",
+                message: "between 1 and 3650".into(),
+            });
+        }
+        out.max_token_lifetime = Some(chrono::Duration::days(i64::from(d)));
+    }
     if let Some(u) = &out.public_url {
         if !(u.starts_with("http://") || u.starts_with("https://")) {
             return Err(ConfigError::Invalid {

@@ -192,6 +192,7 @@ pub async fn start_fleet(
         .create_join_token(&JoinTokenCreate {
             description: Some("kumo-server dev fleet".into()),
             ttl_seconds: Some(3600),
+            uses: Some(u32::try_from(hosts).unwrap_or(u32::MAX)),
         })
         .await?;
     let bin = agent_binary()?;

@@ -38,21 +38,30 @@ async fn check(resp: reqwest::Response) -> Result<reqwest::Response, ClientError
 #[derive(Clone)]
 pub struct AgentClient {
     pub server: String,
-    credential: String,
+    /// Shared by every clone: a credential renewed by registering again
+    /// is the one every task (heartbeats, reports) uses from then on.
+    credential: std::sync::Arc<std::sync::RwLock<String>>,
     http: reqwest::Client,
 }
 
+/// Registers with a join token. An agent that has a credential for this
+/// server shows it: a registered host's name is re-joined only with its
+/// current credential (or after an administrator's `kumo host rejoin`).
 pub async fn register(
     config: &crate::run::AgentConfig,
     join_token: &str,
+    current: Option<&str>,
     topology: &HostTopology,
 ) -> Result<AgentRegistered, ClientError> {
     let server = &config.server;
-    let resp = reqwest::Client::new()
-        .post(format!(
-            "{}/agent/v1/register",
-            server.trim_end_matches('/')
-        ))
+    let mut req = reqwest::Client::new().post(format!(
+        "{}/agent/v1/register",
+        server.trim_end_matches('/')
+    ));
+    if let Some(c) = current {
+        req = req.bearer_auth(c);
+    }
+    let resp = req
         .json(&AgentRegister {
             join_token: join_token.to_owned(),
             name: config.name.clone(),
@@ -68,10 +77,22 @@ pub async fn register(
 }
 
 impl AgentClient {
+    fn credential(&self) -> String {
+        self.credential
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every clone uses `credential` from now on.
+    pub fn renew(&self, credential: &str) {
+        *self.credential.write().unwrap_or_else(|e| e.into_inner()) = credential.to_owned();
+    }
+
     pub fn new(server: &str, credential: &str) -> AgentClient {
         AgentClient {
             server: server.trim_end_matches('/').to_owned(),
-            credential: credential.to_owned(),
+            credential: std::sync::Arc::new(std::sync::RwLock::new(credential.to_owned())),
             http: reqwest::Client::builder()
                 .timeout(std::time::Duration::from_secs(60))
                 .build()
@@ -83,7 +104,7 @@ impl AgentClient {
         let resp = self
             .http
             .post(format!("{}/agent/v1/heartbeat", self.server))
-            .bearer_auth(&self.credential)
+            .bearer_auth(self.credential())
             .json(body)
             .send()
             .await?;
@@ -95,7 +116,7 @@ impl AgentClient {
         let mut req = self
             .http
             .get(format!("{}/agent/v1/desired", self.server))
-            .bearer_auth(&self.credential);
+            .bearer_auth(self.credential());
         if let Some(a) = after {
             req = req.query(&[("after", a)]);
         }
@@ -106,7 +127,7 @@ impl AgentClient {
         let resp = self
             .http
             .post(format!("{}/agent/v1/status", self.server))
-            .bearer_auth(&self.credential)
+            .bearer_auth(self.credential())
             .json(&StatusReport { vms })
             .send()
             .await?;

@@ -66,8 +66,13 @@ enum Command {
         #[arg(long, env = "KUMO_SERVER")]
         server: String,
         /// Needed only until the host has a credential in --state-dir.
+        /// Prefer the environment or --join-token-file: a value on the
+        /// command line is visible to every local user in /proc.
         #[arg(long, env = "KUMO_JOIN_TOKEN", hide_env_values = true)]
         join_token: Option<String>,
+        /// A file holding the join token (e.g. 0600, root's).
+        #[arg(long, conflicts_with = "join_token")]
+        join_token_file: Option<PathBuf>,
         #[arg(long, default_value = "qemu:///system")]
         libvirt_uri: String,
         #[arg(long, default_value = "/sys")]
@@ -131,6 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run {
             server,
             join_token,
+            join_token_file,
             libvirt_uri,
             sysfs_root,
             state_dir,
@@ -150,6 +156,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 )
                 .with_writer(std::io::stderr)
                 .init();
+            let join_token = match join_token_file {
+                Some(f) => Some(
+                    std::fs::read_to_string(&f)
+                        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?
+                        .trim()
+                        .to_owned(),
+                ),
+                None => join_token,
+            };
             let config = AgentConfig {
                 server,
                 join_token,

@@ -88,7 +88,14 @@ async fn obtain(
             config.state_dir.display()
         )
     })?;
-    let r = client::register(config, join, topo).await?;
+    // A credential we hold for this server goes along: it is what lets a
+    // registered name be taken again.
+    let current = credential::load(&config.state_dir)
+        .ok()
+        .flatten()
+        .filter(|c| c.server == config.server)
+        .map(|c| c.credential);
+    let r = client::register(config, join, current.as_deref(), topo).await?;
     let c = Credential {
         host_id: r.host_id,
         server: config.server.clone(),
@@ -266,7 +273,7 @@ impl Agent {
     }
 
     /// Runs until the process ends.
-    pub async fn run(mut self) -> anyhow::Result<()> {
+    pub async fn run(self) -> anyhow::Result<()> {
         let hb_client = self.client.clone();
         let every = self.config.heartbeat;
         let underlay = self.config.underlay_ip;
@@ -337,7 +344,7 @@ impl Agent {
                         .topology()
                         .clone();
                     match obtain(&self.config, &topo, true).await {
-                        Ok(c) => self.client = AgentClient::new(&self.config.server, &c.credential),
+                        Ok(c) => self.client.renew(&c.credential),
                         Err(e) => {
                             heartbeat.abort();
                             return Err(e);

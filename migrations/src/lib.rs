@@ -15,6 +15,45 @@ mod m0009_sso;
 mod m0010_session_logout;
 mod m0011_device_logins;
 mod m0012_topology_digest;
+mod m0013_host_credentials;
+mod m0014_credential_lifecycle;
+
+/// Adds columns to `table`, one statement each: SQLite alters one column
+/// at a time.
+pub(crate) async fn add_columns(
+    m: &SchemaManager<'_>,
+    table: impl IntoIden + Clone + 'static,
+    columns: Vec<ColumnDef>,
+) -> Result<(), DbErr> {
+    for mut c in columns {
+        m.alter_table(
+            Table::alter()
+                .table(table.clone())
+                .add_column(&mut c)
+                .to_owned(),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Drops columns of `table`, one statement each.
+pub(crate) async fn drop_columns<C: IntoIden + Clone + 'static>(
+    m: &SchemaManager<'_>,
+    table: impl IntoIden + Clone + 'static,
+    columns: &[C],
+) -> Result<(), DbErr> {
+    for c in columns {
+        m.alter_table(
+            Table::alter()
+                .table(table.clone())
+                .drop_column(c.clone())
+                .to_owned(),
+        )
+        .await?;
+    }
+    Ok(())
+}
 
 pub struct Migrator;
 
@@ -34,6 +73,8 @@ impl MigratorTrait for Migrator {
             Box::new(m0010_session_logout::Migration),
             Box::new(m0011_device_logins::Migration),
             Box::new(m0012_topology_digest::Migration),
+            Box::new(m0013_host_credentials::Migration),
+            Box::new(m0014_credential_lifecycle::Migration),
         ]
     }
 }

@@ -18,6 +18,11 @@ try {
   await page.goto(`${kumo}/`);
   seen.chooser = page.url().includes('/login');
   await page.screenshot({ path: `${out}/login.png`, fullPage: true });
+  // The chooser's filter is a script of its own under the pages' CSP:
+  // typing the institution's name leaves only it.
+  await page.fill('#filter', institution);
+  seen.filter_visible = await page.$$eval('#providers li', (lis) => lis.filter((l) => !l.hidden).length);
+  await page.fill('#filter', '');
   await page.click(`text=${institution}`);
   // The provider's own pages: sign in, then consent.
   await page.fill('input[name="login"]', login);

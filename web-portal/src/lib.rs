@@ -43,6 +43,9 @@ pub struct Viewer {
 /// The portal's own script: live state updates on pages that ask for them
 /// (an element `#live` with `data-src`); every page works without it.
 pub const PORTAL_JS: &str = include_str!("portal.js");
+/// The chooser's filter and memory of the last provider (a file of its
+/// own, so the pages' Content-Security-Policy allows no inline script).
+pub const LOGIN_JS: &str = include_str!("login.js");
 
 #[derive(Template)]
 #[template(path = "layout.html")]

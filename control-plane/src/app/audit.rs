@@ -39,3 +39,37 @@ pub async fn record(
     );
     Ok(())
 }
+
+/// Who did something when no user did: a host registering with a join
+/// token, say.
+pub struct Who<'a> {
+    pub name: String,
+    pub source_ip: &'a str,
+    pub request_id: &'a str,
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+/// An audit entry for an actor that is not a user.
+pub async fn record_by(
+    db: &impl ConnectionTrait,
+    who: &Who<'_>,
+    action: &str,
+    target: &str,
+) -> Result<(), ApiError> {
+    audit_log::ActiveModel {
+        id: NotSet,
+        at: Set(who.at),
+        actor_id: Set(None),
+        actor_name: Set(who.name.chars().take(255).collect()),
+        action: Set(action.to_owned()),
+        tenant_id: Set(None),
+        tenant_name: Set(None),
+        target: Set(target.chars().take(255).collect()),
+        source_ip: Set(who.source_ip.chars().take(64).collect()),
+        request_id: Set(who.request_id.chars().take(64).collect()),
+    }
+    .insert(db)
+    .await?;
+    tracing::info!(actor = %who.name, action, target, request_id = %who.request_id, "audit");
+    Ok(())
+}

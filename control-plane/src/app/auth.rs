@@ -68,6 +68,15 @@ pub fn parse_prefixed<'a>(token: &'a str, prefix: &str) -> Option<(Uuid, &'a str
     Some((Uuid::try_parse(id).ok()?, secret))
 }
 
+/// Whether a string has the shape of a secret Kumo mints (an API token,
+/// a join token or a host credential). Every secret carries its prefix so
+/// that it can be recognised wherever it should not be kept.
+pub fn is_secret(s: &str) -> bool {
+    [PREFIX, JOIN_PREFIX, HOST_PREFIX]
+        .iter()
+        .any(|p| parse_prefixed(s, p).is_some())
+}
+
 /// Compares in constant time, so timing does not reveal the hash.
 pub fn secret_matches(secret: &str, stored_hash: &str) -> bool {
     bool::from(hash_secret(secret).as_bytes().ct_eq(stored_hash.as_bytes()))
@@ -95,6 +104,7 @@ pub async fn authenticate(
     let user = users::Entity::find_by_id(row.user_id)
         .one(db)
         .await?
+        .filter(|u| !u.disabled)
         .ok_or_else(invalid)?;
     let stale = row
         .last_used_at

@@ -48,6 +48,7 @@ pub async fn bootstrap(
         email: Set(None),
         kind: Set("local".into()),
         is_admin: Set(true),
+        disabled: Set(false),
         created_at: Set(now),
     };
     let user = match user.insert(&txn).await {
@@ -64,6 +65,7 @@ pub async fn bootstrap(
         expires_at: Set(None),
         last_used_at: Set(None),
         revoked_at: Set(None),
+        minted_by: Set(None),
     }
     .insert(&txn)
     .await?;

@@ -1,15 +1,23 @@
-//! Cluster use cases: a training cluster created whole.
+//! Cluster use cases: a training cluster created whole, listed and shown
+//! with its members' hosts, scalable units and rails, and deleted with its
+//! members.
 
-use kumo_api_types::{ClusterCreate, Role};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+use std::collections::HashMap;
+
+use kumo_api_types::{Cluster, ClusterCreate, ClusterMember, Page, PageParams, Role, VmState};
+use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
 use uuid::Uuid;
 
 use crate::app::access::tenant_access;
 use crate::app::admission::{admit, Member, NewCluster};
-use crate::app::vms::prepare;
+use crate::app::vms::{act_on, prepare};
 use crate::context::{Actor, AppState};
-use crate::entity::{clusters, tenants};
+use crate::domain::lifecycle::Action;
+use crate::domain::paging::Paging;
+use crate::entity::{clusters, hosts, tenants};
 use crate::error::ApiError;
+use crate::store::clusters::{hostfile, members_of, stored_cluster_spec};
+use crate::store::vms::{stored_placement, stored_state};
 
 /// Largest cluster one request may create (two full SUs of 8-GPU hosts
 /// is 64; this leaves room for CPU-only and small-GPU clusters).
@@ -50,11 +58,7 @@ pub async fn create(
             tenant.name, v.name
         )));
     }
-    let exists = clusters::Entity::find()
-        .filter(clusters::Column::TenantId.eq(tenant.id))
-        .filter(clusters::Column::Name.eq(body.name.clone()))
-        .one(&st.db)
-        .await?;
+    let exists = crate::store::clusters::named(&st.db, tenant.id, &body.name).await?;
     if exists.is_some() {
         return Err(ApiError::Conflict(format!(
             "tenant {:?} already has a cluster named {:?}",
@@ -77,9 +81,160 @@ pub async fn create(
         }
         Err(e) => return Err(e),
     }
-    let row = clusters::Entity::find_by_id(new.id)
-        .one(&st.db)
+    let row = crate::store::clusters::by_id(&st.db, new.id)
         .await?
         .ok_or_else(|| ApiError::Internal("the cluster vanished after its commit".into()))?;
     Ok((tenant, row))
+}
+
+/// A cluster as the API shows it: its members with their hosts, scalable
+/// units and rails (from the capacity index's profiles), and its hostfile.
+pub async fn view(
+    st: &AppState,
+    db: &impl ConnectionTrait,
+    c: &clusters::Model,
+    tenant: &str,
+) -> Result<Cluster, ApiError> {
+    let rows = members_of(db, c).await?;
+    let host_ids: Vec<Uuid> = rows.iter().filter_map(|(v, _)| v.host_id).collect();
+    let hosts_by_id: HashMap<Uuid, hosts::Model> = crate::store::hosts::by_ids(db, host_ids)
+        .await?
+        .into_iter()
+        .map(|h| (h.id, h))
+        .collect();
+    // The hosts' profiles (with their rails), copied out under one lock.
+    let profiles: HashMap<Uuid, _> = {
+        let index = st.capacity.lock();
+        hosts_by_id
+            .keys()
+            .filter_map(|id| Some((*id, index.hosts[index.position(*id)?].profile.clone())))
+            .collect()
+    };
+    let mut members = Vec::with_capacity(rows.len());
+    for (v, address) in &rows {
+        let host = v.host_id.and_then(|h| hosts_by_id.get(&h));
+        let rails = match (host, stored_placement(v)?) {
+            (Some(h), Some(p)) => {
+                let profile = profiles.get(&h.id);
+                p.gpus
+                    .iter()
+                    .map(|g| {
+                        let nic = p.nics.iter().find(|n| n.for_gpus.contains(g))?;
+                        let profile = profile?;
+                        profile.nics[profile.nic_index(&nic.physical())?].rail
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        members.push(ClusterMember {
+            name: v.name.clone(),
+            state: stored_state(v)?,
+            host: host.map(|h| h.name.clone()),
+            scalable_unit: host.and_then(|h| h.scalable_unit.clone()),
+            rails,
+            address: address.clone(),
+        });
+    }
+    let spec = stored_cluster_spec(c)?;
+    let size = u32::try_from(c.size).unwrap_or(0);
+    let lines: Vec<(String, Option<String>)> = rows
+        .iter()
+        .map(|(v, a)| (v.name.clone(), a.clone()))
+        .collect();
+    Ok(Cluster {
+        id: c.id,
+        name: c.name.clone(),
+        tenant: tenant.to_owned(),
+        size,
+        state: c.state.clone(),
+        hostfile: hostfile(&lines, spec.gpus),
+        spec,
+        members,
+        created_at: c.created_at,
+    })
+}
+
+/// One page of a tenant's clusters, by name (any member).
+pub async fn list(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    params: &PageParams,
+) -> Result<Page<Cluster>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let paging = Paging::new(params.limit, params.page_token.as_deref())?;
+    let rows = crate::store::clusters::page(&st.db, tenant.id, &paging).await?;
+    let (rows, next) = paging.finish(rows, |c| c.name.clone());
+    let mut items = Vec::with_capacity(rows.len());
+    for c in &rows {
+        items.push(view(st, &st.db, c, &tenant.name).await?);
+    }
+    Ok(Page {
+        items,
+        next_page_token: next,
+    })
+}
+
+/// A tenant's cluster (any member).
+pub async fn show(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    cluster: &str,
+) -> Result<Cluster, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let c = crate::store::clusters::find(&st.db, &tenant, cluster).await?;
+    view(st, &st.db, &c, &tenant.name).await
+}
+
+/// A member deletes a cluster: every member VM is deleted (one
+/// transaction, hosts woken after it); the cluster is gone with its last
+/// member. Answers the cluster as it is after.
+pub async fn delete(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    cluster: &str,
+) -> Result<Cluster, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "deleting clusters")?;
+    let txn = st.db.begin().await?;
+    let c = crate::store::clusters::find(&txn, &tenant, cluster).await?;
+    let before = view(st, &txn, &c, &tenant.name).await?;
+    let members = crate::store::clusters::members_to_change(&txn, c.id).await?;
+    let mut hosts = Vec::new();
+    for vm in &members {
+        // Members already on their way out are left to finish.
+        if matches!(stored_state(vm)?, VmState::Deleting | VmState::Deleted) {
+            continue;
+        }
+        act_on(
+            &txn,
+            actor,
+            &tenant,
+            vm,
+            Action::Delete,
+            st.config.clock.now(),
+        )
+        .await?;
+        hosts.extend(vm.host_id);
+    }
+    if members.is_empty() {
+        clusters::Entity::delete_by_id(c.id).exec(&txn).await?;
+    }
+    crate::app::audit::record(&txn, actor, "cluster.delete", Some(&tenant), &c.name).await?;
+    txn.commit().await?;
+    hosts.dedup();
+    for h in hosts {
+        st.signals.notify(h);
+    }
+    Ok(match crate::store::clusters::by_id(&st.db, c.id).await? {
+        Some(row) => view(st, &st.db, &row, &tenant.name).await?,
+        // Every member was pending or preempted: nothing left to wait for.
+        None => Cluster {
+            members: Vec::new(),
+            ..before
+        },
+    })
 }

@@ -1,10 +1,18 @@
-//! VM use cases: lifecycle actions (start, stop, reboot, delete) and the
-//! removal of a VM row with what goes with it.
+//! VM use cases: create, lifecycle actions (start, stop, reboot, delete)
+//! and the removal of a VM row with what goes with it; reading VMs (with
+//! their placement as the API shows it), their NCCL topology and events.
 
 use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use kumo_api_types::{NetworkRequest, Role, SegmentKind, VmCreate, VmSpec, VmState};
+use kumo_api_types::{
+    GuestNuma, HostState, NetworkRequest, Page, PageParams, PlacedGpu, Role, SegmentKind, Vm,
+    VmCreate, VmEvent, VmNetwork, VmPlacement, VmSpec, VmState,
+};
+use kumo_topology::guest_layout::{guest_layout, Placement};
+use kumo_topology::sysfs::format_cpulist;
+use kumo_topology::HostTopology;
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
 };
@@ -15,12 +23,15 @@ use crate::app::admission::{admit, Member};
 use crate::app::audit;
 use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::{self, Action};
+use crate::domain::paging::Paging;
 use crate::domain::states::StoredText;
-use crate::entity::{tenants, vms};
+use crate::entity::{hosts, tenants, vms};
 use crate::error::ApiError;
-use crate::store::hosts::bump_revision;
+use crate::store::hosts::{bump_revision, host_state, stored_topology};
 use crate::store::segments::{stored_cidr, stored_gateway, stored_kind, PlannedNic};
-use crate::store::vms::{desired_power, event, find_vm_to_change, stored_state};
+use crate::store::vms::{
+    desired_power, event, find_vm, find_vm_to_change, stored_placement, stored_spec, stored_state,
+};
 
 /// A member's lifecycle action on a tenant's VM: access, the budget for a
 /// start, the change in one transaction (the VM row locked), and the host
@@ -274,7 +285,7 @@ pub async fn create(
             tenant.name, body.name
         ))
     };
-    if crate::store::vms::named(&st.db, tenant.id, &[body.name.clone()])
+    if crate::store::vms::named(&st.db, tenant.id, std::slice::from_ref(&body.name))
         .await?
         .is_some()
     {
@@ -300,4 +311,228 @@ pub async fn create(
         .await?
         .ok_or_else(name_taken)?;
     Ok((tenant, vm))
+}
+
+/// The placement as the API shows it: host↔guest addresses, NICs, NUMA map.
+pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> {
+    let layout = guest_layout(topo, p).ok()?;
+    let pins: std::collections::BTreeMap<u32, u32> = layout.vcpu_pins.iter().copied().collect();
+    let gpus = p
+        .gpus
+        .iter()
+        .map(|g| {
+            let nic = p.nics.iter().find(|n| n.for_gpus.contains(g));
+            PlacedGpu {
+                host_bdf: g.to_string(),
+                guest_bdf: layout
+                    .guest_bdf(*g)
+                    .map(|b| b.to_string())
+                    .unwrap_or_default(),
+                model: topo.gpu(*g).map(|x| x.model.clone()).unwrap_or_default(),
+                nic: nic.map(|n| n.rdma_device.clone()),
+                nic_guest_bdf: nic
+                    .and_then(|n| layout.guest_bdf(n.host_bdf))
+                    .map(|b| b.to_string()),
+                nic_vf: nic
+                    .filter(|n| n.pf.is_some())
+                    .map(|n| n.host_bdf.to_string()),
+                guest_numa: layout.expander_of(*g).map(|e| e.guest_node).unwrap_or(0),
+            }
+        })
+        .collect();
+    let numa = layout
+        .cells
+        .iter()
+        .map(|c| GuestNuma {
+            guest_node: c.id,
+            host_node: c.host_node,
+            vcpus: format_cpulist(&c.vcpus),
+            host_cpus: format_cpulist(
+                &c.vcpus
+                    .iter()
+                    .filter_map(|v| pins.get(v).copied())
+                    .collect::<Vec<_>>(),
+            ),
+            memory_mib: c.memory_mib,
+        })
+        .collect();
+    Some(VmPlacement { gpus, numa })
+}
+
+/// The VM as the API shows it, given its host and the host's topology. A
+/// VM on an unreachable host is `unknown`: it may be running; nobody can tell.
+fn view_on(
+    v: &vms::Model,
+    tenant: &str,
+    host: Option<(&hosts::Model, &HostTopology)>,
+    cluster: Option<&str>,
+    networks: Vec<VmNetwork>,
+) -> Result<Vm, ApiError> {
+    let mut state = stored_state(v)?;
+    let unreachable = match host {
+        Some((h, _)) => host_state(h)? == HostState::Unreachable,
+        None => false,
+    };
+    if unreachable && state != VmState::Deleting {
+        state = VmState::Unknown;
+    }
+    let placement = match (host, stored_placement(v)?) {
+        (Some((_, topo)), Some(p)) => api_placement(topo, &p),
+        _ => None,
+    };
+    Ok(Vm {
+        id: v.id,
+        name: v.name.clone(),
+        tenant: tenant.to_owned(),
+        state,
+        reason: v.reason.clone(),
+        host: host.map(|(h, _)| h.name.clone()),
+        spec: stored_spec(v)?,
+        placement,
+        guest_condition: v.guest_condition.clone(),
+        preempt_deadline: v.preempt_deadline,
+        cluster: cluster.map(str::to_owned),
+        networks,
+        created_at: v.created_at,
+        updated_at: v.updated_at,
+    })
+}
+
+/// A VM as the API shows it: its host, placement, cluster and networks.
+pub async fn view(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Result<Vm, ApiError> {
+    let host = match v.host_id {
+        Some(h) => crate::store::hosts::by_id(db, h).await?,
+        None => None,
+    };
+    let topo = host.as_ref().map(stored_topology).transpose()?;
+    let cluster = match v.cluster_id {
+        Some(c) => crate::store::clusters::by_id(db, c).await?.map(|c| c.name),
+        None => None,
+    };
+    let networks = crate::store::segments::networks_of(db, &[v.id])
+        .await?
+        .remove(&v.id)
+        .unwrap_or_default();
+    view_on(
+        v,
+        tenant,
+        host.as_ref().zip(topo.as_ref()),
+        cluster.as_deref(),
+        networks,
+    )
+}
+
+/// One page of a tenant's VMs, by name (any member).
+pub async fn list(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    params: &PageParams,
+) -> Result<Page<Vm>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let paging = Paging::new(params.limit, params.page_token.as_deref())?;
+    let rows = crate::store::vms::page(&st.db, tenant.id, &paging).await?;
+    let (rows, next) = paging.finish(rows, |v| v.name.clone());
+    // Each host is read (and its topology parsed) once for the whole page.
+    let host_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.host_id).collect();
+    let mut hosts_by_id = HashMap::new();
+    for h in crate::store::hosts::by_ids(&st.db, host_ids).await? {
+        let topo = stored_topology(&h)?;
+        hosts_by_id.insert(h.id, (h, topo));
+    }
+    let cluster_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.cluster_id).collect();
+    let clusters_by_id = crate::store::clusters::names_by_id(&st.db, cluster_ids).await?;
+    let mut networks =
+        crate::store::segments::networks_of(&st.db, &rows.iter().map(|v| v.id).collect::<Vec<_>>())
+            .await?;
+    let mut items = Vec::with_capacity(rows.len());
+    for v in &rows {
+        let host = v
+            .host_id
+            .and_then(|id| hosts_by_id.get(&id))
+            .map(|(h, t)| (h, t));
+        let cluster = v
+            .cluster_id
+            .and_then(|c| clusters_by_id.get(&c))
+            .map(String::as_str);
+        items.push(view_on(
+            v,
+            &tenant.name,
+            host,
+            cluster,
+            networks.remove(&v.id).unwrap_or_default(),
+        )?);
+    }
+    Ok(Page {
+        items,
+        next_page_token: next,
+    })
+}
+
+/// A tenant's VM with its placement (any member).
+pub async fn show(st: &AppState, actor: &Actor, tenant: &str, vm: &str) -> Result<Vm, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let vm = find_vm(&st.db, &tenant, vm).await?;
+    view(&st.db, &vm, &tenant.name).await
+}
+
+/// The NCCL topology file a placed VM's guest gets (any member); 409 for
+/// a VM not on a host.
+pub async fn nccl_topology(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    vm: &str,
+) -> Result<String, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let vm = find_vm(&st.db, &tenant, vm).await?;
+    let not_placed = || ApiError::Conflict("the VM is not placed on a host".into());
+    let host = match vm.host_id {
+        Some(h) => crate::store::hosts::by_id(&st.db, h)
+            .await?
+            .ok_or_else(not_placed)?,
+        None => return Err(not_placed()),
+    };
+    let placed = stored_placement(&vm)?.ok_or_else(not_placed)?;
+    let topo = stored_topology(&host)?;
+    nccl_xml(&topo, &placed)
+}
+
+pub fn nccl_xml(topo: &HostTopology, placed: &Placement) -> Result<String, ApiError> {
+    let layout = guest_layout(topo, placed).map_err(|e| ApiError::Internal(e.to_string()))?;
+    kumo_topology::nccl_xml::nccl_topology_xml(topo, &layout)
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// One page of a tenant's VMs' lifecycle events, newest first (any member).
+pub async fn events(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    params: &PageParams,
+) -> Result<Page<VmEvent>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let paging = Paging::new(params.limit, params.page_token.as_deref())?;
+    let before =
+        match &paging.after {
+            Some(after) => Some(after.parse::<i64>().map_err(|_| {
+                ApiError::field("page_token", "not a page token returned by this API")
+            })?),
+            None => None,
+        };
+    let rows = crate::store::vms::events_page(&st.db, tenant.id, before, &paging).await?;
+    let (rows, next) = paging.finish(rows, |e| e.id.to_string());
+    Ok(Page {
+        items: rows
+            .into_iter()
+            .map(|e| VmEvent {
+                id: e.id,
+                vm_id: e.vm_id,
+                at: e.at,
+                kind: e.kind,
+                message: e.message,
+            })
+            .collect(),
+        next_page_token: next,
+    })
 }

@@ -13,6 +13,9 @@ pub struct Model {
     pub expires_at: Option<DateTimeUtc>,
     pub last_used_at: Option<DateTimeUtc>,
     pub revoked_at: Option<DateTimeUtc>,
+    /// The token that minted this one: it expires no later and is revoked
+    /// with it.
+    pub minted_by: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -35,6 +35,9 @@ pub struct Model {
     pub fabric: Option<String>,
     /// SHA-256 of `topology`, written with it (`None` for rows from before).
     pub topology_digest: Option<String>,
+    /// An administrator allowed the next join-token registration under
+    /// this name (`kumo host rejoin`); its old credential is revoked.
+    pub rejoin_allowed: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -10,6 +10,9 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     pub expires_at: DateTimeUtc,
     pub revoked_at: Option<DateTimeUtc>,
+    /// How many registrations the token is good for, and how many it made.
+    pub max_uses: i32,
+    pub used: i32,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -15,6 +15,8 @@ pub struct Model {
     pub provider: Option<String>,
     /// …and its ID token, the hint for RP-initiated logout.
     pub id_token: Option<String>,
+    /// The API token a session was opened with: the session ends with it.
+    pub token_id: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

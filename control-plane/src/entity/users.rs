@@ -12,6 +12,8 @@ pub struct Model {
     pub kind: String,
     pub is_admin: bool,
     pub created_at: DateTimeUtc,
+    /// Disabled by an administrator: tokens fail, sessions are gone.
+    pub disabled: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -227,7 +227,7 @@ async fn poll(
         .await?
         .ok_or_else(|| ApiError::Internal("the admitted user vanished".into()))?;
     let minted = crate::http::api::tokens::mint_for(
-        &st.db,
+        &st,
         &crate::http::portal::ctx_of(&st, &user),
         &user,
         kumo_api_types::TokenCreate {

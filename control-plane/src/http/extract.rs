@@ -136,3 +136,20 @@ pub fn request_id(parts: &Parts) -> String {
         .unwrap_or("")
         .to_owned()
 }
+
+/// The client's address, as the audit log records it.
+pub struct ConnectInfoIp(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ConnectInfoIp {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(ConnectInfoIp(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ci| ci.0.ip().to_string())
+                .unwrap_or_else(|| "unknown".into()),
+        ))
+    }
+}

@@ -56,6 +56,7 @@ pub fn router(state: AppState) -> Router {
                 // Outside the normaliser, which must read bodies uncompressed.
                 .layer(CompressionLayer::new())
                 .layer(from_fn(middleware::problems::layer))
+                .layer(from_fn(middleware::headers::layer))
                 .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
                 .layer(DefaultBodyLimit::max(body_limit)),
         )

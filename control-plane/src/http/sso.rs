@@ -306,6 +306,7 @@ async fn callback(
         &st,
         user,
         Some((p.name.clone(), identity.id_token)),
+        None,
         flow.next,
     )
     .await
@@ -313,10 +314,13 @@ async fn callback(
 
 /// A new session for `user` (with the provider and ID token of a
 /// federated login) and the redirect that sets its cookie.
+/// Starts a portal session. One opened with an API token (`token`) ends
+/// when that token is revoked or expires.
 async fn begin_session(
     st: &AppState,
     user: Uuid,
     federated: Option<(String, String)>,
+    token: Option<Uuid>,
     next: String,
 ) -> Result<Response, ApiError> {
     let secret = random_token();
@@ -330,6 +334,7 @@ async fn begin_session(
         last_seen_at: Set(now),
         provider: Set(provider),
         id_token: Set(id_token),
+        token_id: Set(token),
     }
     .insert(&st.db)
     .await?;
@@ -369,7 +374,14 @@ async fn token_login(
     let caller =
         crate::app::auth::authenticate(&st.db, f.token.trim(), st.config.clock.now()).await?;
     tracing::info!(user = %caller.user.name, "token login to the portal");
-    begin_session(&st, caller.user.id, None, safe_next(f.next.as_deref())).await
+    begin_session(
+        &st,
+        caller.user.id,
+        None,
+        Some(caller.token_id),
+        safe_next(f.next.as_deref()),
+    )
+    .await
 }
 
 /// The user of a verified identity, provisioned on first login, if the
@@ -551,6 +563,7 @@ async fn provision(st: &AppState, id: &Identity) -> Result<Uuid, ApiError> {
             email: Set(id.email.clone()),
             kind: Set(kumo_api_types::UserKind::Federated.as_str().into()),
             is_admin: Set(false),
+            disabled: Set(false),
             created_at: Set(Utc::now()),
         };
         let user = match user.insert(&txn).await {
@@ -626,6 +639,19 @@ pub async fn session_of(
     let Some(user) = users::Entity::find_by_id(s.user_id).one(&st.db).await? else {
         return Ok(None);
     };
+    // A disabled user, or a session whose token was revoked or expired,
+    // is signed out for good.
+    let token_dead = match s.token_id {
+        None => false,
+        Some(t) => crate::entity::api_tokens::Entity::find_by_id(t)
+            .one(&st.db)
+            .await?
+            .is_none_or(|t| t.revoked_at.is_some() || t.expires_at.is_some_and(|e| e <= now)),
+    };
+    if user.disabled || token_dead {
+        sessions::Entity::delete_by_id(id).exec(&st.db).await?;
+        return Ok(None);
+    }
     if (now - s.last_seen_at).num_seconds() > 60 {
         sessions::Entity::update_many()
             .col_expr(
@@ -736,6 +762,22 @@ pub fn routes() -> Router<AppState> {
         .route("/auth/session", get(session))
         .route("/auth/logout", post(logout))
         .route("/auth/token", post(token_login))
+        .route("/static/login.js", get(login_js))
+}
+
+/// The chooser's script, served as a file so no page needs inline script.
+async fn login_js() -> Response {
+    (
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/javascript; charset=utf-8",
+            ),
+            (axum::http::header::CACHE_CONTROL, "max-age=300"),
+        ],
+        kumo_web_portal::LOGIN_JS,
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use kumo_billing::Decimal;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
-use crate::entity::{charges, point_grants, tenants};
+use crate::entity::{billing_alerts, charges, point_grants, tenant_billing, tenants};
 use crate::error::ApiError;
 
 pub fn stored_decimal(what: &str, id: Uuid, s: &str) -> Result<Decimal, ApiError> {
@@ -63,4 +63,52 @@ pub fn balance_of(
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(points::balance(&gs, &ds, now))
+}
+
+/// A tenant's charges for periods starting in `[from, to)`.
+pub async fn charges_between(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<charges::Model>, ApiError> {
+    Ok(charges::Entity::find()
+        .filter(charges::Column::TenantId.eq(tenant))
+        .filter(charges::Column::PeriodFrom.gte(from))
+        .filter(charges::Column::PeriodFrom.lt(to))
+        .all(db)
+        .await?)
+}
+
+/// A tenant's charges for periods starting at `from` or later.
+pub async fn charges_since(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    from: DateTime<Utc>,
+) -> Result<Vec<charges::Model>, ApiError> {
+    Ok(charges::Entity::find()
+        .filter(charges::Column::TenantId.eq(tenant))
+        .filter(charges::Column::PeriodFrom.gte(from))
+        .all(db)
+        .await?)
+}
+
+/// A tenant's standing (out of points since, grace until), if it has one.
+pub async fn standing(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+) -> Result<Option<tenant_billing::Model>, ApiError> {
+    Ok(tenant_billing::Entity::find_by_id(tenant).one(db).await?)
+}
+
+/// A tenant's billing alerts, newest first.
+pub async fn alerts_of(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+) -> Result<Vec<billing_alerts::Model>, ApiError> {
+    Ok(billing_alerts::Entity::find()
+        .filter(billing_alerts::Column::TenantId.eq(tenant))
+        .order_by_desc(billing_alerts::Column::At)
+        .all(db)
+        .await?)
 }

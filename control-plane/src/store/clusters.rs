@@ -3,9 +3,11 @@
 use kumo_api_types::VmSpec;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 use uuid::Uuid;
 
+use crate::domain::paging::Paging;
 use crate::entity::{clusters, tenants, vms};
 use crate::error::ApiError;
 
@@ -108,4 +110,66 @@ pub async fn find(
     .one(db)
     .await?
     .ok_or_else(|| ApiError::not_found(format!("cluster {cluster:?}")))
+}
+
+pub async fn by_id(
+    db: &impl ConnectionTrait,
+    id: Uuid,
+) -> Result<Option<clusters::Model>, ApiError> {
+    Ok(clusters::Entity::find_by_id(id).one(db).await?)
+}
+
+/// A tenant's cluster by exact name.
+pub async fn named(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    name: &str,
+) -> Result<Option<clusters::Model>, ApiError> {
+    Ok(clusters::Entity::find()
+        .filter(clusters::Column::TenantId.eq(tenant))
+        .filter(clusters::Column::Name.eq(name))
+        .one(db)
+        .await?)
+}
+
+/// Clusters' names by id.
+pub async fn names_by_id(
+    db: &impl ConnectionTrait,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<std::collections::HashMap<Uuid, String>, ApiError> {
+    Ok(clusters::Entity::find()
+        .filter(clusters::Column::Id.is_in(ids))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|c| (c.id, c.name))
+        .collect())
+}
+
+/// One page of a tenant's clusters, by name.
+pub async fn page(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    paging: &Paging,
+) -> Result<Vec<clusters::Model>, ApiError> {
+    let mut query = clusters::Entity::find()
+        .filter(clusters::Column::TenantId.eq(tenant))
+        .order_by_asc(clusters::Column::Name);
+    if let Some(after) = &paging.after {
+        query = query.filter(clusters::Column::Name.gt(after.as_str()));
+    }
+    Ok(query.limit(paging.fetch()).all(db).await?)
+}
+
+/// A cluster's member VMs for a change, locked until the transaction ends.
+pub async fn members_to_change(
+    txn: &DatabaseTransaction,
+    cluster: Uuid,
+) -> Result<Vec<vms::Model>, ApiError> {
+    Ok(vms::Entity::find()
+        .filter(vms::Column::ClusterId.eq(cluster))
+        .order_by_asc(vms::Column::Id)
+        .lock_exclusive()
+        .all(txn)
+        .await?)
 }

@@ -85,3 +85,18 @@ pub fn reachable_state(drained: bool) -> HostState {
         HostState::Ready
     }
 }
+
+pub async fn by_id(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<hosts::Model>, ApiError> {
+    Ok(hosts::Entity::find_by_id(id).one(db).await?)
+}
+
+/// The hosts with these ids, in one query.
+pub async fn by_ids(
+    db: &impl ConnectionTrait,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<Vec<hosts::Model>, ApiError> {
+    Ok(hosts::Entity::find()
+        .filter(hosts::Column::Id.is_in(ids))
+        .all(db)
+        .await?)
+}

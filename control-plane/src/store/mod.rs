@@ -10,6 +10,7 @@ pub mod billing;
 pub mod capacity;
 pub mod clusters;
 pub mod hosts;
+pub mod idempotency;
 pub mod identity;
 pub mod segments;
 pub mod templates;

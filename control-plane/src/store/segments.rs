@@ -1,21 +1,23 @@
 //! Queries over segments and VM attachments: stored kinds, CIDRs and
-//! rules, attaching NICs, the networks of VMs.
+//! rules, attaching NICs, the networks of VMs, VNI leases.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
 use kumo_api_types::{IngressRule, SegmentKind, VmNetwork};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
-    PaginatorTrait, QueryFilter, QueryOrder, Set,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 use uuid::Uuid;
 
-use crate::domain::ipam::{self, Cidr};
+use crate::domain::ipam::{self, Cidr, Lease, NextVni};
+use crate::domain::paging::Paging;
 use crate::domain::states::{decode, StoredText};
-use crate::entity::{attachments, segments, tenants};
-use crate::error::ApiError;
+use crate::entity::{attachments, segments, tenants, vni_leases};
+use crate::error::{is_unique_violation, ApiError};
 
 pub fn stored_kind(s: &segments::Model) -> Result<SegmentKind, ApiError> {
     decode("segments", s.id, &s.kind)
@@ -225,4 +227,123 @@ pub async fn find(
     .one(db)
     .await?
     .ok_or_else(|| ApiError::not_found(format!("segment {segment:?}")))
+}
+
+/// One page of a tenant's segments, by name.
+pub async fn page(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    paging: &Paging,
+) -> Result<Vec<segments::Model>, ApiError> {
+    let mut query = segments::Entity::find()
+        .filter(segments::Column::TenantId.eq(tenant))
+        .order_by_asc(segments::Column::Name);
+    if let Some(after) = &paging.after {
+        query = query.filter(segments::Column::Name.gt(after.as_str()));
+    }
+    Ok(query.limit(paging.fetch()).all(db).await?)
+}
+
+/// How many segments a tenant has.
+pub async fn count_of(db: &impl ConnectionTrait, tenant: Uuid) -> Result<u64, ApiError> {
+    Ok(segments::Entity::find()
+        .filter(segments::Column::TenantId.eq(tenant))
+        .count(db)
+        .await?)
+}
+
+/// A tenant's segment by exact name.
+pub async fn named(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    name: &str,
+) -> Result<Option<segments::Model>, ApiError> {
+    Ok(segments::Entity::find()
+        .filter(segments::Column::TenantId.eq(tenant))
+        .filter(segments::Column::Name.eq(name))
+        .one(db)
+        .await?)
+}
+
+/// The RoCE VLANs segments hold.
+pub async fn taken_vlans(db: &impl ConnectionTrait) -> Result<BTreeSet<i32>, ApiError> {
+    Ok(segments::Entity::find()
+        .filter(segments::Column::Vlan.is_not_null())
+        .all(db)
+        .await?
+        .into_iter()
+        .filter_map(|s| s.vlan)
+        .collect())
+}
+
+/// Leases the lowest free VNI of `ranges` for `segment` inside `txn`
+/// (a released VNI rests for `quarantine` first). `Ok(None)` when another
+/// server took it first (try again in a new transaction).
+pub async fn lease_vni(
+    txn: &DatabaseTransaction,
+    ranges: &[std::ops::RangeInclusive<u32>],
+    quarantine: chrono::Duration,
+    now: DateTime<Utc>,
+    segment: Uuid,
+) -> Result<Option<u32>, ApiError> {
+    let rows = vni_leases::Entity::find()
+        .order_by_asc(vni_leases::Column::Vni)
+        .all(txn)
+        .await?;
+    let leases: Vec<Lease> = rows
+        .iter()
+        .map(|l| Lease {
+            vni: u32::try_from(l.vni).unwrap_or(0),
+            live: l.segment_id.is_some(),
+            released_at: l.released_at,
+        })
+        .collect();
+    let next = ipam::next_vni(ranges, &leases, now, quarantine).ok_or_else(|| {
+        ApiError::InsufficientCapacity("every VNI of the configured ranges is in use".into())
+    })?;
+    match next {
+        NextVni::Fresh(vni) => {
+            let r = vni_leases::ActiveModel {
+                vni: Set(vni as i32),
+                segment_id: Set(Some(segment)),
+                released_at: Set(None),
+            }
+            .insert(txn)
+            .await;
+            match r {
+                Ok(_) => Ok(Some(vni)),
+                Err(e) if is_unique_violation(&e) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        }
+        NextVni::Reused(vni) => {
+            let r = vni_leases::Entity::update_many()
+                .col_expr(vni_leases::Column::SegmentId, Expr::value(Some(segment)))
+                .col_expr(
+                    vni_leases::Column::ReleasedAt,
+                    Expr::value(None::<DateTime<Utc>>),
+                )
+                .filter(vni_leases::Column::Vni.eq(vni as i32))
+                .filter(vni_leases::Column::SegmentId.is_null())
+                .filter(vni_leases::Column::ReleasedAt.lte(now - quarantine))
+                .exec(txn)
+                .await?;
+            Ok((r.rows_affected == 1).then_some(vni))
+        }
+    }
+}
+
+/// A segment's VNI is free again from `at` (it rests before reuse).
+pub async fn release_vni(
+    txn: &DatabaseTransaction,
+    vni: i32,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    vni_leases::Entity::update_many()
+        .col_expr(vni_leases::Column::SegmentId, Expr::value(None::<Uuid>))
+        .col_expr(vni_leases::Column::ReleasedAt, Expr::value(Some(at)))
+        .filter(vni_leases::Column::Vni.eq(vni))
+        .exec(txn)
+        .await?;
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! Queries over VM templates.
 
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
+use crate::domain::paging::Paging;
 use crate::entity::templates;
 use crate::error::ApiError;
 
@@ -13,4 +14,16 @@ pub async fn find(
         .filter(templates::Column::Name.eq(name))
         .one(db)
         .await?)
+}
+
+/// One page of the templates, by name.
+pub async fn page(
+    db: &impl ConnectionTrait,
+    paging: &Paging,
+) -> Result<Vec<templates::Model>, ApiError> {
+    let mut query = templates::Entity::find().order_by_asc(templates::Column::Name);
+    if let Some(after) = &paging.after {
+        query = query.filter(templates::Column::Name.gt(after.as_str()));
+    }
+    Ok(query.limit(paging.fetch()).all(db).await?)
 }

@@ -1,11 +1,14 @@
-//! Queries over tenants' quotas.
+//! Queries over tenants, their quotas and their memberships.
 
-use kumo_api_types::Quota;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use kumo_api_types::{Quota, Role};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 use uuid::Uuid;
 
 use super::name_or_id;
-use crate::entity::{tenant_gpu_quotas, tenant_quotas, tenants};
+use crate::domain::paging::Paging;
+use crate::entity::{memberships, tenant_gpu_quotas, tenant_quotas, tenants, users};
 use crate::error::ApiError;
 
 pub fn to_u32(v: i64) -> u32 {
@@ -48,4 +51,94 @@ pub async fn find_tenant(
     )
     .one(db)
     .await?)
+}
+
+/// One page of tenants by name: all of them, or only those of `only`.
+pub async fn page(
+    db: &impl ConnectionTrait,
+    only: Option<Vec<Uuid>>,
+    paging: &Paging,
+) -> Result<Vec<tenants::Model>, ApiError> {
+    let mut query = tenants::Entity::find().order_by_asc(tenants::Column::Name);
+    if let Some(ids) = only {
+        query = query.filter(tenants::Column::Id.is_in(ids));
+    }
+    if let Some(after) = &paging.after {
+        query = query.filter(tenants::Column::Name.gt(after.as_str()));
+    }
+    Ok(query.limit(paging.fetch()).all(db).await?)
+}
+
+pub async fn tenant_by_id(
+    db: &impl ConnectionTrait,
+    id: Uuid,
+) -> Result<Option<tenants::Model>, ApiError> {
+    Ok(tenants::Entity::find_by_id(id).one(db).await?)
+}
+
+/// The GPUs a tenant may hold, all models together.
+pub async fn gpu_quota_total(db: &impl ConnectionTrait, tenant: Uuid) -> Result<i64, ApiError> {
+    Ok(tenant_gpu_quotas::Entity::find()
+        .filter(tenant_gpu_quotas::Column::TenantId.eq(tenant))
+        .all(db)
+        .await?
+        .iter()
+        .map(|q| q.gpus)
+        .sum())
+}
+
+/// Every membership of a user.
+pub async fn memberships_of(
+    db: &impl ConnectionTrait,
+    user: Uuid,
+) -> Result<Vec<memberships::Model>, ApiError> {
+    Ok(memberships::Entity::find()
+        .filter(memberships::Column::UserId.eq(user))
+        .all(db)
+        .await?)
+}
+
+pub async fn membership(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    user: Uuid,
+) -> Result<Option<memberships::Model>, ApiError> {
+    Ok(memberships::Entity::find_by_id((tenant, user))
+        .one(db)
+        .await?)
+}
+
+/// One page of a tenant's members with their users, by user id, after
+/// the user id `after`.
+pub async fn members_page(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    after: Option<Uuid>,
+    paging: &Paging,
+) -> Result<Vec<(memberships::Model, Option<users::Model>)>, ApiError> {
+    let mut query = memberships::Entity::find()
+        .filter(memberships::Column::TenantId.eq(tenant))
+        .order_by_asc(memberships::Column::UserId);
+    if let Some(after) = after {
+        query = query.filter(memberships::Column::UserId.gt(after));
+    }
+    Ok(query
+        .find_also_related(users::Entity)
+        .limit(paging.fetch())
+        .all(db)
+        .await?)
+}
+
+/// How many owners a tenant has besides `leaving`.
+pub async fn other_owners(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    leaving: Uuid,
+) -> Result<u64, ApiError> {
+    Ok(memberships::Entity::find()
+        .filter(memberships::Column::TenantId.eq(tenant))
+        .filter(memberships::Column::Role.eq(Role::Owner.as_str()))
+        .filter(memberships::Column::UserId.ne(leaving))
+        .count(db)
+        .await?)
 }

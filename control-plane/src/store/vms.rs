@@ -6,9 +6,11 @@ use kumo_api_types::{Power, VmSpec, VmState};
 use kumo_topology::guest_layout::Placement;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
-    QueryFilter, QuerySelect, Set,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
+use uuid::Uuid;
 
+use crate::domain::paging::Paging;
 use crate::domain::quota::Usage;
 use crate::domain::states::decode;
 use crate::entity::{tenants, vm_events, vms};
@@ -115,4 +117,58 @@ pub async fn usage(db: &impl ConnectionTrait, tenant: uuid::Uuid) -> Result<Usag
         held.push((stored_state(v)?, stored_spec(v)?));
     }
     Ok(Usage::of(held.iter().map(|(s, spec)| (*s, spec))))
+}
+
+/// One page of a tenant's VMs, by name.
+pub async fn page(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    paging: &Paging,
+) -> Result<Vec<vms::Model>, ApiError> {
+    let mut query = vms::Entity::find()
+        .filter(vms::Column::TenantId.eq(tenant))
+        .order_by_asc(vms::Column::Name);
+    if let Some(after) = &paging.after {
+        query = query.filter(vms::Column::Name.gt(after.as_str()));
+    }
+    Ok(query.limit(paging.fetch()).all(db).await?)
+}
+
+/// How many VMs a tenant has.
+pub async fn count_of(db: &impl ConnectionTrait, tenant: Uuid) -> Result<u64, ApiError> {
+    Ok(vms::Entity::find()
+        .filter(vms::Column::TenantId.eq(tenant))
+        .count(db)
+        .await?)
+}
+
+/// VMs' names by id.
+pub async fn names_by_id(
+    db: &impl ConnectionTrait,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<std::collections::HashMap<Uuid, String>, ApiError> {
+    Ok(vms::Entity::find()
+        .filter(vms::Column::Id.is_in(ids))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|r| (r.id, r.name))
+        .collect())
+}
+
+/// One page of a tenant's VM events, newest first, older than the event
+/// `before`.
+pub async fn events_page(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    before: Option<i64>,
+    paging: &Paging,
+) -> Result<Vec<vm_events::Model>, ApiError> {
+    let mut query = vm_events::Entity::find()
+        .filter(vm_events::Column::TenantId.eq(tenant))
+        .order_by_desc(vm_events::Column::Id);
+    if let Some(before) = before {
+        query = query.filter(vm_events::Column::Id.lt(before));
+    }
+    Ok(query.limit(paging.fetch()).all(db).await?)
 }

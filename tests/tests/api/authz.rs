@@ -262,6 +262,37 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/hosts/join-tokens",
         [201, 403, 403, 403, 403, 401, 401, 401],
     ),
+    // The target is a user of its own for each call.
+    (
+        "POST",
+        "/api/v1/users/{user}/disable",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/users/{user}/enable",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/users/{user}/sessions",
+        [204, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/hosts/join-tokens",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/hosts/join-tokens/{id}",
+        [204, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/hosts/{host}/rejoin",
+        [204, 403, 403, 403, 403, 401, 401, 401],
+    ),
     (
         "GET",
         "/api/v1/hosts",
@@ -417,7 +448,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         | ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => w.scratch_tenant(s).await,
         _ => "alpha".to_owned(),
     };
-    let host = if template.ends_with("drain") {
+    let host = if template.ends_with("drain") || template.ends_with("rejoin") {
         "host-2"
     } else {
         "host-1"
@@ -502,6 +533,14 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
             json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "gpus": {"H100-SXM5-80GB": 8}}),
         ),
         ("POST", "/api/v1/users") => Some(json!({"name": format!("user-{n}")})),
+        ("POST", "/api/v1/users/{user}/disable")
+        | ("POST", "/api/v1/users/{user}/enable")
+        | ("DELETE", "/api/v1/users/{user}/sessions") => {
+            let user = format!("target-{n}");
+            s.user(&user).await;
+            path = path.replace("{user}", &user);
+            None
+        }
         ("POST", "/api/v1/users/{user}/tokens") => {
             path = path.replace("{user}", "mika");
             Some(json!({}))
@@ -528,6 +567,15 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         ),
         ("POST", "/agent/v1/heartbeat") => Some(json!({})),
         ("POST", "/agent/v1/status") => Some(json!({"vms": []})),
+        ("DELETE", "/api/v1/hosts/join-tokens/{id}") => {
+            let t: kumo_api_types::JoinTokenCreated = s
+                .admin
+                .post("/api/v1/hosts/join-tokens", &json!({}))
+                .await
+                .unwrap();
+            path = path.replace("{id}", &t.id.to_string());
+            None
+        }
         ("DELETE", "/api/v1/tokens/{id}") => {
             let t = s
                 .admin

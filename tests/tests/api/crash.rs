@@ -340,7 +340,7 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
         .await
         .unwrap();
     let join: kumo_api_types::JoinTokenCreated = admin
-        .post("/api/v1/hosts/join-tokens", &json!({}))
+        .post("/api/v1/hosts/join-tokens", &json!({"uses": 3}))
         .await
         .unwrap();
     let mut agents = Vec::new();

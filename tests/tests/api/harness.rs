@@ -261,10 +261,14 @@ pub struct SimAgent {
 }
 
 impl TestServer {
+    /// A join token for a test's fleet (16 registrations).
     pub async fn join_token(&self) -> String {
         let r: kumo_api_types::JoinTokenCreated = self
             .admin
-            .post("/api/v1/hosts/join-tokens", &serde_json::json!({}))
+            .post(
+                "/api/v1/hosts/join-tokens",
+                &serde_json::json!({"uses": 16}),
+            )
             .await
             .unwrap();
         r.token

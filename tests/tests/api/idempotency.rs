@@ -1,6 +1,7 @@
 //! `Idempotency-Key` replays the first answer and creates nothing twice.
 
 use kumo_api_types::{Problem, Tenant, TokenCreated};
+use sea_orm::EntityTrait;
 
 use crate::harness::{on_both_backends, TestServer};
 
@@ -32,11 +33,32 @@ on_both_backends! {
         let creates = s.admin.audit(None, 100).await.unwrap().into_iter().filter(|e| e.action == "tenant.create").count();
         assert_eq!(creates, 1);
 
-        // A token is minted once: the replay hands out the same secret, not a second token.
+        // A token is minted once, and its secret is shown once: the replay
+        // mints no second token and answers 409 naming the first, and the
+        // secret is nowhere in the idempotency store.
         let t1: TokenCreated = post(s, "/api/v1/tokens", "tok-1", "{}").await.json().await.unwrap();
-        let t2: TokenCreated = post(s, "/api/v1/tokens", "tok-1", "{}").await.json().await.unwrap();
-        assert_eq!(t1.token, t2.token);
+        let again = post(s, "/api/v1/tokens", "tok-1", "{}").await;
+        assert_eq!(again.status(), 409);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let p: Problem = again.json().await.unwrap();
+        let detail = p.detail.unwrap_or_default();
+        assert!(detail.contains(&t1.id.to_string()), "{detail}");
+        assert!(!detail.contains(&t1.token));
         assert_eq!(s.admin.list_tokens().await.unwrap().len(), 2);
+        let secret = kumo_server::app::auth::parse(&t1.token).unwrap().1.to_owned();
+        for row in kumo_server::entity::idempotency_keys::Entity::find().all(s.db()).await.unwrap() {
+            assert!(!row.body.unwrap_or_default().contains(&secret), "a secret was kept");
+        }
+        // So is a join token's.
+        let j = post(s, "/api/v1/hosts/join-tokens", "join-1", "{}").await;
+        assert_eq!(j.status(), 201);
+        assert_eq!(post(s, "/api/v1/hosts/join-tokens", "join-1", "{}").await.status(), 409);
+
+        // Answers older than a day are purged.
+        let later = chrono::Utc::now() + chrono::Duration::hours(25);
+        let purged = kumo_server::store::idempotency::purge(s.db(), later).await.unwrap();
+        assert!(purged >= 3, "{purged}");
+        assert!(kumo_server::entity::idempotency_keys::Entity::find().all(s.db()).await.unwrap().is_empty());
     }
 
     async fn errors_replay_too_and_keys_are_per_request(s: &TestServer) {

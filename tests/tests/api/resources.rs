@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use chrono::{Duration, Utc};
+use chrono::{Duration, SubsecRound, Utc};
 use kumo_api_types::{
     MemberPut, Page, Quota, Role, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind,
 };
@@ -227,6 +227,55 @@ on_both_backends! {
             .await
             .unwrap_err();
         assert_eq!(past.status(), Some(400));
+    }
+
+    async fn a_token_never_outlives_the_token_that_minted_it(s: &TestServer) {
+        let (alice, _) = s.user("alice").await;
+        let short = alice
+            // Whole seconds: PostgreSQL keeps microseconds, the clock has more.
+            .create_token(&TokenCreate { description: Some("ci, a minute".into()), expires_at: Some((Utc::now() + Duration::seconds(60)).trunc_subsecs(0)) })
+            .await
+            .unwrap();
+        let ci = s.client(Some(&short.token));
+        // Asked to live forever, or for a year: it ends with its parent.
+        let child = ci.create_token(&TokenCreate::default()).await.unwrap();
+        assert_eq!(child.expires_at, short.expires_at);
+        let year = ci
+            .create_token(&TokenCreate { description: None, expires_at: Some(Utc::now() + Duration::days(365)) })
+            .await
+            .unwrap();
+        assert_eq!(year.expires_at, short.expires_at);
+        // A grandchild too; and revoking the parent revokes what it minted.
+        let grandchild = s.client(Some(&child.token)).create_token(&TokenCreate::default()).await.unwrap();
+        assert_eq!(grandchild.expires_at, short.expires_at);
+        alice.revoke_token(&short.id.to_string()).await.unwrap();
+        for t in [&child.token, &year.token, &grandchild.token] {
+            assert_eq!(s.client(Some(t)).me().await.unwrap_err().status(), Some(401));
+        }
+        // Alice's own login token (no end) still works.
+        assert_eq!(alice.me().await.unwrap().user.name, "alice");
+    }
+
+    async fn disabled_users_are_locked_out_at_once(s: &TestServer) {
+        let (alice, _) = s.user("alice").await;
+        let extra = alice.create_token(&TokenCreate::default()).await.unwrap();
+        let laptop = s.client(Some(&extra.token));
+        laptop.me().await.unwrap();
+        let u = s.admin.set_user_disabled("alice", true).await.unwrap();
+        assert!(u.disabled);
+        assert_eq!(laptop.me().await.unwrap_err().status(), Some(401));
+        assert_eq!(alice.me().await.unwrap_err().status(), Some(401));
+        // Others are not: admins only, and not oneself.
+        let (bob, _) = s.user("bob").await;
+        assert_eq!(bob.set_user_disabled("alice", false).await.unwrap_err().status(), Some(403));
+        assert_eq!(s.admin.set_user_disabled("admin", true).await.unwrap_err().status(), Some(409));
+        assert_eq!(bob.end_sessions("alice").await.unwrap_err().status(), Some(403));
+        bob.end_sessions("bob").await.unwrap();
+        let u = s.admin.set_user_disabled("alice", false).await.unwrap();
+        assert!(!u.disabled);
+        assert_eq!(laptop.me().await.unwrap().user.name, "alice");
+        let audit = s.admin.audit(None, 100).await.unwrap();
+        assert!(audit.iter().any(|e| e.action == "user.disable" && e.target == "alice"));
     }
 
     async fn expired_tokens_stop_working(s: &TestServer) {

@@ -682,6 +682,10 @@ async fn the_portal_in_a_browser() {
         .unwrap_or_else(|_| panic!("browser: {text} {}", String::from_utf8_lossy(&seen.stderr)));
     assert_eq!(seen["error"], Value::Null, "{seen}");
     assert_eq!(seen["chooser"], true, "{seen}");
+    assert_eq!(
+        seen["filter_visible"], 1,
+        "the chooser's script ran: {seen}"
+    );
     assert_eq!(seen["dashboard_lang"], "ja", "{seen}");
     assert_eq!(seen["dashboard_has_tenant"], true, "{seen}");
     assert_ne!(seen["state_at_load"], "running", "{seen}");
@@ -1027,6 +1031,65 @@ async fn portal_pages_act_through_the_api() {
     )
     .await;
     assert_eq!((status, to.as_str()), (302, "/admin/hosts"));
+    // A session opened with a token ends with it: revoked, the browser is
+    // signed out at its next page.
+    let minted: kumo_api_types::TokenCreated = s
+        .admin
+        .post(
+            "/api/v1/tokens",
+            &serde_json::json!({"description": "for one browser"}),
+        )
+        .await
+        .unwrap();
+    let tb = browser();
+    let (_, login) = get(&tb, &u("/login")).await;
+    let tcsrf = login
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("{login}"))
+        .to_owned();
+    let (status, ..) = post(
+        &tb,
+        &u("/auth/token"),
+        &[("token", &minted.token), ("csrf", &tcsrf)],
+    )
+    .await;
+    assert_eq!(status, 302);
+    assert_eq!(get(&tb, &u("/admin/hosts")).await.0, 200);
+    s.admin.revoke_token(&minted.id.to_string()).await.unwrap();
+    let r = tb.get(u("/admin/hosts")).send().await.unwrap();
+    assert_ne!(r.status().as_u16(), 200, "the session outlived its token");
+    assert!(location(&r).starts_with("/login"), "{}", location(&r));
+    // Every page forbids framing and inline script; pages are not cached.
+    let r = adm.get(u("/tokens")).send().await.unwrap();
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(
+        csp.contains("script-src 'self';"),
+        "no inline script allowed: {csp}"
+    );
+    assert_eq!(r.headers()["x-frame-options"], "DENY");
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    assert_eq!(r.headers()["referrer-policy"], "same-origin");
+    let login = browser()
+        .get(u("/login"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !login.contains("<script>"),
+        "no inline script on the chooser"
+    );
     let cadm = csrf_of(&adm, &kumo).await;
     let (status, page) = get(&adm, &u("/admin/hosts")).await;
     assert_eq!(status, 200);

@@ -74,11 +74,63 @@ on_both_backends! {
         assert!(d.matrix.contains("NV18") && d.matrix.contains("PIX"));
         assert!(d.allocations.is_empty());
         assert_eq!(a.heartbeat().await, 204);
-        // Registering the same name again keeps the host and retires the old credential.
-        let again = s.sim_agent("gpu-001", "hgx-h100").await;
+        // A join token never takes a registered host's name: 409, and the
+        // host's credential still works.
+        let register = |join: String, current: Option<String>| {
+            let url = s.url.clone();
+            async move {
+                let mut req = reqwest::Client::new().post(format!("{url}/agent/v1/register"));
+                if let Some(c) = current {
+                    req = req.bearer_auth(c);
+                }
+                req.json(&kumo_api_types::AgentRegister {
+                    join_token: join,
+                    name: "gpu-001".into(),
+                    topology: crate::harness::fixture_topology("hgx-h100"),
+                    virt_type: "kvm".into(),
+                    scalable_unit: None,
+                    rails: Default::default(),
+                    underlay_ip: None,
+                })
+                .send()
+                .await
+                .unwrap()
+            }
+        };
+        let r = register(s.join_token().await, None).await;
+        assert_eq!(r.status(), 409, "a join token took a registered name");
+        assert_eq!(a.heartbeat().await, 204);
+        // Its own agent (showing its current credential) re-joins: the host
+        // stays, the old credential dies.
+        let r = register(s.join_token().await, Some(a.credential.clone())).await;
+        assert_eq!(r.status(), 201);
+        let again: kumo_api_types::AgentRegistered = r.json().await.unwrap();
         assert_eq!(again.host_id, a.host_id);
         assert_eq!(a.heartbeat().await, 401);
-        assert_eq!(again.heartbeat().await, 204);
+        // An administrator lets a reinstalled machine re-join: its
+        // credential dies at once, and the next registration is let in, once.
+        let hb = |cred: String| {
+            let url = s.url.clone();
+            async move {
+                reqwest::Client::new().post(format!("{url}/agent/v1/heartbeat")).bearer_auth(cred)
+                    .json(&json!({})).send().await.unwrap().status().as_u16()
+            }
+        };
+        assert_eq!(hb(again.credential.clone()).await, 204);
+        let r = s.http().post(format!("{}/api/v1/hosts/gpu-001/rejoin", s.url)).bearer_auth(&s.admin_token).send().await.unwrap();
+        assert_eq!(r.status(), 204);
+        assert_eq!(hb(again.credential.clone()).await, 401, "rejoin revokes the credential");
+        let r = register(s.join_token().await, None).await;
+        assert_eq!(r.status(), 201);
+        let third: kumo_api_types::AgentRegistered = r.json().await.unwrap();
+        assert_eq!(third.host_id, a.host_id);
+        assert_eq!(hb(third.credential).await, 204);
+        assert_eq!(register(s.join_token().await, None).await.status(), 409, "once");
+        // Every registration is audited, by the join token that made it.
+        let audit = s.admin.audit(None, 200).await.unwrap();
+        let regs: Vec<_> = audit.iter().filter(|e| e.action.starts_with("host.") && e.action.ends_with("register")).collect();
+        assert_eq!(regs.len(), 3, "{regs:?}");
+        assert!(regs.iter().all(|e| e.actor.starts_with("join-token:")), "{regs:?}");
         // Bad join tokens and bad credentials.
         let r = reqwest::Client::new()
             .post(format!("{}/agent/v1/register", s.url))
@@ -87,6 +139,53 @@ on_both_backends! {
         assert_eq!(r.status(), 401);
         let r = reqwest::Client::new().get(format!("{}/agent/v1/desired", s.url)).bearer_auth(&s.admin_token).send().await.unwrap();
         assert_eq!(r.status(), 401, "a user token is not a host credential");
+    }
+
+    async fn join_tokens_are_counted_listed_and_revoked(s: &TestServer) {
+        let made: kumo_api_types::JoinTokenCreated = s.admin.post("/api/v1/hosts/join-tokens", &json!({"description": "rack 7"})).await.unwrap();
+        assert_eq!(made.uses, 1, "single-use by default");
+        let reg = |name: &'static str, token: String| {
+            let url = s.url.clone();
+            async move {
+                reqwest::Client::new().post(format!("{url}/agent/v1/register"))
+                    .json(&kumo_api_types::AgentRegister {
+                        join_token: token, name: name.into(),
+                        topology: crate::harness::fixture_topology("cpu-only"),
+                        virt_type: "kvm".into(), scalable_unit: None, rails: Default::default(), underlay_ip: None,
+                    })
+                    .send().await.unwrap().status().as_u16()
+            }
+        };
+        assert_eq!(reg("cpu-1", made.token.clone()).await, 201);
+        assert_eq!(reg("cpu-2", made.token.clone()).await, 401, "its one use is spent");
+        // Listed with its uses, never its secret.
+        let r = s.http().get(format!("{}/api/v1/hosts/join-tokens", s.url)).bearer_auth(&s.admin_token).send().await.unwrap();
+        let body = r.text().await.unwrap();
+        let secret = made.token.rsplit('_').next().unwrap().to_owned();
+        assert!(!body.contains(&secret));
+        let page: Page<kumo_api_types::JoinTokenInfo> = serde_json::from_str(&body).unwrap();
+        let info = page.items.iter().find(|t| t.id == made.id).unwrap();
+        assert_eq!((info.uses, info.used, info.description.as_str()), (1, 1, "rack 7"));
+        // A token for three, revoked after one: the rest are refused.
+        let three: kumo_api_types::JoinTokenCreated = s.admin.post("/api/v1/hosts/join-tokens", &json!({"uses": 3})).await.unwrap();
+        assert_eq!(reg("cpu-3", three.token.clone()).await, 201);
+        // A failed registration (a bad name) does not spend a use.
+        assert_eq!(reg("Not A Name", three.token.clone()).await, 400);
+        let r = s.http().delete(format!("{}/api/v1/hosts/join-tokens/{}", s.url, three.id)).bearer_auth(&s.admin_token).send().await.unwrap();
+        assert_eq!(r.status(), 204);
+        assert_eq!(reg("cpu-4", three.token.clone()).await, 401, "revoked");
+        let page: Page<kumo_api_types::JoinTokenInfo> = s.admin.get("/api/v1/hosts/join-tokens").await.unwrap();
+        let info = page.items.iter().find(|t| t.id == three.id).unwrap();
+        assert_eq!(info.used, 1);
+        assert!(info.revoked_at.is_some());
+        // Tenants' members see none of it.
+        let (_, user) = s.user("mallory").await;
+        let r = s.http().get(format!("{}/api/v1/hosts/join-tokens", s.url)).bearer_auth(&user).send().await.unwrap();
+        assert_eq!(r.status(), 403);
+        let r = s.http().delete(format!("{}/api/v1/hosts/join-tokens/{}", s.url, made.id)).bearer_auth(&user).send().await.unwrap();
+        assert_eq!(r.status(), 403);
+        let r = s.http().post(format!("{}/api/v1/hosts/cpu-1/rejoin", s.url)).bearer_auth(&user).send().await.unwrap();
+        assert_eq!(r.status(), 403);
     }
 
     async fn a_vm_goes_through_its_whole_life(s: &TestServer) {

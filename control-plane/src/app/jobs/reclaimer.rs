@@ -46,6 +46,9 @@ pub async fn run(st: AppState) {
             if let Err(e) = crate::app::budget::enforce(&st).await {
                 tracing::warn!(error = %e, "budget pass failed; retrying");
             }
+            if let Err(e) = crate::store::idempotency::purge(&st.db, st.config.clock.now()).await {
+                tracing::warn!(error = %e, "purging expired idempotency keys failed; retrying");
+            }
         }
         if last_refresh.elapsed() >= REFRESH {
             last_refresh = tokio::time::Instant::now();

@@ -3,7 +3,6 @@
 //! authenticate with their host credential (`kumoh_…`); anything an agent
 //! says about a VM of another host is refused.
 
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
@@ -14,22 +13,20 @@ use kumo_api_types::{
     ActualState, AgentHeartbeat, AgentRegister, AgentRegistered, DesiredParams, DesiredState,
     DesiredVm, HostState, PreemptionNotice, StatusReport, VmState,
 };
-use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QuerySelect, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
 use super::Problems;
-use crate::entity::{allocations, clusters, hosts, join_tokens, vms};
-use crate::error::{conflict_if_unique, ApiError};
+use crate::entity::{allocations, clusters, hosts, vms};
+use crate::error::ApiError;
 use crate::store::vms::{desired_power, event, stored_placement, stored_spec, stored_state};
 
 use crate::app::auth;
 use crate::context::AppState;
 use crate::domain::lifecycle;
-use crate::domain::names;
-use crate::http::extract::{Json, Query};
+use crate::http::extract::{ConnectInfoIp, Json, Query};
 
 /// How long a desired-state request waits for a change.
 pub const LONG_POLL: Duration = Duration::from_secs(25);
@@ -63,55 +60,11 @@ impl FromRequestParts<AppState> for HostCaller {
     }
 }
 
-fn validate_topology(t: &kumo_topology::HostTopology) -> Result<(), ApiError> {
-    t.plausible().map_err(|m| ApiError::field("topology", m))
-}
-
-fn check_underlay(ip: Option<Ipv4Addr>) -> Result<(), ApiError> {
-    match ip {
-        Some(u)
-            if u.is_unspecified() || u.is_loopback() || u.is_multicast() || u.is_broadcast() =>
-        {
-            Err(ApiError::field(
-                "underlay_ip",
-                format!("{u} is not a unicast address another host can reach"),
-            ))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Whether a unique violation is the underlay address's (SQLite names the
-/// column, PostgreSQL the index).
-fn names_underlay(e: &sea_orm::DbErr) -> bool {
-    matches!(e.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(m)) if m.contains("underlay_ip"))
-}
-
-fn underlay_taken(e: sea_orm::DbErr, ip: Option<Ipv4Addr>) -> ApiError {
-    conflict_if_unique(e, || {
-        format!(
-            "underlay address {} belongs to another host",
-            ip.map(|i| i.to_string()).unwrap_or_default()
-        )
-    })
-}
-
-/// A host's tunnel endpoint changed: every host may have it in a flood
-/// list. Rare (a re-addressed host), so all hosts look again.
-async fn underlay_moved(db: &impl sea_orm::ConnectionTrait) -> Result<(), ApiError> {
-    hosts::Entity::update_many()
-        .col_expr(
-            hosts::Column::NetworkRevision,
-            Expr::col(hosts::Column::NetworkRevision).add(1),
-        )
-        .exec(db)
-        .await?;
-    Ok(())
-}
-
-/// Register a host with a join token; answers the host's own credential.
-/// Registering an existing name again (an agent that lost its state)
-/// keeps the host and its VMs and issues a new credential.
+/// Register a host with a join token (each counts its uses); answers the
+/// host's own credential. A registered name is taken again only by its
+/// agent showing its current credential (`Authorization: Bearer kumoh_…`,
+/// an agent that lost its state otherwise) or after an administrator's
+/// `kumo host rejoin`; the old credential dies.
 #[utoipa::path(
     post, path = "/agent/v1/register", tag = "agent", security(()),
     request_body = AgentRegister,
@@ -119,114 +72,26 @@ async fn underlay_moved(db: &impl sea_orm::ConnectionTrait) -> Result<(), ApiErr
 )]
 pub async fn register(
     State(st): State<AppState>,
+    headers: axum::http::HeaderMap,
+    ConnectInfoIp(source_ip): ConnectInfoIp,
     Json(body): Json<AgentRegister>,
 ) -> Result<(StatusCode, axum::Json<AgentRegistered>), ApiError> {
-    let invalid = || ApiError::Unauthenticated("invalid, expired or revoked join token".into());
-    let (token_id, secret) =
-        auth::parse_prefixed(&body.join_token, auth::JOIN_PREFIX).ok_or_else(invalid)?;
-    let jt = join_tokens::Entity::find_by_id(token_id)
-        .one(&st.db)
-        .await?
-        .ok_or_else(invalid)?;
-    let now = Utc::now();
-    if !auth::secret_matches(secret, &jt.secret_hash)
-        || jt.revoked_at.is_some()
-        || jt.expires_at <= now
-    {
-        return Err(invalid());
-    }
-    names::tenant_name("name", &body.name)?;
-    if !matches!(body.virt_type.as_str(), "kvm" | "qemu") {
-        return Err(ApiError::field("virt_type", "kvm or qemu"));
-    }
-    if let Some(su) = &body.scalable_unit {
-        names::tenant_name("scalable_unit", su)?;
-    }
-    validate_topology(&body.topology)?;
-    check_underlay(body.underlay_ip)?;
-    let underlay = body.underlay_ip.map(|u| u.to_string());
-    if body.rails.len() > kumo_scheduler::profile::MAX_SLOTS
-        || body.rails.values().any(|r| *r > 1024)
-        || body.rails.keys().any(|k| k.len() > 64)
-    {
-        return Err(ApiError::field("rails", "at most 64 NICs, rails 0 to 1024"));
-    }
-    let rails = (!body.rails.is_empty())
-        .then(|| serde_json::to_string(&body.rails))
-        .transpose()
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let topology =
-        serde_json::to_string(&body.topology).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let txn = st.db.begin().await?;
-    let existing = hosts::Entity::find()
-        .filter(hosts::Column::Name.eq(body.name.clone()))
-        .one(&txn)
-        .await?;
-    let id = existing.as_ref().map(|h| h.id).unwrap_or_else(Uuid::now_v7);
-    let minted = auth::mint_prefixed(auth::HOST_PREFIX, id);
-    match existing {
-        Some(h) => {
-            let h_drained = h.drained;
-            let moved = h.underlay_ip != underlay;
-            let mut a: hosts::ActiveModel = h.into();
-            a.underlay_ip = Set(underlay.clone());
-            a.credential_hash = Set(minted.secret_hash);
-            a.topology_digest = Set(Some(auth::hash_secret(&topology)));
-            a.topology = Set(topology);
-            a.virt_type = Set(body.virt_type.clone());
-            a.scalable_unit = Set(body.scalable_unit.clone());
-            a.rails = Set(rails.clone());
-            a.state = Set(crate::store::hosts::reachable_state(h_drained)
-                .as_str()
-                .into());
-            a.last_heartbeat_at = Set(now);
-            a.update(&txn)
-                .await
-                .map_err(|e| underlay_taken(e, body.underlay_ip))?;
-            if moved {
-                underlay_moved(&txn).await?;
-            }
-        }
-        None => {
-            hosts::ActiveModel {
-                id: Set(id),
-                name: Set(body.name.clone()),
-                state: Set(HostState::Ready.as_str().into()),
-                credential_hash: Set(minted.secret_hash),
-                topology_digest: Set(Some(auth::hash_secret(&topology))),
-                topology: Set(topology),
-                scalable_unit: Set(body.scalable_unit.clone()),
-                registered_at: Set(now),
-                last_heartbeat_at: Set(now),
-                revision: Set(1),
-                virt_type: Set(body.virt_type.clone()),
-                rails: Set(rails.clone()),
-                drained: Set(false),
-                underlay_ip: Set(underlay.clone()),
-                network_revision: Set(0),
-                fabric: Set(None),
-            }
-            .insert(&txn)
-            .await
-            .map_err(|e| {
-                if names_underlay(&e) {
-                    underlay_taken(e, body.underlay_ip)
-                } else {
-                    conflict_if_unique(e, || {
-                        format!("host {:?} registered concurrently; retry", body.name)
-                    })
-                }
-            })?;
-        }
-    }
-    txn.commit().await?;
-    st.capacity.refresh_host(&st.db, id).await?;
-    tracing::info!(host = %body.name, %id, "host registered");
+    let current = crate::http::extract::bearer_token(&headers).and_then(Result::ok);
+    let origin = crate::app::hosts::Origin {
+        source_ip,
+        request_id: headers
+            .get(crate::http::extract::REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned(),
+        at: st.config.clock.now(),
+    };
+    let (host_id, credential) = crate::app::hosts::register(&st, &body, current, &origin).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(AgentRegistered {
-            host_id: id,
-            credential: minted.token,
+            host_id,
+            credential,
         }),
     ))
 }
@@ -255,7 +120,7 @@ pub async fn heartbeat(
             .into());
     }
     if let Some(t) = &body.topology {
-        validate_topology(t)?;
+        crate::app::hosts::validate_topology(t)?;
         let text = serde_json::to_string(t).map_err(|e| ApiError::Internal(e.to_string()))?;
         a.topology_digest = Set(Some(auth::hash_secret(&text)));
         a.topology = Set(text);
@@ -270,14 +135,14 @@ pub async fn heartbeat(
     }
     let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
     if moved {
-        check_underlay(body.underlay_ip)?;
+        crate::app::hosts::check_underlay(body.underlay_ip)?;
         a.underlay_ip = Set(body.underlay_ip.map(|u| u.to_string()));
     }
     a.update(&st.db)
         .await
-        .map_err(|e| underlay_taken(e, body.underlay_ip))?;
+        .map_err(|e| crate::app::hosts::underlay_taken(e, body.underlay_ip))?;
     if moved {
-        underlay_moved(&st.db).await?;
+        crate::app::hosts::underlay_moved(&st.db).await?;
         st.capacity.refresh_host(&st.db, id).await?;
         tracing::info!(host = %name, underlay = ?body.underlay_ip, "underlay address changed");
     }

@@ -2,97 +2,15 @@
 //! nothing, in one scalable unit when one has room, rail-aligned; their
 //! hostfile; deleting one deletes its members.
 
-use std::collections::HashMap;
-
 use axum::extract::State;
 use axum::http::StatusCode;
-use kumo_api_types::{Cluster, ClusterCreate, ClusterMember, Page, PageParams, Role, VmState};
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-    TransactionTrait,
-};
-use uuid::Uuid;
+use kumo_api_types::{Cluster, ClusterCreate, Page, PageParams};
 
 use super::Problems;
-use crate::app::access::tenant_access;
-use crate::app::vms::act_on;
 use crate::context::Actor;
 use crate::context::AppState;
-use crate::domain::lifecycle::Action;
-use crate::domain::paging::Paging;
-use crate::entity::{clusters, hosts, vms};
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
-use crate::store::clusters::{hostfile, members_of, stored_cluster_spec};
-use crate::store::vms::{stored_placement, stored_state};
-
-async fn to_api(
-    st: &AppState,
-    db: &impl ConnectionTrait,
-    c: &clusters::Model,
-    tenant: &str,
-) -> Result<Cluster, ApiError> {
-    let rows = members_of(db, c).await?;
-    let host_ids: Vec<Uuid> = rows.iter().filter_map(|(v, _)| v.host_id).collect();
-    let hosts_by_id: HashMap<Uuid, hosts::Model> = hosts::Entity::find()
-        .filter(hosts::Column::Id.is_in(host_ids))
-        .all(db)
-        .await?
-        .into_iter()
-        .map(|h| (h.id, h))
-        .collect();
-    // The hosts' profiles (with their rails), copied out under one lock.
-    let profiles: HashMap<Uuid, _> = {
-        let index = st.capacity.lock();
-        hosts_by_id
-            .keys()
-            .filter_map(|id| Some((*id, index.hosts[index.position(*id)?].profile.clone())))
-            .collect()
-    };
-    let mut members = Vec::with_capacity(rows.len());
-    for (v, address) in &rows {
-        let host = v.host_id.and_then(|h| hosts_by_id.get(&h));
-        let rails = match (host, stored_placement(v)?) {
-            (Some(h), Some(p)) => {
-                let profile = profiles.get(&h.id);
-                p.gpus
-                    .iter()
-                    .map(|g| {
-                        let nic = p.nics.iter().find(|n| n.for_gpus.contains(g))?;
-                        let profile = profile?;
-                        profile.nics[profile.nic_index(&nic.physical())?].rail
-                    })
-                    .collect()
-            }
-            _ => Vec::new(),
-        };
-        members.push(ClusterMember {
-            name: v.name.clone(),
-            state: stored_state(v)?,
-            host: host.map(|h| h.name.clone()),
-            scalable_unit: host.and_then(|h| h.scalable_unit.clone()),
-            rails,
-            address: address.clone(),
-        });
-    }
-    let spec = stored_cluster_spec(c)?;
-    let size = u32::try_from(c.size).unwrap_or(0);
-    let lines: Vec<(String, Option<String>)> = rows
-        .iter()
-        .map(|(v, a)| (v.name.clone(), a.clone()))
-        .collect();
-    Ok(Cluster {
-        id: c.id,
-        name: c.name.clone(),
-        tenant: tenant.to_owned(),
-        size,
-        state: c.state.clone(),
-        hostfile: hostfile(&lines, spec.gpus),
-        spec,
-        members,
-        created_at: c.created_at,
-    })
-}
 
 /// Create a training cluster (members): `size` identical VMs named
 /// `NAME-0` … placed all or nothing, in one scalable unit when one has
@@ -117,7 +35,7 @@ pub async fn create(
     let (tenant, row) = crate::app::clusters::create(&st, &ctx, &tenant, &body).await?;
     Ok((
         StatusCode::CREATED,
-        axum::Json(to_api(&st, &st.db, &row, &tenant.name).await?),
+        axum::Json(crate::app::clusters::view(&st, &st.db, &row, &tenant.name).await?),
     ))
 }
 
@@ -133,24 +51,9 @@ pub async fn list(
     Path(tenant): Path<String>,
     Query(q): Query<PageParams>,
 ) -> Result<axum::Json<Page<Cluster>>, ApiError> {
-    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
-    let mut query = clusters::Entity::find()
-        .filter(clusters::Column::TenantId.eq(tenant.id))
-        .order_by_asc(clusters::Column::Name);
-    if let Some(after) = &paging.after {
-        query = query.filter(clusters::Column::Name.gt(after.as_str()));
-    }
-    let rows = query.limit(paging.fetch()).all(&st.db).await?;
-    let (rows, next) = paging.finish(rows, |c| c.name.clone());
-    let mut items = Vec::with_capacity(rows.len());
-    for c in &rows {
-        items.push(to_api(&st, &st.db, c, &tenant.name).await?);
-    }
-    Ok(axum::Json(Page {
-        items,
-        next_page_token: next,
-    }))
+    Ok(axum::Json(
+        crate::app::clusters::list(&st, &ctx, &tenant, &q).await?,
+    ))
 }
 
 /// Show a cluster: members, their hosts, scalable units and rails, and
@@ -165,9 +68,9 @@ pub async fn show(
     ctx: Actor,
     Path((tenant, cluster)): Path<(String, String)>,
 ) -> Result<axum::Json<Cluster>, ApiError> {
-    let (tenant, _) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    let c = crate::store::clusters::find(&st.db, &tenant, &cluster).await?;
-    Ok(axum::Json(to_api(&st, &st.db, &c, &tenant.name).await?))
+    Ok(axum::Json(
+        crate::app::clusters::show(&st, &ctx, &tenant, &cluster).await?,
+    ))
 }
 
 /// Delete a cluster: every member VM is deleted; the cluster is gone with
@@ -182,50 +85,6 @@ pub async fn delete(
     ctx: Actor,
     Path((tenant, cluster)): Path<(String, String)>,
 ) -> Result<(StatusCode, axum::Json<Cluster>), ApiError> {
-    let (tenant, access) = tenant_access(&st.db, &ctx.caller, &tenant).await?;
-    access.require(Role::Member, "deleting clusters")?;
-    let txn = st.db.begin().await?;
-    let c = crate::store::clusters::find(&txn, &tenant, &cluster).await?;
-    let before = to_api(&st, &txn, &c, &tenant.name).await?;
-    let members = vms::Entity::find()
-        .filter(vms::Column::ClusterId.eq(c.id))
-        .order_by_asc(vms::Column::Id)
-        .lock_exclusive()
-        .all(&txn)
-        .await?;
-    let mut hosts = Vec::new();
-    for vm in &members {
-        // Members already on their way out are left to finish.
-        if matches!(stored_state(vm)?, VmState::Deleting | VmState::Deleted) {
-            continue;
-        }
-        act_on(
-            &txn,
-            &ctx,
-            &tenant,
-            vm,
-            Action::Delete,
-            st.config.clock.now(),
-        )
-        .await?;
-        hosts.extend(vm.host_id);
-    }
-    if members.is_empty() {
-        clusters::Entity::delete_by_id(c.id).exec(&txn).await?;
-    }
-    crate::app::audit::record(&txn, &ctx, "cluster.delete", Some(&tenant), &c.name).await?;
-    txn.commit().await?;
-    hosts.dedup();
-    for h in hosts {
-        st.signals.notify(h);
-    }
-    let after = match clusters::Entity::find_by_id(c.id).one(&st.db).await? {
-        Some(row) => to_api(&st, &st.db, &row, &tenant.name).await?,
-        // Every member was pending or preempted: nothing left to wait for.
-        None => Cluster {
-            members: Vec::new(),
-            ..before
-        },
-    };
+    let after = crate::app::clusters::delete(&st, &ctx, &tenant, &cluster).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(after)))
 }

@@ -2,10 +2,9 @@ use std::collections::BTreeSet;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::{Duration, Utc};
 use kumo_api_types::{
-    Allocation, Host, HostDetail, HostState, JoinTokenCreate, JoinTokenCreated, Page, PageParams,
-    ServiceLevel,
+    Allocation, Host, HostDetail, HostState, JoinTokenCreate, JoinTokenCreated, JoinTokenInfo,
+    Page, PageParams, ServiceLevel,
 };
 use kumo_topology::HostTopology;
 use sea_orm::{
@@ -16,20 +15,16 @@ use uuid::Uuid;
 
 use super::Problems;
 use crate::app::access::require_admin;
-use crate::app::{audit, auth};
+use crate::app::audit;
 use crate::context::Actor;
 use crate::context::AppState;
-use crate::domain::names;
 use crate::domain::paging::Paging;
 use crate::domain::states::{AllocationKind, StoredText};
-use crate::entity::{allocations, hosts, join_tokens, vms};
+use crate::entity::{allocations, hosts, vms};
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
 use crate::store::hosts::{find, held, held_by_host, host_state, reachable_state, stored_topology};
 use crate::store::vms::stored_spec;
-
-pub const DEFAULT_JOIN_TTL_SECS: u64 = 86_400;
-pub const MAX_JOIN_TTL_SECS: u64 = 30 * 86_400;
 
 fn to_api(
     h: &hosts::Model,
@@ -66,7 +61,8 @@ fn to_api(
     })
 }
 
-/// Create a join token for registering hosts (platform admins).
+/// Create a join token for registering hosts (platform admins). It is
+/// good for `uses` registrations (default one).
 #[utoipa::path(
     post, path = "/api/v1/hosts/join-tokens", tag = "hosts",
     request_body = JoinTokenCreate,
@@ -78,47 +74,55 @@ pub async fn create_join_token(
     ctx: Actor,
     Json(body): Json<JoinTokenCreate>,
 ) -> Result<(StatusCode, axum::Json<JoinTokenCreated>), ApiError> {
-    require_admin(&ctx.caller, "creating join tokens")?;
-    let description = body.description.unwrap_or_default();
-    names::text("description", &description, 255)?;
-    let ttl = body.ttl_seconds.unwrap_or(DEFAULT_JOIN_TTL_SECS);
-    if !(60..=MAX_JOIN_TTL_SECS).contains(&ttl) {
-        return Err(ApiError::field(
-            "ttl_seconds",
-            format!("between 60 and {MAX_JOIN_TTL_SECS}"),
-        ));
-    }
-    let now = Utc::now();
-    let expires_at = now + Duration::seconds(ttl as i64);
-    let minted = auth::mint_prefixed(auth::JOIN_PREFIX, Uuid::now_v7());
-    let txn = st.db.begin().await?;
-    join_tokens::ActiveModel {
-        id: Set(minted.id),
-        secret_hash: Set(minted.secret_hash),
-        description: Set(description),
-        created_at: Set(now),
-        expires_at: Set(expires_at),
-        revoked_at: Set(None),
-    }
-    .insert(&txn)
-    .await?;
-    audit::record(
-        &txn,
-        &ctx,
-        "host.join_token.create",
-        None,
-        &minted.id.to_string(),
-    )
-    .await?;
-    txn.commit().await?;
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(JoinTokenCreated {
-            id: minted.id,
-            token: minted.token,
-            expires_at,
-        }),
+    let made = crate::app::hosts::create_join_token(&st, &ctx, &body).await?;
+    Ok((StatusCode::CREATED, axum::Json(made)))
+}
+
+/// List join tokens with their uses, never their secrets (platform admins).
+#[utoipa::path(
+    get, path = "/api/v1/hosts/join-tokens", tag = "hosts",
+    params(PageParams),
+    responses((status = 200, description = "One page", body = inline(Page<JoinTokenInfo>)), Problems)
+)]
+pub async fn list_join_tokens(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Query(q): Query<PageParams>,
+) -> Result<axum::Json<Page<JoinTokenInfo>>, ApiError> {
+    Ok(axum::Json(
+        crate::app::hosts::list_join_tokens(&st, &ctx, &q).await?,
     ))
+}
+
+/// Revoke a join token: it registers no more hosts (platform admins).
+#[utoipa::path(
+    delete, path = "/api/v1/hosts/join-tokens/{id}", tag = "hosts",
+    params(("id" = Uuid, Path, description = "Join token id")),
+    responses((status = 204, description = "Revoked"), Problems)
+)]
+pub async fn revoke_join_token(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    crate::app::hosts::revoke_join_token(&st, &ctx, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Let a registered host join again with a join token (platform admins):
+/// its current credential is revoked at once.
+#[utoipa::path(
+    post, path = "/api/v1/hosts/{host}/rejoin", tag = "hosts",
+    params(("host" = String, Path, description = "Host name or id"), ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries")),
+    responses((status = 204, description = "Its next registration is let in"), Problems)
+)]
+pub async fn rejoin(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path(host): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    crate::app::hosts::allow_rejoin(&st, &ctx, &host).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// List hosts by name (platform admins).

@@ -1,66 +1,19 @@
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::Utc;
 use kumo_api_types::{Page, PageParams, TokenCreate, TokenCreated, TokenInfo};
-use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
-    TransactionTrait,
-};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use uuid::Uuid;
 
 use super::Problems;
 use crate::app::access::require_admin;
-use crate::app::audit;
-use crate::app::auth;
 use crate::context::Actor;
 use crate::context::AppState;
-use crate::domain::names;
 use crate::domain::paging::Paging;
-use crate::entity::{api_tokens, users as users_entity};
+use crate::entity::api_tokens;
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
 
-pub(crate) async fn mint_for(
-    db: &impl TransactionTrait,
-    ctx: &Actor,
-    user: &users_entity::Model,
-    body: TokenCreate,
-) -> Result<TokenCreated, ApiError> {
-    let description = body.description.unwrap_or_default();
-    names::text("description", &description, 255)?;
-    let now = Utc::now();
-    if body.expires_at.is_some_and(|e| e <= now) {
-        return Err(ApiError::field("expires_at", "must be in the future"));
-    }
-    let minted = auth::mint();
-    let txn = db.begin().await?;
-    api_tokens::ActiveModel {
-        id: Set(minted.id),
-        user_id: Set(user.id),
-        secret_hash: Set(minted.secret_hash),
-        description: Set(description),
-        created_at: Set(now),
-        expires_at: Set(body.expires_at),
-        last_used_at: Set(None),
-        revoked_at: Set(None),
-    }
-    .insert(&txn)
-    .await?;
-    audit::record(
-        &txn,
-        ctx,
-        "token.create",
-        None,
-        &format!("{} for {}", minted.id, user.name),
-    )
-    .await?;
-    txn.commit().await?;
-    Ok(TokenCreated {
-        id: minted.id,
-        token: minted.token,
-        expires_at: body.expires_at,
-    })
-}
+pub(crate) use crate::app::tokens::mint_for;
 
 /// Create an API token for the caller. The secret is in this answer only.
 #[utoipa::path(
@@ -75,7 +28,7 @@ pub async fn create(
     Json(body): Json<TokenCreate>,
 ) -> Result<(StatusCode, axum::Json<TokenCreated>), ApiError> {
     let user = ctx.caller.user.clone();
-    let created = mint_for(&st.db, &ctx, &user, body).await?;
+    let created = mint_for(&st, &ctx, &user, body).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
@@ -99,7 +52,7 @@ pub async fn create_for_user(
     let user = crate::store::identity::find(&st.db, &user)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("user {user:?}")))?;
-    let created = mint_for(&st.db, &ctx, &user, body).await?;
+    let created = mint_for(&st, &ctx, &user, body).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
@@ -156,19 +109,6 @@ pub async fn revoke(
     ctx: Actor,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let not_found = || ApiError::not_found(format!("token {id:?}"));
-    let token_id = Uuid::try_parse(&id).map_err(|_| not_found())?;
-    let txn = st.db.begin().await?;
-    let token = api_tokens::Entity::find_by_id(token_id)
-        .one(&txn)
-        .await?
-        .filter(|t| t.revoked_at.is_none())
-        .filter(|t| t.user_id == ctx.caller.user.id || ctx.caller.is_admin())
-        .ok_or_else(not_found)?;
-    let mut active: api_tokens::ActiveModel = token.into();
-    active.revoked_at = Set(Some(Utc::now()));
-    active.update(&txn).await?;
-    audit::record(&txn, &ctx, "token.revoke", None, &token_id.to_string()).await?;
-    txn.commit().await?;
+    crate::app::tokens::revoke(&st, &ctx, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -17,7 +17,7 @@ use crate::domain::names;
 use crate::domain::paging::Paging;
 use crate::entity::{memberships, tenants, users};
 use crate::error::{conflict_if_unique, ApiError};
-use crate::http::extract::{Json, Query};
+use crate::http::extract::{Json, Path, Query};
 
 pub fn to_api(u: users::Model) -> Result<User, ApiError> {
     let kind = UserKind::parse(&u.kind)
@@ -30,6 +30,7 @@ pub fn to_api(u: users::Model) -> Result<User, ApiError> {
         kind,
         is_admin: u.is_admin,
         created_at: u.created_at,
+        disabled: u.disabled,
     })
 }
 
@@ -71,6 +72,7 @@ pub async fn create(
         email: Set(body.email.clone()),
         kind: Set(kind.as_str().to_owned()),
         is_admin: Set(body.is_admin),
+        disabled: Set(false),
         created_at: Set(Utc::now()),
     }
     .insert(&txn)
@@ -133,4 +135,52 @@ pub async fn me(State(st): State<AppState>, ctx: Actor) -> Result<axum::Json<Me>
         user: to_api(ctx.caller.user)?,
         memberships,
     }))
+}
+
+/// Disable a user (platform admins): their tokens fail at once and their
+/// portal sessions end; nothing of theirs is deleted.
+#[utoipa::path(
+    post, path = "/api/v1/users/{user}/disable", tag = "users",
+    params(("user" = String, Path, description = "User name or id"), ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries")),
+    responses((status = 200, description = "Disabled", body = User), Problems)
+)]
+pub async fn disable(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path(user): Path<String>,
+) -> Result<axum::Json<User>, ApiError> {
+    let u = crate::app::users::set_disabled(&st, &ctx, &user, true).await?;
+    Ok(axum::Json(to_api(u)?))
+}
+
+/// Enable a disabled user again (platform admins). Tokens that were not
+/// revoked or expired meanwhile work again; sessions must be opened anew.
+#[utoipa::path(
+    post, path = "/api/v1/users/{user}/enable", tag = "users",
+    params(("user" = String, Path, description = "User name or id"), ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries")),
+    responses((status = 200, description = "Enabled", body = User), Problems)
+)]
+pub async fn enable(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path(user): Path<String>,
+) -> Result<axum::Json<User>, ApiError> {
+    let u = crate::app::users::set_disabled(&st, &ctx, &user, false).await?;
+    Ok(axum::Json(to_api(u)?))
+}
+
+/// End a user's portal sessions (platform admins, or the user for their
+/// own): every browser signed in as them is signed out.
+#[utoipa::path(
+    delete, path = "/api/v1/users/{user}/sessions", tag = "users",
+    params(("user" = String, Path, description = "User name or id")),
+    responses((status = 204, description = "Ended"), Problems)
+)]
+pub async fn end_sessions(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path(user): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    crate::app::users::end_sessions(&st, &ctx, &user).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -7,6 +7,11 @@
 //! the loser is told the first is still in progress (409). A claim left
 //! behind by a crash expires after [`ABANDONED_AFTER`], and server errors
 //! release the claim so the client may retry.
+//!
+//! A secret is shown once and never kept: an answer that carries one (a new
+//! API token, a join token) is not stored. A replay of such a request
+//! answers 409 naming the resource it made, so the client can find it (and
+//! revoke it) without the secret ever sitting in the database.
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -25,8 +30,8 @@ use crate::http::extract::AuthOutcome;
 
 pub const HEADER: &str = "idempotency-key";
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// Stored answers are kept this long.
-const RETENTION: Duration = Duration::hours(24);
+/// Stored answers are kept this long; the reclaimer purges older rows.
+pub use crate::store::idempotency::RETENTION;
 /// A claim without an answer this old belongs to a request that died.
 const ABANDONED_AFTER: Duration = Duration::minutes(5);
 const MAX_STORED_RESPONSE: usize = 1 << 20;
@@ -151,12 +156,20 @@ async fn handle(state: &AppState, req: Request, next: Next) -> Result<Response, 
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let (status, content_type, stored) = match shown_once(&bytes) {
+            None => (
+                resp_parts.status,
+                content_type,
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ),
+            Some(made) => withheld(made),
+        };
         let done = idempotency_keys::ActiveModel {
             user_id: Set(user_id),
             key: Set(key.clone()),
-            status: Set(Some(i32::from(resp_parts.status.as_u16()))),
+            status: Set(Some(i32::from(status.as_u16()))),
             content_type: Set(content_type),
-            body: Set(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            body: Set(Some(stored)),
             completed_at: Set(Some(Utc::now())),
             ..Default::default()
         };
@@ -165,6 +178,41 @@ async fn handle(state: &AppState, req: Request, next: Next) -> Result<Response, 
         }
     }
     Ok(Response::from_parts(resp_parts, Body::from(bytes)))
+}
+
+/// When an answer carries a secret: `Some` with the id of what it made
+/// (its `id` field), if it names one.
+fn shown_once(body: &[u8]) -> Option<Option<String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    fn holds_secret(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::String(s) => crate::app::auth::is_secret(s),
+            serde_json::Value::Array(a) => a.iter().any(holds_secret),
+            serde_json::Value::Object(o) => o.values().any(holds_secret),
+            _ => false,
+        }
+    }
+    holds_secret(&v).then(|| v.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+}
+
+/// What a replay of an answer with a secret gets instead: 409, naming
+/// what the first request made.
+fn withheld(made: Option<String>) -> (StatusCode, Option<String>, String) {
+    let what = match made {
+        Some(id) => {
+            format!("its answer made {id} and held a secret, which is shown once and not kept")
+        }
+        None => "its answer held a secret, which is shown once and not kept".to_owned(),
+    };
+    let e = ApiError::Conflict(format!(
+        "this Idempotency-Key was used already: {what}; list the resource to find it"
+    ));
+    let problem = e.to_problem();
+    (
+        StatusCode::CONFLICT,
+        Some(kumo_api_types::PROBLEM_JSON.to_owned()),
+        serde_json::to_string(&problem).unwrap_or_default(),
+    )
 }
 
 fn request_hash(method: &str, path: &str, body: &Bytes) -> String {
@@ -207,6 +255,20 @@ async fn release(state: &AppState, user_id: uuid::Uuid, key: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_with_secrets_are_not_kept() {
+        let token = crate::app::auth::mint().token;
+        let body = format!(r#"{{"id":"0190","token":"{token}","name":"ci"}}"#);
+        assert_eq!(shown_once(body.as_bytes()), Some(Some("0190".into())));
+        let nested = format!(r#"{{"items":[{{"credential":"{token}"}}]}}"#);
+        assert_eq!(shown_once(nested.as_bytes()), Some(None));
+        assert_eq!(shown_once(br#"{"id":"0190","name":"ci"}"#), None);
+        assert_eq!(shown_once(b"not json"), None);
+        let (status, _, stored) = withheld(Some("0190".into()));
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(stored.contains("0190") && !stored.contains(&token));
+    }
 
     #[test]
     fn hash_covers_method_path_and_body() {

@@ -2,6 +2,7 @@
 //! authentication, idempotency.
 
 pub mod authn;
+pub mod headers;
 pub mod idempotency;
 pub mod metrics;
 pub mod problems;

@@ -15,12 +15,10 @@ use axum::Router;
 use chrono::Datelike;
 use kumo_web_portal::i18n::Lang;
 use kumo_web_portal::{diagram, ProviderItem, TenantCard, Viewer, VmRow};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::Deserialize;
 
 use crate::context::Actor;
 use crate::context::AppState;
-use crate::entity::{charges, memberships, tenant_gpu_quotas, tenants, vms};
 use crate::error::ApiError;
 use crate::http::sso::{check_csrf, cookie, safe_next, session_of};
 
@@ -83,70 +81,30 @@ async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Res
     let Some((session, user)) = session_of(&st, &headers).await? else {
         return Ok((StatusCode::SEE_OTHER, [(LOCATION, "/login?next=/")]).into_response());
     };
-    let mut cards = Vec::new();
-    let mut tenant_ids = Vec::new();
-    for m in memberships::Entity::find()
-        .filter(memberships::Column::UserId.eq(user.id))
-        .all(&st.db)
-        .await?
-    {
-        let Some(t) = tenants::Entity::find_by_id(m.tenant_id).one(&st.db).await? else {
-            continue;
-        };
-        tenant_ids.push(t.id);
-        let rows = vms::Entity::find()
-            .filter(vms::Column::TenantId.eq(t.id))
-            .all(&st.db)
-            .await?;
-        let gpus_used = crate::store::vms::usage(&st.db, t.id).await?.gpus_total();
-        let gpus_quota: i64 = tenant_gpu_quotas::Entity::find()
-            .filter(tenant_gpu_quotas::Column::TenantId.eq(t.id))
-            .all(&st.db)
-            .await?
-            .iter()
-            .map(|q| q.gpus)
-            .sum();
-        let (grants, charged) = crate::store::billing::ledger_of(&st.db, &t).await?;
-        let balance = if grants.is_empty() {
-            None
-        } else {
-            Some(
-                crate::store::billing::balance_of(&grants, &charged, st.config.clock.now())?
-                    .balance
-                    .to_string(),
-            )
-        };
-        cards.push(TenantCard {
-            name: t.name.clone(),
-            display_name: t.display_name.clone(),
-            role: m.role.clone(),
-            vms: rows.len() as u64,
-            gpus_used,
-            gpus_quota: u64::try_from(gpus_quota).unwrap_or(0),
-            balance,
-        });
-    }
-    cards.sort_by(|a, b| a.name.cmp(&b.name));
     // Usage of all of them over the last 30 days.
     let from = thirty_days_from(st.config.clock.now());
-    let mut per_day = Vec::new();
-    for id in &tenant_ids {
-        for c in charges::Entity::find()
-            .filter(charges::Column::TenantId.eq(*id))
-            .filter(charges::Column::PeriodFrom.gte(from))
-            .all(&st.db)
-            .await?
-        {
-            per_day.push((
-                c.period_from.format("%Y-%m-%d").to_string(),
-                kumo_billing::from_micro(c.amount_micro)
-                    .to_string()
-                    .parse()
-                    .unwrap_or(0.0),
-            ));
-        }
-    }
-    let daily = thirty_days(from, per_day.into_iter());
+    let board = crate::app::dashboard::dashboard(&st, &ctx_of(&st, &user), from).await?;
+    let mut cards: Vec<TenantCard> = board
+        .tenants
+        .into_iter()
+        .map(|t| TenantCard {
+            name: t.name,
+            display_name: t.display_name,
+            role: t.role,
+            vms: t.vms,
+            gpus_used: t.gpus_used,
+            gpus_quota: u64::try_from(t.gpus_quota).unwrap_or(0),
+            balance: t.balance.map(|b| b.to_string()),
+        })
+        .collect();
+    cards.sort_by(|a, b| a.name.cmp(&b.name));
+    let per_day = board.charges.into_iter().map(|(at, amount)| {
+        (
+            at.format("%Y-%m-%d").to_string(),
+            amount.to_string().parse().unwrap_or(0.0),
+        )
+    });
+    let daily = thirty_days(from, per_day);
     let viewer = Viewer {
         display_name: user.display_name,
         csrf: session.csrf,
@@ -248,7 +206,7 @@ async fn cli_allow(
     };
     check_csrf(&session.csrf, &f.csrf)?;
     let minted = crate::http::api::tokens::mint_for(
-        &st.db,
+        &st,
         &ctx_of(&st, &user),
         &user,
         kumo_api_types::TokenCreate {
@@ -307,18 +265,8 @@ async fn signed_in(
 }
 
 async fn vm_rows(st: &AppState, ctx: &Actor, tenant: &str) -> Result<Vec<VmRow>, ApiError> {
-    let page = crate::http::api::vms::list(
-        State(st.clone()),
-        ctx.clone(),
-        crate::http::extract::Path(tenant.to_owned()),
-        crate::http::extract::Query(kumo_api_types::PageParams {
-            limit: Some(200),
-            page_token: None,
-        }),
-    )
-    .await?;
+    let page = crate::app::vms::list(st, ctx, tenant, &all()).await?;
     Ok(page
-        .0
         .items
         .into_iter()
         .map(|v| VmRow {
@@ -331,6 +279,14 @@ async fn vm_rows(st: &AppState, ctx: &Actor, tenant: &str) -> Result<Vec<VmRow>,
         .collect())
 }
 
+/// The first 200 of a list: what a page shows.
+fn all() -> kumo_api_types::PageParams {
+    kumo_api_types::PageParams {
+        limit: Some(200),
+        page_token: None,
+    }
+}
+
 /// The VM form's choices: priced GPU models, templates, the project's
 /// segments — each as the API shows them to this user.
 async fn vm_choices(
@@ -338,15 +294,7 @@ async fn vm_choices(
     ctx: &Actor,
     tenant: &str,
 ) -> Result<kumo_web_portal::VmChoices, ApiError> {
-    let all = || {
-        crate::http::extract::Query(kumo_api_types::PageParams {
-            limit: Some(200),
-            page_token: None,
-        })
-    };
-    let rates = crate::http::api::billing::get_rates(State(st.clone()), ctx.clone())
-        .await?
-        .0;
+    let rates = crate::app::billing::rates(st, ctx).await?;
     let gpu_models = rates
         .current
         .iter()
@@ -354,25 +302,18 @@ async fn vm_choices(
         .filter_map(|class| class.strip_prefix("gpu:"))
         .map(str::to_owned)
         .collect();
-    let templates = crate::http::api::templates::list(State(st.clone()), ctx.clone(), all())
+    let templates = crate::app::templates::list(st, ctx, &all())
         .await?
-        .0
         .items
         .into_iter()
         .map(|t| t.name)
         .collect();
-    let segments = crate::http::api::segments::list(
-        State(st.clone()),
-        ctx.clone(),
-        crate::http::extract::Path(tenant.to_owned()),
-        all(),
-    )
-    .await?
-    .0
-    .items
-    .into_iter()
-    .map(|s| s.name)
-    .collect();
+    let segments = crate::app::segments::list(st, ctx, tenant, &all())
+        .await?
+        .items
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     Ok(kumo_web_portal::VmChoices {
         gpu_models,
         templates,
@@ -552,24 +493,17 @@ async fn vm_page(
         Err(r) => return Ok(r),
     };
     let ctx = ctx_of(&st, &user);
-    let vm = crate::http::api::vms::show(
-        State(st.clone()),
-        ctx.clone(),
-        crate::http::extract::Path((tenant.clone(), name.clone())),
-    )
-    .await?
-    .0;
-    let events = crate::http::api::vms::events(
-        State(st.clone()),
-        ctx.clone(),
-        crate::http::extract::Path(tenant.clone()),
-        crate::http::extract::Query(kumo_api_types::PageParams {
+    let vm = crate::app::vms::show(&st, &ctx, &tenant, &name).await?;
+    let events = crate::app::vms::events(
+        &st,
+        &ctx,
+        &tenant,
+        &kumo_api_types::PageParams {
             limit: Some(500),
             page_token: None,
-        }),
+        },
     )
     .await?
-    .0
     .items
     .into_iter()
     .filter(|e| e.vm_id == vm.id)
@@ -583,19 +517,9 @@ async fn vm_page(
     })
     .collect();
     let nccl = if vm.placement.is_some() {
-        match crate::http::api::vms::nccl_topology(
-            State(st.clone()),
-            ctx.clone(),
-            crate::http::extract::Path((tenant.clone(), name.clone())),
-        )
-        .await
-        {
-            Ok(r) => axum::body::to_bytes(r.into_response().into_body(), 1 << 20)
-                .await
-                .ok()
-                .map(|b| String::from_utf8_lossy(&b).into_owned()),
-            Err(_) => None,
-        }
+        crate::app::vms::nccl_topology(&st, &ctx, &tenant, &name)
+            .await
+            .ok()
     } else {
         None
     };
@@ -720,27 +644,20 @@ async fn billing_page(
         Err(r) => return Ok(r),
     };
     let ctx = ctx_of(&st, &user);
-    let points = crate::http::api::billing::points(
-        State(st.clone()),
-        ctx.clone(),
-        crate::http::extract::Path(tenant.clone()),
-    )
-    .await?
-    .0;
+    let points = crate::app::billing::points(&st, &ctx, &tenant).await?;
     let now = st.config.clock.now();
     let from = thirty_days_from(now);
-    let usage = crate::http::api::billing::usage(
-        State(st.clone()),
-        ctx,
-        crate::http::extract::Path(tenant.clone()),
-        crate::http::extract::Query(kumo_api_types::UsageParams {
+    let usage = crate::app::billing::usage(
+        &st,
+        &ctx,
+        &tenant,
+        &kumo_api_types::UsageParams {
             from: Some(from),
             to: Some(now + chrono::Duration::seconds(1)),
             group_by: kumo_api_types::UsageGroup::Day,
-        }),
+        },
     )
-    .await?
-    .0;
+    .await?;
     let daily = thirty_days(
         from,
         usage
@@ -795,20 +712,13 @@ async fn statement_csv(
         .strip_suffix(".csv")
         .ok_or_else(|| ApiError::not_found(format!("statement {file:?}")))?
         .to_owned();
-    let mut want_csv = HeaderMap::new();
-    want_csv.insert(
-        axum::http::header::ACCEPT,
-        "text/csv"
-            .parse()
-            .map_err(|_| ApiError::Internal("header".into()))?,
-    );
-    let mut r = crate::http::api::billing::statement(
-        State(st.clone()),
-        ctx_of(&st, &user),
-        want_csv,
-        crate::http::extract::Path((tenant.clone(), month.clone())),
+    let statement =
+        crate::app::billing::statement(&st, &ctx_of(&st, &user), &tenant, &month).await?;
+    let mut r = (
+        [(CONTENT_TYPE, "text/csv; charset=utf-8")],
+        kumo_billing::statement::to_csv(&statement),
     )
-    .await?;
+        .into_response();
     if let Ok(v) = format!("attachment; filename=\"kumo-{tenant}-{month}.csv\"").parse() {
         r.headers_mut()
             .insert(axum::http::header::CONTENT_DISPOSITION, v);

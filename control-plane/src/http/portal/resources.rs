@@ -1,7 +1,7 @@
 //! The portal's listing pages: a project's clusters, segments and members,
 //! the user's API tokens, and the administrators' hosts, projects, rates
-//! and join tokens. Each is a [`Listing`] built from the API's own
-//! handlers called as the session's user, so a page shows and a form does
+//! and join tokens. Each is a [`Listing`] built from the operations the
+//! API calls, run as the session's user, so a page shows and a form does
 //! exactly what the API allows that user; a refused form comes back as
 //! the page with the API's reason.
 
@@ -17,7 +17,6 @@ use kumo_api_types as api;
 use kumo_web_portal::i18n::{t, word, Lang, Msg};
 use kumo_web_portal::listing::{heatmap_svg, Cell, Field, Form, Input, Listing, Section};
 use kumo_web_portal::Viewer;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
 use super::{ctx_of, html, lang, signed_in};
 use crate::context::AppState;
@@ -70,11 +69,16 @@ struct Visit {
     ctx: crate::context::Actor,
 }
 
-fn all() -> Q<api::PageParams> {
-    Q(api::PageParams {
+/// The first 200 of a list: what a page shows.
+fn first() -> api::PageParams {
+    api::PageParams {
         limit: Some(200),
         page_token: None,
-    })
+    }
+}
+
+fn all() -> Q<api::PageParams> {
+    Q(first())
 }
 
 fn when(t: chrono::DateTime<chrono::Utc>) -> String {
@@ -121,9 +125,8 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     let tx = |m| t(l, m).to_owned();
     Ok(match page {
         Page::Clusters(tenant) => {
-            let items = crate::http::api::clusters::list(st, ctx, P(tenant.clone()), all())
+            let items = crate::app::clusters::list(&v.st, &v.ctx, tenant, &first())
                 .await?
-                .0
                 .items;
             let rows = items
                 .iter()
@@ -175,9 +178,8 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
             )
         }
         Page::Segments(tenant) => {
-            let items = crate::http::api::segments::list(st, ctx, P(tenant.clone()), all())
+            let items = crate::app::segments::list(&v.st, &v.ctx, tenant, &first())
                 .await?
-                .0
                 .items;
             let rows = items
                 .iter()
@@ -239,9 +241,8 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
             )
         }
         Page::Members(tenant) => {
-            let items = crate::http::api::members::list(st, ctx, P(tenant.clone()), all())
+            let items = crate::app::members::list(&v.st, &v.ctx, tenant, &first())
                 .await?
-                .0
                 .items;
             let rows = items
                 .iter()
@@ -387,14 +388,7 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
                     _ => e.2 += 1,
                 }
             }
-            let names: std::collections::HashMap<uuid::Uuid, String> =
-                crate::entity::vms::Entity::find()
-                    .filter(crate::entity::vms::Column::Id.is_in(per_vm.keys().copied()))
-                    .all(&v.st.db)
-                    .await?
-                    .into_iter()
-                    .map(|r| (r.id, r.name))
-                    .collect();
+            let names = crate::store::vms::names_by_id(&v.st.db, per_vm.keys().copied()).await?;
             let allocations = per_vm
                 .into_iter()
                 .map(|(vm, (gpus, nics, cpus))| {
@@ -456,9 +450,8 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         Page::Tenants => {
             // Everyone may list their own projects; this page is the admin's.
             crate::app::access::require_admin(&v.ctx.caller, "managing projects")?;
-            let items = crate::http::api::tenants::list(st, ctx, all())
+            let items = crate::app::tenants::list(&v.st, &v.ctx, &first())
                 .await?
-                .0
                 .items;
             let rows = items
                 .iter()
@@ -496,7 +489,7 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         Page::Rates => {
             // Only administrators manage rates; everyone may read them.
             crate::app::access::require_admin(&v.ctx.caller, "managing rates")?;
-            let rates = crate::http::api::billing::get_rates(st, ctx).await?.0;
+            let rates = crate::app::billing::rates(&v.st, &v.ctx).await?;
             let currency = &rates.currency;
             let rows = rates
                 .cards
@@ -566,7 +559,7 @@ async fn visit(
             st: st.clone(),
             lang: lang(headers),
             viewer,
-            ctx: ctx_of(&st, &user),
+            ctx: ctx_of(st, &user),
         }),
         Err(r) => Err(r),
     })
@@ -657,7 +650,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
         (Page::Clusters(tn), Op::Delete(c)) => {
-            let _ = crate::http::api::clusters::delete(st, ctx, P((tn.clone(), c))).await?;
+            crate::app::clusters::delete(&v.st, &v.ctx, tn, &c).await?;
         }
         (Page::Segments(tn), Op::Create) => {
             let kind = match text(f, "kind").as_deref() {
@@ -678,10 +671,10 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 mtu: number(f, "mtu")?,
                 ingress,
             };
-            let _ = crate::http::api::segments::create(st, ctx, P(tn.clone()), J(body)).await?;
+            crate::app::segments::create(&v.st, &v.ctx, tn, &body).await?;
         }
         (Page::Segments(tn), Op::Delete(s)) => {
-            crate::http::api::segments::delete(st, ctx, P((tn.clone(), s))).await?;
+            crate::app::segments::delete(&v.st, &v.ctx, tn, &s).await?;
         }
         (Page::Members(tn), Op::Create) => {
             let role = serde_json::from_value(serde_json::Value::String(
@@ -689,12 +682,10 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
             ))
             .map_err(|_| ApiError::field("role", "owner, member or viewer"))?;
             let body = api::MemberPut { role };
-            let _ =
-                crate::http::api::members::put(st, ctx, P((tn.clone(), need("user")?)), J(body))
-                    .await?;
+            crate::app::members::put(&v.st, &v.ctx, tn, &need("user")?, &body).await?;
         }
         (Page::Members(tn), Op::Delete(u)) => {
-            crate::http::api::members::remove(st, ctx, P((tn.clone(), u))).await?;
+            crate::app::members::remove(&v.st, &v.ctx, tn, &u).await?;
         }
         (Page::Tokens, Op::Create) => {
             let days: i64 = number(f, "days")?.unwrap_or(90);
@@ -720,13 +711,11 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 display_name: text(f, "display_name"),
                 description: text(f, "description"),
             };
-            let _ = crate::http::api::tenants::create(st, ctx, J(body)).await?;
+            crate::app::tenants::create(&v.st, &v.ctx, &body).await?;
         }
         (Page::Rates, Op::Create) => {
             // A card replaces the one in force: carry the other classes.
-            let now = crate::http::api::billing::get_rates(State(v.st.clone()), v.ctx.clone())
-                .await?
-                .0;
+            let now = crate::app::billing::rates(&v.st, &v.ctx).await?;
             let mut prices = now.current.map(|c| c.prices).unwrap_or_default();
             prices.insert(
                 need("class")?,
@@ -739,17 +728,15 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 effective_from: None,
                 prices,
             };
-            let _ = crate::http::api::billing::put_rates(st, ctx, J(body)).await?;
+            crate::app::billing::put_rates(&v.st, &v.ctx, &body).await?;
         }
         (Page::JoinTokens, Op::Create) => {
             let body = api::JoinTokenCreate {
                 description: text(f, "description"),
                 ttl_seconds: number(f, "ttl")?,
+                uses: number(f, "uses")?,
             };
-            let made = crate::http::api::hosts::create_join_token(st, ctx, J(body))
-                .await?
-                .1
-                 .0;
+            let made = crate::app::hosts::create_join_token(&v.st, &v.ctx, &body).await?;
             return Ok(Some(made.token));
         }
         (p, _) => return Err(ApiError::not_found(format!("no such form on {}", p.href()))),

@@ -1,0 +1,245 @@
+//! Segment use cases (Ethernet or RoCE over VXLAN): a VNI leased
+//! atomically from the configured ranges, a CIDR with its gateway and MTU,
+//! ingress rules; the VMs' attachments are made in the VM's own
+//! transaction.
+
+use std::net::Ipv4Addr;
+
+use kumo_api_types::{Page, PageParams, Role, Segment, SegmentCreate, SegmentIngress, SegmentKind};
+use sea_orm::{ActiveModelTrait, EntityTrait, Set, TransactionTrait};
+use uuid::Uuid;
+
+use crate::app::access::tenant_access;
+use crate::app::audit;
+use crate::context::{Actor, AppState};
+use crate::domain::ipam::{self, Cidr};
+use crate::domain::names;
+use crate::domain::paging::Paging;
+use crate::domain::states::StoredText;
+use crate::entity::segments;
+use crate::error::{is_unique_violation, ApiError};
+use crate::store::segments::{count_attached, stored_kind, stored_rules};
+
+/// Tries at leasing a VNI when other servers lease at the same time. Each
+/// round has a winner, so this bounds the concurrent creations that all
+/// succeed; a jittered pause between rounds keeps losers from meeting again.
+const VNI_ROUNDS: u32 = 64;
+
+/// A segment as the API shows it, with how many NICs are attached to it.
+pub fn view(s: &segments::Model, tenant: &str, attached: u64) -> Result<Segment, ApiError> {
+    let kind = stored_kind(s)?;
+    let mtu = u32::try_from(s.mtu).unwrap_or(0);
+    Ok(Segment {
+        id: s.id,
+        name: s.name.clone(),
+        tenant: tenant.to_owned(),
+        kind,
+        cidr: s.cidr.clone(),
+        gateway: s.gateway.clone(),
+        mtu,
+        roce_mtu: (kind == SegmentKind::Roce)
+            .then(|| ipam::roce_mtu(mtu))
+            .flatten(),
+        vni: u32::try_from(s.vni).unwrap_or(0),
+        vlan: s.vlan.and_then(|v| u16::try_from(v).ok()),
+        attachments: u32::try_from(attached).unwrap_or(u32::MAX),
+        ingress: stored_rules(s),
+        created_at: s.created_at,
+    })
+}
+
+/// A member creates a segment. Its VNI is leased atomically: no two live
+/// segments share one, and a freed VNI rests before reuse.
+pub async fn create(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    body: &SegmentCreate,
+) -> Result<Segment, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "creating segments")?;
+    let net = &st.config.network;
+    names::tenant_name("name", &body.name)?;
+    let cidr = Cidr::for_tenant("cidr", &body.cidr, &net.tenant_ranges)?;
+    let gateway = match &body.gateway {
+        None => cidr.first_host(),
+        Some(g) => {
+            let g: Ipv4Addr = g
+                .parse()
+                .map_err(|_| ApiError::field("gateway", format!("{g:?} is not an IPv4 address")))?;
+            if !cidr.is_host(g) {
+                return Err(ApiError::field(
+                    "gateway",
+                    format!("{g} is not a host address of {cidr}"),
+                ));
+            }
+            g
+        }
+    };
+    let mtu = ipam::segment_mtu(net.underlay_mtu, body.mtu)?;
+    let ingress = crate::domain::ingress::rules_json("ingress", &body.ingress)?;
+    let quarantine = chrono::Duration::from_std(net.vni_quarantine)
+        .unwrap_or_else(|_| chrono::Duration::seconds(600));
+    let id = Uuid::now_v7();
+    for round in 0..VNI_ROUNDS {
+        if round > 0 {
+            let pause = rand::random::<u64>() % 10 + 1;
+            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+        }
+        let txn = st.db.begin().await?;
+        let leased = crate::store::segments::lease_vni(
+            &txn,
+            &net.vni_ranges,
+            quarantine,
+            st.config.clock.now(),
+            id,
+        )
+        .await?;
+        let Some(vni) = leased else {
+            continue;
+        };
+        let vlan = match body.kind {
+            SegmentKind::Ethernet => None,
+            SegmentKind::Roce => {
+                let taken = crate::store::segments::taken_vlans(&txn).await?;
+                let free = net
+                    .roce_vlans
+                    .clone()
+                    .map(i32::from)
+                    .find(|v| !taken.contains(v));
+                match free {
+                    Some(v) => Some(v),
+                    None => {
+                        return Err(ApiError::InsufficientCapacity(
+                            "every RoCE VLAN is in use".into(),
+                        ))
+                    }
+                }
+            }
+        };
+        let row = segments::ActiveModel {
+            id: Set(id),
+            tenant_id: Set(tenant.id),
+            name: Set(body.name.clone()),
+            kind: Set(body.kind.to_text().into()),
+            cidr: Set(cidr.to_string()),
+            gateway: Set(gateway.to_string()),
+            mtu: Set(mtu as i32),
+            vni: Set(vni as i32),
+            created_at: Set(st.config.clock.now()),
+            ingress_rules: Set(ingress.clone()),
+            vlan: Set(vlan),
+        }
+        .insert(&txn)
+        .await;
+        let row = match row {
+            Ok(r) => r,
+            Err(e) if is_unique_violation(&e) => {
+                let exists = crate::store::segments::named(&st.db, tenant.id, &body.name).await?;
+                if exists.is_some() {
+                    return Err(ApiError::Conflict(format!(
+                        "tenant {:?} already has a segment named {:?}",
+                        tenant.name, body.name
+                    )));
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        audit::record(&txn, actor, "segment.create", Some(&tenant), &body.name).await?;
+        txn.commit().await?;
+        return view(&row, &tenant.name, 0);
+    }
+    Err(ApiError::Conflict(
+        "could not lease a VNI under contention; retry".into(),
+    ))
+}
+
+/// One page of a tenant's segments, by name (any member).
+pub async fn list(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    params: &PageParams,
+) -> Result<Page<Segment>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let paging = Paging::new(params.limit, params.page_token.as_deref())?;
+    let rows = crate::store::segments::page(&st.db, tenant.id, &paging).await?;
+    let (rows, next) = paging.finish(rows, |s| s.name.clone());
+    let mut items = Vec::with_capacity(rows.len());
+    for s in &rows {
+        items.push(view(s, &tenant.name, count_attached(&st.db, s.id).await?)?);
+    }
+    Ok(Page {
+        items,
+        next_page_token: next,
+    })
+}
+
+/// A tenant's segment (any member).
+pub async fn show(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    segment: &str,
+) -> Result<Segment, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let s = crate::store::segments::find(&st.db, &tenant, segment).await?;
+    let n = count_attached(&st.db, s.id).await?;
+    view(&s, &tenant.name, n)
+}
+
+/// A member replaces a segment's ingress rules; the hosts with its VMs
+/// are woken to apply them.
+pub async fn set_ingress(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    segment: &str,
+    body: &SegmentIngress,
+) -> Result<Segment, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "changing segment rules")?;
+    let rules = crate::domain::ingress::rules_json("rules", &body.rules)?;
+    let txn = st.db.begin().await?;
+    let s = crate::store::segments::find(&txn, &tenant, segment).await?;
+    let mut a: segments::ActiveModel = s.clone().into();
+    a.ingress_rules = Set(rules);
+    let s = a.update(&txn).await?;
+    let hosts = crate::app::host_network::touch_segments(&txn, vec![s.id]).await?;
+    audit::record(&txn, actor, "segment.ingress", Some(&tenant), &s.name).await?;
+    let n = count_attached(&txn, s.id).await?;
+    txn.commit().await?;
+    for h in hosts {
+        st.signals.notify(h);
+    }
+    view(&s, &tenant.name, n)
+}
+
+/// A member deletes a segment without attachments; its VNI rests for the
+/// configured quarantine before another segment gets it.
+pub async fn delete(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    segment: &str,
+) -> Result<(), ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "deleting segments")?;
+    let txn = st.db.begin().await?;
+    let s = crate::store::segments::find(&txn, &tenant, segment).await?;
+    let n = count_attached(&txn, s.id).await?;
+    if n > 0 {
+        return Err(ApiError::Conflict(format!(
+            "segment {:?} has {n} VM attachment(s); delete or detach them first",
+            s.name
+        )));
+    }
+    // The attachment FK (RESTRICT) makes a concurrent attach fail rather
+    // than dangle.
+    segments::Entity::delete_by_id(s.id).exec(&txn).await?;
+    crate::store::segments::release_vni(&txn, s.vni, st.config.clock.now()).await?;
+    audit::record(&txn, actor, "segment.delete", Some(&tenant), &s.name).await?;
+    txn.commit().await?;
+    Ok(())
+}
