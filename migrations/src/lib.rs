@@ -17,6 +17,7 @@ mod m0011_device_logins;
 mod m0012_topology_digest;
 mod m0013_host_credentials;
 mod m0014_credential_lifecycle;
+mod m0015_vlan_rest;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -75,6 +76,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0012_topology_digest::Migration),
             Box::new(m0013_host_credentials::Migration),
             Box::new(m0014_credential_lifecycle::Migration),
+            Box::new(m0015_vlan_rest::Migration),
         ]
     }
 }

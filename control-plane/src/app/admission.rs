@@ -13,8 +13,8 @@ use kumo_scheduler::{place_cluster, ClusterRequest, Index, Request, Strategy};
 use kumo_topology::guest_layout::Placement;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
-    QuerySelect, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, Set,
+    TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -181,12 +181,7 @@ pub async fn check_quota(
     tenant: &tenants::Model,
     adding: &[&VmSpec],
 ) -> Result<(), ApiError> {
-    let backend = txn.get_database_backend();
-    let mut q = tenants::Entity::find_by_id(tenant.id);
-    if backend == sea_orm::DatabaseBackend::Postgres {
-        q = q.lock_exclusive();
-    }
-    q.one(txn).await?;
+    crate::store::tenancy::lock_for_quota(txn, tenant.id).await?;
     let quota = crate::store::tenancy::load(txn, tenant.id).await?;
     let mut usage = crate::store::vms::usage(txn, tenant.id).await?;
     for s in adding {

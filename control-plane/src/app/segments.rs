@@ -87,6 +87,21 @@ pub async fn create(
             tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
         }
         let txn = st.db.begin().await?;
+        // A tenant's share of the shared VNI and RoCE VLAN pools is its
+        // segment quota: one member cannot drain them for everyone.
+        crate::store::tenancy::lock_for_quota(&txn, tenant.id).await?;
+        let limit = crate::store::tenancy::load(&txn, tenant.id).await?.segments;
+        let have = crate::store::segments::count_of(&txn, tenant.id).await?;
+        if have >= u64::from(limit) {
+            return Err(ApiError::QuotaExceeded {
+                resource: "segments".into(),
+                detail: format!(
+                    "tenant {:?} would use {} segments with this request; its quota is {limit}",
+                    tenant.name,
+                    have + 1
+                ),
+            });
+        }
         let leased = crate::store::segments::lease_vni(
             &txn,
             &net.vni_ranges,
@@ -101,7 +116,9 @@ pub async fn create(
         let vlan = match body.kind {
             SegmentKind::Ethernet => None,
             SegmentKind::Roce => {
-                let taken = crate::store::segments::taken_vlans(&txn).await?;
+                let taken =
+                    crate::store::segments::taken_vlans(&txn, st.config.clock.now(), quarantine)
+                        .await?;
                 let free = net
                     .roce_vlans
                     .clone()
@@ -238,7 +255,7 @@ pub async fn delete(
     // The attachment FK (RESTRICT) makes a concurrent attach fail rather
     // than dangle.
     segments::Entity::delete_by_id(s.id).exec(&txn).await?;
-    crate::store::segments::release_vni(&txn, s.vni, st.config.clock.now()).await?;
+    crate::store::segments::release_vni(&txn, s.vni, s.vlan, st.config.clock.now()).await?;
     audit::record(&txn, actor, "segment.delete", Some(&tenant), &s.name).await?;
     txn.commit().await?;
     Ok(())

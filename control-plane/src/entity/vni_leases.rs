@@ -9,6 +9,8 @@ pub struct Model {
     pub vni: i32,
     pub segment_id: Option<Uuid>,
     pub released_at: Option<DateTimeUtc>,
+    /// The released segment's RoCE VLAN, resting with the VNI.
+    pub vlan: Option<i32>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -266,14 +266,29 @@ pub async fn named(
 }
 
 /// The RoCE VLANs segments hold.
-pub async fn taken_vlans(db: &impl ConnectionTrait) -> Result<BTreeSet<i32>, ApiError> {
-    Ok(segments::Entity::find()
+pub async fn taken_vlans(
+    db: &impl ConnectionTrait,
+    now: DateTime<Utc>,
+    quarantine: chrono::Duration,
+) -> Result<BTreeSet<i32>, ApiError> {
+    let mut taken: BTreeSet<i32> = segments::Entity::find()
         .filter(segments::Column::Vlan.is_not_null())
         .all(db)
         .await?
         .into_iter()
         .filter_map(|s| s.vlan)
-        .collect())
+        .collect();
+    // A deleted RoCE segment's VLAN rests as its VNI does.
+    taken.extend(
+        vni_leases::Entity::find()
+            .filter(vni_leases::Column::Vlan.is_not_null())
+            .filter(vni_leases::Column::ReleasedAt.gt(now - quarantine))
+            .all(db)
+            .await?
+            .into_iter()
+            .filter_map(|l| l.vlan),
+    );
+    Ok(taken)
 }
 
 /// Leases the lowest free VNI of `ranges` for `segment` inside `txn`
@@ -307,6 +322,7 @@ pub async fn lease_vni(
                 vni: Set(vni as i32),
                 segment_id: Set(Some(segment)),
                 released_at: Set(None),
+                vlan: Set(None),
             }
             .insert(txn)
             .await;
@@ -323,6 +339,7 @@ pub async fn lease_vni(
                     vni_leases::Column::ReleasedAt,
                     Expr::value(None::<DateTime<Utc>>),
                 )
+                .col_expr(vni_leases::Column::Vlan, Expr::value(None::<i32>))
                 .filter(vni_leases::Column::Vni.eq(vni as i32))
                 .filter(vni_leases::Column::SegmentId.is_null())
                 .filter(vni_leases::Column::ReleasedAt.lte(now - quarantine))
@@ -337,11 +354,13 @@ pub async fn lease_vni(
 pub async fn release_vni(
     txn: &DatabaseTransaction,
     vni: i32,
+    vlan: Option<i32>,
     at: DateTime<Utc>,
 ) -> Result<(), ApiError> {
     vni_leases::Entity::update_many()
         .col_expr(vni_leases::Column::SegmentId, Expr::value(None::<Uuid>))
         .col_expr(vni_leases::Column::ReleasedAt, Expr::value(Some(at)))
+        .col_expr(vni_leases::Column::Vlan, Expr::value(vlan))
         .filter(vni_leases::Column::Vni.eq(vni))
         .exec(txn)
         .await?;

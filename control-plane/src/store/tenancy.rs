@@ -142,3 +142,19 @@ pub async fn other_owners(
         .count(db)
         .await?)
 }
+
+/// Holds the tenant's row until the transaction ends (PostgreSQL; SQLite's
+/// one connection serialises anyway), so two requests cannot both count
+/// the same room in a quota.
+pub async fn lock_for_quota(
+    txn: &sea_orm::DatabaseTransaction,
+    tenant_id: Uuid,
+) -> Result<(), ApiError> {
+    use sea_orm::QuerySelect;
+    let mut q = tenants::Entity::find_by_id(tenant_id);
+    if txn.get_database_backend() == sea_orm::DatabaseBackend::Postgres {
+        q = q.lock_exclusive();
+    }
+    q.one(txn).await?;
+    Ok(())
+}

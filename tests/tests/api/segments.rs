@@ -300,6 +300,41 @@ async fn segments_and_vms(s: &TestServer) {
 /// segment with a VM of theirs: the other hosts with VMs on it (flood
 /// list) and those VMs (static entries); agents waiting on a long poll
 /// hear of VMs arriving and leaving elsewhere.
+/// One tenant cannot drain the shared VNI and RoCE VLAN pools: segments
+/// count against the tenant's quota (zero for a new tenant), and one
+/// tenant at its limit leaves the others untouched.
+async fn segments_are_within_the_tenant_quota(s: &TestServer) {
+    s.bare_tenant("greedy").await;
+    s.tenant("neighbour").await;
+    let post = |t: &'static str, name: String, kind: SegmentKind| {
+        let c = s.admin.clone();
+        async move {
+            c.post::<_, Segment>(
+                &format!("/api/v1/tenants/{t}/segments"),
+                &seg(&name, kind, "10.9.0.0/24"),
+            )
+            .await
+        }
+    };
+    let e = post("greedy", "first-net".into(), SegmentKind::Ethernet).await.unwrap_err();
+    assert_eq!(e.problem().unwrap().kind, "/problems/quota-exceeded", "a new tenant has none");
+    s.quota("greedy", &kumo_api_types::Quota { segments: 1, ..Default::default() }).await;
+    post("greedy", "net-a".into(), SegmentKind::Roce).await.unwrap();
+    for (i, kind) in [SegmentKind::Roce, SegmentKind::Ethernet].into_iter().enumerate() {
+        let e = post("greedy", format!("net-c{i}"), kind).await.unwrap_err();
+        let p = e.problem().unwrap();
+        assert_eq!((p.kind.as_str(), p.resource.as_deref()), ("/problems/quota-exceeded", Some("segments")));
+    }
+    // The neighbour still gets its Ethernet and RoCE segments (the other
+    // two of this server's three VNIs).
+    post("neighbour", "net-n1".into(), SegmentKind::Ethernet).await.unwrap();
+    post("neighbour", "net-n2".into(), SegmentKind::Roce).await.unwrap();
+    // Deleting one makes room again (once its VNI has rested).
+    s.admin.delete_segment("greedy", "net-a").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    post("greedy", "net-d".into(), SegmentKind::Ethernet).await.unwrap();
+}
+
 async fn host_networks(s: &TestServer) {
     s.tenant("lab").await;
     let mut h1 = s.sim_agent_at("net-1", "cpu-only", "192.0.2.1").await;
@@ -688,5 +723,42 @@ async fn concurrent_segments_never_share_a_vni_postgres() {
     }
     assert_eq!(vnis.len(), 20);
     assert!(vnis.iter().all(|v| *v >= 4096), "{vnis:?}");
+    s.stop().await;
+}
+
+/// A deleted RoCE segment's VLAN rests as its VNI does (the leaf switches
+/// may still map it to the old segment): the next RoCE segment gets
+/// another VLAN, even when the deleted one's was the lowest free.
+#[tokio::test]
+async fn a_freed_roce_vlan_rests_before_reuse() {
+    let s = TestServer::start_with(Backend::Sqlite, |c| {
+        c.network.vni_ranges = vec![5000..=5010];
+        c.network.roce_vlans = 100..=102;
+    })
+    .await;
+    s.tenant("lab").await;
+    let make = |name: &'static str| {
+        let c = s.admin.clone();
+        async move {
+            c.post::<_, Segment>(
+                "/api/v1/tenants/lab/segments",
+                &seg(name, SegmentKind::Roce, "10.5.0.0/24"),
+            )
+            .await
+        }
+    };
+    let first = make("roce-1").await.unwrap();
+    assert_eq!(first.vlan, Some(100));
+    s.admin.delete_segment("lab", "roce-1").await.unwrap();
+    let second = make("roce-2").await.unwrap();
+    assert_eq!(second.vlan, Some(101), "VLAN 100 is resting");
+    let third = make("roce-3").await.unwrap();
+    assert_eq!(third.vlan, Some(102));
+    let e = make("roce-4").await.unwrap_err();
+    assert_eq!(
+        e.problem().unwrap().kind,
+        "/problems/insufficient-capacity",
+        "100 still rests: no VLAN is free"
+    );
     s.stop().await;
 }
