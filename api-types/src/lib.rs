@@ -753,23 +753,24 @@ impl VmState {
         }
     }
 
+    /// Every state, in lifecycle order.
+    pub const ALL: [VmState; 12] = [
+        VmState::Pending,
+        VmState::Scheduled,
+        VmState::Provisioning,
+        VmState::Running,
+        VmState::Stopped,
+        VmState::Deleting,
+        VmState::Deleted,
+        VmState::Preempting,
+        VmState::Preempted,
+        VmState::Suspended,
+        VmState::Error,
+        VmState::Unknown,
+    ];
+
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            VmState::Pending,
-            VmState::Scheduled,
-            VmState::Provisioning,
-            VmState::Running,
-            VmState::Stopped,
-            VmState::Deleting,
-            VmState::Deleted,
-            VmState::Preempting,
-            VmState::Preempted,
-            VmState::Suspended,
-            VmState::Error,
-            VmState::Unknown,
-        ]
-        .into_iter()
-        .find(|v| v.as_str() == s)
+        VmState::ALL.into_iter().find(|v| v.as_str() == s)
     }
 }
 

@@ -32,20 +32,7 @@ pub fn decode<T: StoredText>(table: &str, row: impl Display, text: &str) -> Resu
 
 impl StoredText for VmState {
     const WHAT: &'static str = "VM state";
-    const ALL: &'static [VmState] = &[
-        VmState::Pending,
-        VmState::Scheduled,
-        VmState::Provisioning,
-        VmState::Running,
-        VmState::Stopped,
-        VmState::Deleting,
-        VmState::Deleted,
-        VmState::Preempting,
-        VmState::Preempted,
-        VmState::Suspended,
-        VmState::Unknown,
-        VmState::Error,
-    ];
+    const ALL: &'static [VmState] = &VmState::ALL;
     fn to_text(self) -> &'static str {
         self.as_str()
     }
@@ -171,7 +158,7 @@ mod tests {
 
     #[test]
     fn vm_states_agree_with_the_api_types() {
-        for v in VmState::ALL {
+        for v in <VmState as StoredText>::ALL {
             assert_eq!(VmState::parse(v.to_text()), Some(*v));
         }
     }
