@@ -9,6 +9,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
+use crate::app::hosts::Origin;
 use crate::context::Caller;
 use crate::context::{Actor, AppState};
 use crate::error::ApiError;
@@ -92,11 +93,7 @@ impl FromRequestParts<AppState> for Actor {
         Ok(Actor {
             caller,
             request_id: request_id(parts),
-            source_ip: parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ci| ci.0.ip().to_string())
-                .unwrap_or_else(|| "unknown".into()),
+            source_ip: source_ip(parts),
             at: state.config.clock.now(),
         })
     }
@@ -138,18 +135,27 @@ pub fn request_id(parts: &Parts) -> String {
 }
 
 /// The client's address, as the audit log records it.
-pub struct ConnectInfoIp(pub String);
+pub fn source_ip(parts: &Parts) -> String {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ci| ci.0.ip().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
 
-impl<S: Send + Sync> FromRequestParts<S> for ConnectInfoIp {
+/// Where an unauthenticated request (an agent registering) came from,
+/// and when: what its audit entry records.
+impl FromRequestParts<AppState> for Origin {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Ok(ConnectInfoIp(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ci| ci.0.ip().to_string())
-                .unwrap_or_else(|| "unknown".into()),
-        ))
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Origin {
+            source_ip: source_ip(parts),
+            request_id: request_id(parts),
+            at: state.config.clock.now(),
+        })
     }
 }

@@ -26,7 +26,7 @@ use crate::store::vms::{desired_power, event, stored_placement, stored_spec, sto
 use crate::app::auth;
 use crate::context::AppState;
 use crate::domain::lifecycle;
-use crate::http::extract::{ConnectInfoIp, Json, Query};
+use crate::http::extract::{Json, Query};
 
 /// How long a desired-state request waits for a change.
 pub const LONG_POLL: Duration = Duration::from_secs(25);
@@ -73,19 +73,10 @@ impl FromRequestParts<AppState> for HostCaller {
 pub async fn register(
     State(st): State<AppState>,
     headers: axum::http::HeaderMap,
-    ConnectInfoIp(source_ip): ConnectInfoIp,
+    origin: crate::app::hosts::Origin,
     Json(body): Json<AgentRegister>,
 ) -> Result<(StatusCode, axum::Json<AgentRegistered>), ApiError> {
     let current = crate::http::extract::bearer_token(&headers).and_then(Result::ok);
-    let origin = crate::app::hosts::Origin {
-        source_ip,
-        request_id: headers
-            .get(crate::http::extract::REQUEST_ID_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned(),
-        at: st.config.clock.now(),
-    };
     let (host_id, credential) = crate::app::hosts::register(&st, &body, current, &origin).await?;
     Ok((
         StatusCode::CREATED,
