@@ -681,7 +681,18 @@ pub struct Segment {
     pub attachments: u32,
     #[serde(default)]
     pub ingress: Vec<IngressRule>,
+    /// Hosts that could not set the segment up, with why: its VMs there
+    /// wait (shown in their `reason`) while the host's other work goes on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<SegmentFault>,
     pub created_at: DateTime<Utc>,
+}
+
+/// A host that could not set a segment up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SegmentFault {
+    pub host: String,
+    pub message: String,
 }
 
 /// A VM's request, as stored and as the agent receives it.
@@ -998,6 +1009,10 @@ pub struct AgentHeartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Object>>)]
     pub fabric: Option<Vec<vxlan_manager::roce::PortReport>>,
+    /// The segments the agent's last pass could not set up on this host,
+    /// by VNI, with why; empty when every one converged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment_faults: Option<BTreeMap<u32, String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -78,13 +78,15 @@ impl RunningServer {
         let reaper = tokio::spawn(crate::app::jobs::reclaimer::run(state.clone()));
         let app = crate::http::router::router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
+        let signals = state.signals.clone();
         let task = tokio::spawn(async move {
             let served = axum::serve(
                 listener,
                 app.into_make_service_with_connect_info::<SocketAddr>(),
             )
-            .with_graceful_shutdown(async {
+            .with_graceful_shutdown(async move {
                 let _ = rx.await;
+                signals.close();
             })
             .await;
             detector.abort();

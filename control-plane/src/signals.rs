@@ -13,6 +13,10 @@ use uuid::Uuid;
 #[derive(Default)]
 pub struct HostSignals {
     by_host: Mutex<HashMap<Uuid, Arc<Notify>>>,
+    /// The server is shutting down: long polls answer now, so the
+    /// graceful shutdown does not wait out their timeouts.
+    closing: std::sync::atomic::AtomicBool,
+    closed: Notify,
 }
 
 impl HostSignals {
@@ -25,9 +29,31 @@ impl HostSignals {
         self.get(host).notify_waiters();
     }
 
-    /// Waits for a wake-up of `host`, at most `limit`.
+    /// Waits for a wake-up of `host`, at most `limit`, and not past the
+    /// start of a shutdown.
     pub async fn wait(&self, host: Uuid, limit: Duration) {
         let n = self.get(host);
-        let _ = tokio::time::timeout(limit, n.notified()).await;
+        let closed = self.closed.notified();
+        if self.closing() {
+            return;
+        }
+        let _ = tokio::time::timeout(limit, async {
+            tokio::select! {
+                _ = n.notified() => {}
+                _ = closed => {}
+            }
+        })
+        .await;
+    }
+
+    /// Ends every wait, now and from now on.
+    pub fn close(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.closed.notify_waiters();
+    }
+
+    pub fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::SeqCst)
     }
 }

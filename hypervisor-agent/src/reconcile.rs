@@ -62,6 +62,52 @@ pub fn cloud_init(vm: &DesiredVm) -> (String, String) {
     (meta, user)
 }
 
+/// The host's tenant networks that a pass could not set up: every one
+/// (the host's own failure) or some segments, by VNI, with why.
+#[derive(Debug, Default, Clone)]
+pub struct Unconverged {
+    all: Option<String>,
+    segments: std::collections::BTreeMap<u32, String>,
+}
+
+impl Unconverged {
+    pub fn all(why: String) -> Unconverged {
+        Unconverged {
+            all: Some(why),
+            segments: Default::default(),
+        }
+    }
+
+    pub fn segments(failed: std::collections::BTreeMap<u32, String>) -> Unconverged {
+        Unconverged {
+            all: None,
+            segments: failed,
+        }
+    }
+
+    /// What the server hears: the failed segments by VNI (none when the
+    /// whole host failed: that is the host's condition, not a segment's).
+    pub fn faults(&self) -> std::collections::BTreeMap<u32, String> {
+        self.segments.clone()
+    }
+
+    /// Why the VM cannot start here yet: one of its bridged segments (or
+    /// all of them) did not converge.
+    pub fn holds_back(&self, vm: &DesiredVm) -> Option<String> {
+        vm.nics
+            .iter()
+            .filter(|n| n.kind == SegmentKind::Ethernet)
+            .find_map(|n| match (&self.all, self.segments.get(&n.vni)) {
+                (Some(e), _) => Some(format!("the host's tenant networks are not set up: {e}")),
+                (None, Some(e)) => Some(format!(
+                    "segment {} (VNI {}) is not set up on this host: {e}",
+                    n.segment, n.vni
+                )),
+                (None, None) => None,
+            })
+    }
+}
+
 /// The VM's Ethernet NICs as virtio NICs on their segments' bridges.
 pub fn bridge_nics(vm: &DesiredVm) -> Vec<BridgeNic> {
     vm.nics
@@ -398,12 +444,32 @@ impl Reconciler {
     }
 
     /// One pass. Returns what to report; a VM that failed is reported
-    /// `failed` with the reason and the pass goes on with the others.
-    pub fn reconcile(&mut self, desired: &DesiredState) -> Result<Vec<VmStatus>, String> {
+    /// `failed` with the reason and the pass goes on with the others. A VM
+    /// not yet defined on a segment that did not converge waits, reported
+    /// `failed` with the segment's reason.
+    pub fn reconcile(
+        &mut self,
+        desired: &DesiredState,
+        unconverged: &Unconverged,
+    ) -> Result<Vec<VmStatus>, String> {
         let mut owned = self.owned()?;
         let mut report = Vec::new();
         for vm in &desired.vms {
             let dom = owned.remove(&vm.id);
+            if let (None, Some(reason)) = (&dom, unconverged.holds_back(vm)) {
+                tracing::warn!(vm = %vm.id, %reason, "VM waits for its segment");
+                report.push(
+                    VmStatus {
+                        id: vm.id,
+                        state: ActualState::Failed,
+                        reason: Some(reason),
+                        guest: None,
+                        notice: None,
+                    }
+                    .bounded(),
+                );
+                continue;
+            }
             let notice = match (&dom, &vm.preemption) {
                 (Some(d), Some(_)) => self.preempt(vm, d),
                 _ => None,

@@ -2,6 +2,7 @@
 //! and reconcile every time the desired state changes — or every long-poll
 //! timeout, which also repairs drift nobody announced.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,7 +12,7 @@ use virt::connect::Connect;
 
 use crate::client::{self, AgentClient, ClientError};
 use crate::credential::{self, Credential};
-use crate::reconcile::Reconciler;
+use crate::reconcile::{Reconciler, Unconverged};
 use kumo_api_types::AgentHeartbeat;
 use vxlan_manager::roce::{Outcome, PortReport, RoceFabric, VfConfig, LOSSLESS};
 
@@ -51,6 +52,8 @@ pub struct Agent {
     pub network_changes: std::sync::atomic::AtomicU64,
     topology: kumo_topology::HostTopology,
     fabric: Arc<Mutex<FabricState>>,
+    /// The segments the last pass could not set up, for the heartbeat.
+    faults: Arc<Mutex<BTreeMap<u32, String>>>,
 }
 
 /// The RoCE ports as last configured, and whether the server has heard.
@@ -139,6 +142,7 @@ impl Agent {
             network_changes: Default::default(),
             topology: topo,
             fabric: Arc::default(),
+            faults: Arc::default(),
         })
     }
 
@@ -218,13 +222,31 @@ impl Agent {
         f.at = Some(std::time::Instant::now());
     }
 
-    async fn converge_network(&self, want: &vxlan_manager::DesiredState) -> Result<(), String> {
+    /// Converges the host's tenant networks segment by segment; answers
+    /// the segments left unconverged, by VNI. `Err` is the host's own
+    /// failure (no netlink, no nftables): then no segment is trusted.
+    async fn converge_network(
+        &self,
+        want: &vxlan_manager::DesiredState,
+    ) -> Result<BTreeMap<u32, String>, String> {
         let k = self.kernel().await?;
-        let changes = vxlan_manager::converge(&k, want)
+        let done = vxlan_manager::converge_each(&k, want)
             .await
             .map_err(|e| e.to_string())?;
+        let changes = done.changes;
+        // The filters of the segments that converged (a failed one's VMs
+        // do not start, so nothing of it runs unfiltered).
+        let state = vxlan_manager::DesiredState {
+            underlay_ip: want.underlay_ip,
+            segments: want
+                .segments
+                .iter()
+                .filter(|s| !done.failed.contains_key(&s.vni))
+                .cloned()
+                .collect(),
+        };
         // nft runs as a child process: off the async threads.
-        let (netns, state) = (self.config.netns.clone(), want.clone());
+        let netns = self.config.netns.clone();
         let rules = tokio::task::spawn_blocking(move || {
             vxlan_manager::nft::converge_filters(netns.as_deref(), &state)
         })
@@ -241,18 +263,27 @@ impl Agent {
                 "tenant networks converged"
             );
         }
-        Ok(())
+        for (vni, why) in &done.failed {
+            tracing::warn!(vni, error = %why, "segment not converged; its VMs wait, the others go on");
+        }
+        Ok(done.failed)
     }
 
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
         tracing::debug!(revision = desired.revision, "pass: networks");
-        if let Some(net) = &desired.network {
-            if let Err(e) = self.converge_network(net).await {
-                // VMs would start without their bridges: wait for the next pass.
-                tracing::warn!(error = %e, "tenant networks not converged; retrying");
-                return Ok(());
-            }
-        }
+        // A segment that does not converge holds back its own VMs only
+        // (they would start without their bridge); the rest go on.
+        let unconverged = match &desired.network {
+            Some(net) => match self.converge_network(net).await {
+                Ok(failed) => Unconverged::segments(failed),
+                Err(e) => {
+                    tracing::warn!(error = %e, "tenant networks not converged; retrying");
+                    Unconverged::all(e)
+                }
+            },
+            None => Unconverged::default(),
+        };
+        *self.faults.lock().unwrap_or_else(|e| e.into_inner()) = unconverged.faults();
         tracing::debug!("pass: fabric");
         self.converge_fabric(&desired).await;
         tracing::debug!("pass: libvirt");
@@ -260,7 +291,7 @@ impl Agent {
         let d = desired.clone();
         let report = tokio::task::spawn_blocking(move || {
             let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
-            r.reconcile(&d)
+            r.reconcile(&d, &unconverged)
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
@@ -278,6 +309,7 @@ impl Agent {
         let every = self.config.heartbeat;
         let underlay = self.config.underlay_ip;
         let fabric = self.fabric.clone();
+        let faults = self.faults.clone();
         let heartbeat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
@@ -286,10 +318,12 @@ impl Agent {
                     let f = fabric.lock().unwrap_or_else(|e| e.into_inner());
                     f.unsent.then(|| f.report.clone())
                 };
+                let segment_faults = faults.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let body = AgentHeartbeat {
                     topology: None,
                     underlay_ip: underlay,
                     fabric: report.clone(),
+                    segment_faults: Some(segment_faults),
                 };
                 match hb_client.heartbeat(&body).await {
                     Ok(()) => {

@@ -18,6 +18,7 @@ mod m0012_topology_digest;
 mod m0013_host_credentials;
 mod m0014_credential_lifecycle;
 mod m0015_vlan_rest;
+mod m0016_segment_faults;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -77,6 +78,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0013_host_credentials::Migration),
             Box::new(m0014_credential_lifecycle::Migration),
             Box::new(m0015_vlan_rest::Migration),
+            Box::new(m0016_segment_faults::Migration),
         ]
     }
 }

@@ -466,6 +466,41 @@ pub async fn converge(kernel: &Kernel, want: &DesiredState) -> Result<Vec<Change
     Ok(changes)
 }
 
+/// What a segment-by-segment pass did.
+#[derive(Debug, Default)]
+pub struct Converged {
+    /// The changes made (none when the kernel already matched).
+    pub changes: Vec<Change>,
+    /// The segments left unconverged, by VNI, with why: a bad document or
+    /// a change the kernel refused. Every other segment converged.
+    pub failed: BTreeMap<u32, String>,
+}
+
+/// One pass, segment by segment: a segment whose part of the document is
+/// bad, or whose kernel changes fail, is left out and named in
+/// [`Converged::failed`]; the others converge all the same. Only what is
+/// the host's own (its underlay address, reading the kernel) fails the pass.
+pub async fn converge_each(kernel: &Kernel, want: &DesiredState) -> Result<Converged, NetError> {
+    let (usable, mut failed) = want.usable()?;
+    let have = kernel.observe().await?;
+    let mut by_vni: BTreeMap<Option<u32>, Vec<Change>> = BTreeMap::new();
+    for c in plan(&usable, &have) {
+        by_vni.entry(c.vni()).or_default().push(c);
+    }
+    let mut done = Converged::default();
+    for (vni, changes) in by_vni {
+        match (kernel.apply(&changes).await, vni) {
+            (Ok(_), _) => done.changes.extend(changes),
+            (Err(e), Some(vni)) => {
+                failed.insert(vni, e.to_string());
+            }
+            (Err(e), None) => return Err(e),
+        }
+    }
+    done.failed = failed;
+    Ok(done)
+}
+
 fn bridge_entry(
     ifindex: u32,
     mac: Mac,

@@ -25,6 +25,6 @@ pub mod state;
 pub mod testbed;
 
 #[cfg(feature = "kernel")]
-pub use kernel::{converge, Kernel, NetError};
+pub use kernel::{converge, converge_each, Converged, Kernel, NetError};
 pub use plan::{plan, Change, Observed};
 pub use state::{DesiredState, Endpoint, Mac, Segment, StateError};

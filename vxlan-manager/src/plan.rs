@@ -117,6 +117,26 @@ pub enum Change {
     AddNeigh(Neigh),
 }
 
+impl Change {
+    /// The VNI whose objects the change touches: changes of one segment
+    /// are applied together, apart from other segments'.
+    pub fn vni(&self) -> Option<u32> {
+        match self {
+            Change::DelLink { name }
+            | Change::AddBridge { name, .. }
+            | Change::SetMtu { name, .. }
+            | Change::SetMaster { name, .. }
+            | Change::SetPort { name }
+            | Change::SetUp { name } => crate::state::vni_of(name).map(|(vni, _)| vni),
+            Change::AddVxlan { vni, .. }
+            | Change::DelBridgeFdb { vni, .. }
+            | Change::AddBridgeFdb { vni, .. } => Some(*vni),
+            Change::DelFdb(f) | Change::AddFdb(f) => Some(f.vni),
+            Change::DelNeigh(n) | Change::AddNeigh(n) => Some(n.vni),
+        }
+    }
+}
+
 /// The port flags every VXLAN device has on its bridge.
 pub const VXLAN_PORT_FLAGS: PortFlags = PortFlags {
     learning: false,

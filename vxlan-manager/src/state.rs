@@ -2,7 +2,7 @@
 //! `kumo-vxlan apply --state FILE` reads it, checked whole before anything
 //! touches the kernel.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
@@ -289,84 +289,132 @@ impl DesiredState {
     }
 
     pub fn validate(&self) -> Result<(), StateError> {
+        self.check_underlay()?;
+        let mut vnis = BTreeSet::new();
+        for (i, s) in self.segments.iter().enumerate() {
+            s.check(i, self.underlay_ip)?;
+            if !vnis.insert(s.vni) {
+                return Err(err(
+                    format!("segments[{i}].vni"),
+                    format!("{} appears twice", s.vni),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_underlay(&self) -> Result<(), StateError> {
         let u = self.underlay_ip;
         if u.is_unspecified() || u.is_multicast() || u.is_broadcast() {
             return Err(err("underlay_ip", format!("{u} is not a unicast address")));
         }
-        let mut vnis = BTreeSet::new();
+        Ok(())
+    }
+
+    /// The segments that can be converged, and why each other one cannot
+    /// (by VNI). A bad segment belongs to one tenant: it never stops the
+    /// host's other segments. Only a bad underlay address, the host's own,
+    /// fails the whole document.
+    pub fn usable(&self) -> Result<(DesiredState, BTreeMap<u32, String>), StateError> {
+        self.check_underlay()?;
+        let mut bad = BTreeMap::new();
+        let mut seen = BTreeSet::new();
         for (i, s) in self.segments.iter().enumerate() {
-            let at = |f: &str| format!("segments[{i}].{f}");
-            if !(1..=MAX_VNI).contains(&s.vni) {
-                return Err(err(at("vni"), format!("{} is not in 1…{MAX_VNI}", s.vni)));
+            if let Err(e) = s.check(i, self.underlay_ip) {
+                bad.insert(s.vni, e.to_string());
+            } else if !seen.insert(s.vni) {
+                bad.insert(s.vni, format!("segments[{i}].vni: {} appears twice", s.vni));
             }
-            if !vnis.insert(s.vni) {
-                return Err(err(at("vni"), format!("{} appears twice", s.vni)));
-            }
-            if !(MIN_MTU..=MAX_MTU).contains(&s.mtu) {
+        }
+        // A VNI named twice: neither copy is the segment.
+        let segments = self
+            .segments
+            .iter()
+            .filter(|s| !bad.contains_key(&s.vni))
+            .cloned()
+            .collect();
+        let usable = DesiredState {
+            underlay_ip: self.underlay_ip,
+            segments,
+        };
+        Ok((usable, bad))
+    }
+}
+
+impl Segment {
+    /// Checks one segment (the `i`-th) on its own.
+    fn check(&self, i: usize, underlay: Ipv4Addr) -> Result<(), StateError> {
+        let at = |f: &str| format!("segments[{i}].{f}");
+        if !(1..=MAX_VNI).contains(&self.vni) {
+            return Err(err(
+                at("vni"),
+                format!("{} is not in 1…{MAX_VNI}", self.vni),
+            ));
+        }
+        if !(MIN_MTU..=MAX_MTU).contains(&self.mtu) {
+            return Err(err(
+                at("mtu"),
+                format!("{} is not in {MIN_MTU}…{MAX_MTU}", self.mtu),
+            ));
+        }
+        let mut vteps = BTreeSet::new();
+        for (j, v) in self.remote_vteps.iter().enumerate() {
+            if v.is_unspecified() || v.is_multicast() || v.is_broadcast() || *v == underlay {
                 return Err(err(
-                    at("mtu"),
-                    format!("{} is not in {MIN_MTU}…{MAX_MTU}", s.mtu),
+                    at(&format!("remote_vteps[{j}]")),
+                    format!("{v} is not another host's unicast address"),
                 ));
             }
-            let mut vteps = BTreeSet::new();
-            for (j, v) in s.remote_vteps.iter().enumerate() {
-                if v.is_unspecified() || v.is_multicast() || v.is_broadcast() || *v == u {
+            if !vteps.insert(*v) {
+                return Err(err(
+                    at(&format!("remote_vteps[{j}]")),
+                    format!("{v} appears twice"),
+                ));
+            }
+        }
+        let mut macs = BTreeSet::new();
+        let mut ips = BTreeSet::new();
+        for (j, e) in self.remote_endpoints.iter().enumerate() {
+            let at = |f: &str| at(&format!("remote_endpoints[{j}].{f}"));
+            if e.mac == Mac::ZERO || e.mac.is_multicast() {
+                return Err(err(at("mac"), format!("{} is not a unicast MAC", e.mac)));
+            }
+            if !macs.insert(e.mac) {
+                return Err(err(at("mac"), format!("{} appears twice", e.mac)));
+            }
+            if e.ip.is_unspecified() || e.ip.is_multicast() {
+                return Err(err(at("ip"), format!("{} is not a unicast address", e.ip)));
+            }
+            if !ips.insert(e.ip) {
+                return Err(err(at("ip"), format!("{} appears twice", e.ip)));
+            }
+            if !vteps.contains(&e.vtep) {
+                return Err(err(
+                    at("vtep"),
+                    format!("{} is not one of the segment's remote_vteps", e.vtep),
+                ));
+            }
+        }
+        if let Some(f) = &self.filter {
+            let at = |f: &str| at(&format!("filter.{f}"));
+            let mut local = BTreeSet::new();
+            for (j, m) in f.local_macs.iter().enumerate() {
+                if *m == Mac::ZERO || m.is_multicast() || !local.insert(*m) {
                     return Err(err(
-                        at(&format!("remote_vteps[{j}]")),
-                        format!("{v} is not another host's unicast address"),
-                    ));
-                }
-                if !vteps.insert(*v) {
-                    return Err(err(
-                        at(&format!("remote_vteps[{j}]")),
-                        format!("{v} appears twice"),
+                        at(&format!("local_macs[{j}]")),
+                        format!("{m} is not a unicast MAC named once"),
                     ));
                 }
             }
-            let mut macs = BTreeSet::new();
-            let mut ips = BTreeSet::new();
-            for (j, e) in s.remote_endpoints.iter().enumerate() {
-                let at = |f: &str| at(&format!("remote_endpoints[{j}].{f}"));
-                if e.mac == Mac::ZERO || e.mac.is_multicast() {
-                    return Err(err(at("mac"), format!("{} is not a unicast MAC", e.mac)));
-                }
-                if !macs.insert(e.mac) {
-                    return Err(err(at("mac"), format!("{} appears twice", e.mac)));
-                }
-                if e.ip.is_unspecified() || e.ip.is_multicast() {
-                    return Err(err(at("ip"), format!("{} is not a unicast address", e.ip)));
-                }
-                if !ips.insert(e.ip) {
-                    return Err(err(at("ip"), format!("{} appears twice", e.ip)));
-                }
-                if !vteps.contains(&e.vtep) {
-                    return Err(err(
-                        at("vtep"),
-                        format!("{} is not one of the segment's remote_vteps", e.vtep),
-                    ));
-                }
+            if f.allow.len() > MAX_ALLOW {
+                return Err(err(at("allow"), format!("at most {MAX_ALLOW} rules")));
             }
-            if let Some(f) = &s.filter {
-                let at = |f: &str| at(&format!("filter.{f}"));
-                let mut local = BTreeSet::new();
-                for (j, m) in f.local_macs.iter().enumerate() {
-                    if *m == Mac::ZERO || m.is_multicast() || !local.insert(*m) {
-                        return Err(err(
-                            at(&format!("local_macs[{j}]")),
-                            format!("{m} is not a unicast MAC named once"),
-                        ));
-                    }
-                }
-                if f.allow.len() > MAX_ALLOW {
-                    return Err(err(at("allow"), format!("at most {MAX_ALLOW} rules")));
-                }
-                for (j, a) in f.allow.iter().enumerate() {
-                    if a.ports.is_some() && !a.protocol.has_ports() {
-                        return Err(err(
-                            at(&format!("allow[{j}].ports")),
-                            "ports go with tcp or udp only",
-                        ));
-                    }
+            for (j, a) in f.allow.iter().enumerate() {
+                if a.ports.is_some() && !a.protocol.has_ports() {
+                    return Err(err(
+                        at(&format!("allow[{j}].ports")),
+                        "ports go with tcp or udp only",
+                    ));
                 }
             }
         }

@@ -13,7 +13,9 @@ use std::process::Command;
 use vxlan_manager::plan::{Fdb, Neigh};
 use vxlan_manager::state::{Allow, Filter, Protocol};
 use vxlan_manager::testbed::{ip, ping, tcp_hello, Fabric};
-use vxlan_manager::{converge, DesiredState, Endpoint, Kernel, Mac, NetError, Segment};
+use vxlan_manager::{
+    converge, converge_each, DesiredState, Endpoint, Kernel, Mac, NetError, Segment,
+};
 
 #[derive(Clone)]
 struct Vm {
@@ -395,6 +397,70 @@ fn nft_in(ns: &str, script: &str) -> String {
 /// Ingress filters: IPv4 from the segment's own network always gets in,
 /// from elsewhere only what a rule allows; ARP and other hosts' tables are
 /// untouched; applying twice writes nothing.
+/// One tenant's segment that cannot be set up (its document is bad, or
+/// the kernel refuses its device) stays that segment's failure: the
+/// host's other segments converge in the same pass, and the failed one
+/// converges once what stood in its way is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_that_fails_never_stops_the_others() {
+    let fab = Fabric::new(1);
+    let ns = fab.host_ns(0);
+    let underlay = Fabric::underlay(0).to_string();
+    // Something holds VNI 1001 on this host: the kernel refuses a second
+    // device with it.
+    ip(&[
+        "-n", &ns, "link", "add", "squat", "type", "vxlan", "id", "1001", "local", &underlay,
+        "dstport", "4789",
+    ]);
+    let segment = |vni: u32, remote: &str| Segment {
+        vni,
+        mtu: 1450,
+        remote_vteps: vec![remote.parse().unwrap()],
+        remote_endpoints: vec![],
+        filter: None,
+    };
+    let want = DesiredState {
+        underlay_ip: Fabric::underlay(0),
+        segments: vec![
+            segment(1001, "10.99.0.2"),
+            segment(1002, "10.99.0.2"),
+            // A multicast "host": a document the converger refuses.
+            segment(1003, "224.0.0.1"),
+        ],
+    };
+    assert!(converge(&Kernel::connect(Some(&ns)).unwrap(), &want)
+        .await
+        .is_err());
+    let k = Kernel::connect(Some(&ns)).unwrap();
+    let done = converge_each(&k, &want).await.unwrap();
+    assert_eq!(
+        done.failed.keys().copied().collect::<Vec<_>>(),
+        [1001, 1003],
+        "{:?}",
+        done.failed
+    );
+    assert!(done.failed[&1001].contains("VXLAN"), "{:?}", done.failed);
+    assert!(
+        done.failed[&1003].contains("remote_vteps"),
+        "{:?}",
+        done.failed
+    );
+    let links = k.observe().await.unwrap().links;
+    assert!(links.contains_key("kvx1002") && links.contains_key("kbr1002"));
+    assert!(!links.contains_key("kvx1001") && !links.contains_key("kvx1003"));
+    let again = converge_each(&k, &want).await.unwrap();
+    assert!(
+        again.changes.iter().all(|c| c.vni() == Some(1001)),
+        "only the failed segment is tried again: {:?}",
+        again.changes
+    );
+    // What stood in the way is gone: the segment converges.
+    ip(&["-n", &ns, "link", "del", "squat"]);
+    let done = converge_each(&k, &want).await.unwrap();
+    assert_eq!(done.failed.keys().copied().collect::<Vec<_>>(), [1003]);
+    assert!(k.observe().await.unwrap().links.contains_key("kvx1001"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_ingress_filters() {
     let mut w = World::new(2);

@@ -70,6 +70,11 @@ pub fn word(lang: Lang, w: &str) -> String {
         "stop" => "停止する",
         "reboot" => "再起動",
         "delete" => "削除",
+        "revoked" => "失効",
+        "used" => "使用済み",
+        "expired" => "期限切れ",
+        "valid" => "有効",
+        "uses" => "使用回数",
         other => other,
     };
     match lang {

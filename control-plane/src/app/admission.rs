@@ -216,192 +216,265 @@ pub struct NewCluster<'a> {
     pub spec: &'a VmSpec,
 }
 
-/// One transaction for the whole placement.
-#[allow(clippy::too_many_arguments)]
-async fn commit(
-    st: &AppState,
-    ctx: Option<&Actor>,
-    tenant: &tenants::Model,
-    members: &[Member],
-    reserved: Option<&[Reserved]>,
-    existing: bool,
-    cluster: Option<&NewCluster<'_>>,
-    plan: Option<&Plan>,
-) -> Result<(), CommitError> {
-    let now = st.config.clock.now();
-    let txn = st.db.begin().await?;
-    let specs: Vec<VmSpec> = members
+/// Where the members' rows come from.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    /// A caller's request: the VMs (and their cluster) are created by the
+    /// admission, counted against the quota and audited as the actor's.
+    New {
+        actor: &'a Actor,
+        cluster: Option<&'a NewCluster<'a>>,
+    },
+    /// VMs waiting as `pending` rows (of this cluster), placed now.
+    Pending { cluster: Option<Uuid> },
+}
+
+/// One admission: whose, which VMs, and where their rows come from.
+#[derive(Clone, Copy)]
+pub struct Admission<'a> {
+    pub tenant: &'a tenants::Model,
+    pub members: &'a [Member],
+    pub rows: Rows<'a>,
+}
+
+/// What a commit makes true: the members placed as reserved, or waiting
+/// while the plan's spot VMs are reclaimed.
+#[derive(Clone, Copy)]
+enum Outcome<'a> {
+    Placed(&'a [Reserved]),
+    Waiting(&'a Plan),
+}
+
+impl Outcome<'_> {
+    fn reserved(&self, i: usize) -> Option<&Reserved> {
+        match self {
+            Outcome::Placed(r) => r.get(i),
+            Outcome::Waiting(_) => None,
+        }
+    }
+}
+
+fn internal(e: serde_json::Error) -> ApiError {
+    ApiError::Internal(e.to_string())
+}
+
+/// The members' specs as stored: the GPU model is the one they got.
+fn placed_specs(members: &[Member], outcome: Outcome<'_>) -> Vec<VmSpec> {
+    members
         .iter()
         .enumerate()
         .map(|(i, m)| {
             let mut s = m.spec.clone();
-            if let Some(model) = reserved
-                .and_then(|r| r.get(i))
-                .and_then(|r| r.model.clone())
-            {
+            if let Some(model) = outcome.reserved(i).and_then(|r| r.model.clone()) {
                 s.gpu_model = Some(model);
             }
             s
         })
-        .collect();
-    if !existing {
-        check_quota(&txn, tenant, &specs.iter().collect::<Vec<_>>()).await?;
+        .collect()
+}
+
+/// The cluster row of a new cluster, `placed` or `pending`.
+async fn insert_cluster(
+    txn: &DatabaseTransaction,
+    actor: &Actor,
+    tenant: &tenants::Model,
+    c: &NewCluster<'_>,
+    size: usize,
+    state: ClusterState,
+) -> Result<(), CommitError> {
+    clusters::ActiveModel {
+        id: Set(c.id),
+        tenant_id: Set(tenant.id),
+        name: Set(c.name.to_owned()),
+        size: Set(size as i32),
+        spec: Set(serde_json::to_string(c.spec).map_err(internal)?),
+        state: Set(state.to_text().into()),
+        created_at: Set(actor.at),
     }
-    if let Some(c) = cluster.filter(|_| !existing) {
-        clusters::ActiveModel {
-            id: Set(c.id),
-            tenant_id: Set(tenant.id),
-            name: Set(c.name.to_owned()),
-            size: Set(members.len() as i32),
-            spec: Set(serde_json::to_string(c.spec).map_err(|e| ApiError::Internal(e.to_string()))?),
-            state: Set(if reserved.is_some() {
-                ClusterState::Placed
-            } else {
-                ClusterState::Pending
-            }
-            .to_text()
-            .into()),
-            created_at: Set(now),
-        }
-        .insert(&txn)
+    .insert(txn)
+    .await?;
+    audit::record(txn, actor, "cluster.create", Some(tenant), c.name).await?;
+    Ok(())
+}
+
+/// A new VM's row with its NICs, its first charge and its `created`
+/// event.
+async fn insert_vm(
+    txn: &DatabaseTransaction,
+    actor: &Actor,
+    tenant: &tenants::Model,
+    m: &Member,
+    spec: &VmSpec,
+    r: Option<&Reserved>,
+    cluster: Option<Uuid>,
+) -> Result<vms::Model, CommitError> {
+    let now = actor.at;
+    let vm = vms::ActiveModel {
+        id: Set(m.id),
+        tenant_id: Set(tenant.id),
+        name: Set(m.name.clone()),
+        state: Set(placed_state(r).as_str().to_owned()),
+        reason: Set(None),
+        host_id: Set(r.map(|r| r.host)),
+        spec: Set(serde_json::to_string(spec).map_err(internal)?),
+        placement: Set(placement_json(r)?),
+        desired_power: Set(Power::Running.to_text().into()),
+        power_generation: Set(0),
+        guest_condition: Set(None),
+        preempt_deadline: Set(None),
+        cluster_id: Set(cluster),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+    .insert(txn)
+    .await?;
+    crate::app::metering::created(txn, &vm, now).await?;
+    crate::store::segments::attach(txn, vm.id, &m.nics, now).await??;
+    let what = format!(
+        "{} GPU(s), {} vCPUs, {} GiB",
+        spec.gpus, spec.vcpus, spec.memory_gib
+    );
+    event(txn, &vm, now, "created", what).await?;
+    audit::record(txn, actor, "vm.create", Some(tenant), &m.name).await?;
+    Ok(vm)
+}
+
+fn placed_state(r: Option<&Reserved>) -> VmState {
+    if r.is_some() {
+        VmState::Scheduled
+    } else {
+        VmState::Pending
+    }
+}
+
+fn placement_json(r: Option<&Reserved>) -> Result<Option<String>, ApiError> {
+    r.map(|r| serde_json::to_string(&r.placement))
+        .transpose()
+        .map_err(internal)
+}
+
+/// A pending VM's row, moved to its placement; lost when another replica
+/// placed or deleted it meanwhile.
+async fn place_pending(
+    txn: &DatabaseTransaction,
+    m: &Member,
+    spec: &VmSpec,
+    r: Option<&Reserved>,
+    now: DateTime<Utc>,
+) -> Result<vms::Model, CommitError> {
+    let res = vms::Entity::update_many()
+        .col_expr(vms::Column::State, Expr::value(placed_state(r).as_str()))
+        .col_expr(vms::Column::HostId, Expr::value(r.map(|r| r.host)))
+        .col_expr(vms::Column::Placement, Expr::value(placement_json(r)?))
+        .col_expr(
+            vms::Column::Spec,
+            Expr::value(serde_json::to_string(spec).map_err(internal)?),
+        )
+        .col_expr(vms::Column::UpdatedAt, Expr::value(now))
+        .filter(vms::Column::Id.eq(m.id))
+        .filter(vms::Column::State.eq(VmState::Pending.as_str()))
+        .exec(txn)
         .await?;
-        if let Some(ctx) = ctx {
-            audit::record(&txn, ctx, "cluster.create", Some(tenant), c.name).await?;
+    if res.rows_affected != 1 {
+        return Err(CommitError::Lost);
+    }
+    vms::Entity::find_by_id(m.id)
+        .one(txn)
+        .await?
+        .ok_or(CommitError::Lost)
+}
+
+/// The devices of a placement held by the VM, its host claimed at the
+/// revision the placement saw (once per host), RoCE rails made, and the
+/// hosts of its segment peers woken (returned).
+async fn hold(
+    txn: &DatabaseTransaction,
+    m: &Member,
+    vm: &vms::Model,
+    r: &Reserved,
+    claimed: &mut Vec<Uuid>,
+    now: DateTime<Utc>,
+) -> Result<Vec<Uuid>, CommitError> {
+    let rows = allocation_rows::rows(r.host, vm.id, &r.placement);
+    if !rows.is_empty() {
+        allocations::Entity::insert_many(rows).exec(txn).await?;
+    }
+    if !claimed.contains(&r.host) {
+        if !claim_host(txn, r.host, r.revision).await? {
+            return Err(CommitError::Lost);
         }
+        claimed.push(r.host);
     }
-    if let (Some(c), true, Some(_)) = (cluster, existing, reserved) {
-        clusters::Entity::update_many()
-            .col_expr(
-                clusters::Column::State,
-                Expr::value(ClusterState::Placed.to_text()),
-            )
-            .filter(clusters::Column::Id.eq(c.id))
-            .exec(&txn)
-            .await?;
+    if m.roce {
+        crate::store::segments::ensure_rails(txn, vm.id, r.placement.nics.len(), now).await??;
     }
+    let peers = if m.networked {
+        crate::app::host_network::touch_peers(txn, vm.id).await?
+    } else {
+        Vec::new()
+    };
+    let why = format!("placed on {}", r.host_name);
+    event(txn, vm, now, "scheduled", why).await?;
+    Ok(peers)
+}
+
+/// One transaction for the whole admission: the quota, the cluster and
+/// VM rows, the held devices and claimed hosts, or the reclaim plan.
+async fn commit(
+    st: &AppState,
+    job: Admission<'_>,
+    outcome: Outcome<'_>,
+) -> Result<(), CommitError> {
+    let now = st.config.clock.now();
+    let txn = st.db.begin().await?;
+    let specs = placed_specs(job.members, outcome);
+    let placed = matches!(outcome, Outcome::Placed(_));
+    let cluster_id = match job.rows {
+        Rows::New { actor, cluster } => {
+            check_quota(&txn, job.tenant, &specs.iter().collect::<Vec<_>>()).await?;
+            if let Some(c) = cluster {
+                let state = if placed {
+                    ClusterState::Placed
+                } else {
+                    ClusterState::Pending
+                };
+                insert_cluster(&txn, actor, job.tenant, c, job.members.len(), state).await?;
+            }
+            cluster.map(|c| c.id)
+        }
+        Rows::Pending { cluster } => {
+            if let (Some(c), true) = (cluster, placed) {
+                crate::store::clusters::set_state(&txn, c, ClusterState::Placed).await?;
+            }
+            cluster
+        }
+    };
     let mut claimed: Vec<Uuid> = Vec::new();
     let mut peers: Vec<Uuid> = Vec::new();
-    for (i, m) in members.iter().enumerate() {
-        let r = reserved.and_then(|r| r.get(i));
-        let spec_json =
-            serde_json::to_string(&specs[i]).map_err(|e| ApiError::Internal(e.to_string()))?;
-        let placement_json = r
-            .map(|r| serde_json::to_string(&r.placement))
-            .transpose()
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        let state = if r.is_some() {
-            VmState::Scheduled
-        } else {
-            VmState::Pending
+    for (i, (m, spec)) in job.members.iter().zip(&specs).enumerate() {
+        let r = outcome.reserved(i);
+        let vm = match job.rows {
+            Rows::New { actor, .. } => {
+                insert_vm(&txn, actor, job.tenant, m, spec, r, cluster_id).await?
+            }
+            Rows::Pending { .. } => place_pending(&txn, m, spec, r, now).await?,
         };
-        let vm = if existing {
-            let res = vms::Entity::update_many()
-                .col_expr(vms::Column::State, Expr::value(state.as_str()))
-                .col_expr(vms::Column::HostId, Expr::value(r.map(|r| r.host)))
-                .col_expr(vms::Column::Placement, Expr::value(placement_json))
-                .col_expr(vms::Column::Spec, Expr::value(spec_json))
-                .col_expr(vms::Column::UpdatedAt, Expr::value(now))
-                .filter(vms::Column::Id.eq(m.id))
-                .filter(vms::Column::State.eq(VmState::Pending.as_str()))
-                .exec(&txn)
-                .await?;
-            if res.rows_affected != 1 {
-                // Deleted or placed by another replica meanwhile.
-                return Err(CommitError::Lost);
+        match (r, outcome) {
+            (Some(r), _) => peers.extend(hold(&txn, m, &vm, r, &mut claimed, now).await?),
+            (None, Outcome::Waiting(p)) => {
+                let n = p.victims.len() + p.waiting_on.len();
+                let why = format!("waiting for {n} spot VM(s) to be reclaimed");
+                event(&txn, &vm, now, "pending", why).await?;
             }
-            vms::Entity::find_by_id(m.id)
-                .one(&txn)
-                .await?
-                .ok_or(CommitError::Lost)?
-        } else {
-            vms::ActiveModel {
-                id: Set(m.id),
-                tenant_id: Set(tenant.id),
-                name: Set(m.name.clone()),
-                state: Set(state.as_str().to_owned()),
-                reason: Set(None),
-                host_id: Set(r.map(|r| r.host)),
-                spec: Set(spec_json),
-                placement: Set(placement_json),
-                desired_power: Set(Power::Running.to_text().into()),
-                power_generation: Set(0),
-                guest_condition: Set(None),
-                preempt_deadline: Set(None),
-                cluster_id: Set(cluster.map(|c| c.id)),
-                created_at: Set(now),
-                updated_at: Set(now),
-            }
-            .insert(&txn)
-            .await?
-        };
-        if !existing {
-            crate::app::metering::created(&txn, &vm, st.config.clock.now()).await?;
-            crate::store::segments::attach(&txn, vm.id, &m.nics, now).await??;
-            let s = &specs[i];
-            event(
-                &txn,
-                &vm,
-                now,
-                "created",
-                format!("{} GPU(s), {} vCPUs, {} GiB", s.gpus, s.vcpus, s.memory_gib),
-            )
-            .await?;
-            if let Some(ctx) = ctx {
-                audit::record(&txn, ctx, "vm.create", Some(tenant), &m.name).await?;
-            }
-        }
-        match r {
-            Some(r) => {
-                let rows = allocation_rows::rows(r.host, vm.id, &r.placement);
-                if !rows.is_empty() {
-                    allocations::Entity::insert_many(rows).exec(&txn).await?;
-                }
-                if !claimed.contains(&r.host) {
-                    if !claim_host(&txn, r.host, r.revision).await? {
-                        return Err(CommitError::Lost);
-                    }
-                    claimed.push(r.host);
-                }
-                if m.roce {
-                    crate::store::segments::ensure_rails(&txn, vm.id, r.placement.nics.len(), now)
-                        .await??;
-                }
-                if m.networked {
-                    peers.extend(crate::app::host_network::touch_peers(&txn, vm.id).await?);
-                }
-                event(
-                    &txn,
-                    &vm,
-                    now,
-                    "scheduled",
-                    format!("placed on {}", r.host_name),
-                )
-                .await?;
-            }
-            None => {
-                let n = plan
-                    .map(|p| p.victims.len() + p.waiting_on.len())
-                    .unwrap_or(0);
-                event(
-                    &txn,
-                    &vm,
-                    now,
-                    "pending",
-                    format!("waiting for {n} spot VM(s) to be reclaimed"),
-                )
-                .await?;
+            (None, Outcome::Placed(_)) => {
+                return Err(ApiError::Internal("a member without its reservation".into()).into())
             }
         }
     }
-    if let Some(p) = plan {
-        preempt(
-            &txn,
-            &p.victims.iter().map(|(_, v)| *v).collect::<Vec<_>>(),
-            st.config.preemption_grace,
-            "reclaimed for a guaranteed request",
-            now,
-        )
-        .await?;
+    if let Outcome::Waiting(p) = outcome {
+        let victims: Vec<Uuid> = p.victims.iter().map(|(_, v)| *v).collect();
+        let why = "reclaimed for a guaranteed request";
+        preempt(&txn, &victims, st.config.preemption_grace, why, now).await?;
     }
     txn.commit().await?;
     for h in peers {
@@ -459,62 +532,43 @@ pub async fn preempt(
     Ok(hosts_touched)
 }
 
-/// Places `members` (new VMs, or pending rows when `existing`), or for a
-/// guaranteed request that does not fit, reclaims spot VMs and records the
-/// members as pending. `Err(InsufficientCapacity)` when neither is possible.
-pub async fn admit(
-    st: &AppState,
-    ctx: Option<&Actor>,
-    tenant: &tenants::Model,
-    members: &[Member],
-    existing: bool,
-    cluster: Option<&NewCluster<'_>>,
-) -> Result<Admitted, ApiError> {
-    let Some(first) = members.first() else {
-        return Ok(Admitted::Placed);
-    };
+/// After a commit: the reservation is now the truth, and the commit moved
+/// each host's revision exactly one past what the index saw.
+fn settle(st: &AppState, reserved: &[Reserved]) {
+    let mut hosts: Vec<(Uuid, i64)> = reserved.iter().map(|r| (r.host, r.revision)).collect();
+    hosts.dedup();
+    {
+        let mut index = st.capacity.lock();
+        for (h, seen) in &hosts {
+            if let Some(pos) = index.position(*h) {
+                index.set_revision(pos, seen + 1);
+            }
+        }
+    }
+    for (h, _) in hosts {
+        st.signals.notify(h);
+    }
+}
+
+/// Rounds of reserve → commit; a lost race re-reads the hosts it touched
+/// and tries again. `Ok(false)` when the members fit nowhere.
+async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
     for round in 0..ROUNDS {
-        let Some(reserved) = reserve(st, tenant.id, members)? else {
+        let Some(reserved) = reserve(st, job.tenant.id, job.members)? else {
             if round == 0 {
                 // The index may lag other replicas' frees: look again.
                 st.capacity.refresh_all(&st.db).await?;
                 continue;
             }
-            break;
+            return Ok(false);
         };
-        match commit(
-            st,
-            ctx,
-            tenant,
-            members,
-            Some(&reserved),
-            existing,
-            cluster,
-            None,
-        )
-        .await
-        {
+        match commit(st, job, Outcome::Placed(&reserved)).await {
             Ok(()) => {
-                // The reservation is now the truth; the commit moved each
-                // host's revision exactly one past what the index saw.
-                let mut hosts: Vec<(Uuid, i64)> =
-                    reserved.iter().map(|r| (r.host, r.revision)).collect();
-                hosts.dedup();
-                {
-                    let mut index = st.capacity.lock();
-                    for (h, seen) in &hosts {
-                        if let Some(pos) = index.position(*h) {
-                            index.set_revision(pos, seen + 1);
-                        }
-                    }
-                }
-                for (h, _) in hosts {
-                    st.signals.notify(h);
-                }
-                return Ok(Admitted::Placed);
+                settle(st, &reserved);
+                return Ok(true);
             }
             Err(e) => {
-                unreserve(st, members, &reserved);
+                unreserve(st, job.members, &reserved);
                 for r in &reserved {
                     st.capacity.refresh_host(&st.db, r.host).await?;
                 }
@@ -525,65 +579,72 @@ pub async fn admit(
             }
         }
     }
-    let no_room = || {
-        ApiError::InsufficientCapacity(format!(
-            "no ready host{} has room for {} VM(s) of {} {}GPU(s), {} vCPUs and {} GiB near them",
-            if first.networked {
-                " with an underlay address (the VM has networks)"
-            } else {
-                ""
-            },
-            members.len(),
-            first.spec.gpus,
-            first
-                .spec
-                .gpu_model
-                .as_deref()
-                .map(|m| format!("{m} "))
-                .unwrap_or_default(),
-            first.spec.vcpus,
-            first.spec.memory_gib
-        ))
+    Ok(false)
+}
+
+fn no_room(members: &[Member]) -> ApiError {
+    let Some(first) = members.first() else {
+        return ApiError::InsufficientCapacity("nothing to place".into());
     };
-    if first.spec.service_level == ServiceLevel::Spot {
-        return Err(no_room());
-    }
-    let plan = {
-        let index = st.capacity.lock();
-        let req = request(&index, first)?;
-        let now = st.config.clock.now().timestamp();
-        if members.len() == 1 {
-            reclaim::plan(&index, &req, now)
+    let spec = &first.spec;
+    ApiError::InsufficientCapacity(format!(
+        "no ready host{} has room for {} VM(s) of {} {}GPU(s), {} vCPUs and {} GiB near them",
+        if first.networked {
+            " with an underlay address (the VM has networks)"
         } else {
-            reclaim::plan_cluster(
-                &index,
-                &ClusterRequest {
-                    size: members.len() as u32,
-                    member: req,
-                },
-                now,
-            )
-        }
+            ""
+        },
+        members.len(),
+        spec.gpus,
+        spec.gpu_model
+            .as_deref()
+            .map(|m| format!("{m} "))
+            .unwrap_or_default(),
+        spec.vcpus,
+        spec.memory_gib
+    ))
+}
+
+/// The spot VMs whose reclaim would make room for the members.
+fn reclaim_plan(st: &AppState, members: &[Member]) -> Result<Option<Plan>, ApiError> {
+    let Some(first) = members.first() else {
+        return Ok(None);
     };
-    let Some(plan) = plan else {
-        return Err(no_room());
+    let index = st.capacity.lock();
+    let req = request(&index, first)?;
+    let now = st.config.clock.now().timestamp();
+    Ok(if members.len() == 1 {
+        reclaim::plan(&index, &req, now)
+    } else {
+        let cluster = ClusterRequest {
+            size: members.len() as u32,
+            member: req,
+        };
+        reclaim::plan_cluster(&index, &cluster, now)
+    })
+}
+
+/// Places the admission's members now, or for a guaranteed request that
+/// does not fit, reclaims spot VMs and records the members as pending.
+/// `Err(InsufficientCapacity)` when neither is possible.
+pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiError> {
+    let Some(first) = job.members.first() else {
+        return Ok(Admitted::Placed);
+    };
+    if place(st, job).await? {
+        return Ok(Admitted::Placed);
+    }
+    if first.spec.service_level == ServiceLevel::Spot {
+        return Err(no_room(job.members));
+    }
+    let Some(plan) = reclaim_plan(st, job.members)? else {
+        return Err(no_room(job.members));
     };
     let reclaiming = plan.victims.len();
-    if existing && reclaiming == 0 {
+    if matches!(job.rows, Rows::Pending { .. }) && reclaiming == 0 {
         return Ok(Admitted::Pending { reclaiming });
     }
-    match commit(
-        st,
-        ctx,
-        tenant,
-        members,
-        None,
-        existing,
-        cluster,
-        Some(&plan),
-    )
-    .await
-    {
+    match commit(st, job, Outcome::Waiting(&plan)).await {
         Ok(()) => {}
         Err(CommitError::Lost) => {
             return Err(ApiError::Conflict(

@@ -9,7 +9,7 @@ use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
 use uuid::Uuid;
 
 use crate::app::access::tenant_access;
-use crate::app::admission::{admit, Member, NewCluster};
+use crate::app::admission::{admit, Admission, Member, NewCluster, Rows};
 use crate::app::vms::{act_on, prepare};
 use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::Action;
@@ -71,7 +71,15 @@ pub async fn create(
         name: &body.name,
         spec: &prepared.spec,
     };
-    match admit(st, Some(actor), &tenant, &members, false, Some(&new)).await {
+    let job = Admission {
+        tenant: &tenant,
+        members: &members,
+        rows: Rows::New {
+            actor,
+            cluster: Some(&new),
+        },
+    };
+    match admit(st, job).await {
         Ok(_) => {}
         Err(ApiError::Conflict(_)) => {
             return Err(ApiError::Conflict(format!(

@@ -142,8 +142,25 @@ pub async fn load(
         .into_iter()
         .map(|s| (s.id, s))
         .collect();
-    // A RoCE segment's i-th NIC of a VM is the VF of its i-th placed NIC.
-    let mut vfs: HashMap<Uuid, Vec<String>> = HashMap::new();
+    let nics = desired_nics(&local, &segs, &placed_vfs(local_vms)?)?;
+    let Some(underlay) = underlay else {
+        return Ok(HostNetwork {
+            network: None,
+            nics,
+        });
+    };
+    let bridged = bridged(&segs)?;
+    let ports = ports(db, &bridged).await?;
+    Ok(HostNetwork {
+        network: Some(network(host.id, underlay, &bridged, &ports)),
+        nics,
+    })
+}
+
+/// Each placed VM's VFs (host addresses), in placement order: a RoCE
+/// segment's i-th NIC of a VM is the VF of its i-th placed NIC.
+fn placed_vfs(local_vms: &[vms::Model]) -> Result<HashMap<Uuid, Vec<String>>, ApiError> {
+    let mut vfs = HashMap::new();
     for v in local_vms {
         if let Some(p) = crate::store::vms::stored_placement(v)? {
             let list = p
@@ -155,9 +172,18 @@ pub async fn load(
             vfs.insert(v.id, list);
         }
     }
+    Ok(vfs)
+}
+
+/// The local VMs' NICs in attachment order, as the agent sets them up.
+fn desired_nics(
+    local: &[attachments::Model],
+    segs: &HashMap<Uuid, segments::Model>,
+    vfs: &HashMap<Uuid, Vec<String>>,
+) -> Result<HashMap<Uuid, Vec<DesiredNic>>, ApiError> {
     let mut nics: HashMap<Uuid, Vec<DesiredNic>> = HashMap::new();
     let mut rail: HashMap<Uuid, usize> = HashMap::new();
-    for a in &local {
+    for a in local {
         let Some(s) = segs.get(&a.segment_id) else {
             continue;
         };
@@ -187,39 +213,40 @@ pub async fn load(
             vf,
         });
     }
-    let Some(underlay) = underlay else {
-        return Ok(HostNetwork {
-            network: None,
-            nics,
-        });
-    };
-    // Only Ethernet segments are VXLAN bridges on the host; RoCE NICs are
-    // the GPU-paired NIC's own functions.
-    let mut ethernet = Vec::new();
+    Ok(nics)
+}
+
+/// The Ethernet segments among `segs`: only they are VXLAN bridges on the
+/// host; RoCE NICs are the GPU-paired NIC's own functions.
+fn bridged(segs: &HashMap<Uuid, segments::Model>) -> Result<BTreeMap<Uuid, SegmentInfo>, ApiError> {
+    let mut out = BTreeMap::new();
     for s in segs.values() {
-        if crate::store::segments::stored_kind(s)? == SegmentKind::Ethernet {
-            ethernet.push(s);
+        if crate::store::segments::stored_kind(s)? != SegmentKind::Ethernet {
+            continue;
         }
+        let cidr = crate::store::segments::stored_cidr(s)?;
+        let allow = crate::domain::ingress::parse_rules(
+            "ingress",
+            &crate::store::segments::stored_rules(s),
+        )?;
+        out.insert(
+            s.id,
+            SegmentInfo {
+                vni: u32::try_from(s.vni).unwrap_or(0),
+                mtu: u32::try_from(s.mtu).unwrap_or(0),
+                cidr: cidr.net(),
+                allow,
+            },
+        );
     }
-    let bridged: BTreeMap<Uuid, SegmentInfo> = ethernet
-        .into_iter()
-        .map(|s| {
-            let cidr = crate::store::segments::stored_cidr(s)?;
-            let allow = crate::domain::ingress::parse_rules(
-                "ingress",
-                &crate::store::segments::stored_rules(s),
-            )?;
-            Ok((
-                s.id,
-                SegmentInfo {
-                    vni: u32::try_from(s.vni).unwrap_or(0),
-                    mtu: u32::try_from(s.mtu).unwrap_or(0),
-                    cidr: cidr.net(),
-                    allow,
-                },
-            ))
-        })
-        .collect::<Result<_, ApiError>>()?;
+    Ok(out)
+}
+
+/// Every placed port of the bridged segments, with its host's VTEP.
+async fn ports(
+    db: &impl ConnectionTrait,
+    bridged: &BTreeMap<Uuid, SegmentInfo>,
+) -> Result<Vec<Port>, ApiError> {
     let all = attachments::Entity::find()
         .filter(attachments::Column::SegmentId.is_in(bridged.keys().copied()))
         .all(db)
@@ -239,7 +266,7 @@ pub async fn load(
         .iter()
         .map(|h| (h.id, underlay_of(h)))
         .collect();
-    let ports: Vec<Port> = all
+    Ok(all
         .iter()
         .filter_map(|a| {
             let host = *placed.get(&a.vm_id)?;
@@ -252,11 +279,7 @@ pub async fn load(
                 vtep: vteps.get(&host).copied().flatten(),
             })
         })
-        .collect();
-    Ok(HostNetwork {
-        network: Some(network(host.id, underlay, &bridged, &ports)),
-        nics,
-    })
+        .collect())
 }
 
 /// A VM with NICs came to a host or left it: every host with a VM on one

@@ -11,8 +11,8 @@ use kumo_api_types::{
 };
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -317,6 +317,83 @@ fn may_rejoin(h: &hosts::Model, current: Option<&str>) -> Result<(), ApiError> {
     )))
 }
 
+/// A registered host's row taken by its re-joining agent: a new
+/// credential and inventory, reachable again.
+async fn rejoin_row(
+    txn: &DatabaseTransaction,
+    h: hosts::Model,
+    body: &AgentRegister,
+    reg: Registration,
+    credential_hash: String,
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let drained = h.drained;
+    let moved = h.underlay_ip != reg.underlay;
+    let mut a: hosts::ActiveModel = h.into();
+    a.underlay_ip = Set(reg.underlay);
+    a.credential_hash = Set(credential_hash);
+    a.topology_digest = Set(Some(auth::hash_secret(&reg.topology)));
+    a.topology = Set(reg.topology);
+    a.virt_type = Set(body.virt_type.clone());
+    a.scalable_unit = Set(body.scalable_unit.clone());
+    a.rails = Set(reg.rails);
+    a.state = Set(crate::store::hosts::reachable_state(drained)
+        .to_text()
+        .into());
+    a.last_heartbeat_at = Set(now);
+    a.rejoin_allowed = Set(false);
+    a.update(txn)
+        .await
+        .map_err(|e| underlay_taken(e, body.underlay_ip))?;
+    if moved {
+        underlay_moved(txn).await?;
+    }
+    Ok(())
+}
+
+/// A new host's row, ready.
+async fn insert_row(
+    txn: &DatabaseTransaction,
+    id: Uuid,
+    body: &AgentRegister,
+    reg: Registration,
+    credential_hash: String,
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    hosts::ActiveModel {
+        id: Set(id),
+        name: Set(body.name.clone()),
+        state: Set(HostState::Ready.to_text().into()),
+        credential_hash: Set(credential_hash),
+        topology_digest: Set(Some(auth::hash_secret(&reg.topology))),
+        topology: Set(reg.topology),
+        scalable_unit: Set(body.scalable_unit.clone()),
+        registered_at: Set(now),
+        last_heartbeat_at: Set(now),
+        revision: Set(1),
+        virt_type: Set(body.virt_type.clone()),
+        rails: Set(reg.rails),
+        drained: Set(false),
+        underlay_ip: Set(reg.underlay),
+        network_revision: Set(0),
+        fabric: Set(None),
+        rejoin_allowed: Set(false),
+        segment_faults: Set(None),
+    }
+    .insert(txn)
+    .await
+    .map_err(|e| {
+        if names_underlay(&e) {
+            underlay_taken(e, body.underlay_ip)
+        } else {
+            conflict_if_unique(e, || {
+                format!("host {:?} registered concurrently; retry", body.name)
+            })
+        }
+    })?;
+    Ok(())
+}
+
 /// An agent registers with a join token (one use of it). A new name makes
 /// a host; a registered name is taken only as [`may_rejoin`] says, and the
 /// old credential dies. Answers the host id and its new credential; the
@@ -343,60 +420,11 @@ pub async fn register(
     let action = match existing {
         Some(h) => {
             may_rejoin(&h, current)?;
-            let h_drained = h.drained;
-            let moved = h.underlay_ip != reg.underlay;
-            let mut a: hosts::ActiveModel = h.into();
-            a.underlay_ip = Set(reg.underlay.clone());
-            a.credential_hash = Set(minted.secret_hash);
-            a.topology_digest = Set(Some(auth::hash_secret(&reg.topology)));
-            a.topology = Set(reg.topology);
-            a.virt_type = Set(body.virt_type.clone());
-            a.scalable_unit = Set(body.scalable_unit.clone());
-            a.rails = Set(reg.rails);
-            a.state = Set(crate::store::hosts::reachable_state(h_drained)
-                .to_text()
-                .into());
-            a.last_heartbeat_at = Set(now);
-            a.rejoin_allowed = Set(false);
-            a.update(&txn)
-                .await
-                .map_err(|e| underlay_taken(e, body.underlay_ip))?;
-            if moved {
-                underlay_moved(&txn).await?;
-            }
+            rejoin_row(&txn, h, body, reg, minted.secret_hash, now).await?;
             "host.rejoin.register"
         }
         None => {
-            hosts::ActiveModel {
-                id: Set(id),
-                name: Set(body.name.clone()),
-                state: Set(HostState::Ready.to_text().into()),
-                credential_hash: Set(minted.secret_hash),
-                topology_digest: Set(Some(auth::hash_secret(&reg.topology))),
-                topology: Set(reg.topology),
-                scalable_unit: Set(body.scalable_unit.clone()),
-                registered_at: Set(now),
-                last_heartbeat_at: Set(now),
-                revision: Set(1),
-                virt_type: Set(body.virt_type.clone()),
-                rails: Set(reg.rails),
-                drained: Set(false),
-                underlay_ip: Set(reg.underlay),
-                network_revision: Set(0),
-                fabric: Set(None),
-                rejoin_allowed: Set(false),
-            }
-            .insert(&txn)
-            .await
-            .map_err(|e| {
-                if names_underlay(&e) {
-                    underlay_taken(e, body.underlay_ip)
-                } else {
-                    conflict_if_unique(e, || {
-                        format!("host {:?} registered concurrently; retry", body.name)
-                    })
-                }
-            })?;
+            insert_row(&txn, id, body, reg, minted.secret_hash, now).await?;
             "host.register"
         }
     };

@@ -5,6 +5,7 @@
 
 pub mod access;
 pub mod admission;
+pub mod agents;
 pub mod audit;
 pub mod auth;
 pub mod billing;
@@ -12,11 +13,13 @@ pub mod bootstrap;
 pub mod budget;
 pub mod clusters;
 pub mod dashboard;
+pub mod fleet;
 pub mod host_network;
 pub mod hosts;
 pub mod jobs;
 pub mod members;
 pub mod metering;
+pub mod quotas;
 pub mod segments;
 pub mod templates;
 pub mod tenants;

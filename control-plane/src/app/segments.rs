@@ -3,10 +3,15 @@
 //! ingress rules; the VMs' attachments are made in the VM's own
 //! transaction.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use kumo_api_types::{Page, PageParams, Role, Segment, SegmentCreate, SegmentIngress, SegmentKind};
-use sea_orm::{ActiveModelTrait, EntityTrait, Set, TransactionTrait};
+use kumo_api_types::{
+    Page, PageParams, Role, Segment, SegmentCreate, SegmentFault, SegmentIngress, SegmentKind,
+};
+use sea_orm::{
+    ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
+};
 use uuid::Uuid;
 
 use crate::app::access::tenant_access;
@@ -16,7 +21,7 @@ use crate::domain::ipam::{self, Cidr};
 use crate::domain::names;
 use crate::domain::paging::Paging;
 use crate::domain::states::StoredText;
-use crate::entity::segments;
+use crate::entity::{segments, tenants};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::segments::{count_attached, stored_kind, stored_rules};
 
@@ -26,7 +31,12 @@ use crate::store::segments::{count_attached, stored_kind, stored_rules};
 const VNI_ROUNDS: u32 = 64;
 
 /// A segment as the API shows it, with how many NICs are attached to it.
-pub fn view(s: &segments::Model, tenant: &str, attached: u64) -> Result<Segment, ApiError> {
+pub fn view(
+    s: &segments::Model,
+    tenant: &str,
+    attached: u64,
+    faults: &Faults,
+) -> Result<Segment, ApiError> {
     let kind = stored_kind(s)?;
     let mtu = u32::try_from(s.mtu).unwrap_or(0);
     Ok(Segment {
@@ -44,8 +54,90 @@ pub fn view(s: &segments::Model, tenant: &str, attached: u64) -> Result<Segment,
         vlan: s.vlan.and_then(|v| u16::try_from(v).ok()),
         attachments: u32::try_from(attached).unwrap_or(u32::MAX),
         ingress: stored_rules(s),
+        faults: faults.of(s.vni),
         created_at: s.created_at,
     })
+}
+
+/// The segment's gateway: the one asked for, a host address of its CIDR,
+/// or its first host address.
+fn gateway_of(cidr: &Cidr, asked: Option<&str>) -> Result<Ipv4Addr, ApiError> {
+    let Some(g) = asked else {
+        return Ok(cidr.first_host());
+    };
+    let g: Ipv4Addr = g
+        .parse()
+        .map_err(|_| ApiError::field("gateway", format!("{g:?} is not an IPv4 address")))?;
+    if !cidr.is_host(g) {
+        return Err(ApiError::field(
+            "gateway",
+            format!("{g} is not a host address of {cidr}"),
+        ));
+    }
+    Ok(g)
+}
+
+/// A tenant's share of the shared VNI and RoCE VLAN pools is its segment
+/// quota: one member cannot drain them for everyone. Holds the tenant's
+/// row to the end of the transaction.
+async fn check_quota(txn: &DatabaseTransaction, tenant: &tenants::Model) -> Result<(), ApiError> {
+    crate::store::tenancy::lock_for_quota(txn, tenant.id).await?;
+    let limit = crate::store::tenancy::load(txn, tenant.id).await?.segments;
+    let have = crate::store::segments::count_of(txn, tenant.id).await?;
+    if have >= u64::from(limit) {
+        return Err(ApiError::QuotaExceeded {
+            resource: "segments".into(),
+            detail: format!(
+                "tenant {:?} would use {} segments with this request; its quota is {limit}",
+                tenant.name,
+                have + 1
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A RoCE VLAN no live segment holds and none freed recently rests on.
+async fn free_vlan(
+    st: &AppState,
+    txn: &DatabaseTransaction,
+    quarantine: chrono::Duration,
+) -> Result<i32, ApiError> {
+    let taken = crate::store::segments::taken_vlans(txn, st.config.clock.now(), quarantine).await?;
+    st.config
+        .network
+        .roce_vlans
+        .clone()
+        .map(i32::from)
+        .find(|v| !taken.contains(v))
+        .ok_or_else(|| ApiError::InsufficientCapacity("every RoCE VLAN is in use".into()))
+}
+
+/// What hosts said they could not set up, by VNI.
+#[derive(Default)]
+pub struct Faults(BTreeMap<i32, Vec<SegmentFault>>);
+
+impl Faults {
+    /// Every host's reported faults, read once for a page of segments.
+    pub async fn load(db: &impl ConnectionTrait) -> Result<Faults, ApiError> {
+        let mut by_vni: BTreeMap<i32, Vec<SegmentFault>> = BTreeMap::new();
+        for h in crate::store::hosts::with_segment_faults(db).await? {
+            for (vni, message) in crate::domain::faults::read(h.segment_faults.as_deref()) {
+                let Ok(vni) = i32::try_from(vni) else {
+                    continue;
+                };
+                by_vni.entry(vni).or_default().push(SegmentFault {
+                    host: h.name.clone(),
+                    message,
+                });
+            }
+        }
+        Ok(Faults(by_vni))
+    }
+
+    fn of(&self, vni: i32) -> Vec<SegmentFault> {
+        self.0.get(&vni).cloned().unwrap_or_default()
+    }
 }
 
 /// A member creates a segment. Its VNI is leased atomically: no two live
@@ -61,21 +153,7 @@ pub async fn create(
     let net = &st.config.network;
     names::tenant_name("name", &body.name)?;
     let cidr = Cidr::for_tenant("cidr", &body.cidr, &net.tenant_ranges)?;
-    let gateway = match &body.gateway {
-        None => cidr.first_host(),
-        Some(g) => {
-            let g: Ipv4Addr = g
-                .parse()
-                .map_err(|_| ApiError::field("gateway", format!("{g:?} is not an IPv4 address")))?;
-            if !cidr.is_host(g) {
-                return Err(ApiError::field(
-                    "gateway",
-                    format!("{g} is not a host address of {cidr}"),
-                ));
-            }
-            g
-        }
-    };
+    let gateway = gateway_of(&cidr, body.gateway.as_deref())?;
     let mtu = ipam::segment_mtu(net.underlay_mtu, body.mtu)?;
     let ingress = crate::domain::ingress::rules_json("ingress", &body.ingress)?;
     let quarantine = chrono::Duration::from_std(net.vni_quarantine)
@@ -87,21 +165,7 @@ pub async fn create(
             tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
         }
         let txn = st.db.begin().await?;
-        // A tenant's share of the shared VNI and RoCE VLAN pools is its
-        // segment quota: one member cannot drain them for everyone.
-        crate::store::tenancy::lock_for_quota(&txn, tenant.id).await?;
-        let limit = crate::store::tenancy::load(&txn, tenant.id).await?.segments;
-        let have = crate::store::segments::count_of(&txn, tenant.id).await?;
-        if have >= u64::from(limit) {
-            return Err(ApiError::QuotaExceeded {
-                resource: "segments".into(),
-                detail: format!(
-                    "tenant {:?} would use {} segments with this request; its quota is {limit}",
-                    tenant.name,
-                    have + 1
-                ),
-            });
-        }
+        check_quota(&txn, &tenant).await?;
         let leased = crate::store::segments::lease_vni(
             &txn,
             &net.vni_ranges,
@@ -115,24 +179,7 @@ pub async fn create(
         };
         let vlan = match body.kind {
             SegmentKind::Ethernet => None,
-            SegmentKind::Roce => {
-                let taken =
-                    crate::store::segments::taken_vlans(&txn, st.config.clock.now(), quarantine)
-                        .await?;
-                let free = net
-                    .roce_vlans
-                    .clone()
-                    .map(i32::from)
-                    .find(|v| !taken.contains(v));
-                match free {
-                    Some(v) => Some(v),
-                    None => {
-                        return Err(ApiError::InsufficientCapacity(
-                            "every RoCE VLAN is in use".into(),
-                        ))
-                    }
-                }
-            }
+            SegmentKind::Roce => Some(free_vlan(st, &txn, quarantine).await?),
         };
         let row = segments::ActiveModel {
             id: Set(id),
@@ -165,7 +212,7 @@ pub async fn create(
         };
         audit::record(&txn, actor, "segment.create", Some(&tenant), &body.name).await?;
         txn.commit().await?;
-        return view(&row, &tenant.name, 0);
+        return view(&row, &tenant.name, 0, &Faults::default());
     }
     Err(ApiError::Conflict(
         "could not lease a VNI under contention; retry".into(),
@@ -183,9 +230,11 @@ pub async fn list(
     let paging = Paging::new(params.limit, params.page_token.as_deref())?;
     let rows = crate::store::segments::page(&st.db, tenant.id, &paging).await?;
     let (rows, next) = paging.finish(rows, |s| s.name.clone());
+    let faults = Faults::load(&st.db).await?;
     let mut items = Vec::with_capacity(rows.len());
     for s in &rows {
-        items.push(view(s, &tenant.name, count_attached(&st.db, s.id).await?)?);
+        let n = count_attached(&st.db, s.id).await?;
+        items.push(view(s, &tenant.name, n, &faults)?);
     }
     Ok(Page {
         items,
@@ -203,7 +252,7 @@ pub async fn show(
     let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
     let s = crate::store::segments::find(&st.db, &tenant, segment).await?;
     let n = count_attached(&st.db, s.id).await?;
-    view(&s, &tenant.name, n)
+    view(&s, &tenant.name, n, &Faults::load(&st.db).await?)
 }
 
 /// A member replaces a segment's ingress rules; the hosts with its VMs
@@ -230,7 +279,7 @@ pub async fn set_ingress(
     for h in hosts {
         st.signals.notify(h);
     }
-    view(&s, &tenant.name, n)
+    view(&s, &tenant.name, n, &Faults::load(&st.db).await?)
 }
 
 /// A member deletes a segment without attachments; its VNI rests for the

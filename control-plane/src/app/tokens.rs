@@ -2,15 +2,17 @@
 //! platform's longest lifetime) and revoked (with every token they minted).
 
 use chrono::{DateTime, Utc};
-use kumo_api_types::{TokenCreate, TokenCreated};
+use kumo_api_types::{Page, PageParams, TokenCreate, TokenCreated, TokenInfo};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
+use crate::app::access::require_admin;
 use crate::app::{audit, auth};
 use crate::context::{Actor, AppState};
 use crate::domain::names;
+use crate::domain::paging::Paging;
 use crate::entity::{api_tokens, users};
 use crate::error::ApiError;
 
@@ -26,6 +28,55 @@ pub fn bounded_expiry(
     caps.into_iter()
         .flatten()
         .fold(asked, |e, cap| Some(e.map_or(cap, |e| e.min(cap))))
+}
+
+/// The caller's tokens that are not revoked, oldest first; never secrets.
+pub async fn list(
+    st: &AppState,
+    actor: &Actor,
+    q: &PageParams,
+) -> Result<Page<TokenInfo>, ApiError> {
+    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
+    let after = paging
+        .after
+        .as_deref()
+        .map(|a| {
+            Uuid::try_parse(a)
+                .map_err(|_| ApiError::field("page_token", "not a page token returned by this API"))
+        })
+        .transpose()?;
+    let user = &actor.caller.user;
+    let rows = crate::store::identity::live_tokens(&st.db, user.id, after, paging.fetch()).await?;
+    let (rows, next) = paging.finish(rows, |t| t.id.to_string());
+    Ok(Page {
+        items: rows
+            .into_iter()
+            .map(|t| TokenInfo {
+                id: t.id,
+                user: user.name.clone(),
+                description: t.description,
+                created_at: t.created_at,
+                expires_at: t.expires_at,
+                last_used_at: t.last_used_at,
+            })
+            .collect(),
+        next_page_token: next,
+    })
+}
+
+/// Mints a token for another user named by name or id, e.g. a service
+/// account (platform admins).
+pub async fn mint_for_named(
+    st: &AppState,
+    actor: &Actor,
+    user_ref: &str,
+    body: TokenCreate,
+) -> Result<TokenCreated, ApiError> {
+    require_admin(&actor.caller, "minting tokens for other users")?;
+    let user = crate::store::identity::find(&st.db, user_ref)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("user {user_ref:?}")))?;
+    mint_for(st, actor, &user, body).await
 }
 
 /// Mints a token for `user`, asked for by `actor`. The secret is in the

@@ -19,7 +19,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::app::access::tenant_access;
-use crate::app::admission::{admit, Member};
+use crate::app::admission::{admit, Admission, Member, Rows};
 use crate::app::audit;
 use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::{self, Action};
@@ -292,16 +292,15 @@ pub async fn create(
         return Err(name_taken());
     }
     let member = prepared.member(body.name.clone());
-    match admit(
-        st,
-        Some(actor),
-        &tenant,
-        std::slice::from_ref(&member),
-        false,
-        None,
-    )
-    .await
-    {
+    let job = Admission {
+        tenant: &tenant,
+        members: std::slice::from_ref(&member),
+        rows: Rows::New {
+            actor,
+            cluster: None,
+        },
+    };
+    match admit(st, job).await {
         Ok(_) => {}
         Err(ApiError::Conflict(_)) => return Err(name_taken()),
         Err(e) => return Err(e),

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use kumo_api_types::{Quota, VmSpec, VmState};
 
+use crate::domain::names;
 use crate::error::ApiError;
 
 /// A tenant's use of its quota. Every VM row counts as a VM; all but
@@ -77,6 +78,41 @@ impl Usage {
     }
 }
 
+/// No single limit may exceed this: larger numbers are typos, and they must
+/// fit every database's integer.
+pub const MAX_LIMIT: u32 = 1_000_000;
+pub const MAX_GPU_MODELS: usize = 64;
+
+pub fn validate(q: &Quota) -> Result<(), ApiError> {
+    if q.gpus.len() > MAX_GPU_MODELS {
+        return Err(ApiError::field(
+            "gpus",
+            format!("at most {MAX_GPU_MODELS} GPU models"),
+        ));
+    }
+    for (model, n) in &q.gpus {
+        names::gpu_model(&format!("gpus.{model}"), model)?;
+        if *n > MAX_LIMIT {
+            return Err(ApiError::field(
+                &format!("gpus.{model}"),
+                format!("at most {MAX_LIMIT}"),
+            ));
+        }
+    }
+    for (field, v) in [
+        ("vcpus", q.vcpus),
+        ("memory_gib", q.memory_gib),
+        ("vms", q.vms),
+        ("segments", q.segments),
+        ("public_ips", q.public_ips),
+    ] {
+        if v > MAX_LIMIT {
+            return Err(ApiError::field(field, format!("at most {MAX_LIMIT}")));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +148,17 @@ mod tests {
             Err(ApiError::QuotaExceeded { resource, .. }) => assert_eq!(resource, "gpus.H100"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn limits_are_bounded_and_models_named() {
+        let mut q = Quota::default();
+        q.gpus.insert("H100-SXM5-80GB".into(), 16);
+        assert!(validate(&q).is_ok());
+        q.vcpus = MAX_LIMIT + 1;
+        assert!(validate(&q).is_err());
+        let mut q = Quota::default();
+        q.gpus.insert("bad model".into(), 1);
+        assert!(validate(&q).is_err());
     }
 }

@@ -38,6 +38,10 @@ pub struct Model {
     /// An administrator allowed the next join-token registration under
     /// this name (`kumo host rejoin`); its old credential is revoked.
     pub rejoin_allowed: bool,
+    /// The segments the agent could not set up, by VNI, with why
+    /// (`{vni: message}` JSON), as its last heartbeat said; `None` when
+    /// every one converged.
+    pub segment_faults: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -226,7 +226,7 @@ async fn poll(
         .one(&st.db)
         .await?
         .ok_or_else(|| ApiError::Internal("the admitted user vanished".into()))?;
-    let minted = crate::http::api::tokens::mint_for(
+    let minted = crate::app::tokens::mint_for(
         &st,
         &crate::http::portal::ctx_of(&st, &user),
         &user,

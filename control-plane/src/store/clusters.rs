@@ -173,3 +173,19 @@ pub async fn members_to_change(
         .all(txn)
         .await?)
 }
+
+/// Sets a cluster's state, inside the caller's transaction.
+pub async fn set_state(
+    txn: &DatabaseTransaction,
+    cluster: Uuid,
+    state: crate::domain::states::ClusterState,
+) -> Result<(), ApiError> {
+    use crate::domain::states::StoredText;
+    use sea_orm::sea_query::Expr;
+    clusters::Entity::update_many()
+        .col_expr(clusters::Column::State, Expr::value(state.to_text()))
+        .filter(clusters::Column::Id.eq(cluster))
+        .exec(txn)
+        .await?;
+    Ok(())
+}

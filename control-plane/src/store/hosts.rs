@@ -4,7 +4,10 @@
 
 use kumo_api_types::HostState;
 use kumo_topology::HostTopology;
-use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+};
 use uuid::Uuid;
 
 use crate::domain::states::decode;
@@ -97,6 +100,27 @@ pub async fn by_ids(
 ) -> Result<Vec<hosts::Model>, ApiError> {
     Ok(hosts::Entity::find()
         .filter(hosts::Column::Id.is_in(ids))
+        .all(db)
+        .await?)
+}
+
+/// Up to `limit` hosts by name, after the name `after`.
+pub async fn page(
+    db: &impl ConnectionTrait,
+    after: Option<&str>,
+    limit: u64,
+) -> Result<Vec<hosts::Model>, ApiError> {
+    let mut query = hosts::Entity::find().order_by_asc(hosts::Column::Name);
+    if let Some(after) = after {
+        query = query.filter(hosts::Column::Name.gt(after));
+    }
+    Ok(query.limit(limit).all(db).await?)
+}
+
+/// The hosts whose agents reported segments they could not set up.
+pub async fn with_segment_faults(db: &impl ConnectionTrait) -> Result<Vec<hosts::Model>, ApiError> {
+    Ok(hosts::Entity::find()
+        .filter(hosts::Column::SegmentFaults.is_not_null())
         .all(db)
         .await?)
 }

@@ -134,6 +134,14 @@ pub async fn page(
     Ok(query.limit(paging.fetch()).all(db).await?)
 }
 
+/// The VMs placed on a host.
+pub async fn on_host(db: &impl ConnectionTrait, host: Uuid) -> Result<Vec<vms::Model>, ApiError> {
+    Ok(vms::Entity::find()
+        .filter(vms::Column::HostId.eq(host))
+        .all(db)
+        .await?)
+}
+
 /// How many VMs a tenant has.
 pub async fn count_of(db: &impl ConnectionTrait, tenant: Uuid) -> Result<u64, ApiError> {
     Ok(vms::Entity::find()

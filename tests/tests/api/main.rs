@@ -14,6 +14,7 @@ mod crash;
 mod dev;
 mod e2e_qemu;
 mod idempotency;
+mod isolation;
 mod networks;
 mod openapi;
 mod process;

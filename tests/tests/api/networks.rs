@@ -19,7 +19,7 @@ use vxlan_manager::{DesiredState, Endpoint, Kernel};
 use crate::cli::Kumo;
 use crate::harness::{Backend, TestServer};
 
-struct Host {
+pub(crate) struct Host {
     child: Child,
     args: Vec<String>,
 }
@@ -31,7 +31,7 @@ impl Drop for Host {
     }
 }
 
-fn start_agent(
+pub(crate) fn start_agent(
     s: &TestServer,
     fab: &Fabric,
     h: usize,

@@ -21,10 +21,10 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrait};
 use uuid::Uuid;
 
-use crate::app::admission::{admit, Member, NewCluster};
+use crate::app::admission::{admit, Admission, Member, Rows};
 use crate::context::AppState;
 use crate::domain::states::StoredText;
-use crate::entity::{allocations, clusters, tenants, vms};
+use crate::entity::{allocations, tenants, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::capacity::REFRESH;
 use crate::store::hosts::bump_revision;
@@ -249,17 +249,14 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
                 roce,
             });
         }
-        let cluster_row = match cluster_id {
-            Some(c) => clusters::Entity::find_by_id(c).one(&st.db).await?,
-            None => None,
+        let job = Admission {
+            tenant: &tenant,
+            members: &members,
+            rows: Rows::Pending {
+                cluster: cluster_id,
+            },
         };
-        let spec = members[0].spec.clone();
-        let cluster = cluster_row.as_ref().map(|c| NewCluster {
-            id: c.id,
-            name: &c.name,
-            spec: &spec,
-        });
-        match admit(st, None, &tenant, &members, true, cluster.as_ref()).await {
+        match admit(st, job).await {
             Ok(_) | Err(ApiError::InsufficientCapacity(_)) => {}
             Err(e) => tracing::warn!(error = %e, vm = %first.id, "pending VM not placed"),
         }

@@ -1,65 +1,13 @@
-use std::collections::BTreeSet;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use kumo_api_types::{
-    Allocation, Host, HostDetail, HostState, JoinTokenCreate, JoinTokenCreated, JoinTokenInfo,
-    Page, PageParams, ServiceLevel,
+    Host, HostDetail, JoinTokenCreate, JoinTokenCreated, JoinTokenInfo, Page, PageParams,
 };
-use kumo_topology::HostTopology;
-use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
-    TransactionTrait,
-};
-use uuid::Uuid;
 
 use super::Problems;
-use crate::app::access::require_admin;
-use crate::app::audit;
-use crate::context::Actor;
-use crate::context::AppState;
-use crate::domain::paging::Paging;
-use crate::domain::states::{AllocationKind, StoredText};
-use crate::entity::{allocations, hosts, vms};
+use crate::context::{Actor, AppState};
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
-use crate::store::hosts::{find, held, held_by_host, host_state, reachable_state, stored_topology};
-use crate::store::vms::stored_spec;
-
-fn to_api(
-    h: &hosts::Model,
-    topo: &HostTopology,
-    held: &[allocations::Model],
-) -> Result<Host, ApiError> {
-    let state = host_state(h)?;
-    let used: BTreeSet<&str> = held
-        .iter()
-        .filter(|a| a.kind == AllocationKind::Gpu.to_text())
-        .map(|a| a.key.as_str())
-        .collect();
-    let mut models: Vec<String> = topo.gpus.iter().map(|g| g.model.clone()).collect();
-    models.sort();
-    models.dedup();
-    Ok(Host {
-        id: h.id,
-        name: h.name.clone(),
-        state,
-        scalable_unit: h.scalable_unit.clone(),
-        virt_type: h.virt_type.clone(),
-        gpu_models: models,
-        gpus: topo.gpus.len() as u32,
-        gpus_free: topo
-            .gpus
-            .iter()
-            .filter(|g| !used.contains(g.location.bdf.to_string().as_str()))
-            .count() as u32,
-        rdma_nics: topo.nics.len() as u32,
-        underlay_ip: crate::app::host_network::underlay_of(h),
-        cpus: topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum(),
-        registered_at: h.registered_at,
-        last_heartbeat_at: h.last_heartbeat_at,
-    })
-}
 
 /// Create a join token for registering hosts (platform admins). It is
 /// good for `uses` registrations (default one).
@@ -136,27 +84,7 @@ pub async fn list(
     ctx: Actor,
     Query(q): Query<PageParams>,
 ) -> Result<axum::Json<Page<Host>>, ApiError> {
-    require_admin(&ctx.caller, "listing hosts")?;
-    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
-    let mut query = hosts::Entity::find().order_by_asc(hosts::Column::Name);
-    if let Some(after) = &paging.after {
-        query = query.filter(hosts::Column::Name.gt(after.as_str()));
-    }
-    let rows = query.limit(paging.fetch()).all(&st.db).await?;
-    let (rows, next) = paging.finish(rows, |h| h.name.clone());
-    let held = held_by_host(&st.db, &rows.iter().map(|h| h.id).collect::<Vec<_>>()).await?;
-    let mut items = Vec::with_capacity(rows.len());
-    for h in &rows {
-        items.push(to_api(
-            h,
-            &stored_topology(h)?,
-            held.get(&h.id).map(Vec::as_slice).unwrap_or_default(),
-        )?);
-    }
-    Ok(axum::Json(Page {
-        items,
-        next_page_token: next,
-    }))
+    Ok(axum::Json(crate::app::fleet::list(&st, &ctx, &q).await?))
 }
 
 /// Show a host with its topology, GPU/NIC matrix and allocations (platform admins).
@@ -170,102 +98,7 @@ pub async fn show(
     ctx: Actor,
     Path(host): Path<String>,
 ) -> Result<axum::Json<HostDetail>, ApiError> {
-    require_admin(&ctx.caller, "showing hosts")?;
-    let h = find(&st.db, &host)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
-    let topo = stored_topology(&h)?;
-    let held = held(&st.db, h.id).await?;
-    let fabric = h
-        .fabric
-        .as_deref()
-        .and_then(|t| serde_json::from_str(t).ok())
-        .unwrap_or_default();
-    Ok(axum::Json(HostDetail {
-        fabric,
-        host: to_api(&h, &topo, &held)?,
-        matrix: kumo_topology::matrix::render(&topo),
-        topology: serde_json::to_value(&topo).map_err(|e| ApiError::Internal(e.to_string()))?,
-        allocations: held
-            .into_iter()
-            .map(|a| Allocation {
-                kind: a.kind,
-                key: a.key,
-                vm_id: a.vm_id,
-            })
-            .collect(),
-    }))
-}
-
-async fn set_drained(
-    st: &AppState,
-    ctx: &Actor,
-    host: &str,
-    drained: bool,
-) -> Result<axum::Json<Host>, ApiError> {
-    let verb = if drained { "draining" } else { "undraining" };
-    require_admin(&ctx.caller, &format!("{verb} hosts"))?;
-    let txn = st.db.begin().await?;
-    let h = find(&txn, host)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
-    if host_state(&h)? == HostState::Retired {
-        return Err(ApiError::Conflict(format!("host {:?} is retired", h.name)));
-    }
-    let id = h.id;
-    let name = h.name.clone();
-    let mut a: hosts::ActiveModel = h.clone().into();
-    a.drained = Set(drained);
-    // An unreachable host stays so until it answers; then it takes this.
-    if host_state(&h)? != HostState::Unreachable {
-        a.state = Set(reachable_state(drained).as_str().into());
-    }
-    let updated = a.update(&txn).await?;
-    let mut reclaimed = 0;
-    if drained && !h.drained {
-        // Spot VMs leave (with the usual notice and grace); guaranteed
-        // VMs stay until their owners or the operator move them.
-        let spot: Vec<Uuid> = vms::Entity::find()
-            .filter(vms::Column::HostId.eq(id))
-            .all(&txn)
-            .await?
-            .into_iter()
-            .filter(|v| stored_spec(v).is_ok_and(|s| s.service_level == ServiceLevel::Spot))
-            .map(|v| v.id)
-            .collect();
-        reclaimed = crate::app::admission::preempt(
-            &txn,
-            &spot,
-            st.config.preemption_grace,
-            "its host is being drained",
-            st.config.clock.now(),
-        )
-        .await?
-        .len();
-    }
-    crate::store::hosts::bump_revision(&txn, id).await?;
-    audit::record(
-        &txn,
-        ctx,
-        if drained {
-            "host.drain"
-        } else {
-            "host.undrain"
-        },
-        None,
-        &name,
-    )
-    .await?;
-    txn.commit().await?;
-    tracing::info!(host = %name, drained, reclaimed, "host {verb}");
-    st.capacity.refresh_host(&st.db, id).await?;
-    st.signals.notify(id);
-    let held = held(&st.db, id).await?;
-    Ok(axum::Json(to_api(
-        &updated,
-        &stored_topology(&updated)?,
-        &held,
-    )?))
+    Ok(axum::Json(crate::app::fleet::show(&st, &ctx, &host).await?))
 }
 
 /// Drain a host (platform admins): no new placements on it; its spot VMs
@@ -284,7 +117,9 @@ pub async fn drain(
     ctx: Actor,
     Path(host): Path<String>,
 ) -> Result<axum::Json<Host>, ApiError> {
-    set_drained(&st, &ctx, &host, true).await
+    Ok(axum::Json(
+        crate::app::fleet::set_drained(&st, &ctx, &host, true).await?,
+    ))
 }
 
 /// Take a host back into service (platform admins). Idempotent.
@@ -301,5 +136,7 @@ pub async fn undrain(
     ctx: Actor,
     Path(host): Path<String>,
 ) -> Result<axum::Json<Host>, ApiError> {
-    set_drained(&st, &ctx, &host, false).await
+    Ok(axum::Json(
+        crate::app::fleet::set_drained(&st, &ctx, &host, false).await?,
+    ))
 }

@@ -1,19 +1,12 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use kumo_api_types::{Page, PageParams, TokenCreate, TokenCreated, TokenInfo};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
-use uuid::Uuid;
 
 use super::Problems;
-use crate::app::access::require_admin;
 use crate::context::Actor;
 use crate::context::AppState;
-use crate::domain::paging::Paging;
-use crate::entity::api_tokens;
 use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
-
-pub(crate) use crate::app::tokens::mint_for;
 
 /// Create an API token for the caller. The secret is in this answer only.
 #[utoipa::path(
@@ -28,7 +21,7 @@ pub async fn create(
     Json(body): Json<TokenCreate>,
 ) -> Result<(StatusCode, axum::Json<TokenCreated>), ApiError> {
     let user = ctx.caller.user.clone();
-    let created = mint_for(&st, &ctx, &user, body).await?;
+    let created = crate::app::tokens::mint_for(&st, &ctx, &user, body).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
@@ -48,25 +41,8 @@ pub async fn create_for_user(
     Path(user): Path<String>,
     Json(body): Json<TokenCreate>,
 ) -> Result<(StatusCode, axum::Json<TokenCreated>), ApiError> {
-    require_admin(&ctx.caller, "minting tokens for other users")?;
-    let user = crate::store::identity::find(&st.db, &user)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("user {user:?}")))?;
-    let created = mint_for(&st, &ctx, &user, body).await?;
+    let created = crate::app::tokens::mint_for_named(&st, &ctx, &user, body).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
-}
-
-fn to_api(rows: Vec<api_tokens::Model>, user: &str) -> Vec<TokenInfo> {
-    rows.into_iter()
-        .map(|t| TokenInfo {
-            id: t.id,
-            user: user.to_owned(),
-            description: t.description,
-            created_at: t.created_at,
-            expires_at: t.expires_at,
-            last_used_at: t.last_used_at,
-        })
-        .collect()
 }
 
 /// List the caller's tokens that are not revoked, oldest first.
@@ -80,22 +56,7 @@ pub async fn list(
     ctx: Actor,
     Query(q): Query<PageParams>,
 ) -> Result<axum::Json<Page<TokenInfo>>, ApiError> {
-    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
-    let mut query = api_tokens::Entity::find()
-        .filter(api_tokens::Column::UserId.eq(ctx.caller.user.id))
-        .filter(api_tokens::Column::RevokedAt.is_null())
-        .order_by_asc(api_tokens::Column::Id);
-    if let Some(after) = &paging.after {
-        let after = Uuid::try_parse(after)
-            .map_err(|_| ApiError::field("page_token", "not a page token returned by this API"))?;
-        query = query.filter(api_tokens::Column::Id.gt(after));
-    }
-    let rows = query.limit(paging.fetch()).all(&st.db).await?;
-    let (rows, next) = paging.finish(rows, |t| t.id.to_string());
-    Ok(axum::Json(Page {
-        items: to_api(rows, &ctx.caller.user.name),
-        next_page_token: next,
-    }))
+    Ok(axum::Json(crate::app::tokens::list(&st, &ctx, &q).await?))
 }
 
 /// Revoke a token: the caller's own, or any token for platform admins.

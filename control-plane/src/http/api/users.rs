@@ -1,38 +1,11 @@
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::Utc;
-use kumo_api_types::{Me, Membership, Page, PageParams, User, UserCreate, UserKind};
-use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Set,
-    TransactionTrait,
-};
-use uuid::Uuid;
+use kumo_api_types::{Me, Page, PageParams, User, UserCreate};
 
 use super::Problems;
-use crate::app::access::{require_admin, stored_role};
-use crate::app::audit;
-use crate::context::Actor;
-use crate::context::AppState;
-use crate::domain::names;
-use crate::domain::paging::Paging;
-use crate::entity::{memberships, tenants, users};
-use crate::error::{conflict_if_unique, ApiError};
+use crate::context::{Actor, AppState};
+use crate::error::ApiError;
 use crate::http::extract::{Json, Path, Query};
-
-pub fn to_api(u: users::Model) -> Result<User, ApiError> {
-    let kind = UserKind::parse(&u.kind)
-        .ok_or_else(|| ApiError::Internal(format!("stored user kind {:?} is unknown", u.kind)))?;
-    Ok(User {
-        id: u.id,
-        name: u.name,
-        display_name: u.display_name,
-        email: u.email,
-        kind,
-        is_admin: u.is_admin,
-        created_at: u.created_at,
-        disabled: u.disabled,
-    })
-}
 
 /// Create a local or service account (platform admins).
 #[utoipa::path(
@@ -46,43 +19,8 @@ pub async fn create(
     ctx: Actor,
     Json(body): Json<UserCreate>,
 ) -> Result<(StatusCode, axum::Json<User>), ApiError> {
-    require_admin(&ctx.caller, "creating users")?;
-    names::user_name("name", &body.name)?;
-    if let Some(d) = &body.display_name {
-        names::text("display_name", d, 255)?;
-    }
-    if let Some(e) = &body.email {
-        names::email("email", e)?;
-    }
-    let kind = body.kind.unwrap_or(UserKind::Local);
-    if kind == UserKind::Service && body.is_admin {
-        return Err(ApiError::field(
-            "is_admin",
-            "service accounts cannot be platform administrators",
-        ));
-    }
-    let txn = st.db.begin().await?;
-    let user = users::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        name: Set(body.name.clone()),
-        display_name: Set(body
-            .display_name
-            .clone()
-            .unwrap_or_else(|| body.name.clone())),
-        email: Set(body.email.clone()),
-        kind: Set(kind.as_str().to_owned()),
-        is_admin: Set(body.is_admin),
-        disabled: Set(false),
-        created_at: Set(Utc::now()),
-    }
-    .insert(&txn)
-    .await
-    .map_err(|e| {
-        conflict_if_unique(e, || format!("a user named {:?} already exists", body.name))
-    })?;
-    audit::record(&txn, &ctx, "user.create", None, &user.name).await?;
-    txn.commit().await?;
-    Ok((StatusCode::CREATED, axum::Json(to_api(user)?)))
+    let user = crate::app::users::create(&st, &ctx, &body).await?;
+    Ok((StatusCode::CREATED, axum::Json(user)))
 }
 
 /// List users by name (platform admins).
@@ -96,18 +34,7 @@ pub async fn list(
     ctx: Actor,
     Query(q): Query<PageParams>,
 ) -> Result<axum::Json<Page<User>>, ApiError> {
-    require_admin(&ctx.caller, "listing users")?;
-    let paging = Paging::new(q.limit, q.page_token.as_deref())?;
-    let mut query = users::Entity::find().order_by_asc(users::Column::Name);
-    if let Some(after) = &paging.after {
-        query = query.filter(users::Column::Name.gt(after.as_str()));
-    }
-    let rows = query.limit(paging.fetch()).all(&st.db).await?;
-    let (rows, next) = paging.finish(rows, |u| u.name.clone());
-    Ok(axum::Json(Page {
-        items: rows.into_iter().map(to_api).collect::<Result<_, _>>()?,
-        next_page_token: next,
-    }))
+    Ok(axum::Json(crate::app::users::list(&st, &ctx, &q).await?))
 }
 
 /// The caller and the tenants they belong to.
@@ -116,25 +43,7 @@ pub async fn list(
     responses((status = 200, description = "The caller", body = Me), Problems)
 )]
 pub async fn me(State(st): State<AppState>, ctx: Actor) -> Result<axum::Json<Me>, ApiError> {
-    let rows = memberships::Entity::find()
-        .filter(memberships::Column::UserId.eq(ctx.caller.user.id))
-        .find_also_related(tenants::Entity)
-        .all(&st.db)
-        .await?;
-    let mut memberships = Vec::with_capacity(rows.len());
-    for (m, t) in rows {
-        let Some(t) = t else { continue };
-        memberships.push(Membership {
-            tenant: t.name,
-            tenant_id: t.id,
-            role: stored_role(&m.role)?,
-        });
-    }
-    memberships.sort_by(|a, b| a.tenant.cmp(&b.tenant));
-    Ok(axum::Json(Me {
-        user: to_api(ctx.caller.user)?,
-        memberships,
-    }))
+    Ok(axum::Json(crate::app::users::me(&st, &ctx).await?))
 }
 
 /// Disable a user (platform admins): their tokens fail at once and their
@@ -150,7 +59,7 @@ pub async fn disable(
     Path(user): Path<String>,
 ) -> Result<axum::Json<User>, ApiError> {
     let u = crate::app::users::set_disabled(&st, &ctx, &user, true).await?;
-    Ok(axum::Json(to_api(u)?))
+    Ok(axum::Json(crate::app::users::to_api(u)?))
 }
 
 /// Enable a disabled user again (platform admins). Tokens that were not
@@ -166,7 +75,7 @@ pub async fn enable(
     Path(user): Path<String>,
 ) -> Result<axum::Json<User>, ApiError> {
     let u = crate::app::users::set_disabled(&st, &ctx, &user, false).await?;
-    Ok(axum::Json(to_api(u)?))
+    Ok(axum::Json(crate::app::users::to_api(u)?))
 }
 
 /// End a user's portal sessions (platform admins, or the user for their

@@ -205,7 +205,7 @@ async fn cli_allow(
         return Err(ApiError::Unauthenticated("sign in first".into()));
     };
     check_csrf(&session.csrf, &f.csrf)?;
-    let minted = crate::http::api::tokens::mint_for(
+    let minted = crate::app::tokens::mint_for(
         &st,
         &ctx_of(&st, &user),
         &user,

@@ -21,7 +21,6 @@ use kumo_web_portal::Viewer;
 use super::{ctx_of, html, lang, signed_in};
 use crate::context::AppState;
 use crate::error::ApiError;
-use crate::http::extract::{Json as J, Path as P, Query as Q};
 use crate::http::sso::check_csrf;
 
 /// Which listing a request is about.
@@ -77,10 +76,6 @@ fn first() -> api::PageParams {
     }
 }
 
-fn all() -> Q<api::PageParams> {
-    Q(first())
-}
-
 fn when(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%d %H:%M").to_string()
 }
@@ -120,433 +115,512 @@ fn table_page(
 }
 
 async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
-    let (st, l, ctx) = (State(v.st.clone()), v.lang, v.ctx.clone());
+    Ok(match page {
+        Page::Clusters(tenant) => clusters_listing(v, page, tenant).await?,
+        Page::Segments(tenant) => segments_listing(v, page, tenant).await?,
+        Page::Members(tenant) => members_listing(v, page, tenant).await?,
+        Page::Tokens => tokens_listing(v, page).await?,
+        Page::Hosts => hosts_listing(v).await?,
+        Page::Host(name) => host_listing(v, name).await?,
+        Page::Tenants => tenants_listing(v, page).await?,
+        Page::Rates => rates_listing(v, page).await?,
+        Page::JoinTokens => join_tokens_listing(v, page).await?,
+    })
+}
+
+async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
+    let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
     let tx = |m| t(l, m).to_owned();
-    Ok(match page {
-        Page::Clusters(tenant) => {
-            let items = crate::app::clusters::list(&v.st, &v.ctx, tenant, &first())
-                .await?
-                .items;
-            let rows = items
-                .iter()
-                .map(|c| {
-                    vec![
-                        Cell::text(&c.name),
-                        Cell::text(&c.state),
-                        Cell::text(c.size.to_string()),
-                        Cell::text(c.spec.gpus.to_string()),
-                        Cell::Code(
-                            c.members
-                                .iter()
-                                .map(|m| {
-                                    format!(
-                                        "{} {} {}",
-                                        m.name,
-                                        m.state.as_str(),
-                                        m.host.as_deref().unwrap_or("-")
-                                    )
-                                })
-                                .collect::<Vec<_>>()
-                                .join("\n"),
-                        ),
-                        delete_button(l, format!("/t/{tenant}/clusters/{}/delete", c.name)),
-                    ]
-                })
-                .collect();
-            table_page(
-                format!("{tenant} — {}", t(l, Msg::Clusters)),
-                vec![
+    let items = crate::app::clusters::list(&v.st, &v.ctx, tenant, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|c| {
+            vec![
+                Cell::text(&c.name),
+                Cell::text(&c.state),
+                Cell::text(c.size.to_string()),
+                Cell::text(c.spec.gpus.to_string()),
+                Cell::Code(
+                    c.members
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                "{} {} {}",
+                                m.name,
+                                m.state.as_str(),
+                                m.host.as_deref().unwrap_or("-")
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                ),
+                delete_button(l, format!("/t/{tenant}/clusters/{}/delete", c.name)),
+            ]
+        })
+        .collect();
+    Ok(table_page(
+        format!("{tenant} — {}", t(l, Msg::Clusters)),
+        vec![
+            tx(Msg::Name),
+            tx(Msg::State),
+            tx(Msg::Size),
+            tx(Msg::GpusEach),
+            tx(Msg::VmsTitle),
+            String::new(),
+        ],
+        rows,
+        empty,
+        page,
+        tx(Msg::Create),
+        vec![
+            Field::new("name", t(l, Msg::Name), Input::Text).required(),
+            Field::new("size", t(l, Msg::Size), Input::Number).required(),
+            Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
+            Field::new("network", t(l, Msg::Segment), Input::Text),
+            Field::new("spot", "spot", Input::Checkbox),
+        ],
+    ))
+}
+
+async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    let items = crate::app::segments::list(&v.st, &v.ctx, tenant, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|s| {
+            vec![
+                Cell::text(&s.name),
+                Cell::text(format!("{:?}", s.kind).to_lowercase()),
+                Cell::Code(s.cidr.clone()),
+                Cell::text(s.mtu.to_string()),
+                Cell::text(match s.vlan {
+                    Some(vlan) => format!("{} / VLAN {vlan}", s.vni),
+                    None => s.vni.to_string(),
+                }),
+                Cell::text(s.attachments.to_string()),
+                Cell::Code(
+                    s.ingress
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+                delete_button(l, format!("/t/{tenant}/segments/{}/delete", s.name)),
+            ]
+        })
+        .collect();
+    Ok(table_page(
+        format!("{tenant} — {}", t(l, Msg::Segments)),
+        vec![
+            tx(Msg::Name),
+            tx(Msg::Kind),
+            "CIDR".into(),
+            "MTU".into(),
+            "VNI".into(),
+            "NICs".into(),
+            tx(Msg::Ingress),
+            String::new(),
+        ],
+        rows,
+        empty,
+        page,
+        tx(Msg::Create),
+        vec![
+            Field::new("name", t(l, Msg::Name), Input::Text).required(),
+            Field::new(
+                "kind",
+                t(l, Msg::Kind),
+                Input::Select(vec![
+                    ("ethernet".into(), "Ethernet".into()),
+                    ("roce".into(), "RoCE".into()),
+                ]),
+            ),
+            Field::new("cidr", "CIDR", Input::Text)
+                .required()
+                .placeholder("10.0.0.0/24"),
+            Field::new("mtu", "MTU", Input::Number),
+            Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
+                .placeholder("tcp:22:0.0.0.0/0"),
+        ],
+    ))
+}
+
+async fn members_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    let items = crate::app::members::list(&v.st, &v.ctx, tenant, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|m| {
+            vec![
+                Cell::text(&m.user),
+                Cell::text(m.role.as_str()),
+                Cell::text(when(m.since)),
+                Cell::Button {
+                    action: format!("/t/{tenant}/members/{}/remove", m.user),
+                    label: tx(Msg::Remove),
+                },
+            ]
+        })
+        .collect();
+    let roles = ["member", "viewer", "owner"]
+        .iter()
+        .map(|r| (r.to_string(), r.to_string()))
+        .collect();
+    Ok(table_page(
+        format!("{tenant} — {}", t(l, Msg::Members)),
+        vec![
+            tx(Msg::User),
+            tx(Msg::Role),
+            tx(Msg::Created),
+            String::new(),
+        ],
+        rows,
+        empty,
+        page,
+        tx(Msg::AddMember),
+        vec![
+            Field::new("user", t(l, Msg::User), Input::Text).required(),
+            Field::new("role", t(l, Msg::Role), Input::Select(roles)),
+        ],
+    ))
+}
+
+async fn tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    let items = crate::app::tokens::list(&v.st, &v.ctx, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|k| {
+            vec![
+                Cell::text(&k.description),
+                Cell::text(when(k.created_at)),
+                Cell::text(k.expires_at.map(when).unwrap_or_else(|| "-".into())),
+                Cell::text(k.last_used_at.map(when).unwrap_or_else(|| "-".into())),
+                Cell::Button {
+                    action: format!("/tokens/{}/revoke", k.id),
+                    label: tx(Msg::Revoke),
+                },
+            ]
+        })
+        .collect();
+    Ok(table_page(
+        tx(Msg::Tokens),
+        vec![
+            tx(Msg::Description),
+            tx(Msg::Created),
+            tx(Msg::Expires),
+            tx(Msg::LastUsed),
+            String::new(),
+        ],
+        rows,
+        empty,
+        page,
+        tx(Msg::Create),
+        vec![
+            Field::new("description", t(l, Msg::Description), Input::Text).required(),
+            Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
+        ],
+    ))
+}
+
+async fn hosts_listing(v: &Visit) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    let items = crate::app::fleet::list(&v.st, &v.ctx, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|h| {
+            vec![
+                Cell::Link {
+                    href: format!("/admin/hosts/{}", h.name),
+                    text: h.name.clone(),
+                },
+                Cell::State {
+                    word: h.state.as_str().into(),
+                    label: h.state.as_str().into(),
+                },
+                Cell::text(h.gpu_models.join(", ")),
+                Cell::text(format!("{} / {}", h.gpus - h.gpus_free.min(h.gpus), h.gpus)),
+                Cell::text(h.rdma_nics.to_string()),
+                Cell::text(h.scalable_unit.clone().unwrap_or_default()),
+                Cell::text(when(h.last_heartbeat_at)),
+            ]
+        })
+        .collect();
+    let heat: Vec<(String, u32, u32)> = items
+        .iter()
+        .filter(|h| h.gpus > 0)
+        .map(|h| (h.name.clone(), h.gpus - h.gpus_free.min(h.gpus), h.gpus))
+        .collect();
+    Ok(Listing {
+        heading: tx(Msg::Hosts),
+        sections: vec![
+            Section {
+                heading: tx(Msg::GpuUse),
+                svg: Some(heatmap_svg(&heat)),
+                ..Default::default()
+            },
+            Section {
+                heading: String::new(),
+                columns: vec![
                     tx(Msg::Name),
                     tx(Msg::State),
-                    tx(Msg::Size),
-                    tx(Msg::GpusEach),
-                    tx(Msg::VmsTitle),
-                    String::new(),
+                    "GPU".into(),
+                    tx(Msg::Gpus),
+                    "RDMA".into(),
+                    "SU".into(),
+                    tx(Msg::Heartbeat),
                 ],
                 rows,
                 empty,
-                page,
-                tx(Msg::Create),
-                vec![
-                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                    Field::new("size", t(l, Msg::Size), Input::Number).required(),
-                    Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
-                    Field::new("network", t(l, Msg::Segment), Input::Text),
-                    Field::new("spot", "spot", Input::Checkbox),
-                ],
-            )
-        }
-        Page::Segments(tenant) => {
-            let items = crate::app::segments::list(&v.st, &v.ctx, tenant, &first())
-                .await?
-                .items;
-            let rows = items
-                .iter()
-                .map(|s| {
-                    vec![
-                        Cell::text(&s.name),
-                        Cell::text(format!("{:?}", s.kind).to_lowercase()),
-                        Cell::Code(s.cidr.clone()),
-                        Cell::text(s.mtu.to_string()),
-                        Cell::text(match s.vlan {
-                            Some(vlan) => format!("{} / VLAN {vlan}", s.vni),
-                            None => s.vni.to_string(),
-                        }),
-                        Cell::text(s.attachments.to_string()),
-                        Cell::Code(
-                            s.ingress
-                                .iter()
-                                .map(|r| r.to_string())
-                                .collect::<Vec<_>>()
-                                .join(" "),
-                        ),
-                        delete_button(l, format!("/t/{tenant}/segments/{}/delete", s.name)),
-                    ]
-                })
-                .collect();
-            table_page(
-                format!("{tenant} — {}", t(l, Msg::Segments)),
-                vec![
-                    tx(Msg::Name),
-                    tx(Msg::Kind),
-                    "CIDR".into(),
-                    "MTU".into(),
-                    "VNI".into(),
-                    "NICs".into(),
-                    tx(Msg::Ingress),
-                    String::new(),
-                ],
-                rows,
-                empty,
-                page,
-                tx(Msg::Create),
-                vec![
-                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                    Field::new(
-                        "kind",
-                        t(l, Msg::Kind),
-                        Input::Select(vec![
-                            ("ethernet".into(), "Ethernet".into()),
-                            ("roce".into(), "RoCE".into()),
-                        ]),
-                    ),
-                    Field::new("cidr", "CIDR", Input::Text)
-                        .required()
-                        .placeholder("10.0.0.0/24"),
-                    Field::new("mtu", "MTU", Input::Number),
-                    Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
-                        .placeholder("tcp:22:0.0.0.0/0"),
-                ],
-            )
-        }
-        Page::Members(tenant) => {
-            let items = crate::app::members::list(&v.st, &v.ctx, tenant, &first())
-                .await?
-                .items;
-            let rows = items
-                .iter()
-                .map(|m| {
-                    vec![
-                        Cell::text(&m.user),
-                        Cell::text(m.role.as_str()),
-                        Cell::text(when(m.since)),
-                        Cell::Button {
-                            action: format!("/t/{tenant}/members/{}/remove", m.user),
-                            label: tx(Msg::Remove),
-                        },
-                    ]
-                })
-                .collect();
-            let roles = ["member", "viewer", "owner"]
-                .iter()
-                .map(|r| (r.to_string(), r.to_string()))
-                .collect();
-            table_page(
-                format!("{tenant} — {}", t(l, Msg::Members)),
-                vec![
-                    tx(Msg::User),
-                    tx(Msg::Role),
-                    tx(Msg::Created),
-                    String::new(),
-                ],
-                rows,
-                empty,
-                page,
-                tx(Msg::AddMember),
-                vec![
-                    Field::new("user", t(l, Msg::User), Input::Text).required(),
-                    Field::new("role", t(l, Msg::Role), Input::Select(roles)),
-                ],
-            )
-        }
-        Page::Tokens => {
-            let items = crate::http::api::tokens::list(st, ctx, all())
-                .await?
-                .0
-                .items;
-            let rows = items
-                .iter()
-                .map(|k| {
-                    vec![
-                        Cell::text(&k.description),
-                        Cell::text(when(k.created_at)),
-                        Cell::text(k.expires_at.map(when).unwrap_or_else(|| "-".into())),
-                        Cell::text(k.last_used_at.map(when).unwrap_or_else(|| "-".into())),
-                        Cell::Button {
-                            action: format!("/tokens/{}/revoke", k.id),
-                            label: tx(Msg::Revoke),
-                        },
-                    ]
-                })
-                .collect();
-            table_page(
-                tx(Msg::Tokens),
-                vec![
-                    tx(Msg::Description),
-                    tx(Msg::Created),
-                    tx(Msg::Expires),
-                    tx(Msg::LastUsed),
-                    String::new(),
-                ],
-                rows,
-                empty,
-                page,
-                tx(Msg::Create),
-                vec![
-                    Field::new("description", t(l, Msg::Description), Input::Text).required(),
-                    Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
-                ],
-            )
-        }
-        Page::Hosts => {
-            let items = crate::http::api::hosts::list(st, ctx, all()).await?.0.items;
-            let rows = items
-                .iter()
-                .map(|h| {
-                    vec![
-                        Cell::Link {
-                            href: format!("/admin/hosts/{}", h.name),
-                            text: h.name.clone(),
-                        },
-                        Cell::State {
-                            word: h.state.as_str().into(),
-                            label: h.state.as_str().into(),
-                        },
-                        Cell::text(h.gpu_models.join(", ")),
-                        Cell::text(format!("{} / {}", h.gpus - h.gpus_free.min(h.gpus), h.gpus)),
-                        Cell::text(h.rdma_nics.to_string()),
-                        Cell::text(h.scalable_unit.clone().unwrap_or_default()),
-                        Cell::text(when(h.last_heartbeat_at)),
-                    ]
-                })
-                .collect();
-            let heat: Vec<(String, u32, u32)> = items
-                .iter()
-                .filter(|h| h.gpus > 0)
-                .map(|h| (h.name.clone(), h.gpus - h.gpus_free.min(h.gpus), h.gpus))
-                .collect();
-            Listing {
-                heading: tx(Msg::Hosts),
-                sections: vec![
-                    Section {
-                        heading: tx(Msg::GpuUse),
-                        svg: Some(heatmap_svg(&heat)),
-                        ..Default::default()
-                    },
-                    Section {
-                        heading: String::new(),
-                        columns: vec![
-                            tx(Msg::Name),
-                            tx(Msg::State),
-                            "GPU".into(),
-                            tx(Msg::Gpus),
-                            "RDMA".into(),
-                            "SU".into(),
-                            tx(Msg::Heartbeat),
-                        ],
-                        rows,
-                        empty,
-                        ..Default::default()
-                    },
-                ],
                 ..Default::default()
-            }
-        }
-        Page::Host(name) => {
-            let h = crate::http::api::hosts::show(st, ctx, P(name.clone()))
-                .await?
-                .0;
-            // One row per VM: its GPUs and NICs by address, its CPUs counted.
-            let mut per_vm: std::collections::BTreeMap<uuid::Uuid, (Vec<&str>, Vec<&str>, usize)> =
-                Default::default();
-            for a in &h.allocations {
-                let e = per_vm.entry(a.vm_id).or_default();
-                match a.kind.as_str() {
-                    "gpu" => e.0.push(&a.key),
-                    "nic" => e.1.push(&a.key),
-                    _ => e.2 += 1,
-                }
-            }
-            let names = crate::store::vms::names_by_id(&v.st.db, per_vm.keys().copied()).await?;
-            let allocations = per_vm
-                .into_iter()
-                .map(|(vm, (gpus, nics, cpus))| {
-                    vec![
-                        Cell::text(names.get(&vm).cloned().unwrap_or_else(|| vm.to_string())),
-                        Cell::Code(gpus.join(" ")),
-                        Cell::Code(nics.join(" ")),
-                        Cell::text(cpus.to_string()),
-                    ]
-                })
-                .collect();
-            let fabric = h
-                .fabric
-                .iter()
-                .map(|p| {
-                    vec![
-                        Cell::text(&p.netdev),
-                        Cell::text(format!("{:?}", p.qos)),
-                        Cell::text(format!("{:?}", p.vfs)),
-                    ]
-                })
-                .collect();
-            let heat = [(
-                h.host.name.clone(),
-                h.host.gpus - h.host.gpus_free.min(h.host.gpus),
-                h.host.gpus,
-            )];
-            Listing {
-                heading: format!("{} — {}", tx(Msg::Hosts), h.host.name),
-                sections: vec![
-                    Section {
-                        heading: tx(Msg::GpuUse),
-                        svg: Some(heatmap_svg(&heat)),
-                        ..Default::default()
-                    },
-                    Section {
-                        heading: tx(Msg::Matrix),
-                        pre: Some(h.matrix.clone()),
-                        ..Default::default()
-                    },
-                    Section {
-                        heading: tx(Msg::Allocations),
-                        columns: vec!["VM".into(), "GPU".into(), "NIC".into(), "vCPU".into()],
-                        rows: allocations,
-                        empty: empty.clone(),
-                        ..Default::default()
-                    },
-                    Section {
-                        heading: tx(Msg::Fabric),
-                        columns: vec!["netdev".into(), "QoS".into(), "VF".into()],
-                        rows: fabric,
-                        empty,
-                        ..Default::default()
-                    },
-                ],
-                ..Default::default()
-            }
-        }
-        Page::Tenants => {
-            // Everyone may list their own projects; this page is the admin's.
-            crate::app::access::require_admin(&v.ctx.caller, "managing projects")?;
-            let items = crate::app::tenants::list(&v.st, &v.ctx, &first())
-                .await?
-                .items;
-            let rows = items
-                .iter()
-                .map(|tn| {
-                    vec![
-                        Cell::Link {
-                            href: format!("/t/{}/vms", tn.name),
-                            text: tn.name.clone(),
-                        },
-                        Cell::text(&tn.display_name),
-                        Cell::text(&tn.description),
-                        Cell::text(when(tn.created_at)),
-                    ]
-                })
-                .collect();
-            table_page(
-                tx(Msg::Tenants),
-                vec![
-                    tx(Msg::Name),
-                    tx(Msg::DisplayName),
-                    tx(Msg::Description),
-                    tx(Msg::Created),
-                ],
-                rows,
-                empty,
-                page,
-                tx(Msg::Create),
-                vec![
-                    Field::new("name", t(l, Msg::Name), Input::Text).required(),
-                    Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
-                    Field::new("description", t(l, Msg::Description), Input::Text),
-                ],
-            )
-        }
-        Page::Rates => {
-            // Only administrators manage rates; everyone may read them.
-            crate::app::access::require_admin(&v.ctx.caller, "managing rates")?;
-            let rates = crate::app::billing::rates(&v.st, &v.ctx).await?;
-            let currency = &rates.currency;
-            let rows = rates
-                .cards
-                .iter()
-                .rev()
-                .flat_map(|c| {
-                    c.prices.iter().map(move |(class, p)| {
-                        vec![
-                            Cell::text(when(c.effective_from)),
-                            Cell::Code(class.clone()),
-                            Cell::text(format!("{} {currency}", p.guaranteed)),
-                            Cell::text(format!("{} {currency}", p.spot)),
-                        ]
-                    })
-                })
-                .collect();
-            table_page(
-                tx(Msg::Rates),
-                vec![
-                    tx(Msg::EffectiveFrom),
-                    tx(Msg::Class),
-                    tx(Msg::Guaranteed),
-                    tx(Msg::Spot),
-                ],
-                rows,
-                empty,
-                page,
-                tx(Msg::SetRate),
-                vec![
-                    Field::new("class", t(l, Msg::Class), Input::Text)
-                        .required()
-                        .placeholder("gpu:H100-SXM5-80GB"),
-                    Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
-                    Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
-                ],
-            )
-        }
-        Page::JoinTokens => {
-            crate::app::access::require_admin(&v.ctx.caller, "creating join tokens")?;
-            Listing {
-                heading: tx(Msg::JoinTokens),
-                sections: vec![Section {
-                    form: Some(Form {
-                        action: page.href(),
-                        submit: tx(Msg::Create),
-                        fields: vec![
-                            Field::new("description", t(l, Msg::Description), Input::Text),
-                            Field::new("ttl", t(l, Msg::ValidFor), Input::Number)
-                                .placeholder("3600"),
-                        ],
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
-        }
+            },
+        ],
+        ..Default::default()
     })
+}
+
+async fn host_listing(v: &Visit, name: &str) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    let h = crate::app::fleet::show(&v.st, &v.ctx, name).await?;
+    // One row per VM: its GPUs and NICs by address, its CPUs counted.
+    let mut per_vm: std::collections::BTreeMap<uuid::Uuid, (Vec<&str>, Vec<&str>, usize)> =
+        Default::default();
+    for a in &h.allocations {
+        let e = per_vm.entry(a.vm_id).or_default();
+        match a.kind.as_str() {
+            "gpu" => e.0.push(&a.key),
+            "nic" => e.1.push(&a.key),
+            _ => e.2 += 1,
+        }
+    }
+    let names = crate::store::vms::names_by_id(&v.st.db, per_vm.keys().copied()).await?;
+    let allocations = per_vm
+        .into_iter()
+        .map(|(vm, (gpus, nics, cpus))| {
+            vec![
+                Cell::text(names.get(&vm).cloned().unwrap_or_else(|| vm.to_string())),
+                Cell::Code(gpus.join(" ")),
+                Cell::Code(nics.join(" ")),
+                Cell::text(cpus.to_string()),
+            ]
+        })
+        .collect();
+    let fabric = h
+        .fabric
+        .iter()
+        .map(|p| {
+            vec![
+                Cell::text(&p.netdev),
+                Cell::text(format!("{:?}", p.qos)),
+                Cell::text(format!("{:?}", p.vfs)),
+            ]
+        })
+        .collect();
+    let heat = [(
+        h.host.name.clone(),
+        h.host.gpus - h.host.gpus_free.min(h.host.gpus),
+        h.host.gpus,
+    )];
+    Ok(Listing {
+        heading: format!("{} — {}", tx(Msg::Hosts), h.host.name),
+        sections: vec![
+            Section {
+                heading: tx(Msg::GpuUse),
+                svg: Some(heatmap_svg(&heat)),
+                ..Default::default()
+            },
+            Section {
+                heading: tx(Msg::Matrix),
+                pre: Some(h.matrix.clone()),
+                ..Default::default()
+            },
+            Section {
+                heading: tx(Msg::Allocations),
+                columns: vec!["VM".into(), "GPU".into(), "NIC".into(), "vCPU".into()],
+                rows: allocations,
+                empty: empty.clone(),
+                ..Default::default()
+            },
+            Section {
+                heading: tx(Msg::Fabric),
+                columns: vec!["netdev".into(), "QoS".into(), "VF".into()],
+                rows: fabric,
+                empty,
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    })
+}
+
+async fn tenants_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    // Everyone may list their own projects; this page is the admin's.
+    crate::app::access::require_admin(&v.ctx.caller, "managing projects")?;
+    let items = crate::app::tenants::list(&v.st, &v.ctx, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|tn| {
+            vec![
+                Cell::Link {
+                    href: format!("/t/{}/vms", tn.name),
+                    text: tn.name.clone(),
+                },
+                Cell::text(&tn.display_name),
+                Cell::text(&tn.description),
+                Cell::text(when(tn.created_at)),
+            ]
+        })
+        .collect();
+    Ok(table_page(
+        tx(Msg::Tenants),
+        vec![
+            tx(Msg::Name),
+            tx(Msg::DisplayName),
+            tx(Msg::Description),
+            tx(Msg::Created),
+        ],
+        rows,
+        empty,
+        page,
+        tx(Msg::Create),
+        vec![
+            Field::new("name", t(l, Msg::Name), Input::Text).required(),
+            Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
+            Field::new("description", t(l, Msg::Description), Input::Text),
+        ],
+    ))
+}
+
+async fn rates_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let empty = t(l, Msg::Empty).to_owned();
+    let tx = |m| t(l, m).to_owned();
+    // Only administrators manage rates; everyone may read them.
+    crate::app::access::require_admin(&v.ctx.caller, "managing rates")?;
+    let rates = crate::app::billing::rates(&v.st, &v.ctx).await?;
+    let currency = &rates.currency;
+    let rows = rates
+        .cards
+        .iter()
+        .rev()
+        .flat_map(|c| {
+            c.prices.iter().map(move |(class, p)| {
+                vec![
+                    Cell::text(when(c.effective_from)),
+                    Cell::Code(class.clone()),
+                    Cell::text(format!("{} {currency}", p.guaranteed)),
+                    Cell::text(format!("{} {currency}", p.spot)),
+                ]
+            })
+        })
+        .collect();
+    Ok(table_page(
+        tx(Msg::Rates),
+        vec![
+            tx(Msg::EffectiveFrom),
+            tx(Msg::Class),
+            tx(Msg::Guaranteed),
+            tx(Msg::Spot),
+        ],
+        rows,
+        empty,
+        page,
+        tx(Msg::SetRate),
+        vec![
+            Field::new("class", t(l, Msg::Class), Input::Text)
+                .required()
+                .placeholder("gpu:H100-SXM5-80GB"),
+            Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
+            Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
+        ],
+    ))
+}
+
+async fn join_tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let tx = |m| t(l, m).to_owned();
+    let items = crate::app::hosts::list_join_tokens(&v.st, &v.ctx, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|k| {
+            let state = if k.revoked_at.is_some() {
+                word(l, "revoked")
+            } else if k.used >= k.uses {
+                word(l, "used")
+            } else if k.expires_at <= v.ctx.at {
+                word(l, "expired")
+            } else {
+                word(l, "valid")
+            };
+            vec![
+                Cell::text(if k.description.is_empty() {
+                    k.id.to_string()
+                } else {
+                    k.description.clone()
+                }),
+                Cell::text(when(k.created_at)),
+                Cell::text(when(k.expires_at)),
+                Cell::text(format!("{} / {}", k.used, k.uses)),
+                Cell::text(state),
+                if k.revoked_at.is_none() {
+                    Cell::Button {
+                        action: format!("/admin/join-tokens/{}/revoke", k.id),
+                        label: tx(Msg::Revoke),
+                    }
+                } else {
+                    Cell::text("")
+                },
+            ]
+        })
+        .collect();
+    Ok(table_page(
+        tx(Msg::JoinTokens),
+        vec![
+            tx(Msg::Description),
+            tx(Msg::Created),
+            tx(Msg::Expires),
+            word(l, "uses"),
+            tx(Msg::State),
+            String::new(),
+        ],
+        rows,
+        t(l, Msg::Empty).to_owned(),
+        page,
+        tx(Msg::Create),
+        vec![
+            Field::new("description", t(l, Msg::Description), Input::Text),
+            Field::new("ttl", t(l, Msg::ValidFor), Input::Number).placeholder("3600"),
+            Field::new("uses", &word(l, "uses"), Input::Number).placeholder("1"),
+        ],
+    ))
 }
 
 async fn visit(
@@ -626,7 +700,6 @@ fn number<T: std::str::FromStr>(f: &Fields, k: &str) -> Result<Option<T>, ApiErr
 
 /// What a form asks for, done through the API as the session's user.
 async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String>, ApiError> {
-    let (st, ctx) = (State(v.st.clone()), v.ctx.clone());
     let need = |k: &str| text(f, k).ok_or_else(|| ApiError::field(k, "required"));
     match (page, op) {
         (Page::Clusters(tn), Op::Create) => {
@@ -694,16 +767,14 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
             }
             let body = api::TokenCreate {
                 description: text(f, "description"),
-                expires_at: Some(chrono::Utc::now() + chrono::Duration::days(days)),
+                expires_at: Some(v.ctx.at + chrono::Duration::days(days)),
             };
-            let made = crate::http::api::tokens::create(st, ctx, J(body))
-                .await?
-                .1
-                 .0;
+            let user = v.ctx.caller.user.clone();
+            let made = crate::app::tokens::mint_for(&v.st, &v.ctx, &user, body).await?;
             return Ok(Some(made.token));
         }
         (Page::Tokens, Op::Delete(id)) => {
-            crate::http::api::tokens::revoke(st, ctx, P(id)).await?;
+            crate::app::tokens::revoke(&v.st, &v.ctx, &id).await?;
         }
         (Page::Tenants, Op::Create) => {
             let body = api::TenantCreate {
@@ -738,6 +809,9 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
             };
             let made = crate::app::hosts::create_join_token(&v.st, &v.ctx, &body).await?;
             return Ok(Some(made.token));
+        }
+        (Page::JoinTokens, Op::Delete(id)) => {
+            crate::app::hosts::revoke_join_token(&v.st, &v.ctx, &id).await?;
         }
         (p, _) => return Err(ApiError::not_found(format!("no such form on {}", p.href()))),
     }
@@ -856,6 +930,19 @@ async fn admin_post(
     post_form(&st, &headers, admin_page(&kind)?, Op::Create, f).await
 }
 
+/// `/admin/{kind}/{item}/revoke`: join tokens are the one such list.
+async fn admin_item_post(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    Path((kind, item, verb)): Path<(String, String, String)>,
+    axum::Form(f): axum::Form<Fields>,
+) -> Result<Response, ApiError> {
+    if verb != "revoke" {
+        return Err(ApiError::not_found(format!("action {verb:?}")));
+    }
+    post_form(&st, &headers, admin_page(&kind)?, Op::Delete(item), f).await
+}
+
 async fn host_get(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -872,4 +959,5 @@ pub fn routes() -> Router<AppState> {
         .route("/tokens/{id}/revoke", post(token_revoke))
         .route("/admin/hosts/{host}", get(host_get))
         .route("/admin/{kind}", get(admin_get).post(admin_post))
+        .route("/admin/{kind}/{item}/{verb}", post(admin_item_post))
 }

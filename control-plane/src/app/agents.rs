@@ -1,0 +1,291 @@
+//! What a host's agent says and is told: heartbeats (with a fresh
+//! inventory), the desired state of its VMs and networks, and its status
+//! reports, applied VM by VM. Registration is in [`super::hosts`].
+
+use kumo_api_types::{
+    ActualState, AgentHeartbeat, DesiredState, DesiredVm, HostState, PreemptionNotice,
+    StatusReport, VmState, VmStatus,
+};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect, Set,
+    TransactionTrait,
+};
+use uuid::Uuid;
+
+use crate::app::auth;
+use crate::context::AppState;
+use crate::domain::lifecycle;
+use crate::entity::{allocations, clusters, hosts, vms};
+use crate::error::ApiError;
+use crate::store::vms::{desired_power, event, stored_placement, stored_spec, stored_state};
+
+/// A heartbeat: the host is alive (and reachable again if it was not);
+/// a fresh topology, fabric or underlay address replaces the stored one.
+pub async fn heartbeat(
+    st: &AppState,
+    host: hosts::Model,
+    body: &AgentHeartbeat,
+) -> Result<(), ApiError> {
+    let back = host.state == HostState::Unreachable.as_str();
+    let name = host.name.clone();
+    let id = host.id;
+    let underlay = host.underlay_ip.clone();
+    let drained = host.drained;
+    let mut a: hosts::ActiveModel = host.into();
+    a.last_heartbeat_at = Set(st.config.clock.now());
+    if back {
+        a.state = Set(crate::store::hosts::reachable_state(drained)
+            .as_str()
+            .into());
+    }
+    if let Some(t) = &body.topology {
+        crate::app::hosts::validate_topology(t)?;
+        let text = serde_json::to_string(t).map_err(|e| ApiError::Internal(e.to_string()))?;
+        a.topology_digest = Set(Some(auth::hash_secret(&text)));
+        a.topology = Set(text);
+    }
+    if let Some(f) = &body.fabric {
+        if f.len() > 64 || f.iter().any(|p| p.vfs.len() > 256) {
+            return Err(ApiError::field("fabric", "at most 64 ports of 256 VFs"));
+        }
+        a.fabric = Set(Some(
+            serde_json::to_string(f).map_err(|e| ApiError::Internal(e.to_string()))?,
+        ));
+    }
+    if let Some(f) = &body.segment_faults {
+        a.segment_faults = Set(crate::domain::faults::stored(f));
+    }
+    let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
+    if moved {
+        crate::app::hosts::check_underlay(body.underlay_ip)?;
+        a.underlay_ip = Set(body.underlay_ip.map(|u| u.to_string()));
+    }
+    a.update(&st.db)
+        .await
+        .map_err(|e| crate::app::hosts::underlay_taken(e, body.underlay_ip))?;
+    if moved {
+        crate::app::hosts::underlay_moved(&st.db).await?;
+        st.capacity.refresh_host(&st.db, id).await?;
+        tracing::info!(host = %name, underlay = ?body.underlay_ip, "underlay address changed");
+    }
+    if back {
+        tracing::info!(host = %name, "host reachable again");
+    }
+    Ok(())
+}
+
+/// The revision an agent sees: its VMs' and its networks' changes.
+/// Both only grow, so their sum does.
+pub fn seen_revision(h: &hosts::Model) -> i64 {
+    h.revision.saturating_add(h.network_revision)
+}
+
+/// Everything that should exist on the host: its VMs with their NICs
+/// and hostfiles, the VMs to remove, and its networks.
+pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState, ApiError> {
+    let rows = vms::Entity::find()
+        .filter(vms::Column::HostId.eq(host.id))
+        .all(&st.db)
+        .await?;
+    let cluster_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.cluster_id).collect();
+    let mut hostfiles = std::collections::HashMap::new();
+    for c in clusters::Entity::find()
+        .filter(clusters::Column::Id.is_in(cluster_ids))
+        .all(&st.db)
+        .await?
+    {
+        hostfiles.insert(
+            c.id,
+            crate::store::clusters::cluster_hostfile(&st.db, &c).await?,
+        );
+    }
+    let mut net = crate::app::host_network::load(&st.db, host, &rows).await?;
+    let mut out = Vec::new();
+    let mut remove = Vec::new();
+    for v in rows {
+        let state = stored_state(&v)?;
+        if matches!(
+            state,
+            VmState::Deleting | VmState::Deleted | VmState::Preempted
+        ) {
+            remove.push(v.id);
+            continue;
+        }
+        let Some(placement) = stored_placement(&v)? else {
+            continue;
+        };
+        let spec = stored_spec(&v)?;
+        let preemption = match (state, v.preempt_deadline) {
+            (VmState::Preempting, Some(deadline)) => Some(PreemptionNotice {
+                vm: v.id,
+                deadline,
+                action: if spec.gpus == 0 {
+                    "suspend"
+                } else {
+                    "shutdown"
+                }
+                .into(),
+            }),
+            _ => None,
+        };
+        out.push(DesiredVm {
+            id: v.id,
+            name: v.name.clone(),
+            power: desired_power(&v)?,
+            power_generation: v.power_generation,
+            spec,
+            placement,
+            preemption,
+            hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),
+            nics: net.nics.remove(&v.id).unwrap_or_default(),
+        });
+    }
+    Ok(DesiredState {
+        revision: seen_revision(host),
+        vms: out,
+        remove,
+        network: net.network,
+    })
+}
+
+/// What one report entry changed.
+#[derive(Default)]
+struct Applied {
+    /// Devices were released: the capacity index re-reads the host.
+    freed: bool,
+    /// Hosts sharing a segment with a VM that left: woken after commit.
+    peers: Vec<Uuid>,
+}
+
+impl Applied {
+    fn add(&mut self, other: Applied) {
+        self.freed |= other.freed;
+        self.peers.extend(other.peers);
+    }
+}
+
+/// Applies a host's status report in one transaction. Rows are locked in
+/// id order (a report never deadlocks another) and held to the commit: an
+/// API action on one of these VMs waits for this report, or this report
+/// sees the action, never a mix.
+pub async fn apply_status(
+    st: &AppState,
+    host: &hosts::Model,
+    report: &StatusReport,
+) -> Result<(), ApiError> {
+    if report.vms.len() > 10_000 {
+        return Err(ApiError::field("vms", "too many entries"));
+    }
+    let txn = st.db.begin().await?;
+    let mut applied = Applied::default();
+    let mut entries: Vec<&VmStatus> = report.vms.iter().collect();
+    entries.sort_by_key(|s| s.id);
+    for s in entries {
+        applied.add(apply_entry(st, &txn, host, s).await?);
+    }
+    txn.commit().await?;
+    for h in applied.peers {
+        st.signals.notify(h);
+    }
+    if applied.freed {
+        st.capacity.refresh_host(&st.db, host.id).await?;
+    }
+    Ok(())
+}
+
+/// One VM's entry of a report.
+async fn apply_entry(
+    st: &AppState,
+    txn: &DatabaseTransaction,
+    host: &hosts::Model,
+    s: &VmStatus,
+) -> Result<Applied, ApiError> {
+    let now = st.config.clock.now();
+    let Some(vm) = vms::Entity::find_by_id(s.id)
+        .lock_exclusive()
+        .one(txn)
+        .await?
+    else {
+        return Ok(Applied::default()); // already gone: nothing to apply
+    };
+    if vm.host_id.is_none() && s.state == ActualState::Absent {
+        // Released already (a preempted VM): a repeated report.
+        return Ok(Applied::default());
+    }
+    // A host speaking for another host's VM is forging: the whole report
+    // is refused. What a guest or libvirt wrote is another matter: an
+    // entry whose text does not fit is dropped (and logged), and the
+    // rest of the host's report still counts.
+    if vm.host_id != Some(host.id) {
+        tracing::warn!(host = %host.name, vm = %s.id, "agent reported a VM of another host; refused");
+        return Err(ApiError::validation(format!(
+            "VM {} does not belong to host {}",
+            s.id, host.name
+        )));
+    }
+    if !s.texts_fit() {
+        tracing::warn!(host = %host.name, vm = %s.id, "a status entry's text has control characters or is too long; entry dropped");
+        return Ok(Applied::default());
+    }
+    if let Some(notice) = &s.notice {
+        event(txn, &vm, now, "preemption-notice", notice.clone()).await?;
+    }
+    let state = stored_state(&vm)?;
+    if state == VmState::Preempted && s.state == ActualState::Absent {
+        // Gone from the host: its devices are free; the row stays so
+        // the tenant sees what happened.
+        release(txn, &vm).await?;
+        let peers = crate::app::host_network::touch_peers(txn, vm.id).await?;
+        let mut a: vms::ActiveModel = vm.into();
+        a.host_id = Set(None);
+        a.updated_at = Set(now);
+        a.update(txn).await?;
+        return Ok(Applied { freed: true, peers });
+    }
+    if s.guest.is_some() && s.guest != vm.guest_condition {
+        let mut a: vms::ActiveModel = vm.clone().into();
+        a.guest_condition = Set(s.guest.clone());
+        a.update(txn).await?;
+    }
+    let Some(next) = lifecycle::observe(state, desired_power(&vm)?, s.state) else {
+        return Ok(Applied::default());
+    };
+    let message = s
+        .reason
+        .clone()
+        .unwrap_or_else(|| format!("reported by {}", host.name));
+    event(txn, &vm, now, next.as_str(), message).await?;
+    if next == VmState::Deleted {
+        release(txn, &vm).await?;
+        let peers = crate::app::vms::delete_row(txn, &vm, now).await?;
+        return Ok(Applied { freed: true, peers });
+    }
+    let mut applied = Applied::default();
+    if next == VmState::Suspended {
+        // Saved to disk: its CPUs and memory go to others meanwhile.
+        release(txn, &vm).await?;
+        applied.freed = true;
+    }
+    let model = crate::app::metering::billable(next)
+        .then(|| crate::app::metering::gpu_model_of(st, &vm))
+        .flatten();
+    crate::app::metering::transition(txn, &vm, state, next, model, now).await?;
+    let mut a: vms::ActiveModel = vm.into();
+    a.state = Set(next.as_str().to_owned());
+    a.reason = Set(if next == VmState::Error {
+        s.reason.clone()
+    } else {
+        None
+    });
+    a.updated_at = Set(now);
+    a.update(txn).await?;
+    Ok(applied)
+}
+
+async fn release(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+    allocations::Entity::delete_many()
+        .filter(allocations::Column::VmId.eq(vm.id))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
