@@ -95,7 +95,7 @@ async fn noisy_neighbour(backend: Backend) {
     s.quota("noisy", &q).await;
     let root = crate::harness::scratch();
     let join = s.join_token().await;
-    let hosts: Vec<Host> = (0..2)
+    let agents: Vec<Host> = (0..2)
         .map(|h| start_agent(&s, &fab, h, "cpu-only", &join, root.path(), &[]))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -249,9 +249,9 @@ async fn noisy_neighbour(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The agents' long polls would hold the server's shutdown.
-    drop(hosts);
+    drop(agents);
     // The agents go first: nothing is left polling the server.
-    drop(hosts);
+    drop(agents);
     s.stop().await;
 }
 
