@@ -456,25 +456,17 @@ impl Reconciler {
         let mut report = Vec::new();
         for vm in &desired.vms {
             let dom = owned.remove(&vm.id);
-            if let (None, Some(reason)) = (&dom, unconverged.holds_back(vm)) {
-                tracing::warn!(vm = %vm.id, %reason, "VM waits for its segment");
-                report.push(
-                    VmStatus {
-                        id: vm.id,
-                        state: ActualState::Failed,
-                        reason: Some(reason),
-                        guest: None,
-                        notice: None,
-                    }
-                    .bounded(),
-                );
-                continue;
-            }
             let notice = match (&dom, &vm.preemption) {
                 (Some(d), Some(_)) => self.preempt(vm, d),
                 _ => None,
             };
-            let status = match self.ensure(vm, dom) {
+            // A VM not yet defined on a segment that did not converge
+            // waits, failed with the segment's reason.
+            let ensured = match (&dom, unconverged.holds_back(vm)) {
+                (None, Some(reason)) => Err(reason),
+                _ => self.ensure(vm, dom),
+            };
+            let status = match ensured {
                 Ok((state, guest)) => VmStatus {
                     id: vm.id,
                     state,

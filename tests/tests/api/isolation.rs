@@ -8,46 +8,24 @@
 
 use std::time::{Duration, Instant};
 
-use kumo_api_types::{
-    AgentRegister, NetworkRequest, Quota, Role, SegmentCreate, SegmentKind, VmCreate, VmState,
-};
+use kumo_api_types::{AgentRegister, Quota, Role, SegmentCreate, SegmentKind, VmCreate, VmState};
 use kumo_cli::client::{Client, ClientError};
 use vxlan_manager::testbed::{ip, Fabric};
 
 use crate::harness::{fixture_topology, Backend, TestServer};
 use crate::networks::{start_agent, Host};
+use crate::segments::{seg, vm_on};
 
 /// B's VMs must reach each state within this; they take about a second
 /// on an idle fleet.
 const USUAL: Duration = Duration::from_secs(30);
 
 fn segment(name: &str, cidr: &str) -> SegmentCreate {
-    SegmentCreate {
-        name: name.into(),
-        kind: SegmentKind::Ethernet,
-        cidr: cidr.into(),
-        gateway: None,
-        mtu: Some(1450),
-        ingress: vec![],
-    }
+    seg(name, SegmentKind::Ethernet, cidr)
 }
 
 fn vm(name: &str, segment: &str) -> VmCreate {
-    VmCreate {
-        name: name.into(),
-        gpus: 0,
-        gpu_model: None,
-        vcpus: Some(1),
-        memory_gib: Some(1),
-        disk_gib: None,
-        template: None,
-        service_level: Default::default(),
-        ssh_keys: vec![],
-        networks: vec![NetworkRequest {
-            segment: segment.into(),
-            ip: None,
-        }],
-    }
+    vm_on(name, &[(segment, None)])
 }
 
 fn status_of(e: &ClientError) -> u16 {

@@ -13,7 +13,7 @@ use kumo_server::config::Config;
 
 use crate::harness::{on_both_backends, Backend, TestServer};
 
-fn seg(name: &str, kind: SegmentKind, cidr: &str) -> SegmentCreate {
+pub(crate) fn seg(name: &str, kind: SegmentKind, cidr: &str) -> SegmentCreate {
     SegmentCreate {
         name: name.into(),
         kind,
@@ -24,7 +24,7 @@ fn seg(name: &str, kind: SegmentKind, cidr: &str) -> SegmentCreate {
     }
 }
 
-fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
+pub(crate) fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
     VmCreate {
         name: name.into(),
         gpus: 0,
