@@ -269,8 +269,15 @@ pub struct Quota {
     pub memory_gib: u32,
     #[serde(default)]
     pub vms: u32,
+    /// Disk over all the tenant's VMs, GiB.
+    #[serde(default)]
+    pub disk_gib: u32,
     #[serde(default)]
     pub segments: u32,
+    /// RoCE segments, each of which holds one of the fabric's VLANs (a
+    /// pool every tenant shares); they count among `segments` too.
+    #[serde(default)]
+    pub roce_segments: u32,
     #[serde(default)]
     pub public_ips: u32,
 }
@@ -290,7 +297,13 @@ pub struct AuditEntry {
     /// What was acted on, e.g. a tenant, user or token name/id.
     pub target: String,
     pub source_ip: String,
+    /// The id the server gave the request (the `x-request-id` it answered
+    /// with).
     pub request_id: String,
+    /// The `x-request-id` the client sent, if it was at most 64 visible
+    /// ASCII characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_request_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
@@ -490,7 +503,10 @@ pub struct TemplateCreate {
 pub struct Template {
     pub id: Uuid,
     pub name: String,
-    pub image_path: String,
+    /// The base image's path on the hosts; shown to platform admins only,
+    /// like `kernel_path` and `initrd_path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_path: Option<String>,
     pub os: String,
     pub default_user: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -706,7 +722,8 @@ pub struct VmSpec {
     pub disk_gib: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
-    /// The template's base image path on the host.
+    /// The template's base image path on the host: in the agent's desired
+    /// state only; the API never shows it to tenants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_path: Option<String>,
     /// Direct kernel boot, from the template.

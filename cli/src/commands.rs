@@ -250,8 +250,14 @@ pub enum QuotaCmd {
         memory_gib: Option<u32>,
         #[arg(long)]
         vms: Option<u32>,
+        /// Disk over all the tenant's VMs, GiB.
+        #[arg(long)]
+        disk_gib: Option<u32>,
         #[arg(long)]
         segments: Option<u32>,
+        /// RoCE segments (each holds a shared fabric VLAN).
+        #[arg(long)]
+        roce_segments: Option<u32>,
         #[arg(long)]
         public_ips: Option<u32>,
     },
@@ -1088,7 +1094,9 @@ fn quota_table(q: &Quota) -> String {
         ("vcpus", q.vcpus),
         ("memory_gib", q.memory_gib),
         ("vms", q.vms),
+        ("disk_gib", q.disk_gib),
         ("segments", q.segments),
+        ("roce_segments", q.roce_segments),
         ("public_ips", q.public_ips),
     ] {
         t.row(vec![name.into(), v.to_string()]);
@@ -1108,7 +1116,9 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
             vcpus,
             memory_gib,
             vms,
+            disk_gib,
             segments,
+            roce_segments,
             public_ips,
         } => {
             let mut q = c.quota(&tenant.tenant).await?;
@@ -1125,7 +1135,9 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                 (&mut q.vcpus, vcpus),
                 (&mut q.memory_gib, memory_gib),
                 (&mut q.vms, vms),
+                (&mut q.disk_gib, disk_gib),
                 (&mut q.segments, segments),
+                (&mut q.roce_segments, roce_segments),
                 (&mut q.public_ips, public_ips),
             ] {
                 if let Some(v) = v {
@@ -1133,11 +1145,19 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                 }
             }
             if gpus.is_empty()
-                && [vcpus, memory_gib, vms, segments, public_ips]
-                    .iter()
-                    .all(|v| v.is_none())
+                && [
+                    vcpus,
+                    memory_gib,
+                    vms,
+                    disk_gib,
+                    segments,
+                    roce_segments,
+                    public_ips,
+                ]
+                .iter()
+                .all(|v| v.is_none())
             {
-                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --segments, --public-ips");
+                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --disk-gib, --segments, --roce-segments, --public-ips");
             }
             let q = c.set_quota(&tenant.tenant, &q).await?;
             print_one(out, fmt, &q, || quota_table(&q))?;
@@ -1272,7 +1292,7 @@ async fn template(
                 x.name.clone(),
                 x.os.clone(),
                 x.default_user.clone(),
-                x.image_path.clone(),
+                x.image_path.clone().unwrap_or_default(),
             ]);
         }
         t.render()

@@ -22,16 +22,41 @@ pub struct AppState {
     pub sso: Arc<crate::oidc::Sso>,
 }
 
+/// Where and when a request came from, as the audit log records it: the
+/// client's address, the id the server gave the request (and the client's
+/// own id, if it sent a clean one), and the arrival time by the state's
+/// clock.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub source_ip: String,
+    pub request_id: String,
+    pub client_request_id: Option<String>,
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
 /// Who asks for an operation and from where: the authenticated caller, the
-/// request id and the source address recorded in the audit log.
+/// request ids and the source address recorded in the audit log.
 #[derive(Debug, Clone)]
 pub struct Actor {
     pub caller: Caller,
     pub request_id: String,
+    pub client_request_id: Option<String>,
     pub source_ip: String,
     /// When the request arrived, by the state's clock: what the operation
     /// stamps its rows and audit entry with.
     pub at: chrono::DateTime<chrono::Utc>,
+}
+
+impl Actor {
+    pub fn new(caller: Caller, origin: Origin) -> Actor {
+        Actor {
+            caller,
+            request_id: origin.request_id,
+            client_request_id: origin.client_request_id,
+            source_ip: origin.source_ip,
+            at: origin.at,
+        }
+    }
 }
 
 /// Who is calling: the authenticated user and the token used.

@@ -96,7 +96,9 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
         vcpus: 2048,
         memory_gib: 16_384,
         vms: 64,
+        disk_gib: 12_800,
         segments: 8,
+        roce_segments: 4,
         public_ips: 4,
         ..Quota::default()
     };

@@ -234,6 +234,17 @@ impl Reconciler {
         self.state_dir.join("vms").join(id.to_string())
     }
 
+    /// The VM's directory, made if need be, that no other local user can
+    /// list: 0711, since QEMU runs as its own user (`libvirt-qemu` under
+    /// `qemu:///system`) and must pass through it to the disk and seed,
+    /// which are 0600 (libvirt hands them to QEMU's user while it runs).
+    fn ensure_vm_dir(&self, id: Uuid) -> Result<PathBuf, String> {
+        let dir = self.vm_dir(id);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        set_mode(&dir, 0o711)?;
+        Ok(dir)
+    }
+
     /// The VM's disk: a qcow2 overlay on its template, or an empty qcow2.
     /// Made under a temporary name and renamed, so an agent killed halfway
     /// leaves no truncated disk that a later pass would take as made.
@@ -243,7 +254,7 @@ impl Reconciler {
         if disk.exists() {
             return Ok(disk);
         }
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        self.ensure_vm_dir(vm.id)?;
         let partial = dir.join("disk.qcow2.partial");
         let mut cmd = std::process::Command::new("qemu-img");
         cmd.args(["create", "-q", "-f", "qcow2"]);
@@ -258,6 +269,7 @@ impl Reconciler {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        set_mode(&partial, 0o600)?;
         std::fs::rename(&partial, &disk)
             .map_err(|e| format!("renaming {}: {e}", partial.display()))?;
         Ok(disk)
@@ -271,8 +283,11 @@ impl Reconciler {
         if seed.exists() {
             return Ok(seed);
         }
+        self.ensure_vm_dir(vm.id)?;
+        // The seed's sources (SSH keys among them) are the agent's alone.
         let src = dir.join("cidata");
         std::fs::create_dir_all(&src).map_err(|e| format!("creating {}: {e}", src.display()))?;
+        set_mode(&src, 0o700)?;
         let (meta, user) = cloud_init(vm);
         std::fs::write(src.join("meta-data"), meta).map_err(|e| e.to_string())?;
         std::fs::write(src.join("user-data"), user).map_err(|e| e.to_string())?;
@@ -296,6 +311,7 @@ impl Reconciler {
                 String::from_utf8_lossy(&out.stderr).trim()
             ));
         }
+        set_mode(&partial, 0o600)?;
         std::fs::rename(&partial, &seed)
             .map_err(|e| format!("renaming {}: {e}", partial.display()))?;
         Ok(seed)
@@ -518,6 +534,12 @@ impl Reconciler {
         }
         Ok(report)
     }
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("setting the mode of {}: {e}", path.display()))
 }
 
 #[cfg(test)]

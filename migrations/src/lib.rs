@@ -19,6 +19,8 @@ mod m0013_host_credentials;
 mod m0014_credential_lifecycle;
 mod m0015_vlan_rest;
 mod m0016_segment_faults;
+mod m0017_client_request_ids;
+mod m0018_disk_and_roce_quota;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -79,6 +81,8 @@ impl MigratorTrait for Migrator {
             Box::new(m0014_credential_lifecycle::Migration),
             Box::new(m0015_vlan_rest::Migration),
             Box::new(m0016_segment_faults::Migration),
+            Box::new(m0017_client_request_ids::Migration),
+            Box::new(m0018_disk_and_roce_quota::Migration),
         ]
     }
 }

@@ -40,7 +40,9 @@ function start(port, domain, device) {
     cookies: { keys: ['kumo-test-cookie-key'] },
     features: { devInteractions: { enabled: true }, deviceFlow: { enabled: device } },
     async findAccount(_ctx, id) {
-      const email = id.includes('@') ? id : `${id}@${domain}`;
+      // `login#Shown Name` gives the account that display name.
+      const [login, shown] = id.split('#');
+      const email = login.includes('@') ? login : `${login}@${domain}`;
       return {
         accountId: id,
         async claims() {
@@ -48,7 +50,7 @@ function start(port, domain, device) {
             sub: id,
             email,
             email_verified: true,
-            name: `Test ${id}`,
+            name: shown ?? `Test ${login}`,
             eppn: email,
             affiliation: `member@${domain}`,
           };

@@ -224,6 +224,40 @@ pub fn cli_login_page(lang: Lang, viewer: &Viewer, port: u16, state: &str) -> St
     page(lang, t(lang, Msg::CliLogin), Some(viewer), None, &body)
 }
 
+#[derive(Template)]
+#[template(path = "cli_handoff.html")]
+struct CliHandoff<'a> {
+    heading: &'a str,
+    handoff: &'a str,
+    go_on: &'a str,
+    port: u16,
+    state: &'a str,
+    token: &'a str,
+}
+
+/// After consent: a form that posts the new token to the command's
+/// loopback port in its body (the page's script submits it at once), so
+/// the token never stands in a URL, the browser's history or a referrer.
+pub fn cli_handoff_page(
+    lang: Lang,
+    viewer: &Viewer,
+    port: u16,
+    state: &str,
+    token: &str,
+) -> String {
+    let body = CliHandoff {
+        heading: t(lang, Msg::CliLogin),
+        handoff: t(lang, Msg::CliHandoff),
+        go_on: t(lang, Msg::Continue),
+        port,
+        state,
+        token,
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    page(lang, t(lang, Msg::CliLogin), Some(viewer), None, &body)
+}
+
 /// One VM on the list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmRow {

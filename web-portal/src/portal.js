@@ -22,3 +22,10 @@
   }
   setTimeout(refresh, 3000);
 })();
+
+// A form marked data-autosubmit (the CLI sign-in's hand-over to the
+// command's loopback port) posts itself; without JavaScript its button does.
+(function () {
+  var form = document.querySelector('form[data-autosubmit]');
+  if (form) form.submit();
+})();

@@ -1,4 +1,5 @@
-//! The audit log: who did what, when, from where, with which request id.
+//! The audit log: who did what, when, from where, with which request id
+//! (the server's own, and the client's beside it).
 //! Entries are written in the same transaction as the change they record,
 //! so a change without its entry (or the reverse) cannot be committed.
 
@@ -32,6 +33,7 @@ pub async fn record(
         target: Set(target.chars().take(255).collect()),
         source_ip: Set(ctx.source_ip.chars().take(64).collect()),
         request_id: Set(ctx.request_id.chars().take(64).collect()),
+        client_request_id: Set(ctx.client_request_id.clone()),
     }
     .insert(db)
     .await?;
@@ -52,6 +54,7 @@ pub struct Who<'a> {
     pub name: String,
     pub source_ip: &'a str,
     pub request_id: &'a str,
+    pub client_request_id: Option<&'a str>,
     pub at: chrono::DateTime<chrono::Utc>,
 }
 
@@ -73,6 +76,7 @@ pub async fn record_by(
         target: Set(target.chars().take(255).collect()),
         source_ip: Set(who.source_ip.chars().take(64).collect()),
         request_id: Set(who.request_id.chars().take(64).collect()),
+        client_request_id: Set(who.client_request_id.map(str::to_owned)),
     }
     .insert(db)
     .await?;
@@ -90,6 +94,7 @@ fn to_api(e: audit_log::Model) -> AuditEntry {
         target: e.target,
         source_ip: e.source_ip,
         request_id: e.request_id,
+        client_request_id: e.client_request_id,
     }
 }
 

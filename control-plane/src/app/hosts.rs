@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::app::access::require_admin;
 use crate::app::{audit, auth};
-use crate::context::{Actor, AppState};
+use crate::context::{Actor, AppState, Origin};
 use crate::domain::names;
 use crate::domain::paging::Paging;
 use crate::domain::states::StoredText;
@@ -204,13 +204,6 @@ pub async fn underlay_moved(db: &impl ConnectionTrait) -> Result<(), ApiError> {
         .exec(db)
         .await?;
     Ok(())
-}
-
-/// Where a registration came from, for the audit log.
-pub struct Origin {
-    pub source_ip: String,
-    pub request_id: String,
-    pub at: DateTime<Utc>,
 }
 
 /// What a registration asks for, checked and serialised before any
@@ -434,6 +427,7 @@ pub async fn register(
             name: format!("join-token:{}", jt.id),
             source_ip: &origin.source_ip,
             request_id: &origin.request_id,
+            client_request_id: origin.client_request_id.as_deref(),
             at: now,
         },
         action,

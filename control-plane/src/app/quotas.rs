@@ -34,6 +34,8 @@ pub async fn set(
         memory_gib: Set(i64::from(body.memory_gib)),
         vms: Set(i64::from(body.vms)),
         segments: Set(i64::from(body.segments)),
+        disk_gib: Set(i64::from(body.disk_gib)),
+        roce_segments: Set(i64::from(body.roce_segments)),
         public_ips: Set(i64::from(body.public_ips)),
         updated_at: Set(actor.at),
     };

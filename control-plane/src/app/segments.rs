@@ -80,19 +80,32 @@ fn gateway_of(cidr: &Cidr, asked: Option<&str>) -> Result<Ipv4Addr, ApiError> {
 /// A tenant's share of the shared VNI and RoCE VLAN pools is its segment
 /// quota: one member cannot drain them for everyone. Holds the tenant's
 /// row to the end of the transaction.
-async fn check_quota(txn: &DatabaseTransaction, tenant: &tenants::Model) -> Result<(), ApiError> {
+async fn check_quota(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    kind: SegmentKind,
+) -> Result<(), ApiError> {
     crate::store::tenancy::lock_for_quota(txn, tenant.id).await?;
-    let limit = crate::store::tenancy::load(txn, tenant.id).await?.segments;
-    let have = crate::store::segments::count_of(txn, tenant.id).await?;
-    if have >= u64::from(limit) {
-        return Err(ApiError::QuotaExceeded {
-            resource: "segments".into(),
+    let quota = crate::store::tenancy::load(txn, tenant.id).await?;
+    let over = |resource: &str, have: u64, limit: u32| {
+        (have >= u64::from(limit)).then(|| ApiError::QuotaExceeded {
+            resource: resource.into(),
             detail: format!(
-                "tenant {:?} would use {} segments with this request; its quota is {limit}",
+                "tenant {:?} would use {} {resource} with this request; its quota is {limit}",
                 tenant.name,
                 have + 1
             ),
-        });
+        })
+    };
+    let have = crate::store::segments::count_of(txn, tenant.id, None).await?;
+    if let Some(e) = over("segments", have, quota.segments) {
+        return Err(e);
+    }
+    if kind == SegmentKind::Roce {
+        let roce = crate::store::segments::count_of(txn, tenant.id, Some(kind)).await?;
+        if let Some(e) = over("roce_segments", roce, quota.roce_segments) {
+            return Err(e);
+        }
     }
     Ok(())
 }
@@ -165,7 +178,7 @@ pub async fn create(
             tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
         }
         let txn = st.db.begin().await?;
-        check_quota(&txn, &tenant).await?;
+        check_quota(&txn, &tenant, body.kind).await?;
         let leased = crate::store::segments::lease_vni(
             &txn,
             &net.vni_ranges,

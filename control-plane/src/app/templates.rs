@@ -12,16 +12,18 @@ use crate::domain::paging::Paging;
 use crate::entity::templates;
 use crate::error::{conflict_if_unique, ApiError};
 
-/// A template as the API shows it.
-pub fn view(t: templates::Model) -> Template {
+/// A template as the API shows it: the host paths only to platform
+/// admins, who registered them.
+pub fn view(t: templates::Model, caller: &crate::context::Caller) -> Template {
+    let admin = caller.is_admin();
     Template {
         id: t.id,
         name: t.name,
-        image_path: t.image_path,
+        image_path: admin.then_some(t.image_path),
         os: t.os,
         default_user: t.default_user,
-        kernel_path: t.kernel_path,
-        initrd_path: t.initrd_path,
+        kernel_path: t.kernel_path.filter(|_| admin),
+        initrd_path: t.initrd_path.filter(|_| admin),
         kernel_cmdline: t.kernel_cmdline,
         created_at: t.created_at,
     }
@@ -76,20 +78,20 @@ pub async fn create(
     })?;
     audit::record(&txn, actor, "template.create", None, &t.name).await?;
     txn.commit().await?;
-    Ok(view(t))
+    Ok(view(t, &actor.caller))
 }
 
 /// One page of the VM images, by name (everyone signed in).
 pub async fn list(
     st: &AppState,
-    _actor: &Actor,
+    actor: &Actor,
     params: &PageParams,
 ) -> Result<Page<Template>, ApiError> {
     let paging = Paging::new(params.limit, params.page_token.as_deref())?;
     let rows = crate::store::templates::page(&st.db, &paging).await?;
     let (rows, next) = paging.finish(rows, |t| t.name.clone());
     Ok(Page {
-        items: rows.into_iter().map(view).collect(),
+        items: rows.into_iter().map(|t| view(t, &actor.caller)).collect(),
         next_page_token: next,
     })
 }

@@ -68,7 +68,9 @@ pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result
         vcpus: Set(0),
         memory_gib: Set(0),
         vms: Set(0),
+        disk_gib: Set(0),
         segments: Set(0),
+        roce_segments: Set(0),
         public_ips: Set(0),
         updated_at: Set(now),
     }
@@ -145,7 +147,7 @@ pub async fn delete(st: &AppState, actor: &Actor, tenant: &str) -> Result<(), Ap
             tenant.name
         )));
     }
-    let segments = crate::store::segments::count_of(&txn, tenant.id).await?;
+    let segments = crate::store::segments::count_of(&txn, tenant.id, None).await?;
     if segments > 0 {
         return Err(ApiError::Conflict(format!(
             "tenant {:?} still has {segments} segment(s); delete them first",

@@ -386,7 +386,7 @@ fn view_on(
         state,
         reason: v.reason.clone(),
         host: host.map(|(h, _)| h.name.clone()),
-        spec: stored_spec(v)?,
+        spec: crate::domain::specs::as_shown(stored_spec(v)?),
         placement,
         guest_condition: v.guest_condition.clone(),
         preempt_deadline: v.preempt_deadline,

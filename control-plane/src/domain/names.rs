@@ -79,6 +79,20 @@ pub fn text(field: &str, value: &str, max_chars: usize) -> Result<(), ApiError> 
     Ok(())
 }
 
+/// Text from outside that must be kept rather than refused (a claim of an
+/// identity provider): control characters become spaces, the ends are
+/// trimmed and at most `max_chars` characters stay.
+pub fn cleaned(value: &str, max_chars: usize) -> String {
+    value
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .chars()
+        .take(max_chars)
+        .collect()
+}
+
 pub fn email(field: &str, value: &str) -> Result<(), ApiError> {
     text(field, value, 254)?;
     let ok = value.split_once('@').is_some_and(|(local, domain)| {
@@ -114,6 +128,15 @@ pub fn safe_next(next: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claims_are_cleaned_not_refused() {
+        assert_eq!(cleaned("Aiko\u{1b}[31m Tanaka\n", 200), "Aiko [31m Tanaka");
+        assert_eq!(cleaned("山田\0太郎", 200), "山田 太郎");
+        assert_eq!(cleaned(&"x".repeat(300), 200).len(), 200);
+        assert!(email("e", "a\u{7f}@lab.ac.jp").is_err());
+        assert!(email("e", "a@lab.ac.jp").is_ok());
+    }
 
     #[test]
     fn tenant_names() {

@@ -7,14 +7,16 @@ use kumo_api_types::{Quota, VmSpec, VmState};
 use crate::domain::names;
 use crate::error::ApiError;
 
-/// A tenant's use of its quota. Every VM row counts as a VM; all but
-/// preempted ones (which hold nothing and will not again) hold their
+/// A tenant's use of its quota. Every VM row counts as a VM and holds its
+/// disk (a preempted VM's disk stays until it is deleted); all but
+/// preempted ones (which hold nothing else and will not again) hold their
 /// vCPUs, memory and GPUs. The portal's "GPUs in use" is this too.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Usage {
     pub vms: u64,
     pub vcpus: u64,
     pub memory_gib: u64,
+    pub disk_gib: u64,
     /// GPUs per model (`""` for requests that name none).
     pub gpus: BTreeMap<String, u64>,
 }
@@ -25,6 +27,7 @@ impl Usage {
         let mut u = Usage::default();
         for (state, spec) in vms {
             u.vms += 1;
+            u.disk_gib += u64::from(spec.disk_gib);
             if state != VmState::Preempted {
                 u.hold(spec);
             }
@@ -35,6 +38,7 @@ impl Usage {
     /// Adds a new VM's spec.
     pub fn add(&mut self, spec: &VmSpec) {
         self.vms += 1;
+        self.disk_gib += u64::from(spec.disk_gib);
         self.hold(spec);
     }
 
@@ -65,6 +69,7 @@ impl Usage {
         if let Some(e) = over("vms", self.vms, quota.vms)
             .or_else(|| over("vcpus", self.vcpus, quota.vcpus))
             .or_else(|| over("memory_gib", self.memory_gib, quota.memory_gib))
+            .or_else(|| over("disk_gib", self.disk_gib, quota.disk_gib))
         {
             return Err(e);
         }
@@ -103,7 +108,9 @@ pub fn validate(q: &Quota) -> Result<(), ApiError> {
         ("vcpus", q.vcpus),
         ("memory_gib", q.memory_gib),
         ("vms", q.vms),
+        ("disk_gib", q.disk_gib),
         ("segments", q.segments),
+        ("roce_segments", q.roce_segments),
         ("public_ips", q.public_ips),
     ] {
         if v > MAX_LIMIT {
@@ -133,6 +140,25 @@ mod tests {
         assert_eq!(u.vms, 2);
         assert_eq!(u.vcpus, 4);
         assert_eq!(u.gpus_total(), 8);
+        // A preempted VM's disk is still there.
+        assert_eq!(u.disk_gib, 100);
+    }
+
+    #[test]
+    fn disk_counts_against_the_quota() {
+        let a = spec(0, None);
+        let mut u = Usage::of([(VmState::Running, &a)]);
+        let quota: Quota = serde_json::from_value(serde_json::json!({
+            "vcpus": 100, "memory_gib": 100, "vms": 10, "disk_gib": 100
+        }))
+        .unwrap();
+        u.add(&spec(0, None));
+        assert!(u.check(&quota, "t").is_ok());
+        u.add(&spec(0, None));
+        match u.check(&quota, "t") {
+            Err(ApiError::QuotaExceeded { resource, .. }) => assert_eq!(resource, "disk_gib"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -141,7 +167,7 @@ mod tests {
         let mut u = Usage::of([(VmState::Running, &a)]);
         u.add(&spec(1, Some("H100")));
         let quota: Quota = serde_json::from_value(serde_json::json!({
-            "gpus": {"H100": 8}, "vcpus": 100, "memory_gib": 100, "vms": 10
+            "gpus": {"H100": 8}, "vcpus": 100, "memory_gib": 100, "vms": 10, "disk_gib": 1000
         }))
         .unwrap();
         match u.check(&quota, "t") {

@@ -41,17 +41,8 @@ pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
             format!("at most {MAX_SSH_KEYS}"),
         ));
     }
-    for k in &body.ssh_keys {
-        let kind = k.split_whitespace().next().unwrap_or("");
-        if !(kind.starts_with("ssh-") || kind.starts_with("ecdsa-") || kind.starts_with("sk-"))
-            || k.len() > 8192
-            || k.contains('\n')
-        {
-            return Err(ApiError::field(
-                "ssh_keys",
-                "each key is one OpenSSH public key line",
-            ));
-        }
+    for (i, k) in body.ssh_keys.iter().enumerate() {
+        ssh_public_key(&format!("ssh_keys[{i}]"), k)?;
     }
     Ok(VmSpec {
         gpus: body.gpus,
@@ -65,4 +56,68 @@ pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
         service_level: body.service_level,
         ssh_keys: body.ssh_keys.clone(),
     })
+}
+
+/// The longest key line taken (an RSA-16384 key is about 2.8 kB).
+pub const MAX_SSH_KEY_LEN: usize = 8192;
+
+/// One OpenSSH public key line (`type base64 [comment]`), as it goes into
+/// the guest's `authorized_keys` through cloud-init: it must parse as a
+/// key of a known type, and no character of it, the comment included, may
+/// be a control character (a NUL or newline would cut or add lines there).
+pub fn ssh_public_key(field: &str, k: &str) -> Result<(), ApiError> {
+    if k.len() > MAX_SSH_KEY_LEN {
+        return Err(ApiError::field(
+            field,
+            format!("at most {MAX_SSH_KEY_LEN} bytes"),
+        ));
+    }
+    if k.chars().any(char::is_control) {
+        return Err(ApiError::field(field, "no control characters"));
+    }
+    ssh_key::PublicKey::from_openssh(k).map_err(|e| {
+        ApiError::field(
+            field,
+            format!("not an OpenSSH public key line ({e}): `ssh-ed25519 AAAA… comment`"),
+        )
+    })?;
+    Ok(())
+}
+
+/// A spec as a tenant sees it: the template's name, never where its image
+/// or kernel lies on the hosts (paths tell a tenant about the hosts'
+/// layout and are the operator's business).
+pub fn as_shown(spec: VmSpec) -> VmSpec {
+    VmSpec {
+        image_path: None,
+        kernel: None,
+        ..spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ssh_public_key;
+
+    const ED25519: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEfKZKAnUydzsiZEOKuPIAY7Nck1wiFzauveaJjZfhrF me@lab";
+    const ECDSA: &str = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBL7g8/s88qyrk3uGkDNvsSVxNVouSS+aY6WGW1iDOmqHGeBrZYGvMoOZqPPubt9RZa7RLsVHk+ZZwUb3WZeyE/0= root@vm";
+
+    #[test]
+    fn keys_are_parsed_not_guessed() {
+        assert!(ssh_public_key("k", ED25519).is_ok());
+        assert!(ssh_public_key("k", ECDSA).is_ok());
+        for bad in [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0 me@lab",
+            "ssh-ed25519",
+            "not a key",
+            "",
+            &ED25519.replace("me@lab", "me\0lab"),
+            &ED25519.replace("me@lab", "me\nssh-rsa AAAA x"),
+            &ED25519.replace("me@lab", "me\u{1b}[2Jlab"),
+            &format!("{ED25519}{}", "x".repeat(9000)),
+        ] {
+            assert!(ssh_public_key("k", bad).is_err(), "{bad:?}");
+        }
+    }
 }

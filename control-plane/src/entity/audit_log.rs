@@ -14,6 +14,7 @@ pub struct Model {
     pub target: String,
     pub source_ip: String,
     pub request_id: String,
+    pub client_request_id: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

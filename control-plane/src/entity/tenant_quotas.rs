@@ -9,6 +9,8 @@ pub struct Model {
     pub memory_gib: i64,
     pub vms: i64,
     pub segments: i64,
+    pub disk_gib: i64,
+    pub roce_segments: i64,
     pub public_ips: i64,
     pub updated_at: DateTimeUtc,
 }

@@ -151,6 +151,7 @@ enum DevicePolled {
 
 async fn poll(
     State(st): State<AppState>,
+    origin: crate::context::Origin,
     crate::http::extract::Json(body): crate::http::extract::Json<DevicePoll>,
 ) -> Result<axum::Json<DevicePolled>, ApiError> {
     let id = crate::app::auth::hash_secret(&body.handle);
@@ -228,7 +229,7 @@ async fn poll(
         .ok_or_else(|| ApiError::Internal("the admitted user vanished".into()))?;
     let minted = crate::app::tokens::mint_for(
         &st,
-        &crate::http::portal::ctx_of(&st, &user),
+        &crate::http::portal::ctx_of(&user, origin),
         &user,
         kumo_api_types::TokenCreate {
             description: Some("kumo login --device".into()),

@@ -9,9 +9,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
-use crate::app::hosts::Origin;
-use crate::context::Caller;
-use crate::context::{Actor, AppState};
+use crate::context::{Actor, AppState, Caller, Origin};
 use crate::error::ApiError;
 
 /// `axum::Json` with RFC 9457 rejections.
@@ -90,12 +88,10 @@ impl FromRequestParts<AppState> for Actor {
                 ))
             }
         };
-        Ok(Actor {
+        Ok(Actor::new(
             caller,
-            request_id: request_id(parts),
-            source_ip: source_ip(parts),
-            at: state.config.clock.now(),
-        })
+            Origin::from_request_parts(parts, state).await?,
+        ))
     }
 }
 
@@ -125,13 +121,13 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<Result<&str, &'st
     )
 }
 
-pub fn request_id(parts: &Parts) -> String {
+/// A request id header as the request-id layer left it.
+fn header(parts: &Parts, name: &str) -> Option<String> {
     parts
         .headers
-        .get(REQUEST_ID_HEADER)
+        .get(name)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned()
+        .map(str::to_owned)
 }
 
 /// The client's address, as the audit log records it.
@@ -143,8 +139,7 @@ pub fn source_ip(parts: &Parts) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Where an unauthenticated request (an agent registering) came from,
-/// and when: what its audit entry records.
+/// Where a request came from, and when: what its audit entry records.
 impl FromRequestParts<AppState> for Origin {
     type Rejection = ApiError;
 
@@ -154,7 +149,11 @@ impl FromRequestParts<AppState> for Origin {
     ) -> Result<Self, Self::Rejection> {
         Ok(Origin {
             source_ip: source_ip(parts),
-            request_id: request_id(parts),
+            request_id: header(parts, REQUEST_ID_HEADER).unwrap_or_default(),
+            client_request_id: header(
+                parts,
+                crate::http::middleware::request_ids::CLIENT_REQUEST_ID_HEADER,
+            ),
             at: state.config.clock.now(),
         })
     }

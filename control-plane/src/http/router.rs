@@ -9,7 +9,6 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::Router;
 use tower::ServiceBuilder;
 use tower_http::compression::CompressionLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
@@ -40,19 +39,22 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
         .layer(
             ServiceBuilder::new()
-                .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+                .layer(from_fn(middleware::request_ids::layer))
                 .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
-                    let request_id = req
-                        .headers()
-                        .get(crate::http::extract::REQUEST_ID_HEADER)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("");
-                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id)
+                    let header = |name| {
+                        req.headers()
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                    };
+                    let request_id = header(crate::http::extract::REQUEST_ID_HEADER);
+                    let client_request_id =
+                        header(middleware::request_ids::CLIENT_REQUEST_ID_HEADER);
+                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id, client_request_id)
                 })
                 // One access-log line per request, with status and latency.
                 .on_response(DefaultOnResponse::new().level(Level::INFO))
                 .on_failure(DefaultOnFailure::new().level(Level::WARN)))
-                .layer(PropagateRequestIdLayer::x_request_id())
                 // Outside the normaliser, which must read bodies uncompressed.
                 .layer(CompressionLayer::new())
                 .layer(from_fn(middleware::problems::layer))

@@ -515,7 +515,25 @@ pub(crate) async fn identity_of(
             identity.affiliation = identity.affiliation.or(text("affiliation"));
         }
     }
-    Ok(identity)
+    Ok(identity.cleaned())
+}
+
+impl Identity {
+    /// What an institution says about a person is outside data: names and
+    /// affiliations lose their control characters and are bounded (a
+    /// login is not refused over a provider's odd display name); an
+    /// e-mail address that is not a clean one is dropped, so it can
+    /// neither be stored nor pass a domain check.
+    fn cleaned(self) -> Identity {
+        use crate::domain::names;
+        Identity {
+            email: self.email.filter(|e| names::email("email", e).is_ok()),
+            name: self.name.map(|n| names::cleaned(&n, 200)),
+            eppn: self.eppn.map(|n| names::cleaned(&n, 254)),
+            affiliation: self.affiliation.map(|n| names::cleaned(&n, 1000)),
+            ..self
+        }
+    }
 }
 
 fn constant_time_eq(a: &str, b: &str) -> bool {

@@ -244,12 +244,17 @@ pub async fn page(
     Ok(query.limit(paging.fetch()).all(db).await?)
 }
 
-/// How many segments a tenant has.
-pub async fn count_of(db: &impl ConnectionTrait, tenant: Uuid) -> Result<u64, ApiError> {
-    Ok(segments::Entity::find()
-        .filter(segments::Column::TenantId.eq(tenant))
-        .count(db)
-        .await?)
+/// How many segments a tenant has (of one kind, or all).
+pub async fn count_of(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    kind: Option<SegmentKind>,
+) -> Result<u64, ApiError> {
+    let mut q = segments::Entity::find().filter(segments::Column::TenantId.eq(tenant));
+    if let Some(k) = kind {
+        q = q.filter(segments::Column::Kind.eq(k.to_text()));
+    }
+    Ok(q.count(db).await?)
 }
 
 /// A tenant's segment by exact name.

@@ -27,6 +27,8 @@ pub async fn load(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Quota, A
         q.memory_gib = to_u32(b.memory_gib);
         q.vms = to_u32(b.vms);
         q.segments = to_u32(b.segments);
+        q.disk_gib = to_u32(b.disk_gib);
+        q.roce_segments = to_u32(b.roce_segments);
         q.public_ips = to_u32(b.public_ips);
     }
     q.gpus = gpus

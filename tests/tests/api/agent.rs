@@ -44,7 +44,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         disk_gib: Some(10),
         template: None,
         service_level: Default::default(),
-        ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0 user@lab".into()],
+        ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEfKZKAnUydzsiZEOKuPIAY7Nck1wiFzauveaJjZfhrF user@lab".into()],
         networks: Vec::new(),
     }
 }
@@ -125,6 +125,14 @@ on_both_backends! {
         let user = std::process::Command::new("isoinfo").args(["-J", "-x", "/user-data", "-i"]).arg(&seed).output().unwrap();
         let user = String::from_utf8_lossy(&user.stdout);
         assert!(user.starts_with("#cloud-config") && user.contains("ssh-ed25519 AAAAC3Nz"), "{user}");
+        // No other local user reads a tenant's disk or keys: the files are
+        // 0600, the sources of the seed 0700, the VM's directory unlistable.
+        let vm_dir = state_dir.join(format!("vms/{}", v.id));
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&vm_dir.join("disk.qcow2")), 0o600);
+        assert_eq!(mode(&seed), 0o600);
+        assert_eq!(mode(&vm_dir.join("cidata")), 0o700);
+        assert_eq!(mode(&vm_dir), 0o711);
 
         // A second pass changes nothing.
         let before = changes(&agent);

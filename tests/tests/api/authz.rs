@@ -530,7 +530,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
             Some(json!({"amount": "100", "expires_at": Utc::now() + Duration::days(30)}))
         }
         ("PUT", "/api/v1/tenants/{tenant}/quota") => Some(
-            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "segments": 100, "gpus": {"H100-SXM5-80GB": 8}}),
+            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "disk_gib": 10000, "segments": 100, "roce_segments": 10, "gpus": {"H100-SXM5-80GB": 8}}),
         ),
         ("POST", "/api/v1/users") => Some(json!({"name": format!("user-{n}")})),
         ("POST", "/api/v1/users/{user}/disable")

@@ -502,6 +502,7 @@ async fn a_restart_mid_period_changes_no_total() {
                 vcpus: 8,
                 memory_gib: 8,
                 vms: 2,
+                disk_gib: 200,
                 ..Default::default()
             },
         )

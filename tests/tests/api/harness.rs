@@ -175,7 +175,9 @@ impl TestServer {
             vcpus: 100_000,
             memory_gib: 1_000_000,
             vms: 1_000,
+            disk_gib: 1_000_000,
             segments: 1_000,
+            roce_segments: 1_000,
             ..Default::default()
         };
         for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {

@@ -1,6 +1,7 @@
 //! The noisy neighbour: tenant A does its worst against the shared parts
 //! (every reserved address range, segments past its quota, a segment its
-//! hosts cannot set up, a stolen join token used to take a host over)
+//! hosts cannot set up, a VM its host cannot build, a stolen join token
+//! used to take a host over)
 //! while tenant B's VMs on the same hosts are created, reach `running`,
 //! stop and are deleted in their usual time. Real `kumo-agent` processes
 //! (libvirt `test:///`), tenant networks in network namespaces, on SQLite
@@ -141,6 +142,19 @@ async fn noisy_neighbour(backend: Backend) {
         ]);
     }
     a.create_vm("noisy", &vm("stuck", "seg-1")).await.unwrap();
+    // A VM its host cannot build: its template's image is not there.
+    let _: kumo_api_types::Template = s
+        .admin
+        .post(
+            "/api/v1/templates",
+            &serde_json::json!({"name": "broken", "image_path": "/nonexistent/base.qcow2",
+                                "os": "none", "default_user": "root"}),
+        )
+        .await
+        .unwrap();
+    let mut unbuildable = vm("unbuildable", "seg-2");
+    unbuildable.template = Some("broken".into());
+    a.create_vm("noisy", &unbuildable).await.unwrap();
 
     // A stolen join token cannot take a host's name.
     let stolen = s.join_token().await;
@@ -200,6 +214,14 @@ async fn noisy_neighbour(backend: Backend) {
     let stuck = a.vm("noisy", "stuck").await.unwrap();
     let reason = stuck.reason.unwrap_or_default();
     assert!(reason.contains("segment seg-1"), "{reason}");
+    until(&a, "noisy", &["unbuildable"], VmState::Error).await;
+    let reason = a
+        .vm("noisy", "unbuildable")
+        .await
+        .unwrap()
+        .reason
+        .unwrap_or_default();
+    assert!(reason.contains("qemu-img"), "{reason}");
     let start = Instant::now();
     loop {
         let seg = a.segment("noisy", "seg-1").await.unwrap();
@@ -221,6 +243,7 @@ async fn noisy_neighbour(backend: Backend) {
         assert_eq!(h.state.as_str(), "ready", "{}", h.name);
     }
     a.delete_vm("noisy", "stuck").await.unwrap();
+    a.delete_vm("noisy", "unbuildable").await.unwrap();
     let start = Instant::now();
     while !a.list_vms("noisy").await.unwrap().is_empty() {
         assert!(start.elapsed() < USUAL, "A's stuck VM was not deleted");

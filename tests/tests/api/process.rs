@@ -110,7 +110,7 @@ async fn binary_logs_json_with_request_ids_and_never_a_token() {
         .collect();
     let access = lines
         .iter()
-        .find(|l| l["request_id"] == "proc-req-1" || l["span"]["request_id"] == "proc-req-1")
+        .find(|l| l["span"]["client_request_id"] == "proc-req-1")
         .unwrap_or_else(|| panic!("no log line carries the request id: {stderr}"));
     assert_eq!(access["level"], "INFO");
 

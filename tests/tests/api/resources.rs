@@ -298,7 +298,9 @@ on_both_backends! {
             vcpus: 256,
             memory_gib: 2048,
             vms: 16,
+            disk_gib: 800,
             segments: 4,
+            roce_segments: 2,
             public_ips: 2,
             ..Quota::default()
         };
@@ -341,20 +343,34 @@ on_both_backends! {
         assert!(!mine.is_empty());
         assert!(mine.iter().all(|e| e.tenant.as_deref() == Some("alpha")));
         assert_eq!(owner.audit(Some("beta"), 100).await.unwrap_err().status(), Some(404));
-        // The request id in the log is the one the client saw.
-        let resp = s
-            .http()
-            .patch(format!("{}/api/v1/tenants/alpha", s.url))
-            .bearer_auth(&s.admin_token)
-            .header("x-request-id", "req-audit-1")
-            .json(&TenantUpdate { display_name: None, description: Some("x".into()) })
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.headers()["x-request-id"], "req-audit-1");
+        // The request id in the log is the server's, the one the client
+        // saw in the answer; the client's own id is kept beside it.
+        let send = |id: &'static str| {
+            s.http()
+                .patch(format!("{}/api/v1/tenants/alpha", s.url))
+                .bearer_auth(&s.admin_token)
+                .header("x-request-id", id)
+                .json(&TenantUpdate { display_name: None, description: Some("x".into()) })
+                .send()
+        };
+        let resp = send("req-audit-1").await.unwrap();
+        let server_id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert_ne!(server_id, "req-audit-1", "a client must not name the server's request");
+        assert!(uuid::Uuid::parse_str(&server_id).is_ok(), "{server_id}");
+        assert_eq!(resp.headers()["x-client-request-id"], "req-audit-1");
         let newest = &s.admin.audit(Some("alpha"), 1).await.unwrap()[0];
-        assert_eq!(newest.request_id, "req-audit-1");
+        assert_eq!(newest.request_id, server_id);
+        assert_eq!(newest.client_request_id.as_deref(), Some("req-audit-1"));
         assert_eq!(newest.actor, "admin");
+        // Two requests with the same client id are still two requests; a
+        // client id with a control character is not kept at all.
+        let again = send("req-audit-1").await.unwrap();
+        assert_ne!(again.headers()["x-request-id"].to_str().unwrap(), server_id);
+        let dirty = send("req\tx").await.unwrap();
+        assert_eq!(dirty.status(), 200);
+        assert!(dirty.headers().get("x-client-request-id").is_none());
+        let newest = &s.admin.audit(Some("alpha"), 1).await.unwrap()[0];
+        assert_eq!(newest.client_request_id, None);
     }
 
     async fn lists_are_paginated(s: &TestServer) {

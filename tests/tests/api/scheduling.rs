@@ -67,7 +67,7 @@ on_both_backends! {
 
     async fn concurrent_requests_never_exceed_the_quota(s: &TestServer) {
         s.bare_tenant("lab").await;
-        let mut q = Quota { vcpus: 1000, memory_gib: 10_000, vms: 100, ..Default::default() };
+        let mut q = Quota { vcpus: 1000, memory_gib: 10_000, vms: 100, disk_gib: 100_000, ..Default::default() };
         q.gpus.insert(H100.into(), 3);
         s.quota("lab", &q).await;
         let _agent = s.sim_agent("gpu-1", "hgx-h100").await;
@@ -93,7 +93,7 @@ on_both_backends! {
         }
         assert_eq!(ok, 3);
         // vCPUs count too, and CPU-only VMs.
-        let mut q = Quota { vcpus: 30, memory_gib: 10_000, vms: 100, ..Default::default() };
+        let mut q = Quota { vcpus: 30, memory_gib: 10_000, vms: 100, disk_gib: 100_000, ..Default::default() };
         q.gpus.insert(H100.into(), 3);
         s.quota("lab", &q).await;
         let e = s.admin.post::<_, Vm>("/api/v1/tenants/lab/vms", &vm("cpu", 0, ServiceLevel::Guaranteed)).await.unwrap_err();

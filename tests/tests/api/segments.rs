@@ -296,13 +296,10 @@ async fn segments_and_vms(s: &TestServer) {
 }
 
 
-/// Hosts with an underlay address get, in their desired state, every
-/// segment with a VM of theirs: the other hosts with VMs on it (flood
-/// list) and those VMs (static entries); agents waiting on a long poll
-/// hear of VMs arriving and leaving elsewhere.
-/// One tenant cannot drain the shared VNI and RoCE VLAN pools: segments
-/// count against the tenant's quota (zero for a new tenant), and one
-/// tenant at its limit leaves the others untouched.
+/// One tenant cannot drain the shared VNI and RoCE VLAN pools: segments,
+/// and RoCE segments among them, count against the tenant's quota (zero
+/// for a new tenant), and one tenant at its limit leaves the others
+/// untouched.
 async fn segments_are_within_the_tenant_quota(s: &TestServer) {
     s.bare_tenant("greedy").await;
     s.tenant("neighbour").await;
@@ -319,6 +316,11 @@ async fn segments_are_within_the_tenant_quota(s: &TestServer) {
     let e = post("greedy", "first-net".into(), SegmentKind::Ethernet).await.unwrap_err();
     assert_eq!(e.problem().unwrap().kind, "/problems/quota-exceeded", "a new tenant has none");
     s.quota("greedy", &kumo_api_types::Quota { segments: 1, ..Default::default() }).await;
+    // Room for a segment, but none for a RoCE VLAN.
+    let e = post("greedy", "net-r".into(), SegmentKind::Roce).await.unwrap_err();
+    let p = e.problem().unwrap();
+    assert_eq!((p.kind.as_str(), p.resource.as_deref()), ("/problems/quota-exceeded", Some("roce_segments")));
+    s.quota("greedy", &kumo_api_types::Quota { segments: 1, roce_segments: 1, ..Default::default() }).await;
     post("greedy", "net-a".into(), SegmentKind::Roce).await.unwrap();
     for (i, kind) in [SegmentKind::Roce, SegmentKind::Ethernet].into_iter().enumerate() {
         let e = post("greedy", format!("net-c{i}"), kind).await.unwrap_err();
@@ -335,6 +337,10 @@ async fn segments_are_within_the_tenant_quota(s: &TestServer) {
     post("greedy", "net-d".into(), SegmentKind::Ethernet).await.unwrap();
 }
 
+/// Hosts with an underlay address get, in their desired state, every
+/// segment with a VM of theirs: the other hosts with VMs on it (flood
+/// list) and those VMs (static entries); agents waiting on a long poll
+/// hear of VMs arriving and leaving elsewhere.
 async fn host_networks(s: &TestServer) {
     s.tenant("lab").await;
     let mut h1 = s.sim_agent_at("net-1", "cpu-only", "192.0.2.1").await;
@@ -723,6 +729,68 @@ async fn concurrent_segments_never_share_a_vni_postgres() {
     }
     assert_eq!(vnis.len(), 20);
     assert!(vnis.iter().all(|v| *v >= 4096), "{vnis:?}");
+    s.stop().await;
+}
+
+/// The segment quota holds under concurrency on PostgreSQL: twelve
+/// creations at once, RoCE and Ethernet, for a tenant allowed five
+/// segments of which two RoCE: exactly five are made, at most two of
+/// them RoCE, and every refusal names the limit it met.
+#[tokio::test]
+async fn concurrent_segments_stay_within_the_quota_postgres() {
+    let s = TestServer::start(Backend::Postgres).await;
+    s.bare_tenant("lab").await;
+    s.quota(
+        "lab",
+        &kumo_api_types::Quota {
+            segments: 5,
+            roce_segments: 2,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let c = s.admin.clone();
+        let kind = if i % 2 == 0 {
+            SegmentKind::Roce
+        } else {
+            SegmentKind::Ethernet
+        };
+        tasks.push(tokio::spawn(async move {
+            c.post::<_, Segment>(
+                "/api/v1/tenants/lab/segments",
+                &seg(&format!("q-{i}"), kind, "10.1.0.0/24"),
+            )
+            .await
+        }));
+    }
+    let mut made = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(seg) => made.push(seg),
+            Err(e) => {
+                let p = e.problem().unwrap();
+                assert_eq!(p.kind, "/problems/quota-exceeded", "{p:?}");
+                assert!(
+                    matches!(p.resource.as_deref(), Some("segments" | "roce_segments")),
+                    "{p:?}"
+                );
+            }
+        }
+    }
+    let listed: kumo_api_types::Page<Segment> = s
+        .admin
+        .get("/api/v1/tenants/lab/segments?limit=100")
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), made.len());
+    assert!(made.len() <= 5, "{} segments past a quota of 5", made.len());
+    let roce = made.iter().filter(|m| m.kind == SegmentKind::Roce).count();
+    assert!(roce <= 2, "{roce} RoCE segments past a quota of 2");
+    // Six of each asked: the quota fills rather than refusing what fits
+    // (an Ethernet segment is refused only when five are made).
+    assert_eq!(made.len(), 5);
     s.stop().await;
 }
 

@@ -296,6 +296,24 @@ async fn federated_login_with_two_institutions() {
         users.iter().filter(|u| u.name.starts_with("aiko")).count(),
         1
     );
+    // What a provider says is outside data: a display name with terminal
+    // escapes is stored without them; an address with one is no address.
+    let m = browser();
+    let back = through_provider(&m, &kumo, "uni-a", &ia, "mallory#Mal\u{1b}[2Jlory\u{7}").await;
+    assert_eq!(m.get(&back).send().await.unwrap().status(), 302);
+    let (_, me) = session(&m, &kumo).await;
+    assert_eq!(me["display_name"], "Mal [2Jlory", "{me}");
+    let e = browser();
+    let back = through_provider(&e, &kumo, "uni-a", &ia, "eve\u{1b}x").await;
+    assert_eq!(e.get(&back).send().await.unwrap().status(), 403);
+    let users: Vec<kumo_api_types::User> = s.admin.list_users().await.unwrap();
+    assert!(
+        users
+            .iter()
+            .all(|u| !u.display_name.contains(char::is_control)
+                && !u.email.as_deref().unwrap_or("").contains(char::is_control)),
+        "{users:?}"
+    );
 
     // A code whose flow carries another nonce: the ID token is refused.
     let n = browser();
@@ -580,13 +598,43 @@ async fn federated_login_with_two_institutions() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 303);
-    let to = location(&r);
+    // The token comes back in a form that posts it to the loopback
+    // port: never in a URL (a redirect would leave it in the history).
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("location").is_none());
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    let page = r.text().await.unwrap();
+    let field = |name: &str| {
+        page.split(&format!("name=\"{name}\" value=\""))
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("no {name} in {page}"))
+            .to_owned()
+    };
+    let loopback = format!("http://127.0.0.1:{}/", query["port"]);
     assert!(
-        to.starts_with(&format!("http://127.0.0.1:{}/?state=", query["port"])),
-        "{to}"
+        page.contains(&format!(
+            "method=\"post\" action=\"{loopback}\" data-autosubmit"
+        )),
+        "{page}"
     );
-    let r = again.get(&to).send().await.unwrap();
+    assert_eq!(field("state"), query["state"]);
+    let token = field("token");
+    assert!(token.starts_with("kumo_"));
+    // The listener takes no token from a URL.
+    let r = reqwest::get(format!("{loopback}?state={}&token={token}", query["state"]))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = reqwest::Client::new()
+        .post(&loopback)
+        .form(&[
+            ("state", query["state"].as_str()),
+            ("token", token.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let done = tokio::task::spawn_blocking(move || {
         let said: Vec<String> = lines.map_while(Result::ok).collect();
@@ -789,6 +837,18 @@ async fn portal_pages_act_through_the_api() {
         .await
         .unwrap();
     assert_eq!(seg.ingress.len(), 2);
+    // The audit log records the browser's address and a request id the
+    // server made, not a placeholder.
+    let entry = &s.admin.audit(Some("vision"), 1).await.unwrap()[0];
+    assert_eq!(
+        (entry.action.as_str(), entry.actor.as_str()),
+        ("segment.create", "aiko")
+    );
+    assert_eq!(entry.source_ip, "127.0.0.1");
+    assert!(
+        uuid::Uuid::parse_str(&entry.request_id).is_ok(),
+        "{entry:?}"
+    );
     let (status, page) = get(&a, &u("/t/vision/segments")).await;
     assert_eq!(status, 200);
     assert!(

@@ -20,7 +20,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         disk_gib: None,
         template: None,
         service_level: Default::default(),
-        ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0 user@lab".into()],
+        ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEfKZKAnUydzsiZEOKuPIAY7Nck1wiFzauveaJjZfhrF user@lab".into()],
         networks: Vec::new(),
     }
 }
@@ -306,6 +306,14 @@ on_both_backends! {
         let mut k = vm("five", 1);
         k.ssh_keys = vec!["not a key".into()];
         assert_eq!(create(s, "lab", &k).await.unwrap_err().status(), Some(400));
+        // A NUL in the comment would cut the guest's authorized_keys; a key
+        // that only looks like one (the old prefix check took it) is refused.
+        let good = vm("x", 0).ssh_keys[0].clone();
+        for bad in [good.replace("user@lab", "user\0lab"), "ssh-ed25519 AAAAC3Nz user@lab".into()] {
+            k.ssh_keys = vec![bad];
+            let e = create(s, "lab", &k).await.unwrap_err();
+            assert_eq!(e.problem().unwrap().errors[0].field, "ssh_keys[0]", "{e:?}");
+        }
         let mut m = vm("six", 1);
         m.gpu_model = Some("A100-SXM4-40GB".into());
         assert_eq!(create(s, "lab", &m).await.unwrap_err().status(), Some(409));
@@ -317,7 +325,17 @@ on_both_backends! {
         let mut t = vm("seven", 1);
         t.template = Some("ubuntu-24-04".into());
         let v = create(s, "lab", &t).await.unwrap();
-        assert_eq!(v.spec.image_path.as_deref(), Some("/var/lib/kumo/images/ubuntu-24.04.qcow2"));
+        // The host path reaches the agent, never the tenant.
+        assert_eq!(v.spec.template.as_deref(), Some("ubuntu-24-04"));
+        assert_eq!(v.spec.image_path, None);
+        let raw: serde_json::Value = s.admin.get(&format!("/api/v1/tenants/lab/vms/{}", v.name)).await.unwrap();
+        assert!(!raw.to_string().contains("/var/lib/kumo/images"), "{raw}");
+        let (member, _) = s.user("tpl-reader").await;
+        let seen: kumo_api_types::Page<kumo_api_types::Template> = member.get("/api/v1/templates").await.unwrap();
+        assert!(!seen.items.is_empty());
+        assert!(seen.items.iter().all(|t| t.image_path.is_none() && t.kernel_path.is_none()), "{:?}", seen.items);
+        let as_admin: kumo_api_types::Page<kumo_api_types::Template> = s.admin.get("/api/v1/templates").await.unwrap();
+        assert!(as_admin.items.iter().any(|t| t.image_path.as_deref() == Some("/var/lib/kumo/images/ubuntu-24.04.qcow2")));
         let bad: Result<kumo_api_types::Template, _> = s.admin.post("/api/v1/templates", &json!({"name": "x-evil", "image_path": "relative/../x", "os": "x", "default_user": "root"})).await;
         assert_eq!(bad.unwrap_err().status(), Some(400));
     }
@@ -488,6 +506,7 @@ async fn a_restarted_server_loses_nothing() {
         vcpus: 64,
         memory_gib: 1024,
         vms: 4,
+        disk_gib: 1000,
         ..Default::default()
     };
     q.gpus.insert("H100-SXM5-80GB".into(), 8);

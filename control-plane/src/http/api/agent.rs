@@ -64,7 +64,7 @@ impl FromRequestParts<AppState> for HostCaller {
 pub async fn register(
     State(st): State<AppState>,
     headers: axum::http::HeaderMap,
-    origin: crate::app::hosts::Origin,
+    origin: crate::context::Origin,
     Json(body): Json<AgentRegister>,
 ) -> Result<(StatusCode, axum::Json<AgentRegistered>), ApiError> {
     let current = crate::http::extract::bearer_token(&headers).and_then(Result::ok);

@@ -17,8 +17,7 @@ use kumo_web_portal::i18n::Lang;
 use kumo_web_portal::{diagram, ProviderItem, TenantCard, Viewer, VmRow};
 use serde::Deserialize;
 
-use crate::context::Actor;
-use crate::context::AppState;
+use crate::context::{Actor, AppState, Origin};
 use crate::error::ApiError;
 use crate::http::sso::{check_csrf, cookie, safe_next, session_of};
 
@@ -77,13 +76,17 @@ async fn login(
     r
 }
 
-async fn dashboard(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn dashboard(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    origin: Origin,
+) -> Result<Response, ApiError> {
     let Some((session, user)) = session_of(&st, &headers).await? else {
         return Ok((StatusCode::SEE_OTHER, [(LOCATION, "/login?next=/")]).into_response());
     };
     // Usage of all of them over the last 30 days.
     let from = thirty_days_from(st.config.clock.now());
-    let board = crate::app::dashboard::dashboard(&st, &ctx_of(&st, &user), from).await?;
+    let board = crate::app::dashboard::dashboard(&st, &ctx_of(&user, origin), from).await?;
     let mut cards: Vec<TenantCard> = board
         .tenants
         .into_iter()
@@ -194,10 +197,11 @@ struct CliAllow {
 }
 
 /// Allowed: an API token for the user, handed to the command's loopback
-/// port (and nowhere else).
+/// port (and nowhere else) in a form's body, never in a URL.
 async fn cli_allow(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     axum::Form(f): axum::Form<CliAllow>,
 ) -> Result<Response, ApiError> {
     check_cli(f.port, &f.state)?;
@@ -207,7 +211,7 @@ async fn cli_allow(
     check_csrf(&session.csrf, &f.csrf)?;
     let minted = crate::app::tokens::mint_for(
         &st,
-        &ctx_of(&st, &user),
+        &ctx_of(&user, origin),
         &user,
         kumo_api_types::TokenCreate {
             description: Some("kumo login".into()),
@@ -215,24 +219,51 @@ async fn cli_allow(
         },
     )
     .await?;
-    let to = format!(
-        "http://127.0.0.1:{}/?state={}&token={}",
-        f.port, f.state, minted.token
-    );
-    Ok((StatusCode::SEE_OTHER, [(LOCATION, to)]).into_response())
+    let viewer = Viewer {
+        display_name: user.display_name.clone(),
+        csrf: session.csrf,
+        is_admin: user.is_admin,
+    };
+    Ok(html(kumo_web_portal::cli_handoff_page(
+        lang(&headers),
+        &viewer,
+        f.port,
+        &f.state,
+        &minted.token,
+    )))
 }
 
 /// The API caller a session stands for: pages go through the same
 /// handlers, so they see and may do exactly what the API allows.
-pub(crate) fn ctx_of(st: &AppState, user: &crate::entity::users::Model) -> Actor {
-    Actor {
-        caller: crate::context::Caller {
+/// The audit log records the browser's address and the request's id.
+pub(crate) fn ctx_of(user: &crate::entity::users::Model, origin: Origin) -> Actor {
+    Actor::new(
+        crate::context::Caller {
             user: user.clone(),
             token_id: uuid::Uuid::nil(),
         },
-        request_id: uuid::Uuid::now_v7().to_string(),
-        source_ip: "portal".into(),
-        at: st.config.clock.now(),
+        origin,
+    )
+}
+
+/// What every listing page reads from its request: the headers (session
+/// cookie, language) and where the browser is.
+pub(crate) struct Browser {
+    pub headers: HeaderMap,
+    pub origin: Origin,
+}
+
+impl axum::extract::FromRequestParts<AppState> for Browser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Browser {
+            headers: parts.headers.clone(),
+            origin: Origin::from_request_parts(parts, st).await?,
+        })
     }
 }
 
@@ -324,13 +355,14 @@ async fn vm_choices(
 async fn vms_page(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     Path(tenant): Path<String>,
 ) -> Result<Response, ApiError> {
     let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    let ctx = ctx_of(&st, &user);
+    let ctx = ctx_of(&user, origin);
     let rows = vm_rows(&st, &ctx, &tenant).await?;
     let choices = vm_choices(&st, &ctx, &tenant).await?;
     Ok(html(kumo_web_portal::vms_page(
@@ -386,6 +418,7 @@ fn number(field: &str, v: &Option<String>) -> Result<Option<u32>, ApiError> {
 async fn create_vm(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     Path(tenant): Path<String>,
     axum::Form(f): axum::Form<CreateForm>,
 ) -> Result<Response, ApiError> {
@@ -394,7 +427,7 @@ async fn create_vm(
         Err(r) => return Ok(r),
     };
     check_csrf(&viewer.csrf, &f.csrf)?;
-    let ctx = ctx_of(&st, &user);
+    let ctx = ctx_of(&user, origin);
     let body = number("gpus", &f.gpus).and_then(|gpus| {
         Ok(kumo_api_types::VmCreate {
             name: f.name.trim().to_owned(),
@@ -465,6 +498,7 @@ struct CsrfForm {
 async fn vm_action(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     Path((tenant, vm, action)): Path<(String, String, String)>,
     axum::Form(f): axum::Form<CsrfForm>,
 ) -> Result<Response, ApiError> {
@@ -475,7 +509,7 @@ async fn vm_action(
     check_csrf(&viewer.csrf, &f.csrf)?;
     let action = crate::domain::lifecycle::Action::parse(&action)
         .ok_or_else(|| ApiError::not_found(format!("action {action:?}")))?;
-    crate::app::vms::act(&st, &ctx_of(&st, &user), &tenant, &vm, action).await?;
+    crate::app::vms::act(&st, &ctx_of(&user, origin), &tenant, &vm, action).await?;
     Ok((
         StatusCode::SEE_OTHER,
         [(LOCATION, format!("/t/{tenant}/vms"))],
@@ -486,13 +520,14 @@ async fn vm_action(
 async fn vm_page(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     Path((tenant, name)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms/{name}")).await? {
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    let ctx = ctx_of(&st, &user);
+    let ctx = ctx_of(&user, origin);
     let vm = crate::app::vms::show(&st, &ctx, &tenant, &name).await?;
     let events = crate::app::vms::events(
         &st,
@@ -637,13 +672,14 @@ fn thirty_days(
 async fn billing_page(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     Path(tenant): Path<String>,
 ) -> Result<Response, ApiError> {
     let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/billing")).await? {
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    let ctx = ctx_of(&st, &user);
+    let ctx = ctx_of(&user, origin);
     let points = crate::app::billing::points(&st, &ctx, &tenant).await?;
     let now = st.config.clock.now();
     let from = thirty_days_from(now);
@@ -702,6 +738,7 @@ async fn billing_page(
 async fn statement_csv(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     Path((tenant, file)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let (_, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/billing")).await? {
@@ -713,7 +750,7 @@ async fn statement_csv(
         .ok_or_else(|| ApiError::not_found(format!("statement {file:?}")))?
         .to_owned();
     let statement =
-        crate::app::billing::statement(&st, &ctx_of(&st, &user), &tenant, &month).await?;
+        crate::app::billing::statement(&st, &ctx_of(&user, origin), &tenant, &month).await?;
     let mut r = (
         [(CONTENT_TYPE, "text/csv; charset=utf-8")],
         kumo_billing::statement::to_csv(&statement),
@@ -768,13 +805,14 @@ struct LiveVm {
 async fn vms_live(
     State(st): State<AppState>,
     headers: HeaderMap,
+    origin: Origin,
     Path(tenant): Path<String>,
 ) -> Result<Response, ApiError> {
     let Some((_, user)) = session_of(&st, &headers).await? else {
         return Err(ApiError::Unauthenticated("sign in first".into()));
     };
     let l = lang(&headers);
-    let rows = vm_rows(&st, &ctx_of(&st, &user), &tenant).await?;
+    let rows = vm_rows(&st, &ctx_of(&user, origin), &tenant).await?;
     Ok(axum::Json(
         rows.into_iter()
             .map(|v| LiveVm {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -18,7 +18,7 @@ use kumo_web_portal::i18n::{t, word, Lang, Msg};
 use kumo_web_portal::listing::{heatmap_svg, Cell, Field, Form, Input, Listing, Section};
 use kumo_web_portal::Viewer;
 
-use super::{ctx_of, html, lang, signed_in};
+use super::{ctx_of, html, lang, signed_in, Browser};
 use crate::context::AppState;
 use crate::error::ApiError;
 use crate::http::sso::check_csrf;
@@ -625,15 +625,15 @@ async fn join_tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError
 
 async fn visit(
     st: &AppState,
-    headers: &HeaderMap,
+    b: &Browser,
     page: &Page,
 ) -> Result<Result<Visit, Response>, ApiError> {
-    Ok(match signed_in(st, headers, &page.href()).await? {
+    Ok(match signed_in(st, &b.headers, &page.href()).await? {
         Ok((viewer, user)) => Ok(Visit {
             st: st.clone(),
-            lang: lang(headers),
+            lang: lang(&b.headers),
             viewer,
-            ctx: ctx_of(st, &user),
+            ctx: ctx_of(&user, b.origin.clone()),
         }),
         Err(r) => Err(r),
     })
@@ -648,8 +648,8 @@ fn render(v: &Visit, page: &Page, l: &Listing) -> Response {
     ))
 }
 
-async fn show(st: &AppState, headers: &HeaderMap, page: Page) -> Result<Response, ApiError> {
-    let v = match visit(st, headers, &page).await? {
+async fn show(st: &AppState, b: &Browser, page: Page) -> Result<Response, ApiError> {
+    let v = match visit(st, b, &page).await? {
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
@@ -825,12 +825,12 @@ enum Op {
 
 async fn post_form(
     st: &AppState,
-    headers: &HeaderMap,
+    b: &Browser,
     page: Page,
     op: Op,
     f: Fields,
 ) -> Result<Response, ApiError> {
-    let v = match visit(st, headers, &page).await? {
+    let v = match visit(st, b, &page).await? {
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
@@ -863,25 +863,25 @@ fn admin_page(kind: &str) -> Result<Page, ApiError> {
 
 async fn tenant_get(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path((tenant, kind)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    show(&st, &headers, tenant_page(&kind, tenant)?).await
+    show(&st, &b, tenant_page(&kind, tenant)?).await
 }
 
 async fn tenant_post(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path((tenant, kind)): Path<(String, String)>,
     axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
-    post_form(&st, &headers, tenant_page(&kind, tenant)?, Op::Create, f).await
+    post_form(&st, &b, tenant_page(&kind, tenant)?, Op::Create, f).await
 }
 
 /// `…/{item}/delete` and `…/{item}/remove` (members).
 async fn tenant_item_post(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path((tenant, kind, item, verb)): Path<(String, String, String, String)>,
     axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
@@ -889,66 +889,66 @@ async fn tenant_item_post(
         return Err(ApiError::not_found(format!("action {verb:?}")));
     }
     let page = tenant_page(&kind, tenant)?;
-    post_form(&st, &headers, page, Op::Delete(item), f).await
+    post_form(&st, &b, page, Op::Delete(item), f).await
 }
 
-async fn tokens_get(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    show(&st, &headers, Page::Tokens).await
+async fn tokens_get(State(st): State<AppState>, b: Browser) -> Result<Response, ApiError> {
+    show(&st, &b, Page::Tokens).await
 }
 
 async fn tokens_post(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
-    post_form(&st, &headers, Page::Tokens, Op::Create, f).await
+    post_form(&st, &b, Page::Tokens, Op::Create, f).await
 }
 
 async fn token_revoke(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path(id): Path<String>,
     axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
-    post_form(&st, &headers, Page::Tokens, Op::Delete(id), f).await
+    post_form(&st, &b, Page::Tokens, Op::Delete(id), f).await
 }
 
 async fn admin_get(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path(kind): Path<String>,
 ) -> Result<Response, ApiError> {
-    show(&st, &headers, admin_page(&kind)?).await
+    show(&st, &b, admin_page(&kind)?).await
 }
 
 async fn admin_post(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path(kind): Path<String>,
     axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
-    post_form(&st, &headers, admin_page(&kind)?, Op::Create, f).await
+    post_form(&st, &b, admin_page(&kind)?, Op::Create, f).await
 }
 
 /// `/admin/{kind}/{item}/revoke`: join tokens are the one such list.
 async fn admin_item_post(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path((kind, item, verb)): Path<(String, String, String)>,
     axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
     if verb != "revoke" {
         return Err(ApiError::not_found(format!("action {verb:?}")));
     }
-    post_form(&st, &headers, admin_page(&kind)?, Op::Delete(item), f).await
+    post_form(&st, &b, admin_page(&kind)?, Op::Delete(item), f).await
 }
 
 async fn host_get(
     State(st): State<AppState>,
-    headers: HeaderMap,
+    b: Browser,
     Path(host): Path<String>,
 ) -> Result<Response, ApiError> {
-    show(&st, &headers, Page::Host(host)).await
+    show(&st, &b, Page::Host(host)).await
 }
 
 pub fn routes() -> Router<AppState> {
