@@ -316,7 +316,7 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
     let _: Value = admin
         .put(
             "/api/v1/tenants/churn/quota",
-            &json!({"gpus": {"H100-SXM5-80GB": 1000}, "vcpus": 10000, "memory_gib": 10000, "vms": 1000}),
+            &json!({"gpus": {"H100-SXM5-80GB": 1000}, "vcpus": 10000, "memory_gib": 10000, "vms": 1000, "disk_gib": 1000000}),
         )
         .await
         .unwrap();
