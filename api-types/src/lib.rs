@@ -450,6 +450,10 @@ pub struct Host {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub underlay_ip: Option<Ipv4Addr>,
+    /// An edge host's interface towards the provider network: segments'
+    /// gateways and public addresses may be placed there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_uplink: Option<String>,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat_at: DateTime<Utc>,
 }
@@ -602,6 +606,18 @@ pub struct SegmentCreate {
     /// network always may; from anywhere else, only what a rule allows.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingress: Vec<IngressRule>,
+    /// Whether the VMs reach outside through the segment's gateway
+    /// (SNAT to a public address). Default: on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<bool>,
+}
+
+/// What may change of a segment after it is made.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -701,6 +717,138 @@ pub struct Segment {
     /// wait (shown in their `reason`) while the host's other work goes on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<SegmentFault>,
+    /// VMs reach outside through the gateway.
+    #[serde(default)]
+    pub egress: bool,
+    /// Where the segment's gateway, egress and public addresses live: an
+    /// edge host, once the segment needs one and one is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge: Option<SegmentEdge>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SegmentEdge {
+    pub host: String,
+    /// The public address the VMs' outbound traffic leaves from (VMs with
+    /// a floating address leave from that instead); none while the pools
+    /// have no free address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snat_address: Option<String>,
+}
+
+// ---------------------------------------------------------------- public networking
+
+/// A provider network's addresses, for edges to carry (platform admins).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublicIpPoolCreate {
+    pub name: String,
+    /// The provider network, e.g. `203.0.113.0/24`.
+    pub cidr: String,
+    /// Its router: where edges send what leaves.
+    pub gateway: String,
+    /// `FIRST-LAST`: the addresses Kumo hands out. Default: every host
+    /// address of `cidr` but the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PublicIpPool {
+    pub id: Uuid,
+    pub name: String,
+    pub cidr: String,
+    pub gateway: String,
+    pub first: String,
+    pub last: String,
+    /// Addresses in `first..=last`.
+    pub size: u32,
+    /// Addresses in use: tenants' and segment edges'.
+    pub used: u32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Allocate a public address to the tenant (members; within the
+/// `public_ips` quota).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublicIpAllocate {
+    /// Default: the first pool with a free address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+}
+
+/// Which NIC: a VM and, for a VM on several segments, the segment.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublicIpAttach {
+    pub vm: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
+}
+
+/// A NIC a public address leads to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NicRef {
+    pub vm: String,
+    pub segment: String,
+    pub ip: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PublicIp {
+    pub id: Uuid,
+    pub address: String,
+    pub pool: String,
+    pub tenant: String,
+    /// The NIC it is the 1:1 floating address of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<NicRef>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardProtocol {
+    Tcp,
+    Udp,
+}
+
+impl ForwardProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForwardProtocol::Tcp => "tcp",
+            ForwardProtocol::Udp => "udp",
+        }
+    }
+}
+
+/// `public_ip:public_port/protocol` → the VM's NIC's `private_port`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortForwardCreate {
+    /// One of the tenant's public addresses, not attached to a NIC.
+    pub public_ip: String,
+    pub protocol: ForwardProtocol,
+    pub public_port: u16,
+    pub vm: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
+    pub private_port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PortForward {
+    pub id: Uuid,
+    pub tenant: String,
+    pub public_ip: String,
+    pub protocol: ForwardProtocol,
+    pub public_port: u16,
+    pub to: NicRef,
+    pub private_port: u16,
     pub created_at: DateTime<Utc>,
 }
 
@@ -1001,6 +1149,10 @@ pub struct AgentRegister {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub underlay_ip: Option<Ipv4Addr>,
+    /// The interface towards the provider network, for an edge host
+    /// (`kumo-agent --edge-uplink IFACE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_uplink: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::Level;
 
-/// `gpu:<model>` (per GPU), `vcpu`, `memory_gib`, `disk_gib`.
+/// `gpu:<model>` (per GPU), `vcpu`, `memory_gib`, `disk_gib`,
+/// `public_ip` (per address held).
 pub type Class = String;
 
 pub fn gpu_class(model: &str) -> Class {
@@ -20,6 +21,7 @@ pub fn gpu_class(model: &str) -> Class {
 pub const VCPU: &str = "vcpu";
 pub const MEMORY_GIB: &str = "memory_gib";
 pub const DISK_GIB: &str = "disk_gib";
+pub const PUBLIC_IP: &str = "public_ip";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Price {

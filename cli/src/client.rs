@@ -4,9 +4,9 @@
 use kumo_api_types::{
     AuditEntry, Cluster, ClusterCreate, GrantCreate, Host, HostDetail, JoinTokenCreate,
     JoinTokenCreated, JoinTokenInfo, Me, Member, MemberPut, Page, PointGrant, Points, Problem,
-    Quota, RateCardPut, Rates, Segment, SegmentCreate, SegmentIngress, Statement, Template,
-    TemplateCreate, Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated, TokenInfo,
-    Usage, UsageGroup, User, UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
+    Quota, RateCardPut, Rates, Segment, SegmentCreate, SegmentIngress, SegmentUpdate, Statement,
+    Template, TemplateCreate, Tenant, TenantCreate, TenantUpdate, TokenCreate, TokenCreated,
+    TokenInfo, Usage, UsageGroup, User, UserCreate, Vm, VmCreate, VmEvent, PROBLEM_JSON,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -457,6 +457,23 @@ impl Client {
             segment(tenant),
             segment(name)
         ))
+        .await
+    }
+
+    pub async fn update_segment(
+        &self,
+        tenant: &str,
+        name: &str,
+        body: &SegmentUpdate,
+    ) -> Result<Segment, ClientError> {
+        self.patch(
+            &format!(
+                "/api/v1/tenants/{}/segments/{}",
+                segment(tenant),
+                segment(name)
+            ),
+            body,
+        )
         .await
     }
 

@@ -10,8 +10,9 @@ use anyhow::{anyhow, bail, Context};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kumo_api_types::{
     Cluster, ClusterCreate, IngressRule, JoinTokenCreate, MemberPut, NetworkRequest, Quota, Role,
-    Segment, SegmentCreate, SegmentIngress, SegmentKind, ServiceLevel, TemplateCreate,
-    TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate, VmState,
+    Segment, SegmentCreate, SegmentIngress, SegmentKind, SegmentUpdate, ServiceLevel,
+    TemplateCreate, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate,
+    VmState,
 };
 
 use crate::client::Client;
@@ -429,6 +430,18 @@ pub enum SegmentCmd {
         /// `tcp:22:0.0.0.0/0`, `icmp:10.0.0.0/8`; repeat for more.
         #[arg(long, value_parser = parse_ingress)]
         allow: Vec<IngressRule>,
+        /// No way out: the VMs reach only the segment (and what reaches
+        /// them through public addresses).
+        #[arg(long)]
+        no_egress: bool,
+    },
+    /// Switch a segment's egress (VMs reaching outside through its gateway).
+    Update {
+        segment: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long, value_parser = clap::value_parser!(bool))]
+        egress: Option<bool>,
     },
     /// Replace a segment's ingress rules (none: only the segment itself).
     Ingress {
@@ -464,7 +477,7 @@ pub enum SegmentKindArg {
 
 fn segments_table(segs: &[Segment]) -> String {
     let mut t = Table::new(&[
-        "name", "kind", "cidr", "gateway", "mtu", "vni", "vms", "ingress",
+        "name", "kind", "cidr", "gateway", "mtu", "vni", "vms", "egress", "ingress",
     ]);
     for s in segs {
         t.row(vec![
@@ -478,6 +491,14 @@ fn segments_table(segs: &[Segment]) -> String {
             s.mtu.to_string(),
             s.vni.to_string(),
             s.attachments.to_string(),
+            match (&s.edge, s.egress) {
+                (_, false) => "off".into(),
+                (Some(e), true) => e
+                    .snat_address
+                    .clone()
+                    .unwrap_or_else(|| "waiting for an address".into()),
+                (None, true) => "waiting for an edge".into(),
+            },
             if s.ingress.is_empty() {
                 "segment only".into()
             } else {
@@ -516,6 +537,7 @@ async fn segment_cmd(
             gateway,
             mtu,
             allow,
+            no_egress,
         } => {
             let s = c
                 .create_segment(
@@ -530,6 +552,7 @@ async fn segment_cmd(
                         gateway: gateway.clone(),
                         mtu: *mtu,
                         ingress: allow.clone(),
+                        egress: no_egress.then_some(false),
                     },
                 )
                 .await?;
@@ -541,6 +564,19 @@ async fn segment_cmd(
         }
         SegmentCmd::Show { segment, tenant } => {
             let s = c.segment(&tenant.tenant, segment).await?;
+            print_one(out, fmt, &s, || segments_table(std::slice::from_ref(&s)))?;
+        }
+        SegmentCmd::Update {
+            segment,
+            tenant,
+            egress,
+        } => {
+            if egress.is_none() {
+                bail!("nothing to change: give --egress true|false");
+            }
+            let s = c
+                .update_segment(&tenant.tenant, segment, &SegmentUpdate { egress: *egress })
+                .await?;
             print_one(out, fmt, &s, || segments_table(std::slice::from_ref(&s)))?;
         }
         SegmentCmd::Ingress {

@@ -76,6 +76,7 @@ impl RunningServer {
         state.capacity.refresh_all(&state.db).await?;
         let detector = tokio::spawn(crate::app::jobs::lost_hosts::run(state.clone()));
         let reaper = tokio::spawn(crate::app::jobs::reclaimer::run(state.clone()));
+        let edge_keeper = tokio::spawn(crate::app::jobs::edge_keeper::run(state.clone()));
         let app = crate::http::router::router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let signals = state.signals.clone();
@@ -91,6 +92,7 @@ impl RunningServer {
             .await;
             detector.abort();
             reaper.abort();
+            edge_keeper.abort();
             served
         });
         Ok(RunningServer {

@@ -70,6 +70,7 @@ pub async fn register(
             scalable_unit: config.scalable_unit.clone(),
             rails: config.rails.clone(),
             underlay_ip: config.underlay_ip,
+            edge_uplink: config.edge_uplink.clone(),
         })
         .send()
         .await?;

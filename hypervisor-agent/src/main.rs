@@ -102,6 +102,10 @@ enum Command {
         /// instead of the agent's own: for simulated fleets on one machine.
         #[arg(long)]
         netns: Option<String>,
+        /// Make this an edge host: the interface towards the provider
+        /// network, where segment edges put their public addresses.
+        #[arg(long)]
+        edge_uplink: Option<String>,
         /// Milliseconds between passes that repair drift when nothing changed.
         #[arg(long, default_value_t = 3000)]
         resync_ms: u64,
@@ -147,6 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rails,
             underlay_ip,
             netns,
+            edge_uplink,
             resync_ms,
         } => {
             tracing_subscriber::fmt()
@@ -178,6 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 rails: rails.into_iter().collect(),
                 underlay_ip,
                 netns,
+                edge_uplink,
                 resync: std::time::Duration::from_millis(resync_ms.max(1)),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -35,6 +35,8 @@ pub struct AgentConfig {
     /// The network namespace tenant networks are programmed in (simulated
     /// fleets); the agent's own when `None`.
     pub netns: Option<String>,
+    /// An edge host's interface towards the provider network.
+    pub edge_uplink: Option<String>,
     /// How often a pass repairs drift between changes ([`RESYNC`]).
     pub resync: Duration,
 }
@@ -244,7 +246,14 @@ impl Agent {
                 .filter(|s| !done.failed.contains_key(&s.vni))
                 .cloned()
                 .collect(),
+            edges: want
+                .edges
+                .iter()
+                .filter(|e| !done.failed.contains_key(&e.vni))
+                .cloned()
+                .collect(),
         };
+        let edges = state.edges.clone();
         // nft runs as a child process: off the async threads.
         let netns = self.config.netns.clone();
         let rules = tokio::task::spawn_blocking(move || {
@@ -253,20 +262,34 @@ impl Agent {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("ingress filters: {e}"))?;
-        let n = changes.len() + rules;
+        // An edge host's segment edges, each on its own (an edge that
+        // fails is its segment's fault, reported like one). Not an edge
+        // host: any edge left from when it was one is removed.
+        let netns = self.config.netns.clone();
+        let uplink = self.config.edge_uplink.clone();
+        let edged = tokio::task::spawn_blocking(move || match uplink {
+            Some(up) => vxlan_manager::edge::converge(netns.as_deref(), &up, &edges),
+            None => vxlan_manager::edge::converge(netns.as_deref(), "", &[]),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut failed = done.failed;
+        failed.extend(edged.failed);
+        let n = changes.len() + rules + edged.changes;
         if n > 0 {
             self.network_changes
                 .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(
                 changes = changes.len(),
                 filter_rules = rules,
+                edge_changes = edged.changes,
                 "tenant networks converged"
             );
         }
-        for (vni, why) in &done.failed {
+        for (vni, why) in &failed {
             tracing::warn!(vni, error = %why, "segment not converged; its VMs wait, the others go on");
         }
-        Ok(done.failed)
+        Ok(failed)
     }
 
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {

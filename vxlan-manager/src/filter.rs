@@ -122,6 +122,21 @@ pub fn rules(want: &DesiredState) -> Vec<Rule> {
         let mut own: Vec<Value> = from(&f.cidr).into_iter().collect();
         own.push(json!({"accept": null}));
         chains.push(rule(&chain, Value::Array(own)));
+        // What the segment's edge routes in has passed its ingress rules
+        // there (statefully: answers to what went out pass too).
+        if let Some(gw) = f.edge_mac {
+            chains.push(rule(
+                &chain,
+                json!([
+                    matches(
+                        json!({"payload": {"protocol": "ether", "field": "saddr"}}),
+                        "==",
+                        json!(gw.to_string()),
+                    ),
+                    {"accept": null}
+                ]),
+            ));
+        }
         for a in &f.allow {
             chains.push(rule(&chain, allow_expr(a)));
         }

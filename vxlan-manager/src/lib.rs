@@ -10,6 +10,9 @@
 //! `kernel` is the netlink edge.
 
 #[cfg(feature = "kernel")]
+pub mod edge;
+pub mod edge_rules;
+#[cfg(feature = "kernel")]
 pub mod fabric;
 pub mod filter;
 #[cfg(feature = "kernel")]

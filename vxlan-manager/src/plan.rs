@@ -317,6 +317,7 @@ mod tests {
                 }],
                 filter: None,
             }],
+            edges: Vec::new(),
         }
     }
 

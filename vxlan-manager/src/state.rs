@@ -97,6 +97,10 @@ pub struct Filter {
     pub local_macs: Vec<Mac>,
     #[serde(default)]
     pub allow: Vec<Allow>,
+    /// The segment edge's gateway MAC, when it has an edge: frames from
+    /// it come from outside through the edge, which filtered them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_mac: Option<Mac>,
 }
 
 /// One ingress rule: from `source`, this protocol (and ports).
@@ -236,6 +240,101 @@ pub struct DesiredState {
     pub underlay_ip: Ipv4Addr,
     #[serde(default)]
     pub segments: Vec<Segment>,
+    /// On an edge host: the segment edges it carries (each one's segment
+    /// is among `segments`, with the edge's gateway as a local port).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edges: Vec<Edge>,
+}
+
+/// A segment's way in and out, in a network namespace of its own on an
+/// edge host: a leg on the segment's bridge answering the gateway
+/// address, a leg on the uplink carrying the public addresses, NAT between
+/// them and the segment's ingress rules applied to what comes in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Edge {
+    pub vni: u32,
+    /// The segment's network and its gateway address there.
+    pub cidr: Net,
+    pub gateway: Ipv4Addr,
+    pub mtu: u32,
+    /// The provider network's router, where what leaves is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uplink_gateway: Option<Ipv4Addr>,
+    /// Every public address the edge answers for (ARP on the uplink),
+    /// with its prefix on the provider network.
+    #[serde(default)]
+    pub public: Vec<PublicAddr>,
+    /// Egress: VMs without a floating address leave from this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snat: Option<Ipv4Addr>,
+    /// 1:1 floating addresses.
+    #[serde(default)]
+    pub floating: Vec<Floating>,
+    #[serde(default)]
+    pub forwards: Vec<Forward>,
+    /// What may come in from outside (after NAT, to the private address);
+    /// answers to what went out always may.
+    #[serde(default)]
+    pub allow: Vec<Allow>,
+    /// Names the gateway answers in DNS: the segment's VMs.
+    #[serde(default)]
+    pub hosts: Vec<DnsHost>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublicAddr {
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Floating {
+    pub public: Ipv4Addr,
+    pub private: Ipv4Addr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forward {
+    pub public: Ipv4Addr,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub private: Ipv4Addr,
+    pub private_port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsHost {
+    pub name: String,
+    pub addr: Ipv4Addr,
+}
+
+/// The MAC of a segment edge's gateway leg: the same on whichever edge
+/// host carries it (so a move changes only where the FDB points), locally
+/// administered, unique per VNI, and never one `mac_from` hands a VM
+/// (their second byte is `0x6b`).
+pub fn gateway_mac(vni: u32) -> Mac {
+    let b = vni.to_be_bytes();
+    Mac([0x02, 0x67, 0x77, b[1], b[2], b[3]])
+}
+
+/// The edge namespace of a VNI. Only names of this shape are Kumo's.
+pub fn edge_netns(vni: u32) -> String {
+    format!("kedge{vni}")
+}
+
+/// The VNI of a Kumo edge namespace's name.
+pub fn edge_vni(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("kedge")?;
+    if rest.is_empty() || rest.starts_with('0') || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let vni: u32 = rest.parse().ok()?;
+    (1..=MAX_VNI).contains(&vni).then_some(vni)
 }
 
 /// Names of the kernel objects of one VNI. Only names of these shapes are
@@ -300,6 +399,16 @@ impl DesiredState {
                 ));
             }
         }
+        let mut edged = BTreeSet::new();
+        for (i, e) in self.edges.iter().enumerate() {
+            e.check(i)?;
+            if !vnis.contains(&e.vni) || !edged.insert(e.vni) {
+                return Err(err(
+                    format!("edges[{i}].vni"),
+                    format!("{}: an edge needs its segment, once", e.vni),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -327,17 +436,152 @@ impl DesiredState {
             }
         }
         // A VNI named twice: neither copy is the segment.
-        let segments = self
+        let segments: Vec<Segment> = self
             .segments
             .iter()
             .filter(|s| !bad.contains_key(&s.vni))
             .cloned()
             .collect();
+        for (i, e) in self.edges.iter().enumerate() {
+            if let Err(why) = e.check(i) {
+                bad.insert(e.vni, why.to_string());
+            }
+        }
+        let segments: Vec<Segment> = segments
+            .into_iter()
+            .filter(|s| !bad.contains_key(&s.vni))
+            .collect();
+        let edges = self
+            .edges
+            .iter()
+            .filter(|e| !bad.contains_key(&e.vni) && segments.iter().any(|s| s.vni == e.vni))
+            .cloned()
+            .collect();
         let usable = DesiredState {
             underlay_ip: self.underlay_ip,
             segments,
+            edges,
         };
         Ok((usable, bad))
+    }
+}
+
+/// At most this many public addresses, floating addresses, forwards or
+/// DNS names per edge.
+pub const MAX_EDGE_ENTRIES: usize = 1024;
+
+fn public_unicast(ip: Ipv4Addr) -> bool {
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || ip.is_broadcast()
+        || ip.is_link_local()
+        || ip.octets()[0] >= 240)
+}
+
+/// A DNS label sequence a VM's name may be: letters, digits and hyphens.
+fn dns_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 63
+        && !n.starts_with('-')
+        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+impl Edge {
+    /// Checks one edge (the `i`-th) on its own: it belongs to one tenant's
+    /// segment, and a bad one never stops the others.
+    pub fn check(&self, i: usize) -> Result<(), StateError> {
+        let at = |f: &str| format!("edges[{i}].{f}");
+        if !(1..=MAX_VNI).contains(&self.vni) {
+            return Err(err(at("vni"), format!("{} is not a VNI", self.vni)));
+        }
+        let mask = u32::MAX
+            .checked_shl(32 - u32::from(self.cidr.len))
+            .unwrap_or(0);
+        let inside = |ip: Ipv4Addr| u32::from(ip) & mask == u32::from(self.cidr.addr);
+        let host = |ip: Ipv4Addr| {
+            inside(ip) && ip != self.cidr.addr && u32::from(ip) != u32::from(self.cidr.addr) | !mask
+        };
+        if !(8..=30).contains(&self.cidr.len) || !host(self.gateway) {
+            return Err(err(
+                at("gateway"),
+                format!("{} is not a host address of {}", self.gateway, self.cidr),
+            ));
+        }
+        if !(MIN_MTU..=MAX_MTU).contains(&self.mtu) {
+            return Err(err(at("mtu"), format!("{} is out of range", self.mtu)));
+        }
+        for (n, len) in [
+            ("public", self.public.len()),
+            ("floating", self.floating.len()),
+            ("forwards", self.forwards.len()),
+            ("hosts", self.hosts.len()),
+            ("allow", self.allow.len()),
+        ] {
+            if len > MAX_EDGE_ENTRIES {
+                return Err(err(at(n), format!("at most {MAX_EDGE_ENTRIES}")));
+            }
+        }
+        let public: BTreeSet<Ipv4Addr> = self.public.iter().map(|p| p.addr).collect();
+        for (j, p) in self.public.iter().enumerate() {
+            if !public_unicast(p.addr) || !(8..=32).contains(&p.prefix) || host(p.addr) {
+                return Err(err(
+                    format!("edges[{i}].public[{j}]"),
+                    format!("{}/{} is not a public unicast address", p.addr, p.prefix),
+                ));
+            }
+        }
+        if let Some(gw) = self.uplink_gateway.filter(|g| !public_unicast(*g)) {
+            return Err(err(at("uplink_gateway"), format!("{gw} is not unicast")));
+        }
+        let carried = |ip: Ipv4Addr| public.contains(&ip);
+        if let Some(s) = self.snat.filter(|s| !carried(*s)) {
+            return Err(err(
+                at("snat"),
+                format!("{s} is not among the public addresses"),
+            ));
+        }
+        for (j, f) in self.floating.iter().enumerate() {
+            if !carried(f.public) || !host(f.private) || f.private == self.gateway {
+                return Err(err(
+                    format!("edges[{i}].floating[{j}]"),
+                    format!(
+                        "{} → {} is not a public address to a VM's",
+                        f.public, f.private
+                    ),
+                ));
+            }
+        }
+        for (j, f) in self.forwards.iter().enumerate() {
+            if !carried(f.public)
+                || !host(f.private)
+                || f.port == 0
+                || f.private_port == 0
+                || !matches!(f.protocol, Protocol::Tcp | Protocol::Udp)
+            {
+                return Err(err(
+                    format!("edges[{i}].forwards[{j}]"),
+                    "a TCP or UDP port of a public address to a VM's port",
+                ));
+            }
+        }
+        for (j, h) in self.hosts.iter().enumerate() {
+            if !dns_name(&h.name) || !host(h.addr) {
+                return Err(err(
+                    format!("edges[{i}].hosts[{j}]"),
+                    format!("{:?} → {} is not a VM name and address", h.name, h.addr),
+                ));
+            }
+        }
+        for (j, a) in self.allow.iter().enumerate() {
+            if a.ports.is_some() && !a.protocol.has_ports() {
+                return Err(err(
+                    format!("edges[{i}].allow[{j}].ports"),
+                    "only TCP and UDP rules have ports",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

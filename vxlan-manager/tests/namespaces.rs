@@ -131,6 +131,7 @@ impl World {
         DesiredState {
             underlay_ip: World::underlay(h),
             segments,
+            edges: Vec::new(),
         }
     }
 
@@ -427,6 +428,7 @@ async fn a_segment_that_fails_never_stops_the_others() {
             // A multicast "host": a document the converger refuses.
             segment(1003, "224.0.0.1"),
         ],
+        edges: Vec::new(),
     };
     assert!(converge(&Kernel::connect(Some(&ns)).unwrap(), &want)
         .await
@@ -471,6 +473,7 @@ async fn segment_ingress_filters() {
             cidr,
             local_macs: vec![],
             allow: vec![],
+            edge_mac: None,
         },
     );
     let plan = [vm("a1", 0, 1001, 1), vm("a2", 1, 1001, 2)];

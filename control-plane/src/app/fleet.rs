@@ -46,6 +46,7 @@ fn to_api(
             .count() as u32,
         rdma_nics: topo.nics.len() as u32,
         underlay_ip: crate::app::host_network::underlay_of(h),
+        edge_uplink: h.edge_uplink.clone(),
         cpus: topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum(),
         registered_at: h.registered_at,
         last_heartbeat_at: h.last_heartbeat_at,

@@ -10,7 +10,9 @@ use kumo_api_types::{DesiredNic, SegmentKind};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
-use vxlan_manager::state::{Allow, Filter, Net};
+use vxlan_manager::state::{
+    gateway_mac, Allow, DnsHost, Edge, Filter, Floating, Forward, Net, Protocol, PublicAddr,
+};
 use vxlan_manager::{DesiredState, Endpoint, Mac, Segment};
 
 use crate::entity::{attachments, hosts, segments, vms};
@@ -38,6 +40,8 @@ pub struct SegmentInfo {
     pub cidr: Net,
     /// Its ingress rules for everything else.
     pub allow: Vec<Allow>,
+    /// Its edge's gateway MAC, when it has an edge.
+    pub edge_mac: Option<Mac>,
 }
 
 /// The host's network document: a segment per VNI with a local VM, its
@@ -91,6 +95,7 @@ pub fn network(
                 cidr: info.cidr,
                 local_macs,
                 allow: info.allow.clone(),
+                edge_mac: info.edge_mac,
             }),
         });
     }
@@ -98,6 +103,7 @@ pub fn network(
     DesiredState {
         underlay_ip: underlay,
         segments: out,
+        edges: Vec::new(),
     }
 }
 
@@ -125,16 +131,27 @@ pub async fn load(
         .all(db)
         .await?;
     let underlay = underlay_of(host);
-    if local.is_empty() {
+    // An edge host carries its edges' segments too, VMs or none.
+    let edged = if host.edge_uplink.is_some() {
+        crate::store::public_net::edges_on(db, host.id).await?
+    } else {
+        Vec::new()
+    };
+    if local.is_empty() && edged.is_empty() {
         return Ok(HostNetwork {
             network: underlay.map(|u| DesiredState {
                 underlay_ip: u,
                 segments: Vec::new(),
+                edges: Vec::new(),
             }),
             nics: HashMap::new(),
         });
     }
-    let seg_ids: BTreeSet<Uuid> = local.iter().map(|a| a.segment_id).collect();
+    let seg_ids: BTreeSet<Uuid> = local
+        .iter()
+        .map(|a| a.segment_id)
+        .chain(edged.iter().map(|s| s.id))
+        .collect();
     let segs: HashMap<Uuid, segments::Model> = segments::Entity::find()
         .filter(segments::Column::Id.is_in(seg_ids.iter().copied()))
         .all(db)
@@ -150,9 +167,16 @@ pub async fn load(
         });
     };
     let bridged = bridged(&segs)?;
-    let ports = ports(db, &bridged).await?;
+    let mut ports = ports(db, &bridged).await?;
+    ports.extend(edge_ports(db, &segs, &bridged).await?);
+    let mut net = network(host.id, underlay, &bridged, &ports);
+    for s in &edged {
+        if let Some(info) = bridged.get(&s.id) {
+            net.edges.push(edge(db, s, info).await?);
+        }
+    }
     Ok(HostNetwork {
-        network: Some(network(host.id, underlay, &bridged, &ports)),
+        network: Some(net),
         nics,
     })
 }
@@ -229,13 +253,15 @@ fn bridged(segs: &HashMap<Uuid, segments::Model>) -> Result<BTreeMap<Uuid, Segme
             "ingress",
             &crate::store::segments::stored_rules(s),
         )?;
+        let vni = u32::try_from(s.vni).unwrap_or(0);
         out.insert(
             s.id,
             SegmentInfo {
-                vni: u32::try_from(s.vni).unwrap_or(0),
+                vni,
                 mtu: u32::try_from(s.mtu).unwrap_or(0),
                 cidr: cidr.net(),
                 allow,
+                edge_mac: s.edge_host_id.map(|_| gateway_mac(vni)),
             },
         );
     }
@@ -282,6 +308,139 @@ async fn ports(
         .collect())
 }
 
+/// Each placed edge of the bridged segments as a port of its segment: the
+/// gateway's MAC and address on the edge host, so VM hosts flood to it
+/// and know where the gateway is, and the edge host gets the segment.
+async fn edge_ports(
+    db: &impl ConnectionTrait,
+    segs: &HashMap<Uuid, segments::Model>,
+    bridged: &BTreeMap<Uuid, SegmentInfo>,
+) -> Result<Vec<Port>, ApiError> {
+    let mut out = Vec::new();
+    for (id, info) in bridged {
+        let Some(s) = segs.get(id) else { continue };
+        let Some(h) = s.edge_host_id else { continue };
+        let Some(host) = crate::store::hosts::by_id(db, h).await? else {
+            continue;
+        };
+        let Ok(gateway) = s.gateway.parse() else {
+            continue;
+        };
+        out.push(Port {
+            vm: Uuid::nil(),
+            segment: *id,
+            mac: gateway_mac(info.vni),
+            ip: gateway,
+            host: h,
+            vtep: underlay_of(&host),
+        });
+    }
+    Ok(out)
+}
+
+/// A segment's edge as its edge host converges it: the gateway, the
+/// public addresses with their pools' prefixes and router, egress, the
+/// floating addresses and forwards to its NICs, its ingress rules and its
+/// VMs' names.
+async fn edge(
+    db: &impl ConnectionTrait,
+    s: &segments::Model,
+    info: &SegmentInfo,
+) -> Result<Edge, ApiError> {
+    let rules = crate::store::public_net::edge_rules(db, &[s.id]).await?;
+    let snat = crate::store::public_net::snat_of(db, s.id).await?;
+    let private: HashMap<Uuid, Ipv4Addr> = rules
+        .nics
+        .iter()
+        .filter_map(|a| Some((a.id, a.ip.parse().ok()?)))
+        .collect();
+    let mut pools = HashMap::new();
+    for p in crate::store::public_net::pools(db).await? {
+        pools.insert(p.id, crate::store::public_net::stored_pool(&p)?);
+    }
+    let mut public = BTreeSet::new();
+    let mut uplink_gateway = None;
+    let mut carry = |ip: &crate::entity::public_ips::Model| -> Option<Ipv4Addr> {
+        let addr: Ipv4Addr = ip.address.parse().ok()?;
+        let pool = pools.get(&ip.pool_id)?;
+        public.insert(PublicAddr {
+            addr,
+            prefix: pool.cidr.prefix,
+        });
+        uplink_gateway.get_or_insert(pool.gateway);
+        Some(addr)
+    };
+    let snat = snat.as_ref().and_then(&mut carry);
+    let mut floating = Vec::new();
+    for ip in &rules.floating {
+        let (Some(public), Some(private)) = (
+            carry(ip),
+            ip.attachment_id.and_then(|a| private.get(&a).copied()),
+        ) else {
+            continue;
+        };
+        floating.push(Floating { public, private });
+    }
+    let by_id: HashMap<Uuid, &crate::entity::public_ips::Model> =
+        rules.forwarded.iter().map(|p| (p.id, p)).collect();
+    let mut forwards = Vec::new();
+    for f in &rules.forwards {
+        let (Some(public), Some(private)) = (
+            by_id.get(&f.public_ip_id).and_then(|ip| carry(ip)),
+            private.get(&f.attachment_id).copied(),
+        ) else {
+            continue;
+        };
+        forwards.push(Forward {
+            public,
+            protocol: if f.protocol == "udp" {
+                Protocol::Udp
+            } else {
+                Protocol::Tcp
+            },
+            port: u16::try_from(f.public_port).unwrap_or(0),
+            private,
+            private_port: u16::try_from(f.private_port).unwrap_or(0),
+        });
+    }
+    let names: HashMap<Uuid, String> = vms::Entity::find()
+        .filter(vms::Column::Id.is_in(rules.nics.iter().map(|a| a.vm_id)))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|v| (v.id, v.name))
+        .collect();
+    let mut hosts: Vec<DnsHost> = rules
+        .nics
+        .iter()
+        .filter_map(|a| {
+            Some(DnsHost {
+                name: names.get(&a.vm_id)?.clone(),
+                addr: a.ip.parse().ok()?,
+            })
+        })
+        .collect();
+    hosts.sort();
+    floating.sort();
+    forwards.sort();
+    Ok(Edge {
+        vni: info.vni,
+        cidr: info.cidr,
+        gateway: s
+            .gateway
+            .parse()
+            .map_err(|_| ApiError::Internal(format!("segment {}: bad gateway", s.id)))?,
+        mtu: info.mtu,
+        uplink_gateway,
+        public: public.into_iter().collect(),
+        snat,
+        floating,
+        forwards,
+        allow: info.allow.clone(),
+        hosts,
+    })
+}
+
 /// A VM with NICs came to a host or left it: every host with a VM on one
 /// of its segments has new networks. Bumps their `network_revision` (not
 /// `revision`, which placement commits check) in the caller's transaction,
@@ -300,7 +459,7 @@ pub async fn touch_segments(
         return Ok(Vec::new());
     }
     let peers: BTreeSet<Uuid> = attachments::Entity::find()
-        .filter(attachments::Column::SegmentId.is_in(segs))
+        .filter(attachments::Column::SegmentId.is_in(segs.iter().copied()))
         .all(db)
         .await?
         .into_iter()
@@ -314,8 +473,26 @@ pub async fn touch_segments(
         .into_iter()
         .filter_map(|v| v.host_id)
         .collect();
+    let mut hosts: Vec<Uuid> = hosts.into_iter().collect();
+    // The segments' edges carry them too.
+    for s in segments::Entity::find()
+        .filter(segments::Column::Id.is_in(segs))
+        .filter(segments::Column::EdgeHostId.is_not_null())
+        .all(db)
+        .await?
+    {
+        if let Some(h) = s.edge_host_id.filter(|h| !hosts.contains(h)) {
+            hosts.push(h);
+        }
+    }
+    touch_hosts(db, &hosts).await?;
+    Ok(hosts)
+}
+
+/// These hosts have new networks: bumps their `network_revision`.
+pub async fn touch_hosts(db: &impl ConnectionTrait, hosts: &[Uuid]) -> Result<(), ApiError> {
     if hosts.is_empty() {
-        return Ok(Vec::new());
+        return Ok(());
     }
     hosts::Entity::update_many()
         .col_expr(
@@ -325,7 +502,7 @@ pub async fn touch_segments(
         .filter(hosts::Column::Id.is_in(hosts.iter().copied()))
         .exec(db)
         .await?;
-    Ok(hosts.into_iter().collect())
+    Ok(())
 }
 
 #[cfg(test)]
@@ -351,6 +528,7 @@ mod tests {
             mtu,
             cidr: "10.1.0.0/24".parse().unwrap(),
             allow: vec![],
+            edge_mac: None,
         }
     }
 

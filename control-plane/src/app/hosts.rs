@@ -212,6 +212,7 @@ struct Registration {
     topology: String,
     underlay: Option<String>,
     rails: Option<String>,
+    edge_uplink: Option<String>,
 }
 
 fn checked(body: &AgentRegister) -> Result<Registration, ApiError> {
@@ -224,6 +225,15 @@ fn checked(body: &AgentRegister) -> Result<Registration, ApiError> {
     }
     validate_topology(&body.topology)?;
     check_underlay(body.underlay_ip)?;
+    if let Some(up) = &body.edge_uplink {
+        names::interface("edge_uplink", up)?;
+        if body.underlay_ip.is_none() {
+            return Err(ApiError::field(
+                "edge_uplink",
+                "an edge host needs an underlay address (its segments' VXLAN)",
+            ));
+        }
+    }
     if body.rails.len() > kumo_scheduler::profile::MAX_SLOTS
         || body.rails.values().any(|r| *r > 1024)
         || body.rails.keys().any(|k| k.len() > 64)
@@ -240,6 +250,7 @@ fn checked(body: &AgentRegister) -> Result<Registration, ApiError> {
         topology,
         underlay: body.underlay_ip.map(|u| u.to_string()),
         rails,
+        edge_uplink: body.edge_uplink.clone(),
     })
 }
 
@@ -330,6 +341,7 @@ async fn rejoin_row(
     a.virt_type = Set(body.virt_type.clone());
     a.scalable_unit = Set(body.scalable_unit.clone());
     a.rails = Set(reg.rails);
+    a.edge_uplink = Set(reg.edge_uplink);
     a.state = Set(crate::store::hosts::reachable_state(drained)
         .to_text()
         .into());
@@ -372,6 +384,7 @@ async fn insert_row(
         fabric: Set(None),
         rejoin_allowed: Set(false),
         segment_faults: Set(None),
+        edge_uplink: Set(reg.edge_uplink),
     }
     .insert(txn)
     .await

@@ -5,14 +5,18 @@
 //!
 //! Compute (GPUs, vCPUs, memory) is charged while a VM is `running` or
 //! `preempting` (it still runs through its grace period); its disk from
-//! creation until the row is gone, whatever its state.
+//! creation until the row is gone, whatever its state. A public IP is
+//! charged while the tenant holds it (a run keyed by the address's id,
+//! named by the address, at the guaranteed price).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use kumo_api_types::{ServiceLevel, VmSpec, VmState};
 use kumo_billing::meter::{self, Run};
-use kumo_billing::rates::{gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, VCPU};
+use kumo_billing::rates::{
+    gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, PUBLIC_IP, VCPU,
+};
 use kumo_billing::{Decimal, Level};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -22,7 +26,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::context::AppState;
-use crate::entity::{charges, meter_runs, rate_cards, vms};
+use crate::entity::{charges, meter_runs, public_ips, rate_cards, tenants, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::vms::{stored_placement, stored_spec};
 
@@ -147,6 +151,39 @@ pub async fn transition(
 /// The VM row goes: every run of it ends.
 pub async fn gone(txn: &DatabaseTransaction, vm: Uuid, at: DateTime<Utc>) -> Result<(), ApiError> {
     close(txn, vm, true, at).await
+}
+
+/// A tenant took a public address: charged from now on.
+pub async fn public_ip_allocated(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    ip: &public_ips::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    meter_runs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        vm_id: Set(ip.id),
+        vm_name: Set(ip.address.clone()),
+        tenant_id: Set(tenant.id),
+        class: Set(PUBLIC_IP.to_owned()),
+        quantity: Set(Decimal::ONE.to_string()),
+        level: Set(Level::Guaranteed.as_str().to_owned()),
+        started_at: Set(at),
+        ended_at: Set(None),
+        posted_until: Set(None),
+    }
+    .insert(txn)
+    .await?;
+    Ok(())
+}
+
+/// The tenant gave the address back: its run ends.
+pub async fn public_ip_released(
+    txn: &DatabaseTransaction,
+    ip: &public_ips::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    close(txn, ip.id, true, at).await
 }
 
 /// Every rate card, as the billing core reads them.

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use kumo_api_types::{
-    Page, PageParams, Role, Segment, SegmentCreate, SegmentFault, SegmentIngress, SegmentKind,
+    Page, PageParams, Role, Segment, SegmentCreate, SegmentEdge, SegmentFault, SegmentIngress,
+    SegmentKind, SegmentUpdate,
 };
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
@@ -36,6 +37,7 @@ pub fn view(
     tenant: &str,
     attached: u64,
     faults: &Faults,
+    edge: Option<SegmentEdge>,
 ) -> Result<Segment, ApiError> {
     let kind = stored_kind(s)?;
     let mtu = u32::try_from(s.mtu).unwrap_or(0);
@@ -55,8 +57,28 @@ pub fn view(
         attachments: u32::try_from(attached).unwrap_or(u32::MAX),
         ingress: stored_rules(s),
         faults: faults.of(s.vni),
+        egress: s.egress,
+        edge,
         created_at: s.created_at,
     })
+}
+
+/// Where the segment's edge is, as the API shows it.
+pub async fn edge_of(
+    db: &impl ConnectionTrait,
+    s: &segments::Model,
+) -> Result<Option<SegmentEdge>, ApiError> {
+    let Some(h) = s.edge_host_id else {
+        return Ok(None);
+    };
+    let Some(host) = crate::store::hosts::by_id(db, h).await? else {
+        return Ok(None);
+    };
+    let snat = crate::store::public_net::snat_of(db, s.id).await?;
+    Ok(Some(SegmentEdge {
+        host: host.name,
+        snat_address: snat.map(|a| a.address),
+    }))
 }
 
 /// The segment's gateway: the one asked for, a host address of its CIDR,
@@ -169,6 +191,16 @@ pub async fn create(
     let gateway = gateway_of(&cidr, body.gateway.as_deref())?;
     let mtu = ipam::segment_mtu(net.underlay_mtu, body.mtu)?;
     let ingress = crate::domain::ingress::rules_json("ingress", &body.ingress)?;
+    let egress = match (body.kind, body.egress) {
+        (SegmentKind::Ethernet, e) => e.unwrap_or(true),
+        (SegmentKind::Roce, Some(true)) => {
+            return Err(ApiError::field(
+                "egress",
+                "RoCE segments carry only the GPUs' traffic among themselves",
+            ))
+        }
+        (SegmentKind::Roce, _) => false,
+    };
     let quarantine = chrono::Duration::from_std(net.vni_quarantine)
         .unwrap_or_else(|_| chrono::Duration::seconds(600));
     let id = Uuid::now_v7();
@@ -206,6 +238,8 @@ pub async fn create(
             created_at: Set(st.config.clock.now()),
             ingress_rules: Set(ingress.clone()),
             vlan: Set(vlan),
+            egress: Set(egress),
+            edge_host_id: Set(None),
         }
         .insert(&txn)
         .await;
@@ -223,9 +257,15 @@ pub async fn create(
             }
             Err(e) => return Err(e.into()),
         };
+        let woken = crate::app::edges::ensure(&txn, &row, st.config.clock.now()).await?;
         audit::record(&txn, actor, "segment.create", Some(&tenant), &body.name).await?;
         txn.commit().await?;
-        return view(&row, &tenant.name, 0, &Faults::default());
+        for h in woken {
+            st.signals.notify(h);
+        }
+        let row = crate::store::segments::find(&st.db, &tenant, &row.id.to_string()).await?;
+        let edge = edge_of(&st.db, &row).await?;
+        return view(&row, &tenant.name, 0, &Faults::default(), edge);
     }
     Err(ApiError::Conflict(
         "could not lease a VNI under contention; retry".into(),
@@ -247,7 +287,13 @@ pub async fn list(
     let mut items = Vec::with_capacity(rows.len());
     for s in &rows {
         let n = count_attached(&st.db, s.id).await?;
-        items.push(view(s, &tenant.name, n, &faults)?);
+        items.push(view(
+            s,
+            &tenant.name,
+            n,
+            &faults,
+            edge_of(&st.db, s).await?,
+        )?);
     }
     Ok(Page {
         items,
@@ -265,7 +311,48 @@ pub async fn show(
     let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
     let s = crate::store::segments::find(&st.db, &tenant, segment).await?;
     let n = count_attached(&st.db, s.id).await?;
-    view(&s, &tenant.name, n, &Faults::load(&st.db).await?)
+    let edge = edge_of(&st.db, &s).await?;
+    view(&s, &tenant.name, n, &Faults::load(&st.db).await?, edge)
+}
+
+/// A member switches a segment's egress; its edge follows (placed, or
+/// given up when nothing else needs it).
+pub async fn update(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    segment: &str,
+    body: &SegmentUpdate,
+) -> Result<Segment, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "changing segments")?;
+    let txn = st.db.begin().await?;
+    let mut s = crate::store::segments::find(&txn, &tenant, segment).await?;
+    let mut woken = Vec::new();
+    if let Some(egress) = body.egress.filter(|e| *e != s.egress) {
+        if egress && stored_kind(&s)? != SegmentKind::Ethernet {
+            return Err(ApiError::field(
+                "egress",
+                "RoCE segments carry only the GPUs' traffic among themselves",
+            ));
+        }
+        let mut a: segments::ActiveModel = s.into();
+        a.egress = Set(egress);
+        s = a.update(&txn).await?;
+        woken = crate::app::edges::ensure(&txn, &s, actor.at).await?;
+        audit::record(&txn, actor, "segment.update", Some(&tenant), &s.name).await?;
+    }
+    let s = segments::Entity::find_by_id(s.id)
+        .one(&txn)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("segment {segment:?}")))?;
+    let n = count_attached(&txn, s.id).await?;
+    let edge = edge_of(&txn, &s).await?;
+    txn.commit().await?;
+    for h in woken {
+        st.signals.notify(h);
+    }
+    view(&s, &tenant.name, n, &Faults::load(&st.db).await?, edge)
 }
 
 /// A member replaces a segment's ingress rules; the hosts with its VMs
@@ -288,11 +375,12 @@ pub async fn set_ingress(
     let hosts = crate::app::host_network::touch_segments(&txn, vec![s.id]).await?;
     audit::record(&txn, actor, "segment.ingress", Some(&tenant), &s.name).await?;
     let n = count_attached(&txn, s.id).await?;
+    let edge = edge_of(&txn, &s).await?;
     txn.commit().await?;
     for h in hosts {
         st.signals.notify(h);
     }
-    view(&s, &tenant.name, n, &Faults::load(&st.db).await?)
+    view(&s, &tenant.name, n, &Faults::load(&st.db).await?, edge)
 }
 
 /// A member deletes a segment without attachments; its VNI rests for the
@@ -315,10 +403,22 @@ pub async fn delete(
         )));
     }
     // The attachment FK (RESTRICT) makes a concurrent attach fail rather
-    // than dangle.
+    // than dangle. Its egress address goes back to the pool and its edge
+    // host drops the edge.
+    if let Some(snat) = crate::store::public_net::snat_of(&txn, s.id).await? {
+        crate::entity::public_ips::Entity::delete_by_id(snat.id)
+            .exec(&txn)
+            .await?;
+    }
+    if let Some(h) = s.edge_host_id {
+        crate::app::host_network::touch_hosts(&txn, &[h]).await?;
+    }
     segments::Entity::delete_by_id(s.id).exec(&txn).await?;
     crate::store::segments::release_vni(&txn, s.vni, s.vlan, st.config.clock.now()).await?;
     audit::record(&txn, actor, "segment.delete", Some(&tenant), &s.name).await?;
     txn.commit().await?;
+    if let Some(h) = s.edge_host_id {
+        st.signals.notify(h);
+    }
     Ok(())
 }

@@ -142,6 +142,9 @@ pub async fn delete_row(
     crate::app::metering::gone(txn, vm.id, now).await?;
     let peers = crate::app::host_network::touch_peers(txn, vm.id).await?;
     vms::Entity::delete_by_id(vm.id).exec(txn).await?;
+    // Its floating addresses return to the tenant and its forwards go,
+    // with the NICs they name.
+    crate::store::public_net::release_nics_of(txn, vm.id).await?;
     crate::store::segments::detach_all(txn, vm.id).await?;
     crate::store::clusters::member_gone(txn, vm).await?;
     Ok(peers)

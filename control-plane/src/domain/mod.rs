@@ -6,6 +6,7 @@ pub mod ipam;
 pub mod lifecycle;
 pub mod names;
 pub mod paging;
+pub mod public_net;
 pub mod quota;
 pub mod specs;
 pub mod states;

@@ -79,6 +79,25 @@ pub fn text(field: &str, value: &str, max_chars: usize) -> Result<(), ApiError> 
     Ok(())
 }
 
+/// A Linux network interface name: 1 to 15 characters, none of them
+/// `/`, `:`, whitespace or a control character, and not `.` or `..`.
+pub fn interface(field: &str, value: &str) -> Result<(), ApiError> {
+    let ok = (1..=15).contains(&value.len())
+        && value != "."
+        && value != ".."
+        && value
+            .chars()
+            .all(|c| c.is_ascii_graphic() && c != '/' && c != ':');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::field(
+            field,
+            "an interface name: 1 to 15 characters, no `/`, `:` or spaces",
+        ))
+    }
+}
+
 /// Text from outside that must be kept rather than refused (a claim of an
 /// identity provider): control characters become spaces, the ends are
 /// trimmed and at most `max_chars` characters stay.

@@ -42,6 +42,9 @@ pub struct Model {
     /// (`{vni: message}` JSON), as its last heartbeat said; `None` when
     /// every one converged.
     pub segment_faults: Option<String>,
+    /// An edge host: the agent's interface towards the provider network,
+    /// where segment edges put their public addresses.
+    pub edge_uplink: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -18,6 +18,11 @@ pub struct Model {
     pub ingress_rules: Option<String>,
     /// RoCE segments: the VLAN their VFs carry, which the leaf maps to the VNI.
     pub vlan: Option<i32>,
+    /// VMs reach outside through the edge (SNAT to its `public_ips` address).
+    pub egress: bool,
+    /// The edge host that carries the segment's gateway, egress and
+    /// public addresses, once placed.
+    pub edge_host_id: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -12,6 +12,7 @@ pub mod clusters;
 pub mod hosts;
 pub mod idempotency;
 pub mod identity;
+pub mod public_net;
 pub mod segments;
 pub mod templates;
 pub mod tenancy;

@@ -30,6 +30,7 @@ fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> A
         rails: Default::default(),
         underlay_ip: None,
         netns: None,
+        edge_uplink: None,
         resync: kumo_agent::run::RESYNC,
     }
 }

@@ -21,6 +21,8 @@ const CALLERS: [&str; 8] = [
 struct World {
     tokens: [Option<String>; 8],
     serial: std::sync::atomic::AtomicU32,
+    /// The public address the last call was given.
+    last_ip: std::sync::Mutex<String>,
 }
 
 impl World {
@@ -71,6 +73,26 @@ impl World {
             )
             .await
             .unwrap();
+        // A VM with a NIC, a pool and an address of alpha's, for the
+        // public networking operations.
+        let _ = s.sim_agent_at("host-3", "cpu-only", "192.0.2.3").await;
+        let _: kumo_api_types::Vm = s
+            .admin
+            .post(
+                "/api/v1/tenants/alpha/vms",
+                &json!({"name": "alpha-net", "vcpus": 1, "memory_gib": 1,
+                        "networks": [{"segment": "alpha-seg"}]}),
+            )
+            .await
+            .unwrap();
+        let _: kumo_api_types::PublicIpPool = s
+            .admin
+            .post(
+                "/api/v1/public-ip-pools",
+                &json!({"name": "matrix", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
+            )
+            .await
+            .unwrap();
         let _: kumo_api_types::Cluster = s
             .admin
             .post(
@@ -102,6 +124,7 @@ impl World {
                 Some(revoked.token),
             ],
             serial: Default::default(),
+            last_ip: Default::default(),
         }
     }
 
@@ -410,6 +433,72 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [200, 200, 200, 403, 404, 401, 401, 401],
     ),
     (
+        "PATCH",
+        "/api/v1/tenants/{tenant}/segments/{segment}",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    // Pools are the platform's.
+    (
+        "POST",
+        "/api/v1/public-ip-pools",
+        [201, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/public-ip-pools",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/public-ip-pools/{pool}",
+        [204, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/public-ips",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/public-ips",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/public-ips/{address}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/public-ips/{address}",
+        [204, 204, 204, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/public-ips/{address}/attach",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/public-ips/{address}/detach",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/port-forwards",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/port-forwards",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/port-forwards/{id}",
+        [204, 204, 204, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/events",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -507,8 +596,77 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         _ => "alpha-vm".to_owned(),
     };
     path = path.replace("{vm}", &vm);
+    // Public addresses: a fresh one of alpha's for what changes one.
+    if template.contains("{address}") || template.ends_with("port-forwards") {
+        let ip: kumo_api_types::PublicIp = s
+            .admin
+            .post(&format!("/api/v1/tenants/{tenant}/public-ips"), &json!({}))
+            .await
+            .unwrap();
+        path = path.replace("{address}", &ip.address);
+        w.last_ip.lock().unwrap().clone_from(&ip.address);
+    }
     let body = match (method, template) {
         ("POST", "/api/v1/tenants") => Some(json!({"name": format!("new-{n}")})),
+        ("PATCH", "/api/v1/tenants/{tenant}/segments/{segment}") => {
+            Some(json!({"egress": n % 2 == 0}))
+        }
+        ("POST", "/api/v1/public-ip-pools") => Some(json!({
+            "name": format!("pool-{n}"),
+            "cidr": format!("198.{}.{}.0/24", 18 + n / 256, n % 256),
+            "gateway": format!("198.{}.{}.1", 18 + n / 256, n % 256),
+        })),
+        ("DELETE", "/api/v1/public-ip-pools/{pool}") => {
+            let name = format!("gone-{n}");
+            let _: kumo_api_types::PublicIpPool = s
+                .admin
+                .post(
+                    "/api/v1/public-ip-pools",
+                    &json!({"name": name, "cidr": format!("100.{}.{}.0/24", 128 + n / 256, n % 256),
+                            "gateway": format!("100.{}.{}.1", 128 + n / 256, n % 256)}),
+                )
+                .await
+                .unwrap();
+            path = path.replace("{pool}", &name);
+            None
+        }
+        ("POST", "/api/v1/tenants/{tenant}/public-ips") => Some(json!({})),
+        ("POST", "/api/v1/tenants/{tenant}/public-ips/{address}/attach") => {
+            // A NIC of its own: a NIC takes one floating address.
+            let vm = format!("net-{n}");
+            let _: kumo_api_types::Vm = s
+                .admin
+                .post(
+                    &format!("/api/v1/tenants/{tenant}/vms"),
+                    &json!({"name": vm, "vcpus": 1, "memory_gib": 1,
+                            "networks": [{"segment": "alpha-seg"}]}),
+                )
+                .await
+                .unwrap();
+            Some(json!({"vm": vm}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/port-forwards") => Some(json!({
+            "public_ip": w.last_ip.lock().unwrap().clone(), "protocol": "tcp",
+            "public_port": 2222, "vm": "alpha-net", "private_port": 22,
+        })),
+        ("DELETE", "/api/v1/tenants/{tenant}/port-forwards/{id}") => {
+            let ip: kumo_api_types::PublicIp = s
+                .admin
+                .post(&format!("/api/v1/tenants/{tenant}/public-ips"), &json!({}))
+                .await
+                .unwrap();
+            let f: kumo_api_types::PortForward = s
+                .admin
+                .post(
+                    &format!("/api/v1/tenants/{tenant}/port-forwards"),
+                    &json!({"public_ip": ip.address, "protocol": "udp", "public_port": 53,
+                            "vm": "alpha-net", "private_port": 53}),
+                )
+                .await
+                .unwrap();
+            path = path.replace("{id}", &f.id.to_string());
+            None
+        }
         ("PATCH", _) => Some(json!({"description": format!("edit {n}")})),
         ("PUT", "/api/v1/tenants/{tenant}/members/{user}") => {
             let user = format!("joiner-{n}");
@@ -530,7 +688,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
             Some(json!({"amount": "100", "expires_at": Utc::now() + Duration::days(30)}))
         }
         ("PUT", "/api/v1/tenants/{tenant}/quota") => Some(
-            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "disk_gib": 10000, "segments": 100, "roce_segments": 10, "gpus": {"H100-SXM5-80GB": 8}}),
+            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "disk_gib": 10000, "segments": 100, "roce_segments": 10, "public_ips": 1000, "gpus": {"H100-SXM5-80GB": 8}}),
         ),
         ("POST", "/api/v1/users") => Some(json!({"name": format!("user-{n}")})),
         ("POST", "/api/v1/users/{user}/disable")

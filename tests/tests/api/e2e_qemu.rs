@@ -169,6 +169,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         // nothing is ever sent to or from it.
         underlay_ip: Some("198.18.0.1".parse().unwrap()),
         netns: None,
+        edge_uplink: None,
         resync: kumo_agent::run::RESYNC,
     })
     .await

@@ -178,6 +178,7 @@ impl TestServer {
             disk_gib: 1_000_000,
             segments: 1_000,
             roce_segments: 1_000,
+            public_ips: 1_000,
             ..Default::default()
         };
         for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {
@@ -300,6 +301,7 @@ impl TestServer {
                 scalable_unit: None,
                 rails: Default::default(),
                 underlay_ip: Some(underlay.parse().unwrap()),
+                edge_uplink: None,
             },
         )
         .await
@@ -333,6 +335,7 @@ impl SimAgent {
                 scalable_unit: scalable_unit.map(str::to_owned),
                 rails: Default::default(),
                 underlay_ip: None,
+                edge_uplink: None,
             },
         )
         .await

@@ -168,6 +168,7 @@ async fn noisy_neighbour(backend: Backend) {
             scalable_unit: None,
             rails: Default::default(),
             underlay_ip: None,
+            edge_uplink: None,
         })
         .send()
         .await

@@ -141,6 +141,7 @@ fn expected(
                         }
                     })
                     .collect(),
+                edges: Vec::new(),
             }
         })
         .collect()

@@ -21,6 +21,7 @@ pub(crate) fn seg(name: &str, kind: SegmentKind, cidr: &str) -> SegmentCreate {
         gateway: None,
         mtu: None,
         ingress: vec![],
+        egress: None,
     }
 }
 

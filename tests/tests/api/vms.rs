@@ -91,6 +91,7 @@ on_both_backends! {
                     scalable_unit: None,
                     rails: Default::default(),
                     underlay_ip: None,
+                    edge_uplink: None,
                 })
                 .send()
                 .await
@@ -152,6 +153,7 @@ on_both_backends! {
                         join_token: token, name: name.into(),
                         topology: crate::harness::fixture_topology("cpu-only"),
                         virt_type: "kvm".into(), scalable_unit: None, rails: Default::default(), underlay_ip: None,
+                        edge_uplink: None,
                     })
                     .send().await.unwrap().status().as_u16()
             }

@@ -2,5 +2,6 @@
 //! several running at once do no harm; they call the same operations as
 //! the API.
 
+pub mod edge_keeper;
 pub mod lost_hosts;
 pub mod reclaimer;

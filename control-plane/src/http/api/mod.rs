@@ -25,6 +25,7 @@ pub mod docs;
 pub mod health;
 pub mod hosts;
 pub mod members;
+pub mod public_net;
 pub mod quota;
 pub mod segments;
 pub mod templates;
@@ -60,6 +61,7 @@ pub mod vms;
         (name = "vms", description = "Virtual machines and their lifecycle"),
         (name = "clusters", description = "Training clusters: VMs placed together, rail-aligned"),
         (name = "segments", description = "Tenant networks (VXLAN) for Ethernet and RoCE, and VM addresses on them"),
+        (name = "public-ips", description = "Public addresses: pools, floating IPs and port forwards, carried by segment edges"),
         (name = "billing", description = "Rate cards, prepaid points, statements"),
         (name = "agent", description = "The protocol between host agents and the server"),
         (name = "health", description = "Liveness, readiness, metrics"),
@@ -160,8 +162,19 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(clusters::create, clusters::list))
         .routes(routes!(clusters::show, clusters::delete))
         .routes(routes!(segments::create, segments::list))
-        .routes(routes!(segments::show, segments::delete))
+        .routes(routes!(segments::show, segments::update, segments::delete))
         .routes(routes!(segments::set_ingress))
+        .routes(routes!(public_net::create_pool, public_net::list_pools))
+        .routes(routes!(public_net::delete_pool))
+        .routes(routes!(public_net::allocate, public_net::list))
+        .routes(routes!(public_net::show, public_net::release))
+        .routes(routes!(public_net::attach))
+        .routes(routes!(public_net::detach))
+        .routes(routes!(
+            public_net::create_forward,
+            public_net::list_forwards
+        ))
+        .routes(routes!(public_net::delete_forward))
         .routes(routes!(billing::put_rates, billing::get_rates))
         .routes(routes!(billing::grant))
         .routes(routes!(billing::points))

@@ -4,7 +4,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use kumo_api_types::{Page, PageParams, Segment, SegmentCreate, SegmentIngress};
+use kumo_api_types::{Page, PageParams, Segment, SegmentCreate, SegmentIngress, SegmentUpdate};
 
 use super::Problems;
 use crate::context::Actor;
@@ -63,6 +63,24 @@ pub async fn show(
 ) -> Result<axum::Json<Segment>, ApiError> {
     Ok(axum::Json(
         crate::app::segments::show(&st, &ctx, &tenant, &segment).await?,
+    ))
+}
+
+/// Change a segment (members): switch its egress. Its edge follows.
+#[utoipa::path(
+    patch, path = "/api/v1/tenants/{tenant}/segments/{segment}", tag = "segments",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("segment" = String, Path, description = "Segment name or id")),
+    request_body = SegmentUpdate,
+    responses((status = 200, description = "The segment", body = Segment), Problems)
+)]
+pub async fn update(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, segment)): Path<(String, String)>,
+    Json(body): Json<SegmentUpdate>,
+) -> Result<axum::Json<Segment>, ApiError> {
+    Ok(axum::Json(
+        crate::app::segments::update(&st, &ctx, &tenant, &segment, &body).await?,
     ))
 }
 

@@ -743,6 +743,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 gateway: None,
                 mtu: number(f, "mtu")?,
                 ingress,
+                egress: Some(text(f, "egress").is_none_or(|e| e != "off")),
             };
             crate::app::segments::create(&v.st, &v.ctx, tn, &body).await?;
         }

@@ -1,0 +1,199 @@
+//! Segment edges: where a segment's gateway, egress and public addresses
+//! live. An Ethernet segment needs an edge while its egress is on or a
+//! public address or forward leads to one of its NICs; it is placed on the
+//! ready edge host carrying the fewest edges, and moved when that host is
+//! lost. [`ensure`] brings one segment to that, level-triggered and
+//! idempotent; the API's operations call it in their transaction, and the
+//! edge keeper runs it over every segment to follow hosts coming and
+//! going.
+
+use std::collections::BTreeMap;
+
+use kumo_api_types::{HostState, SegmentKind};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, NotSet, QueryFilter, Set,
+    TransactionTrait,
+};
+use uuid::Uuid;
+
+use crate::context::AppState;
+use crate::domain::states::StoredText;
+use crate::entity::{hosts, public_ips, segments};
+use crate::error::ApiError;
+
+/// Hosts that may carry edges now: ready (or draining: an edge does not
+/// hold a host's GPUs, so draining one need not move its edges) edge
+/// hosts with an underlay address, and how many edges each carries.
+async fn edge_hosts(db: &impl ConnectionTrait) -> Result<BTreeMap<Uuid, (String, u64)>, ApiError> {
+    let up = hosts::Entity::find()
+        .filter(hosts::Column::EdgeUplink.is_not_null())
+        .filter(hosts::Column::UnderlayIp.is_not_null())
+        .filter(
+            hosts::Column::State.is_in([HostState::Ready.to_text(), HostState::Draining.to_text()]),
+        )
+        .all(db)
+        .await?;
+    let mut out: BTreeMap<Uuid, (String, u64)> =
+        up.into_iter().map(|h| (h.id, (h.name, 0))).collect();
+    for s in segments::Entity::find()
+        .filter(segments::Column::EdgeHostId.is_not_null())
+        .all(db)
+        .await?
+    {
+        if let Some((_, n)) = s.edge_host_id.and_then(|h| out.get_mut(&h)) {
+            *n += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The edge host for a segment that needs one: where it is while that
+/// host may carry it, else the one with fewest edges (then by name).
+fn choose(current: Option<Uuid>, up: &BTreeMap<Uuid, (String, u64)>) -> Option<Uuid> {
+    if let Some(h) = current.filter(|h| up.contains_key(h)) {
+        return Some(h);
+    }
+    up.iter()
+        .min_by(|a, b| (a.1 .1, &a.1 .0).cmp(&(b.1 .1, &b.1 .0)))
+        .map(|(id, _)| *id)
+}
+
+/// Whether the segment needs an edge.
+async fn needs_edge(db: &impl ConnectionTrait, s: &segments::Model) -> Result<bool, ApiError> {
+    if crate::store::segments::stored_kind(s)? != SegmentKind::Ethernet {
+        return Ok(false);
+    }
+    if s.egress {
+        return Ok(true);
+    }
+    let rules = crate::store::public_net::edge_rules(db, &[s.id]).await?;
+    Ok(!rules.floating.is_empty() || !rules.forwards.is_empty())
+}
+
+/// Gives the segment an egress address from the first pool with a free
+/// one; `None` when every pool is full (or there is none).
+async fn give_snat(
+    db: &impl ConnectionTrait,
+    s: &segments::Model,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Option<public_ips::Model>, ApiError> {
+    for pool in crate::store::public_net::pools(db).await? {
+        let rules = crate::store::public_net::stored_pool(&pool)?;
+        let taken = crate::store::public_net::taken(db, pool.id).await?;
+        let Some(ip) = rules.free(&taken) else {
+            continue;
+        };
+        let row = public_ips::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            pool_id: Set(pool.id),
+            address: Set(ip.to_string()),
+            tenant_id: Set(None),
+            segment_id: Set(Some(s.id)),
+            attachment_id: NotSet,
+            created_at: Set(now),
+        };
+        return Ok(Some(row.insert(db).await?));
+    }
+    Ok(None)
+}
+
+/// Brings one segment's edge to what it needs, in the caller's
+/// transaction; answers the hosts whose networks changed (the old and new
+/// edge hosts and the hosts of the segment's VMs), to wake once committed.
+pub async fn ensure(
+    db: &impl ConnectionTrait,
+    s: &segments::Model,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<Uuid>, ApiError> {
+    let needs = needs_edge(db, s).await?;
+    let want = if needs {
+        choose(s.edge_host_id, &edge_hosts(db).await?)
+    } else {
+        None
+    };
+    let mut changed = false;
+    let snat = crate::store::public_net::snat_of(db, s.id).await?;
+    match (needs && s.egress, snat) {
+        (true, None) => changed |= give_snat(db, s, now).await?.is_some(),
+        (false, Some(old)) => {
+            public_ips::Entity::delete_by_id(old.id).exec(db).await?;
+            changed = true;
+        }
+        _ => {}
+    }
+    let old_host = s.edge_host_id;
+    if want != old_host {
+        let mut a: segments::ActiveModel = s.clone().into();
+        a.edge_host_id = Set(want);
+        a.update(db).await?;
+        changed = true;
+    }
+    if !changed {
+        return Ok(Vec::new());
+    }
+    let mut woken = crate::app::host_network::touch_segments(db, vec![s.id]).await?;
+    for h in [old_host, want].into_iter().flatten() {
+        if !woken.contains(&h) {
+            crate::app::host_network::touch_hosts(db, &[h]).await?;
+            woken.push(h);
+        }
+    }
+    Ok(woken)
+}
+
+/// One pass of the edge keeper over every segment, each in its own
+/// transaction: one segment's failure is logged and the others go on.
+pub async fn keep(st: &AppState) -> Result<(), ApiError> {
+    let all = segments::Entity::find().all(&st.db).await?;
+    for s in all {
+        let outcome = async {
+            let txn = st.db.begin().await?;
+            // Read again under the transaction: an operation may have
+            // moved it since the list was read.
+            let Some(s) = segments::Entity::find_by_id(s.id).one(&txn).await? else {
+                return Ok(Vec::new());
+            };
+            let woken = ensure(&txn, &s, st.config.clock.now()).await?;
+            txn.commit().await?;
+            Ok::<_, ApiError>(woken)
+        }
+        .await;
+        match outcome {
+            Ok(woken) => {
+                for h in woken {
+                    st.signals.notify(h);
+                }
+            }
+            // Two replicas giving out the same address: one loses and its
+            // next pass finds the segment done.
+            Err(e) => {
+                tracing::warn!(segment = %s.name, error = %e, "could not keep the segment's edge")
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edge_stays_while_its_host_may_carry_it_else_goes_to_the_least_loaded() {
+        let (a, b, c) = (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(3));
+        let up: BTreeMap<Uuid, (String, u64)> = [
+            (a, ("edge-a".to_owned(), 5)),
+            (b, ("edge-b".to_owned(), 2)),
+            (c, ("edge-c".to_owned(), 2)),
+        ]
+        .into();
+        assert_eq!(choose(Some(a), &up), Some(a), "no needless move");
+        assert_eq!(choose(None, &up), Some(b), "fewest edges, then name");
+        assert_eq!(
+            choose(Some(Uuid::from_u128(9)), &up),
+            Some(b),
+            "its host is gone"
+        );
+        assert_eq!(choose(Some(a), &BTreeMap::new()), None);
+    }
+}

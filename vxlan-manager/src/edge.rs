@@ -1,0 +1,281 @@
+//! The IO edge of segment edges, on an edge host: per edge a network
+//! namespace (`kedge<VNI>`, prefixed with a simulated host's own
+//! namespace) with a veth leg `lan` on the segment's bridge (the gateway's
+//! address and MAC), a macvlan leg `wan` on the uplink (the public
+//! addresses, the default route) and the table of `edge_rules`.
+//! Level-triggered: each pass reads what is there and changes only what
+//! differs; namespaces of edges no longer wanted are removed. One edge's
+//! failure is reported for it alone.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use serde_json::Value;
+
+use crate::kernel::{tool, within, NetError};
+use crate::state::{bridge_name, gateway_mac, Edge};
+
+/// The namespace of an edge: per VNI, and per simulated host (whose own
+/// namespace name prefixes it), since all share one `/run/netns`.
+pub fn namespace(host: Option<&str>, vni: u32) -> String {
+    match host {
+        Some(h) => format!("{h}-kedge{vni}"),
+        None => format!("kedge{vni}"),
+    }
+}
+
+/// The VNI of one of this host's edge namespaces.
+fn vni_of(host: Option<&str>, name: &str) -> Option<u32> {
+    let rest = match host {
+        Some(h) => name.strip_prefix(h)?.strip_prefix("-")?,
+        None => name,
+    };
+    crate::state::edge_vni(rest)
+}
+
+fn ip(ns: Option<&str>, args: &[&str]) -> Result<String, NetError> {
+    let (ok, out, err) = tool(ns, "ip", "iproute2", args, None)?;
+    if ok {
+        Ok(out)
+    } else {
+        Err(NetError::Tool(format!(
+            "ip {}: {}",
+            args.join(" "),
+            err.trim()
+        )))
+    }
+}
+
+fn link_exists(ns: &str, dev: &str) -> Result<bool, NetError> {
+    let (ok, _, _) = tool(
+        Some(ns),
+        "ip",
+        "iproute2",
+        &["link", "show", "dev", dev],
+        None,
+    )?;
+    Ok(ok)
+}
+
+/// Makes `dev`'s IPv4 addresses exactly `want`; answers the changes.
+fn sync_addrs(ns: &str, dev: &str, want: &[(Ipv4Addr, u8)]) -> Result<usize, NetError> {
+    let out = ip(Some(ns), &["-j", "-4", "addr", "show", "dev", dev])?;
+    let v: Value = serde_json::from_str(&out)
+        .map_err(|e| NetError::Tool(format!("unreadable ip -j output: {e}")))?;
+    let have: Vec<(Ipv4Addr, u8)> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| {
+            let ip = a["local"].as_str()?.parse().ok()?;
+            let len = u8::try_from(a["prefixlen"].as_u64()?).ok()?;
+            Some((ip, len))
+        })
+        .collect();
+    let mut n = 0;
+    for (a, len) in have.iter().filter(|h| !want.contains(h)) {
+        ip(
+            Some(ns),
+            &["addr", "del", &format!("{a}/{len}"), "dev", dev],
+        )?;
+        n += 1;
+    }
+    for (a, len) in want.iter().filter(|w| !have.contains(w)) {
+        ip(
+            Some(ns),
+            &["addr", "add", &format!("{a}/{len}"), "dev", dev],
+        )?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The default route's gateway in the namespace.
+fn default_via(ns: &str) -> Result<Option<Ipv4Addr>, NetError> {
+    let out = ip(Some(ns), &["-j", "-4", "route", "show", "default"])?;
+    let v: Value = serde_json::from_str(&out)
+        .map_err(|e| NetError::Tool(format!("unreadable ip -j output: {e}")))?;
+    Ok(v.as_array()
+        .and_then(|r| r.first())
+        .and_then(|r| r["gateway"].as_str())
+        .and_then(|g| g.parse().ok()))
+}
+
+/// The edge table's comment as the kernel has it.
+fn table_comment(ns: &str) -> Result<Option<String>, NetError> {
+    let (ok, out, _) = tool(
+        Some(ns),
+        "nft",
+        "nftables",
+        &["-j", "list", "table", "ip", crate::edge_rules::TABLE],
+        None,
+    )?;
+    if !ok {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_str(&out)
+        .map_err(|e| NetError::Tool(format!("unreadable nft -j output: {e}")))?;
+    Ok(v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|o| o["table"]["comment"].as_str().map(str::to_owned)))
+}
+
+/// Brings one edge to what it should be; answers the changes made.
+fn converge_one(host: Option<&str>, uplink: &str, e: &Edge) -> Result<usize, NetError> {
+    let ns = namespace(host, e.vni);
+    let mut n = 0;
+    if !std::path::Path::new("/run/netns").join(&ns).exists() {
+        crate::netns::create(&ns).map_err(|source| NetError::Namespace {
+            name: ns.clone(),
+            source,
+        })?;
+        n += 1;
+    }
+    let mtu = e.mtu.to_string();
+    let (lan_host, lan_peer) = (format!("kgl{}", e.vni), format!("kgp{}", e.vni));
+    if !link_exists(&ns, "lan")? {
+        // A half-made leg of an earlier pass goes first.
+        let _ = tool(host, "ip", "iproute2", &["link", "del", &lan_host], None);
+        ip(
+            host,
+            &[
+                "link", "add", &lan_host, "type", "veth", "peer", "name", &lan_peer, "netns", &ns,
+            ],
+        )?;
+        ip(Some(&ns), &["link", "set", &lan_peer, "name", "lan"])?;
+        n += 1;
+    }
+    ip(
+        host,
+        &[
+            "link",
+            "set",
+            &lan_host,
+            "master",
+            &bridge_name(e.vni),
+            "mtu",
+            &mtu,
+            "up",
+        ],
+    )?;
+    let mac = gateway_mac(e.vni).to_string();
+    ip(
+        Some(&ns),
+        &["link", "set", "lan", "address", &mac, "mtu", &mtu, "up"],
+    )?;
+    if !link_exists(&ns, "wan")? {
+        let wan = format!("kgw{}", e.vni);
+        let _ = tool(host, "ip", "iproute2", &["link", "del", &wan], None);
+        ip(
+            host,
+            &[
+                "link", "add", &wan, "link", uplink, "type", "macvlan", "mode", "bridge",
+            ],
+        )?;
+        ip(host, &["link", "set", &wan, "netns", &ns])?;
+        ip(Some(&ns), &["link", "set", &wan, "name", "wan"])?;
+        n += 1;
+    }
+    ip(Some(&ns), &["link", "set", "wan", "up"])?;
+    ip(Some(&ns), &["link", "set", "lo", "up"])?;
+    n += sync_addrs(&ns, "lan", &[(e.gateway, e.cidr.len)])?;
+    let public: Vec<(Ipv4Addr, u8)> = e.public.iter().map(|p| (p.addr, p.prefix)).collect();
+    n += sync_addrs(&ns, "wan", &public)?;
+    if let Some(g) = e.uplink_gateway.filter(|_| !public.is_empty()) {
+        if default_via(&ns)? != Some(g) {
+            ip(
+                Some(&ns),
+                &[
+                    "route",
+                    "replace",
+                    "default",
+                    "via",
+                    &g.to_string(),
+                    "dev",
+                    "wan",
+                ],
+            )?;
+            n += 1;
+        }
+    }
+    within(Some(&ns), || {
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+            .map_err(|e| NetError::Tool(format!("enabling forwarding: {e}")))
+    })?;
+    if table_comment(&ns)?.as_deref() != Some(crate::edge_rules::comment(e).as_str()) {
+        let script = crate::edge_rules::script(e);
+        let (ok, _, err) = tool(Some(&ns), "nft", "nftables", &["-f", "-"], Some(&script))?;
+        if !ok {
+            return Err(NetError::Tool(format!("edge rules: {}", err.trim())));
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// What a pass over the edges did.
+#[derive(Debug, Default)]
+pub struct EdgesConverged {
+    pub changes: usize,
+    /// Edges that could not be set up, by VNI, with why.
+    pub failed: BTreeMap<u32, String>,
+}
+
+/// Converges every edge of `want` (each on its own) and removes this
+/// host's edge namespaces that are not wanted. `host` is a simulated
+/// host's namespace (the agent's `--netns`), `uplink` the interface
+/// towards the provider network.
+pub fn converge(host: Option<&str>, uplink: &str, want: &[Edge]) -> EdgesConverged {
+    let mut done = EdgesConverged::default();
+    for e in want {
+        match converge_one(host, uplink, e) {
+            Ok(n) => done.changes += n,
+            Err(err) => {
+                done.failed.insert(e.vni, format!("edge: {err}"));
+            }
+        }
+    }
+    let names = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    for name in names {
+        let Some(vni) = vni_of(host, &name) else {
+            continue;
+        };
+        if want.iter().any(|e| e.vni == vni) {
+            continue;
+        }
+        // The veth's and macvlan's ends inside go with the namespace,
+        // and the veth's other end with them.
+        match crate::netns::delete(&name) {
+            Ok(()) => done.changes += 1,
+            Err(err) => {
+                done.failed
+                    .insert(vni, format!("removing edge {name}: {err}"));
+            }
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edge_namespaces_are_per_host_and_vni() {
+        assert_eq!(namespace(None, 5000), "kedge5000");
+        assert_eq!(namespace(Some("net-0"), 5000), "net-0-kedge5000");
+        assert_eq!(vni_of(Some("net-0"), "net-0-kedge5000"), Some(5000));
+        assert_eq!(vni_of(Some("net-0"), "net-1-kedge5000"), None);
+        assert_eq!(vni_of(None, "kedge5000"), Some(5000));
+        assert_eq!(vni_of(None, "kedge05"), None);
+        assert_eq!(vni_of(None, "net-0-kedge5000"), None);
+    }
+}
