@@ -186,7 +186,7 @@ impl Client {
             .await
     }
 
-    async fn delete(&self, path: &str) -> Result<(), ClientError> {
+    pub async fn delete(&self, path: &str) -> Result<(), ClientError> {
         self.send_empty(self.request(Method::DELETE, path)).await
     }
 

@@ -94,6 +94,12 @@ pub enum Command {
     /// Tenant networks (VXLAN segments) for Ethernet and RoCE.
     #[command(subcommand)]
     Segment(SegmentCmd),
+    /// Public addresses: pools, a tenant's addresses, floating IPs.
+    #[command(subcommand)]
+    PublicIp(crate::public_net::PublicIpCmd),
+    /// Forwards from a public address's port to a VM's.
+    #[command(subcommand)]
+    PortForward(crate::public_net::PortForwardCmd),
     /// Rate cards: prices per hour, guaranteed and spot.
     #[command(subcommand)]
     Rate(crate::billing::RateCmd),
@@ -809,6 +815,12 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Vm(cmd) => vm(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Cluster(cmd) => cluster(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Segment(cmd) => segment_cmd(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::PublicIp(cmd) => {
+            crate::public_net::public_ip(cmd, &client(&cli, &env)?, fmt, out).await?
+        }
+        Command::PortForward(cmd) => {
+            crate::public_net::port_forward(cmd, &client(&cli, &env)?, fmt, out).await?
+        }
         Command::Rate(cmd) => crate::billing::rate(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Points(cmd) => crate::billing::points(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Usage(cmd) => crate::billing::usage(cmd, &client(&cli, &env)?, fmt, out).await?,

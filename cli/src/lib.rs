@@ -8,5 +8,6 @@ pub mod commands;
 pub mod device_login;
 pub mod output;
 pub mod profile;
+pub mod public_net;
 
 pub use client::{Client, ClientError};

@@ -102,25 +102,25 @@ fn default_via(ns: &str) -> Result<Option<Ipv4Addr>, NetError> {
         .and_then(|g| g.parse().ok()))
 }
 
-/// The edge table's comment as the kernel has it.
+/// The edge table's comment as the kernel has it. Read from nft's text
+/// listing: its JSON leaves table comments out (nft 1.0.6).
 fn table_comment(ns: &str) -> Result<Option<String>, NetError> {
     let (ok, out, _) = tool(
         Some(ns),
         "nft",
         "nftables",
-        &["-j", "list", "table", "ip", crate::edge_rules::TABLE],
+        &["list", "table", "ip", crate::edge_rules::TABLE],
         None,
     )?;
     if !ok {
         return Ok(None);
     }
-    let v: Value = serde_json::from_str(&out)
-        .map_err(|e| NetError::Tool(format!("unreadable nft -j output: {e}")))?;
-    Ok(v["nftables"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find_map(|o| o["table"]["comment"].as_str().map(str::to_owned)))
+    Ok(out.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("comment \"")
+            .and_then(|c| c.strip_suffix('"'))
+            .map(str::to_owned)
+    }))
 }
 
 /// Brings one edge to what it should be; answers the changes made.
@@ -183,7 +183,19 @@ fn converge_one(host: Option<&str>, uplink: &str, e: &Edge) -> Result<usize, Net
     ip(Some(&ns), &["link", "set", "lo", "up"])?;
     n += sync_addrs(&ns, "lan", &[(e.gateway, e.cidr.len)])?;
     let public: Vec<(Ipv4Addr, u8)> = e.public.iter().map(|p| (p.addr, p.prefix)).collect();
-    n += sync_addrs(&ns, "wan", &public)?;
+    let added = sync_addrs(&ns, "wan", &public)?;
+    if added > 0 {
+        // Tell the provider network where the addresses are now (an edge
+        // that moved here carries addresses its router knows elsewhere):
+        // with arp_notify, bringing the leg up announces every address.
+        within(Some(&ns), || {
+            std::fs::write("/proc/sys/net/ipv4/conf/wan/arp_notify", "1")
+                .map_err(|e| NetError::Tool(format!("setting arp_notify: {e}")))
+        })?;
+        ip(Some(&ns), &["link", "set", "wan", "down"])?;
+        ip(Some(&ns), &["link", "set", "wan", "up"])?;
+        n += added;
+    }
     if let Some(g) = e.uplink_gateway.filter(|_| !public.is_empty()) {
         if default_via(&ns)? != Some(g) {
             ip(
@@ -201,9 +213,19 @@ fn converge_one(host: Option<&str>, uplink: &str, e: &Edge) -> Result<usize, Net
             n += 1;
         }
     }
+    // A router that forwards, and that never tells a VM to go around it:
+    // a redirect for hairpinned traffic would send the VM to its
+    // neighbour's private address with the public one as destination.
     within(Some(&ns), || {
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
-            .map_err(|e| NetError::Tool(format!("enabling forwarding: {e}")))
+        for (knob, value) in [
+            ("/proc/sys/net/ipv4/ip_forward", "1"),
+            ("/proc/sys/net/ipv4/conf/all/send_redirects", "0"),
+            ("/proc/sys/net/ipv4/conf/lan/send_redirects", "0"),
+        ] {
+            std::fs::write(knob, value)
+                .map_err(|e| NetError::Tool(format!("setting {knob}: {e}")))?;
+        }
+        Ok(())
     })?;
     if table_comment(&ns)?.as_deref() != Some(crate::edge_rules::comment(e).as_str()) {
         let script = crate::edge_rules::script(e);

@@ -18,6 +18,7 @@ mod isolation;
 mod networks;
 mod openapi;
 mod process;
+mod public_net;
 mod resources;
 mod scheduling;
 mod segments;

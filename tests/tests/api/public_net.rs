@@ -1,0 +1,440 @@
+//! Reaching VMs and the internet through segment edges, on real kernel
+//! networking: real `kumo-agent`s (libvirt `test:///`) for one VM host and
+//! two edge hosts (`--edge-uplink up0`), VMs as namespaces on their host's
+//! bridge with the API's MAC and address and a default route via the
+//! gateway, and a `wan` namespace for the provider network (its router,
+//! 203.0.113.1, is also the outside client).
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use kumo_api_types::{IngressRule, PublicIp, Segment, SegmentIngress, VmState};
+use serde_json::json;
+use vxlan_manager::testbed::{in_ns, ip, Fabric, PORT};
+
+use crate::harness::{Backend, TestServer};
+use crate::networks::start_agent;
+use crate::segments::{seg, vm_on};
+
+const WAN_ROUTER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+/// Where the wan namespace answers with the address it was reached from.
+const ECHO_PORT: u16 = 7001;
+
+/// The provider network: a bridge in `wan` holding the router's address,
+/// with a leg `up0` into each edge host.
+fn provider_network(fab: &Fabric, edges: &[usize]) -> String {
+    let wan = fab.ns("wan");
+    ip(&["netns", "add", &wan]);
+    ip(&["-n", &wan, "link", "set", "lo", "up"]);
+    ip(&["-n", &wan, "link", "add", "pn", "type", "bridge"]);
+    ip(&["-n", &wan, "link", "set", "pn", "up"]);
+    ip(&[
+        "-n",
+        &wan,
+        "addr",
+        "add",
+        &format!("{WAN_ROUTER}/24"),
+        "dev",
+        "pn",
+    ]);
+    for h in edges {
+        let host = fab.host_ns(*h);
+        let peer = format!("u{h}");
+        ip(&[
+            "link", "add", "up0", "netns", &host, "type", "veth", "peer", "name", &peer, "netns",
+            &wan,
+        ]);
+        ip(&["-n", &wan, "link", "set", &peer, "master", "pn", "up"]);
+        ip(&["-n", &host, "link", "set", "up0", "up"]);
+    }
+    // The outside's echo: it answers with the address it saw.
+    let (tx, rx) = std::sync::mpsc::channel();
+    in_ns(&wan, move || {
+        let l = TcpListener::bind(("0.0.0.0", ECHO_PORT)).unwrap();
+        tx.send(()).unwrap();
+        for mut s in l.incoming().flatten() {
+            let peer = s
+                .peer_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default();
+            let _ = s.write_all(peer.as_bytes());
+        }
+    });
+    rx.recv().unwrap();
+    wan
+}
+
+/// What `to` answers a TCP connection from namespace `from`.
+fn hello(from: &str, to: SocketAddr) -> Option<String> {
+    in_ns(from, move || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(700)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    })
+    .join()
+    .unwrap()
+}
+
+/// Waits until `from` gets `want` from `to`; answers how long that took.
+async fn until_answer(from: &str, to: SocketAddr, want: Option<&str>, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let (f, t) = (from.to_owned(), to);
+        let got = tokio::task::spawn_blocking(move || hello(&f, t))
+            .await
+            .unwrap();
+        if got.as_deref() == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: {from} → {to} answered {got:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn at(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::from((ip.parse::<Ipv4Addr>().unwrap(), port))
+}
+
+/// Edge namespaces and the rules in them, as the kernels hold them.
+fn edge_namespaces(fab: &Fabric) -> Vec<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&fab.prefix) && n.contains("-kedge"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn edge_rules(ns: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "list",
+            "table",
+            "ip",
+            "kumo_edge",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vms_reach_out_and_are_reached_through_their_edge() {
+    let fab = Fabric::new(3);
+    let wan = provider_network(&fab, &[1, 2]);
+    let s = TestServer::start_with(Backend::Sqlite, |c| {
+        c.heartbeat_timeout = Duration::from_secs(3);
+    })
+    .await;
+    s.tenant("lab").await;
+    let root = crate::harness::scratch();
+    let join = s.join_token().await;
+    let _vm_host = start_agent(&s, &fab, 0, "cpu-only", &join, root.path(), &[]);
+    let mut edge_hosts: Vec<Option<crate::networks::Host>> = [1, 2]
+        .into_iter()
+        .map(|h| {
+            Some(start_agent(
+                &s,
+                &fab,
+                h,
+                "cpu-only",
+                &join,
+                root.path(),
+                &["--edge-uplink", "up0"],
+            ))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.admin.list_hosts().await.unwrap().len() < 3 {
+        assert!(Instant::now() < deadline, "agents did not register");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Bad pools change nothing: a tenant range, an overlap, a gateway
+    // outside, a range outside.
+    for bad in [
+        json!({"name": "p1", "cidr": "10.200.0.0/24", "gateway": "10.200.0.1"}),
+        json!({"name": "p2", "cidr": "203.0.113.0/24", "gateway": "198.51.100.1"}),
+        json!({"name": "p3", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1", "range": "203.0.114.1-203.0.114.9"}),
+    ] {
+        let e = s
+            .admin
+            .post::<_, serde_json::Value>("/api/v1/public-ip-pools", &bad)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(400), "{bad}");
+    }
+    let _: kumo_api_types::PublicIpPool = s
+        .admin
+        .post(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1",
+                    "range": "203.0.113.10-203.0.113.99"}),
+        )
+        .await
+        .unwrap();
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev2", "cidr": "203.0.113.128/25", "gateway": "203.0.113.129"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400), "pools never overlap");
+
+    // A segment (egress on by default) and two VMs on the VM host.
+    let lan: Segment = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/segments",
+            &seg("lan", kumo_api_types::SegmentKind::Ethernet, "10.1.0.0/24"),
+        )
+        .await
+        .unwrap();
+    assert!(lan.egress);
+    let mut names = Vec::new();
+    for name in ["vm-a", "vm-b"] {
+        let v = s
+            .admin
+            .create_vm("lab", &vm_on(name, &[("lan", None)]))
+            .await
+            .unwrap();
+        names.push(v.name.clone());
+    }
+    let mut addr = std::collections::BTreeMap::new();
+    for name in &names {
+        let v = loop {
+            let v = s.admin.vm("lab", name).await.unwrap();
+            if v.state == VmState::Running {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let host: usize = v
+            .host
+            .as_deref()
+            .unwrap()
+            .trim_start_matches("net-")
+            .parse()
+            .unwrap();
+        let nic = &v.networks[0];
+        fab.add_vm(
+            name,
+            host,
+            &nic.mac,
+            &format!("{}/24", nic.ip),
+            lan.mtu,
+            &format!("kbr{}", lan.vni),
+        );
+        ip(&[
+            "-n",
+            &fab.ns(name),
+            "route",
+            "add",
+            "default",
+            "via",
+            &lan.gateway,
+        ]);
+        addr.insert(name.clone(), nic.ip.clone());
+    }
+    // Its edge is placed on an edge host with an egress address.
+    let edge = loop {
+        let seg = s.admin.segment("lab", "lan").await.unwrap();
+        if let Some(e) = seg.edge.filter(|e| e.snat_address.is_some()) {
+            break e;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let snat = edge.snat_address.clone().unwrap();
+    let (vm_a, vm_b) = (fab.ns("vm-a"), fab.ns("vm-b"));
+
+    // Egress: the outside sees the pool's egress address.
+    let took = until_answer(
+        &vm_a,
+        SocketAddr::from((WAN_ROUTER, ECHO_PORT)),
+        Some(&snat),
+        "egress",
+    )
+    .await;
+    eprintln!("egress flowing {took:?} after the edge was placed");
+
+    // A floating address: reached from outside as the ingress rules allow
+    // (none at first: nothing), and the VM leaves from it.
+    let fip: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    let attached: PublicIp = s
+        .admin
+        .post(
+            &format!("/api/v1/tenants/lab/public-ips/{}/attach", fip.address),
+            &json!({"vm": "vm-a"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        attached.attached.as_ref().map(|n| n.ip.as_str()),
+        Some(addr["vm-a"].as_str())
+    );
+    until_answer(
+        &vm_a,
+        SocketAddr::from((WAN_ROUTER, ECHO_PORT)),
+        Some(&fip.address),
+        "floating egress",
+    )
+    .await;
+    assert_eq!(
+        hello(&wan, at(&fip.address, PORT)),
+        None,
+        "no ingress rule: nothing comes in"
+    );
+    let allow: IngressRule = format!("tcp:{PORT}:0.0.0.0/0").parse().unwrap();
+    s.admin
+        .set_segment_ingress("lab", "lan", &SegmentIngress { rules: vec![allow] })
+        .await
+        .unwrap();
+    until_answer(
+        &wan,
+        at(&fip.address, PORT),
+        Some("vm-a"),
+        "floating address",
+    )
+    .await;
+    // Hairpin: a neighbour reaches the VM through its public address.
+    until_answer(&vm_b, at(&fip.address, PORT), Some("vm-a"), "hairpin").await;
+    // A port the rules do not open stays shut from outside.
+    assert_eq!(hello(&wan, at(&fip.address, PORT + 5)), None);
+
+    // A port forward to the other VM; a second forward of the same port
+    // and another tenant's address are refused.
+    let pip: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    let fwd = json!({"public_ip": pip.address, "protocol": "tcp", "public_port": 2222, "vm": "vm-b", "private_port": PORT});
+    let _: kumo_api_types::PortForward = s
+        .admin
+        .post("/api/v1/tenants/lab/port-forwards", &fwd)
+        .await
+        .unwrap();
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>("/api/v1/tenants/lab/port-forwards", &fwd)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409));
+    s.tenant("other").await;
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>("/api/v1/tenants/other/port-forwards", &fwd)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.status(),
+        Some(404),
+        "another tenant's address is not found"
+    );
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>(
+            &format!("/api/v1/tenants/lab/public-ips/{}/attach", pip.address),
+            &json!({"vm": "vm-a"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.status(),
+        Some(409),
+        "an address with forwards is not a floating one"
+    );
+    until_answer(&wan, at(&pip.address, 2222), Some("vm-b"), "port forward").await;
+
+    // Failover: the edge host dies (its agent stops and its edge
+    // namespace goes, as a dead host's would); the other takes the edge.
+    let first: usize = edge.host.trim_start_matches("net-").parse().unwrap();
+    let cut = Instant::now();
+    edge_hosts[first - 1] = None;
+    for ns in edge_namespaces(&fab) {
+        if ns.starts_with(&fab.host_ns(first)) {
+            ip(&["netns", "del", &ns]);
+        }
+    }
+    assert_eq!(hello(&wan, at(&pip.address, 2222)), None, "the cut is real");
+    until_answer(&wan, at(&pip.address, 2222), Some("vm-b"), "after failover").await;
+    let failover = cut.elapsed();
+    let moved = s.admin.segment("lab", "lan").await.unwrap().edge.unwrap();
+    assert_ne!(moved.host, edge.host);
+    until_answer(
+        &wan,
+        at(&fip.address, PORT),
+        Some("vm-a"),
+        "floating after failover",
+    )
+    .await;
+    eprintln!(
+        "edge failover: traffic flowing again {failover:?} after the cut (heartbeat timeout 3 s)"
+    );
+
+    // Deleting the VM takes its mapping everywhere at once; the address
+    // stays the tenant's, unattached, and is reusable.
+    s.admin.delete_vm("lab", "vm-a").await.unwrap();
+    let start = Instant::now();
+    loop {
+        let ip: PublicIp = s
+            .admin
+            .get(&format!("/api/v1/tenants/lab/public-ips/{}", fip.address))
+            .await
+            .unwrap();
+        let rules: String = edge_namespaces(&fab)
+            .iter()
+            .map(|n| edge_rules(n))
+            .collect();
+        if ip.attached.is_none() && !rules.contains(&addr["vm-a"]) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "stale: {ip:?}\n{rules}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(edge_namespaces(&fab).len(), 1, "one edge, no stale one");
+    let again: PublicIp = s
+        .admin
+        .post(
+            &format!("/api/v1/tenants/lab/public-ips/{}/attach", fip.address),
+            &json!({"vm": "vm-b"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.attached.map(|n| n.vm), Some("vm-b".to_owned()));
+    // Releasing the forward's address takes the forward with it.
+    s.admin
+        .delete(&format!("/api/v1/tenants/lab/public-ips/{}", pip.address))
+        .await
+        .unwrap();
+    let forwards: kumo_api_types::Page<kumo_api_types::PortForward> = s
+        .admin
+        .get("/api/v1/tenants/lab/port-forwards")
+        .await
+        .unwrap();
+    assert!(forwards.items.is_empty());
+    drop(edge_hosts);
+    s.stop().await;
+}
