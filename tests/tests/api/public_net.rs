@@ -102,7 +102,10 @@ async fn until_answer(from: &str, to: SocketAddr, want: Option<&str>, what: &str
 /// What the kernels hold, for a failure's message.
 fn diagnosis(from: &str) -> String {
     let run = |args: &[&str]| {
-        let out = std::process::Command::new("ip").args(args).output().unwrap();
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap();
         format!(
             "$ ip {}\n{}{}",
             args.join(" "),
@@ -113,11 +116,20 @@ fn diagnosis(from: &str) -> String {
     let mut out = run(&["-n", from, "neigh"]);
     out += &run(&["-n", from, "addr"]);
     let prefix = from.rsplit_once('-').map(|p| p.0).unwrap_or(from);
-    let fab = Fabric { prefix: prefix.to_owned(), hosts: 0 };
+    let fab = Fabric {
+        prefix: prefix.to_owned(),
+        hosts: 0,
+    };
     for h in 0..3 {
         let host = fab.host_ns(h);
-        let fdb = std::process::Command::new("bridge").args(["-n", &host, "fdb", "show"]).output().unwrap();
-        out += &format!("$ bridge -n {host} fdb show\n{}", String::from_utf8_lossy(&fdb.stdout));
+        let fdb = std::process::Command::new("bridge")
+            .args(["-n", &host, "fdb", "show"])
+            .output()
+            .unwrap();
+        out += &format!(
+            "$ bridge -n {host} fdb show\n{}",
+            String::from_utf8_lossy(&fdb.stdout)
+        );
     }
     for ns in edge_namespaces(&fab) {
         out += &run(&["-n", &ns, "addr"]);
@@ -197,7 +209,11 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
     // The VMs go to the VM host: the edge hosts are drained (which keeps
     // them carrying edges), so cutting an edge host cuts no VM.
     for h in ["net-1", "net-2"] {
-        let _: serde_json::Value = s.admin.post(&format!("/api/v1/hosts/{h}/drain"), &json!({})).await.unwrap();
+        let _: serde_json::Value = s
+            .admin
+            .post(&format!("/api/v1/hosts/{h}/drain"), &json!({}))
+            .await
+            .unwrap();
     }
     // Bad pools change nothing: a tenant range, an overlap, a gateway
     // outside, a range outside.
@@ -401,6 +417,115 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
     );
     until_answer(&wan, at(&pip.address, 2222), Some("vm-b"), "port forward").await;
 
+    // Another tenant on the same addresses (10.1.0.0/24) with its own
+    // edge and public address: each outside address reaches its own VM.
+    let _ = s
+        .admin
+        .create_segment(
+            "other",
+            &seg("lan", kumo_api_types::SegmentKind::Ethernet, "10.1.0.0/24"),
+        )
+        .await
+        .unwrap();
+    let other = s.admin.segment("other", "lan").await.unwrap();
+    let v = s
+        .admin
+        .create_vm("other", &vm_on("vm-c", &[("lan", None)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        v.networks[0].ip, addr["vm-a"],
+        "the same private address in both tenants"
+    );
+    let v = loop {
+        let v = s.admin.vm("other", "vm-c").await.unwrap();
+        if v.state == VmState::Running {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let host: usize = v
+        .host
+        .as_deref()
+        .unwrap()
+        .trim_start_matches("net-")
+        .parse()
+        .unwrap();
+    let nic = &v.networks[0];
+    fab.add_vm(
+        "vm-c",
+        host,
+        &nic.mac,
+        &format!("{}/24", nic.ip),
+        other.mtu,
+        &format!("kbr{}", other.vni),
+    );
+    ip(&[
+        "-n",
+        &fab.ns("vm-c"),
+        "route",
+        "add",
+        "default",
+        "via",
+        &other.gateway,
+    ]);
+    s.admin
+        .set_segment_ingress(
+            "other",
+            "lan",
+            &SegmentIngress {
+                rules: vec![format!("tcp:{PORT}:0.0.0.0/0").parse().unwrap()],
+            },
+        )
+        .await
+        .unwrap();
+    let cip: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/other/public-ips", &json!({}))
+        .await
+        .unwrap();
+    let _: PublicIp = s
+        .admin
+        .post(
+            &format!("/api/v1/tenants/other/public-ips/{}/attach", cip.address),
+            &json!({"vm": "vm-c"}),
+        )
+        .await
+        .unwrap();
+    until_answer(
+        &wan,
+        at(&cip.address, PORT),
+        Some("vm-c"),
+        "the other tenant's floating address",
+    )
+    .await;
+    until_answer(
+        &wan,
+        at(&fip.address, PORT),
+        Some("vm-a"),
+        "ours, beside it",
+    )
+    .await;
+    until_answer(
+        &fab.ns("vm-c"),
+        SocketAddr::from((WAN_ROUTER, ECHO_PORT)),
+        Some(&cip.address),
+        "its own egress",
+    )
+    .await;
+    // A tenant's public address is another tenant's "not found".
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>(
+            &format!("/api/v1/tenants/other/public-ips/{}/attach", fip.address),
+            &json!({"vm": "vm-c"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(404));
+    s.admin.delete_vm("other", "vm-c").await.unwrap();
+    fab.remove_vm("vm-c");
+
     // Failover: the edge host dies (its agent stops and its edge
     // namespace goes, as a dead host's would); the other takes the edge.
     // Where the edge is now: a host that missed heartbeats under load may
@@ -453,7 +578,14 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(edge_namespaces(&fab).len(), 1, "one edge, no stale one");
+    // One edge per segment with egress (ours and the other tenant's), both
+    // on the surviving edge host; none stale.
+    let edges = edge_namespaces(&fab);
+    assert_eq!(edges.len(), 2, "{edges:?}");
+    assert!(
+        edges.iter().all(|e| !e.starts_with(&fab.host_ns(first))),
+        "{edges:?}"
+    );
     let again: PublicIp = s
         .admin
         .post(
