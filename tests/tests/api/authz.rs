@@ -609,7 +609,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
     let body = match (method, template) {
         ("POST", "/api/v1/tenants") => Some(json!({"name": format!("new-{n}")})),
         ("PATCH", "/api/v1/tenants/{tenant}/segments/{segment}") => {
-            Some(json!({"egress": n % 2 == 0}))
+            Some(json!({"egress": n.is_multiple_of(2)}))
         }
         ("POST", "/api/v1/public-ip-pools") => Some(json!({
             "name": format!("pool-{n}"),
