@@ -328,6 +328,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_ssh_command_goes_through_what_reaches_port_22() {
+        let mut n = VmNetwork {
+            segment: "lan".into(),
+            ip: "10.1.0.2".into(),
+            mac: "02:6b:00:00:00:02".into(),
+            public_ip: None,
+            forwards: vec![NicForward {
+                public_ip: "203.0.113.10".into(),
+                public_port: 8080,
+                protocol: ForwardProtocol::Tcp,
+                private_port: 80,
+            }],
+        };
+        assert_eq!(n.ssh_command(Some("ubuntu")), None, "no way in to port 22");
+        n.forwards.push(NicForward {
+            public_ip: "203.0.113.10".into(),
+            public_port: 2222,
+            protocol: ForwardProtocol::Tcp,
+            private_port: 22,
+        });
+        assert_eq!(
+            n.ssh_command(Some("ubuntu")).as_deref(),
+            Some("ssh -p 2222 ubuntu@203.0.113.10")
+        );
+        n.public_ip = Some("203.0.113.11".into());
+        assert_eq!(n.ssh_command(None).as_deref(), Some("ssh 203.0.113.11"));
+    }
+
+    #[test]
     fn problem_uses_rfc9457_member_names() {
         let p = Problem {
             kind: "/problems/not-found".into(),
@@ -578,6 +607,36 @@ pub struct VmNetwork {
     pub segment: String,
     pub ip: String,
     pub mac: String,
+    /// The NIC's 1:1 floating address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<String>,
+    /// Ports of public addresses forwarded to the NIC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forwards: Vec<NicForward>,
+}
+
+/// `public_ip:public_port/protocol` reaches the NIC's `private_port`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NicForward {
+    pub public_ip: String,
+    pub public_port: u16,
+    pub protocol: ForwardProtocol,
+    pub private_port: u16,
+}
+
+impl VmNetwork {
+    /// How to reach the NIC's SSH port from outside, if it can be:
+    /// through its floating address, or a forward to port 22.
+    pub fn ssh_command(&self, user: Option<&str>) -> Option<String> {
+        let at = user.map(|u| format!("{u}@")).unwrap_or_default();
+        if let Some(ip) = &self.public_ip {
+            return Some(format!("ssh {at}{ip}"));
+        }
+        self.forwards
+            .iter()
+            .find(|f| f.private_port == 22 && f.protocol == ForwardProtocol::Tcp)
+            .map(|f| format!("ssh -p {} {at}{}", f.public_port, f.public_ip))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -1391,7 +1391,7 @@ fn vms_table(vms: &[Vm]) -> String {
     t.render()
 }
 
-fn vm_detail(v: &Vm) -> String {
+fn vm_detail(v: &Vm, user: Option<&str>) -> String {
     let mut s = format!(
         "Name:    {}\nTenant:  {}\nState:   {}{}\nHost:    {}\nSize:    {} GPU(s), {} vCPUs, {} GiB memory, {} GiB disk\n",
         v.name,
@@ -1430,6 +1430,35 @@ fn vm_detail(v: &Vm) -> String {
         s.push('\n');
         s.push_str(&n.render());
     }
+    if !v.networks.is_empty() {
+        let mut t = Table::new(&["segment", "address", "mac", "public", "forwards"]);
+        for n in &v.networks {
+            t.row(vec![
+                n.segment.clone(),
+                n.ip.clone(),
+                n.mac.clone(),
+                opt(&n.public_ip),
+                n.forwards
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{}:{}/{} → {}",
+                            f.public_ip,
+                            f.public_port,
+                            f.protocol.as_str(),
+                            f.private_port
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ]);
+        }
+        s.push('\n');
+        s.push_str(&t.render());
+        for cmd in v.networks.iter().filter_map(|n| n.ssh_command(user)) {
+            s.push_str(&format!("SSH:     {cmd}\n"));
+        }
+    }
     s
 }
 
@@ -1455,7 +1484,7 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
                     bail!("{} failed: {}", v.name, v.reason.unwrap_or_default());
                 }
             }
-            print_one(out, fmt, &v, || vm_detail(&v))?;
+            print_one(out, fmt, &v, || vm_detail(&v, None))?;
         }
         VmCmd::List { tenant } => {
             let vms = c.list_vms(&tenant.tenant).await?;
@@ -1463,7 +1492,17 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
         }
         VmCmd::Show { vm, tenant } => {
             let v = c.vm(&tenant.tenant, vm).await?;
-            print_one(out, fmt, &v, || vm_detail(&v))?;
+            // The template's login user, for the SSH command.
+            let user = match &v.spec.template {
+                Some(t) => c
+                    .list_templates()
+                    .await?
+                    .into_iter()
+                    .find(|x| &x.name == t)
+                    .map(|x| x.default_user),
+                None => None,
+            };
+            print_one(out, fmt, &v, || vm_detail(&v, user.as_deref()))?;
         }
         VmCmd::Start { vm, tenant } | VmCmd::Stop { vm, tenant } | VmCmd::Reboot { vm, tenant } => {
             let action = match cmd {

@@ -233,6 +233,57 @@ pub async fn published_segments(db: &impl ConnectionTrait) -> Result<BTreeSet<Uu
         .collect())
 }
 
+/// Per NIC, its floating address and the forwards to it.
+pub async fn published_to(
+    db: &impl ConnectionTrait,
+    nics: &[attachments::Model],
+) -> Result<
+    std::collections::HashMap<Uuid, (Option<String>, Vec<kumo_api_types::NicForward>)>,
+    ApiError,
+> {
+    let ids: Vec<Uuid> = nics.iter().map(|a| a.id).collect();
+    let mut out: std::collections::HashMap<Uuid, (Option<String>, Vec<_>)> = Default::default();
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    for ip in public_ips::Entity::find()
+        .filter(public_ips::Column::AttachmentId.is_in(ids.iter().copied()))
+        .all(db)
+        .await?
+    {
+        if let Some(a) = ip.attachment_id {
+            out.entry(a).or_default().0 = Some(ip.address);
+        }
+    }
+    let forwards = port_forwards::Entity::find()
+        .filter(port_forwards::Column::AttachmentId.is_in(ids))
+        .all(db)
+        .await?;
+    let addresses: std::collections::HashMap<Uuid, String> = public_ips::Entity::find()
+        .filter(public_ips::Column::Id.is_in(forwards.iter().map(|f| f.public_ip_id)))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|p| (p.id, p.address))
+        .collect();
+    for f in forwards {
+        out.entry(f.attachment_id)
+            .or_default()
+            .1
+            .push(kumo_api_types::NicForward {
+                public_ip: addresses.get(&f.public_ip_id).cloned().unwrap_or_default(),
+                public_port: u16::try_from(f.public_port).unwrap_or(0),
+                protocol: if f.protocol == "udp" {
+                    kumo_api_types::ForwardProtocol::Udp
+                } else {
+                    kumo_api_types::ForwardProtocol::Tcp
+                },
+                private_port: u16::try_from(f.private_port).unwrap_or(0),
+            });
+    }
+    Ok(out)
+}
+
 /// A VM's NICs are going: their floating addresses return to the tenant
 /// unattached and their forwards are deleted, in the caller's transaction.
 pub async fn release_nics_of(db: &impl ConnectionTrait, vm: Uuid) -> Result<(), ApiError> {

@@ -186,12 +186,16 @@ pub async fn networks_of(
         .into_iter()
         .map(|s| (s.id, s.name))
         .collect();
+    let published = crate::store::public_net::published_to(db, &rows).await?;
     let mut out: HashMap<Uuid, Vec<VmNetwork>> = HashMap::new();
     for a in rows {
+        let (public_ip, forwards) = published.get(&a.id).cloned().unwrap_or_default();
         out.entry(a.vm_id).or_default().push(VmNetwork {
             segment: names.get(&a.segment_id).cloned().unwrap_or_default(),
             ip: a.ip,
             mac: a.mac,
+            public_ip,
+            forwards,
         });
     }
     Ok(out)

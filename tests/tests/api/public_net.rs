@@ -416,6 +416,19 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
         "an address with forwards is not a floating one"
     );
     until_answer(&wan, at(&pip.address, 2222), Some("vm-b"), "port forward").await;
+    // The VMs show their public ways in.
+    let a = s.admin.vm("lab", "vm-a").await.unwrap();
+    assert_eq!(
+        a.networks[0].public_ip.as_deref(),
+        Some(fip.address.as_str())
+    );
+    assert_eq!(
+        a.networks[0].ssh_command(Some("root")),
+        Some(format!("ssh root@{}", fip.address))
+    );
+    let b = s.admin.vm("lab", "vm-b").await.unwrap();
+    assert_eq!(b.networks[0].forwards.len(), 1);
+    assert_eq!(b.networks[0].forwards[0].public_port, 2222);
 
     // Another tenant on the same addresses (10.1.0.0/24) with its own
     // edge and public address: each outside address reaches its own VM.
