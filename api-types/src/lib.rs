@@ -1411,7 +1411,7 @@ pub struct ClassPrice {
 
 /// A rate card to add: in force from `effective_from` (default: now; never
 /// earlier) until the next card. Classes: `gpu:<model>`, `vcpu`,
-/// `memory_gib`, `disk_gib`.
+/// `memory_gib`, `disk_gib` (per unit-hour), `public_ip` (per address-hour).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateCardPut {

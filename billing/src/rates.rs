@@ -50,14 +50,14 @@ pub enum RateError {
     Negative { class: Class },
     #[error("{class}: the spot price is above the guaranteed one")]
     SpotAboveGuaranteed { class: Class },
-    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib)")]
+    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip)")]
     UnknownClass(String),
 }
 
 impl RateCard {
     pub fn validate(&self) -> Result<(), RateError> {
         for (class, p) in &self.prices {
-            let known = [VCPU, MEMORY_GIB, DISK_GIB].contains(&class.as_str())
+            let known = [VCPU, MEMORY_GIB, DISK_GIB, PUBLIC_IP].contains(&class.as_str())
                 || class
                     .strip_prefix("gpu:")
                     .is_some_and(|m| !m.is_empty() && m.len() <= 64);

@@ -547,3 +547,53 @@ async fn a_restart_mid_period_changes_no_total() {
     assert_eq!(d(&p.charged), d("600"), "{p:?}");
     server.stop().await.unwrap();
 }
+
+/// A public address is charged per hour from its allocation to its
+/// release, as the address (rate class `public_ip`).
+#[tokio::test]
+async fn public_addresses_are_charged_while_held() {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap();
+    let clock = Clock::manual(t0);
+    let s = TestServer::start_with(Backend::Sqlite, |c| c.clock = clock.clone()).await;
+    let _: Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"effective_from": t0, "prices": {"public_ip": {"guaranteed": "36", "spot": "36"}}}),
+        )
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    let _: kumo_api_types::PublicIpPool = s
+        .admin
+        .post(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
+        )
+        .await
+        .unwrap();
+    let ip: kumo_api_types::PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    clock.advance(Duration::minutes(10));
+    s.admin
+        .delete(&format!("/api/v1/tenants/lab/public-ips/{}", ip.address))
+        .await
+        .unwrap();
+    clock.advance(Duration::minutes(10));
+    kumo_server::app::metering::post_due(&s.server.state)
+        .await
+        .unwrap();
+    let st = month(&s, "2026-11").await;
+    let held: Vec<(String, i64, String)> = st
+        .lines
+        .iter()
+        .filter(|l| l.resource == "public_ip")
+        .map(|l| (l.vm.clone(), l.seconds, l.amount.clone()))
+        .collect();
+    // 600 s at 36 points an hour: 6 points, and nothing after the release.
+    assert_eq!(held, [(ip.address.clone(), 600, "6".into())]);
+    s.stop().await;
+}
