@@ -468,7 +468,7 @@ impl DesiredState {
 
 /// At most this many public addresses, floating addresses, forwards or
 /// DNS names per edge.
-pub const MAX_EDGE_ENTRIES: usize = 1024;
+pub const MAX_EDGE_ENTRIES: usize = 4096;
 
 fn public_unicast(ip: Ipv4Addr) -> bool {
     !(ip.is_unspecified()

@@ -457,6 +457,10 @@ pub async fn release(
 
 // --------------------------------------------------------- port forwards
 
+/// Forwards one public address may carry: the edge's table stays small
+/// whatever one tenant asks (its addresses are bounded by `public_ips`).
+pub const MAX_FORWARDS_PER_ADDRESS: usize = 64;
+
 async fn forward_view(
     db: &impl ConnectionTrait,
     f: &port_forwards::Model,
@@ -511,12 +515,25 @@ pub async fn create_forward(
         .parse::<Ipv4Addr>()
         .map_err(|_| ApiError::field("public_ip", "an IPv4 address"))?;
     let txn = st.db.begin().await?;
+    // Counted with the tenant's row held: concurrent creations cannot
+    // both take the last place.
+    crate::store::tenancy::lock_for_quota(&txn, tenant.id).await?;
     let ip = store::tenant_address(&txn, tenant.id, &body.public_ip).await?;
     if ip.attachment_id.is_some() {
         return Err(ApiError::Conflict(format!(
             "{} is a floating address (every port goes to its VM); detach it to forward ports",
             ip.address
         )));
+    }
+    let have = store::forwards_of_address(&txn, ip.id).await?.len();
+    if have >= MAX_FORWARDS_PER_ADDRESS {
+        return Err(ApiError::QuotaExceeded {
+            resource: "port_forwards".into(),
+            detail: format!(
+                "{} already carries {have} forwards, the most one address may",
+                ip.address
+            ),
+        });
     }
     let (nic, seg, _) = nic_of(&txn, &tenant, &body.vm, body.segment.as_deref()).await?;
     let f = port_forwards::ActiveModel {

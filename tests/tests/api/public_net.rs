@@ -622,3 +622,113 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
     drop(edge_hosts);
     s.stop().await;
 }
+
+/// Every shared pool has a per-tenant limit: public addresses within the
+/// `public_ips` quota, forwards per address bounded; what one tenant
+/// holds is another's "not found".
+#[tokio::test]
+async fn public_addresses_hold_their_limits() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    s.tenant("other").await;
+    let mut q = s.admin.quota("lab").await.unwrap();
+    q.public_ips = 2;
+    s.quota("lab", &q).await;
+    let _agent = s.sim_agent_at("net-1", "cpu-only", "192.0.2.1").await;
+    let _: kumo_api_types::PublicIpPool = s
+        .admin
+        .post(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
+        )
+        .await
+        .unwrap();
+    let _ = s
+        .admin
+        .create_segment(
+            "lab",
+            &seg("lan", kumo_api_types::SegmentKind::Ethernet, "10.1.0.0/24"),
+        )
+        .await
+        .unwrap();
+    s.admin
+        .create_vm("lab", &vm_on("vm-a", &[("lan", None)]))
+        .await
+        .unwrap();
+    let a: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    let _: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    let e = s
+        .admin
+        .post::<_, PublicIp>("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap_err();
+    let p = e.problem().unwrap();
+    assert_eq!(
+        (p.kind.as_str(), p.resource.as_deref()),
+        ("/problems/quota-exceeded", Some("public_ips"))
+    );
+    let limit = kumo_server::app::public_net::MAX_FORWARDS_PER_ADDRESS;
+    for port in 0..limit {
+        let _: kumo_api_types::PortForward = s
+            .admin
+            .post(
+                "/api/v1/tenants/lab/port-forwards",
+                &json!({"public_ip": a.address, "protocol": "tcp", "public_port": 10_000 + port, "vm": "vm-a", "private_port": 22}),
+            )
+            .await
+            .unwrap();
+    }
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>(
+            "/api/v1/tenants/lab/port-forwards",
+            &json!({"public_ip": a.address, "protocol": "udp", "public_port": 53, "vm": "vm-a", "private_port": 53}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.problem().unwrap().resource.as_deref(),
+        Some("port_forwards")
+    );
+    // Bad forwards: port 0, an address outside, another tenant's VM.
+    for bad in [
+        json!({"public_ip": a.address, "protocol": "tcp", "public_port": 0, "vm": "vm-a", "private_port": 22}),
+        json!({"public_ip": "not-an-address", "protocol": "tcp", "public_port": 1, "vm": "vm-a", "private_port": 22}),
+    ] {
+        let e = s
+            .admin
+            .post::<_, serde_json::Value>("/api/v1/tenants/lab/port-forwards", &bad)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(400), "{bad}");
+    }
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>(
+            "/api/v1/tenants/other/public-ips/203.0.113.2/attach",
+            &json!({"vm": "vm-a"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(404));
+    // Released addresses go back to the pool.
+    s.admin
+        .delete(&format!("/api/v1/tenants/lab/public-ips/{}", a.address))
+        .await
+        .unwrap();
+    let again: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(again.address, a.address);
+    s.stop().await;
+}
