@@ -624,6 +624,20 @@ pub struct NicForward {
     pub private_port: u16,
 }
 
+/// `203.0.113.10:2222/tcp → 22`.
+impl std::fmt::Display for NicForward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}/{} → {}",
+            self.public_ip,
+            self.public_port,
+            self.protocol.as_str(),
+            self.private_port
+        )
+    }
+}
+
 impl VmNetwork {
     /// How to reach the NIC's SSH port from outside, if it can be:
     /// through its floating address, or a forward to port 22.

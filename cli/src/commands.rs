@@ -1440,15 +1440,7 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
                 opt(&n.public_ip),
                 n.forwards
                     .iter()
-                    .map(|f| {
-                        format!(
-                            "{}:{}/{} → {}",
-                            f.public_ip,
-                            f.public_port,
-                            f.protocol.as_str(),
-                            f.private_port
-                        )
-                    })
+                    .map(ToString::to_string)
                     .collect::<Vec<_>>()
                     .join(", "),
             ]);

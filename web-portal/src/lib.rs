@@ -358,6 +358,19 @@ pub struct VmDetail {
     pub gpus: Vec<diagram::Gpu>,
     pub events: Vec<String>,
     pub nccl: Option<String>,
+    /// Each NIC with its public ways in.
+    pub networks: Vec<NicRow>,
+}
+
+/// One NIC on the VM page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicRow {
+    pub segment: String,
+    pub address: String,
+    /// The floating address and forwarded ports, as text.
+    pub public: String,
+    /// The command that reaches the VM's SSH port from outside.
+    pub ssh: Option<String>,
 }
 
 #[derive(Template)]
@@ -371,6 +384,8 @@ struct VmPage<'a> {
     svg: &'a str,
     events: &'a [String],
     nccl: Option<&'a str>,
+    networks: &'a [NicRow],
+    l_networks: &'a str,
     l_state: &'a str,
     l_host: &'a str,
     l_topology: &'a str,
@@ -390,6 +405,8 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         svg: &svg,
         events: &vm.events,
         nccl: vm.nccl.as_deref(),
+        networks: &vm.networks,
+        l_networks: t(lang, Msg::Networks),
         l_state: t(lang, Msg::State),
         l_host: t(lang, Msg::Host),
         l_topology: t(lang, Msg::Topology),
@@ -514,6 +531,47 @@ mod tests {
         assert!(ja.contains("<html lang=\"ja\">") && ja.contains("参加プロジェクト"));
         assert!(ja.contains("まだどのプロジェクトにも参加していません"));
         assert!(ja.contains("href=\"/lang/en\""), "the switch");
+    }
+
+    #[test]
+    fn the_vm_page_shows_the_ways_in() {
+        let v = Viewer {
+            display_name: "Aiko".into(),
+            csrf: "tok".into(),
+            is_admin: false,
+        };
+        let vm = VmDetail {
+            tenant: "vision".into(),
+            name: "train".into(),
+            state: "running".into(),
+            host: None,
+            cells: vec![],
+            gpus: vec![],
+            events: vec![],
+            nccl: None,
+            networks: vec![NicRow {
+                segment: "lan".into(),
+                address: "10.1.0.2".into(),
+                public: "203.0.113.11".into(),
+                ssh: Some("ssh 203.0.113.11".into()),
+            }],
+        };
+        let page = vm_page(Lang::Ja, &v, &vm);
+        assert!(page.contains("ネットワーク"), "{page}");
+        assert!(
+            page.contains("<td>10.1.0.2</td><td>203.0.113.11</td>"),
+            "{page}"
+        );
+        assert!(page.contains("<code>ssh 203.0.113.11</code>"), "{page}");
+        let none = vm_page(
+            Lang::En,
+            &v,
+            &VmDetail {
+                networks: vec![],
+                ..vm
+            },
+        );
+        assert!(!none.contains("Networks"));
     }
 
     #[test]

@@ -608,6 +608,22 @@ async fn vm_page(
             .collect(),
         events,
         nccl,
+        networks: vm
+            .networks
+            .iter()
+            .map(|n| kumo_web_portal::NicRow {
+                segment: n.segment.clone(),
+                address: n.ip.clone(),
+                public: n
+                    .public_ip
+                    .iter()
+                    .cloned()
+                    .chain(n.forwards.iter().map(ToString::to_string))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ssh: n.ssh_command(None),
+            })
+            .collect(),
     };
     Ok(html(kumo_web_portal::vm_page(
         lang(&headers),
