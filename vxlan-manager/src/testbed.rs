@@ -64,10 +64,14 @@ pub fn serve(ns: &str, name: &str) {
 }
 
 pub fn tcp_hello(from: &str, to: Ipv4Addr) -> Option<String> {
+    hello(from, SocketAddr::from((to, PORT)), Duration::from_secs(2))
+}
+
+/// What `to` says to a TCP connection from namespace `from`, if it
+/// answers within `wait`.
+pub fn hello(from: &str, to: SocketAddr, wait: Duration) -> Option<String> {
     in_ns(from, move || {
-        let mut s =
-            TcpStream::connect_timeout(&SocketAddr::from((to, PORT)), Duration::from_secs(2))
-                .ok()?;
+        let mut s = TcpStream::connect_timeout(&to, wait).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;

@@ -393,10 +393,9 @@ async fn edge(
         };
         forwards.push(Forward {
             public,
-            protocol: if f.protocol == "udp" {
-                Protocol::Udp
-            } else {
-                Protocol::Tcp
+            protocol: match crate::store::public_net::stored_protocol(f)? {
+                kumo_api_types::ForwardProtocol::Tcp => Protocol::Tcp,
+                kumo_api_types::ForwardProtocol::Udp => Protocol::Udp,
             },
             port: u16::try_from(f.public_port).unwrap_or(0),
             private,

@@ -6,8 +6,8 @@
 use std::net::Ipv4Addr;
 
 use kumo_api_types::{
-    ForwardProtocol, NicRef, Page, PageParams, PortForward, PortForwardCreate, PublicIp,
-    PublicIpAllocate, PublicIpAttach, PublicIpPool, PublicIpPoolCreate, Role, SegmentKind,
+    NicRef, Page, PageParams, PortForward, PortForwardCreate, PublicIp, PublicIpAllocate,
+    PublicIpAttach, PublicIpPool, PublicIpPoolCreate, Role, SegmentKind,
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
@@ -21,6 +21,7 @@ use crate::context::{Actor, AppState};
 use crate::domain::names;
 use crate::domain::paging::Paging;
 use crate::domain::public_net::Pool;
+use crate::domain::states::StoredText;
 use crate::entity::{
     attachments, port_forwards, public_ip_pools, public_ips, segments, tenants, vms,
 };
@@ -480,11 +481,7 @@ async fn forward_view(
         id: f.id,
         tenant: tenant.to_owned(),
         public_ip: ip,
-        protocol: if f.protocol == "udp" {
-            ForwardProtocol::Udp
-        } else {
-            ForwardProtocol::Tcp
-        },
+        protocol: store::stored_protocol(f)?,
         public_port: u16::try_from(f.public_port).unwrap_or(0),
         to,
         private_port: u16::try_from(f.private_port).unwrap_or(0),
@@ -540,7 +537,7 @@ pub async fn create_forward(
         id: Set(Uuid::now_v7()),
         tenant_id: Set(tenant.id),
         public_ip_id: Set(ip.id),
-        protocol: Set(body.protocol.as_str().into()),
+        protocol: Set(body.protocol.to_text().into()),
         public_port: Set(i32::from(body.public_port)),
         attachment_id: Set(nic.id),
         private_port: Set(i32::from(body.private_port)),

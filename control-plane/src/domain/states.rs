@@ -5,7 +5,7 @@
 
 use std::fmt::Display;
 
-use kumo_api_types::{HostState, Power, SegmentKind, VmState};
+use kumo_api_types::{ForwardProtocol, HostState, Power, SegmentKind, VmState};
 use kumo_billing::Level;
 
 use crate::error::ApiError;
@@ -28,6 +28,14 @@ pub fn decode<T: StoredText>(table: &str, row: impl Display, text: &str) -> Resu
     T::from_text(text).ok_or_else(|| {
         ApiError::Internal(format!("{table} row {row}: unknown {} {text:?}", T::WHAT))
     })
+}
+
+impl StoredText for ForwardProtocol {
+    const WHAT: &'static str = "forward protocol";
+    const ALL: &'static [ForwardProtocol] = &[ForwardProtocol::Tcp, ForwardProtocol::Udp];
+    fn to_text(self) -> &'static str {
+        self.as_str()
+    }
 }
 
 impl StoredText for VmState {

@@ -14,6 +14,13 @@ use crate::domain::public_net::Pool;
 use crate::entity::{attachments, port_forwards, public_ip_pools, public_ips, segments};
 use crate::error::ApiError;
 
+/// A forward's protocol, as stored.
+pub fn stored_protocol(
+    f: &port_forwards::Model,
+) -> Result<kumo_api_types::ForwardProtocol, ApiError> {
+    crate::domain::states::decode("port_forwards", f.id, &f.protocol)
+}
+
 /// A stored pool as the rules read it.
 pub fn stored_pool(p: &public_ip_pools::Model) -> Result<Pool, ApiError> {
     let bad = |what: &str| ApiError::Internal(format!("pool {:?} has a bad {what}", p.name));
@@ -273,11 +280,7 @@ pub async fn published_to(
             .push(kumo_api_types::NicForward {
                 public_ip: addresses.get(&f.public_ip_id).cloned().unwrap_or_default(),
                 public_port: u16::try_from(f.public_port).unwrap_or(0),
-                protocol: if f.protocol == "udp" {
-                    kumo_api_types::ForwardProtocol::Udp
-                } else {
-                    kumo_api_types::ForwardProtocol::Tcp
-                },
+                protocol: stored_protocol(&f)?,
                 private_port: u16::try_from(f.private_port).unwrap_or(0),
             });
     }

@@ -5,8 +5,8 @@
 //! gateway, and a `wan` namespace for the provider network (its router,
 //! 203.0.113.1, is also the outside client).
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use kumo_api_types::{IngressRule, PublicIp, Segment, SegmentIngress, VmState};
@@ -67,15 +67,7 @@ fn provider_network(fab: &Fabric, edges: &[usize]) -> String {
 
 /// What `to` answers a TCP connection from namespace `from`.
 fn hello(from: &str, to: SocketAddr) -> Option<String> {
-    in_ns(from, move || {
-        let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(700)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        Some(out)
-    })
-    .join()
-    .unwrap()
+    vxlan_manager::testbed::hello(from, to, Duration::from_millis(700))
 }
 
 /// Waits until `from` gets `want` from `to`; answers how long that took.
@@ -142,6 +134,46 @@ fn diagnosis(from: &str) -> String {
 
 fn at(ip: &str, port: u16) -> SocketAddr {
     SocketAddr::from((ip.parse::<Ipv4Addr>().unwrap(), port))
+}
+
+/// Waits until the tenant's VM runs, then puts its stand-in on its
+/// host's bridge (the API's MAC and address, a default route via the
+/// gateway); answers its address.
+async fn plug_vm(s: &TestServer, fab: &Fabric, tenant: &str, name: &str, seg: &Segment) -> String {
+    let v = loop {
+        let v = s.admin.vm(tenant, name).await.unwrap();
+        if v.state == VmState::Running {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let host: usize = v
+        .host
+        .as_deref()
+        .unwrap()
+        .trim_start_matches("net-")
+        .parse()
+        .unwrap();
+    let nic = &v.networks[0];
+    let bridge = format!("kbr{}", seg.vni);
+    fab.add_vm(
+        name,
+        host,
+        &nic.mac,
+        &format!("{}/24", nic.ip),
+        seg.mtu,
+        &bridge,
+    );
+    ip(&[
+        "-n",
+        &fab.ns(name),
+        "route",
+        "add",
+        "default",
+        "via",
+        &seg.gateway,
+    ]);
+    nic.ip.clone()
 }
 
 /// Edge namespaces and the rules in them, as the kernels hold them.
@@ -269,39 +301,7 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
     }
     let mut addr = std::collections::BTreeMap::new();
     for name in &names {
-        let v = loop {
-            let v = s.admin.vm("lab", name).await.unwrap();
-            if v.state == VmState::Running {
-                break v;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let host: usize = v
-            .host
-            .as_deref()
-            .unwrap()
-            .trim_start_matches("net-")
-            .parse()
-            .unwrap();
-        let nic = &v.networks[0];
-        fab.add_vm(
-            name,
-            host,
-            &nic.mac,
-            &format!("{}/24", nic.ip),
-            lan.mtu,
-            &format!("kbr{}", lan.vni),
-        );
-        ip(&[
-            "-n",
-            &fab.ns(name),
-            "route",
-            "add",
-            "default",
-            "via",
-            &lan.gateway,
-        ]);
-        addr.insert(name.clone(), nic.ip.clone());
+        addr.insert(name.clone(), plug_vm(&s, &fab, "lab", name, &lan).await);
     }
     // Its edge is placed on an edge host with an egress address.
     let edge = loop {
@@ -450,38 +450,7 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
         v.networks[0].ip, addr["vm-a"],
         "the same private address in both tenants"
     );
-    let v = loop {
-        let v = s.admin.vm("other", "vm-c").await.unwrap();
-        if v.state == VmState::Running {
-            break v;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let host: usize = v
-        .host
-        .as_deref()
-        .unwrap()
-        .trim_start_matches("net-")
-        .parse()
-        .unwrap();
-    let nic = &v.networks[0];
-    fab.add_vm(
-        "vm-c",
-        host,
-        &nic.mac,
-        &format!("{}/24", nic.ip),
-        other.mtu,
-        &format!("kbr{}", other.vni),
-    );
-    ip(&[
-        "-n",
-        &fab.ns("vm-c"),
-        "route",
-        "add",
-        "default",
-        "via",
-        &other.gateway,
-    ]);
+    plug_vm(&s, &fab, "other", "vm-c", &other).await;
     s.admin
         .set_segment_ingress(
             "other",
