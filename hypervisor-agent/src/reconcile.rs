@@ -137,7 +137,11 @@ pub fn network_config(vm: &DesiredVm) -> Option<String> {
             n.mtu
         ));
         if i == 0 {
-            out.push_str(&format!("    gateway4: {}\n", yaml_str(&n.gateway)));
+            // The gateway is also the segment's resolver (its edge's DNS).
+            out.push_str(&format!(
+                "    gateway4: {gw}\n    nameservers:\n      addresses: [{gw}]\n",
+                gw = yaml_str(&n.gateway)
+            ));
         }
     }
     Some(out)
@@ -632,6 +636,10 @@ pub(crate) mod tests {
         assert!(net.contains("addresses: [\"10.3.0.5/24\"]"), "{net}");
         assert_eq!(net.matches("gateway4").count(), 1, "one default route");
         assert!(net.contains("gateway4: \"10.1.0.1\""), "{net}");
+        assert!(
+            net.contains("nameservers:\n      addresses: [\"10.1.0.1\"]"),
+            "{net}"
+        );
     }
 
     #[test]

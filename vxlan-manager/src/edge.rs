@@ -2,7 +2,9 @@
 //! namespace (`kedge<VNI>`, prefixed with a simulated host's own
 //! namespace) with a veth leg `lan` on the segment's bridge (the gateway's
 //! address and MAC), a macvlan leg `wan` on the uplink (the public
-//! addresses, the default route) and the table of `edge_rules`.
+//! addresses, the default route) and the table of `edge_rules`, and a
+//! `dnsmasq` answering at the gateway for the segment's VM names and
+//! forwarding the rest to the edge host's resolvers.
 //! Level-triggered: each pass reads what is there and changes only what
 //! differs; namespaces of edges no longer wanted are removed. One edge's
 //! failure is reported for it alone.
@@ -123,6 +125,99 @@ fn table_comment(ns: &str) -> Result<Option<String>, NetError> {
     }))
 }
 
+/// Where an edge's DNS keeps its names and pid (tmpfs; readable by the
+/// unprivileged user dnsmasq runs as).
+pub const DNS_RUN: &str = "/run/kumo/edges";
+
+fn dns_dir(ns: &str) -> std::path::PathBuf {
+    std::path::Path::new(DNS_RUN).join(ns)
+}
+
+/// The running dnsmasq of an edge, by its pid file (and only if that pid
+/// is a dnsmasq: pids are reused).
+pub fn dns_pid(ns: &str) -> Option<nix::unistd::Pid> {
+    let pid: i32 = std::fs::read_to_string(dns_dir(ns).join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "dnsmasq").then(|| nix::unistd::Pid::from_raw(pid))
+}
+
+/// Stops an edge's DNS and forgets its files. Waits for it to be gone
+/// (killing it after a second): a process inside keeps the namespace, and
+/// with it the edge's addresses, alive.
+pub fn stop_dns(ns: &str) {
+    use nix::sys::signal::{kill, Signal};
+    if let Some(pid) = dns_pid(ns) {
+        let _ = kill(pid, Signal::SIGTERM);
+        let gone = || !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        for i in 0..100 {
+            if gone() {
+                break;
+            }
+            if i == 50 {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    let _ = std::fs::remove_dir_all(dns_dir(ns));
+}
+
+/// The edge's DNS serves the segment's VM names: the names file is
+/// rewritten when they change (and dnsmasq told to read it again), and
+/// dnsmasq started when it is not running. Answers the changes made.
+fn converge_dns(ns: &str, e: &Edge) -> Result<usize, NetError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |what: &str, err: std::io::Error| NetError::Tool(format!("edge DNS {what}: {err}"));
+    let dir = dns_dir(ns);
+    std::fs::create_dir_all(&dir).map_err(|err| io("directory", err))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(|err| io("directory", err))?;
+    let hosts = dir.join("hosts");
+    let want: String = e
+        .hosts
+        .iter()
+        .map(|h| format!("{} {}\n", h.addr, h.name))
+        .collect();
+    let changed = std::fs::read_to_string(&hosts).ok().as_deref() != Some(want.as_str());
+    if changed {
+        std::fs::write(&hosts, &want).map_err(|err| io("names", err))?;
+        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644))
+            .map_err(|err| io("names", err))?;
+    }
+    match dns_pid(ns) {
+        Some(pid) if changed => {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)
+                .map_err(|err| NetError::Tool(format!("edge DNS reload: {err}")))?;
+            Ok(1)
+        }
+        Some(_) => Ok(0),
+        None => {
+            let args = [
+                "--conf-file=/dev/null".to_owned(),
+                "--no-hosts".to_owned(),
+                format!("--addn-hosts={}", hosts.display()),
+                format!("--pid-file={}", dir.join("pid").display()),
+                format!("--listen-address={}", e.gateway),
+                "--bind-interfaces".to_owned(),
+                "--domain-needed".to_owned(),
+                "--user=nobody".to_owned(),
+                "--group=nogroup".to_owned(),
+            ];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            // It daemonises: the call returns once it serves.
+            let (ok, _, err) = tool(Some(ns), "dnsmasq", "dnsmasq-base", &args, None)?;
+            if !ok {
+                return Err(NetError::Tool(format!("edge DNS: {}", err.trim())));
+            }
+            Ok(1)
+        }
+    }
+}
+
 /// Brings one edge to what it should be; answers the changes made.
 fn converge_one(host: Option<&str>, uplink: &str, e: &Edge) -> Result<usize, NetError> {
     let ns = namespace(host, e.vni);
@@ -235,6 +330,7 @@ fn converge_one(host: Option<&str>, uplink: &str, e: &Edge) -> Result<usize, Net
         }
         n += 1;
     }
+    n += converge_dns(&ns, e)?;
     Ok(n)
 }
 
@@ -274,7 +370,9 @@ pub fn converge(host: Option<&str>, uplink: &str, want: &[Edge]) -> EdgesConverg
             continue;
         }
         // The veth's and macvlan's ends inside go with the namespace,
-        // and the veth's other end with them.
+        // and the veth's other end with them; its DNS goes first (a
+        // process inside would keep the namespace alive).
+        stop_dns(&name);
         match crate::netns::delete(&name) {
             Ok(()) => done.changes += 1,
             Err(err) => {

@@ -167,6 +167,26 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
+        // Edge DNS daemons of this fabric's hosts (an agent killed by a
+        // test leaves them), and the VMs' resolver files.
+        if let Ok(dirs) = std::fs::read_dir(crate::edge::DNS_RUN) {
+            for d in dirs.flatten() {
+                let name = d.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&format!("{}-", self.prefix)) {
+                    crate::edge::stop_dns(&name);
+                }
+            }
+        }
+        if let Ok(dirs) = std::fs::read_dir("/etc/netns") {
+            for d in dirs.flatten() {
+                if d.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{}-", self.prefix))
+                {
+                    let _ = std::fs::remove_dir_all(d.path());
+                }
+            }
+        }
         let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
             return;
         };

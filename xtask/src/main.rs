@@ -72,8 +72,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     ("bridge", "iproute2"),
     ("ping", "iputils-ping"),
-    // Segment ingress filters: the agent drives nft's JSON API.
+    // Segment ingress filters and edges: the agent drives nft.
     ("/usr/sbin/nft", "nftables"),
+    // Segment edges answer DNS at the gateway.
+    ("/usr/sbin/dnsmasq", "dnsmasq-base"),
     // The SSO tests run a real OpenID Provider (oidc-provider, from npm),
     // the portal tests a real browser (with Japanese fonts for the
     // screenshots).

@@ -324,6 +324,31 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
     .await;
     eprintln!("egress flowing {took:?} after the edge was placed");
 
+    // DNS at the gateway: a VM finds its neighbour by name.
+    let etc = std::path::PathBuf::from("/etc/netns").join(&vm_b);
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        etc.join("resolv.conf"),
+        format!("nameserver {}\n", lan.gateway),
+    )
+    .unwrap();
+    let start = Instant::now();
+    loop {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &vm_b, "getent", "hosts", "vm-a"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        if said.split_whitespace().next() == Some(addr["vm-a"].as_str()) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "vm-a does not resolve: {said:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // A floating address: reached from outside as the ingress rules allow
     // (none at first: nothing), and the VM leaves from it.
     let fip: PublicIp = s
@@ -510,14 +535,28 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
 
     // Failover: the edge host dies (its agent stops and its edge
     // namespace goes, as a dead host's would); the other takes the edge.
-    // Where the edge is now: a host that missed heartbeats under load may
-    // already have lost it once.
-    let edge = s.admin.segment("lab", "lan").await.unwrap().edge.unwrap();
-    let first: usize = edge.host.trim_start_matches("net-").parse().unwrap();
+    // Where the edge is now, once it is in one place only: a host that
+    // missed heartbeats under load may have lost it once, and the old
+    // copy lingers until that host's next pass.
+    let start = Instant::now();
+    let (edge, first) = loop {
+        let edge = s.admin.segment("lab", "lan").await.unwrap().edge.unwrap();
+        let first: usize = edge.host.trim_start_matches("net-").parse().unwrap();
+        let copies: Vec<String> = edge_namespaces(&fab)
+            .into_iter()
+            .filter(|n| n.ends_with(&format!("-kedge{}", lan.vni)))
+            .collect();
+        if copies.len() == 1 && copies[0].starts_with(&fab.host_ns(first)) {
+            break (edge, first);
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{copies:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let cut = Instant::now();
     edge_hosts[first - 1] = None;
     for ns in edge_namespaces(&fab) {
         if ns.starts_with(&fab.host_ns(first)) {
+            vxlan_manager::edge::stop_dns(&ns);
             ip(&["netns", "del", &ns]);
         }
     }
