@@ -141,11 +141,50 @@ pub async fn ensure(
     Ok(woken)
 }
 
-/// One pass of the edge keeper over every segment, each in its own
-/// transaction: one segment's failure is logged and the others go on.
+/// Whether a segment is already as [`ensure`] would leave it, from what
+/// one read of the whole picture says: its edge is on a host that may
+/// carry it exactly when it needs one, and it holds an egress address
+/// exactly when its egress is on.
+fn settled(
+    s: &segments::Model,
+    ethernet: bool,
+    published: bool,
+    has_snat: bool,
+    up: &BTreeMap<Uuid, (String, u64)>,
+) -> bool {
+    let needs = ethernet && (s.egress || published);
+    if !needs {
+        return s.edge_host_id.is_none() && !has_snat;
+    }
+    s.edge_host_id.is_some_and(|h| up.contains_key(&h)) && has_snat == s.egress
+}
+
+/// One pass of the edge keeper: the whole picture is read once (a few
+/// queries, whatever the number of segments), and only the segments not
+/// settled are brought into line, each in its own transaction: one
+/// segment's failure is logged and the others go on.
 pub async fn keep(st: &AppState) -> Result<(), ApiError> {
     let all = segments::Entity::find().all(&st.db).await?;
+    let published = crate::store::public_net::published_segments(&st.db).await?;
+    let snat: std::collections::BTreeSet<Uuid> = public_ips::Entity::find()
+        .filter(public_ips::Column::SegmentId.is_not_null())
+        .all(&st.db)
+        .await?
+        .into_iter()
+        .filter_map(|p| p.segment_id)
+        .collect();
+    let up = edge_hosts(&st.db).await?;
     for s in all {
+        let ethernet = crate::store::segments::stored_kind(&s)? == SegmentKind::Ethernet;
+        if settled(
+            &s,
+            ethernet,
+            published.contains(&s.id),
+            snat.contains(&s.id),
+            &up,
+        ) {
+            continue;
+        }
         let outcome = async {
             let txn = st.db.begin().await?;
             // Read again under the transaction: an operation may have
@@ -177,6 +216,60 @@ pub async fn keep(st: &AppState) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_keeper_leaves_settled_segments_alone() {
+        let h = Uuid::from_u128(1);
+        let up: BTreeMap<Uuid, (String, u64)> = [(h, ("edge-a".to_owned(), 1))].into();
+        let seg = |egress: bool, edge: Option<Uuid>| segments::Model {
+            id: Uuid::from_u128(9),
+            tenant_id: Uuid::from_u128(8),
+            name: "lan".into(),
+            kind: "ethernet".into(),
+            cidr: "10.1.0.0/24".into(),
+            gateway: "10.1.0.1".into(),
+            mtu: 1450,
+            vni: 5000,
+            created_at: chrono::DateTime::UNIX_EPOCH,
+            ingress_rules: None,
+            vlan: None,
+            egress,
+            edge_host_id: edge,
+        };
+        assert!(settled(&seg(true, Some(h)), true, false, true, &up));
+        assert!(
+            !settled(&seg(true, Some(h)), true, false, false, &up),
+            "no egress address yet"
+        );
+        assert!(
+            !settled(&seg(true, Some(Uuid::from_u128(2))), true, false, true, &up),
+            "its host is gone"
+        );
+        assert!(
+            !settled(&seg(true, None), true, false, false, &up),
+            "not placed"
+        );
+        assert!(
+            settled(&seg(false, None), true, false, false, &up),
+            "needs nothing"
+        );
+        assert!(
+            !settled(&seg(false, Some(h)), true, false, false, &up),
+            "an edge to give up"
+        );
+        assert!(
+            settled(&seg(false, Some(h)), true, true, false, &up),
+            "a floating address keeps it"
+        );
+        assert!(
+            !settled(&seg(false, Some(h)), true, true, true, &up),
+            "egress off: its address goes"
+        );
+        assert!(
+            settled(&seg(false, None), false, true, false, &up),
+            "RoCE never has one"
+        );
+    }
 
     #[test]
     fn an_edge_stays_while_its_host_may_carry_it_else_goes_to_the_least_loaded() {
