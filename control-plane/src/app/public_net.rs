@@ -203,13 +203,13 @@ async fn edge_changed(
     let Some(s) = segments::Entity::find_by_id(segment).one(txn).await? else {
         return Ok(Vec::new());
     };
-    let mut woken = crate::app::edges::ensure(txn, &s, now).await?;
-    for h in crate::app::host_network::touch_segments(txn, vec![segment]).await? {
-        if !woken.contains(&h) {
-            woken.push(h);
-        }
+    // A placement change already bumped every host of the segment; else
+    // only the rules changed, and those hosts are told here.
+    let woken = crate::app::edges::ensure(txn, &s, now).await?;
+    if !woken.is_empty() {
+        return Ok(woken);
     }
-    Ok(woken)
+    crate::app::host_network::touch_segments(txn, vec![segment]).await
 }
 
 fn wake(st: &AppState, hosts: Vec<Uuid>) {
