@@ -100,6 +100,17 @@ async fn dev(args: ServeArgs, hosts: usize) -> anyhow::Result<()> {
     );
     println!("  kumo vm create demo --tenant demo --gpus 8 --wait");
     println!("  kumo vm topology demo --tenant demo");
+    if let (Some(wan), Some(pool)) = (&fleet.network.wan, &fleet.network.pool) {
+        println!(
+            "Provider network: public addresses from pool `{}` ({}); the outside (client {}) is",
+            pool.name, pool.range, wan.client_address
+        );
+        println!("  ip netns exec {} …", wan.namespace);
+        println!(
+            "The fleet's network: {}",
+            data_dir.join("fleet/network.json").display()
+        );
+    }
     let stop = server.shutdown_handle();
     tokio::select! {
         res = server.wait() => return res,

@@ -56,3 +56,27 @@ pub fn delete(name: &str) -> std::io::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// Runs `f` on a thread of its own inside namespace `name` (a thread's
+/// network namespace is its own; sockets it opens stay in that namespace).
+/// Simulated fleets serve their stand-in guests this way.
+pub fn spawn_in(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let file = std::fs::File::open(path_of(name)?)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let entered = nix::sched::setns(&file, CloneFlags::CLONE_NEWNET);
+        let ok = entered.is_ok();
+        let _ = tx.send(entered);
+        if ok {
+            f();
+        }
+    });
+    match rx.recv() {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(e)) => Err(std::io::Error::from(e)),
+        Err(_) => Err(std::io::Error::other("the namespace's thread ended")),
+    }
+}

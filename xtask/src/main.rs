@@ -63,6 +63,8 @@ const PACKAGES: &[(&str, &str)] = &[
         "libvirt-daemon-driver-qemu",
     ),
     ("busybox", "busybox-static"),
+    // The README's dev walk-through reads network.json with jq.
+    ("jq", "jq"),
     ("cpio", "cpio"),
     // cloud-init seeds, and the tests that look inside them.
     ("genisoimage", "genisoimage"),

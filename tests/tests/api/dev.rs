@@ -5,9 +5,8 @@ use std::process::{Command, Stdio};
 
 use crate::harness::{bin, scratch};
 
-#[test]
-fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
-    let data = scratch();
+/// `kumo-server dev` on `data`, with 3 hosts; answers it and its URL.
+fn start_dev(data: &std::path::Path) -> (std::process::Child, String) {
     let mut server = Command::new(bin("kumo-server"))
         .args([
             "dev",
@@ -19,7 +18,7 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
             "text",
         ])
         .arg("--data-dir")
-        .arg(data.path())
+        .arg(data)
         .env("KUMO_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -37,7 +36,19 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
             break;
         }
     }
-    assert!(!url.is_empty(), "dev server did not start");
+    assert!(
+        !url.is_empty(),
+        "dev server did not start on {}",
+        data.display()
+    );
+    (server, url)
+}
+
+#[test]
+fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
+    let data = scratch();
+    let (mut server, url) = start_dev(data.path());
+
     let home = tempfile::tempdir().unwrap();
     let kumo = |args: &[&str]| {
         let o = Command::new(bin("kumo"))
@@ -118,7 +129,112 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
             })
             .unwrap_or_default()
     };
-    assert_eq!(namespaces().len(), 3, "{:?}", namespaces());
+    // Three hosts, their underlay, the provider network, and the VM's
+    // stand-in guest; no edge yet counted (it may or may not be made).
+    let fixed = |ns: &Vec<String>| {
+        ns.iter()
+            .filter(|n| !n.contains("-kedge") && !n.contains("-g"))
+            .count()
+    };
+    assert_eq!(fixed(&namespaces()), 5, "{:?}", namespaces());
+
+    // The fleet's network, for people and scripts.
+    let net: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data.path().join("fleet/network.json")).unwrap(),
+    )
+    .unwrap();
+    let hosts = net["hosts"].as_array().unwrap();
+    assert_eq!(hosts.len(), 3, "{net}");
+    for h in hosts {
+        assert!(h["namespace"].as_str().unwrap().starts_with(&prefix), "{h}");
+        assert!(h["underlay_ip"].as_str().unwrap().starts_with("198.18."));
+    }
+    assert_eq!(hosts[0]["edge_uplink"], "up0", "{net}");
+    assert_eq!(net["pool"]["name"], "dev");
+    assert_eq!(net["pool"]["cidr"], "203.0.113.0/24");
+    let wan = net["wan"]["namespace"].as_str().unwrap().to_owned();
+    let client = net["wan"]["client_address"].as_str().unwrap().to_owned();
+
+    // The README's walk-through: a public address on the VM, port 22
+    // opened, and the VM answers the outside through it.
+    kumo(&[
+        "segment",
+        "ingress",
+        "lab-net",
+        "--tenant",
+        "demo",
+        "--allow",
+        "tcp:22:0.0.0.0/0",
+    ]);
+    let fip: serde_json::Value = serde_json::from_str(&kumo(&[
+        "public-ip",
+        "allocate",
+        "--tenant",
+        "demo",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let fip = fip["address"].as_str().unwrap().to_owned();
+    assert!(fip.starts_with("203.0.113."), "{fip}");
+    kumo(&[
+        "public-ip",
+        "attach",
+        &fip,
+        "--tenant",
+        "demo",
+        "--vm",
+        "web",
+    ]);
+    let reach = |addr: &str, port: u16| {
+        let to = std::net::SocketAddr::from((addr.parse::<std::net::Ipv4Addr>().unwrap(), port));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let got =
+                vxlan_manager::testbed::hello(&wan, to, std::time::Duration::from_millis(700));
+            if let Some(said) = got.filter(|s| s.contains("demo/web")) {
+                return said;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{addr}:{port} does not answer from {wan}; network.json: {}",
+                std::fs::read_to_string(data.path().join("fleet/network.json")).unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let said = reach(&fip, 22);
+    assert!(said.contains("10.1.0.9"), "{said}");
+    // A port forward on a second address reaches the same port.
+    let second: serde_json::Value = serde_json::from_str(&kumo(&[
+        "public-ip",
+        "allocate",
+        "--tenant",
+        "demo",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let second = second["address"].as_str().unwrap().to_owned();
+    kumo(&[
+        "port-forward",
+        "create",
+        "--tenant",
+        "demo",
+        "--public",
+        &format!("{second}:2222/tcp"),
+        "--to",
+        "web:22",
+    ]);
+    reach(&second, 2222);
+    // The guest is listed with its namespace, the client address is the
+    // wan namespace's own.
+    let net: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data.path().join("fleet/network.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(net["guests"][0]["vm"], "web", "{net}");
+    assert_eq!(client, "203.0.113.200");
 
     // SIGTERM takes the fleet down with the server.
     Command::new("kill")
@@ -136,4 +252,24 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
         String::from_utf8_lossy(&left.stdout)
     );
     assert!(namespaces().is_empty(), "{:?}", namespaces());
+
+    // The same data directory starts again (its pool and tenant are
+    // there already), with a network of its own.
+    let (mut again, _) = start_dev(data.path());
+    let net: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(data.path().join("fleet/network.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        net["wan"]["namespace"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("kumo-dev-{}-", again.id())),
+        "{net}"
+    );
+    Command::new("kill")
+        .args(["-TERM", &again.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(again.wait().unwrap().success());
 }

@@ -3,23 +3,33 @@
 //! process each, over a fixture sysfs tree of a real machine design and
 //! libvirt's `test:///default` driver), a demo tenant with quota and a
 //! template. Seeding goes through the public API, like any client. Run as
-//! root, each host also gets a network namespace of its own and an
-//! underlay address, so tenant networks (bridges, VXLAN devices, filters)
-//! are real kernel state per host; otherwise the fleet takes no VMs with
-//! networks.
+//! root, each host also gets a network namespace of its own on a shared
+//! underlay, so tenant networks (bridges, VXLAN devices, filters) are real
+//! kernel state per host; the first host is an edge host whose uplink
+//! reaches a provider network (`network`), with a public address pool
+//! `dev`, and every running VM on a segment gets a stand-in guest
+//! (`guests`) that answers through it. Not as root, the fleet takes no
+//! VMs with networks.
 
+mod guests;
+pub mod network;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use kumo_api_types::{
-    ClassPrice, GrantCreate, JoinTokenCreate, Quota, RateCardPut, TemplateCreate, TenantCreate,
+    ClassPrice, GrantCreate, JoinTokenCreate, PublicIpPool, PublicIpPoolCreate, Quota, RateCardPut,
+    TemplateCreate, TenantCreate,
 };
 use kumo_cli::Client;
 
 use crate::config::Config;
 use crate::RunningServer;
+use network::FleetNetwork;
 
 /// The fleet cycles through these designs.
 pub const FLEET: &[&str] = &[
@@ -32,29 +42,47 @@ pub const FLEET: &[&str] = &[
 
 pub struct Fleet {
     children: Vec<Child>,
-    /// The hosts' network namespaces, removed with the fleet.
-    namespaces: Vec<String>,
+    /// The prefix of every namespace the fleet made (when it made any):
+    /// all are removed with it.
+    prefix: Option<String>,
+    /// The task keeping the stand-in guests, and the guests themselves.
+    guest_keeper: Option<tokio::task::JoinHandle<()>>,
+    guests: Arc<Mutex<guests::Guests>>,
+    /// The fleet's network as it was made (`network.json` also lists the
+    /// guests as they come and go).
+    pub network: FleetNetwork,
 }
 
 impl Drop for Fleet {
     fn drop(&mut self) {
+        if let Some(t) = self.guest_keeper.take() {
+            t.abort();
+        }
+        self.guests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove_all();
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for ns in &self.namespaces {
-            if let Err(e) = vxlan_manager::netns::delete(ns) {
-                tracing::warn!(netns = %ns, error = %e, "could not remove a dev host's namespace");
-            }
+        // The agents died without a word: their edges (and edge DNS) go too.
+        if let Some(prefix) = &self.prefix {
+            network::remove_all(prefix);
         }
     }
 }
 
-/// A network namespace for dev host `i` (named by this process, so two
-/// dev fleets never share one), or `None` where namespaces cannot be made
-/// (not root).
+/// The prefix of this process's dev namespaces: two dev fleets never
+/// share one.
+fn prefix() -> String {
+    format!("kumo-dev-{}", std::process::id())
+}
+
+/// A network namespace for dev host `i`, or `None` where namespaces cannot
+/// be made (not root).
 fn host_namespace(i: usize) -> Option<String> {
-    let name = format!("kumo-dev-{}-{i}", std::process::id());
+    let name = format!("{}-{i}", prefix());
     match vxlan_manager::netns::create(&name) {
         Ok(()) => Some(name),
         Err(e) => {
@@ -200,12 +228,60 @@ pub async fn start_fleet(
     let bin = agent_binary()?;
     let mut fleet = Fleet {
         children: Vec::new(),
-        namespaces: Vec::new(),
+        prefix: None,
+        guest_keeper: None,
+        guests: Arc::new(Mutex::new(guests::Guests::new(&prefix()))),
+        network: FleetNetwork::default(),
     };
-    for i in 0..hosts {
+    let mut net = FleetNetwork {
+        hosts: (0..hosts)
+            .map(|i| network::HostNet {
+                name: format!("host-{:03}", i + 1),
+                namespace: None,
+                underlay_ip: None,
+                edge_uplink: None,
+            })
+            .collect(),
+        underlay: None,
+        wan: None,
+        pool: None,
+        guests: Vec::new(),
+    };
+    for (i, h) in net.hosts.iter_mut().enumerate() {
+        if let Some(ns) = host_namespace(i) {
+            fleet.prefix = Some(prefix());
+            h.namespace = Some(ns);
+            h.underlay_ip = Some(network::underlay_ip(i));
+        }
+    }
+    // As root: the underlay between the hosts, and the provider network
+    // behind the first host, an edge host, with the pool `dev`.
+    if let Some(edge_ns) = net.hosts.first().and_then(|h| h.namespace.clone()) {
+        net.underlay = Some(network::underlay(&prefix(), &net.hosts)?);
+        net.wan = Some(network::provider(&prefix(), &edge_ns)?);
+        net.hosts[0].edge_uplink = Some(network::UPLINK.into());
+        let p = network::pool();
+        // A data directory used before has the pool already.
+        let pools: Vec<PublicIpPool> = client.list_all("/api/v1/public-ip-pools").await?;
+        if !pools.iter().any(|x| x.name == p.name) {
+            let _: PublicIpPool = client
+                .post(
+                    "/api/v1/public-ip-pools",
+                    &PublicIpPoolCreate {
+                        name: p.name.clone(),
+                        cidr: p.cidr.clone(),
+                        gateway: p.gateway.to_string(),
+                        range: Some(p.range.clone()),
+                    },
+                )
+                .await
+                .context("creating the public address pool `dev`")?;
+        }
+        net.pool = Some(p);
+    }
+    for (i, h) in net.hosts.iter().enumerate() {
         let design = FLEET[i % FLEET.len()];
-        let name = format!("host-{:03}", i + 1);
-        let dir = data_dir.join("fleet").join(&name);
+        let dir = data_dir.join("fleet").join(&h.name);
         let sysfs = dir.join("sysfs");
         if !sysfs.exists() {
             let m = kumo_topology::fixtures::machine(design).context("fixture")?;
@@ -225,25 +301,35 @@ pub async fn start_fleet(
             "5",
         ])
         .arg("--name")
-        .arg(&name)
+        .arg(&h.name)
         .arg("--sysfs-root")
         .arg(&sysfs)
         .arg("--state-dir")
         .arg(dir.join("state"))
         .env("KUMO_JOIN_TOKEN", &join.token);
-        if let Some(ns) = host_namespace(i) {
-            // Test addresses (RFC 2544): the namespaces share no underlay,
-            // so nothing is ever sent.
+        if let (Some(ns), Some(addr)) = (&h.namespace, h.underlay_ip) {
             cmd.arg("--netns")
-                .arg(&ns)
+                .arg(ns)
                 .arg("--underlay-ip")
-                .arg(format!("198.18.{}.{}", i / 250, i % 250 + 1));
-            fleet.namespaces.push(ns);
+                .arg(addr.to_string());
+        }
+        if let Some(up) = &h.edge_uplink {
+            cmd.arg("--edge-uplink").arg(up);
         }
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         fleet.children.push(child);
+    }
+    net.write(data_dir)?;
+    fleet.network = net.clone();
+    if fleet.prefix.is_some() {
+        fleet.guest_keeper = Some(tokio::spawn(keep_guests(
+            client.clone(),
+            net.clone(),
+            fleet.guests.clone(),
+            data_dir.to_owned(),
+        )));
     }
     // Wait for every host to register, so the first request finds them.
     for _ in 0..200 {
@@ -253,6 +339,59 @@ pub async fn start_fleet(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     anyhow::bail!("the simulated hosts did not register within 10 s")
+}
+
+/// Every second: the stand-in guests the VMs call for, and
+/// `network.json` again when they changed. A pass that cannot read the
+/// API is skipped (the server may be busy or stopping).
+async fn keep_guests(
+    client: Client,
+    mut net: FleetNetwork,
+    made: Arc<Mutex<guests::Guests>>,
+    data_dir: PathBuf,
+) {
+    let host_ns: BTreeMap<String, String> = net
+        .hosts
+        .iter()
+        .filter_map(|h| Some((h.name.clone(), h.namespace.clone()?)))
+        .collect();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (vms, segments) = match running_vms(&client).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "stand-in guests: cannot read the VMs");
+                continue;
+            }
+        };
+        let want = guests::plan(&vms, &segments, &host_ns);
+        let made = made.clone();
+        let listing = tokio::task::spawn_blocking(move || {
+            let mut g = made.lock().unwrap_or_else(|e| e.into_inner());
+            g.converge(&want).then(|| g.listing())
+        })
+        .await
+        .ok()
+        .flatten();
+        if let Some(guests) = listing {
+            net.guests = guests;
+            if let Err(e) = net.write(&data_dir) {
+                tracing::warn!(error = %e, "cannot write network.json");
+            }
+        }
+    }
+}
+
+/// Every tenant's VMs and segments.
+async fn running_vms(
+    client: &Client,
+) -> Result<(Vec<kumo_api_types::Vm>, Vec<kumo_api_types::Segment>), kumo_cli::ClientError> {
+    let (mut vms, mut segments) = (Vec::new(), Vec::new());
+    for t in client.list_tenants().await? {
+        vms.extend(client.list_vms(&t.name).await?);
+        segments.extend(client.list_segments(&t.name).await?);
+    }
+    Ok((vms, segments))
 }
 
 pub async fn dev(config: Config, hosts: usize) -> anyhow::Result<(RunningServer, Fleet)> {
