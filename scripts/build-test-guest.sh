@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Builds the tiny guest of the QEMU end-to-end test from Debian packages:
-# OUT/vmlinuz (Debian's kernel) and OUT/initrd.img (busybox, the virtio
-# modules, and qemu-ga with its libraries). Its init loads the virtio
-# console and network drivers, starts the QEMU guest agent on the
-# virtio-serial port and waits; /etc is a tmpfs, so whatever the host agent
-# writes there is gone after a reboot.
+# OUT/vmlinuz (Debian's kernel) and OUT/initrd.img (busybox, the virtio,
+# SATA cdrom and ISO 9660 modules, and qemu-ga with its libraries). Its init
+# loads the drivers, starts the QEMU guest agent on the virtio-serial port
+# and, beside it, configures the network from the cloud-init NoCloud seed
+# (the cdrom labelled cidata) as cloud-init would: the hostname from
+# meta-data, the first NIC's address, MTU and default route from
+# network-config. It answers TCP on port 8080 with its hostname. /etc is a
+# tmpfs, so whatever the host agent writes there is gone after a reboot.
 set -euo pipefail
 out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Bump when the guest changes, so a cached guest is rebuilt.
-version=2
+version=3
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
-modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console failover net_failover virtio_net"
+# In dependency order (the package has no modules.dep; see each module's
+# `depends=` in its .modinfo). The seed is a SATA cdrom on q35's AHCI.
+modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console failover net_failover virtio_net
+ scsi_common scsi_mod libata libahci ahci cdrom sr_mod isofs"
 
 for tool in busybox cpio dpkg-deb; do
   command -v "$tool" >/dev/null || { echo "build-test-guest: $tool is missing (busybox-static, cpio)" >&2; exit 1; }
@@ -48,6 +54,63 @@ case "$*" in *-r*) action=reboot ;; *) action=poweroff ;; esac
 exit 0
 SH
 chmod +x "$root/sbin/shutdown"
+# The network, from the NoCloud seed. Bounded waits: without a seed (or a
+# NIC) it says so and gives up; the guest agent does not wait for it.
+cat > "$root/bin/kumo-net" <<'SH'
+#!/bin/sh
+say() { echo "kumo test guest: $*"; }
+i=0
+while [ ! -b /dev/sr0 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+mkdir -p /seed
+if ! mount -t iso9660 -o ro /dev/sr0 /seed 2>/dev/null; then
+  say "no seed (no cidata cdrom)"
+  exit 0
+fi
+name=$(sed -n 's/^local-hostname: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' /seed/meta-data 2>/dev/null)
+[ -n "$name" ] && hostname "$name"
+[ -f /seed/network-config ] || { say "no network-config in the seed"; exit 0; }
+# The first NIC of the netplan v2 document (`  nicN:` at two spaces), its
+# own keys at four spaces (the nameservers' addresses are at six).
+set -- $(awk '
+  /^  [^ ]/ { n++ }
+  n == 1 && /^      macaddress:/ { mac = $2 }
+  n == 1 && /^    addresses:/ { addr = $2 }
+  n == 1 && /^    mtu:/ { mtu = $2 }
+  n == 1 && /^    gateway4:/ { gw = $2 }
+  END {
+    s = (mac == "" ? "-" : mac) " " (addr == "" ? "-" : addr) " " (mtu == "" ? "-" : mtu) " " (gw == "" ? "-" : gw)
+    gsub(/[]",[]/, "", s)
+    print tolower(s)
+  }' /seed/network-config)
+mac=$1 addr=$2 mtu=$3 gw=$4
+dev=""
+i=0
+while [ -z "$dev" ] && [ $i -lt 100 ]; do
+  for d in /sys/class/net/*; do
+    [ "$(cat "$d/address" 2>/dev/null)" = "$mac" ] && dev=${d##*/}
+  done
+  [ -n "$dev" ] || sleep 0.1
+  i=$((i + 1))
+done
+if [ -z "$dev" ] || [ "$addr" = - ]; then
+  say "no NIC with MAC $mac (address $addr)"
+  exit 0
+fi
+[ "$mtu" != - ] && ip link set dev "$dev" mtu "$mtu"
+ip addr add "$addr" dev "$dev"
+ip link set dev "$dev" up
+[ "$gw" != - ] && ip route add default via "$gw" dev "$dev"
+# Also for the host to read (through the guest agent): what, and when.
+up=$(cut -d " " -f 1 /proc/uptime)
+say "$dev $addr via $gw (mtu $mtu), ${up}s after boot" | tee /run/kumo-net
+SH
+chmod +x "$root/bin/kumo-net"
+# What the guest answers on TCP port 8080: its name.
+cat > "$root/bin/kumo-hello" <<'SH'
+#!/bin/sh
+hostname
+SH
+chmod +x "$root/bin/kumo-hello"
 cat > "$root/init" <<'SH'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -60,6 +123,9 @@ mount -t tmpfs etc /etc
 for m in MODULES; do
   [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko
 done
+ip link set lo up
+kumo-net &
+nc -ll -p 8080 -e /bin/kumo-hello &
 port=""
 for i in $(seq 1 50); do
   for p in /sys/class/virtio-ports/*; do
@@ -73,7 +139,7 @@ mkdir -p /var/run
 qemu-ga -m virtio-serial -p "$port" -t /run &
 while true; do sleep 3600; done
 SH
-sed -i "s/MODULES/$modules/" "$root/init"
+sed -i "s/MODULES/$(echo $modules)/" "$root/init"
 chmod +x "$root/init"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1 > "$out/initrd.img")
 echo "$version" > "$out/version"

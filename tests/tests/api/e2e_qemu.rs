@@ -4,17 +4,33 @@
 //! serves; after a reboot (the guest's /etc is a tmpfs) it is written again.
 //! The VM is on an Ethernet segment: its virtio NIC sits on the segment's
 //! bridge, which the agent made, with the API's MAC and the segment's MTU.
+//! The guest configures its network from the agent's cloud-init NoCloud
+//! seed (the SATA cdrom's `network-config`), as cloud-init would: it has
+//! the address the API assigned and a default route via the gateway. The
+//! agent is also the edge host, its uplink a veth into a `wan` namespace
+//! (the provider network, whose router 203.0.113.1 is also the outside):
+//! the guest reaches the outside from the segment's egress address, and,
+//! with a floating address attached and its port opened by an ingress
+//! rule, leaves from that address and answers the outside on it (after a
+//! reboot too: the guest configures itself again from the seed). Deleting
+//! the VM takes its mapping from the edge; deleting the segment leaves
+//! nothing of it on the host, bridge or edge namespace.
 //! `cargo xtask test` installs QEMU and libvirtd, starts them, and the test
 //! builds its tiny guest with `scripts/build-test-guest.sh`.
 
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use kumo_agent::run::{Agent, AgentConfig};
-use kumo_api_types::{Vm, VmState};
+use kumo_api_types::{IngressRule, PublicIp, Segment, SegmentIngress, Vm, VmState};
 use serde_json::{json, Value};
+use vxlan_manager::testbed::{in_ns, ip};
 
 use crate::harness::{Backend, TestServer};
 
@@ -101,6 +117,166 @@ impl Drop for Cleanup {
     }
 }
 
+/// The provider network's router, and the outside client and server.
+const WAN_ROUTER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+/// Where the outside answers with the address it was reached from.
+const ECHO_PORT: u16 = 7001;
+/// Where the guest answers with its hostname (the VM's name).
+const GUEST_PORT: u16 = 8080;
+
+/// The provider network: a namespace `ke2e<pid>-wan` holding the router's
+/// address on one end of a veth whose other end, the edge host's uplink,
+/// stays in the root namespace; in it an echo of the address a connection
+/// came from. All of it, and the edge namespace the agent made (if the
+/// test ends before the agent removes it), goes on drop.
+struct ProviderNetwork {
+    ns: String,
+    uplink: String,
+    edge_ns: Option<String>,
+    stop: Arc<AtomicBool>,
+    echo: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProviderNetwork {
+    fn new() -> ProviderNetwork {
+        let pid = std::process::id();
+        let mut net = ProviderNetwork {
+            ns: format!("ke2e{pid}-wan"),
+            uplink: format!("kup{pid}"),
+            edge_ns: None,
+            stop: Arc::default(),
+            echo: None,
+        };
+        // What an earlier run with this pid may have left.
+        net.remove();
+        ip(&["netns", "add", &net.ns]);
+        ip(&["-n", &net.ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "link",
+            "add",
+            &net.uplink,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "pn",
+            "netns",
+            &net.ns,
+        ]);
+        ip(&[
+            "-n",
+            &net.ns,
+            "addr",
+            "add",
+            &format!("{WAN_ROUTER}/24"),
+            "dev",
+            "pn",
+        ]);
+        ip(&["-n", &net.ns, "link", "set", "pn", "up"]);
+        ip(&["link", "set", &net.uplink, "up"]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = net.stop.clone();
+        net.echo = Some(in_ns(&net.ns, move || {
+            let l = TcpListener::bind(("0.0.0.0", ECHO_PORT)).unwrap();
+            l.set_nonblocking(true).unwrap();
+            tx.send(()).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut s, peer)) => {
+                        let _ = s.write_all(peer.ip().to_string().as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }));
+        rx.recv().unwrap();
+        net
+    }
+
+    fn remove(&self) {
+        let quiet = |args: &[&str]| {
+            let _ = std::process::Command::new("ip").args(args).output();
+        };
+        if let Some(edge) = &self.edge_ns {
+            vxlan_manager::edge::stop_dns(edge);
+            quiet(&["netns", "del", edge]);
+        }
+        quiet(&["netns", "del", &self.ns]);
+        // The veth's ends (and a macvlan on the uplink) go with it.
+        quiet(&["link", "del", &self.uplink]);
+    }
+
+    /// What `to` answers a TCP connection from the outside, if it answers.
+    async fn hello(&self, to: SocketAddr) -> Option<String> {
+        let ns = self.ns.clone();
+        tokio::task::spawn_blocking(move || {
+            vxlan_manager::testbed::hello(&ns, to, Duration::from_millis(700))
+        })
+        .await
+        .unwrap()
+    }
+}
+
+impl Drop for ProviderNetwork {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(echo) = self.echo.take() {
+            let _ = echo.join();
+        }
+        self.remove();
+    }
+}
+
+/// Runs a program in the guest through its agent; answers its standard
+/// output once it exited (within 30 s).
+async fn guest_exec(dom: &virt::domain::Domain, path: &str, args: &[&str]) -> Option<String> {
+    let r = qga(
+        dom,
+        json!({"execute": "guest-exec", "arguments": {"path": path, "arg": args, "capture-output": true}}),
+    )
+    .ok()?;
+    let pid = r["pid"].as_i64()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = qga(
+            dom,
+            json!({"execute": "guest-exec-status", "arguments": {"pid": pid}}),
+        )
+        .ok()?;
+        if st["exited"].as_bool() == Some(true) {
+            let out = base64::engine::general_purpose::STANDARD
+                .decode(st["out-data"].as_str().unwrap_or(""))
+                .ok()?;
+            return String::from_utf8(out).ok();
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The address the outside sees the guest's connection come from.
+async fn guest_egress(dom: &virt::domain::Domain) -> Option<String> {
+    let port = ECHO_PORT.to_string();
+    let seen = guest_exec(dom, "/bin/nc", &["-w", "3", &WAN_ROUTER.to_string(), &port]).await?;
+    Some(seen.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+/// The edge's rules, as the kernel in its namespace holds them.
+fn edge_rules(ns: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "list", "table", "ip"])
+        .arg(vxlan_manager::edge_rules::TABLE)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn netns_exists(ns: &str) -> bool {
+    Path::new("/run/netns").join(ns).exists()
+}
+
 async fn until<T>(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
     loop {
@@ -112,7 +288,7 @@ async fn until<T>(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> O
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     let guest = guest_dir();
     let conn = virt::connect::Connect::open(Some("qemu:///system")).unwrap_or_else(|e| {
@@ -120,6 +296,17 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     });
     let s = TestServer::start(Backend::Sqlite).await;
     s.tenant("lab").await;
+    // The provider network and its addresses, for the edge this host carries.
+    let mut wan = ProviderNetwork::new();
+    let _: kumo_api_types::PublicIpPool = s
+        .admin
+        .post(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": WAN_ROUTER.to_string(),
+                    "range": "203.0.113.10-203.0.113.99"}),
+        )
+        .await
+        .unwrap();
 
     // QEMU runs as an unprivileged user: everything it opens must be reachable.
     let work = tempfile::Builder::new()
@@ -169,12 +356,14 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         // nothing is ever sent to or from it.
         underlay_ip: Some("198.18.0.1".parse().unwrap()),
         netns: None,
-        edge_uplink: None,
+        // Also the edge host: the segment's gateway, egress and public
+        // addresses live here, in a namespace `kedge<VNI>`.
+        edge_uplink: Some(wan.uplink.clone()),
         resync: kumo_agent::run::RESYNC,
     })
     .await
     .unwrap();
-    let lan: kumo_api_types::Segment = s
+    let lan: Segment = s
         .admin
         .post(
             "/api/v1/tenants/lab/segments",
@@ -182,6 +371,9 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         )
         .await
         .unwrap();
+    assert!(lan.egress, "egress is on by default");
+    let edge_ns = vxlan_manager::edge::namespace(None, lan.vni);
+    wan.edge_ns = Some(edge_ns.clone());
 
     // `run()` heartbeats in the background; driving passes by hand, so do we.
     let hb = agent.client.clone();
@@ -280,6 +472,129 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         "{conf}"
     );
 
+    // The guest took its address, MTU and default route from its seed.
+    let nic = v.networks[0].clone();
+    until(
+        "the guest's address",
+        Duration::from_secs(120),
+        async || {
+            guest_exec(
+                &dom,
+                "/bin/ip",
+                &["-4", "-o", "addr", "show", "dev", "eth0"],
+            )
+            .await
+            .filter(|a| a.contains(&format!(" inet {}/24 ", nic.ip)))
+        },
+    )
+    .await;
+    println!(
+        "guest address: {:?} after the request; the guest says {:?}",
+        started.elapsed(),
+        guest_read(&dom, "/run/kumo-net").unwrap_or_default().trim()
+    );
+    let route = guest_exec(&dom, "/bin/ip", &["route", "show", "default"])
+        .await
+        .unwrap();
+    assert!(
+        route.contains(&format!("default via {} dev eth0", lan.gateway)),
+        "{route}"
+    );
+
+    // Egress: its edge is placed on this host with an egress address, and
+    // the outside sees the guest's connections come from it.
+    let edge = until("the segment's edge", Duration::from_secs(60), async || {
+        s.admin
+            .segment("lab", "lan")
+            .await
+            .unwrap()
+            .edge
+            .filter(|e| e.snat_address.is_some())
+    })
+    .await;
+    assert_eq!(edge.host, "qemu-host");
+    let snat = edge.snat_address.unwrap();
+    until(
+        "egress from the guest",
+        Duration::from_secs(120),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            (guest_egress(&dom).await.as_deref() == Some(snat.as_str())).then_some(())
+        },
+    )
+    .await;
+    assert!(netns_exists(&edge_ns), "the edge is {edge_ns}");
+    println!(
+        "egress flowing {:?} after the request ({snat})",
+        started.elapsed()
+    );
+
+    // A floating address, and the guest's port opened to the outside: the
+    // outside reaches the guest's service there, and the guest leaves
+    // from it.
+    let fip: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    let attached: PublicIp = s
+        .admin
+        .post(
+            &format!("/api/v1/tenants/lab/public-ips/{}/attach", fip.address),
+            &json!({"vm": "tiny-vm"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        attached.attached.as_ref().map(|n| n.ip.as_str()),
+        Some(nic.ip.as_str())
+    );
+    let attach = Instant::now();
+    until(
+        "egress from the floating address",
+        Duration::from_secs(120),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            (guest_egress(&dom).await.as_deref() == Some(fip.address.as_str())).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "egress from the floating address {:?} after the attach",
+        attach.elapsed()
+    );
+    assert!(
+        edge_rules(&edge_ns).contains(&nic.ip),
+        "{}",
+        edge_rules(&edge_ns)
+    );
+    // The mapping is in place, but no ingress rule opens the port yet.
+    let floating = SocketAddr::from((fip.address.parse::<Ipv4Addr>().unwrap(), GUEST_PORT));
+    assert_eq!(
+        wan.hello(floating).await,
+        None,
+        "no ingress rule: nothing comes in"
+    );
+    let allow: IngressRule = format!("tcp:{GUEST_PORT}:0.0.0.0/0").parse().unwrap();
+    s.admin
+        .set_segment_ingress("lab", "lan", &SegmentIngress { rules: vec![allow] })
+        .await
+        .unwrap();
+    let opened = Instant::now();
+    until(
+        "the guest on its floating address",
+        Duration::from_secs(120),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            (wan.hello(floating).await.as_deref() == Some("tiny-vm\n")).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "floating address reachable {:?} after the ingress rule ({floating})",
+        opened.elapsed()
+    );
+
     // Reboot through the API: the guest comes back without the file (its
     // /etc is a tmpfs), and the agent writes it again.
     let before = boot_id(&dom).unwrap();
@@ -312,6 +627,13 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         },
     )
     .await;
+    // The rebooted guest configured itself again: the outside reaches it.
+    until(
+        "the guest on its floating address after the reboot",
+        Duration::from_secs(120),
+        async || (wan.hello(floating).await.as_deref() == Some("tiny-vm\n")).then_some(()),
+    )
+    .await;
 
     let r = s
         .http()
@@ -327,7 +649,45 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
             .is_err(),
         "the domain is gone"
     );
-    // With its last VM gone, the host keeps nothing of the segment.
+    // Its floating mapping leaves the edge with it; the address stays
+    // the tenant's, unattached.
+    until(
+        "the VM's mapping to leave the edge",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            let ip: PublicIp = s
+                .admin
+                .get(&format!("/api/v1/tenants/lab/public-ips/{}", fip.address))
+                .await
+                .unwrap();
+            (ip.attached.is_none() && !edge_rules(&edge_ns).contains(&nic.ip)).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        netns_exists(&edge_ns),
+        "the segment keeps its edge (egress)"
+    );
+    // With its last VM gone and the segment deleted, the host keeps
+    // nothing of the segment: neither its bridge nor its edge.
+    s.admin
+        .delete(&format!("/api/v1/tenants/lab/public-ips/{}", fip.address))
+        .await
+        .unwrap();
+    // (Once the host reported the VM gone, its attachment is no more.)
+    until(
+        "the segment's deletion",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            s.admin
+                .delete("/api/v1/tenants/lab/segments/lan")
+                .await
+                .ok()
+        },
+    )
+    .await;
     agent.sync_once(None).await.unwrap();
     let host = vxlan_manager::Kernel::connect(None)
         .unwrap()
@@ -339,6 +699,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         "{:?}",
         host.links.keys()
     );
+    assert!(!netns_exists(&edge_ns), "{edge_ns} is gone");
     heartbeat.abort();
     s.stop().await;
 }
