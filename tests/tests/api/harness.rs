@@ -143,6 +143,46 @@ impl TestServer {
         reqwest::Client::new()
     }
 
+    /// A browser signed in to the portal as the platform admin (the
+    /// chooser's "sign in with an API token", its CSRF token
+    /// double-submitted).
+    pub async fn portal_admin(&self) -> reqwest::Client {
+        let c = reqwest::Client::builder()
+            .cookie_store(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let login = c
+            .get(format!("{}/login", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let csrf = login
+            .split("name=\"csrf\" value=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .unwrap_or_else(|| panic!("no CSRF token in {login}"))
+            .to_owned();
+        let r = c
+            .post(format!("{}/auth/token", self.url))
+            .form(&[("token", self.admin_token.as_str()), ("csrf", &csrf)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 302, "token sign-in");
+        c
+    }
+
+    /// A portal page as `c` sees it.
+    pub async fn page(&self, c: &reqwest::Client, path: &str) -> String {
+        let r = c.get(format!("{}{path}", self.url)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        r.text().await.unwrap()
+    }
+
     pub fn db(&self) -> &sea_orm::DatabaseConnection {
         &self.server.state.db
     }

@@ -454,6 +454,26 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
     let b = s.admin.vm("lab", "vm-b").await.unwrap();
     assert_eq!(b.networks[0].forwards.len(), 1);
     assert_eq!(b.networks[0].forwards[0].public_port, 2222);
+    // So do the portal's pages: the segments page lists the project's
+    // public addresses, what each is attached to, the forwards and each
+    // segment's egress address; the VM page its ways in.
+    let portal = s.portal_admin().await;
+    let page = s.page(&portal, "/t/lab/segments").await;
+    for want in [
+        fip.address.clone(),
+        format!("vm-a ({} on lan)", addr["vm-a"]),
+        format!("{}:2222/tcp", pip.address),
+        format!("vm-b ({} on lan):{PORT}", addr["vm-b"]),
+        snat.clone(),
+    ] {
+        assert!(page.contains(&want), "{want} not on the page:\n{page}");
+    }
+    let page = s.page(&portal, "/t/lab/vms/vm-a").await;
+    assert!(
+        page.contains(&format!("ssh root@{}", fip.address))
+            || page.contains(&format!("ssh {}", fip.address)),
+        "{page}"
+    );
 
     // Another tenant on the same addresses (10.1.0.0/24) with its own
     // edge and public address: each outside address reaches its own VM.

@@ -212,11 +212,22 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
                         .collect::<Vec<_>>()
                         .join(" "),
                 ),
+                match (&s.edge, s.egress) {
+                    (
+                        Some(api::SegmentEdge {
+                            snat_address: Some(a),
+                            ..
+                        }),
+                        true,
+                    ) => Cell::Code(a.clone()),
+                    (_, true) => Cell::text("…"),
+                    (_, false) => Cell::text(tx(Msg::EgressOff)),
+                },
                 delete_button(l, format!("/t/{tenant}/segments/{}/delete", s.name)),
             ]
         })
         .collect();
-    Ok(table_page(
+    let mut page = table_page(
         format!("{tenant} — {}", t(l, Msg::Segments)),
         vec![
             tx(Msg::Name),
@@ -226,6 +237,7 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
             "VNI".into(),
             "NICs".into(),
             tx(Msg::Ingress),
+            tx(Msg::Egress),
             String::new(),
         ],
         rows,
@@ -249,9 +261,62 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
             Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
                 .placeholder("tcp:22:0.0.0.0/0"),
         ],
-    ))
+    );
+    page.sections.extend(public_ways_in(v, tenant).await?);
+    Ok(page)
 }
 
+/// The project's public addresses and port forwards: how its segments
+/// are reached from outside.
+async fn public_ways_in(v: &Visit, tenant: &str) -> Result<[Section; 2], ApiError> {
+    let l = v.lang;
+    let tx = |m| t(l, m).to_owned();
+    let nic = |n: &api::NicRef| format!("{} ({} on {})", n.vm, n.ip, n.segment);
+    let ips = crate::app::public_net::list(&v.st, &v.ctx, tenant, &first())
+        .await?
+        .items;
+    let forwards = crate::app::public_net::list_forwards(&v.st, &v.ctx, tenant, &first())
+        .await?
+        .items;
+    Ok([
+        Section {
+            heading: tx(Msg::PublicIps),
+            columns: vec![tx(Msg::Address), tx(Msg::Pool), tx(Msg::AttachedTo)],
+            rows: ips
+                .iter()
+                .map(|ip| {
+                    vec![
+                        Cell::Code(ip.address.clone()),
+                        Cell::text(&ip.pool),
+                        Cell::text(ip.attached.as_ref().map(nic).unwrap_or_else(|| "-".into())),
+                    ]
+                })
+                .collect(),
+            empty: tx(Msg::PublicIpsEmpty),
+            ..Default::default()
+        },
+        Section {
+            heading: tx(Msg::PortForwards),
+            columns: vec![tx(Msg::Address), tx(Msg::ForwardTo)],
+            rows: forwards
+                .iter()
+                .map(|f| {
+                    vec![
+                        Cell::Code(format!(
+                            "{}:{}/{}",
+                            f.public_ip,
+                            f.public_port,
+                            f.protocol.as_str()
+                        )),
+                        Cell::text(format!("{}:{}", nic(&f.to), f.private_port)),
+                    ]
+                })
+                .collect(),
+            empty: tx(Msg::PortForwardsEmpty),
+            ..Default::default()
+        },
+    ])
+}
 async fn members_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
