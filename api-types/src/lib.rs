@@ -280,6 +280,9 @@ pub struct Quota {
     pub roce_segments: u32,
     #[serde(default)]
     pub public_ips: u32,
+    /// Volumes over all the tenant's volumes, GiB.
+    #[serde(default)]
+    pub volume_gib: u32,
 }
 
 // ---------------------------------------------------------------- audit
@@ -1095,6 +1098,100 @@ pub struct VmEvent {
     pub message: String,
 }
 
+// ---------------------------------------------------------------- volumes
+
+/// Where a volume is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeState {
+    /// Its host has not made it yet.
+    Creating,
+    /// Made, attached to no VM.
+    Available,
+    /// A disk of a VM (hot-plugged into it when it runs).
+    Attached,
+    /// Its host is removing it.
+    Deleting,
+    /// Its host could not make or change it (`reason` says why).
+    Error,
+}
+
+impl VolumeState {
+    pub const ALL: [VolumeState; 5] = [
+        VolumeState::Creating,
+        VolumeState::Available,
+        VolumeState::Attached,
+        VolumeState::Deleting,
+        VolumeState::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeState::Creating => "creating",
+            VolumeState::Available => "available",
+            VolumeState::Attached => "attached",
+            VolumeState::Deleting => "deleting",
+            VolumeState::Error => "error",
+        }
+    }
+}
+
+/// A block volume that outlives VMs: it lives on one host's storage pool
+/// and is a disk of at most one VM on that host at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Volume {
+    pub id: Uuid,
+    pub name: String,
+    pub tenant: String,
+    pub size_gib: u32,
+    pub state: VolumeState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The host whose storage holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The VM it is a disk of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
+    /// The disk's serial: in the guest it is
+    /// `/dev/disk/by-id/virtio-<serial>`.
+    pub serial: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Volume {
+    /// Where the guest finds it.
+    pub fn guest_path(&self) -> String {
+        format!("/dev/disk/by-id/virtio-{}", self.serial)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeCreate {
+    pub name: String,
+    pub size_gib: u32,
+    /// Make it on this VM's host (so it can be attached to it); otherwise
+    /// Kumo picks a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
+}
+
+/// A new, larger size (a detached volume only grows).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeResize {
+    pub size_gib: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeAttach {
+    /// A VM on the volume's host.
+    pub vm: String,
+}
+
 // ---------------------------------------------------------------- clusters
 
 /// A training cluster: `size` identical VMs placed all or nothing, in one
@@ -1287,6 +1384,23 @@ pub struct DesiredVm {
     /// The VM's NICs on tenant segments, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<DesiredNic>,
+    /// Volumes attached to the VM, in the order they were attached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<DesiredDisk>,
+}
+
+/// A volume as a VM's disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredDisk {
+    pub volume: Uuid,
+    pub serial: String,
+}
+
+/// A volume the host's storage keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredVolume {
+    pub id: Uuid,
+    pub size_gib: u32,
 }
 
 /// One NIC of a VM: on an Ethernet segment, a virtio NIC on the host's
@@ -1335,6 +1449,14 @@ pub struct DesiredState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub network: Option<vxlan_manager::DesiredState>,
+    /// The volumes this host's storage keeps (made when missing, grown
+    /// when smaller).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<DesiredVolume>,
+    /// Volumes to delete: the only way a volume's data goes (one in
+    /// neither list is left alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delete_volumes: Vec<Uuid>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1403,6 +1525,31 @@ fn report_text(s: &str) -> String {
 #[serde(deny_unknown_fields)]
 pub struct StatusReport {
     pub vms: Vec<VmStatus>,
+    /// The host's volumes, as its storage holds them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeStatus>,
+}
+
+/// What a host's storage holds of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeStatus {
+    pub id: Uuid,
+    pub state: VolumeActual,
+    /// Its size as made, GiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_gib: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeActual {
+    Ready,
+    /// Not (any more) in the host's storage.
+    Absent,
+    Failed,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]

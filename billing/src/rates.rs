@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::Level;
 
 /// `gpu:<model>` (per GPU), `vcpu`, `memory_gib`, `disk_gib`,
-/// `public_ip` (per address held).
+/// `public_ip` (per address held), `volume_gib` (per GiB of volume held).
 pub type Class = String;
 
 pub fn gpu_class(model: &str) -> Class {
@@ -22,6 +22,7 @@ pub const VCPU: &str = "vcpu";
 pub const MEMORY_GIB: &str = "memory_gib";
 pub const DISK_GIB: &str = "disk_gib";
 pub const PUBLIC_IP: &str = "public_ip";
+pub const VOLUME_GIB: &str = "volume_gib";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Price {
@@ -50,14 +51,15 @@ pub enum RateError {
     Negative { class: Class },
     #[error("{class}: the spot price is above the guaranteed one")]
     SpotAboveGuaranteed { class: Class },
-    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip)")]
+    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib)")]
     UnknownClass(String),
 }
 
 impl RateCard {
     pub fn validate(&self) -> Result<(), RateError> {
         for (class, p) in &self.prices {
-            let known = [VCPU, MEMORY_GIB, DISK_GIB, PUBLIC_IP].contains(&class.as_str())
+            let known = [VCPU, MEMORY_GIB, DISK_GIB, PUBLIC_IP, VOLUME_GIB]
+                .contains(&class.as_str())
                 || class
                     .strip_prefix("gpu:")
                     .is_some_and(|m| !m.is_empty() && m.len() <= 64);

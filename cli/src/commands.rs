@@ -100,6 +100,10 @@ pub enum Command {
     /// Forwards from a public address's port to a VM's.
     #[command(subcommand)]
     PortForward(crate::public_net::PortForwardCmd),
+    /// Block volumes that outlive VMs: create, attach to a VM on their
+    /// host, detach, grow, delete.
+    #[command(subcommand)]
+    Volume(crate::volumes::VolumeCmd),
     /// Rate cards: prices per hour, guaranteed and spot.
     #[command(subcommand)]
     Rate(crate::billing::RateCmd),
@@ -267,6 +271,9 @@ pub enum QuotaCmd {
         roce_segments: Option<u32>,
         #[arg(long)]
         public_ips: Option<u32>,
+        /// Volumes over all the tenant's volumes, GiB.
+        #[arg(long)]
+        volume_gib: Option<u32>,
     },
 }
 
@@ -818,6 +825,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::PublicIp(cmd) => {
             crate::public_net::public_ip(cmd, &client(&cli, &env)?, fmt, out).await?
         }
+        Command::Volume(cmd) => crate::volumes::volume(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::PortForward(cmd) => {
             crate::public_net::port_forward(cmd, &client(&cli, &env)?, fmt, out).await?
         }
@@ -1146,6 +1154,7 @@ fn quota_table(q: &Quota) -> String {
         ("segments", q.segments),
         ("roce_segments", q.roce_segments),
         ("public_ips", q.public_ips),
+        ("volume_gib", q.volume_gib),
     ] {
         t.row(vec![name.into(), v.to_string()]);
     }
@@ -1168,6 +1177,7 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
             segments,
             roce_segments,
             public_ips,
+            volume_gib,
         } => {
             let mut q = c.quota(&tenant.tenant).await?;
             let mut models: BTreeMap<String, u32> = q.gpus.clone();
@@ -1187,6 +1197,7 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                 (&mut q.segments, segments),
                 (&mut q.roce_segments, roce_segments),
                 (&mut q.public_ips, public_ips),
+                (&mut q.volume_gib, volume_gib),
             ] {
                 if let Some(v) = v {
                     *slot = *v;
@@ -1201,11 +1212,12 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                     segments,
                     roce_segments,
                     public_ips,
+                    volume_gib,
                 ]
                 .iter()
                 .all(|v| v.is_none())
             {
-                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --disk-gib, --segments, --roce-segments, --public-ips");
+                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --disk-gib, --segments, --roce-segments, --public-ips, --volume-gib");
             }
             let q = c.set_quota(&tenant.tenant, &q).await?;
             print_one(out, fmt, &q, || quota_table(&q))?;

@@ -9,5 +9,6 @@ pub mod device_login;
 pub mod output;
 pub mod profile;
 pub mod public_net;
+pub mod volumes;
 
 pub use client::{Client, ClientError};

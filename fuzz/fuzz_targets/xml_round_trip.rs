@@ -91,6 +91,7 @@ fuzz_target!(|input: Input| {
                 mtu: u32::from(*mtu),
             })
             .collect(),
+        volumes: Vec::new(),
     };
     let xml = domain_xml(&spec, &layout);
     let doc = kumo_fuzz::well_formed(&xml);

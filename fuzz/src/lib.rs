@@ -79,6 +79,7 @@ pub fn exercise_topology(topo: &HostTopology) {
         host_id: None,
         kernel: None,
         interfaces: Vec::new(),
+        volumes: Vec::new(),
     };
     well_formed(&domain_xml(&spec, &layout));
 }

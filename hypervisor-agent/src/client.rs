@@ -1,7 +1,7 @@
 //! The agent's side of `/agent/v1`.
 
 use kumo_api_types::{
-    AgentHeartbeat, AgentRegister, AgentRegistered, DesiredState, Problem, StatusReport, VmStatus,
+    AgentHeartbeat, AgentRegister, AgentRegistered, DesiredState, Problem, StatusReport,
 };
 use kumo_topology::HostTopology;
 use reqwest::StatusCode;
@@ -124,12 +124,12 @@ impl AgentClient {
         Ok(check(req.send().await?).await?.json().await?)
     }
 
-    pub async fn status(&self, vms: Vec<VmStatus>) -> Result<(), ClientError> {
+    pub async fn status(&self, report: &StatusReport) -> Result<(), ClientError> {
         let resp = self
             .http
             .post(format!("{}/agent/v1/status", self.server))
             .bearer_auth(self.credential())
-            .json(&StatusReport { vms })
+            .json(report)
             .send()
             .await?;
         check(resp).await.map(|_| ())

@@ -10,3 +10,4 @@ pub mod guest_files;
 pub mod reconcile;
 pub mod roce_ports;
 pub mod run;
+pub mod storage;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use kumo_agent::run::{Agent, AgentConfig};
+use kumo_agent::run::{Agent, AgentConfig, StorageConfig};
 use kumo_topology::domain_xml::DomainSpec;
 use kumo_topology::{fixtures, matrix, render, sysfs, Bdf, TopologyReport};
 
@@ -25,6 +25,8 @@ enum Format {
     Matrix,
 }
 
+// Parsed once at start: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Print the host's topology: GPUs, NICs, NVLinks, relations, pairing.
@@ -109,6 +111,17 @@ enum Command {
         /// Milliseconds between passes that repair drift when nothing changed.
         #[arg(long, default_value_t = 3000)]
         resync_ms: u64,
+        /// Keep volumes as qcow2 files in this directory [default:
+        /// STATE_DIR/volumes].
+        #[arg(long, conflicts_with = "storage_vg")]
+        storage_dir: Option<PathBuf>,
+        /// Keep volumes as thin LVs in this LVM volume group (with
+        /// --thin-pool).
+        #[arg(long, requires = "thin_pool")]
+        storage_vg: Option<String>,
+        /// The thin pool of --storage-vg.
+        #[arg(long, requires = "storage_vg")]
+        thin_pool: Option<String>,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -153,6 +166,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             netns,
             edge_uplink,
             resync_ms,
+            storage_dir,
+            storage_vg,
+            thin_pool,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -185,6 +201,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 netns,
                 edge_uplink,
                 resync: std::time::Duration::from_millis(resync_ms.max(1)),
+                storage: match (storage_vg, thin_pool) {
+                    (Some(vg), Some(thin_pool)) => Some(StorageConfig::LvmThin { vg, thin_pool }),
+                    _ => storage_dir.map(StorageConfig::Qcow2Dir),
+                },
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -234,6 +254,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 host_id: None,
                 kernel: None,
                 interfaces: Vec::new(),
+                volumes: Vec::new(),
             };
             let r = render::render(&topo, &gpus, vcpus, memory_gib, &spec)?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

@@ -10,7 +10,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use kumo_api_types::{ActualState, DesiredState, DesiredVm, Power, SegmentKind, VmStatus};
-use kumo_topology::domain_xml::{domain_xml, BridgeNic, DomainSpec, KernelBoot, METADATA_NS};
+use kumo_topology::domain_xml::{
+    domain_xml, volume_disk, volume_target, BridgeNic, DiskSource, DomainSpec, KernelBoot,
+    VolumeDisk, METADATA_NS,
+};
 use kumo_topology::guest_layout::guest_layout;
 use kumo_topology::HostTopology;
 use uuid::Uuid;
@@ -21,6 +24,79 @@ use virt::domain::Domain;
 const METADATA_ELEMENT: i32 = 2;
 /// `VIR_DOMAIN_REBOOT_GUEST_AGENT`.
 const VIR_DOMAIN_REBOOT_GUEST_AGENT: u32 = 2;
+/// `VIR_DOMAIN_AFFECT_LIVE`.
+const AFFECT_LIVE: u32 = 1;
+/// `VIR_DOMAIN_XML_INACTIVE`.
+const XML_INACTIVE: u32 = 2;
+/// Serials of volume disks start so (the API makes them).
+const VOLUME_SERIAL: &str = "kumo";
+
+/// The volumes the host's storage holds ready, by id: what a VM's disks
+/// point at. A VM's volume not (yet) among them is left out of it.
+pub type ReadyVolumes = BTreeMap<Uuid, DiskSource>;
+
+/// A VM's volume disks, as wanted: the ready ones, in order.
+fn volume_disks(vm: &DesiredVm, ready: &ReadyVolumes) -> Vec<VolumeDisk> {
+    vm.volumes
+        .iter()
+        .filter_map(|d| {
+            Some(VolumeDisk {
+                source: ready.get(&d.volume)?.clone(),
+                serial: d.serial.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The `<disk>` elements of a domain's XML, as text.
+fn disk_elements(xml: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find("<disk ") {
+        let Some(len) = rest[start..].find("</disk>") else {
+            break;
+        };
+        let end = start + len + "</disk>".len();
+        out.push(&rest[start..end]);
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// The volume disks of a domain's XML: serial → (target, element).
+fn volume_disks_in(xml: &str) -> BTreeMap<String, (String, String)> {
+    let mut out = BTreeMap::new();
+    for d in disk_elements(xml) {
+        let serial = d
+            .split_once("<serial>")
+            .and_then(|(_, r)| r.split_once("</serial>"))
+            .map(|(s, _)| s.to_owned());
+        let target = d
+            .split_once("<target dev='")
+            .or_else(|| d.split_once("<target dev=\""))
+            .and_then(|(_, r)| r.split_once(['\'', '"']))
+            .map(|(t, _)| t.to_owned());
+        if let (Some(serial), Some(target)) = (serial, target) {
+            if serial.starts_with(VOLUME_SERIAL) {
+                out.insert(serial, (target, d.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Every disk target a domain's XML uses.
+fn targets_in(xml: &str) -> std::collections::BTreeSet<String> {
+    disk_elements(xml)
+        .into_iter()
+        .filter_map(|d| {
+            d.split_once("<target dev=")
+                .and_then(|(_, r)| r.get(1..))
+                .and_then(|r| r.split_once(['\'', '"']))
+                .map(|(t, _)| t.to_owned())
+        })
+        .collect()
+}
 
 pub struct Reconciler {
     /// Open while libvirt answers; reopened from `uri` after it went away.
@@ -325,7 +401,13 @@ impl Reconciler {
         format!("kumo-{}-{}", vm.name, &vm.id.simple().to_string()[..8])
     }
 
-    fn render(&self, vm: &DesiredVm, disk: &Path, seed: &Path) -> Result<String, String> {
+    fn render(
+        &self,
+        vm: &DesiredVm,
+        disk: &Path,
+        seed: &Path,
+        ready: &ReadyVolumes,
+    ) -> Result<String, String> {
         let layout = guest_layout(&self.topology, &vm.placement).map_err(|e| e.to_string())?;
         let spec = DomainSpec {
             name: Self::domain_name(vm),
@@ -341,6 +423,7 @@ impl Reconciler {
                 cmdline: k.cmdline.clone(),
             }),
             interfaces: bridge_nics(vm),
+            volumes: volume_disks(vm, ready),
         };
         Ok(domain_xml(&spec, &layout))
     }
@@ -356,21 +439,88 @@ impl Reconciler {
         Some(outcome.condition())
     }
 
+    /// A VM's volume disks brought in line with what it should have: its
+    /// definition (redefined when its volume disks differ: that is what
+    /// the next boot gets), and, while it runs, the live domain (disks
+    /// hot-plugged and unplugged). A driver that cannot hot-plug (libvirt's
+    /// test driver) keeps the definition only.
+    fn sync_volumes(
+        &mut self,
+        vm: &DesiredVm,
+        dom: &Domain,
+        ready: &ReadyVolumes,
+    ) -> Result<(), String> {
+        let want = volume_disks(vm, ready);
+        let serials: Vec<&str> = want.iter().map(|d| d.serial.as_str()).collect();
+        let same = |xml: &str| {
+            let have = volume_disks_in(xml);
+            have.len() == serials.len() && serials.iter().all(|s| have.contains_key(*s))
+        };
+        let config = dom.xml_desc(XML_INACTIVE).map_err(err)?;
+        if !same(&config) {
+            let disk = self.ensure_disk(vm)?;
+            let seed = self.ensure_seed(vm)?;
+            let xml = self.render(vm, &disk, &seed, ready)?;
+            self.changes += 1;
+            self.connection()?.define_domain_xml(&xml).map_err(err)?;
+            tracing::info!(vm = %vm.id, volumes = want.len(), "VM definition takes its volumes");
+        }
+        if !dom.is_active().map_err(err)? {
+            return Ok(());
+        }
+        let live = dom.xml_desc(0).map_err(err)?;
+        let have = volume_disks_in(&live);
+        for (serial, (_, element)) in &have {
+            if !serials.contains(&serial.as_str()) {
+                match dom.detach_device_flags(element, AFFECT_LIVE) {
+                    Ok(_) => {
+                        self.changes += 1;
+                        tracing::info!(vm = %vm.id, %serial, "volume unplugged");
+                    }
+                    Err(e) => {
+                        tracing::debug!(vm = %vm.id, %serial, error = %e, "volume not unplugged (it goes at the next boot)")
+                    }
+                }
+            }
+        }
+        let mut used = targets_in(&live);
+        for d in want.iter().filter(|d| !have.contains_key(&d.serial)) {
+            let target = (0..)
+                .map(volume_target)
+                .find(|t| !used.contains(t))
+                .unwrap_or_default();
+            let element = volume_disk(d, &target).render();
+            match dom.attach_device_flags(&element, AFFECT_LIVE) {
+                Ok(_) => {
+                    self.changes += 1;
+                    used.insert(target);
+                    tracing::info!(vm = %vm.id, serial = %d.serial, "volume hot-plugged");
+                }
+                Err(e) => {
+                    tracing::debug!(vm = %vm.id, serial = %d.serial, error = %e, "volume not hot-plugged (it comes at the next boot)")
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn ensure(
         &mut self,
         vm: &DesiredVm,
         existing: Option<Domain>,
+        ready: &ReadyVolumes,
     ) -> Result<(ActualState, Option<String>), String> {
         let dom = match existing {
             Some(d) => d,
             None => {
                 let disk = self.ensure_disk(vm)?;
                 let seed = self.ensure_seed(vm)?;
-                let xml = self.render(vm, &disk, &seed)?;
+                let xml = self.render(vm, &disk, &seed, ready)?;
                 self.changes += 1;
                 self.connection()?.define_domain_xml(&xml).map_err(err)?
             }
         };
+        self.sync_volumes(vm, &dom, ready)?;
         let active = dom.is_active().map_err(err)?;
         match vm.power {
             // A VM being reclaimed that shut down on its notice stays down.
@@ -471,6 +621,7 @@ impl Reconciler {
         &mut self,
         desired: &DesiredState,
         unconverged: &Unconverged,
+        ready: &ReadyVolumes,
     ) -> Result<Vec<VmStatus>, String> {
         let mut owned = self.owned()?;
         let mut report = Vec::new();
@@ -484,7 +635,7 @@ impl Reconciler {
             // waits, failed with the segment's reason.
             let ensured = match (&dom, unconverged.holds_back(vm)) {
                 (None, Some(reason)) => Err(reason),
-                _ => self.ensure(vm, dom),
+                _ => self.ensure(vm, dom, ready),
             };
             let status = match ensured {
                 Ok((state, guest)) => VmStatus {
@@ -578,6 +729,7 @@ pub(crate) mod tests {
                 memory_mib: Default::default(),
             },
             nics: vec![],
+            volumes: vec![],
         }
     }
 

@@ -81,6 +81,8 @@ mod tests {
             vms: vec![vm],
             remove: vec![],
             network: None,
+            volumes: vec![],
+            delete_volumes: vec![],
         };
         let (ports, vfs) = wanted(&topo, &desired);
         assert_eq!(ports.len(), 8, "every Ethernet port with VFs");

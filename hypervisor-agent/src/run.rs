@@ -39,6 +39,34 @@ pub struct AgentConfig {
     pub edge_uplink: Option<String>,
     /// How often a pass repairs drift between changes ([`RESYNC`]).
     pub resync: Duration,
+    /// Where volumes live; `None`: qcow2 files under `state_dir/volumes`.
+    pub storage: Option<StorageConfig>,
+}
+
+/// A host's storage pool for volumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageConfig {
+    /// qcow2 files in a directory.
+    Qcow2Dir(PathBuf),
+    /// Thin LVs in an LVM thin pool.
+    LvmThin { vg: String, thin_pool: String },
+}
+
+impl AgentConfig {
+    /// The storage backend this configuration names.
+    pub fn storage_backend(&self) -> Arc<dyn crate::storage::Backend> {
+        match &self.storage {
+            Some(StorageConfig::LvmThin { vg, thin_pool }) => {
+                Arc::new(crate::storage::lvm::LvmThin::new(vg, thin_pool))
+            }
+            Some(StorageConfig::Qcow2Dir(dir)) => {
+                Arc::new(crate::storage::qcow2::Qcow2Dir::new(dir))
+            }
+            None => Arc::new(crate::storage::qcow2::Qcow2Dir::new(
+                self.state_dir.join("volumes"),
+            )),
+        }
+    }
 }
 
 /// A registered agent with its reconciler.
@@ -56,6 +84,8 @@ pub struct Agent {
     fabric: Arc<Mutex<FabricState>>,
     /// The segments the last pass could not set up, for the heartbeat.
     faults: Arc<Mutex<BTreeMap<u32, String>>>,
+    /// The host's volumes.
+    storage: Arc<dyn crate::storage::Backend>,
 }
 
 /// The RoCE ports as last configured, and whether the server has heard.
@@ -137,6 +167,7 @@ impl Agent {
         );
         Ok(Agent {
             client: AgentClient::new(&config.server, &cred.credential),
+            storage: config.storage_backend(),
             config,
             reconciler: Arc::new(Mutex::new(reconciler)),
             last: Arc::default(),
@@ -292,6 +323,99 @@ impl Agent {
         Ok(failed)
     }
 
+    /// The volumes brought to what the desired state says (made, grown,
+    /// deleted); answers those ready to attach and what to report. One
+    /// volume's failure is its own; the pool's failure fails them all.
+    async fn converge_storage(
+        &self,
+        desired: &kumo_api_types::DesiredState,
+    ) -> (
+        crate::reconcile::ReadyVolumes,
+        Vec<kumo_api_types::VolumeStatus>,
+    ) {
+        use crate::storage::{DiskSource, WantedVolume, GIB};
+        use kumo_api_types::{VolumeActual, VolumeStatus};
+        let want: Vec<WantedVolume> = desired
+            .volumes
+            .iter()
+            .map(|v| WantedVolume {
+                id: v.id,
+                size_gib: u64::from(v.size_gib),
+                source: None,
+                snapshots: Vec::new(),
+            })
+            .collect();
+        let delete = desired.delete_volumes.clone();
+        if want.is_empty() && delete.is_empty() {
+            return Default::default();
+        }
+        let backend = self.storage.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let done = crate::storage::converge(&*backend, &want, &delete);
+            let mut ready = crate::reconcile::ReadyVolumes::new();
+            let mut report = Vec::new();
+            for w in &want {
+                let status = |state, size_gib, reason| VolumeStatus {
+                    id: w.id,
+                    state,
+                    size_gib,
+                    reason,
+                };
+                if let Some(why) = done.failed.get(&w.id) {
+                    report.push(status(VolumeActual::Failed, None, Some(why.clone())));
+                    continue;
+                }
+                let Some(o) = done.volumes.iter().find(|o| o.id == w.id) else {
+                    continue;
+                };
+                if let Err(e) = backend.prepare(w.id) {
+                    report.push(status(VolumeActual::Failed, None, Some(e.to_string())));
+                    continue;
+                }
+                let source = match backend.disk(w.id) {
+                    DiskSource::File { path, format } => {
+                        kumo_topology::domain_xml::DiskSource::File {
+                            path: path.display().to_string(),
+                            format,
+                        }
+                    }
+                    DiskSource::Block { path } => kumo_topology::domain_xml::DiskSource::Block {
+                        path: path.display().to_string(),
+                    },
+                };
+                ready.insert(w.id, source);
+                let gib = u32::try_from(o.size_bytes / GIB).unwrap_or(u32::MAX);
+                report.push(status(VolumeActual::Ready, Some(gib), None));
+            }
+            for id in &delete {
+                if let Some(why) = done.failed.get(id) {
+                    report.push(VolumeStatus {
+                        id: *id,
+                        state: VolumeActual::Failed,
+                        size_gib: None,
+                        reason: Some(why.clone()),
+                    });
+                } else if !done.volumes.iter().any(|o| o.id == *id) {
+                    report.push(VolumeStatus {
+                        id: *id,
+                        state: VolumeActual::Absent,
+                        size_gib: None,
+                        reason: None,
+                    });
+                }
+            }
+            if done.changes > 0 {
+                tracing::info!(changes = done.changes, "volumes converged");
+            }
+            (ready, report)
+        })
+        .await;
+        done.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "storage pass failed");
+            Default::default()
+        })
+    }
+
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
         tracing::debug!(revision = desired.revision, "pass: networks");
         // A segment that does not converge holds back its own VMs only
@@ -309,18 +433,24 @@ impl Agent {
         *self.faults.lock().unwrap_or_else(|e| e.into_inner()) = unconverged.faults();
         tracing::debug!("pass: fabric");
         self.converge_fabric(&desired).await;
+        tracing::debug!("pass: storage");
+        let (ready, volumes) = self.converge_storage(&desired).await;
         tracing::debug!("pass: libvirt");
         let r = self.reconciler.clone();
         let d = desired.clone();
         let report = tokio::task::spawn_blocking(move || {
             let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
-            r.reconcile(&d, &unconverged)
+            r.reconcile(&d, &unconverged, &ready)
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
         tracing::debug!("pass: status");
         match report {
-            Ok(statuses) => self.client.status(statuses).await?,
+            Ok(vms) => {
+                self.client
+                    .status(&kumo_api_types::StatusReport { vms, volumes })
+                    .await?
+            }
             Err(e) => tracing::warn!(error = %e, "reconcile pass failed; retrying"),
         }
         Ok(())

@@ -22,6 +22,7 @@ mod m0016_segment_faults;
 mod m0017_client_request_ids;
 mod m0018_disk_and_roce_quota;
 mod m0019_public_networking;
+mod m0020_volumes;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -85,6 +86,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0017_client_request_ids::Migration),
             Box::new(m0018_disk_and_roce_quota::Migration),
             Box::new(m0019_public_networking::Migration),
+            Box::new(m0020_volumes::Migration),
         ]
     }
 }

@@ -29,6 +29,68 @@ pub struct DomainSpec {
     pub kernel: Option<KernelBoot>,
     /// Virtio NICs on host bridges (tenant Ethernet segments), in order.
     pub interfaces: Vec<BridgeNic>,
+    /// Volumes as virtio disks after the root disk, in order.
+    pub volumes: Vec<VolumeDisk>,
+}
+
+/// A volume as a guest disk, found in the guest by its serial
+/// (`/dev/disk/by-id/virtio-<serial>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeDisk {
+    pub source: DiskSource,
+    pub serial: String,
+}
+
+/// Where a volume's data is on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskSource {
+    /// An image file (`qcow2`).
+    File { path: String, format: String },
+    /// A block device, raw (an LVM logical volume).
+    Block { path: String },
+}
+
+/// PCIe root ports left empty for hot-plugged volumes (q35 plugs a device
+/// only into a free port).
+pub const SPARE_PORTS: usize = 8;
+
+/// The guest target of the `i`-th volume: `vdb`, `vdc`, … (`vda` is the
+/// root disk). Only a hint to libvirt; guests find volumes by serial.
+pub fn volume_target(i: usize) -> String {
+    let mut n = i + 1;
+    let mut name = String::new();
+    loop {
+        name.insert(0, char::from(b'a' + (n % 26) as u8));
+        n /= 26;
+        if n == 0 {
+            break;
+        }
+        n -= 1;
+    }
+    format!("vd{name}")
+}
+
+/// One volume's `<disk>` element, for a domain's XML or a hot-plug.
+pub fn volume_disk(d: &VolumeDisk, target: &str) -> Element {
+    let (kind, format, source) = match &d.source {
+        DiskSource::File { path, format } => {
+            ("file", format.as_str(), el("source").attr("file", path))
+        }
+        DiskSource::Block { path } => ("block", "raw", el("source").attr("dev", path)),
+    };
+    el("disk")
+        .attr("type", kind)
+        .attr("device", "disk")
+        .child(
+            el("driver")
+                .attr("name", "qemu")
+                .attr("type", format)
+                .attr("cache", "none")
+                .attr("io", "native"),
+        )
+        .child(source)
+        .child(el("target").attr("dev", target).attr("bus", "virtio"))
+        .child(el("serial").text(&d.serial))
 }
 
 /// A virtio NIC on a host bridge.
@@ -79,6 +141,9 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
             .child(el("source").attr("file", &spec.disk_path))
             .child(el("target").attr("dev", "vda").attr("bus", "virtio")),
     );
+    for (i, v) in spec.volumes.iter().enumerate() {
+        devices = devices.child(volume_disk(v, &volume_target(i)));
+    }
     if let Some(seed) = &spec.seed_path {
         devices = devices.child(
             el("disk")
@@ -134,6 +199,14 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
                     .child(guest_address(e.index, p.slot, 0)),
             );
         }
+    }
+    // After every numbered controller: libvirt numbers these after them.
+    for _ in 0..SPARE_PORTS {
+        devices = devices.child(
+            el("controller")
+                .attr("type", "pci")
+                .attr("model", "pcie-root-port"),
+        );
     }
     for e in &layout.expanders {
         for p in &e.ports {

@@ -3,8 +3,8 @@
 //! reports, applied VM by VM. Registration is in [`super::hosts`].
 
 use kumo_api_types::{
-    ActualState, AgentHeartbeat, DesiredState, DesiredVm, HostState, PreemptionNotice,
-    StatusReport, VmState, VmStatus,
+    ActualState, AgentHeartbeat, DesiredDisk, DesiredState, DesiredVm, DesiredVolume, HostState,
+    PreemptionNotice, StatusReport, VmState, VmStatus, VolumeState,
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect, Set,
@@ -100,6 +100,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         );
     }
     let mut net = crate::app::host_network::load(&st.db, host, &rows).await?;
+    let (kept, delete_volumes, mut disks) = volumes_of(st, host).await?;
     let mut out = Vec::new();
     let mut remove = Vec::new();
     for v in rows {
@@ -138,6 +139,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             preemption,
             hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),
             nics: net.nics.remove(&v.id).unwrap_or_default(),
+            volumes: disks.remove(&v.id).unwrap_or_default(),
         });
     }
     Ok(DesiredState {
@@ -145,7 +147,42 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         vms: out,
         remove,
         network: net.network,
+        volumes: kept,
+        delete_volumes,
     })
+}
+
+/// The volumes the host keeps, those it deletes, and each VM's disks.
+async fn volumes_of(
+    st: &AppState,
+    host: &hosts::Model,
+) -> Result<
+    (
+        Vec<DesiredVolume>,
+        Vec<Uuid>,
+        std::collections::HashMap<Uuid, Vec<DesiredDisk>>,
+    ),
+    ApiError,
+> {
+    let (mut kept, mut gone) = (Vec::new(), Vec::new());
+    let mut disks: std::collections::HashMap<Uuid, Vec<DesiredDisk>> = Default::default();
+    for v in crate::store::volumes::on_host(&st.db, host.id).await? {
+        if crate::store::volumes::stored_state(&v)? == VolumeState::Deleting {
+            gone.push(v.id);
+            continue;
+        }
+        kept.push(DesiredVolume {
+            id: v.id,
+            size_gib: u32::try_from(v.size_gib).unwrap_or(u32::MAX),
+        });
+        if let Some(vm) = v.vm_id {
+            disks.entry(vm).or_default().push(DesiredDisk {
+                volume: v.id,
+                serial: v.serial.clone(),
+            });
+        }
+    }
+    Ok((kept, gone, disks))
 }
 
 /// What one report entry changed.
@@ -176,6 +213,9 @@ pub async fn apply_status(
     if report.vms.len() > 10_000 {
         return Err(ApiError::field("vms", "too many entries"));
     }
+    if report.volumes.len() > 10_000 {
+        return Err(ApiError::field("volumes", "too many entries"));
+    }
     let txn = st.db.begin().await?;
     let mut applied = Applied::default();
     let mut entries: Vec<&VmStatus> = report.vms.iter().collect();
@@ -183,6 +223,8 @@ pub async fn apply_status(
     for s in entries {
         applied.add(apply_entry(st, &txn, host, s).await?);
     }
+    crate::app::volumes::apply_status(&txn, host.id, &report.volumes, st.config.clock.now())
+        .await?;
     txn.commit().await?;
     for h in applied.peers {
         st.signals.notify(h);

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use kumo_api_types::{ServiceLevel, VmSpec, VmState};
 use kumo_billing::meter::{self, Run};
 use kumo_billing::rates::{
-    gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, PUBLIC_IP, VCPU,
+    gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, PUBLIC_IP, VCPU, VOLUME_GIB,
 };
 use kumo_billing::{Decimal, Level};
 use sea_orm::sea_query::Expr;
@@ -26,7 +26,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::context::AppState;
-use crate::entity::{charges, meter_runs, public_ips, rate_cards, tenants, vms};
+use crate::entity::{charges, meter_runs, public_ips, rate_cards, tenants, vms, volumes};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::vms::{stored_placement, stored_spec};
 
@@ -153,20 +153,23 @@ pub async fn gone(txn: &DatabaseTransaction, vm: Uuid, at: DateTime<Utc>) -> Res
     close(txn, vm, true, at).await
 }
 
-/// A tenant took a public address: charged from now on.
-pub async fn public_ip_allocated(
+/// A tenant's holding of something other than a VM (an address, a
+/// volume) is charged from now on, always at the guaranteed rate.
+async fn hold(
     txn: &DatabaseTransaction,
     tenant: &tenants::Model,
-    ip: &public_ips::Model,
+    (id, name): (Uuid, &str),
+    class: &str,
+    quantity: Decimal,
     at: DateTime<Utc>,
 ) -> Result<(), ApiError> {
     meter_runs::ActiveModel {
         id: Set(Uuid::now_v7()),
-        vm_id: Set(ip.id),
-        vm_name: Set(ip.address.clone()),
+        vm_id: Set(id),
+        vm_name: Set(name.to_owned()),
         tenant_id: Set(tenant.id),
-        class: Set(PUBLIC_IP.to_owned()),
-        quantity: Set(Decimal::ONE.to_string()),
+        class: Set(class.to_owned()),
+        quantity: Set(quantity.to_string()),
         level: Set(Level::Guaranteed.as_str().to_owned()),
         started_at: Set(at),
         ended_at: Set(None),
@@ -177,6 +180,24 @@ pub async fn public_ip_allocated(
     Ok(())
 }
 
+/// A tenant took a public address: charged from now on.
+pub async fn public_ip_allocated(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    ip: &public_ips::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    hold(
+        txn,
+        tenant,
+        (ip.id, &ip.address),
+        PUBLIC_IP,
+        Decimal::ONE,
+        at,
+    )
+    .await
+}
+
 /// The tenant gave the address back: its run ends.
 pub async fn public_ip_released(
     txn: &DatabaseTransaction,
@@ -184,6 +205,27 @@ pub async fn public_ip_released(
     at: DateTime<Utc>,
 ) -> Result<(), ApiError> {
     close(txn, ip.id, true, at).await
+}
+
+/// A volume's size is charged from now on (a new volume, or one that grew:
+/// the run of its old size ended first).
+pub async fn volume_held(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    v: &volumes::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let gib = Decimal::from(v.size_gib);
+    hold(txn, tenant, (v.id, &v.name), VOLUME_GIB, gib, at).await
+}
+
+/// A volume's charge ends (deleted, or about to be charged at a new size).
+pub async fn volume_released(
+    txn: &DatabaseTransaction,
+    volume: Uuid,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    close(txn, volume, true, at).await
 }
 
 /// Every rate card, as the billing core reads them.

@@ -28,3 +28,4 @@ pub mod tenants;
 pub mod tokens;
 pub mod users;
 pub mod vms;
+pub mod volumes;

@@ -37,6 +37,7 @@ pub async fn set(
         disk_gib: Set(i64::from(body.disk_gib)),
         roce_segments: Set(i64::from(body.roce_segments)),
         public_ips: Set(i64::from(body.public_ips)),
+        volume_gib: Set(i64::from(body.volume_gib)),
         updated_at: Set(actor.at),
     };
     if tenant_quotas::Entity::find_by_id(tenant.id)

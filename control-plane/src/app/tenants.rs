@@ -72,6 +72,7 @@ pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result
         segments: Set(0),
         roce_segments: Set(0),
         public_ips: Set(0),
+        volume_gib: Set(0),
         updated_at: Set(now),
     }
     .insert(&txn)

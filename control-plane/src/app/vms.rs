@@ -146,6 +146,8 @@ pub async fn delete_row(
     // with the NICs they name.
     crate::store::public_net::release_nics_of(txn, vm.id).await?;
     crate::store::segments::detach_all(txn, vm.id).await?;
+    // Its volumes outlive it, detached.
+    crate::store::volumes::detach_all(txn, vm.id).await?;
     crate::store::clusters::member_gone(txn, vm).await?;
     Ok(peers)
 }

@@ -112,6 +112,7 @@ pub fn validate(q: &Quota) -> Result<(), ApiError> {
         ("segments", q.segments),
         ("roce_segments", q.roce_segments),
         ("public_ips", q.public_ips),
+        ("volume_gib", q.volume_gib),
     ] {
         if v > MAX_LIMIT {
             return Err(ApiError::field(field, format!("at most {MAX_LIMIT}")));

@@ -5,7 +5,7 @@
 
 use std::fmt::Display;
 
-use kumo_api_types::{ForwardProtocol, HostState, Power, SegmentKind, VmState};
+use kumo_api_types::{ForwardProtocol, HostState, Power, SegmentKind, VmState, VolumeState};
 use kumo_billing::Level;
 
 use crate::error::ApiError;
@@ -33,6 +33,14 @@ pub fn decode<T: StoredText>(table: &str, row: impl Display, text: &str) -> Resu
 impl StoredText for ForwardProtocol {
     const WHAT: &'static str = "forward protocol";
     const ALL: &'static [ForwardProtocol] = &[ForwardProtocol::Tcp, ForwardProtocol::Udp];
+    fn to_text(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl StoredText for VolumeState {
+    const WHAT: &'static str = "volume state";
+    const ALL: &'static [VolumeState] = &VolumeState::ALL;
     fn to_text(self) -> &'static str {
         self.as_str()
     }
@@ -162,6 +170,7 @@ mod tests {
         round_trips::<Level>();
         round_trips::<ClusterState>();
         round_trips::<AllocationKind>();
+        round_trips::<VolumeState>();
     }
 
     #[test]

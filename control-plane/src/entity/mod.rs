@@ -31,3 +31,4 @@ pub mod users;
 pub mod vm_events;
 pub mod vms;
 pub mod vni_leases;
+pub mod volumes;

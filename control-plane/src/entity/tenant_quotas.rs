@@ -12,6 +12,7 @@ pub struct Model {
     pub disk_gib: i64,
     pub roce_segments: i64,
     pub public_ips: i64,
+    pub volume_gib: i64,
     pub updated_at: DateTimeUtc,
 }
 

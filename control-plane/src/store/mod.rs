@@ -17,6 +17,7 @@ pub mod segments;
 pub mod templates;
 pub mod tenancy;
 pub mod vms;
+pub mod volumes;
 
 /// Narrows `q` to the row `reference` names: by id when it parses as a
 /// UUID, by name otherwise. Every resource is addressed both ways.

@@ -31,6 +31,7 @@ fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> A
         underlay_ip: None,
         netns: None,
         edge_uplink: None,
+        storage: None,
         resync: kumo_agent::run::RESYNC,
     }
 }

@@ -499,6 +499,41 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [204, 204, 204, 403, 404, 401, 401, 401],
     ),
     (
+        "POST",
+        "/api/v1/tenants/{tenant}/volumes",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/volumes",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/volumes/{volume}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/volumes/{volume}",
+        [202, 202, 202, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/volumes/{volume}/resize",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/volumes/{volume}/attach",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/volumes/{volume}/detach",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/events",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -606,8 +641,47 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         path = path.replace("{address}", &ip.address);
         w.last_ip.lock().unwrap().clone_from(&ip.address);
     }
+    // Volumes: a fresh one of alpha's, on alpha-vm's host, made by its
+    // host (available), for what changes one; attached for a detach.
+    if template.contains("{volume}") {
+        let name = format!("vol-{n}");
+        let v: kumo_api_types::Volume = s
+            .admin
+            .post(
+                &format!("/api/v1/tenants/{tenant}/volumes"),
+                &json!({"name": name, "size_gib": 1, "vm": "alpha-vm"}),
+            )
+            .await
+            .unwrap();
+        let row = kumo_server::entity::volumes::ActiveModel {
+            id: Set(v.id),
+            state: Set("available".into()),
+            ..Default::default()
+        };
+        row.update(s.db()).await.unwrap();
+        if template.ends_with("detach") {
+            let _: kumo_api_types::Volume = s
+                .admin
+                .post(
+                    &format!("/api/v1/tenants/{tenant}/volumes/{name}/attach"),
+                    &json!({"vm": "alpha-vm"}),
+                )
+                .await
+                .unwrap();
+        }
+        path = path.replace("{volume}", &name);
+    }
     let body = match (method, template) {
         ("POST", "/api/v1/tenants") => Some(json!({"name": format!("new-{n}")})),
+        ("POST", "/api/v1/tenants/{tenant}/volumes") => {
+            Some(json!({"name": format!("made-{n}"), "size_gib": 1}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/resize") => {
+            Some(json!({"size_gib": 2}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/attach") => {
+            Some(json!({"vm": "alpha-vm"}))
+        }
         ("PATCH", "/api/v1/tenants/{tenant}/segments/{segment}") => {
             Some(json!({"egress": n.is_multiple_of(2)}))
         }
@@ -688,7 +762,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
             Some(json!({"amount": "100", "expires_at": Utc::now() + Duration::days(30)}))
         }
         ("PUT", "/api/v1/tenants/{tenant}/quota") => Some(
-            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "disk_gib": 10000, "segments": 100, "roce_segments": 10, "public_ips": 1000, "gpus": {"H100-SXM5-80GB": 8}}),
+            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "disk_gib": 10000, "segments": 100, "roce_segments": 10, "public_ips": 1000, "volume_gib": 1000, "gpus": {"H100-SXM5-80GB": 8}}),
         ),
         ("POST", "/api/v1/users") => Some(json!({"name": format!("user-{n}")})),
         ("POST", "/api/v1/users/{user}/disable")

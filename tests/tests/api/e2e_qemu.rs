@@ -360,6 +360,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         // addresses live here, in a namespace `kedge<VNI>`.
         edge_uplink: Some(wan.uplink.clone()),
         resync: kumo_agent::run::RESYNC,
+        storage: None,
     })
     .await
     .unwrap();

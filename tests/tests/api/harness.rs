@@ -219,6 +219,7 @@ impl TestServer {
             segments: 1_000,
             roce_segments: 1_000,
             public_ips: 1_000,
+            volume_gib: 1_000_000,
             ..Default::default()
         };
         for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {
@@ -425,7 +426,10 @@ impl SimAgent {
         self.http
             .post(format!("{}/agent/v1/status", self.url))
             .bearer_auth(&self.credential)
-            .json(&kumo_api_types::StatusReport { vms })
+            .json(&kumo_api_types::StatusReport {
+                vms,
+                volumes: Vec::new(),
+            })
             .send()
             .await
             .unwrap()
@@ -494,7 +498,26 @@ impl SimAgent {
             .http
             .post(format!("{}/agent/v1/status", self.url))
             .bearer_auth(&self.credential)
-            .json(&kumo_api_types::StatusReport { vms: report })
+            .json(&kumo_api_types::StatusReport {
+                vms: report,
+                // Volumes are made at once and deleted at once.
+                volumes: d
+                    .volumes
+                    .iter()
+                    .map(|v| (v.id, kumo_api_types::VolumeActual::Ready))
+                    .chain(
+                        d.delete_volumes
+                            .iter()
+                            .map(|id| (*id, kumo_api_types::VolumeActual::Absent)),
+                    )
+                    .map(|(id, state)| kumo_api_types::VolumeStatus {
+                        id,
+                        state,
+                        size_gib: None,
+                        reason: None,
+                    })
+                    .collect(),
+            })
             .send()
             .await
             .map_err(|e| e.to_string())?;

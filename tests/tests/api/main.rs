@@ -24,3 +24,4 @@ mod scheduling;
 mod segments;
 mod sso;
 mod vms;
+mod volumes;

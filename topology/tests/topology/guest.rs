@@ -27,6 +27,7 @@ pub fn spec() -> DomainSpec {
         host_id: None,
         kernel: None,
         interfaces: Vec::new(),
+        volumes: Vec::new(),
     }
 }
 

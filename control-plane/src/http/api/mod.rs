@@ -33,6 +33,7 @@ pub mod tenants;
 pub mod tokens;
 pub mod users;
 pub mod vms;
+pub mod volumes;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -62,6 +63,7 @@ pub mod vms;
         (name = "clusters", description = "Training clusters: VMs placed together, rail-aligned"),
         (name = "segments", description = "Tenant networks (VXLAN) for Ethernet and RoCE, and VM addresses on them"),
         (name = "public-ips", description = "Public addresses: pools, floating IPs and port forwards, carried by segment edges"),
+        (name = "volumes", description = "Block volumes that outlive VMs, attached to VMs on their host"),
         (name = "billing", description = "Rate cards, prepaid points, statements"),
         (name = "agent", description = "The protocol between host agents and the server"),
         (name = "health", description = "Liveness, readiness, metrics"),
@@ -175,6 +177,11 @@ pub fn router() -> OpenApiRouter<AppState> {
             public_net::list_forwards
         ))
         .routes(routes!(public_net::delete_forward))
+        .routes(routes!(volumes::create, volumes::list))
+        .routes(routes!(volumes::show, volumes::delete))
+        .routes(routes!(volumes::resize))
+        .routes(routes!(volumes::attach))
+        .routes(routes!(volumes::detach))
         .routes(routes!(billing::put_rates, billing::get_rates))
         .routes(routes!(billing::grant))
         .routes(routes!(billing::points))

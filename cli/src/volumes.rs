@@ -1,0 +1,152 @@
+//! `kumo volume`: block volumes that outlive VMs, each on one host and
+//! attached to at most one VM there.
+
+use std::io::Write;
+
+use clap::Subcommand;
+use kumo_api_types::{Volume, VolumeAttach, VolumeCreate, VolumeResize};
+
+use crate::client::{segment, Client};
+use crate::commands::{print_one, TenantArg};
+use crate::output::{Format, Table};
+
+#[derive(Subcommand, Debug)]
+pub enum VolumeCmd {
+    /// Make a volume (within the tenant's `volume_gib` quota).
+    Create {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Its size, GiB.
+        #[arg(long)]
+        size_gib: u32,
+        /// Make it on this VM's host, so it can be attached to it.
+        #[arg(long)]
+        vm: Option<String>,
+    },
+    /// The tenant's volumes.
+    List {
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// One volume: its state, host, VM and where the guest finds it.
+    Show {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Grow a detached volume (it never shrinks).
+    Grow {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// The new size, GiB.
+        #[arg(long)]
+        size_gib: u32,
+    },
+    /// Attach it to a VM on its host (hot-plugged if the VM runs).
+    Attach {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long)]
+        vm: String,
+    },
+    /// Take it off its VM; the volume and its data stay.
+    Detach {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Delete a detached volume and its data.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+}
+
+fn table(vs: &[Volume]) -> String {
+    let mut t = Table::new(&["name", "size", "state", "host", "vm", "in the guest"]);
+    for v in vs {
+        t.row(vec![
+            v.name.clone(),
+            format!("{} GiB", v.size_gib),
+            match &v.reason {
+                Some(r) => format!("{} ({r})", v.state.as_str()),
+                None => v.state.as_str().to_owned(),
+            },
+            v.host.clone().unwrap_or_else(|| "-".into()),
+            v.vm.clone().unwrap_or_else(|| "-".into()),
+            v.guest_path(),
+        ]);
+    }
+    t.render()
+}
+
+pub async fn volume(
+    cmd: &VolumeCmd,
+    c: &Client,
+    fmt: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let base = |t: &TenantArg| format!("/api/v1/tenants/{}/volumes", segment(&t.tenant));
+    let one = |t: &TenantArg, name: &str| format!("{}/{}", base(t), segment(name));
+    let v: Volume = match cmd {
+        VolumeCmd::Create {
+            name,
+            tenant,
+            size_gib,
+            vm,
+        } => {
+            c.post(
+                &base(tenant),
+                &VolumeCreate {
+                    name: name.clone(),
+                    size_gib: *size_gib,
+                    vm: vm.clone(),
+                },
+            )
+            .await?
+        }
+        VolumeCmd::List { tenant } => {
+            let vs: Vec<Volume> = c.list_all(&base(tenant)).await?;
+            return print_one(out, fmt, &vs, || table(&vs));
+        }
+        VolumeCmd::Show { name, tenant } => c.get(&one(tenant, name)).await?,
+        VolumeCmd::Grow {
+            name,
+            tenant,
+            size_gib,
+        } => {
+            c.post(
+                &format!("{}/resize", one(tenant, name)),
+                &VolumeResize {
+                    size_gib: *size_gib,
+                },
+            )
+            .await?
+        }
+        VolumeCmd::Attach { name, tenant, vm } => {
+            c.post(
+                &format!("{}/attach", one(tenant, name)),
+                &VolumeAttach { vm: vm.clone() },
+            )
+            .await?
+        }
+        VolumeCmd::Detach { name, tenant } => {
+            c.post(
+                &format!("{}/detach", one(tenant, name)),
+                &serde_json::json!({}),
+            )
+            .await?
+        }
+        VolumeCmd::Delete { name, tenant } => {
+            c.delete(&one(tenant, name)).await?;
+            writeln!(out, "Deleting volume {name}")?;
+            return Ok(());
+        }
+    };
+    print_one(out, fmt, &v, || table(std::slice::from_ref(&v)))?;
+    Ok(())
+}

@@ -1,0 +1,26 @@
+use sea_orm::entity::prelude::*;
+
+/// A tenant's volume on one host's storage; `vm_id` when it is a disk of
+/// a VM (on the same host).
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "volumes")]
+pub struct Model {
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub name: String,
+    pub size_gib: i64,
+    pub state: String,
+    pub reason: Option<String>,
+    pub host_id: Uuid,
+    pub vm_id: Option<Uuid>,
+    #[sea_orm(unique)]
+    pub serial: String,
+    pub created_at: DateTimeUtc,
+    pub updated_at: DateTimeUtc,
+}
+
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

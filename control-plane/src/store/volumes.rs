@@ -1,0 +1,149 @@
+//! Queries of volumes: a tenant's, a host's, a VM's, and the tenant's
+//! total against its `volume_gib` quota.
+
+use std::collections::BTreeMap;
+
+use kumo_api_types::{HostState, VolumeState};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set,
+};
+use uuid::Uuid;
+
+use crate::domain::paging::Paging;
+use crate::domain::states::StoredText;
+use crate::entity::{hosts, tenants, volumes};
+use crate::error::ApiError;
+
+pub fn stored_state(v: &volumes::Model) -> Result<VolumeState, ApiError> {
+    crate::domain::states::decode("volumes", v.id, &v.state)
+}
+
+fn query(tenant: &tenants::Model, reference: &str) -> sea_orm::Select<volumes::Entity> {
+    super::name_or_id(
+        volumes::Entity::find().filter(volumes::Column::TenantId.eq(tenant.id)),
+        volumes::Column::Id,
+        volumes::Column::Name,
+        reference,
+    )
+}
+
+/// A tenant's volume by name or id; another tenant's is "not found".
+pub async fn find(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    reference: &str,
+) -> Result<volumes::Model, ApiError> {
+    query(tenant, reference)
+        .one(db)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("volume {reference:?}")))
+}
+
+/// [`find`] for a change: the row stays locked until the transaction ends.
+pub async fn find_to_change(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    reference: &str,
+) -> Result<volumes::Model, ApiError> {
+    query(tenant, reference)
+        .lock_exclusive()
+        .one(txn)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("volume {reference:?}")))
+}
+
+pub async fn page(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+    paging: &Paging,
+) -> Result<Vec<volumes::Model>, ApiError> {
+    let mut q = volumes::Entity::find()
+        .filter(volumes::Column::TenantId.eq(tenant))
+        .order_by_asc(volumes::Column::Name);
+    if let Some(after) = &paging.after {
+        q = q.filter(volumes::Column::Name.gt(after.as_str()));
+    }
+    Ok(q.limit(paging.fetch()).all(db).await?)
+}
+
+/// GiB over all the tenant's volumes (those being deleted still count:
+/// their host still holds them).
+pub async fn gib_of_tenant(db: &impl ConnectionTrait, tenant: Uuid) -> Result<u64, ApiError> {
+    Ok(volumes::Entity::find()
+        .filter(volumes::Column::TenantId.eq(tenant))
+        .all(db)
+        .await?
+        .iter()
+        .map(|v| u64::try_from(v.size_gib).unwrap_or(0))
+        .sum())
+}
+
+/// The volumes a host's storage holds, oldest first.
+pub async fn on_host(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+) -> Result<Vec<volumes::Model>, ApiError> {
+    Ok(volumes::Entity::find()
+        .filter(volumes::Column::HostId.eq(host))
+        .order_by_asc(volumes::Column::CreatedAt)
+        .order_by_asc(volumes::Column::Id)
+        .all(db)
+        .await?)
+}
+
+/// The volumes attached to a VM.
+pub async fn of_vm(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<volumes::Model>, ApiError> {
+    Ok(volumes::Entity::find()
+        .filter(volumes::Column::VmId.eq(vm))
+        .order_by_asc(volumes::Column::CreatedAt)
+        .all(db)
+        .await?)
+}
+
+/// The VM's row goes: its volumes stay, detached.
+pub async fn detach_all(txn: &DatabaseTransaction, vm: Uuid) -> Result<(), ApiError> {
+    volumes::Entity::update_many()
+        .set(volumes::ActiveModel {
+            vm_id: Set(None),
+            state: Set(VolumeState::Available.to_text().to_owned()),
+            ..Default::default()
+        })
+        .filter(volumes::Column::VmId.eq(vm))
+        .filter(volumes::Column::State.eq(VolumeState::Attached.to_text()))
+        .exec(txn)
+        .await?;
+    // One in error keeps its state (and reason) but is no VM's any more.
+    volumes::Entity::update_many()
+        .set(volumes::ActiveModel {
+            vm_id: Set(None),
+            ..Default::default()
+        })
+        .filter(volumes::Column::VmId.eq(vm))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// Where a new volume goes when nothing ties it to a host: the ready host
+/// with the fewest volumes (ties by name), if any.
+pub async fn roomiest_host(db: &impl ConnectionTrait) -> Result<Option<hosts::Model>, ApiError> {
+    let hosts = hosts::Entity::find()
+        .filter(hosts::Column::State.eq(HostState::Ready.to_text()))
+        .order_by_asc(hosts::Column::Name)
+        .all(db)
+        .await?;
+    let mut count: BTreeMap<Uuid, usize> = BTreeMap::new();
+    for v in volumes::Entity::find()
+        .select_only()
+        .column(volumes::Column::HostId)
+        .into_tuple::<Uuid>()
+        .all(db)
+        .await?
+    {
+        *count.entry(v).or_default() += 1;
+    }
+    Ok(hosts
+        .into_iter()
+        .min_by_key(|h| count.get(&h.id).copied().unwrap_or(0)))
+}

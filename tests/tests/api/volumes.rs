@@ -1,0 +1,258 @@
+//! Volumes through the API with real agents (libvirt's test driver, qcow2
+//! storage in their state directories): made by their host, attached to
+//! VMs there (the domain's definition carries the disk by serial), kept
+//! when the VM goes, grown, deleted; the refusals that change nothing;
+//! metering per GiB-hour on an injected clock. On both databases.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kumo_agent::run::{Agent, AgentConfig};
+use kumo_api_types::{Vm, VmCreate, Volume, VolumeState};
+use serde_json::json;
+
+use crate::harness::{on_both_backends, scratch, TestServer};
+
+fn agent_config(s: &TestServer, join: &str, dir: &Path, name: &str) -> AgentConfig {
+    let sysfs = dir.join(name).join("sysfs");
+    kumo_topology::fixtures::write(
+        &kumo_topology::fixtures::machine("cpu-only").unwrap(),
+        &sysfs,
+    )
+    .unwrap();
+    AgentConfig {
+        server: s.url.clone(),
+        join_token: Some(join.to_owned()),
+        libvirt_uri: "test:///default".into(),
+        sysfs_root: sysfs,
+        state_dir: dir.join(name).join("state"),
+        name: name.into(),
+        virt_type: "qemu".into(),
+        heartbeat: Duration::from_secs(1),
+        scalable_unit: None,
+        rails: Default::default(),
+        underlay_ip: None,
+        netns: None,
+        edge_uplink: None,
+        resync: kumo_agent::run::RESYNC,
+        storage: None,
+    }
+}
+
+fn small_vm(name: &str) -> VmCreate {
+    VmCreate {
+        name: name.into(),
+        gpus: 0,
+        gpu_model: None,
+        vcpus: Some(1),
+        memory_gib: Some(1),
+        disk_gib: Some(1),
+        template: None,
+        service_level: Default::default(),
+        ssh_keys: Vec::new(),
+        networks: Vec::new(),
+    }
+}
+
+async fn volume(s: &TestServer, name: &str) -> Volume {
+    s.admin
+        .get(&format!("/api/v1/tenants/lab/volumes/{name}"))
+        .await
+        .unwrap()
+}
+
+async fn post(s: &TestServer, path: &str, body: serde_json::Value) -> Result<Volume, u16> {
+    s.admin
+        .post::<_, Volume>(&format!("/api/v1/tenants/lab/volumes{path}"), &body)
+        .await
+        .map_err(|e| e.status().unwrap_or(0))
+}
+
+/// The volume serials in a domain's persistent definition.
+fn serials_in(id: uuid::Uuid) -> Vec<String> {
+    let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    let d = conn.lookup_domain_by_uuid_string(&id.to_string()).unwrap();
+    let xml = d.xml_desc(2).unwrap();
+    xml.split("<serial>")
+        .skip(1)
+        .filter_map(|r| r.split_once("</serial>").map(|(s, _)| s.to_owned()))
+        .collect()
+}
+
+on_both_backends! {
+    async fn volumes_outlive_vms_on_their_host(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut q = s.admin.quota("lab").await.unwrap();
+        q.volume_gib = 100;
+        s.admin.set_quota("lab", &q).await.unwrap();
+        let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        let dir = scratch();
+        let join = s.join_token().await;
+        let a = Agent::start(agent_config(s, &join, dir.path(), "vol-a")).await.unwrap();
+        let b = Agent::start(agent_config(s, &join, dir.path(), "vol-b")).await.unwrap();
+        let pass = async || {
+            a.sync_once(None).await.unwrap();
+            b.sync_once(None).await.unwrap();
+        };
+
+        // A VM on each host (the second host drained while the first is
+        // placed, then the other way round).
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-b/drain", &json!({})).await.unwrap();
+        let web: Vm = s.admin.create_vm("lab", &small_vm("web")).await.unwrap();
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-b/undrain", &json!({})).await.unwrap();
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-a/drain", &json!({})).await.unwrap();
+        let far: Vm = s.admin.create_vm("lab", &small_vm("far")).await.unwrap();
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-a/undrain", &json!({})).await.unwrap();
+        pass().await;
+        let web: Vm = s.admin.vm("lab", &web.name).await.unwrap();
+        assert_eq!(web.host.as_deref(), Some("vol-a"));
+        assert_eq!(s.admin.vm("lab", &far.name).await.unwrap().host.as_deref(), Some("vol-b"));
+
+        // Bad requests change nothing.
+        for (body, status) in [
+            (json!({"name": "data", "size_gib": 0}), 400),
+            (json!({"name": "data", "size_gib": 101}), 409),
+            (json!({"name": "Bad Name", "size_gib": 1}), 400),
+            (json!({"name": "data", "size_gib": 1, "vm": "nope"}), 404),
+        ] {
+            assert_eq!(post(s, "", body.clone()).await.unwrap_err(), status, "{body}");
+        }
+        assert!(s.admin.list_all::<Volume>("/api/v1/tenants/lab/volumes").await.unwrap().is_empty());
+
+        // Made on the VM's host: creating, then available once its host made it.
+        let data = post(s, "", json!({"name": "data", "size_gib": 10, "vm": "web"})).await.unwrap();
+        assert_eq!((data.state, data.host.as_deref()), (VolumeState::Creating, Some("vol-a")));
+        assert_eq!(data.serial.len(), 20);
+        assert_eq!(post(s, "", json!({"name": "data", "size_gib": 1})).await.unwrap_err(), 409);
+        pass().await;
+        let data = volume(s, "data").await;
+        assert_eq!(data.state, VolumeState::Available, "{:?}", data.reason);
+        let file = dir.path().join(format!("vol-a/state/volumes/vol-{}.qcow2", data.id));
+        assert!(file.exists(), "{} is not there", file.display());
+
+        // Attached to the VM on its host: its definition has the disk.
+        assert_eq!(post(s, "/data/attach", json!({"vm": "far"})).await.unwrap_err(), 409, "another host's VM");
+        let attached = post(s, "/data/attach", json!({"vm": "web"})).await.unwrap();
+        assert_eq!((attached.state, attached.vm.as_deref()), (VolumeState::Attached, Some("web")));
+        assert_eq!(post(s, "/data/attach", json!({"vm": "web"})).await.unwrap_err(), 409, "attached already");
+        pass().await;
+        assert_eq!(serials_in(web.id), std::slice::from_ref(&data.serial));
+        let changes = a.reconciler.lock().unwrap().changes;
+        pass().await;
+        assert_eq!(a.reconciler.lock().unwrap().changes, changes, "a second pass changes nothing");
+        // Attached: it neither grows nor goes.
+        assert_eq!(post(s, "/data/resize", json!({"size_gib": 20})).await.unwrap_err(), 409);
+        let e = s.admin.delete("/api/v1/tenants/lab/volumes/data").await.unwrap_err();
+        assert_eq!(e.status(), Some(409));
+        // Another tenant does not see it.
+        s.tenant("other").await;
+        let e = s.admin.get::<Volume>("/api/v1/tenants/other/volumes/data").await.unwrap_err();
+        assert_eq!(e.status(), Some(404));
+
+        // The VM goes; the volume stays, detached, with its file.
+        s.admin.delete(&format!("/api/v1/tenants/lab/vms/{}", web.name)).await.unwrap();
+        pass().await;
+        pass().await;
+        let data = volume(s, "data").await;
+        assert_eq!((data.state, data.vm.as_deref()), (VolumeState::Available, None));
+        assert!(file.exists());
+
+        // Grown while detached (never shrunk), past the quota refused.
+        assert_eq!(post(s, "/data/resize", json!({"size_gib": 5})).await.unwrap_err(), 400);
+        assert_eq!(post(s, "/data/resize", json!({"size_gib": 200})).await.unwrap_err(), 409);
+        post(s, "/data/resize", json!({"size_gib": 20})).await.unwrap();
+        pass().await;
+        let out = std::process::Command::new("qemu-img")
+            .args(["info", "--output=json", "-U"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(info["virtual-size"], 20u64 << 30, "{info}");
+
+        // A new VM on the volume's host takes it; detached again, deleted.
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-b/drain", &json!({})).await.unwrap();
+        let next: Vm = s.admin.create_vm("lab", &small_vm("next")).await.unwrap();
+        pass().await;
+        post(s, "/data/attach", json!({"vm": "next"})).await.unwrap();
+        pass().await;
+        assert_eq!(serials_in(next.id), std::slice::from_ref(&data.serial));
+        post(s, "/data/detach", json!({})).await.unwrap();
+        pass().await;
+        assert!(serials_in(next.id).is_empty(), "detached from the definition");
+        s.admin.delete("/api/v1/tenants/lab/volumes/data").await.unwrap();
+        assert_eq!(volume(s, "data").await.state, VolumeState::Deleting);
+        pass().await;
+        assert!(!file.exists(), "its host removed it");
+        let e = s.admin.get::<Volume>("/api/v1/tenants/lab/volumes/data").await.unwrap_err();
+        assert_eq!(e.status(), Some(404), "its row goes once its host says so");
+
+        let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        for id in [next.id, far.id] {
+            if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
+                let _ = d.destroy();
+                let _ = d.undefine();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn volumes_are_charged_per_gib_hour_while_they_exist() {
+    use chrono::{Duration, TimeZone, Utc};
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap();
+    let clock = kumo_server::clock::Clock::manual(t0);
+    let s =
+        TestServer::start_with(crate::harness::Backend::Sqlite, |c| c.clock = clock.clone()).await;
+    let _: kumo_api_types::Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"effective_from": t0, "prices": {"volume_gib": {"guaranteed": "0.6", "spot": "0.6"}}}),
+        )
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    let mut q = s.admin.quota("lab").await.unwrap();
+    q.volume_gib = 100;
+    s.admin.set_quota("lab", &q).await.unwrap();
+    // A host to keep it, which makes what it is told at once.
+    let mut agent = s.sim_agent("store-001", "cpu-only").await;
+    post(&s, "", json!({"name": "data", "size_gib": 10}))
+        .await
+        .unwrap();
+    agent.converge().await;
+    clock.advance(Duration::minutes(10));
+    // Grown: 10 GiB for 10 minutes, then 30 GiB for 10 minutes, then
+    // deleted: nothing after.
+    post(&s, "/data/resize", json!({"size_gib": 30}))
+        .await
+        .unwrap();
+    clock.advance(Duration::minutes(10));
+    s.admin
+        .delete("/api/v1/tenants/lab/volumes/data")
+        .await
+        .unwrap();
+    agent.converge().await;
+    clock.advance(Duration::minutes(10));
+    kumo_server::app::metering::post_due(&s.server.state)
+        .await
+        .unwrap();
+    let st: kumo_api_types::Statement = s
+        .admin
+        .get("/api/v1/tenants/lab/statements/2026-11")
+        .await
+        .unwrap();
+    let held: Vec<(String, i64, String)> = st
+        .lines
+        .iter()
+        .filter(|l| l.resource == "volume_gib")
+        .map(|l| (l.vm.clone(), l.seconds, l.amount.clone()))
+        .collect();
+    // 0.6 points per GiB-hour: 10 GiB × 1/6 h = 1, 30 GiB × 1/6 h = 3.
+    let total: f64 = held.iter().map(|h| h.2.parse::<f64>().unwrap()).sum();
+    assert!((total - 4.0).abs() < 1e-9, "{held:?}");
+    assert_eq!(held.iter().map(|h| h.1).sum::<i64>(), 1200, "{held:?}");
+    assert!(held.iter().all(|h| h.0 == "data"), "{held:?}");
+    s.stop().await;
+}
