@@ -591,6 +591,10 @@ pub struct VmCreate {
     /// Segments of the tenant to attach, in NIC order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<NetworkRequest>,
+    /// Available volumes of the tenant to attach: the VM goes on their
+    /// host (they must share one), or is refused saying why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
 }
 
 /// One NIC of a new VM: a segment, and optionally the address it wants.
@@ -1264,6 +1268,7 @@ impl ClusterCreate {
                     ip: None,
                 })
                 .collect(),
+            volumes: Vec::new(),
         }
     }
 }

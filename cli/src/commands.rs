@@ -368,6 +368,10 @@ pub struct SpecArgs {
     /// Attach to a segment: `SEGMENT` or `SEGMENT=IP`; repeat for more NICs.
     #[arg(long, value_parser = parse_network)]
     network: Vec<NetworkRequest>,
+    /// Attach an available volume (repeat for more): the VM goes on the
+    /// volumes' host.
+    #[arg(long)]
+    volume: Vec<String>,
 }
 
 /// `tcp:22:0.0.0.0/0`, `udp:8000-8100:10.0.0.0/8`, `icmp:10.0.0.0/8`, `any:192.0.2.0/24`.
@@ -417,6 +421,7 @@ impl SpecArgs {
             },
             ssh_keys: keys,
             networks: self.network.clone(),
+            volumes: self.volume.clone(),
         })
     }
 }
@@ -1576,6 +1581,9 @@ async fn cluster(
                 anyhow::bail!(
                     "cluster members get their addresses from the segment: --network SEGMENT"
                 );
+            }
+            if !v.volumes.is_empty() {
+                anyhow::bail!("a volume is one VM's disk: attach volumes to VMs, not to clusters");
             }
             let cl = c
                 .create_cluster(

@@ -110,6 +110,7 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         rails: None,
         networked: false,
         roce: false,
+        host: None,
     }
 }
 

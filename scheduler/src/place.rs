@@ -9,6 +9,7 @@
 //! benchmark compares against) takes the first host, lowest GPUs first.
 
 use kumo_topology::guest_layout::split;
+use uuid::Uuid;
 
 use crate::index::{HostCap, HostUse, Index};
 use crate::profile::bits;
@@ -37,6 +38,8 @@ pub struct Request {
     pub networked: bool,
     /// The VM is on a RoCE segment: only hosts whose GPU NICs have VFs.
     pub roce: bool,
+    /// Only this host (where the VM's volumes or disks are).
+    pub host: Option<Uuid>,
 }
 
 /// A proposed placement: not yet applied to the index.
@@ -68,6 +71,7 @@ pub fn rails_of(h: &HostCap, gpus: u64) -> Vec<Option<u32>> {
 
 fn host_takes(h: &HostCap, req: &Request) -> bool {
     h.state == HostUse::Ready
+        && req.host.is_none_or(|id| h.id == id)
         && req.unit.is_none_or(|u| h.scalable_unit == Some(u))
         && (h.networked || !req.networked)
         && (h.profile.roce || !req.roce)

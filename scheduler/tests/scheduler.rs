@@ -67,6 +67,7 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         rails: None,
         networked: false,
         roce: false,
+        host: None,
     }
 }
 
@@ -574,4 +575,22 @@ proptest! {
             }
         }
     }
+}
+
+/// A VM tied to a host (where its volumes are) goes there or nowhere.
+#[test]
+fn a_request_tied_to_a_host_goes_there_or_nowhere() {
+    let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None)]);
+    let second = Uuid::from_u128(2);
+    let tied = Request {
+        host: Some(second),
+        ..gpu_req(&index, 8, H100)
+    };
+    let c = place(&index, &tied, Strategy::BestFit).unwrap();
+    assert_eq!(index.hosts[c.host].id, second);
+    let hold = c.hold.clone();
+    index.apply(c.host, hold);
+    // The second host is full: the first has room, but the VM is tied.
+    assert!(place(&index, &tied, Strategy::BestFit).is_none());
+    assert!(place(&index, &gpu_req(&index, 8, H100), Strategy::BestFit).is_some());
 }

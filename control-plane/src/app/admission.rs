@@ -44,6 +44,10 @@ pub struct Member {
     pub networked: bool,
     /// On a RoCE segment: its GPUs' NICs are passed through as VFs.
     pub roce: bool,
+    /// Only this host takes it (where its volumes are).
+    pub on_host: Option<Uuid>,
+    /// Volumes to attach when the VM row is created.
+    pub volumes: Vec<Uuid>,
 }
 
 /// What admission did.
@@ -82,6 +86,7 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
         rails: None,
         networked: member.networked,
         roce: member.roce,
+        host: member.on_host,
     })
 }
 
@@ -330,6 +335,11 @@ async fn insert_vm(
     .await?;
     crate::app::metering::created(txn, &vm, now).await?;
     crate::store::segments::attach(txn, vm.id, &m.nics, now).await??;
+    if !crate::store::volumes::attach_new(txn, vm.id, &m.volumes).await? {
+        return Err(CommitError::Api(ApiError::Conflict(
+            "a volume of the request was attached or changed meanwhile".into(),
+        )));
+    }
     let what = format!(
         "{} GPU(s), {} vCPUs, {} GiB",
         spec.gpus, spec.vcpus, spec.memory_gib
@@ -587,13 +597,8 @@ fn no_room(members: &[Member]) -> ApiError {
         return ApiError::InsufficientCapacity("nothing to place".into());
     };
     let spec = &first.spec;
-    ApiError::InsufficientCapacity(format!(
-        "no ready host{} has room for {} VM(s) of {} {}GPU(s), {} vCPUs and {} GiB near them",
-        if first.networked {
-            " with an underlay address (the VM has networks)"
-        } else {
-            ""
-        },
+    let what = format!(
+        "{} VM(s) of {} {}GPU(s), {} vCPUs and {} GiB",
         members.len(),
         spec.gpus,
         spec.gpu_model
@@ -602,6 +607,19 @@ fn no_room(members: &[Member]) -> ApiError {
             .unwrap_or_default(),
         spec.vcpus,
         spec.memory_gib
+    );
+    if first.on_host.is_some() {
+        return ApiError::InsufficientCapacity(format!(
+            "the host holding the VM's volumes is not ready or has no room for {what}; a VM goes where its volumes are (create it without them, or make room on that host)"
+        ));
+    }
+    ApiError::InsufficientCapacity(format!(
+        "no ready host{} has room for {what} near them",
+        if first.networked {
+            " with an underlay address (the VM has networks)"
+        } else {
+            ""
+        },
     ))
 }
 

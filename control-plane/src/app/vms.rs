@@ -248,7 +248,56 @@ pub async fn prepare(
             ),
         ));
     }
-    Ok(Prepared { spec, nics, roce })
+    let (volumes, on_host) = plan_volumes(&st.db, tenant, &body.volumes).await?;
+    Ok(Prepared {
+        spec,
+        nics,
+        roce,
+        volumes,
+        on_host,
+    })
+}
+
+/// The volumes a new VM asks for: the tenant's, available, on one host
+/// (the VM's host to be).
+async fn plan_volumes(
+    db: &impl sea_orm::ConnectionTrait,
+    tenant: &tenants::Model,
+    names: &[String],
+) -> Result<(Vec<Uuid>, Option<Uuid>), ApiError> {
+    if names.len() > 16 {
+        return Err(ApiError::field("volumes", "at most 16 volumes"));
+    }
+    let mut ids = Vec::new();
+    let mut host: Option<(Uuid, String)> = None;
+    for name in names {
+        let v = crate::store::volumes::find(db, tenant, name).await?;
+        if ids.contains(&v.id) {
+            return Err(ApiError::field(
+                "volumes",
+                format!("{name:?} is named twice"),
+            ));
+        }
+        if v.vm_id.is_some()
+            || crate::store::volumes::stored_state(&v)? != kumo_api_types::VolumeState::Available
+        {
+            return Err(ApiError::Conflict(format!(
+                "volume {name:?} is not available (attached, or not ready): a new VM takes available volumes"
+            )));
+        }
+        match &host {
+            Some((h, first)) if *h != v.host_id => {
+                return Err(ApiError::field(
+                    "volumes",
+                    format!("volumes {first:?} and {name:?} are on different hosts; one VM takes volumes of one host"),
+                ));
+            }
+            Some(_) => {}
+            None => host = Some((v.host_id, name.clone())),
+        }
+        ids.push(v.id);
+    }
+    Ok((ids, host.map(|h| h.0)))
 }
 
 /// A member ready for admission, less its name and id.
@@ -256,6 +305,9 @@ pub struct Prepared {
     pub spec: VmSpec,
     pub nics: Vec<PlannedNic>,
     pub roce: bool,
+    /// Volumes to attach, and the host they tie the VM to.
+    pub volumes: Vec<Uuid>,
+    pub on_host: Option<Uuid>,
 }
 
 impl Prepared {
@@ -267,6 +319,8 @@ impl Prepared {
             networked: !self.nics.is_empty(),
             roce: self.roce,
             nics: self.nics.clone(),
+            on_host: self.on_host,
+            volumes: self.volumes.clone(),
         }
     }
 }

@@ -101,6 +101,30 @@ pub async fn of_vm(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<volumes::M
         .await?)
 }
 
+/// A new VM's volumes, attached in its transaction; false when one of
+/// them is no longer available (taken meanwhile).
+pub async fn attach_new(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    ids: &[Uuid],
+) -> Result<bool, ApiError> {
+    if ids.is_empty() {
+        return Ok(true);
+    }
+    let done = volumes::Entity::update_many()
+        .set(volumes::ActiveModel {
+            vm_id: Set(Some(vm)),
+            state: Set(VolumeState::Attached.to_text().to_owned()),
+            ..Default::default()
+        })
+        .filter(volumes::Column::Id.is_in(ids.iter().copied()))
+        .filter(volumes::Column::VmId.is_null())
+        .filter(volumes::Column::State.eq(VolumeState::Available.to_text()))
+        .exec(txn)
+        .await?;
+    Ok(done.rows_affected == ids.len() as u64)
+}
+
 /// The VM's row goes: its volumes stay, detached.
 pub async fn detach_all(txn: &DatabaseTransaction, vm: Uuid) -> Result<(), ApiError> {
     volumes::Entity::update_many()

@@ -48,6 +48,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         service_level: Default::default(),
         ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEfKZKAnUydzsiZEOKuPIAY7Nck1wiFzauveaJjZfhrF user@lab".into()],
         networks: Vec::new(),
+        volumes: Vec::new(),
     }
 }
 

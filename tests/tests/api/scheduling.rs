@@ -25,6 +25,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         service_level: level,
         ssh_keys: vec![],
         networks: Vec::new(),
+        volumes: Vec::new(),
     }
 }
 

@@ -43,6 +43,7 @@ pub(crate) fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
                 ip: ip.map(str::to_owned),
             })
             .collect(),
+        volumes: Vec::new(),
     }
 }
 

@@ -51,6 +51,7 @@ fn small_vm(name: &str) -> VmCreate {
         service_level: Default::default(),
         ssh_keys: Vec::new(),
         networks: Vec::new(),
+        volumes: Vec::new(),
     }
 }
 
@@ -170,11 +171,22 @@ on_both_backends! {
         let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(info["virtual-size"], 20u64 << 30, "{info}");
 
-        // A new VM on the volume's host takes it; detached again, deleted.
-        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-b/drain", &json!({})).await.unwrap();
-        let next: Vm = s.admin.create_vm("lab", &small_vm("next")).await.unwrap();
-        pass().await;
-        post(s, "/data/attach", json!({"vm": "next"})).await.unwrap();
+        // A new VM made with the volume goes to the volume's host (the
+        // other host has fewer VMs) and boots with it; with that host
+        // drained, the refusal says why.
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-a/drain", &json!({})).await.unwrap();
+        let mut with = small_vm("next");
+        with.volumes = vec!["data".into()];
+        let e = s.admin.create_vm("lab", &with).await.unwrap_err();
+        assert!(e.to_string().contains("volumes"), "{e}");
+        assert_eq!(volume(s, "data").await.state, VolumeState::Available, "nothing changed");
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/vol-a/undrain", &json!({})).await.unwrap();
+        let next: Vm = s.admin.create_vm("lab", &with).await.unwrap();
+        assert_eq!(next.host.as_deref(), Some("vol-a"));
+        assert_eq!(volume(s, "data").await.vm.as_deref(), Some("next"));
+        let mut again = small_vm("again");
+        again.volumes = vec!["data".into()];
+        assert_eq!(s.admin.create_vm("lab", &again).await.unwrap_err().status(), Some(409), "taken");
         pass().await;
         assert_eq!(serials_in(next.id), std::slice::from_ref(&data.serial));
         post(s, "/data/detach", json!({})).await.unwrap();

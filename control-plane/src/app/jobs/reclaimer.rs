@@ -240,6 +240,11 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
         let mut members = Vec::with_capacity(rows.len());
         for v in &rows {
             let (networked, roce) = crate::store::segments::kinds_of(&st.db, v.id).await?;
+            // Its volumes (attached when it was made) say where it goes.
+            let on_host = crate::store::volumes::of_vm(&st.db, v.id)
+                .await?
+                .first()
+                .map(|vol| vol.host_id);
             members.push(Member {
                 id: v.id,
                 name: v.name.clone(),
@@ -247,6 +252,8 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
                 nics: Vec::new(),
                 networked,
                 roce,
+                on_host,
+                volumes: Vec::new(),
             });
         }
         let job = Admission {

@@ -458,6 +458,7 @@ async fn create_vm(
                     ip: None,
                 })
                 .collect(),
+            volumes: Vec::new(),
         })
     });
     let made = match body {
