@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the tiny guest of the QEMU end-to-end test from Debian packages:
-# OUT/vmlinuz (Debian's kernel) and OUT/initrd.img (busybox, the virtio,
+# OUT/vmlinuz (Debian's kernel) and OUT/initrd.img (busybox, the virtio
+# (console, network, block),
 # SATA cdrom and ISO 9660 modules, and qemu-ga with its libraries). Its init
 # loads the drivers, starts the QEMU guest agent on the virtio-serial port
 # and, beside it, configures the network from the cloud-init NoCloud seed
@@ -13,11 +14,11 @@ out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Bump when the guest changes, so a cached guest is rebuilt.
-version=3
+version=4
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
 # In dependency order (the package has no modules.dep; see each module's
 # `depends=` in its .modinfo). The seed is a SATA cdrom on q35's AHCI.
-modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console failover net_failover virtio_net
+modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk virtio_console failover net_failover virtio_net
  scsi_common scsi_mod libata libahci ahci cdrom sr_mod isofs"
 
 for tool in busybox cpio dpkg-deb; do

@@ -989,6 +989,12 @@ pub enum VmState {
     Error,
     /// The host is unreachable: the VM may well be running.
     Unknown,
+    /// Being shut down to be shelved.
+    Shelving,
+    /// Shut down with its GPUs, NICs, CPUs and memory given back; its root
+    /// disk and volumes stay on the host that holds them. Charged for
+    /// storage only. `unshelve` places it again there.
+    Shelved,
 }
 
 impl VmState {
@@ -1006,11 +1012,13 @@ impl VmState {
             VmState::Suspended => "suspended",
             VmState::Error => "error",
             VmState::Unknown => "unknown",
+            VmState::Shelving => "shelving",
+            VmState::Shelved => "shelved",
         }
     }
 
     /// Every state, in lifecycle order.
-    pub const ALL: [VmState; 12] = [
+    pub const ALL: [VmState; 14] = [
         VmState::Pending,
         VmState::Scheduled,
         VmState::Provisioning,
@@ -1023,6 +1031,8 @@ impl VmState {
         VmState::Suspended,
         VmState::Error,
         VmState::Unknown,
+        VmState::Shelving,
+        VmState::Shelved,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -1448,6 +1458,10 @@ pub struct DesiredState {
     /// (Domains of Kumo's that are in neither list are removed as well.)
     #[serde(default)]
     pub remove: Vec<Uuid>,
+    /// VMs being shelved: shut them down and undefine them, keeping their
+    /// files (root disk, seed); report them `absent` once no domain is left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shelve: Vec<Uuid>,
     /// The host's tenant networks (`kumo-vxlan`'s state document): every
     /// segment with a VM here, its other hosts and their VMs. Absent for a
     /// host without an underlay address.

@@ -695,6 +695,20 @@ pub enum VmCmd {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// Shut it down and give back its GPUs, NICs, CPUs and memory; its
+    /// root disk and volumes stay (charged for storage only).
+    Shelve {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Place a shelved VM again on the host holding its disks and start it
+    /// (it waits as `pending` while that host has no room).
+    Unshelve {
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
     Delete {
         vm: String,
         #[command(flatten)]
@@ -1513,10 +1527,16 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
             };
             print_one(out, fmt, &v, || vm_detail(&v, user.as_deref()))?;
         }
-        VmCmd::Start { vm, tenant } | VmCmd::Stop { vm, tenant } | VmCmd::Reboot { vm, tenant } => {
+        VmCmd::Start { vm, tenant }
+        | VmCmd::Stop { vm, tenant }
+        | VmCmd::Reboot { vm, tenant }
+        | VmCmd::Shelve { vm, tenant }
+        | VmCmd::Unshelve { vm, tenant } => {
             let action = match cmd {
                 VmCmd::Start { .. } => "start",
                 VmCmd::Stop { .. } => "stop",
+                VmCmd::Shelve { .. } => "shelve",
+                VmCmd::Unshelve { .. } => "unshelve",
                 _ => "reboot",
             };
             let v = c.vm_action(&tenant.tenant, vm, action).await?;

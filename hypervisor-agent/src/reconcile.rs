@@ -98,6 +98,16 @@ fn targets_in(xml: &str) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
+/// A driver that cannot hot-plug at all (libvirt's test driver): nothing
+/// to warn about.
+fn unsupported(e: &virt::error::Error) -> bool {
+    use virt::error::ErrorNumber;
+    matches!(
+        e.code(),
+        virt::enumutil::Enum::Known(ErrorNumber::NoSupport | ErrorNumber::OperationUnsupported)
+    )
+}
+
 pub struct Reconciler {
     /// Open while libvirt answers; reopened from `uri` after it went away.
     conn: Option<Connect>,
@@ -477,8 +487,13 @@ impl Reconciler {
                         self.changes += 1;
                         tracing::info!(vm = %vm.id, %serial, "volume unplugged");
                     }
-                    Err(e) => {
+                    Err(e) if unsupported(&e) => {
                         tracing::debug!(vm = %vm.id, %serial, error = %e, "volume not unplugged (it goes at the next boot)")
+                    }
+                    // Also while an unplug the guest has not completed yet
+                    // is in progress: the next pass asks again.
+                    Err(e) => {
+                        tracing::warn!(vm = %vm.id, %serial, error = %e, "volume not unplugged (it goes at the next boot)")
                     }
                 }
             }
@@ -496,8 +511,11 @@ impl Reconciler {
                     used.insert(target);
                     tracing::info!(vm = %vm.id, serial = %d.serial, "volume hot-plugged");
                 }
-                Err(e) => {
+                Err(e) if unsupported(&e) => {
                     tracing::debug!(vm = %vm.id, serial = %d.serial, error = %e, "volume not hot-plugged (it comes at the next boot)")
+                }
+                Err(e) => {
+                    tracing::warn!(vm = %vm.id, serial = %d.serial, error = %e, "volume not hot-plugged (it comes at the next boot)")
                 }
             }
         }
@@ -597,20 +615,31 @@ impl Reconciler {
         Some(said)
     }
 
-    fn remove(&mut self, id: Uuid, dom: &Domain) -> Result<(), String> {
+    /// Shuts a domain down and undefines it; its files stay.
+    fn undefine(&mut self, dom: &Domain) -> Result<(), String> {
         if dom.is_active().map_err(err)? {
             self.changes += 1;
             dom.destroy().map_err(err)?;
         }
         self.changes += 1;
-        dom.undefine().map_err(err)?;
+        dom.undefine().map_err(err)
+    }
+
+    /// A VM's files (root disk, seed), once it has no domain.
+    fn remove_files(&mut self, id: Uuid) -> Result<(), String> {
         let dir = self.vm_dir(id);
         if dir.exists() {
+            self.changes += 1;
             std::fs::remove_dir_all(&dir)
                 .map_err(|e| format!("removing {}: {e}", dir.display()))?;
         }
         self.reboots.remove(&id);
         Ok(())
+    }
+
+    fn remove(&mut self, id: Uuid, dom: &Domain) -> Result<(), String> {
+        self.undefine(dom)?;
+        self.remove_files(id)
     }
 
     /// One pass. Returns what to report; a VM that failed is reported
@@ -625,6 +654,32 @@ impl Reconciler {
     ) -> Result<Vec<VmStatus>, String> {
         let mut owned = self.owned()?;
         let mut report = Vec::new();
+        // Shelved: no domain, the files kept for when it comes back.
+        for id in &desired.shelve {
+            let gone = match owned.remove(id) {
+                Some(dom) => self.undefine(&dom),
+                None => Ok(()),
+            };
+            report.push(match gone {
+                Ok(()) => VmStatus {
+                    id: *id,
+                    state: ActualState::Absent,
+                    reason: None,
+                    guest: None,
+                    notice: None,
+                },
+                Err(reason) => {
+                    tracing::warn!(vm = %id, %reason, "could not shelve a VM");
+                    VmStatus {
+                        id: *id,
+                        state: ActualState::Failed,
+                        reason: Some(reason),
+                        guest: None,
+                        notice: None,
+                    }
+                }
+            });
+        }
         for vm in &desired.vms {
             let dom = owned.remove(&vm.id);
             let notice = match (&dom, &vm.preemption) {
@@ -674,6 +729,11 @@ impl Reconciler {
         }
         for id in &desired.remove {
             if !report.iter().any(|s| s.id == *id) {
+                // A shelved VM being deleted has files but no domain.
+                if let Err(reason) = self.remove_files(*id) {
+                    tracing::warn!(vm = %id, %reason, "could not remove a VM's files");
+                    continue;
+                }
                 report.push(VmStatus {
                     id: *id,
                     state: ActualState::Absent,

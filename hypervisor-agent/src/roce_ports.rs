@@ -80,6 +80,7 @@ mod tests {
             revision: 1,
             vms: vec![vm],
             remove: vec![],
+            shelve: vec![],
             network: None,
             volumes: vec![],
             delete_volumes: vec![],

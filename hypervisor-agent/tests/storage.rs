@@ -86,40 +86,33 @@ fn exercise<P: Pool>(pool: &P) {
     let written = b.checksum(vol).unwrap();
     assert_ne!(written, empty);
 
-    // Grow, never shrink.
-    b.grow(vol, 2).unwrap();
-    assert_eq!(find(b, vol).unwrap().size_bytes, 2 * GIB);
-    let e = b.grow(vol, 1).unwrap_err();
-    assert!(e.to_string().contains("never shrink"), "{e}");
-    let grown = b.checksum(vol).unwrap();
-    assert_ne!(grown, written);
-
     // Snapshot, write more: the snapshot keeps what was.
     let s1 = Uuid::new_v4();
     b.snapshot(vol, s1).unwrap();
+    assert!(matches!(b.snapshot(vol, s1), Err(StorageError::Refused(_))));
     assert_eq!(find(b, vol).unwrap().snapshots, vec![s1]);
-    assert_eq!(b.checksum(vol).unwrap(), grown);
+    assert_eq!(b.checksum(vol).unwrap(), written);
     pool.write(vol, 0xa5, MIB, MIB);
     let after = b.checksum(vol).unwrap();
-    assert_ne!(after, grown);
+    assert_ne!(after, written);
 
     // A clone from the snapshot has the snapshot's contents.
     let clone = Uuid::new_v4();
+    b.create_from_snapshot(clone, vol, s1, 1).unwrap();
+    assert_eq!(find(b, clone).unwrap().size_bytes, GIB);
+    assert_eq!(b.checksum(clone).unwrap(), written);
     assert!(matches!(
-        b.create_from_snapshot(clone, vol, s1, 1),
-        Err(StorageError::Refused(_))
-    ));
-    b.create_from_snapshot(clone, vol, s1, 2).unwrap();
-    assert_eq!(find(b, clone).unwrap().size_bytes, 2 * GIB);
-    assert_eq!(b.checksum(clone).unwrap(), grown);
-    assert!(matches!(
-        b.create_from_snapshot(Uuid::new_v4(), vol, Uuid::new_v4(), 2),
+        b.create_from_snapshot(Uuid::new_v4(), vol, Uuid::new_v4(), 1),
         Err(StorageError::NoSnapshot { .. })
+    ));
+    assert!(matches!(
+        b.create_from_snapshot(Uuid::new_v4(), vol, s1, 0),
+        Err(StorageError::Refused(_))
     ));
     // A bigger one, too.
     let big = Uuid::new_v4();
-    b.create_from_snapshot(big, vol, s1, 3).unwrap();
-    assert_eq!(find(b, big).unwrap().size_bytes, 3 * GIB);
+    b.create_from_snapshot(big, vol, s1, 2).unwrap();
+    assert_eq!(find(b, big).unwrap().size_bytes, 2 * GIB);
     b.delete(big).unwrap();
     assert_eq!(find(b, big), None);
 
@@ -145,43 +138,61 @@ fn exercise<P: Pool>(pool: &P) {
     assert_eq!(find(b, vol).unwrap().snapshots, vec![s2]);
     assert_eq!(b.checksum(vol).unwrap(), latest);
     let clone2 = Uuid::new_v4();
-    b.create_from_snapshot(clone2, vol, s2, 2).unwrap();
+    b.create_from_snapshot(clone2, vol, s2, 1).unwrap();
     assert_eq!(b.checksum(clone2).unwrap(), after);
     if !pool.clones_depend_on_snapshots() {
         // A thin clone stands alone.
-        assert_eq!(b.checksum(clone).unwrap(), grown);
+        assert_eq!(b.checksum(clone).unwrap(), written);
         b.delete(clone).unwrap();
     }
 
     // Export, import under a new id: the same contents.
     let file = pool.scratch().join(format!("export-{vol}.raw"));
-    timed("export 2 GiB", || {
+    timed("export 1 GiB", || {
         let mut f = std::fs::File::create(&file).unwrap();
         b.export(vol, &mut f).unwrap();
         f.sync_all().unwrap();
     });
-    assert_eq!(std::fs::metadata(&file).unwrap().len(), 2 * GIB);
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), GIB);
     let moved = Uuid::new_v4();
-    timed("import 2 GiB", || {
+    timed("import 1 GiB", || {
         let mut f = std::fs::File::open(&file).unwrap();
-        b.import(moved, 2 * GIB, &mut f, &latest.to_uppercase())
+        b.import(moved, GIB, &mut f, &latest.to_uppercase())
             .unwrap();
     });
-    assert_eq!(find(b, moved).unwrap().size_bytes, 2 * GIB);
+    assert_eq!(find(b, moved).unwrap().size_bytes, GIB);
     assert_eq!(b.checksum(moved).unwrap(), latest);
     // A wrong checksum, or a short stream, leaves nothing.
     let wrong = Uuid::new_v4();
     let mut f = std::fs::File::open(&file).unwrap();
-    let e = b.import(wrong, 2 * GIB, &mut f, ZEROS_2G).unwrap_err();
+    let e = b.import(wrong, GIB, &mut f, ZEROS_1G).unwrap_err();
     assert!(matches!(e, StorageError::Checksum { .. }), "{e}");
     let mut short = &[0u8; 4096][..];
-    let e = b.import(wrong, 8192, &mut short, ZEROS_2G).unwrap_err();
+    let e = b.import(wrong, 8192, &mut short, ZEROS_1G).unwrap_err();
     assert!(matches!(e, StorageError::Invalid(_)), "{e}");
     let mut long = &[0u8; 8192][..];
-    assert!(b.import(wrong, 4096, &mut long, ZEROS_2G).is_err());
+    assert!(b.import(wrong, 4096, &mut long, ZEROS_1G).is_err());
     assert_eq!(find(b, wrong), None);
     assert!(!pool.partial_exists(wrong));
+    assert!(matches!(
+        b.import(moved, 4096, &mut &[0u8; 4096][..], ZEROS_1G),
+        Err(StorageError::Refused(_))
+    ));
     std::fs::remove_file(&file).unwrap();
+
+    // Grow (the new space reads as zeros), never shrink.
+    b.grow(vol, 2).unwrap();
+    b.grow(vol, 2).unwrap();
+    assert_eq!(find(b, vol).unwrap().size_bytes, 2 * GIB);
+    let e = b.grow(vol, 1).unwrap_err();
+    assert!(e.to_string().contains("never shrink"), "{e}");
+    let grown = b.checksum(vol).unwrap();
+    assert_ne!(grown, latest);
+    let empty2 = Uuid::new_v4();
+    b.create(empty2, 1).unwrap();
+    b.grow(empty2, 2).unwrap();
+    assert_eq!(b.checksum(empty2).unwrap(), ZEROS_2G);
+    b.delete(empty2).unwrap();
 
     // A crash halfway: the partial is no volume, and converge removes it.
     let crashed = Uuid::new_v4();
@@ -327,7 +338,7 @@ fn qcow2_volumes() {
         .unwrap()
         .permissions()
         .mode();
-    assert_eq!(mode & 0o777, 0o700);
+    assert_eq!(mode & 0o777, 0o711, "no listing; QEMU passes through");
     assert_eq!(std::fs::read_dir(&pool.backend.dir).unwrap().count(), 0);
 }
 

@@ -1,6 +1,7 @@
 //! Volumes: block devices that outlive VMs, each on one host's storage
-//! and the disk of at most one VM there; and the tenants' `volume_gib`
-//! quota (0 for existing tenants: an administrator grants it).
+//! and the disk of at most one VM there; the tenants' `volume_gib` quota
+//! (0 for existing tenants: an administrator grants it); and where a
+//! shelved VM's root disk stays (`vms.disk_host_id`).
 
 use sea_orm_migration::prelude::*;
 
@@ -17,6 +18,12 @@ enum TenantQuotas {
 enum Tenants {
     Table,
     Id,
+}
+
+#[derive(DeriveIden, Clone, Copy)]
+enum Vms {
+    Table,
+    DiskHostId,
 }
 
 #[derive(DeriveIden, Clone, Copy)]
@@ -59,6 +66,12 @@ impl MigrationTrait for Migration {
                 .not_null()
                 .default(0)
                 .to_owned()],
+        )
+        .await?;
+        crate::add_columns(
+            m,
+            Vms::Table,
+            vec![ColumnDef::new(Vms::DiskHostId).uuid().null().to_owned()],
         )
         .await?;
         m.create_table(
@@ -129,6 +142,7 @@ impl MigrationTrait for Migration {
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
         m.drop_table(Table::drop().table(Volumes::Table).to_owned())
             .await?;
+        crate::drop_columns(m, Vms::Table, &[Vms::DiskHostId]).await?;
         crate::drop_columns(m, TenantQuotas::Table, &[TenantQuotas::VolumeGib]).await
     }
 }

@@ -51,8 +51,29 @@ pub enum DiskSource {
 }
 
 /// PCIe root ports left empty for hot-plugged volumes (q35 plugs a device
-/// only into a free port).
+/// only into a free port, and QEMU cannot add ports to a running guest).
 pub const SPARE_PORTS: usize = 8;
+
+/// The root ports to render without addresses: libvirt puts every device
+/// it addresses itself on the first free root port, so as many ports as
+/// those devices, plus [`SPARE_PORTS`] that stay empty. The devices: the
+/// root disk, each volume disk and each NIC (virtio), the virtio-serial
+/// controller of the guest-agent channel, and the USB controller libvirt
+/// adds to every q35 domain (`qemu-xhci`). The seed's SATA cdrom is on
+/// the chipset's AHCI, hostdevs on their own numbered ports.
+///
+/// Each of these ports takes a bus number below the first expander's
+/// `busNr` (the root bus's hierarchy must end before it): with
+/// expanders, fewer spares where they would not fit.
+pub fn unnumbered_ports(spec: &DomainSpec, layout: &GuestLayout) -> usize {
+    let virtio = 1 + spec.volumes.len() + spec.interfaces.len();
+    let controllers = 2;
+    let want = virtio + controllers + SPARE_PORTS;
+    match layout.expanders.iter().map(|e| usize::from(e.bus_nr)).min() {
+        Some(first) => want.min(first.saturating_sub(1).max(virtio + controllers)),
+        None => want,
+    }
+}
 
 /// The guest target of the `i`-th volume: `vdb`, `vdc`, … (`vda` is the
 /// root disk). Only a hint to libvirt; guests find volumes by serial.
@@ -201,7 +222,7 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
         }
     }
     // After every numbered controller: libvirt numbers these after them.
-    for _ in 0..SPARE_PORTS {
+    for _ in 0..unnumbered_ports(spec, layout) {
         devices = devices.child(
             el("controller")
                 .attr("type", "pci")
@@ -332,4 +353,107 @@ pub fn cell_affinity(layout: &GuestLayout, cell: u32) -> String {
         .find(|c| c.id == cell)
         .map(|c| cpumap(&c.vcpus, total))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest_layout::Expander;
+
+    fn spec(volumes: usize, nics: usize) -> DomainSpec {
+        DomainSpec {
+            name: "vm".into(),
+            uuid: "00000000-0000-4000-8000-000000000001".into(),
+            virt_type: "qemu".into(),
+            disk_path: "/d.qcow2".into(),
+            seed_path: None,
+            hugepages: false,
+            host_id: None,
+            kernel: None,
+            interfaces: (0..nics)
+                .map(|i| BridgeNic {
+                    bridge: format!("kbr{i}"),
+                    mac: format!("52:54:00:00:00:{i:02x}"),
+                    mtu: 1450,
+                })
+                .collect(),
+            volumes: (0..volumes)
+                .map(|i| VolumeDisk {
+                    source: DiskSource::File {
+                        path: format!("/v{i}.qcow2"),
+                        format: "qcow2".into(),
+                    },
+                    serial: format!("kumo{i:016}"),
+                })
+                .collect(),
+        }
+    }
+
+    fn layout(expander_bus: Option<u8>) -> GuestLayout {
+        GuestLayout {
+            cells: Vec::new(),
+            expanders: expander_bus
+                .map(|bus_nr| Expander {
+                    index: 1,
+                    bus_nr,
+                    guest_node: 0,
+                    host_group: "0000:00:01.0".into(),
+                    link_speed: None,
+                    link_width: None,
+                    switch_vendor: None,
+                    switch_device: None,
+                    ports: Vec::new(),
+                })
+                .into_iter()
+                .collect(),
+            vcpu_pins: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn spare_ports_stay_spare_after_libvirt_places_its_devices() {
+        // Root disk, virtio-serial, USB: three; then each volume and NIC.
+        let free = |v, n| unnumbered_ports(&spec(v, n), &layout(None)) - 3 - v - n;
+        assert_eq!(free(0, 0), SPARE_PORTS);
+        assert_eq!(free(4, 2), SPARE_PORTS);
+        let xml = domain_xml(&spec(2, 1), &layout(None));
+        assert_eq!(
+            xml.matches("<controller type=\"pci\" model=\"pcie-root-port\"/>")
+                .count(),
+            3 + 2 + 1 + SPARE_PORTS
+        );
+    }
+
+    #[test]
+    fn root_ports_end_below_the_first_expanders_bus() {
+        // Buses 1..=15 below an expander at 16: 4 taken, 11 left.
+        assert_eq!(unnumbered_ports(&spec(0, 0), &layout(Some(16))), 11);
+        assert_eq!(unnumbered_ports(&spec(4, 4), &layout(Some(16))), 15);
+        // More devices than fit: as many ports as they need (libvirt
+        // would add them anyway).
+        assert_eq!(unnumbered_ports(&spec(12, 4), &layout(Some(16))), 19);
+    }
+
+    #[test]
+    fn volume_targets_follow_the_root_disk() {
+        assert_eq!(volume_target(0), "vdb");
+        assert_eq!(volume_target(24), "vdz");
+        assert_eq!(volume_target(25), "vdaa");
+        assert_eq!(volume_target(26), "vdab");
+    }
+
+    #[test]
+    fn a_volume_disk_is_a_virtio_disk_with_its_serial() {
+        let d = &spec(1, 0).volumes[0];
+        let xml = volume_disk(d, "vdb").render();
+        assert!(
+            xml.contains("<target dev=\"vdb\" bus=\"virtio\"/>"),
+            "{xml}"
+        );
+        assert!(
+            xml.contains("<serial>kumo0000000000000000</serial>"),
+            "{xml}"
+        );
+        assert!(xml.contains("<source file=\"/v0.qcow2\"/>"), "{xml}");
+    }
 }

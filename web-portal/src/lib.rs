@@ -323,7 +323,7 @@ pub fn vms_page(
         heading: t(lang, Msg::VmsTitle),
         error,
         vms: &vms,
-        actions: ["start", "stop", "reboot", "delete"]
+        actions: ["start", "stop", "reboot", "shelve", "unshelve", "delete"]
             .into_iter()
             .map(|a| (a, i18n::word(lang, a)))
             .collect(),

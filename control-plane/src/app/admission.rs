@@ -328,6 +328,7 @@ async fn insert_vm(
         guest_condition: Set(None),
         preempt_deadline: Set(None),
         cluster_id: Set(cluster),
+        disk_host_id: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
     }

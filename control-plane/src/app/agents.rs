@@ -103,8 +103,13 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
     let (kept, delete_volumes, mut disks) = volumes_of(st, host).await?;
     let mut out = Vec::new();
     let mut remove = Vec::new();
+    let mut shelve = Vec::new();
     for v in rows {
         let state = stored_state(&v)?;
+        if state == VmState::Shelving {
+            shelve.push(v.id);
+            continue;
+        }
         if matches!(
             state,
             VmState::Deleting | VmState::Deleted | VmState::Preempted
@@ -146,6 +151,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         revision: seen_revision(host),
         vms: out,
         remove,
+        shelve,
         network: net.network,
         volumes: kept,
         delete_volumes,
@@ -300,6 +306,22 @@ async fn apply_entry(
     if next == VmState::Deleted {
         release(txn, &vm).await?;
         let peers = crate::app::vms::delete_row(txn, &vm, now).await?;
+        return Ok(Applied { freed: true, peers });
+    }
+    if next == VmState::Shelved {
+        // Off its host but for its disk: devices, CPUs and memory go to
+        // others; the host keeps its disk for when it is unshelved.
+        release(txn, &vm).await?;
+        let peers = crate::app::host_network::touch_peers(txn, vm.id).await?;
+        crate::app::metering::transition(txn, &vm, state, next, None, now).await?;
+        let mut a: vms::ActiveModel = vm.clone().into();
+        a.state = Set(next.as_str().to_owned());
+        a.reason = Set(None);
+        a.disk_host_id = Set(vm.host_id);
+        a.host_id = Set(None);
+        a.placement = Set(None);
+        a.updated_at = Set(now);
+        a.update(txn).await?;
         return Ok(Applied { freed: true, peers });
     }
     let mut applied = Applied::default();

@@ -265,6 +265,10 @@ pub fn run_of(r: &meter_runs::Model) -> Result<Run, ApiError> {
 /// the run's `posted_until` moves only from the value read, and a piece
 /// posted twice is a key conflict — the loser rolls back. Answers the
 /// charges posted.
+/// Charge rows per INSERT: 14 columns each, well under any database's
+/// limit of bound variables.
+const CHARGES_PER_STATEMENT: usize = 500;
+
 pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
     let now = st.config.clock.now();
     let book = rate_book(&st.db).await?;
@@ -317,10 +321,25 @@ pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
                 posted_at: Set(now),
             })
             .collect();
-        match charges::Entity::insert_many(rows).exec(&txn).await {
-            Ok(_) => {}
-            Err(e) if is_unique_violation(&e) => continue,
-            Err(e) => return Err(e.into()),
+        // In statements of a bounded size: a run not posted for a long
+        // while (a server down over a weekend) has thousands of pieces,
+        // more than one statement may bind (SQLite: 32,766 variables).
+        let mut lost = false;
+        for chunk in rows.chunks(CHARGES_PER_STATEMENT) {
+            match charges::Entity::insert_many(chunk.to_vec())
+                .exec(&txn)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if is_unique_violation(&e) => {
+                    lost = true;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if lost {
+            continue; // another replica posted these: ours rolls back
         }
         txn.commit().await?;
         posted += pieces.len();

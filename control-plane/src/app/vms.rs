@@ -45,14 +45,14 @@ pub async fn act(
 ) -> Result<(tenants::Model, vms::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
-    if matches!(action, Action::Start) {
+    if matches!(action, Action::Start | Action::Unshelve) {
         crate::app::budget::check(st, &tenant).await?;
     }
     let txn = st.db.begin().await?;
     let vm = find_vm_to_change(&txn, &tenant, vm).await?;
     let updated = act_on(&txn, actor, &tenant, &vm, action, st.config.clock.now()).await?;
     txn.commit().await?;
-    if let Some(h) = vm.host_id {
+    if let Some(h) = updated.host_id.or(vm.host_id) {
         st.signals.notify(h);
     }
     Ok((tenant, updated))
@@ -106,6 +106,18 @@ pub async fn apply_action(
     })?;
     crate::app::metering::transition(txn, vm, stored_state(vm)?, effect.state, None, now).await?;
     let mut active: vms::ActiveModel = vm.clone().into();
+    let mut host = vm.host_id;
+    if stored_state(vm)? == VmState::Shelved {
+        // Deleted: the host holding its disk removes it. Unshelved: it
+        // waits to be placed there (the reclaimer's pass places it).
+        host = match action {
+            Action::Delete => vm.disk_host_id,
+            _ => None,
+        };
+        active.host_id = Set(host);
+        active.reason = Set((action == Action::Unshelve)
+            .then(|| "waiting for room on the host holding its disks".to_owned()));
+    }
     active.state = Set(effect.state.as_str().to_owned());
     active.desired_power = Set(effect.desired_power.to_text().to_owned());
     if effect.bump_generation {
@@ -125,7 +137,7 @@ pub async fn apply_action(
         event(txn, vm, now, "deleted", "never placed").await?;
         delete_row(txn, vm, now).await?;
     }
-    if let Some(h) = vm.host_id {
+    if let Some(h) = host {
         bump_revision(txn, h).await?;
     }
     Ok(updated)

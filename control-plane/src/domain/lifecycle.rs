@@ -9,6 +9,8 @@ pub enum Action {
     Stop,
     Reboot,
     Delete,
+    Shelve,
+    Unshelve,
 }
 
 impl Action {
@@ -18,14 +20,23 @@ impl Action {
             Action::Stop => "stop",
             Action::Reboot => "reboot",
             Action::Delete => "delete",
+            Action::Shelve => "shelve",
+            Action::Unshelve => "unshelve",
         }
     }
 
     /// The action a word names (the portal's forms post these).
     pub fn parse(s: &str) -> Option<Action> {
-        [Action::Start, Action::Stop, Action::Reboot, Action::Delete]
-            .into_iter()
-            .find(|a| a.as_str() == s)
+        [
+            Action::Start,
+            Action::Stop,
+            Action::Reboot,
+            Action::Delete,
+            Action::Shelve,
+            Action::Unshelve,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
     }
 }
 
@@ -54,6 +65,14 @@ pub fn apply(
     };
     match (action, state) {
         (_, Deleting | Deleted) => Err(state),
+        // A shelved VM's disk is on a host even though the VM is not: its
+        // deletion goes through that host.
+        (Action::Delete, Shelved) => effect(Deleting, Power::Stopped, false),
+        (Action::Unshelve, Shelved) => effect(Pending, Power::Running, false),
+        (_, Shelved | Shelving) => Err(state),
+        (Action::Shelve, Running | Stopped | Provisioning | Error) if has_host => {
+            effect(Shelving, Power::Stopped, false)
+        }
         (Action::Delete, _) if !has_host => effect(Deleted, Power::Stopped, false),
         (Action::Delete, _) => effect(Deleting, Power::Stopped, false),
         // Spot VMs being reclaimed, or reclaimed, can only be deleted.
@@ -74,6 +93,8 @@ pub fn observe(state: VmState, desired: Power, actual: ActualState) -> Option<Vm
     use VmState::*;
     match (state, actual) {
         (Deleting, ActualState::Absent) => Some(Deleted),
+        (Shelving, ActualState::Absent) => Some(Shelved),
+        (Shelving | Shelved, _) => None,
         (Deleting | Deleted | Preempted, _) => None,
         (Preempting, ActualState::Suspended) => Some(Suspended),
         // Shutting down on the notice is expected; the deadline decides.
@@ -166,6 +187,63 @@ mod tests {
         assert_eq!(
             apply(Suspended, Power::Suspended, Action::Stop, true),
             Err(Suspended)
+        );
+    }
+
+    #[test]
+    fn shelving_and_unshelving() {
+        assert_eq!(
+            apply(Running, Power::Running, Action::Shelve, true),
+            Ok(Effect {
+                state: Shelving,
+                desired_power: Power::Stopped,
+                bump_generation: false
+            })
+        );
+        assert_eq!(
+            apply(Stopped, Power::Stopped, Action::Shelve, true)
+                .unwrap()
+                .state,
+            Shelving
+        );
+        assert_eq!(
+            apply(Pending, Power::Running, Action::Shelve, false),
+            Err(Pending),
+            "nothing to shelve yet"
+        );
+        assert_eq!(
+            apply(Shelving, Power::Stopped, Action::Start, true),
+            Err(Shelving)
+        );
+        assert_eq!(
+            apply(Shelved, Power::Stopped, Action::Start, false),
+            Err(Shelved),
+            "a shelved VM is unshelved, not started"
+        );
+        assert_eq!(
+            apply(Shelved, Power::Stopped, Action::Unshelve, false)
+                .unwrap()
+                .state,
+            Pending
+        );
+        assert_eq!(
+            apply(Running, Power::Running, Action::Unshelve, true),
+            Err(Running)
+        );
+        assert_eq!(
+            apply(Shelved, Power::Stopped, Action::Delete, false)
+                .unwrap()
+                .state,
+            Deleting,
+            "its disk is on a host"
+        );
+        assert_eq!(
+            observe(Shelving, Power::Stopped, ActualState::Stopped),
+            None
+        );
+        assert_eq!(
+            observe(Shelving, Power::Stopped, ActualState::Absent),
+            Some(Shelved)
         );
     }
 

@@ -24,6 +24,8 @@ pub struct Model {
     pub preempt_deadline: Option<DateTimeUtc>,
     /// The training cluster the VM belongs to.
     pub cluster_id: Option<Uuid>,
+    /// The host holding a shelved VM's root disk (where it is unshelved).
+    pub disk_host_id: Option<Uuid>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

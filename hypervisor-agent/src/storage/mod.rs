@@ -415,6 +415,7 @@ pub(crate) fn write_sparse_hashing(
 ) -> std::io::Result<(u64, String)> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
+    let zeros = vec![0u8; CHUNK];
     let mut total = 0u64;
     loop {
         // Fill the buffer (a reader may return short reads).
@@ -437,7 +438,7 @@ pub(crate) fn write_sparse_hashing(
             ));
         }
         hasher.update(&buf[..n]);
-        if buf[..n].iter().all(|&b| b == 0) {
+        if buf[..n] == zeros[..n] {
             out.seek(SeekFrom::Current(n as i64))?;
         } else {
             out.write_all(&buf[..n])?;

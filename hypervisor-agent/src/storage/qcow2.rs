@@ -1,5 +1,6 @@
 //! Volumes as qcow2 files in one directory (default
-//! `<state-dir>/volumes`, 0700; files 0600).
+//! `<state-dir>/volumes`, 0711 so that QEMU's own user can pass through
+//! it to the file libvirt hands it; files 0600).
 //!
 //! - a volume is `vol-<uuid>.qcow2`;
 //! - a snapshot is `vol-<uuid>-snap-<uuid>.qcow2`, an *external*
@@ -172,11 +173,11 @@ impl Qcow2Dir {
         self.dir.join(format!("{PARTIAL}vol-{id}.raw"))
     }
 
-    /// Makes the directory (0700) if need be.
+    /// Makes the directory (0711: no listing; QEMU passes through) if need be.
     pub fn ensure_dir(&self) -> Result<(), StorageError> {
         std::fs::create_dir_all(&self.dir)
             .map_err(StorageError::io(format!("creating {}", self.dir.display())))?;
-        set_mode(&self.dir, 0o700)
+        set_mode(&self.dir, 0o711)
     }
 
     fn claim(&self, id: Uuid) -> Result<Claim, StorageError> {
@@ -331,7 +332,15 @@ impl Backend for Qcow2Dir {
             let Some(Name::Volume(id)) = parse_name(n) else {
                 continue;
             };
-            let header = read_header(&self.dir.join(n))?;
+            // One unreadable volume must not hide the others: it is not
+            // reported, and making it again is refused (it exists).
+            let header = match read_header(&self.dir.join(n)) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(volume = %id, error = %e, "unreadable volume");
+                    continue;
+                }
+            };
             let mut snapshots: Vec<Uuid> = names
                 .iter()
                 .filter_map(|s| match parse_name(s) {

@@ -387,6 +387,17 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/tenants/{tenant}/vms/{vm}/reboot",
         [409, 409, 409, 403, 404, 401, 401, 401],
     ),
+    // A scheduled VM is neither shelved nor unshelved.
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/shelve",
+        [409, 409, 409, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/unshelve",
+        [409, 409, 409, 403, 404, 401, 401, 401],
+    ),
     (
         "POST",
         "/api/v1/tenants/{tenant}/clusters",

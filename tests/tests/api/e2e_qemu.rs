@@ -34,7 +34,7 @@ use vxlan_manager::testbed::{in_ns, ip};
 
 use crate::harness::{Backend, TestServer};
 
-fn guest_dir() -> PathBuf {
+pub(crate) fn guest_dir() -> PathBuf {
     let target = std::env::current_exe()
         .unwrap()
         .parent()
@@ -59,7 +59,7 @@ fn guest_dir() -> PathBuf {
 
 /// A guest-agent command, straight through libvirt: the test's own view
 /// of the guest, independent of the agent under test.
-fn qga(dom: &virt::domain::Domain, cmd: Value) -> Result<Value, String> {
+pub(crate) fn qga(dom: &virt::domain::Domain, cmd: Value) -> Result<Value, String> {
     let out = dom
         .qemu_agent_command(&cmd.to_string(), 5, 0)
         .map_err(|e| e.to_string())?;
@@ -102,7 +102,7 @@ fn boot_id(dom: &virt::domain::Domain) -> Option<String> {
 }
 
 /// Removes the test's domains whatever happens.
-struct Cleanup(Vec<String>);
+pub(crate) struct Cleanup(pub(crate) Vec<String>);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
@@ -229,7 +229,11 @@ impl Drop for ProviderNetwork {
 
 /// Runs a program in the guest through its agent; answers its standard
 /// output once it exited (within 30 s).
-async fn guest_exec(dom: &virt::domain::Domain, path: &str, args: &[&str]) -> Option<String> {
+pub(crate) async fn guest_exec(
+    dom: &virt::domain::Domain,
+    path: &str,
+    args: &[&str],
+) -> Option<String> {
     let r = qga(
         dom,
         json!({"execute": "guest-exec", "arguments": {"path": path, "arg": args, "capture-output": true}}),
@@ -277,7 +281,11 @@ fn netns_exists(ns: &str) -> bool {
     Path::new("/run/netns").join(ns).exists()
 }
 
-async fn until<T>(what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+pub(crate) async fn until<T>(
+    what: &str,
+    limit: Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = probe().await {

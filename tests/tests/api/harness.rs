@@ -485,7 +485,12 @@ impl SimAgent {
                 notice: None,
             });
         }
-        for gone in self.known.difference(&desired).chain(d.remove.iter()) {
+        for gone in self
+            .known
+            .difference(&desired)
+            .chain(d.remove.iter())
+            .chain(d.shelve.iter())
+        {
             report.push(VmStatus {
                 id: *gone,
                 state: ActualState::Absent,

@@ -13,6 +13,7 @@ mod cli;
 mod crash;
 mod dev;
 mod e2e_qemu;
+mod e2e_volumes;
 mod idempotency;
 mod isolation;
 mod networks;

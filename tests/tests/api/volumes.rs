@@ -268,3 +268,176 @@ async fn volumes_are_charged_per_gib_hour_while_they_exist() {
     assert!(held.iter().all(|h| h.0 == "data"), "{held:?}");
     s.stop().await;
 }
+
+on_both_backends! {
+    async fn a_shelved_vm_gives_its_gpus_back_and_comes_back_with_its_disks(s: &TestServer) {
+        s.tenant("lab").await;
+        let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        let dir = scratch();
+        let join = s.join_token().await;
+        let mut config = agent_config(s, &join, dir.path(), "shelf-a");
+        config.sysfs_root = dir.path().join("shelf-a/hgx");
+        kumo_topology::fixtures::write(
+            &kumo_topology::fixtures::machine("hgx-h100").unwrap(),
+            &config.sysfs_root,
+        )
+        .unwrap();
+        let a = Agent::start(config).await.unwrap();
+        let eight = |name: &str| VmCreate {
+            gpus: 8,
+            vcpus: Some(16),
+            memory_gib: Some(64),
+            ..small_vm(name)
+        };
+        let big: Vm = s.admin.create_vm("lab", &eight("big")).await.unwrap();
+        post(s, "", json!({"name": "ckpt", "size_gib": 5, "vm": "big"})).await.unwrap();
+        a.sync_once(None).await.unwrap();
+        post(s, "/ckpt/attach", json!({"vm": "big"})).await.unwrap();
+        a.sync_once(None).await.unwrap();
+        assert_eq!(s.admin.vm("lab", "big").await.unwrap().state, kumo_api_types::VmState::Running);
+        let disk = dir.path().join(format!("shelf-a/state/vms/{}/disk.qcow2", big.id));
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(&disk).unwrap().ino();
+
+        // Shelved: no domain, its GPUs taken by another VM, its disk kept.
+        let r = s.http()
+            .post(format!("{}/api/v1/tenants/lab/vms/big/shelve", s.url))
+            .bearer_auth(&s.admin_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        assert_eq!(s.admin.vm("lab", "big").await.unwrap().state, kumo_api_types::VmState::Shelving);
+        a.sync_once(None).await.unwrap();
+        let shelved = s.admin.vm("lab", "big").await.unwrap();
+        assert_eq!((shelved.state, shelved.host.as_deref()), (kumo_api_types::VmState::Shelved, None));
+        let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        assert!(conn.lookup_domain_by_uuid_string(&big.id.to_string()).is_err(), "no domain");
+        assert!(disk.exists(), "its disk stays");
+        assert_eq!(volume(s, "ckpt").await.vm.as_deref(), Some("big"), "its volume stays attached");
+        let other: Vm = s.admin.create_vm("lab", &eight("other")).await.unwrap();
+        assert_eq!(other.host.as_deref(), Some("shelf-a"), "the GPUs were given back");
+        a.sync_once(None).await.unwrap();
+        let start = s.http()
+            .post(format!("{}/api/v1/tenants/lab/vms/big/start", s.url))
+            .bearer_auth(&s.admin_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(start.status(), 409, "a shelved VM is unshelved, not started");
+
+        // Unshelved while its host is full: it waits, saying why.
+        let r = s.http()
+            .post(format!("{}/api/v1/tenants/lab/vms/big/unshelve", s.url))
+            .bearer_auth(&s.admin_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let waiting = s.admin.vm("lab", "big").await.unwrap();
+        assert_eq!(waiting.state, kumo_api_types::VmState::Pending);
+        assert!(waiting.reason.as_deref().unwrap_or("").contains("room"), "{waiting:?}");
+        // Room again: placed on the host with its disks, the same disk file
+        // and its volume.
+        s.admin.delete("/api/v1/tenants/lab/vms/other").await.unwrap();
+        a.sync_once(None).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            a.sync_once(None).await.unwrap();
+            let v = s.admin.vm("lab", "big").await.unwrap();
+            if v.state == kumo_api_types::VmState::Running {
+                assert_eq!(v.host.as_deref(), Some("shelf-a"));
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "not unshelved: {v:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(std::fs::metadata(&disk).unwrap().ino(), inode, "the same disk");
+        assert_eq!(serials_in(big.id), [volume(s, "ckpt").await.serial]);
+
+        // Shelved and deleted: the host removes its disk.
+        let _ = s.http()
+            .post(format!("{}/api/v1/tenants/lab/vms/big/shelve", s.url))
+            .bearer_auth(&s.admin_token)
+            .send()
+            .await
+            .unwrap();
+        a.sync_once(None).await.unwrap();
+        s.admin.delete("/api/v1/tenants/lab/vms/big").await.unwrap();
+        a.sync_once(None).await.unwrap();
+        assert!(!disk.exists(), "deleted with its VM");
+        assert_eq!(volume(s, "ckpt").await.state, VolumeState::Available, "the volume outlives it");
+        for id in [big.id, other.id] {
+            if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
+                let _ = d.destroy();
+                let _ = d.undefine();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_shelved_vm_is_charged_for_its_disk_only() {
+    use chrono::{Duration, TimeZone, Utc};
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 12, 9, 0, 0).unwrap();
+    let clock = kumo_server::clock::Clock::manual(t0);
+    let s =
+        TestServer::start_with(crate::harness::Backend::Sqlite, |c| c.clock = clock.clone()).await;
+    let _: kumo_api_types::Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"effective_from": t0, "prices": {
+                "gpu:H100-SXM5-80GB": {"guaranteed": "60", "spot": "20"},
+                "disk_gib": {"guaranteed": "0.06", "spot": "0.06"}}}),
+        )
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    let vm = VmCreate {
+        gpus: 8,
+        vcpus: Some(16),
+        memory_gib: Some(64),
+        disk_gib: Some(100),
+        ..small_vm("train")
+    };
+    let _: Vm = s.admin.create_vm("lab", &vm).await.unwrap();
+    agent.converge().await;
+    clock.advance(Duration::minutes(10));
+    let r = s
+        .http()
+        .post(format!("{}/api/v1/tenants/lab/vms/train/shelve", s.url))
+        .bearer_auth(&s.admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    agent.converge().await;
+    assert_eq!(
+        s.admin.vm("lab", "train").await.unwrap().state,
+        kumo_api_types::VmState::Shelved
+    );
+    // A weekend on the shelf.
+    clock.advance(Duration::hours(48));
+    kumo_server::app::metering::post_due(&s.server.state)
+        .await
+        .unwrap();
+    let st: kumo_api_types::Statement = s
+        .admin
+        .get("/api/v1/tenants/lab/statements/2026-11")
+        .await
+        .unwrap();
+    let seconds = |resource: &str| -> i64 {
+        st.lines
+            .iter()
+            .filter(|l| l.resource == resource)
+            .map(|l| l.seconds)
+            .sum()
+    };
+    // GPUs for the 10 running minutes only; the disk all along.
+    assert_eq!(seconds("gpu:H100-SXM5-80GB"), 600, "{:?}", st.lines);
+    assert_eq!(seconds("disk_gib"), 600 + 48 * 3600, "{:?}", st.lines);
+    s.stop().await;
+}

@@ -241,10 +241,13 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
         for v in &rows {
             let (networked, roce) = crate::store::segments::kinds_of(&st.db, v.id).await?;
             // Its volumes (attached when it was made) say where it goes.
-            let on_host = crate::store::volumes::of_vm(&st.db, v.id)
-                .await?
-                .first()
-                .map(|vol| vol.host_id);
+            let on_host = match v.disk_host_id {
+                Some(h) => Some(h),
+                None => crate::store::volumes::of_vm(&st.db, v.id)
+                    .await?
+                    .first()
+                    .map(|vol| vol.host_id),
+            };
             members.push(Member {
                 id: v.id,
                 name: v.name.clone(),

@@ -160,6 +160,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(vms::start))
         .routes(routes!(vms::stop))
         .routes(routes!(vms::reboot))
+        .routes(routes!(vms::shelve))
+        .routes(routes!(vms::unshelve))
         .routes(routes!(vms::events))
         .routes(routes!(clusters::create, clusters::list))
         .routes(routes!(clusters::show, clusters::delete))

@@ -143,6 +143,18 @@ action_handler!(
     "/api/v1/tenants/{tenant}/vms/{vm}/reboot",
     "Reboot a running VM (members)."
 );
+action_handler!(
+    shelve,
+    Action::Shelve,
+    "/api/v1/tenants/{tenant}/vms/{vm}/shelve",
+    "Shelve a VM (members): shut it down and give back its GPUs, NICs, CPUs and memory, keeping its root disk and volumes on their host; charged for storage only."
+);
+action_handler!(
+    unshelve,
+    Action::Unshelve,
+    "/api/v1/tenants/{tenant}/vms/{vm}/unshelve",
+    "Place a shelved VM again on the host holding its disks and start it (members); it waits as `pending` while that host has no room."
+);
 
 /// Delete a VM; its devices are freed once the host confirms (members).
 #[utoipa::path(

@@ -1,0 +1,437 @@
+//! Volumes end to end on QEMU (TCG): a real guest under libvirt's
+//! `qemu:///system`, the agent's qcow2 pool, `qemu-ga` inside the guest.
+//! A volume attached to a running VM is hot-plugged: the guest sees a
+//! virtio disk with the volume's serial and writes a marker on it; it is
+//! unplugged live on detach; it outlives the VM; a second VM that has it
+//! from its definition at boot reads the marker back.
+//! `cargo xtask test` installs QEMU and libvirtd and starts them.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use kumo_agent::run::{Agent, AgentConfig};
+use kumo_api_types::{Vm, VmState, Volume, VolumeState};
+use serde_json::json;
+
+use crate::e2e_qemu::{guest_dir, guest_exec, qga, until, Cleanup};
+use crate::harness::{Backend, TestServer};
+
+/// Runs `sh -c script` in the guest; its standard output once it exited
+/// with status 0 (within 30 s).
+async fn guest_sh(dom: &virt::domain::Domain, script: &str) -> Option<String> {
+    let out = guest_exec(
+        dom,
+        "/bin/sh",
+        &["-c", &format!("{script} && echo kumo-ok")],
+    )
+    .await?;
+    out.strip_suffix("kumo-ok\n").map(str::to_owned)
+}
+
+/// The guest's virtio disks: name → serial (`/sys/block/vd*/serial`;
+/// busybox has no udev, so no `/dev/disk/by-id`).
+async fn guest_disks(dom: &virt::domain::Domain) -> Option<Vec<(String, String)>> {
+    let out = guest_sh(
+        dom,
+        "for d in /sys/block/vd*; do [ -e \"$d\" ] && echo \"${d##*/} $(cat $d/serial 2>/dev/null)\"; done; true",
+    )
+    .await?;
+    Some(
+        out.lines()
+            .filter_map(|l| {
+                let (name, serial) = l.split_once(' ')?;
+                Some((name.to_owned(), serial.trim().to_owned()))
+            })
+            .collect(),
+    )
+}
+
+/// The guest's block device with this serial, once it is there.
+async fn disk_with_serial(dom: &virt::domain::Domain, serial: &str) -> Option<String> {
+    guest_disks(dom)
+        .await?
+        .into_iter()
+        .find(|(_, s)| s == serial)
+        .map(|(name, _)| name)
+}
+
+/// The volume serials in a domain's XML (`flags` 2: its definition).
+fn serials_in(dom: &virt::domain::Domain, flags: u32) -> Vec<String> {
+    let xml = dom.xml_desc(flags).unwrap();
+    xml.split("<serial>")
+        .skip(1)
+        .filter_map(|r| r.split_once("</serial>").map(|(s, _)| s.to_owned()))
+        .collect()
+}
+
+/// The `pcie-root-port`s of a live domain's XML that hold no device.
+fn free_root_ports(xml: &str) -> usize {
+    let attr = |e: &str, name: &str| -> Option<String> {
+        let (_, r) = e.split_once(&format!(" {name}='"))?;
+        Some(r.split_once('\'')?.0.to_owned())
+    };
+    let ports: std::collections::BTreeSet<u32> = xml
+        .split("<controller ")
+        .skip(1)
+        .filter(|c| c.contains("model='pcie-root-port'"))
+        .filter_map(|c| attr(c, "index")?.parse().ok())
+        .collect();
+    let used: std::collections::BTreeSet<u32> = xml
+        .split("<address type='pci'")
+        .skip(1)
+        .filter_map(|a| u32::from_str_radix(attr(a, "bus")?.trim_start_matches("0x"), 16).ok())
+        .collect();
+    ports.difference(&used).count()
+}
+
+/// Removes the test's domains whatever happens.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_outlives_its_vm_on_qemu() {
+    let guest = guest_dir();
+    let conn = virt::connect::Connect::open(Some("qemu:///system")).unwrap_or_else(|e| {
+        panic!("libvirtd with qemu:///system is required (`cargo xtask test` starts it): {e}")
+    });
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("vols").await;
+    let mut q = s.admin.quota("vols").await.unwrap();
+    q.volume_gib = 10;
+    s.admin.set_quota("vols", &q).await.unwrap();
+
+    // QEMU runs as an unprivileged user: everything it opens must be reachable.
+    let work = tempfile::Builder::new()
+        .prefix("kumo-e2e-vol")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let base = work.path().join("base.qcow2");
+    assert!(std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&base)
+        .arg("1G")
+        .status()
+        .unwrap()
+        .success());
+    let _: kumo_api_types::Template = s
+        .admin
+        .post(
+            "/api/v1/templates",
+            &json!({
+                "name": "tiny", "image_path": base, "os": "busybox", "default_user": "root",
+                "kernel_path": guest.join("vmlinuz"), "initrd_path": guest.join("initrd.img"),
+                "kernel_cmdline": "console=ttyS0 quiet"
+            }),
+        )
+        .await
+        .unwrap();
+    let sysfs = work.path().join("sysfs");
+    kumo_topology::fixtures::write(
+        &kumo_topology::fixtures::machine("cpu-only").unwrap(),
+        &sysfs,
+    )
+    .unwrap();
+    let state_dir = work.path().join("state");
+    let agent = Agent::start(AgentConfig {
+        server: s.url.clone(),
+        join_token: Some(s.join_token().await),
+        libvirt_uri: "qemu:///system".into(),
+        sysfs_root: sysfs,
+        state_dir: state_dir.clone(),
+        name: "vol-host".into(),
+        virt_type: "qemu".into(),
+        heartbeat: Duration::from_secs(5),
+        scalable_unit: None,
+        rails: Default::default(),
+        underlay_ip: None,
+        netns: None,
+        edge_uplink: None,
+        resync: kumo_agent::run::RESYNC,
+        // The default pool: qcow2 files under `state_dir/volumes`.
+        storage: None,
+    })
+    .await
+    .unwrap();
+    let hb = agent.client.clone();
+    let heartbeat = tokio::spawn(async move {
+        loop {
+            let _ = hb.heartbeat(&Default::default()).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+    let mut cleanup = Cleanup(Vec::new());
+    let vm_body = |name: &str| json!({"name": name, "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny"});
+
+    // VM A, running, its guest agent answering.
+    let booted_a = Instant::now();
+    let a: Vm = s
+        .admin
+        .post("/api/v1/tenants/vols/vms", &vm_body("vm-a"))
+        .await
+        .unwrap();
+    cleanup.0.push(a.id.to_string());
+    agent.sync_once(None).await.unwrap();
+    let v: Vm = s.admin.get("/api/v1/tenants/vols/vms/vm-a").await.unwrap();
+    assert_eq!(v.state, VmState::Running, "{:?}", v.reason);
+    let dom_a = conn
+        .lookup_domain_by_uuid_string(&a.id.to_string())
+        .unwrap();
+    until("A's guest agent", Duration::from_secs(120), async || {
+        qga(&dom_a, json!({"execute": "guest-ping"})).ok()
+    })
+    .await;
+    assert_eq!(
+        free_root_ports(&dom_a.xml_desc(0).unwrap()),
+        kumo_topology::domain_xml::SPARE_PORTS,
+        "root ports left for hot-plug"
+    );
+    let before = guest_disks(&dom_a).await.unwrap();
+    println!(
+        "A: guest agent up {:?} after the request; disks {before:?}",
+        booted_a.elapsed()
+    );
+    assert!(
+        before.iter().any(|(n, _)| n == "vda"),
+        "the guest sees virtio disks (its root disk): {before:?}"
+    );
+
+    // The volume, made on A's host.
+    let data: Volume = s
+        .admin
+        .post(
+            "/api/v1/tenants/vols/volumes",
+            &json!({"name": "data", "size_gib": 1, "vm": "vm-a"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(data.host.as_deref(), Some("vol-host"));
+    let file = state_dir.join(format!("volumes/vol-{}.qcow2", data.id));
+    until(
+        "the volume to be made",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            let v: Volume = s
+                .admin
+                .get("/api/v1/tenants/vols/volumes/data")
+                .await
+                .unwrap();
+            assert_ne!(v.state, VolumeState::Error, "{:?}", v.reason);
+            (v.state == VolumeState::Available).then_some(())
+        },
+    )
+    .await;
+    assert!(file.exists(), "{} is not there", file.display());
+    // QEMU (`libvirt-qemu` under qemu:///system) passes through the
+    // pool's directory to the file libvirt hands it while attached.
+    let pool = file.parent().unwrap();
+    let mode = std::fs::metadata(pool).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o711, "{}", pool.display());
+
+    // Attached while A runs: hot-plugged, the guest sees its serial.
+    let attached: Volume = s
+        .admin
+        .post(
+            "/api/v1/tenants/vols/volumes/data/attach",
+            &json!({"vm": "vm-a"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(attached.state, VolumeState::Attached);
+    let attach = Instant::now();
+    agent.sync_once(None).await.unwrap();
+    assert_eq!(
+        serials_in(&dom_a, 0),
+        std::slice::from_ref(&data.serial),
+        "hot-plugged: the live domain has the disk"
+    );
+    assert_eq!(
+        serials_in(&dom_a, 2),
+        std::slice::from_ref(&data.serial),
+        "its definition too: {}",
+        dom_a.xml_desc(2).unwrap()
+    );
+    let plugged = attach.elapsed();
+    let dev = until("the disk in guest A", Duration::from_secs(60), async || {
+        disk_with_serial(&dom_a, &data.serial).await
+    })
+    .await;
+    let visible = attach.elapsed();
+    println!("attach → hot-plugged {plugged:?}, → /dev/{dev} in the guest {visible:?}");
+    assert!(
+        guest_sh(&dom_a, &format!("[ -b /dev/{dev} ]"))
+            .await
+            .is_some(),
+        "/dev/{dev} is a block device"
+    );
+    let size = guest_sh(&dom_a, &format!("cat /sys/block/{dev}/size"))
+        .await
+        .unwrap();
+    assert_eq!(
+        size.trim(),
+        ((1u64 << 30) / 512).to_string(),
+        "1 GiB in sectors"
+    );
+    let changes = agent.reconciler.lock().unwrap().changes;
+    agent.sync_once(None).await.unwrap();
+    assert_eq!(
+        agent.reconciler.lock().unwrap().changes,
+        changes,
+        "a second pass changes nothing"
+    );
+
+    // A marker, written through the guest.
+    let marker = format!("kumo-marker-{}", uuid::Uuid::new_v4().simple());
+    guest_sh(
+        &dom_a,
+        &format!(
+            "echo {marker} | dd of=/dev/{dev} bs=512 count=1 conv=sync,fsync 2>/dev/null && sync"
+        ),
+    )
+    .await
+    .expect("the marker is written");
+    let read = |dev: &str| format!("dd if=/dev/{dev} bs=512 count=1 2>/dev/null | tr -d '\\000'");
+    assert_eq!(
+        guest_sh(&dom_a, &read(&dev))
+            .await
+            .as_deref()
+            .map(str::trim),
+        Some(marker.as_str())
+    );
+
+    // Detached while A runs: unplugged live, gone from the definition.
+    let _: Volume = s
+        .admin
+        .post("/api/v1/tenants/vols/volumes/data/detach", &json!({}))
+        .await
+        .unwrap();
+    let detach = Instant::now();
+    agent.sync_once(None).await.unwrap();
+    assert!(
+        serials_in(&dom_a, 2).is_empty(),
+        "gone from the definition: {}",
+        dom_a.xml_desc(2).unwrap()
+    );
+    until(
+        "the disk to leave guest A",
+        Duration::from_secs(90),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            let disks = guest_disks(&dom_a).await?;
+            (!disks.iter().any(|(_, s)| *s == data.serial)).then_some(())
+        },
+    )
+    .await;
+    until(
+        "the disk to leave A's live domain",
+        Duration::from_secs(30),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            serials_in(&dom_a, 0).is_empty().then_some(())
+        },
+    )
+    .await;
+    println!(
+        "detach → gone from the guest and the live domain {:?}",
+        detach.elapsed()
+    );
+
+    // A goes; the volume stays, available, with its file.
+    s.admin
+        .delete("/api/v1/tenants/vols/vms/vm-a")
+        .await
+        .unwrap();
+    until("A's domain to go", Duration::from_secs(60), async || {
+        agent.sync_once(None).await.unwrap();
+        conn.lookup_domain_by_uuid_string(&a.id.to_string())
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    let v: Volume = s
+        .admin
+        .get("/api/v1/tenants/vols/volumes/data")
+        .await
+        .unwrap();
+    assert_eq!((v.state, v.vm.as_deref()), (VolumeState::Available, None));
+    assert!(file.exists(), "the volume's file stays");
+
+    // VM B has the volume from its definition at boot: attached before
+    // the agent's first pass for it.
+    let booted_b = Instant::now();
+    let b: Vm = s
+        .admin
+        .post("/api/v1/tenants/vols/vms", &vm_body("vm-b"))
+        .await
+        .unwrap();
+    cleanup.0.push(b.id.to_string());
+    let attached: Volume = s
+        .admin
+        .post(
+            "/api/v1/tenants/vols/volumes/data/attach",
+            &json!({"vm": "vm-b"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(attached.vm.as_deref(), Some("vm-b"));
+    agent.sync_once(None).await.unwrap();
+    let v: Vm = s.admin.get("/api/v1/tenants/vols/vms/vm-b").await.unwrap();
+    assert_eq!(v.state, VmState::Running, "{:?}", v.reason);
+    let dom_b = conn
+        .lookup_domain_by_uuid_string(&b.id.to_string())
+        .unwrap();
+    assert_eq!(serials_in(&dom_b, 2), std::slice::from_ref(&data.serial));
+    assert_eq!(serials_in(&dom_b, 0), std::slice::from_ref(&data.serial));
+    assert_eq!(
+        free_root_ports(&dom_b.xml_desc(0).unwrap()),
+        kumo_topology::domain_xml::SPARE_PORTS,
+        "root ports left for hot-plug beside the volume"
+    );
+    let dev = until(
+        "the disk in guest B",
+        Duration::from_secs(120),
+        async || disk_with_serial(&dom_b, &data.serial).await,
+    )
+    .await;
+    let got = guest_sh(&dom_b, &read(&dev)).await.unwrap();
+    println!(
+        "B: boot → marker read from /dev/{dev} {:?} after the request",
+        booted_b.elapsed()
+    );
+    assert_eq!(got.trim(), marker, "B reads what A wrote");
+
+    // Tidy: B goes, then the volume.
+    s.admin
+        .delete("/api/v1/tenants/vols/vms/vm-b")
+        .await
+        .unwrap();
+    until("B's domain to go", Duration::from_secs(60), async || {
+        agent.sync_once(None).await.unwrap();
+        conn.lookup_domain_by_uuid_string(&b.id.to_string())
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    until(
+        "the volume to be deletable",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            s.admin
+                .delete("/api/v1/tenants/vols/volumes/data")
+                .await
+                .ok()
+        },
+    )
+    .await;
+    until(
+        "the volume's file to go",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            (!file.exists()).then_some(())
+        },
+    )
+    .await;
+    heartbeat.abort();
+    s.stop().await;
+}
