@@ -290,11 +290,16 @@ async fn plan_volumes(
                 format!("{name:?} is named twice"),
             ));
         }
+        let state = crate::store::volumes::stored_state(&v)?;
         if v.vm_id.is_some()
-            || crate::store::volumes::stored_state(&v)? != kumo_api_types::VolumeState::Available
+            || !matches!(
+                state,
+                kumo_api_types::VolumeState::Available | kumo_api_types::VolumeState::Creating
+            )
         {
             return Err(ApiError::Conflict(format!(
-                "volume {name:?} is not available (attached, or not ready): a new VM takes available volumes"
+                "volume {name:?} is {}: a new VM takes volumes that are not attached",
+                state.as_str()
             )));
         }
         match &host {

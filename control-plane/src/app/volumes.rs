@@ -282,7 +282,11 @@ pub async fn attach(
         "attaching volumes",
         "volume.attach",
         async |txn, tenant, v| {
-            detached_only(&v, "attaching")?;
+            // One still being made is attached as soon as it is.
+            let creating = store::stored_state(&v)? == VolumeState::Creating;
+            if !creating || v.vm_id.is_some() {
+                detached_only(&v, "attaching")?;
+            }
             let vm = crate::store::vms::find_vm_to_change(txn, tenant, &body.vm).await?;
             let state = crate::store::vms::stored_state(&vm)?;
             if matches!(
@@ -307,7 +311,9 @@ pub async fn attach(
             }
             let mut a: volumes::ActiveModel = v.into();
             a.vm_id = Set(Some(vm.id));
-            a.state = Set(VolumeState::Attached.to_text().to_owned());
+            if !creating {
+                a.state = Set(VolumeState::Attached.to_text().to_owned());
+            }
             Ok(a)
         },
     )

@@ -122,7 +122,18 @@ pub async fn attach_new(
         .filter(volumes::Column::State.eq(VolumeState::Available.to_text()))
         .exec(txn)
         .await?;
-    Ok(done.rows_affected == ids.len() as u64)
+    // One still being made stays `creating` (its host's report settles it).
+    let made = volumes::Entity::update_many()
+        .set(volumes::ActiveModel {
+            vm_id: Set(Some(vm)),
+            ..Default::default()
+        })
+        .filter(volumes::Column::Id.is_in(ids.iter().copied()))
+        .filter(volumes::Column::VmId.is_null())
+        .filter(volumes::Column::State.eq(VolumeState::Creating.to_text()))
+        .exec(txn)
+        .await?;
+    Ok(done.rows_affected + made.rows_affected == ids.len() as u64)
 }
 
 /// The VM's row goes: its volumes stay, detached.

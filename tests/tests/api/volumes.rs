@@ -199,6 +199,16 @@ on_both_backends! {
         let e = s.admin.get::<Volume>("/api/v1/tenants/lab/volumes/data").await.unwrap_err();
         assert_eq!(e.status(), Some(404), "its row goes once its host says so");
 
+        // A volume still being made attaches at once, and comes to the VM
+        // when its host has made it.
+        let tmp = post(s, "", json!({"name": "tmp", "size_gib": 1, "vm": "next"})).await.unwrap();
+        let tmp2 = post(s, "/tmp/attach", json!({"vm": "next"})).await.unwrap();
+        assert_eq!((tmp2.state, tmp2.vm.as_deref()), (VolumeState::Creating, Some("next")));
+        assert_eq!(post(s, "/tmp/attach", json!({"vm": "next"})).await.unwrap_err(), 409);
+        pass().await;
+        assert_eq!(volume(s, "tmp").await.state, VolumeState::Attached);
+        assert_eq!(serials_in(next.id), std::slice::from_ref(&tmp.serial));
+
         let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
         for id in [next.id, far.id] {
             if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
