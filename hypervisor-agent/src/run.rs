@@ -144,7 +144,10 @@ async fn obtain(
 impl Agent {
     /// Reads the host, opens libvirt, and registers unless the state
     /// directory already holds this host's credential.
-    pub async fn start(config: AgentConfig) -> anyhow::Result<Agent> {
+    pub async fn start(mut config: AgentConfig) -> anyhow::Result<Agent> {
+        // Paths handed to libvirt and to tools run elsewhere must not
+        // depend on this process's working directory.
+        config.state_dir = std::path::absolute(&config.state_dir)?;
         let topo = sysfs::discover(&config.sysfs_root, None)?;
         for w in &topo.warnings {
             tracing::warn!(warning = %w, "topology");

@@ -542,3 +542,12 @@ fn lvm_thin_volumes() {
         }
     );
 }
+
+/// A pool named by a relative path works from any directory the tools
+/// run in (the dev fleet names its state directories relatively).
+#[test]
+fn a_relative_pool_directory_is_made_absolute() {
+    let here = std::env::current_dir().unwrap();
+    let pool = kumo_agent::storage::qcow2::Qcow2Dir::new("some/pool");
+    assert_eq!(pool.dir, here.join("some/pool"));
+}

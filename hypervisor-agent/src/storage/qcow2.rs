@@ -151,8 +151,13 @@ impl Drop for TempFile {
 }
 
 impl Qcow2Dir {
+    /// A pool in `dir`, made absolute: `qemu-img` runs inside it, and
+    /// libvirt needs absolute paths.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Qcow2Dir { dir: dir.into() }
+        let dir = dir.into();
+        Qcow2Dir {
+            dir: std::path::absolute(&dir).unwrap_or(dir),
+        }
     }
 
     pub fn volume_path(&self, id: Uuid) -> PathBuf {
