@@ -91,6 +91,7 @@ fn page(
                 ("vms", Msg::VmsTitle),
                 ("clusters", Msg::Clusters),
                 ("segments", Msg::Segments),
+                ("volumes", Msg::Volumes),
                 ("billing", Msg::Billing),
                 ("members", Msg::Members),
             ]

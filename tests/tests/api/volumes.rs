@@ -451,3 +451,73 @@ async fn a_shelved_vm_is_charged_for_its_disk_only() {
     assert_eq!(seconds("disk_gib"), 600 + 48 * 3600, "{:?}", st.lines);
     s.stop().await;
 }
+
+/// The portal's volumes page does what the API does: made, attached,
+/// detached and deleted from its forms; a refusal comes back with the
+/// API's reason.
+#[tokio::test]
+async fn the_portal_volumes_page_acts_through_the_api() {
+    let s = TestServer::start(crate::harness::Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("store-001", "cpu-only").await;
+    let _: Vm = s.admin.create_vm("lab", &small_vm("web")).await.unwrap();
+    agent.converge().await;
+    let portal = s.portal_admin().await;
+    let page = s.page(&portal, "/t/lab/volumes").await;
+    assert!(page.contains("No volume yet"), "{page}");
+    assert!(
+        page.contains("href=\"/t/lab/volumes\""),
+        "in the project's navigation"
+    );
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .unwrap()
+        .to_owned();
+    let form = async |path: &str, fields: &[(&str, &str)]| {
+        let mut f = vec![("csrf", csrf.as_str())];
+        f.extend_from_slice(fields);
+        let r = portal
+            .post(format!("{}{path}", s.url))
+            .form(&f)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    let (status, page) = form("/t/lab/volumes", &[("name", "data"), ("size_gib", "0")]).await;
+    assert_eq!(status, 400);
+    assert!(
+        page.contains("class=\"error\"") && page.contains("GiB"),
+        "{page}"
+    );
+    let (status, _) = form(
+        "/t/lab/volumes",
+        &[("name", "data"), ("size_gib", "5"), ("vm", "web")],
+    )
+    .await;
+    assert_eq!(status, 303);
+    agent.converge().await;
+    let page = s.page(&portal, "/t/lab/volumes").await;
+    assert!(
+        page.contains("data")
+            && page.contains("5 GiB")
+            && page.contains("data-state=\"available\""),
+        "{page}"
+    );
+    assert!(
+        page.contains(&volume(&s, "data").await.guest_path()),
+        "{page}"
+    );
+    let (status, _) = form("/t/lab/volumes", &[("attach", "data"), ("vm", "web")]).await;
+    assert_eq!(status, 303);
+    assert_eq!(volume(&s, "data").await.vm.as_deref(), Some("web"));
+    let (status, _) = form("/t/lab/volumes/data/detach", &[]).await;
+    assert_eq!(status, 303);
+    assert_eq!(volume(&s, "data").await.vm, None);
+    let (status, _) = form("/t/lab/volumes/data/delete", &[]).await;
+    assert_eq!(status, 303);
+    assert_eq!(volume(&s, "data").await.state, VolumeState::Deleting);
+    s.stop().await;
+}

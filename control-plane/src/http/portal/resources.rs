@@ -28,6 +28,7 @@ use crate::http::sso::check_csrf;
 enum Page {
     Clusters(String),
     Segments(String),
+    Volumes(String),
     Members(String),
     Tokens,
     Hosts,
@@ -42,6 +43,7 @@ impl Page {
         match self {
             Page::Clusters(t) => format!("/t/{t}/clusters"),
             Page::Segments(t) => format!("/t/{t}/segments"),
+            Page::Volumes(t) => format!("/t/{t}/volumes"),
             Page::Members(t) => format!("/t/{t}/members"),
             Page::Tokens => "/tokens".into(),
             Page::Hosts => "/admin/hosts".into(),
@@ -54,7 +56,7 @@ impl Page {
 
     fn tenant(&self) -> Option<&str> {
         match self {
-            Page::Clusters(t) | Page::Segments(t) | Page::Members(t) => Some(t),
+            Page::Clusters(t) | Page::Segments(t) | Page::Volumes(t) | Page::Members(t) => Some(t),
             _ => None,
         }
     }
@@ -118,6 +120,7 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     Ok(match page {
         Page::Clusters(tenant) => clusters_listing(v, page, tenant).await?,
         Page::Segments(tenant) => segments_listing(v, page, tenant).await?,
+        Page::Volumes(tenant) => volumes_listing(v, page, tenant).await?,
         Page::Members(tenant) => members_listing(v, page, tenant).await?,
         Page::Tokens => tokens_listing(v, page).await?,
         Page::Hosts => hosts_listing(v).await?,
@@ -317,6 +320,86 @@ async fn public_ways_in(v: &Visit, tenant: &str) -> Result<[Section; 2], ApiErro
         },
     ])
 }
+/// A project's volumes: each with its state, host, VM and where the guest
+/// finds it; made, attached, detached and deleted here.
+async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let tx = |m| t(l, m).to_owned();
+    let items = crate::app::volumes::list(&v.st, &v.ctx, tenant, &first())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|vol| {
+            let detach = match &vol.vm {
+                Some(_) => Cell::Button {
+                    action: format!("/t/{tenant}/volumes/{}/detach", vol.name),
+                    label: word(l, "detach"),
+                },
+                None => Cell::text(""),
+            };
+            vec![
+                Cell::text(&vol.name),
+                Cell::text(format!("{} GiB", vol.size_gib)),
+                Cell::State {
+                    word: vol.state.as_str().into(),
+                    label: match &vol.reason {
+                        Some(r) => format!("{} ({r})", word(l, vol.state.as_str())),
+                        None => word(l, vol.state.as_str()),
+                    },
+                },
+                Cell::text(vol.host.as_deref().unwrap_or("-")),
+                Cell::text(vol.vm.as_deref().unwrap_or("-")),
+                Cell::Code(vol.guest_path()),
+                detach,
+                delete_button(l, format!("/t/{tenant}/volumes/{}/delete", vol.name)),
+            ]
+        })
+        .collect();
+    let mut listing = table_page(
+        format!("{tenant} — {}", t(l, Msg::Volumes)),
+        vec![
+            tx(Msg::Name),
+            tx(Msg::SizeGib),
+            tx(Msg::State),
+            tx(Msg::Host),
+            "VM".into(),
+            tx(Msg::InGuest),
+            String::new(),
+            String::new(),
+        ],
+        rows,
+        tx(Msg::VolumesEmpty),
+        page,
+        tx(Msg::Create),
+        vec![
+            Field::new("name", t(l, Msg::Name), Input::Text).required(),
+            Field::new("size_gib", t(l, Msg::SizeGib), Input::Number).required(),
+            Field::new("vm", "VM", Input::Text),
+        ],
+    );
+    let detached: Vec<(String, String)> = items
+        .iter()
+        .filter(|vol| vol.vm.is_none())
+        .map(|vol| (vol.name.clone(), vol.name.clone()))
+        .collect();
+    if !detached.is_empty() {
+        listing.sections.push(Section {
+            heading: tx(Msg::AttachVolume),
+            form: Some(Form {
+                action: page.href(),
+                submit: tx(Msg::Attach),
+                fields: vec![
+                    Field::new("attach", t(l, Msg::Volumes), Input::Select(detached)),
+                    Field::new("vm", "VM", Input::Text).required(),
+                ],
+            }),
+            ..Default::default()
+        });
+    }
+    Ok(listing)
+}
+
 async fn members_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
@@ -787,6 +870,27 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
+        (Page::Volumes(tn), Op::Create) => match text(f, "attach") {
+            // The attach form names a volume; the create form a new name.
+            Some(volume) => {
+                let body = api::VolumeAttach { vm: need("vm")? };
+                crate::app::volumes::attach(&v.st, &v.ctx, tn, &volume, &body).await?;
+            }
+            None => {
+                let body = api::VolumeCreate {
+                    name: need("name")?,
+                    size_gib: number(f, "size_gib")?.unwrap_or(0),
+                    vm: text(f, "vm"),
+                };
+                crate::app::volumes::create(&v.st, &v.ctx, tn, &body).await?;
+            }
+        },
+        (Page::Volumes(tn), Op::Delete(vol)) => {
+            crate::app::volumes::delete(&v.st, &v.ctx, tn, &vol).await?;
+        }
+        (Page::Volumes(tn), Op::Detach(vol)) => {
+            crate::app::volumes::detach(&v.st, &v.ctx, tn, &vol).await?;
+        }
         (Page::Clusters(tn), Op::Delete(c)) => {
             crate::app::clusters::delete(&v.st, &v.ctx, tn, &c).await?;
         }
@@ -887,6 +991,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
 enum Op {
     Create,
     Delete(String),
+    Detach(String),
 }
 
 async fn post_form(
@@ -912,6 +1017,7 @@ fn tenant_page(kind: &str, tenant: String) -> Result<Page, ApiError> {
     Ok(match kind {
         "clusters" => Page::Clusters(tenant),
         "segments" => Page::Segments(tenant),
+        "volumes" => Page::Volumes(tenant),
         "members" => Page::Members(tenant),
         other => return Err(ApiError::not_found(format!("page {other:?}"))),
     })
@@ -944,18 +1050,21 @@ async fn tenant_post(
     post_form(&st, &b, tenant_page(&kind, tenant)?, Op::Create, f).await
 }
 
-/// `…/{item}/delete` and `…/{item}/remove` (members).
+/// `…/{item}/delete`, `…/{item}/remove` (members) and `…/{item}/detach`
+/// (volumes).
 async fn tenant_item_post(
     State(st): State<AppState>,
     b: Browser,
     Path((tenant, kind, item, verb)): Path<(String, String, String, String)>,
     axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
-    if !matches!(verb.as_str(), "delete" | "remove") {
-        return Err(ApiError::not_found(format!("action {verb:?}")));
-    }
+    let op = match verb.as_str() {
+        "delete" | "remove" => Op::Delete(item),
+        "detach" => Op::Detach(item),
+        _ => return Err(ApiError::not_found(format!("action {verb:?}"))),
+    };
     let page = tenant_page(&kind, tenant)?;
-    post_form(&st, &b, page, Op::Delete(item), f).await
+    post_form(&st, &b, page, op, f).await
 }
 
 async fn tokens_get(State(st): State<AppState>, b: Browser) -> Result<Response, ApiError> {
