@@ -1185,7 +1185,13 @@ impl Volume {
 #[serde(deny_unknown_fields)]
 pub struct VolumeCreate {
     pub name: String,
+    /// GiB; made from a snapshot, at least the snapshot's size (0: that size).
+    #[serde(default)]
     pub size_gib: u32,
+    /// `VOLUME@SNAPSHOT`: a copy of a snapshot of the tenant's, made on
+    /// that volume's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
     /// Make it on this VM's host (so it can be attached to it); otherwise
     /// Kumo picks a host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1197,6 +1203,25 @@ pub struct VolumeCreate {
 #[serde(deny_unknown_fields)]
 pub struct VolumeResize {
     pub size_gib: u32,
+}
+
+/// A point-in-time copy of a detached volume, kept on its host; new
+/// volumes are made from it there. Charged per GiB-hour (`snapshot_gib`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeSnapshot {
+    pub id: Uuid,
+    pub name: String,
+    pub volume: String,
+    pub size_gib: u32,
+    /// `creating`, `available` or `deleting`.
+    pub state: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSnapshotCreate {
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -1416,6 +1441,12 @@ pub struct DesiredDisk {
 pub struct DesiredVolume {
     pub id: Uuid,
     pub size_gib: u32,
+    /// Made as a copy of this snapshot `(volume, snapshot)` of this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<(Uuid, Uuid)>,
+    /// Its snapshots to keep (made when missing; others are deleted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<Uuid>,
 }
 
 /// One NIC of a VM: on an Ethernet segment, a virtio NIC on the host's
@@ -1560,6 +1591,9 @@ pub struct VolumeStatus {
     pub size_gib: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Its snapshots as the host holds them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<Uuid>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

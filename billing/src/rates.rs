@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::Level;
 
 /// `gpu:<model>` (per GPU), `vcpu`, `memory_gib`, `disk_gib`,
-/// `public_ip` (per address held), `volume_gib` (per GiB of volume held).
+/// `public_ip` (per address held), `volume_gib` and `snapshot_gib` (per GiB
+/// of volume or snapshot held).
 pub type Class = String;
 
 pub fn gpu_class(model: &str) -> Class {
@@ -23,6 +24,7 @@ pub const MEMORY_GIB: &str = "memory_gib";
 pub const DISK_GIB: &str = "disk_gib";
 pub const PUBLIC_IP: &str = "public_ip";
 pub const VOLUME_GIB: &str = "volume_gib";
+pub const SNAPSHOT_GIB: &str = "snapshot_gib";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Price {
@@ -51,15 +53,22 @@ pub enum RateError {
     Negative { class: Class },
     #[error("{class}: the spot price is above the guaranteed one")]
     SpotAboveGuaranteed { class: Class },
-    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib)")]
+    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib)")]
     UnknownClass(String),
 }
 
 impl RateCard {
     pub fn validate(&self) -> Result<(), RateError> {
         for (class, p) in &self.prices {
-            let known = [VCPU, MEMORY_GIB, DISK_GIB, PUBLIC_IP, VOLUME_GIB]
-                .contains(&class.as_str())
+            let known = [
+                VCPU,
+                MEMORY_GIB,
+                DISK_GIB,
+                PUBLIC_IP,
+                VOLUME_GIB,
+                SNAPSHOT_GIB,
+            ]
+            .contains(&class.as_str())
                 || class
                     .strip_prefix("gpu:")
                     .is_some_and(|m| !m.is_empty() && m.len() <= 64);

@@ -4,7 +4,9 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use kumo_api_types::{Volume, VolumeAttach, VolumeCreate, VolumeResize};
+use kumo_api_types::{
+    Volume, VolumeAttach, VolumeCreate, VolumeResize, VolumeSnapshot, VolumeSnapshotCreate,
+};
 
 use crate::client::{segment, Client};
 use crate::commands::{print_one, TenantArg};
@@ -17,12 +19,15 @@ pub enum VolumeCmd {
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
-        /// Its size, GiB.
-        #[arg(long)]
-        size_gib: u32,
+        /// Its size, GiB [default with --from-snapshot: the snapshot's].
+        #[arg(long, required_unless_present = "from_snapshot")]
+        size_gib: Option<u32>,
         /// Make it on this VM's host, so it can be attached to it.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "from_snapshot")]
         vm: Option<String>,
+        /// `VOLUME@SNAPSHOT`: a copy of that snapshot, on its volume's host.
+        #[arg(long)]
+        from_snapshot: Option<String>,
     },
     /// The tenant's volumes.
     List {
@@ -58,6 +63,27 @@ pub enum VolumeCmd {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// Snapshot a detached volume (kept on its host).
+    Snapshot {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// The snapshot's name.
+        #[arg(long = "name")]
+        snapshot: String,
+    },
+    /// A volume's snapshots.
+    Snapshots {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// Delete a snapshot (`VOLUME@SNAPSHOT`) no volume was made from.
+    DeleteSnapshot {
+        snapshot: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
     /// Delete a detached volume and its data.
     Delete {
         name: String,
@@ -84,6 +110,19 @@ fn table(vs: &[Volume]) -> String {
     t.render()
 }
 
+fn snapshots_table(ss: &[VolumeSnapshot]) -> String {
+    let mut t = Table::new(&["snapshot", "size", "state", "created"]);
+    for s in ss {
+        t.row(vec![
+            format!("{}@{}", s.volume, s.name),
+            format!("{} GiB", s.size_gib),
+            s.state.clone(),
+            s.created_at.format("%Y-%m-%d %H:%M").to_string(),
+        ]);
+    }
+    t.render()
+}
+
 pub async fn volume(
     cmd: &VolumeCmd,
     c: &Client,
@@ -98,13 +137,15 @@ pub async fn volume(
             tenant,
             size_gib,
             vm,
+            from_snapshot,
         } => {
             c.post(
                 &base(tenant),
                 &VolumeCreate {
                     name: name.clone(),
-                    size_gib: *size_gib,
+                    size_gib: size_gib.unwrap_or(0),
                     vm: vm.clone(),
+                    from_snapshot: from_snapshot.clone(),
                 },
             )
             .await?
@@ -140,6 +181,35 @@ pub async fn volume(
                 &serde_json::json!({}),
             )
             .await?
+        }
+        VolumeCmd::Snapshot {
+            name,
+            tenant,
+            snapshot,
+        } => {
+            let s: VolumeSnapshot = c
+                .post(
+                    &format!("{}/snapshots", one(tenant, name)),
+                    &VolumeSnapshotCreate {
+                        name: snapshot.clone(),
+                    },
+                )
+                .await?;
+            return print_one(out, fmt, &s, || snapshots_table(std::slice::from_ref(&s)));
+        }
+        VolumeCmd::Snapshots { name, tenant } => {
+            let ss: Vec<VolumeSnapshot> =
+                c.get(&format!("{}/snapshots", one(tenant, name))).await?;
+            return print_one(out, fmt, &ss, || snapshots_table(&ss));
+        }
+        VolumeCmd::DeleteSnapshot { snapshot, tenant } => {
+            let (vol, snap) = snapshot
+                .split_once('@')
+                .ok_or_else(|| anyhow::anyhow!("{snapshot:?}: expected VOLUME@SNAPSHOT"))?;
+            c.delete(&format!("{}/snapshots/{}", one(tenant, vol), segment(snap)))
+                .await?;
+            writeln!(out, "Deleting snapshot {snapshot}")?;
+            return Ok(());
         }
         VolumeCmd::Delete { name, tenant } => {
             c.delete(&one(tenant, name)).await?;

@@ -344,8 +344,8 @@ impl Agent {
             .map(|v| WantedVolume {
                 id: v.id,
                 size_gib: u64::from(v.size_gib),
-                source: None,
-                snapshots: Vec::new(),
+                source: v.source,
+                snapshots: v.snapshots.clone(),
             })
             .collect();
         let delete = desired.delete_volumes.clone();
@@ -357,22 +357,23 @@ impl Agent {
             let done = crate::storage::converge(&*backend, &want, &delete);
             let mut ready = crate::reconcile::ReadyVolumes::new();
             let mut report = Vec::new();
+            let status = |id, state, reason: Option<String>| VolumeStatus {
+                id,
+                state,
+                size_gib: None,
+                reason,
+                snapshots: Vec::new(),
+            };
             for w in &want {
-                let status = |state, size_gib, reason| VolumeStatus {
-                    id: w.id,
-                    state,
-                    size_gib,
-                    reason,
-                };
                 if let Some(why) = done.failed.get(&w.id) {
-                    report.push(status(VolumeActual::Failed, None, Some(why.clone())));
+                    report.push(status(w.id, VolumeActual::Failed, Some(why.clone())));
                     continue;
                 }
                 let Some(o) = done.volumes.iter().find(|o| o.id == w.id) else {
                     continue;
                 };
                 if let Err(e) = backend.prepare(w.id) {
-                    report.push(status(VolumeActual::Failed, None, Some(e.to_string())));
+                    report.push(status(w.id, VolumeActual::Failed, Some(e.to_string())));
                     continue;
                 }
                 let source = match backend.disk(w.id) {
@@ -387,24 +388,17 @@ impl Agent {
                     },
                 };
                 ready.insert(w.id, source);
-                let gib = u32::try_from(o.size_bytes / GIB).unwrap_or(u32::MAX);
-                report.push(status(VolumeActual::Ready, Some(gib), None));
+                report.push(VolumeStatus {
+                    size_gib: Some(u32::try_from(o.size_bytes / GIB).unwrap_or(u32::MAX)),
+                    snapshots: o.snapshots.clone(),
+                    ..status(w.id, VolumeActual::Ready, None)
+                });
             }
             for id in &delete {
                 if let Some(why) = done.failed.get(id) {
-                    report.push(VolumeStatus {
-                        id: *id,
-                        state: VolumeActual::Failed,
-                        size_gib: None,
-                        reason: Some(why.clone()),
-                    });
+                    report.push(status(*id, VolumeActual::Failed, Some(why.clone())));
                 } else if !done.volumes.iter().any(|o| o.id == *id) {
-                    report.push(VolumeStatus {
-                        id: *id,
-                        state: VolumeActual::Absent,
-                        size_gib: None,
-                        reason: None,
-                    });
+                    report.push(status(*id, VolumeActual::Absent, None));
                 }
             }
             if done.changes > 0 {

@@ -44,8 +44,21 @@ enum Volumes {
     HostId,
     VmId,
     Serial,
+    SourceSnapshotId,
     CreatedAt,
     UpdatedAt,
+}
+
+#[derive(DeriveIden, Clone, Copy)]
+enum VolumeSnapshots {
+    Table,
+    Id,
+    VolumeId,
+    TenantId,
+    Name,
+    SizeGib,
+    State,
+    CreatedAt,
 }
 
 fn ts(col: impl IntoIden) -> ColumnDef {
@@ -93,6 +106,8 @@ impl MigrationTrait for Migration {
                         .not_null()
                         .unique_key(),
                 )
+                // Made from this snapshot (which cannot go while it does).
+                .col(ColumnDef::new(Volumes::SourceSnapshotId).uuid().null())
                 .col(ts(Volumes::CreatedAt))
                 .col(ts(Volumes::UpdatedAt))
                 .foreign_key(
@@ -128,6 +143,52 @@ impl MigrationTrait for Migration {
                 .to_owned(),
         )
         .await?;
+        m.create_table(
+            Table::create()
+                .table(VolumeSnapshots::Table)
+                .col(
+                    ColumnDef::new(VolumeSnapshots::Id)
+                        .uuid()
+                        .not_null()
+                        .primary_key(),
+                )
+                .col(ColumnDef::new(VolumeSnapshots::VolumeId).uuid().not_null())
+                .col(ColumnDef::new(VolumeSnapshots::TenantId).uuid().not_null())
+                .col(
+                    ColumnDef::new(VolumeSnapshots::Name)
+                        .string_len(63)
+                        .not_null(),
+                )
+                .col(
+                    ColumnDef::new(VolumeSnapshots::SizeGib)
+                        .big_integer()
+                        .not_null(),
+                )
+                .col(
+                    ColumnDef::new(VolumeSnapshots::State)
+                        .string_len(16)
+                        .not_null(),
+                )
+                .col(ts(VolumeSnapshots::CreatedAt))
+                .foreign_key(
+                    ForeignKey::create()
+                        .from(VolumeSnapshots::Table, VolumeSnapshots::VolumeId)
+                        .to(Volumes::Table, Volumes::Id)
+                        .on_delete(ForeignKeyAction::Cascade),
+                )
+                .to_owned(),
+        )
+        .await?;
+        m.create_index(
+            Index::create()
+                .name("volume_snapshots_name")
+                .table(VolumeSnapshots::Table)
+                .col(VolumeSnapshots::VolumeId)
+                .col(VolumeSnapshots::Name)
+                .unique()
+                .to_owned(),
+        )
+        .await?;
         m.create_index(
             Index::create()
                 .name("volumes_vm")
@@ -140,6 +201,8 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+        m.drop_table(Table::drop().table(VolumeSnapshots::Table).to_owned())
+            .await?;
         m.drop_table(Table::drop().table(Volumes::Table).to_owned())
             .await?;
         crate::drop_columns(m, Vms::Table, &[Vms::DiskHostId]).await?;

@@ -177,9 +177,12 @@ async fn volumes_of(
             gone.push(v.id);
             continue;
         }
+        let (snapshots, source) = crate::app::volumes::desired_of(&st.db, &v).await?;
         kept.push(DesiredVolume {
             id: v.id,
             size_gib: u32::try_from(v.size_gib).unwrap_or(u32::MAX),
+            source,
+            snapshots,
         });
         if let Some(vm) = v.vm_id {
             disks.entry(vm).or_default().push(DesiredDisk {

@@ -15,7 +15,8 @@ use chrono::{DateTime, Utc};
 use kumo_api_types::{ServiceLevel, VmSpec, VmState};
 use kumo_billing::meter::{self, Run};
 use kumo_billing::rates::{
-    gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, PUBLIC_IP, VCPU, VOLUME_GIB,
+    gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, PUBLIC_IP, SNAPSHOT_GIB, VCPU,
+    VOLUME_GIB,
 };
 use kumo_billing::{Decimal, Level};
 use sea_orm::sea_query::Expr;
@@ -26,7 +27,9 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::context::AppState;
-use crate::entity::{charges, meter_runs, public_ips, rate_cards, tenants, vms, volumes};
+use crate::entity::{
+    charges, meter_runs, public_ips, rate_cards, tenants, vms, volume_snapshots, volumes,
+};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::vms::{stored_placement, stored_spec};
 
@@ -219,6 +222,17 @@ pub async fn volume_held(
     hold(txn, tenant, (v.id, &v.name), VOLUME_GIB, gib, at).await
 }
 
+/// A snapshot's size is charged from now on.
+pub async fn snapshot_held(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    s: &volume_snapshots::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let gib = Decimal::from(s.size_gib);
+    hold(txn, tenant, (s.id, &s.name), SNAPSHOT_GIB, gib, at).await
+}
+
 /// A volume's charge ends (deleted, or about to be charged at a new size).
 pub async fn volume_released(
     txn: &DatabaseTransaction,
@@ -226,6 +240,15 @@ pub async fn volume_released(
     at: DateTime<Utc>,
 ) -> Result<(), ApiError> {
     close(txn, volume, true, at).await
+}
+
+/// A snapshot's charge ends (it, or its volume, is being deleted).
+pub async fn snapshot_released(
+    txn: &DatabaseTransaction,
+    snapshot: Uuid,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    close(txn, snapshot, true, at).await
 }
 
 /// Every rate card, as the billing core reads them.

@@ -6,7 +6,7 @@
 
 use kumo_api_types::{
     Page, PageParams, Role, VmState, Volume, VolumeActual, VolumeAttach, VolumeCreate,
-    VolumeResize, VolumeState, VolumeStatus,
+    VolumeResize, VolumeSnapshot, VolumeSnapshotCreate, VolumeState, VolumeStatus,
 };
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
@@ -19,7 +19,7 @@ use crate::context::{Actor, AppState};
 use crate::domain::names;
 use crate::domain::paging::Paging;
 use crate::domain::states::StoredText;
-use crate::entity::{hosts, tenants, volumes};
+use crate::entity::{hosts, tenants, volume_snapshots, volumes};
 use crate::error::{conflict_if_unique, ApiError};
 use crate::store::hosts::bump_revision;
 use crate::store::volumes as store;
@@ -77,12 +77,14 @@ async fn check_quota(
     let limit = crate::store::tenancy::load(txn, tenant.id)
         .await?
         .volume_gib;
-    let used = store::gib_of_tenant(txn, tenant.id).await? + more;
+    let used = store::gib_of_tenant(txn, tenant.id).await?
+        + store::snapshot_gib_of_tenant(txn, tenant.id).await?
+        + more;
     if used > u64::from(limit) {
         return Err(ApiError::QuotaExceeded {
             resource: "volume_gib".into(),
             detail: format!(
-                "tenant {:?} would hold {used} GiB of volumes with this request; its quota is {limit}",
+                "tenant {:?} would hold {used} GiB of volumes and snapshots with this request; its quota is {limit}",
                 tenant.name
             ),
         });
@@ -108,11 +110,28 @@ pub async fn create(
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating volumes")?;
     names::tenant_name("name", &body.name)?;
-    let gib = size("size_gib", body.size_gib)?;
     let txn = st.db.begin().await?;
-    check_quota(&txn, &tenant, u64::from(body.size_gib)).await?;
-    let host = match &body.vm {
-        Some(vm) => {
+    // A copy of a snapshot: on its volume's host, at least its size.
+    let source = match &body.from_snapshot {
+        Some(r) => Some(source_snapshot(&txn, &tenant, r, body.vm.is_some()).await?),
+        None => None,
+    };
+    let gib = match &source {
+        Some((_, snap)) if body.size_gib == 0 => snap.size_gib,
+        Some((_, snap)) if i64::from(body.size_gib) < snap.size_gib => {
+            return Err(ApiError::field(
+                "size_gib",
+                format!("at least the snapshot's {} GiB", snap.size_gib),
+            ));
+        }
+        _ => size("size_gib", body.size_gib)?,
+    };
+    check_quota(&txn, &tenant, u64::try_from(gib).unwrap_or(0)).await?;
+    let host = match (&body.vm, &source) {
+        (_, Some((from, _))) => crate::store::hosts::by_id(&txn, from.host_id)
+            .await?
+            .ok_or_else(|| ApiError::Internal(format!("volume {} on a missing host", from.id)))?,
+        (Some(vm), None) => {
             let vm = crate::store::vms::find_vm(&txn, &tenant, vm).await?;
             let Some(h) = vm.host_id else {
                 return Err(ApiError::Conflict(format!(
@@ -124,7 +143,7 @@ pub async fn create(
                 .await?
                 .ok_or_else(|| ApiError::Internal(format!("VM {} on a missing host", vm.id)))?
         }
-        None => store::roomiest_host(&txn).await?.ok_or_else(|| {
+        (None, None) => store::roomiest_host(&txn).await?.ok_or_else(|| {
             ApiError::InsufficientCapacity("no ready host to keep a volume".into())
         })?,
     };
@@ -138,6 +157,7 @@ pub async fn create(
         host_id: Set(host.id),
         vm_id: Set(None),
         serial: Set(new_serial()),
+        source_snapshot_id: Set(source.as_ref().map(|(_, s)| s.id)),
         created_at: Set(actor.at),
         updated_at: Set(actor.at),
     }
@@ -150,6 +170,34 @@ pub async fn create(
     txn.commit().await?;
     st.signals.notify(host.id);
     view(&st.db, &row, &tenant.name).await
+}
+
+/// The snapshot `VOLUME@SNAPSHOT` of the tenant names, made: what a new
+/// volume is copied from.
+async fn source_snapshot(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    reference: &str,
+    with_vm: bool,
+) -> Result<(volumes::Model, volume_snapshots::Model), ApiError> {
+    if with_vm {
+        return Err(ApiError::field(
+            "vm",
+            "a copy of a snapshot is made on the snapshot's host; leave out vm",
+        ));
+    }
+    let Some((volume, snapshot)) = reference.split_once('@') else {
+        return Err(ApiError::field("from_snapshot", "VOLUME@SNAPSHOT"));
+    };
+    let from = store::find(txn, tenant, volume).await?;
+    let snap = store::snapshot(txn, &from, snapshot).await?;
+    if snap.state != SNAPSHOT_AVAILABLE {
+        return Err(ApiError::Conflict(format!(
+            "snapshot {reference:?} is {}: a copy is made of an available snapshot",
+            snap.state
+        )));
+    }
+    Ok((from, snap))
 }
 
 pub async fn list(
@@ -387,7 +435,18 @@ pub async fn delete(
                     v.name
                 )));
             }
+            let snaps = store::snapshots_of(txn, v.id).await?;
+            let ids: Vec<Uuid> = snaps.iter().map(|s| s.id).collect();
+            if let Some(copy) = store::made_from(txn, &ids).await?.first() {
+                return Err(ApiError::Conflict(format!(
+                    "volume {:?} was made from a snapshot of {:?}: delete it first",
+                    copy.name, v.name
+                )));
+            }
             crate::app::metering::volume_released(txn, v.id, actor.at).await?;
+            for s in &snaps {
+                crate::app::metering::snapshot_released(txn, s.id, actor.at).await?;
+            }
             let mut a: volumes::ActiveModel = v.into();
             a.state = Set(VolumeState::Deleting.to_text().to_owned());
             Ok(a)
@@ -413,6 +472,9 @@ pub async fn apply_status(
         };
         if v.host_id != host {
             continue;
+        }
+        if s.state == VolumeActual::Ready {
+            settle_snapshots(txn, &v, &s.snapshots).await?;
         }
         let state = store::stored_state(&v)?;
         let next = match (s.state, state) {
@@ -445,4 +507,171 @@ pub async fn apply_status(
         a.update(txn).await?;
     }
     Ok(())
+}
+
+// ------------------------------------------------------------ snapshots
+
+const SNAPSHOT_CREATING: &str = "creating";
+const SNAPSHOT_AVAILABLE: &str = "available";
+const SNAPSHOT_DELETING: &str = "deleting";
+
+fn snapshot_view(s: &volume_snapshots::Model, volume: &str) -> VolumeSnapshot {
+    VolumeSnapshot {
+        id: s.id,
+        name: s.name.clone(),
+        volume: volume.to_owned(),
+        size_gib: u32::try_from(s.size_gib).unwrap_or(u32::MAX),
+        state: s.state.clone(),
+        created_at: s.created_at,
+    }
+}
+
+/// A member snapshots a detached volume (consistent: nothing writes to
+/// it), within the `volume_gib` quota; charged per GiB-hour
+/// (`snapshot_gib`).
+pub async fn create_snapshot(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    volume: &str,
+    body: &VolumeSnapshotCreate,
+) -> Result<VolumeSnapshot, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "snapshotting volumes")?;
+    names::tenant_name("name", &body.name)?;
+    let txn = st.db.begin().await?;
+    let v = store::find_to_change(&txn, &tenant, volume).await?;
+    detached_only(&v, "snapshotting")?;
+    check_quota(&txn, &tenant, u64::try_from(v.size_gib).unwrap_or(0)).await?;
+    let row = volume_snapshots::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        volume_id: Set(v.id),
+        tenant_id: Set(tenant.id),
+        name: Set(body.name.clone()),
+        size_gib: Set(v.size_gib),
+        state: Set(SNAPSHOT_CREATING.into()),
+        created_at: Set(actor.at),
+    }
+    .insert(&txn)
+    .await
+    .map_err(|e| {
+        conflict_if_unique(e, || {
+            format!("volume {:?} has a snapshot {:?} already", v.name, body.name)
+        })
+    })?;
+    crate::app::metering::snapshot_held(&txn, &tenant, &row, actor.at).await?;
+    bump_revision(&txn, v.host_id).await?;
+    let target = format!("{}@{}", v.name, row.name);
+    audit::record(&txn, actor, "volume.snapshot", Some(&tenant), &target).await?;
+    txn.commit().await?;
+    st.signals.notify(v.host_id);
+    Ok(snapshot_view(&row, &v.name))
+}
+
+pub async fn list_snapshots(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    volume: &str,
+) -> Result<Vec<VolumeSnapshot>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let v = store::find(&st.db, &tenant, volume).await?;
+    Ok(store::snapshots_of(&st.db, v.id)
+        .await?
+        .iter()
+        .map(|s| snapshot_view(s, &v.name))
+        .collect())
+}
+
+/// A member deletes a snapshot no volume was made from; its host removes
+/// it, and its row goes when the host says so. Its charge ends now.
+pub async fn delete_snapshot(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    volume: &str,
+    snapshot: &str,
+) -> Result<(), ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "deleting snapshots")?;
+    let txn = st.db.begin().await?;
+    let v = store::find_to_change(&txn, &tenant, volume).await?;
+    let snap = store::snapshot(&txn, &v, snapshot).await?;
+    if snap.state == SNAPSHOT_DELETING {
+        return Err(ApiError::Conflict(format!(
+            "snapshot {:?} is being deleted already",
+            snap.name
+        )));
+    }
+    if let Some(copy) = store::made_from(&txn, &[snap.id]).await?.first() {
+        return Err(ApiError::Conflict(format!(
+            "volume {:?} was made from snapshot {:?}: delete it first",
+            copy.name, snap.name
+        )));
+    }
+    crate::app::metering::snapshot_released(&txn, snap.id, actor.at).await?;
+    let target = format!("{}@{}", v.name, snap.name);
+    let mut a: volume_snapshots::ActiveModel = snap.into();
+    a.state = Set(SNAPSHOT_DELETING.into());
+    a.update(&txn).await?;
+    bump_revision(&txn, v.host_id).await?;
+    audit::record(
+        &txn,
+        actor,
+        "volume.snapshot.delete",
+        Some(&tenant),
+        &target,
+    )
+    .await?;
+    txn.commit().await?;
+    st.signals.notify(v.host_id);
+    Ok(())
+}
+
+/// What a volume's host holds of its snapshots: made (`creating` →
+/// `available`), gone (`deleting` → the row goes).
+async fn settle_snapshots(
+    txn: &DatabaseTransaction,
+    v: &volumes::Model,
+    held: &[Uuid],
+) -> Result<(), ApiError> {
+    for s in store::snapshots_of(txn, v.id).await? {
+        let there = held.contains(&s.id);
+        match (s.state.as_str(), there) {
+            (SNAPSHOT_CREATING, true) => {
+                let mut a: volume_snapshots::ActiveModel = s.into();
+                a.state = Set(SNAPSHOT_AVAILABLE.into());
+                a.update(txn).await?;
+            }
+            (SNAPSHOT_DELETING, false) => {
+                volume_snapshots::Entity::delete_by_id(s.id)
+                    .exec(txn)
+                    .await?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The snapshots a volume's host keeps, and the snapshot it was made
+/// from: for the host's desired state.
+pub async fn desired_of(
+    db: &impl ConnectionTrait,
+    v: &volumes::Model,
+) -> Result<(Vec<Uuid>, Option<(Uuid, Uuid)>), ApiError> {
+    let keep = store::snapshots_of(db, v.id)
+        .await?
+        .into_iter()
+        .filter(|s| s.state != SNAPSHOT_DELETING)
+        .map(|s| s.id)
+        .collect();
+    let source = match v.source_snapshot_id {
+        Some(id) => volume_snapshots::Entity::find_by_id(id)
+            .one(db)
+            .await?
+            .map(|s| (s.volume_id, s.id)),
+        None => None,
+    };
+    Ok((keep, source))
 }

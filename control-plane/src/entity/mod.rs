@@ -31,4 +31,5 @@ pub mod users;
 pub mod vm_events;
 pub mod vms;
 pub mod vni_leases;
+pub mod volume_snapshots;
 pub mod volumes;

@@ -16,6 +16,8 @@ pub struct Model {
     pub vm_id: Option<Uuid>,
     #[sea_orm(unique)]
     pub serial: String,
+    /// The snapshot it was made from (which stays while it does).
+    pub source_snapshot_id: Option<Uuid>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::domain::paging::Paging;
 use crate::domain::states::StoredText;
-use crate::entity::{hosts, tenants, volumes};
+use crate::entity::{hosts, tenants, volume_snapshots, volumes};
 use crate::error::ApiError;
 
 pub fn stored_state(v: &volumes::Model) -> Result<VolumeState, ApiError> {
@@ -181,4 +181,67 @@ pub async fn roomiest_host(db: &impl ConnectionTrait) -> Result<Option<hosts::Mo
     Ok(hosts
         .into_iter()
         .min_by_key(|h| count.get(&h.id).copied().unwrap_or(0)))
+}
+
+/// A volume's snapshots, oldest first.
+pub async fn snapshots_of(
+    db: &impl ConnectionTrait,
+    volume: Uuid,
+) -> Result<Vec<volume_snapshots::Model>, ApiError> {
+    Ok(volume_snapshots::Entity::find()
+        .filter(volume_snapshots::Column::VolumeId.eq(volume))
+        .order_by_asc(volume_snapshots::Column::CreatedAt)
+        .order_by_asc(volume_snapshots::Column::Id)
+        .all(db)
+        .await?)
+}
+
+/// A volume's snapshot by name or id.
+pub async fn snapshot(
+    db: &impl ConnectionTrait,
+    volume: &volumes::Model,
+    reference: &str,
+) -> Result<volume_snapshots::Model, ApiError> {
+    super::name_or_id(
+        volume_snapshots::Entity::find().filter(volume_snapshots::Column::VolumeId.eq(volume.id)),
+        volume_snapshots::Column::Id,
+        volume_snapshots::Column::Name,
+        reference,
+    )
+    .one(db)
+    .await?
+    .ok_or_else(|| {
+        ApiError::not_found(format!(
+            "snapshot {reference:?} of volume {:?}",
+            volume.name
+        ))
+    })
+}
+
+/// GiB over all the tenant's snapshots.
+pub async fn snapshot_gib_of_tenant(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+) -> Result<u64, ApiError> {
+    Ok(volume_snapshots::Entity::find()
+        .filter(volume_snapshots::Column::TenantId.eq(tenant))
+        .all(db)
+        .await?
+        .iter()
+        .map(|s| u64::try_from(s.size_gib).unwrap_or(0))
+        .sum())
+}
+
+/// The volumes made from any of these snapshots.
+pub async fn made_from(
+    db: &impl ConnectionTrait,
+    snapshots: &[Uuid],
+) -> Result<Vec<volumes::Model>, ApiError> {
+    if snapshots.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(volumes::Entity::find()
+        .filter(volumes::Column::SourceSnapshotId.is_in(snapshots.iter().copied()))
+        .all(db)
+        .await?)
 }

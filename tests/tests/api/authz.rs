@@ -545,6 +545,21 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [200, 200, 200, 403, 404, 401, 401, 401],
     ),
     (
+        "POST",
+        "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots/{snapshot}",
+        [202, 202, 202, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/events",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -680,6 +695,17 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
                 .await
                 .unwrap();
         }
+        if template.contains("{snapshot}") {
+            let _: kumo_api_types::VolumeSnapshot = s
+                .admin
+                .post(
+                    &format!("/api/v1/tenants/{tenant}/volumes/{name}/snapshots"),
+                    &json!({"name": "first"}),
+                )
+                .await
+                .unwrap();
+            path = path.replace("{snapshot}", "first");
+        }
         path = path.replace("{volume}", &name);
     }
     let body = match (method, template) {
@@ -692,6 +718,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         }
         ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/attach") => {
             Some(json!({"vm": "alpha-vm"}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots") => {
+            Some(json!({"name": format!("snap-{n}")}))
         }
         ("PATCH", "/api/v1/tenants/{tenant}/segments/{segment}") => {
             Some(json!({"egress": n.is_multiple_of(2)}))

@@ -505,21 +505,25 @@ impl SimAgent {
             .bearer_auth(&self.credential)
             .json(&kumo_api_types::StatusReport {
                 vms: report,
-                // Volumes are made at once and deleted at once.
+                // Volumes and their snapshots are made at once and
+                // deleted at once.
                 volumes: d
                     .volumes
                     .iter()
-                    .map(|v| (v.id, kumo_api_types::VolumeActual::Ready))
-                    .chain(
-                        d.delete_volumes
-                            .iter()
-                            .map(|id| (*id, kumo_api_types::VolumeActual::Absent)),
-                    )
-                    .map(|(id, state)| kumo_api_types::VolumeStatus {
+                    .map(|v| {
+                        let s = (v.id, kumo_api_types::VolumeActual::Ready);
+                        (s, v.snapshots.clone())
+                    })
+                    .chain(d.delete_volumes.iter().map(|id| {
+                        let s = (*id, kumo_api_types::VolumeActual::Absent);
+                        (s, Vec::new())
+                    }))
+                    .map(|((id, state), snapshots)| kumo_api_types::VolumeStatus {
                         id,
                         state,
                         size_gib: None,
                         reason: None,
+                        snapshots,
                     })
                     .collect(),
             })

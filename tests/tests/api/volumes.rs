@@ -521,3 +521,89 @@ async fn the_portal_volumes_page_acts_through_the_api() {
     assert_eq!(volume(&s, "data").await.state, VolumeState::Deleting);
     s.stop().await;
 }
+
+/// Writes a byte pattern into the first MiB of a qcow2 image (`read`
+/// checks it instead); whether `qemu-io` succeeded.
+fn qemu_io(file: &Path, op: &str, pattern: u8) -> bool {
+    std::process::Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c"])
+        .arg(format!("{op} -P 0x{pattern:02x} 0 1M"))
+        .arg(file)
+        .output()
+        .map(|o| {
+            o.status.success()
+                && !String::from_utf8_lossy(&o.stdout).contains("Pattern verification failed")
+        })
+        .unwrap_or(false)
+}
+
+on_both_backends! {
+    async fn snapshots_copy_a_volume_on_its_host(s: &TestServer) {
+        s.tenant("lab").await;
+        let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        let dir = scratch();
+        let join = s.join_token().await;
+        let a = Agent::start(agent_config(s, &join, dir.path(), "snap-a")).await.unwrap();
+        let src = post(s, "", json!({"name": "src", "size_gib": 1})).await.unwrap();
+        a.sync_once(None).await.unwrap();
+        let pool = dir.path().join("snap-a/state/volumes");
+        let src_file = pool.join(format!("vol-{}.qcow2", src.id));
+        assert!(qemu_io(&src_file, "write", 0x5a));
+
+        // A snapshot of what was there; the volume changes after it.
+        let snap: kumo_api_types::VolumeSnapshot = s.admin
+            .post("/api/v1/tenants/lab/volumes/src/snapshots", &json!({"name": "snap1"}))
+            .await
+            .unwrap();
+        assert_eq!((snap.state.as_str(), snap.size_gib), ("creating", 1));
+        let e = s.admin
+            .post::<_, serde_json::Value>("/api/v1/tenants/lab/volumes/src/snapshots", &json!({"name": "snap1"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(409), "one name per volume");
+        a.sync_once(None).await.unwrap();
+        let listed: Vec<kumo_api_types::VolumeSnapshot> =
+            s.admin.get("/api/v1/tenants/lab/volumes/src/snapshots").await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].state, "available");
+        assert!(qemu_io(&src_file, "write", 0x33));
+
+        // Copies: bad references refused, then one made on the same host
+        // holding the snapshot's contents, not the volume's since.
+        for (body, status) in [
+            (json!({"name": "copy", "from_snapshot": "src"}), 400),
+            (json!({"name": "copy", "from_snapshot": "src@nope"}), 404),
+            (json!({"name": "copy", "from_snapshot": "nope@snap1"}), 404),
+        ] {
+            assert_eq!(post(s, "", body.clone()).await.unwrap_err(), status, "{body}");
+        }
+        let copy = post(s, "", json!({"name": "copy", "from_snapshot": "src@snap1"})).await.unwrap();
+        assert_eq!((copy.size_gib, copy.host.as_deref()), (1, Some("snap-a")));
+        a.sync_once(None).await.unwrap();
+        assert_eq!(volume(s, "copy").await.state, VolumeState::Available);
+        let copy_file = pool.join(format!("vol-{}.qcow2", copy.id));
+        assert!(qemu_io(&copy_file, "read", 0x5a), "the copy has the snapshot's contents");
+        assert!(qemu_io(&src_file, "read", 0x33), "the volume kept its own");
+
+        // Neither the snapshot nor its volume goes while a copy needs it.
+        let e = s.admin.delete("/api/v1/tenants/lab/volumes/src/snapshots/snap1").await.unwrap_err();
+        assert_eq!(e.status(), Some(409));
+        let e = s.admin.delete("/api/v1/tenants/lab/volumes/src").await.unwrap_err();
+        assert_eq!(e.status(), Some(409));
+        s.admin.delete("/api/v1/tenants/lab/volumes/copy").await.unwrap();
+        a.sync_once(None).await.unwrap();
+        assert!(!copy_file.exists());
+        s.admin.delete("/api/v1/tenants/lab/volumes/src/snapshots/snap1").await.unwrap();
+        a.sync_once(None).await.unwrap();
+        let listed: Vec<kumo_api_types::VolumeSnapshot> =
+            s.admin.get("/api/v1/tenants/lab/volumes/src/snapshots").await.unwrap();
+        assert!(listed.is_empty(), "{listed:?}");
+        assert!(qemu_io(&src_file, "read", 0x33), "the volume outlives its snapshot");
+        let files: Vec<String> = std::fs::read_dir(&pool)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(files, [format!("vol-{}.qcow2", src.id)], "nothing else left");
+        let _ = a;
+    }
+}

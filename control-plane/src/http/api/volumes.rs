@@ -3,7 +3,10 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use kumo_api_types::{Page, PageParams, Volume, VolumeAttach, VolumeCreate, VolumeResize};
+use kumo_api_types::{
+    Page, PageParams, Volume, VolumeAttach, VolumeCreate, VolumeResize, VolumeSnapshot,
+    VolumeSnapshotCreate,
+};
 
 use super::Problems;
 use crate::app::volumes as app;
@@ -139,4 +142,61 @@ pub async fn detach(
     Path((tenant, volume)): Path<(String, String)>,
 ) -> Result<axum::Json<Volume>, ApiError> {
     Ok(axum::Json(app::detach(&st, &ctx, &tenant, &volume).await?))
+}
+
+/// Snapshot a detached volume (members), within the `volume_gib` quota;
+/// charged per GiB-hour (rate card class `snapshot_gib`).
+#[utoipa::path(
+    post, path = "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots", tag = "volumes",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("volume" = String, Path, description = "Volume name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    request_body = VolumeSnapshotCreate,
+    responses((status = 201, description = "Created (its host makes it)", body = VolumeSnapshot), Problems)
+)]
+pub async fn create_snapshot(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, volume)): Path<(String, String)>,
+    Json(body): Json<VolumeSnapshotCreate>,
+) -> Result<(StatusCode, axum::Json<VolumeSnapshot>), ApiError> {
+    let s = app::create_snapshot(&st, &ctx, &tenant, &volume, &body).await?;
+    Ok((StatusCode::CREATED, axum::Json(s)))
+}
+
+/// A volume's snapshots (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots", tag = "volumes",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("volume" = String, Path, description = "Volume name or id")),
+    responses((status = 200, description = "Its snapshots, oldest first", body = Vec<VolumeSnapshot>), Problems)
+)]
+pub async fn list_snapshots(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, volume)): Path<(String, String)>,
+) -> Result<axum::Json<Vec<VolumeSnapshot>>, ApiError> {
+    Ok(axum::Json(
+        app::list_snapshots(&st, &ctx, &tenant, &volume).await?,
+    ))
+}
+
+/// Delete a snapshot no volume was made from (members); 409 otherwise.
+#[utoipa::path(
+    delete, path = "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots/{snapshot}", tag = "volumes",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("volume" = String, Path, description = "Volume name or id"),
+        ("snapshot" = String, Path, description = "Snapshot name or id"),
+    ),
+    responses((status = 202, description = "Deleting (its host removes it)"), Problems)
+)]
+pub async fn delete_snapshot(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, volume, snapshot)): Path<(String, String, String)>,
+) -> Result<StatusCode, ApiError> {
+    app::delete_snapshot(&st, &ctx, &tenant, &volume, &snapshot).await?;
+    Ok(StatusCode::ACCEPTED)
 }

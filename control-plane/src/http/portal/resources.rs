@@ -881,6 +881,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                     name: need("name")?,
                     size_gib: number(f, "size_gib")?.unwrap_or(0),
                     vm: text(f, "vm"),
+                    from_snapshot: None,
                 };
                 crate::app::volumes::create(&v.st, &v.ctx, tn, &body).await?;
             }
