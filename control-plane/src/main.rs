@@ -88,29 +88,48 @@ async fn dev(args: ServeArgs, hosts: usize) -> anyhow::Result<()> {
     let data_dir = config.data_dir.clone();
     let (mut server, fleet) = kumo_server::dev::dev(config, hosts).await?;
     let url = server.url();
-    println!("Kumo API listening on {url}  (docs: {url}/api/docs)");
-    println!("{hosts} simulated hosts registered; demo tenant `demo`, template `debian-12`.");
-    println!(
+    // Written whole and without panicking: a reader that went away (a
+    // pipe closed early) must not take the fleet down.
+    use std::fmt::Write as _;
+    let token = data_dir.join("admin-token");
+    let mut banner = String::new();
+    let _ = writeln!(
+        banner,
+        "Kumo API listening on {url}  (docs: {url}/api/docs)"
+    );
+    let _ = writeln!(
+        banner,
+        "{hosts} simulated hosts registered; demo tenant `demo`, template `debian-12`."
+    );
+    let _ = writeln!(
+        banner,
         "The admin API token is in {}. Try:",
-        data_dir.join("admin-token").display()
+        token.display()
     );
-    println!(
+    let _ = writeln!(
+        banner,
         "  kumo login --server {url} --token \"$(cat {})\"",
-        data_dir.join("admin-token").display()
+        token.display()
     );
-    println!("  kumo vm create demo --tenant demo --gpus 8 --wait");
-    println!("  kumo vm topology demo --tenant demo");
+    let _ = writeln!(
+        banner,
+        "  kumo vm create demo --tenant demo --gpus 8 --wait"
+    );
+    let _ = writeln!(banner, "  kumo vm topology demo --tenant demo");
     if let (Some(wan), Some(pool)) = (&fleet.network.wan, &fleet.network.pool) {
-        println!(
+        let _ = writeln!(
+            banner,
             "Provider network: public addresses from pool `{}` ({}); the outside (client {}) is",
             pool.name, pool.range, wan.client_address
         );
-        println!("  ip netns exec {} …", wan.namespace);
-        println!(
+        let _ = writeln!(banner, "  ip netns exec {} …", wan.namespace);
+        let _ = writeln!(
+            banner,
             "The fleet's network: {}",
             data_dir.join("fleet/network.json").display()
         );
     }
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes());
     let stop = server.shutdown_handle();
     tokio::select! {
         res = server.wait() => return res,

@@ -41,6 +41,14 @@ fn start_dev(data: &std::path::Path) -> (std::process::Child, String) {
         "dev server did not start on {}",
         data.display()
     );
+    // Keep reading: the banner goes on after the address, and a closed
+    // pipe would kill the server at its next line (EPIPE).
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while out.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
     (server, url)
 }
 
