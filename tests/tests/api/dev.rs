@@ -174,16 +174,19 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
         "--allow",
         "tcp:22:0.0.0.0/0",
     ]);
-    let fip: serde_json::Value = serde_json::from_str(&kumo(&[
-        "public-ip",
-        "allocate",
-        "--tenant",
-        "demo",
-        "-o",
-        "json",
-    ]))
-    .unwrap();
-    let fip = fip["address"].as_str().unwrap().to_owned();
+    let allocate = || -> String {
+        let ip: serde_json::Value = serde_json::from_str(&kumo(&[
+            "public-ip",
+            "allocate",
+            "--tenant",
+            "demo",
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        ip["address"].as_str().unwrap().to_owned()
+    };
+    let fip = allocate();
     assert!(fip.starts_with("203.0.113."), "{fip}");
     kumo(&[
         "public-ip",
@@ -214,16 +217,7 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
     let said = reach(&fip, 22);
     assert!(said.contains("10.1.0.9"), "{said}");
     // A port forward on a second address reaches the same port.
-    let second: serde_json::Value = serde_json::from_str(&kumo(&[
-        "public-ip",
-        "allocate",
-        "--tenant",
-        "demo",
-        "-o",
-        "json",
-    ]))
-    .unwrap();
-    let second = second["address"].as_str().unwrap().to_owned();
+    let second = allocate();
     kumo(&[
         "port-forward",
         "create",

@@ -296,27 +296,15 @@ pub(crate) async fn until<T>(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
-    let guest = guest_dir();
-    let conn = virt::connect::Connect::open(Some("qemu:///system")).unwrap_or_else(|e| {
-        panic!("libvirtd with qemu:///system is required (`cargo xtask test` starts it): {e}")
-    });
-    let s = TestServer::start(Backend::Sqlite).await;
-    s.tenant("lab").await;
-    // The provider network and its addresses, for the edge this host carries.
-    let mut wan = ProviderNetwork::new();
-    let _: kumo_api_types::PublicIpPool = s
-        .admin
-        .post(
-            "/api/v1/public-ip-pools",
-            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": WAN_ROUTER.to_string(),
-                    "range": "203.0.113.10-203.0.113.99"}),
-        )
-        .await
-        .unwrap();
-
-    // QEMU runs as an unprivileged user: everything it opens must be reachable.
+/// A host for the QEMU tests: a work directory QEMU's own user can
+/// reach (it must open what it is given), the template `tiny` (the test
+/// guest's kernel and initrd over an empty base image), and the agent's
+/// configuration on a `cpu-only` fixture under `qemu:///system`.
+pub(crate) async fn qemu_host(
+    s: &TestServer,
+    guest: &Path,
+    name: &str,
+) -> (tempfile::TempDir, AgentConfig) {
     let work = tempfile::Builder::new()
         .prefix("kumo-e2e")
         .tempdir_in("/var/tmp")
@@ -342,36 +330,61 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         )
         .await
         .unwrap();
-
     let sysfs = work.path().join("sysfs");
     kumo_topology::fixtures::write(
         &kumo_topology::fixtures::machine("cpu-only").unwrap(),
         &sysfs,
     )
     .unwrap();
-    let agent = Agent::start(AgentConfig {
+    let config = AgentConfig {
         server: s.url.clone(),
         join_token: Some(s.join_token().await),
         libvirt_uri: "qemu:///system".into(),
         sysfs_root: sysfs,
         state_dir: work.path().join("state"),
-        name: "qemu-host".into(),
+        name: name.into(),
         virt_type: "qemu".into(),
         heartbeat: Duration::from_secs(5),
         scalable_unit: None,
         rails: Default::default(),
-        // A test address (RFC 2544): the segment has no other hosts, so
-        // nothing is ever sent to or from it.
-        underlay_ip: Some("198.18.0.1".parse().unwrap()),
+        underlay_ip: None,
         netns: None,
-        // Also the edge host: the segment's gateway, egress and public
-        // addresses live here, in a namespace `kedge<VNI>`.
-        edge_uplink: Some(wan.uplink.clone()),
+        edge_uplink: None,
         resync: kumo_agent::run::RESYNC,
+        // The default pool: qcow2 files under `state_dir/volumes`.
         storage: None,
-    })
-    .await
-    .unwrap();
+    };
+    (work, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
+    let guest = guest_dir();
+    let conn = virt::connect::Connect::open(Some("qemu:///system")).unwrap_or_else(|e| {
+        panic!("libvirtd with qemu:///system is required (`cargo xtask test` starts it): {e}")
+    });
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    // The provider network and its addresses, for the edge this host carries.
+    let mut wan = ProviderNetwork::new();
+    let _: kumo_api_types::PublicIpPool = s
+        .admin
+        .post(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": WAN_ROUTER.to_string(),
+                    "range": "203.0.113.10-203.0.113.99"}),
+        )
+        .await
+        .unwrap();
+
+    let (_work, mut config) = qemu_host(&s, &guest, "qemu-host").await;
+    // A test address (RFC 2544): the segment has no other hosts, so
+    // nothing is ever sent to or from it.
+    config.underlay_ip = Some("198.18.0.1".parse().unwrap());
+    // Also the edge host: the segment's gateway, egress and public
+    // addresses live here, in a namespace `kedge<VNI>`.
+    config.edge_uplink = Some(wan.uplink.clone());
+    let agent = Agent::start(config).await.unwrap();
     let lan: Segment = s
         .admin
         .post(

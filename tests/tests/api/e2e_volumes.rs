@@ -9,11 +9,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
-use kumo_agent::run::{Agent, AgentConfig};
+use kumo_agent::run::Agent;
 use kumo_api_types::{Vm, VmState, Volume, VolumeState};
 use serde_json::json;
 
-use crate::e2e_qemu::{guest_dir, guest_exec, qga, until, Cleanup};
+use crate::e2e_qemu::{guest_dir, guest_exec, qemu_host, qga, until, Cleanup};
 use crate::harness::{Backend, TestServer};
 
 /// Runs `sh -c script` in the guest; its standard output once it exited
@@ -98,59 +98,9 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     q.volume_gib = 10;
     s.admin.set_quota("vols", &q).await.unwrap();
 
-    // QEMU runs as an unprivileged user: everything it opens must be reachable.
-    let work = tempfile::Builder::new()
-        .prefix("kumo-e2e-vol")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let base = work.path().join("base.qcow2");
-    assert!(std::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2"])
-        .arg(&base)
-        .arg("1G")
-        .status()
-        .unwrap()
-        .success());
-    let _: kumo_api_types::Template = s
-        .admin
-        .post(
-            "/api/v1/templates",
-            &json!({
-                "name": "tiny", "image_path": base, "os": "busybox", "default_user": "root",
-                "kernel_path": guest.join("vmlinuz"), "initrd_path": guest.join("initrd.img"),
-                "kernel_cmdline": "console=ttyS0 quiet"
-            }),
-        )
-        .await
-        .unwrap();
-    let sysfs = work.path().join("sysfs");
-    kumo_topology::fixtures::write(
-        &kumo_topology::fixtures::machine("cpu-only").unwrap(),
-        &sysfs,
-    )
-    .unwrap();
-    let state_dir = work.path().join("state");
-    let agent = Agent::start(AgentConfig {
-        server: s.url.clone(),
-        join_token: Some(s.join_token().await),
-        libvirt_uri: "qemu:///system".into(),
-        sysfs_root: sysfs,
-        state_dir: state_dir.clone(),
-        name: "vol-host".into(),
-        virt_type: "qemu".into(),
-        heartbeat: Duration::from_secs(5),
-        scalable_unit: None,
-        rails: Default::default(),
-        underlay_ip: None,
-        netns: None,
-        edge_uplink: None,
-        resync: kumo_agent::run::RESYNC,
-        // The default pool: qcow2 files under `state_dir/volumes`.
-        storage: None,
-    })
-    .await
-    .unwrap();
+    let (_work, config) = qemu_host(&s, &guest, "vol-host").await;
+    let state_dir = config.state_dir.clone();
+    let agent = Agent::start(config).await.unwrap();
     let hb = agent.client.clone();
     let heartbeat = tokio::spawn(async move {
         loop {

@@ -69,6 +69,18 @@ async fn post(s: &TestServer, path: &str, body: serde_json::Value) -> Result<Vol
         .map_err(|e| e.status().unwrap_or(0))
 }
 
+/// A lifecycle action on one of lab's VMs; its status.
+async fn act(s: &TestServer, vm: &str, action: &str) -> u16 {
+    s.http()
+        .post(format!("{}/api/v1/tenants/lab/vms/{vm}/{action}", s.url))
+        .bearer_auth(&s.admin_token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 /// The volume serials in a domain's persistent definition.
 fn serials_in(id: uuid::Uuid) -> Vec<String> {
     let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
@@ -310,13 +322,8 @@ on_both_backends! {
         let inode = std::fs::metadata(&disk).unwrap().ino();
 
         // Shelved: no domain, its GPUs taken by another VM, its disk kept.
-        let r = s.http()
-            .post(format!("{}/api/v1/tenants/lab/vms/big/shelve", s.url))
-            .bearer_auth(&s.admin_token)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 202);
+        let r = act(s, "big", "shelve").await;
+        assert_eq!(r, 202);
         assert_eq!(s.admin.vm("lab", "big").await.unwrap().state, kumo_api_types::VmState::Shelving);
         a.sync_once(None).await.unwrap();
         let shelved = s.admin.vm("lab", "big").await.unwrap();
@@ -328,22 +335,12 @@ on_both_backends! {
         let other: Vm = s.admin.create_vm("lab", &eight("other")).await.unwrap();
         assert_eq!(other.host.as_deref(), Some("shelf-a"), "the GPUs were given back");
         a.sync_once(None).await.unwrap();
-        let start = s.http()
-            .post(format!("{}/api/v1/tenants/lab/vms/big/start", s.url))
-            .bearer_auth(&s.admin_token)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(start.status(), 409, "a shelved VM is unshelved, not started");
+        let start = act(s, "big", "start").await;
+        assert_eq!(start, 409, "a shelved VM is unshelved, not started");
 
         // Unshelved while its host is full: it waits, saying why.
-        let r = s.http()
-            .post(format!("{}/api/v1/tenants/lab/vms/big/unshelve", s.url))
-            .bearer_auth(&s.admin_token)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 202);
+        let r = act(s, "big", "unshelve").await;
+        assert_eq!(r, 202);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let waiting = s.admin.vm("lab", "big").await.unwrap();
         assert_eq!(waiting.state, kumo_api_types::VmState::Pending);
@@ -367,12 +364,7 @@ on_both_backends! {
         assert_eq!(serials_in(big.id), [volume(s, "ckpt").await.serial]);
 
         // Shelved and deleted: the host removes its disk.
-        let _ = s.http()
-            .post(format!("{}/api/v1/tenants/lab/vms/big/shelve", s.url))
-            .bearer_auth(&s.admin_token)
-            .send()
-            .await
-            .unwrap();
+        assert_eq!(act(s, "big", "shelve").await, 202);
         a.sync_once(None).await.unwrap();
         s.admin.delete("/api/v1/tenants/lab/vms/big").await.unwrap();
         a.sync_once(None).await.unwrap();
@@ -416,14 +408,8 @@ async fn a_shelved_vm_is_charged_for_its_disk_only() {
     let _: Vm = s.admin.create_vm("lab", &vm).await.unwrap();
     agent.converge().await;
     clock.advance(Duration::minutes(10));
-    let r = s
-        .http()
-        .post(format!("{}/api/v1/tenants/lab/vms/train/shelve", s.url))
-        .bearer_auth(&s.admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    let r = act(&s, "train", "shelve").await;
+    assert_eq!(r, 202);
     agent.converge().await;
     assert_eq!(
         s.admin.vm("lab", "train").await.unwrap().state,
