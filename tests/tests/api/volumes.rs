@@ -81,6 +81,39 @@ async fn act(s: &TestServer, vm: &str, action: &str) -> u16 {
         .as_u16()
 }
 
+/// Removes these VMs' domains: the test driver's domains are shared by
+/// every client of the daemon.
+fn forget(ids: &[uuid::Uuid]) {
+    let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    for id in ids {
+        if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
+            let _ = d.destroy();
+            let _ = d.undefine();
+        }
+    }
+}
+
+/// A server on SQLite on a clock the test moves, from `t0`, with
+/// `prices` in force, and a tenant `lab` with room for volumes.
+async fn metered(
+    t0: chrono::DateTime<chrono::Utc>,
+    prices: serde_json::Value,
+) -> (TestServer, kumo_server::clock::Clock) {
+    let clock = kumo_server::clock::Clock::manual(t0);
+    let s =
+        TestServer::start_with(crate::harness::Backend::Sqlite, |c| c.clock = clock.clone()).await;
+    let _: kumo_api_types::Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"effective_from": t0, "prices": prices}),
+        )
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    (s, clock)
+}
+
 /// The volume serials in a domain's persistent definition.
 fn serials_in(id: uuid::Uuid) -> Vec<String> {
     let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
@@ -221,13 +254,7 @@ on_both_backends! {
         assert_eq!(volume(s, "tmp").await.state, VolumeState::Attached);
         assert_eq!(serials_in(next.id), std::slice::from_ref(&tmp.serial));
 
-        let conn = virt::connect::Connect::open(Some("test:///default")).unwrap();
-        for id in [next.id, far.id] {
-            if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
-                let _ = d.destroy();
-                let _ = d.undefine();
-            }
-        }
+        forget(&[next.id, far.id]);
     }
 }
 
@@ -235,21 +262,11 @@ on_both_backends! {
 async fn volumes_are_charged_per_gib_hour_while_they_exist() {
     use chrono::{Duration, TimeZone, Utc};
     let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap();
-    let clock = kumo_server::clock::Clock::manual(t0);
-    let s =
-        TestServer::start_with(crate::harness::Backend::Sqlite, |c| c.clock = clock.clone()).await;
-    let _: kumo_api_types::Rates = s
-        .admin
-        .put(
-            "/api/v1/rates",
-            &json!({"effective_from": t0, "prices": {"volume_gib": {"guaranteed": "0.6", "spot": "0.6"}}}),
-        )
-        .await
-        .unwrap();
-    s.tenant("lab").await;
-    let mut q = s.admin.quota("lab").await.unwrap();
-    q.volume_gib = 100;
-    s.admin.set_quota("lab", &q).await.unwrap();
+    let (s, clock) = metered(
+        t0,
+        json!({"volume_gib": {"guaranteed": "0.6", "spot": "0.6"}}),
+    )
+    .await;
     // A host to keep it, which makes what it is told at once.
     let mut agent = s.sim_agent("store-001", "cpu-only").await;
     post(&s, "", json!({"name": "data", "size_gib": 10}))
@@ -370,12 +387,7 @@ on_both_backends! {
         a.sync_once(None).await.unwrap();
         assert!(!disk.exists(), "deleted with its VM");
         assert_eq!(volume(s, "ckpt").await.state, VolumeState::Available, "the volume outlives it");
-        for id in [big.id, other.id] {
-            if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
-                let _ = d.destroy();
-                let _ = d.undefine();
-            }
-        }
+        forget(&[big.id, other.id]);
     }
 }
 
@@ -383,20 +395,12 @@ on_both_backends! {
 async fn a_shelved_vm_is_charged_for_its_disk_only() {
     use chrono::{Duration, TimeZone, Utc};
     let t0 = Utc.with_ymd_and_hms(2026, 11, 12, 9, 0, 0).unwrap();
-    let clock = kumo_server::clock::Clock::manual(t0);
-    let s =
-        TestServer::start_with(crate::harness::Backend::Sqlite, |c| c.clock = clock.clone()).await;
-    let _: kumo_api_types::Rates = s
-        .admin
-        .put(
-            "/api/v1/rates",
-            &json!({"effective_from": t0, "prices": {
-                "gpu:H100-SXM5-80GB": {"guaranteed": "60", "spot": "20"},
-                "disk_gib": {"guaranteed": "0.06", "spot": "0.06"}}}),
-        )
-        .await
-        .unwrap();
-    s.tenant("lab").await;
+    let (s, clock) = metered(
+        t0,
+        json!({"gpu:H100-SXM5-80GB": {"guaranteed": "60", "spot": "20"},
+               "disk_gib": {"guaranteed": "0.06", "spot": "0.06"}}),
+    )
+    .await;
     let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
     let vm = VmCreate {
         gpus: 8,
