@@ -361,6 +361,8 @@ pub struct VmDetail {
     pub nccl: Option<String>,
     /// Each NIC with its public ways in.
     pub networks: Vec<NicRow>,
+    /// Its volumes: `(name, size, state, path in the guest)`.
+    pub volumes: Vec<(String, String, String, String)>,
 }
 
 /// One NIC on the VM page.
@@ -387,6 +389,8 @@ struct VmPage<'a> {
     nccl: Option<&'a str>,
     networks: &'a [NicRow],
     l_networks: &'a str,
+    volumes: &'a [(String, String, String, String)],
+    l_volumes: &'a str,
     l_state: &'a str,
     l_host: &'a str,
     l_topology: &'a str,
@@ -408,6 +412,8 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         nccl: vm.nccl.as_deref(),
         networks: &vm.networks,
         l_networks: t(lang, Msg::Networks),
+        volumes: &vm.volumes,
+        l_volumes: t(lang, Msg::Volumes),
         l_state: t(lang, Msg::State),
         l_host: t(lang, Msg::Host),
         l_topology: t(lang, Msg::Topology),
@@ -556,6 +562,12 @@ mod tests {
                 public: "203.0.113.11".into(),
                 ssh: Some("ssh 203.0.113.11".into()),
             }],
+            volumes: vec![(
+                "data".into(),
+                "50 GiB".into(),
+                "attached".into(),
+                "/dev/disk/by-id/virtio-kumo0123456789abcdef".into(),
+            )],
         };
         let page = vm_page(Lang::Ja, &v, &vm);
         assert!(page.contains("ネットワーク"), "{page}");
@@ -564,15 +576,22 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("<code>ssh 203.0.113.11</code>"), "{page}");
+        assert!(
+            page.contains("ボリューム")
+                && page.contains("<code>/dev/disk/by-id/virtio-kumo0123456789abcdef</code>"),
+            "{page}"
+        );
         let none = vm_page(
             Lang::En,
             &v,
             &VmDetail {
                 networks: vec![],
+                volumes: vec![],
                 ..vm
             },
         );
         assert!(!none.contains("Networks"));
+        assert!(!none.contains("<h2>Volumes</h2>"));
     }
 
     #[test]

@@ -220,6 +220,23 @@ pub async fn list(
     })
 }
 
+/// The volumes attached to one of the tenant's VMs.
+pub async fn of_vm(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    vm: Uuid,
+) -> Result<Vec<Volume>, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let mut out = Vec::new();
+    for v in store::of_vm(&st.db, vm).await? {
+        if v.tenant_id == tenant.id {
+            out.push(view(&st.db, &v, &tenant.name).await?);
+        }
+    }
+    Ok(out)
+}
+
 pub async fn show(
     st: &AppState,
     actor: &Actor,

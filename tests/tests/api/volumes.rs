@@ -503,6 +503,12 @@ async fn the_portal_volumes_page_acts_through_the_api() {
     let (status, _) = form("/t/lab/volumes", &[("attach", "data"), ("vm", "web")]).await;
     assert_eq!(status, 303);
     assert_eq!(volume(&s, "data").await.vm.as_deref(), Some("web"));
+    // The VM's page shows its volume and where the guest finds it.
+    let vm_page = s.page(&portal, "/t/lab/vms/web").await;
+    assert!(
+        vm_page.contains(&volume(&s, "data").await.guest_path()),
+        "{vm_page}"
+    );
     let (status, _) = form("/t/lab/volumes/data/detach", &[]).await;
     assert_eq!(status, 303);
     assert_eq!(volume(&s, "data").await.vm, None);

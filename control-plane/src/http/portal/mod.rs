@@ -625,6 +625,19 @@ async fn vm_page(
                 ssh: n.ssh_command(None),
             })
             .collect(),
+        volumes: crate::app::volumes::of_vm(&st, &ctx, &tenant, vm.id)
+            .await?
+            .into_iter()
+            .map(|v| {
+                let path = v.guest_path();
+                (
+                    v.name,
+                    format!("{} GiB", v.size_gib),
+                    kumo_web_portal::i18n::word(lang(&headers), v.state.as_str()),
+                    path,
+                )
+            })
+            .collect(),
     };
     Ok(html(kumo_web_portal::vm_page(
         lang(&headers),
