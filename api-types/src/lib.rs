@@ -595,6 +595,27 @@ pub struct VmCreate {
     /// host (they must share one), or is refused saying why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// What reclaiming a spot VM does: shut it down for good (the default),
+    /// or shelve it, keeping its disk and volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_reclaim: Option<ReclaimAction>,
+}
+
+/// What reclaiming a spot VM does to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReclaimAction {
+    /// Shut down for good (`preempted`; CPU-only ones are suspended).
+    #[default]
+    ShutDown,
+    /// Shelved: its root disk and volumes stay; `unshelve` brings it back.
+    Shelve,
+}
+
+impl ReclaimAction {
+    pub fn is_default(&self) -> bool {
+        *self == ReclaimAction::ShutDown
+    }
 }
 
 /// One NIC of a new VM: a segment, and optionally the address it wants.
@@ -960,6 +981,8 @@ pub struct VmSpec {
     pub service_level: ServiceLevel,
     #[serde(default)]
     pub ssh_keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "ReclaimAction::is_default")]
+    pub on_reclaim: ReclaimAction,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1304,6 +1327,7 @@ impl ClusterCreate {
                 })
                 .collect(),
             volumes: Vec::new(),
+            on_reclaim: None,
         }
     }
 }

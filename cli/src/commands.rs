@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use kumo_api_types::{
-    Cluster, ClusterCreate, IngressRule, JoinTokenCreate, MemberPut, NetworkRequest, Quota, Role,
-    Segment, SegmentCreate, SegmentIngress, SegmentKind, SegmentUpdate, ServiceLevel,
-    TemplateCreate, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind, Vm, VmCreate,
-    VmState,
+    Cluster, ClusterCreate, IngressRule, JoinTokenCreate, MemberPut, NetworkRequest, Quota,
+    ReclaimAction, Role, Segment, SegmentCreate, SegmentIngress, SegmentKind, SegmentUpdate,
+    ServiceLevel, TemplateCreate, TenantCreate, TenantUpdate, TokenCreate, UserCreate, UserKind,
+    Vm, VmCreate, VmState,
 };
 
 use crate::client::Client;
@@ -372,6 +372,19 @@ pub struct SpecArgs {
     /// volumes' host.
     #[arg(long)]
     volume: Vec<String>,
+    /// With --spot: `shelve` keeps its disk and volumes when it is
+    /// reclaimed (`kumo vm unshelve` brings it back) instead of shutting it
+    /// down for good.
+    #[arg(long, value_parser = parse_reclaim, requires = "spot")]
+    on_reclaim: Option<ReclaimAction>,
+}
+
+fn parse_reclaim(s: &str) -> Result<ReclaimAction, String> {
+    match s {
+        "shelve" => Ok(ReclaimAction::Shelve),
+        "shut-down" | "shutdown" => Ok(ReclaimAction::ShutDown),
+        _ => Err(format!("{s:?}: shelve or shut-down")),
+    }
 }
 
 /// `tcp:22:0.0.0.0/0`, `udp:8000-8100:10.0.0.0/8`, `icmp:10.0.0.0/8`, `any:192.0.2.0/24`.
@@ -422,6 +435,7 @@ impl SpecArgs {
             ssh_keys: keys,
             networks: self.network.clone(),
             volumes: self.volume.clone(),
+            on_reclaim: self.on_reclaim,
         })
     }
 }
@@ -1604,6 +1618,9 @@ async fn cluster(
             }
             if !v.volumes.is_empty() {
                 anyhow::bail!("a volume is one VM's disk: attach volumes to VMs, not to clusters");
+            }
+            if v.on_reclaim.is_some() {
+                anyhow::bail!("--on-reclaim is for single spot VMs");
             }
             let cl = c
                 .create_cluster(

@@ -779,6 +779,7 @@ pub(crate) mod tests {
                 kernel: None,
                 service_level: ServiceLevel::Guaranteed,
                 ssh_keys: vec![r#"ssh-ed25519 AAAA "quoted" \ user"#.into()],
+                on_reclaim: Default::default(),
             },
             preemption: None,
             hostfile: None,

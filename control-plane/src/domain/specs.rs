@@ -17,6 +17,12 @@ pub const MAX_SSH_KEYS: usize = 32;
 
 pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
     names::tenant_name("name", &body.name)?;
+    if body.on_reclaim.is_some() && body.service_level != kumo_api_types::ServiceLevel::Spot {
+        return Err(ApiError::field(
+            "on_reclaim",
+            "only spot VMs are reclaimed: leave it out, or ask for a spot VM",
+        ));
+    }
     if body.gpus > MAX_GPUS {
         return Err(ApiError::field("gpus", format!("at most {MAX_GPUS}")));
     }
@@ -55,6 +61,7 @@ pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
         kernel: None,
         service_level: body.service_level,
         ssh_keys: body.ssh_keys.clone(),
+        on_reclaim: body.on_reclaim.unwrap_or_default(),
     })
 }
 

@@ -26,6 +26,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         ssh_keys: vec![],
         networks: Vec::new(),
         volumes: Vec::new(),
+        on_reclaim: None,
     }
 }
 
@@ -116,7 +117,8 @@ on_both_backends! {
 
 /// Fill a host with spot VMs, ask for a guaranteed 8-GPU VM: the spot VMs
 /// get a notice with a deadline, are shut down after the grace period and
-/// reported `preempted`, and the guaranteed VM is placed and runs.
+/// reported `preempted` — or `shelved`, for the one whose owner chose to
+/// keep it — and the guaranteed VM is placed and runs.
 #[tokio::test]
 async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
     let grace = Duration::from_secs(2);
@@ -125,16 +127,22 @@ async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
     let mut agent = s.sim_agent("gpu-1", "hgx-h100").await;
     let mut spot = Vec::new();
     for i in 0..4 {
-        let v: Vm = s
-            .admin
-            .post(
-                "/api/v1/tenants/lab/vms",
-                &vm(&format!("spot-{i}"), 2, ServiceLevel::Spot),
-            )
-            .await
-            .unwrap();
+        let mut req = vm(&format!("spot-{i}"), 2, ServiceLevel::Spot);
+        if i == 3 {
+            req.on_reclaim = Some(kumo_api_types::ReclaimAction::Shelve);
+        }
+        let v: Vm = s.admin.post("/api/v1/tenants/lab/vms", &req).await.unwrap();
         spot.push(v);
     }
+    // Only spot VMs are reclaimed: a guaranteed one takes no such choice.
+    let mut kept = vm("kept", 1, ServiceLevel::Guaranteed);
+    kept.on_reclaim = Some(kumo_api_types::ReclaimAction::Shelve);
+    let e = s
+        .admin
+        .post::<_, Vm>("/api/v1/tenants/lab/vms", &kept)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400));
     agent.converge().await;
     for v in &spot {
         assert_eq!(get_vm(&s, &v.name).await.state, VmState::Running);
@@ -181,7 +189,7 @@ async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
     );
     let b = get_vm(&s, "big").await;
     assert_eq!(b.placement.as_ref().unwrap().gpus.len(), 8);
-    for v in &spot {
+    for v in &spot[..3] {
         let now = get_vm(&s, &v.name).await;
         assert_eq!(now.state, VmState::Preempted);
         assert!(now.host.is_none(), "a preempted VM holds no host");
@@ -190,6 +198,21 @@ async fn a_guaranteed_vm_reclaims_spot_vms_after_the_grace_period() {
             assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");
         }
     }
+    // The one to keep is shelved instead: no host, its disk kept there;
+    // unshelved, it waits for room.
+    let shelved = get_vm(&s, "spot-3").await;
+    assert_eq!(shelved.state, VmState::Shelved);
+    assert!(shelved.host.is_none());
+    let kinds = events_of(&s, "lab", &spot[3]).await;
+    for k in ["preempting", "shelving", "shelved"] {
+        assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");
+    }
+    let back = s
+        .admin
+        .vm_action("lab", "spot-3", "unshelve")
+        .await
+        .unwrap();
+    assert_eq!(back.state, VmState::Pending);
     let kinds = events_of(&s, "lab", &b).await;
     for k in ["pending", "scheduled", "running"] {
         assert!(kinds.iter().any(|x| x == k), "{k} missing from {kinds:?}");

@@ -23,6 +23,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEfKZKAnUydzsiZEOKuPIAY7Nck1wiFzauveaJjZfhrF user@lab".into()],
         networks: Vec::new(),
         volumes: Vec::new(),
+        on_reclaim: None,
     }
 }
 

@@ -52,6 +52,7 @@ fn small_vm(name: &str) -> VmCreate {
         ssh_keys: Vec::new(),
         networks: Vec::new(),
         volumes: Vec::new(),
+        on_reclaim: None,
     }
 }
 

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::Utc;
-use kumo_api_types::{Power, VmState};
+use kumo_api_types::{Power, ReclaimAction, VmState};
 use kumo_scheduler::index::VmInput;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrait};
@@ -79,7 +79,12 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
         .all(&st.db)
         .await?;
     for vm in due {
-        let cpu_only = stored_spec(&vm)?.gpus == 0;
+        let spec = stored_spec(&vm)?;
+        if spec.on_reclaim == ReclaimAction::Shelve {
+            shelve_reclaimed(st, &vm).await?;
+            continue;
+        }
+        let cpu_only = spec.gpus == 0;
         let txn = st.db.begin().await?;
         // Conditional, so two replicas do it once.
         let mut update = vms::Entity::update_many()
@@ -136,6 +141,50 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
         if let Some(h) = vm.host_id {
             st.signals.notify(h);
         }
+    }
+    Ok(())
+}
+
+/// A reclaimed spot VM whose owner chose to keep it: shelved (its host
+/// undefines it and keeps its disk; the `absent` report frees its devices).
+async fn shelve_reclaimed(st: &AppState, vm: &vms::Model) -> Result<(), ApiError> {
+    let now = st.config.clock.now();
+    let txn = st.db.begin().await?;
+    // Conditional, so two replicas do it once.
+    let done = vms::Entity::update_many()
+        .col_expr(
+            vms::Column::PreemptDeadline,
+            Expr::value(None::<chrono::DateTime<Utc>>),
+        )
+        .col_expr(vms::Column::State, Expr::value(VmState::Shelving.as_str()))
+        .col_expr(
+            vms::Column::DesiredPower,
+            Expr::value(Power::Stopped.to_text()),
+        )
+        .col_expr(vms::Column::UpdatedAt, Expr::value(now))
+        .filter(vms::Column::Id.eq(vm.id))
+        .filter(vms::Column::State.eq(VmState::Preempting.as_str()))
+        .exec(&txn)
+        .await?;
+    if done.rows_affected == 0 {
+        return Ok(());
+    }
+    event(
+        &txn,
+        vm,
+        now,
+        "shelving",
+        "grace period over; shelved, its disk and volumes kept",
+    )
+    .await?;
+    crate::app::metering::transition(&txn, vm, VmState::Preempting, VmState::Shelving, None, now)
+        .await?;
+    if let Some(h) = vm.host_id {
+        bump_revision(&txn, h).await?;
+    }
+    txn.commit().await?;
+    if let Some(h) = vm.host_id {
+        st.signals.notify(h);
     }
     Ok(())
 }

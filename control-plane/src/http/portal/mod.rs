@@ -459,6 +459,7 @@ async fn create_vm(
                 })
                 .collect(),
             volumes: Vec::new(),
+            on_reclaim: None,
         })
     });
     let made = match body {
