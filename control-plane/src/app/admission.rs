@@ -495,7 +495,10 @@ async fn commit(
 }
 
 /// Marks spot VMs `preempting` with a deadline and tells their hosts.
-/// Already preempting (or gone) VMs are left as they are.
+/// Already preempting (or gone) VMs are left as they are, and so are VMs
+/// being shelved: their devices are on their way back already, and a
+/// second reclaim plan must not turn a shelving VM back into a preempting
+/// one (it did: a reclaimed VM kept to be shelved read `preempting` again).
 pub async fn preempt(
     txn: &DatabaseTransaction,
     victims: &[Uuid],
@@ -514,7 +517,11 @@ pub async fn preempt(
         if !holds(state)
             || matches!(
                 state,
-                VmState::Preempting | VmState::Preempted | VmState::Deleting
+                VmState::Preempting
+                    | VmState::Preempted
+                    | VmState::Deleting
+                    | VmState::Shelving
+                    | VmState::Shelved
             )
         {
             continue;

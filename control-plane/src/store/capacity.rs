@@ -47,7 +47,7 @@ pub fn host_use(h: &hosts::Model) -> Result<HostUse, ApiError> {
 pub fn holds(state: VmState) -> bool {
     !matches!(
         state,
-        VmState::Pending | VmState::Suspended | VmState::Deleted
+        VmState::Pending | VmState::Suspended | VmState::Deleted | VmState::Shelved
     )
 }
 
