@@ -172,12 +172,14 @@ async fn volumes_of(
 > {
     let (mut kept, mut gone) = (Vec::new(), Vec::new());
     let mut disks: std::collections::HashMap<Uuid, Vec<DesiredDisk>> = Default::default();
-    for v in crate::store::volumes::on_host(&st.db, host.id).await? {
+    let vols = crate::store::volumes::on_host(&st.db, host.id).await?;
+    let mut snaps = crate::app::volumes::desired_snapshots(&st.db, &vols).await?;
+    for v in vols {
         if crate::store::volumes::stored_state(&v)? == VolumeState::Deleting {
             gone.push(v.id);
             continue;
         }
-        let (snapshots, source) = crate::app::volumes::desired_of(&st.db, &v).await?;
+        let (snapshots, source) = snaps.remove(&v.id).unwrap_or_default();
         kept.push(DesiredVolume {
             id: v.id,
             size_gib: u32::try_from(v.size_gib).unwrap_or(u32::MAX),

@@ -483,15 +483,17 @@ pub async fn apply_status(
     report: &[VolumeStatus],
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), ApiError> {
+    // Every pass reports every volume: two queries for the whole report.
+    let ids: Vec<Uuid> = report.iter().map(|s| s.id).collect();
+    let rows = store::on_host_among(txn, host, &ids).await?;
+    let snaps = store::snapshots_on(txn, &ids).await?;
     for s in report {
-        let Some(v) = volumes::Entity::find_by_id(s.id).one(txn).await? else {
+        let Some(v) = rows.iter().find(|v| v.id == s.id).cloned() else {
             continue;
         };
-        if v.host_id != host {
-            continue;
-        }
         if s.state == VolumeActual::Ready {
-            settle_snapshots(txn, &v, &s.snapshots).await?;
+            let of_it = snaps.iter().filter(|x| x.volume_id == v.id);
+            settle_snapshots(txn, of_it, &s.snapshots).await?;
         }
         let state = store::stored_state(&v)?;
         let next = match (s.state, state) {
@@ -647,12 +649,12 @@ pub async fn delete_snapshot(
 
 /// What a volume's host holds of its snapshots: made (`creating` →
 /// `available`), gone (`deleting` → the row goes).
-async fn settle_snapshots(
+async fn settle_snapshots<'a>(
     txn: &DatabaseTransaction,
-    v: &volumes::Model,
+    stored: impl Iterator<Item = &'a volume_snapshots::Model>,
     held: &[Uuid],
 ) -> Result<(), ApiError> {
-    for s in store::snapshots_of(txn, v.id).await? {
+    for s in stored.cloned() {
         let there = held.contains(&s.id);
         match (s.state.as_str(), there) {
             (SNAPSHOT_CREATING, true) => {
@@ -671,24 +673,28 @@ async fn settle_snapshots(
     Ok(())
 }
 
-/// The snapshots a volume's host keeps, and the snapshot it was made
-/// from: for the host's desired state.
-pub async fn desired_of(
+/// For a host's desired state, per volume: the snapshots its host keeps,
+/// and the snapshot it was copied from. One query for the whole host: a
+/// copy is made on its snapshot's host, so every source is among them.
+pub async fn desired_snapshots(
     db: &impl ConnectionTrait,
-    v: &volumes::Model,
-) -> Result<(Vec<Uuid>, Option<(Uuid, Uuid)>), ApiError> {
-    let keep = store::snapshots_of(db, v.id)
-        .await?
-        .into_iter()
-        .filter(|s| s.state != SNAPSHOT_DELETING)
-        .map(|s| s.id)
-        .collect();
-    let source = match v.source_snapshot_id {
-        Some(id) => volume_snapshots::Entity::find_by_id(id)
-            .one(db)
-            .await?
-            .map(|s| (s.volume_id, s.id)),
-        None => None,
-    };
-    Ok((keep, source))
+    vols: &[volumes::Model],
+) -> Result<std::collections::HashMap<Uuid, (Vec<Uuid>, Option<(Uuid, Uuid)>)>, ApiError> {
+    let ids: Vec<Uuid> = vols.iter().map(|v| v.id).collect();
+    let snaps = store::snapshots_on(db, &ids).await?;
+    Ok(vols
+        .iter()
+        .map(|v| {
+            let keep = snaps
+                .iter()
+                .filter(|s| s.volume_id == v.id && s.state != SNAPSHOT_DELETING)
+                .map(|s| s.id)
+                .collect();
+            let source = v
+                .source_snapshot_id
+                .and_then(|id| snaps.iter().find(|s| s.id == id))
+                .map(|s| (s.volume_id, s.id));
+            (v.id, (keep, source))
+        })
+        .collect())
 }

@@ -92,6 +92,22 @@ pub async fn on_host(
         .await?)
 }
 
+/// Those of `ids` that are this host's (a report names only its own).
+pub async fn on_host_among(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+    ids: &[Uuid],
+) -> Result<Vec<volumes::Model>, ApiError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(volumes::Entity::find()
+        .filter(volumes::Column::HostId.eq(host))
+        .filter(volumes::Column::Id.is_in(ids.iter().copied()))
+        .all(db)
+        .await?)
+}
+
 /// The volumes attached to a VM.
 pub async fn of_vm(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<volumes::Model>, ApiError> {
     Ok(volumes::Entity::find()
@@ -192,6 +208,20 @@ pub async fn snapshots_of(
         .filter(volume_snapshots::Column::VolumeId.eq(volume))
         .order_by_asc(volume_snapshots::Column::CreatedAt)
         .order_by_asc(volume_snapshots::Column::Id)
+        .all(db)
+        .await?)
+}
+
+/// The snapshots of any of these volumes.
+pub async fn snapshots_on(
+    db: &impl ConnectionTrait,
+    volumes: &[Uuid],
+) -> Result<Vec<volume_snapshots::Model>, ApiError> {
+    if volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(volume_snapshots::Entity::find()
+        .filter(volume_snapshots::Column::VolumeId.is_in(volumes.iter().copied()))
         .all(db)
         .await?)
 }

@@ -71,7 +71,9 @@ pub async fn pass(st: &AppState) -> Result<(), ApiError> {
     resume(st).await
 }
 
-/// Preempting VMs past their deadline.
+/// Preempting VMs past their deadline: CPU-only ones are saved to disk,
+/// those whose owner chose to keep them shelved, the rest shut down for
+/// good.
 async fn expire(st: &AppState) -> Result<(), ApiError> {
     let due = vms::Entity::find()
         .filter(vms::Column::State.eq(VmState::Preempting.as_str()))
@@ -80,11 +82,31 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
         .await?;
     for vm in due {
         let spec = stored_spec(&vm)?;
-        if spec.on_reclaim == ReclaimAction::Shelve {
-            shelve_reclaimed(st, &vm).await?;
-            continue;
-        }
-        let cpu_only = spec.gpus == 0;
+        let now = st.config.clock.now();
+        // What the grace period's end does: the state it leads to (none:
+        // it stays preempting until saved), the power wanted, the event.
+        let (next, power, kind, message) = if spec.on_reclaim == ReclaimAction::Shelve {
+            (
+                Some(VmState::Shelving),
+                Some(Power::Stopped),
+                "shelving",
+                "grace period over; shelved, its disk and volumes kept",
+            )
+        } else if spec.gpus == 0 {
+            (
+                None,
+                Some(Power::Suspended),
+                "suspending",
+                "grace period over; saving to disk",
+            )
+        } else {
+            (
+                Some(VmState::Preempted),
+                None,
+                "preempted",
+                "grace period over; shut down",
+            )
+        };
         let txn = st.db.begin().await?;
         // Conditional, so two replicas do it once.
         let mut update = vms::Entity::update_many()
@@ -92,47 +114,21 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
                 vms::Column::PreemptDeadline,
                 Expr::value(None::<chrono::DateTime<Utc>>),
             )
-            .col_expr(vms::Column::UpdatedAt, Expr::value(st.config.clock.now()))
+            .col_expr(vms::Column::UpdatedAt, Expr::value(now))
             .filter(vms::Column::Id.eq(vm.id))
             .filter(vms::Column::State.eq(VmState::Preempting.as_str()));
-        update = if cpu_only {
-            update.col_expr(
-                vms::Column::DesiredPower,
-                Expr::value(Power::Suspended.to_text()),
-            )
-        } else {
-            update.col_expr(vms::Column::State, Expr::value(VmState::Preempted.as_str()))
-        };
+        if let Some(p) = power {
+            update = update.col_expr(vms::Column::DesiredPower, Expr::value(p.to_text()));
+        }
+        if let Some(n) = next {
+            update = update.col_expr(vms::Column::State, Expr::value(n.as_str()));
+        }
         if update.exec(&txn).await?.rows_affected == 0 {
             continue;
         }
-        if cpu_only {
-            event(
-                &txn,
-                &vm,
-                st.config.clock.now(),
-                "suspending",
-                "grace period over; saving to disk",
-            )
-            .await?;
-        } else {
-            event(
-                &txn,
-                &vm,
-                st.config.clock.now(),
-                "preempted",
-                "grace period over; shut down",
-            )
-            .await?;
-            crate::app::metering::transition(
-                &txn,
-                &vm,
-                VmState::Preempting,
-                VmState::Preempted,
-                None,
-                st.config.clock.now(),
-            )
-            .await?;
+        event(&txn, &vm, now, kind, message).await?;
+        if let Some(n) = next {
+            crate::app::metering::transition(&txn, &vm, VmState::Preempting, n, None, now).await?;
         }
         if let Some(h) = vm.host_id {
             bump_revision(&txn, h).await?;
@@ -141,50 +137,6 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
         if let Some(h) = vm.host_id {
             st.signals.notify(h);
         }
-    }
-    Ok(())
-}
-
-/// A reclaimed spot VM whose owner chose to keep it: shelved (its host
-/// undefines it and keeps its disk; the `absent` report frees its devices).
-async fn shelve_reclaimed(st: &AppState, vm: &vms::Model) -> Result<(), ApiError> {
-    let now = st.config.clock.now();
-    let txn = st.db.begin().await?;
-    // Conditional, so two replicas do it once.
-    let done = vms::Entity::update_many()
-        .col_expr(
-            vms::Column::PreemptDeadline,
-            Expr::value(None::<chrono::DateTime<Utc>>),
-        )
-        .col_expr(vms::Column::State, Expr::value(VmState::Shelving.as_str()))
-        .col_expr(
-            vms::Column::DesiredPower,
-            Expr::value(Power::Stopped.to_text()),
-        )
-        .col_expr(vms::Column::UpdatedAt, Expr::value(now))
-        .filter(vms::Column::Id.eq(vm.id))
-        .filter(vms::Column::State.eq(VmState::Preempting.as_str()))
-        .exec(&txn)
-        .await?;
-    if done.rows_affected == 0 {
-        return Ok(());
-    }
-    event(
-        &txn,
-        vm,
-        now,
-        "shelving",
-        "grace period over; shelved, its disk and volumes kept",
-    )
-    .await?;
-    crate::app::metering::transition(&txn, vm, VmState::Preempting, VmState::Shelving, None, now)
-        .await?;
-    if let Some(h) = vm.host_id {
-        bump_revision(&txn, h).await?;
-    }
-    txn.commit().await?;
-    if let Some(h) = vm.host_id {
-        st.signals.notify(h);
     }
     Ok(())
 }
