@@ -1151,15 +1151,19 @@ pub enum VolumeState {
     Deleting,
     /// Its host could not make or change it (`reason` says why).
     Error,
+    /// Being copied to another host (`moving_to`); usable there once the
+    /// copy is whole and its checksum matches.
+    Moving,
 }
 
 impl VolumeState {
-    pub const ALL: [VolumeState; 5] = [
+    pub const ALL: [VolumeState; 6] = [
         VolumeState::Creating,
         VolumeState::Available,
         VolumeState::Attached,
         VolumeState::Deleting,
         VolumeState::Error,
+        VolumeState::Moving,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -1169,6 +1173,7 @@ impl VolumeState {
             VolumeState::Attached => "attached",
             VolumeState::Deleting => "deleting",
             VolumeState::Error => "error",
+            VolumeState::Moving => "moving",
         }
     }
 }
@@ -1190,6 +1195,9 @@ pub struct Volume {
     /// The VM it is a disk of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<String>,
+    /// While `moving`: the host it is being copied to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_to: Option<String>,
     /// The disk's serial: in the guest it is
     /// `/dev/disk/by-id/virtio-<serial>`.
     pub serial: String,
@@ -1245,6 +1253,15 @@ pub struct VolumeSnapshot {
 #[serde(deny_unknown_fields)]
 pub struct VolumeSnapshotCreate {
     pub name: String,
+}
+
+/// Where a detached volume goes: its host's agent sends it to `host`'s
+/// agent, which keeps it once the copy is whole and its checksum matches.
+/// Naming the host it is on cancels a move under way.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMove {
+    pub host: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -1387,6 +1404,10 @@ pub struct AgentRegister {
     /// (`kumo-agent --edge-uplink IFACE`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edge_uplink: Option<String>,
+    /// Where the agent serves volumes being moved to other hosts
+    /// (`http://ADDR:PORT`, `kumo-agent --transfer-listen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -1416,6 +1437,9 @@ pub struct AgentHeartbeat {
     /// by VNI, with why; empty when every one converged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment_faults: Option<BTreeMap<u32, String>>,
+    /// Where the agent serves volumes being moved, when it changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1471,6 +1495,25 @@ pub struct DesiredVolume {
     /// Its snapshots to keep (made when missing; others are deleted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<Uuid>,
+}
+
+/// A volume of this host being moved to another: serve it to the agent
+/// that shows a bearer token whose SHA-256 is `token_sha256` (that agent
+/// made the token and told only its hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredExport {
+    pub volume: Uuid,
+    pub token_sha256: String,
+}
+
+/// A volume being moved to this host: fetch it from `from` (the source
+/// agent's transfer address) with a token of this agent's making, and
+/// keep it once its checksum matches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredImport {
+    pub volume: Uuid,
+    pub size_gib: u32,
+    pub from: String,
 }
 
 /// One NIC of a VM: on an Ethernet segment, a virtio NIC on the host's
@@ -1531,6 +1574,12 @@ pub struct DesiredState {
     /// neither list is left alone).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delete_volumes: Vec<Uuid>,
+    /// Volumes of this host that other hosts are fetching.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exports: Vec<DesiredExport>,
+    /// Volumes this host fetches from others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imports: Vec<DesiredImport>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1618,6 +1667,10 @@ pub struct VolumeStatus {
     /// Its snapshots as the host holds them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<Uuid>,
+    /// An import's token, as its SHA-256 (hex): what the source agent
+    /// checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1627,6 +1680,8 @@ pub enum VolumeActual {
     /// Not (any more) in the host's storage.
     Absent,
     Failed,
+    /// Being fetched from another host (not usable yet).
+    Importing,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]

@@ -71,6 +71,7 @@ pub async fn register(
             rails: config.rails.clone(),
             underlay_ip: config.underlay_ip,
             edge_uplink: config.edge_uplink.clone(),
+            transfer_url: config.transfer_url.clone(),
         })
         .send()
         .await?;

@@ -11,3 +11,4 @@ pub mod reconcile;
 pub mod roce_ports;
 pub mod run;
 pub mod storage;
+pub mod transfer;

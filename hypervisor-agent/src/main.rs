@@ -122,6 +122,17 @@ enum Command {
         /// The thin pool of --storage-vg.
         #[arg(long, requires = "storage_vg")]
         thin_pool: Option<String>,
+        /// Serve volumes being moved to other hosts here. The default
+        /// reaches agents on this machine only (simulated fleets): on a
+        /// real fleet give the host's storage-network address, e.g.
+        /// `10.0.0.5:7702`, or `0.0.0.0:7702` with --underlay-ip (other
+        /// agents then fetch from the underlay address).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        transfer_listen: std::net::SocketAddr,
+        /// The URL other agents fetch volumes from, when it is not
+        /// `http://` and the --transfer-listen address (a proxy, a name).
+        #[arg(long)]
+        transfer_url: Option<String>,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -168,6 +179,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             resync_ms,
             storage_dir,
             storage_vg,
+            transfer_listen,
+            transfer_url,
             thin_pool,
         } => {
             tracing_subscriber::fmt()
@@ -205,6 +218,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     (Some(vg), Some(thin_pool)) => Some(StorageConfig::LvmThin { vg, thin_pool }),
                     _ => storage_dir.map(StorageConfig::Qcow2Dir),
                 },
+                transfer_listen,
+                transfer_url,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

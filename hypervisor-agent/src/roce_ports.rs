@@ -84,6 +84,8 @@ mod tests {
             network: None,
             volumes: vec![],
             delete_volumes: vec![],
+            exports: vec![],
+            imports: vec![],
         };
         let (ports, vfs) = wanted(&topo, &desired);
         assert_eq!(ports.len(), 8, "every Ethernet port with VFs");

@@ -41,6 +41,12 @@ pub struct AgentConfig {
     pub resync: Duration,
     /// Where volumes live; `None`: qcow2 files under `state_dir/volumes`.
     pub storage: Option<StorageConfig>,
+    /// Where the agent serves volumes being moved to other hosts (port 0:
+    /// any free one).
+    pub transfer_listen: std::net::SocketAddr,
+    /// The address other agents fetch from; by default `http://` and the
+    /// bound address (the underlay address for an unspecified one).
+    pub transfer_url: Option<String>,
 }
 
 /// A host's storage pool for volumes.
@@ -86,6 +92,8 @@ pub struct Agent {
     faults: Arc<Mutex<BTreeMap<u32, String>>>,
     /// The host's volumes.
     storage: Arc<dyn crate::storage::Backend>,
+    /// Volumes moving to and from this host.
+    pub transfers: Arc<crate::transfer::Transfers>,
 }
 
 /// The RoCE ports as last configured, and whether the server has heard.
@@ -141,6 +149,23 @@ async fn obtain(
     Ok(c)
 }
 
+/// The URL other agents fetch volumes from: the bound address, or the
+/// underlay address with the bound port when bound to all addresses.
+fn transfer_url(
+    bound: std::net::SocketAddr,
+    underlay: Option<std::net::Ipv4Addr>,
+) -> anyhow::Result<String> {
+    if !bound.ip().is_unspecified() {
+        return Ok(format!("http://{bound}"));
+    }
+    match underlay {
+        Some(ip) => Ok(format!("http://{ip}:{}", bound.port())),
+        None => anyhow::bail!(
+            "--transfer-listen {bound} is every address: name the one other hosts reach with --transfer-url"
+        ),
+    }
+}
+
 impl Agent {
     /// Reads the host, opens libvirt, and registers unless the state
     /// directory already holds this host's credential.
@@ -152,6 +177,22 @@ impl Agent {
         for w in &topo.warnings {
             tracing::warn!(warning = %w, "topology");
         }
+        let storage = config.storage_backend();
+        let transfers = crate::transfer::Transfers::new(storage.clone());
+        let listener = tokio::net::TcpListener::bind(config.transfer_listen)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot listen for volume transfers on {}: {e}",
+                    config.transfer_listen
+                )
+            })?;
+        let bound = listener.local_addr()?;
+        if config.transfer_url.is_none() {
+            config.transfer_url = Some(transfer_url(bound, config.underlay_ip)?);
+        }
+        crate::transfer::serve(listener, transfers.clone());
+        tracing::info!(listen = %bound, url = ?config.transfer_url, "serving volume transfers");
         let cred = obtain(&config, &topo, false).await?;
         let uri = config.libvirt_uri.clone();
         // Errors come back as values; libvirt's default handler would also
@@ -170,7 +211,8 @@ impl Agent {
         );
         Ok(Agent {
             client: AgentClient::new(&config.server, &cred.credential),
-            storage: config.storage_backend(),
+            storage,
+            transfers,
             config,
             reconciler: Arc::new(Mutex::new(reconciler)),
             last: Arc::default(),
@@ -349,10 +391,14 @@ impl Agent {
             })
             .collect();
         let delete = desired.delete_volumes.clone();
-        if want.is_empty() && delete.is_empty() {
+        self.transfers.set_exports(&desired.exports);
+        if want.is_empty() && delete.is_empty() && desired.imports.is_empty() {
             return Default::default();
         }
         let backend = self.storage.clone();
+        let transfers = self.transfers.clone();
+        let imports = desired.imports.clone();
+        let runtime = tokio::runtime::Handle::current();
         let done = tokio::task::spawn_blocking(move || {
             let done = crate::storage::converge(&*backend, &want, &delete);
             let mut ready = crate::reconcile::ReadyVolumes::new();
@@ -363,6 +409,7 @@ impl Agent {
                 size_gib: None,
                 reason,
                 snapshots: Vec::new(),
+                token_sha256: None,
             };
             for w in &want {
                 if let Some(why) = done.failed.get(&w.id) {
@@ -400,6 +447,12 @@ impl Agent {
                 } else if !done.volumes.iter().any(|o| o.id == *id) {
                     report.push(status(*id, VolumeActual::Absent, None));
                 }
+            }
+            if !imports.is_empty() {
+                // Imports start tasks on the runtime; the pool as this
+                // pass left it says which are whole.
+                let _guard = runtime.enter();
+                report.extend(transfers.converge_imports(&imports, &done.volumes));
             }
             if done.changes > 0 {
                 tracing::info!(changes = done.changes, "volumes converged");
@@ -458,6 +511,7 @@ impl Agent {
         let hb_client = self.client.clone();
         let every = self.config.heartbeat;
         let underlay = self.config.underlay_ip;
+        let transfer_url = self.config.transfer_url.clone();
         let fabric = self.fabric.clone();
         let faults = self.faults.clone();
         let heartbeat = tokio::spawn(async move {
@@ -474,6 +528,7 @@ impl Agent {
                     underlay_ip: underlay,
                     fabric: report.clone(),
                     segment_faults: Some(segment_faults),
+                    transfer_url: transfer_url.clone(),
                 };
                 match hb_client.heartbeat(&body).await {
                     Ok(()) => {

@@ -551,3 +551,180 @@ fn a_relative_pool_directory_is_made_absolute() {
     let pool = kumo_agent::storage::qcow2::Qcow2Dir::new("some/pool");
     assert_eq!(pool.dir, here.join("some/pool"));
 }
+
+// ---- moving volumes between hosts' pools ------------------------------
+
+mod transfer {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use kumo_agent::transfer::{Transfers, SHA256_HEADER};
+    use kumo_api_types::{DesiredExport, DesiredImport, VolumeActual, VolumeStatus};
+
+    use super::*;
+
+    async fn serve(t: Arc<Transfers>) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        kumo_agent::transfer::serve(l, t);
+        url
+    }
+
+    fn backend(pool: &Qcow2Pool) -> Arc<dyn Backend> {
+        Arc::new(Qcow2Dir::new(&pool.backend.dir))
+    }
+
+    /// Passes of the destination until the import's report is `until`
+    /// (or 120 s went by); the last report.
+    async fn converge_until(
+        t: &Arc<Transfers>,
+        pool: &dyn Backend,
+        want: &DesiredImport,
+        until: VolumeActual,
+    ) -> VolumeStatus {
+        let start = Instant::now();
+        loop {
+            let present = pool.observe().unwrap();
+            let r = t.converge_imports(std::slice::from_ref(want), &present);
+            assert_eq!(r.len(), 1);
+            if r[0].state == until || start.elapsed() > Duration::from_secs(120) {
+                return r[0].clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_volume_moves_whole_only_to_the_holder_of_its_token() {
+        let (a, b) = (Qcow2Pool::new(), Qcow2Pool::new());
+        let (src, dst) = (backend(&a), backend(&b));
+        let id = Uuid::new_v4();
+        src.create(id, 1).unwrap();
+        a.write(id, 0x5a, 3 * MIB, MIB);
+        a.write(id, 0xa5, GIB - MIB, MIB);
+        let sum = src.checksum(id).unwrap();
+        let source = Transfers::new(src.clone());
+        let url = serve(source.clone()).await;
+        let dest = Transfers::new(dst.clone());
+        let want = DesiredImport {
+            volume: id,
+            size_gib: 1,
+            from: url.clone(),
+        };
+
+        // The destination's token: only its hash is reported. Until the
+        // source is told that hash, the fetch is refused (not found).
+        let r = dest.converge_imports(std::slice::from_ref(&want), &[]);
+        assert_eq!(r[0].state, VolumeActual::Importing);
+        let hash = r[0].token_sha256.clone().unwrap();
+        assert_eq!(hash.len(), 64);
+        let r = converge_until(&dest, &*dst, &want, VolumeActual::Failed).await;
+        assert!(r.reason.as_deref().unwrap().contains("404"), "{r:?}");
+        assert_eq!(
+            r.token_sha256.as_deref(),
+            Some(hash.as_str()),
+            "one token per move"
+        );
+
+        // Others are refused: no token, a wrong one, a volume not moving.
+        let http = reqwest::Client::new();
+        let get = |path: String, token: Option<&str>| {
+            let mut req = http.get(format!("{url}{path}"));
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            req.send()
+        };
+        source.set_exports(&[DesiredExport {
+            volume: id,
+            token_sha256: hash.clone(),
+        }]);
+        let path = format!("/v1/volumes/{id}");
+        assert_eq!(get(path.clone(), None).await.unwrap().status(), 401);
+        assert_eq!(get(path.clone(), Some(&hash)).await.unwrap().status(), 401);
+        let other = format!("/v1/volumes/{}", Uuid::new_v4());
+        assert_eq!(get(other, Some("x")).await.unwrap().status(), 404);
+
+        // Told, the source serves it: the copy is whole, checksummed.
+        let t = Instant::now();
+        let r = converge_until(&dest, &*dst, &want, VolumeActual::Ready).await;
+        assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
+        assert_eq!(r.size_gib, Some(1));
+        eprintln!("1 GiB moved (checksum, send, import) in {:?}", t.elapsed());
+        assert_eq!(dst.checksum(id).unwrap(), sum, "the same contents");
+        assert_eq!(src.checksum(id).unwrap(), sum, "the source keeps its copy");
+        assert!(!dest.importing(id));
+
+        // Once the move is over the source serves nobody, token or not.
+        source.set_exports(&[]);
+        assert_eq!(get(path, Some("anything")).await.unwrap().status(), 404);
+    }
+
+    /// A source that announces `announced` as the checksum and sends
+    /// `send` of the `len` bytes of `pattern` before closing.
+    async fn fake_source(len: u64, send: u64, announced: String) -> String {
+        use axum::body::{Body, Bytes};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let app = axum::Router::new().route(
+            "/v1/volumes/{id}",
+            axum::routing::get(move || {
+                let announced = announced.clone();
+                async move {
+                    let chunks = (0..send / MIB)
+                        .map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; MIB as usize])));
+                    let cut = (send < len).then(|| Err(std::io::Error::other("cut")));
+                    let body = Body::from_stream(tokio_stream::iter(chunks.chain(cut)));
+                    (
+                        [
+                            ("content-length", len.to_string()),
+                            (SHA256_HEADER, announced),
+                        ],
+                        body,
+                    )
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(l, app).await });
+        url
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_cut_short_or_with_another_checksum_leaves_nothing() {
+        let len = 64 * MIB;
+        let right = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(vec![7u8; len as usize]))
+        };
+        for (send, announced, why) in [
+            (len / 2, right.clone(), "receiving"),
+            (len, "0".repeat(64), "checksum mismatch"),
+        ] {
+            let b = Qcow2Pool::new();
+            let dst = backend(&b);
+            let dest = Transfers::new(dst.clone());
+            let want = DesiredImport {
+                volume: Uuid::new_v4(),
+                size_gib: 1,
+                from: fake_source(len, send, announced).await,
+            };
+            let r = converge_until(&dest, &*dst, &want, VolumeActual::Failed).await;
+            assert_eq!(r.state, VolumeActual::Failed);
+            let reason = r.reason.unwrap();
+            assert!(reason.contains(why), "{why}: {reason}");
+            assert!(dst.observe().unwrap().is_empty(), "nothing kept");
+            assert!(!b.partial_exists(want.volume), "no partial left: {reason}");
+        }
+        // And a copy that is right is kept (the fake is a fair source).
+        let b = Qcow2Pool::new();
+        let dst = backend(&b);
+        let dest = Transfers::new(dst.clone());
+        let want = DesiredImport {
+            volume: Uuid::new_v4(),
+            size_gib: 1,
+            from: fake_source(len, len, right.clone()).await,
+        };
+        let r = converge_until(&dest, &*dst, &want, VolumeActual::Ready).await;
+        assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
+    }
+}

@@ -23,6 +23,7 @@ mod m0017_client_request_ids;
 mod m0018_disk_and_roce_quota;
 mod m0019_public_networking;
 mod m0020_volumes;
+mod m0021_volume_moves;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -87,6 +88,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0018_disk_and_roce_quota::Migration),
             Box::new(m0019_public_networking::Migration),
             Box::new(m0020_volumes::Migration),
+            Box::new(m0021_volume_moves::Migration),
         ]
     }
 }

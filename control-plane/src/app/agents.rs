@@ -3,8 +3,9 @@
 //! reports, applied VM by VM. Registration is in [`super::hosts`].
 
 use kumo_api_types::{
-    ActualState, AgentHeartbeat, DesiredDisk, DesiredState, DesiredVm, DesiredVolume, HostState,
-    PreemptionNotice, StatusReport, VmState, VmStatus, VolumeState,
+    ActualState, AgentHeartbeat, DesiredDisk, DesiredExport, DesiredImport, DesiredState,
+    DesiredVm, DesiredVolume, HostState, PreemptionNotice, StatusReport, VmState, VmStatus,
+    VolumeState,
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect, Set,
@@ -30,6 +31,7 @@ pub async fn heartbeat(
     let name = host.name.clone();
     let id = host.id;
     let underlay = host.underlay_ip.clone();
+    let host_url = host.transfer_url.clone();
     let drained = host.drained;
     let mut a: hosts::ActiveModel = host.into();
     a.last_heartbeat_at = Set(st.config.clock.now());
@@ -55,6 +57,14 @@ pub async fn heartbeat(
     if let Some(f) = &body.segment_faults {
         a.segment_faults = Set(crate::domain::faults::stored(f));
     }
+    let new_url = body
+        .transfer_url
+        .as_ref()
+        .filter(|u| host_url.as_ref() != Some(*u));
+    if let Some(url) = new_url {
+        crate::domain::names::transfer_url("transfer_url", url)?;
+        a.transfer_url = Set(Some(url.clone()));
+    }
     let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
     if moved {
         crate::app::hosts::check_underlay(body.underlay_ip)?;
@@ -67,6 +77,15 @@ pub async fn heartbeat(
         crate::app::hosts::underlay_moved(&st.db).await?;
         st.capacity.refresh_host(&st.db, id).await?;
         tracing::info!(host = %name, underlay = ?body.underlay_ip, "underlay address changed");
+    }
+    if new_url.is_some() {
+        // Hosts fetching volumes from here fetch from the new address.
+        for h in crate::store::volumes::fetching_from(&st.db, id).await? {
+            let txn = st.db.begin().await?;
+            crate::store::hosts::bump_revision(&txn, h).await?;
+            txn.commit().await?;
+            st.signals.notify(h);
+        }
     }
     if back {
         tracing::info!(host = %name, "host reachable again");
@@ -100,7 +119,8 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         );
     }
     let mut net = crate::app::host_network::load(&st.db, host, &rows).await?;
-    let (kept, delete_volumes, mut disks) = volumes_of(st, host).await?;
+    let (kept, delete_volumes, mut disks, exports) = volumes_of(st, host).await?;
+    let imports = imports_of(st, host).await?;
     let mut out = Vec::new();
     let mut remove = Vec::new();
     let mut shelve = Vec::new();
@@ -155,10 +175,34 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         network: net.network,
         volumes: kept,
         delete_volumes,
+        exports,
+        imports,
     })
 }
 
-/// The volumes the host keeps, those it deletes, and each VM's disks.
+/// The volumes moving to the host, and where to fetch each from.
+async fn imports_of(st: &AppState, host: &hosts::Model) -> Result<Vec<DesiredImport>, ApiError> {
+    let moving = crate::store::volumes::moving_to(&st.db, host.id).await?;
+    if moving.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sources: Vec<Uuid> = moving.iter().map(|v| v.host_id).collect();
+    let sources = crate::store::hosts::by_ids(&st.db, sources).await?;
+    Ok(moving
+        .iter()
+        .filter_map(|v| {
+            let from = sources.iter().find(|h| h.id == v.host_id)?;
+            Some(DesiredImport {
+                volume: v.id,
+                size_gib: u32::try_from(v.size_gib).unwrap_or(u32::MAX),
+                from: from.transfer_url.clone()?,
+            })
+        })
+        .collect())
+}
+
+/// The volumes the host keeps, those it deletes (old copies of moved ones
+/// among them), each VM's disks, and the volumes it serves to others.
 async fn volumes_of(
     st: &AppState,
     host: &hosts::Model,
@@ -167,10 +211,12 @@ async fn volumes_of(
         Vec<DesiredVolume>,
         Vec<Uuid>,
         std::collections::HashMap<Uuid, Vec<DesiredDisk>>,
+        Vec<DesiredExport>,
     ),
     ApiError,
 > {
-    let (mut kept, mut gone) = (Vec::new(), Vec::new());
+    let (mut kept, mut exports) = (Vec::new(), Vec::new());
+    let mut gone = crate::store::volumes::moved_from(&st.db, host.id).await?;
     let mut disks: std::collections::HashMap<Uuid, Vec<DesiredDisk>> = Default::default();
     let vols = crate::store::volumes::on_host(&st.db, host.id).await?;
     let mut snaps = crate::app::volumes::desired_snapshots(&st.db, &vols).await?;
@@ -178,6 +224,12 @@ async fn volumes_of(
         if crate::store::volumes::stored_state(&v)? == VolumeState::Deleting {
             gone.push(v.id);
             continue;
+        }
+        if let Some(token) = &v.move_token_sha256 {
+            exports.push(DesiredExport {
+                volume: v.id,
+                token_sha256: token.clone(),
+            });
         }
         let (snapshots, source) = snaps.remove(&v.id).unwrap_or_default();
         kept.push(DesiredVolume {
@@ -193,7 +245,7 @@ async fn volumes_of(
             });
         }
     }
-    Ok((kept, gone, disks))
+    Ok((kept, gone, disks, exports))
 }
 
 /// What one report entry changed.
@@ -234,10 +286,11 @@ pub async fn apply_status(
     for s in entries {
         applied.add(apply_entry(st, &txn, host, s).await?);
     }
-    crate::app::volumes::apply_status(&txn, host.id, &report.volumes, st.config.clock.now())
-        .await?;
+    let moved =
+        crate::app::volumes::apply_status(&txn, host.id, &report.volumes, st.config.clock.now())
+            .await?;
     txn.commit().await?;
-    for h in applied.peers {
+    for h in applied.peers.into_iter().chain(moved) {
         st.signals.notify(h);
     }
     if applied.freed {

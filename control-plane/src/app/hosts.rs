@@ -213,6 +213,7 @@ struct Registration {
     underlay: Option<String>,
     rails: Option<String>,
     edge_uplink: Option<String>,
+    transfer_url: Option<String>,
 }
 
 fn checked(body: &AgentRegister) -> Result<Registration, ApiError> {
@@ -225,6 +226,9 @@ fn checked(body: &AgentRegister) -> Result<Registration, ApiError> {
     }
     validate_topology(&body.topology)?;
     check_underlay(body.underlay_ip)?;
+    if let Some(url) = &body.transfer_url {
+        names::transfer_url("transfer_url", url)?;
+    }
     if let Some(up) = &body.edge_uplink {
         names::interface("edge_uplink", up)?;
         if body.underlay_ip.is_none() {
@@ -251,6 +255,7 @@ fn checked(body: &AgentRegister) -> Result<Registration, ApiError> {
         underlay: body.underlay_ip.map(|u| u.to_string()),
         rails,
         edge_uplink: body.edge_uplink.clone(),
+        transfer_url: body.transfer_url.clone(),
     })
 }
 
@@ -342,6 +347,7 @@ async fn rejoin_row(
     a.scalable_unit = Set(body.scalable_unit.clone());
     a.rails = Set(reg.rails);
     a.edge_uplink = Set(reg.edge_uplink);
+    a.transfer_url = Set(reg.transfer_url);
     a.state = Set(crate::store::hosts::reachable_state(drained)
         .to_text()
         .into());
@@ -385,6 +391,7 @@ async fn insert_row(
         rejoin_allowed: Set(false),
         segment_faults: Set(None),
         edge_uplink: Set(reg.edge_uplink),
+        transfer_url: Set(reg.transfer_url),
     }
     .insert(txn)
     .await

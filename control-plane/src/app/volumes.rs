@@ -5,8 +5,8 @@
 //! reports back (`apply_status`).
 
 use kumo_api_types::{
-    Page, PageParams, Role, VmState, Volume, VolumeActual, VolumeAttach, VolumeCreate,
-    VolumeResize, VolumeSnapshot, VolumeSnapshotCreate, VolumeState, VolumeStatus,
+    HostState, Page, PageParams, Role, VmState, Volume, VolumeActual, VolumeAttach, VolumeCreate,
+    VolumeMove, VolumeResize, VolumeSnapshot, VolumeSnapshotCreate, VolumeState, VolumeStatus,
 };
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
@@ -35,6 +35,10 @@ async fn view(
     let host = crate::store::hosts::by_id(db, v.host_id)
         .await?
         .map(|h| h.name);
+    let moving_to = match v.move_to_host_id {
+        Some(h) => crate::store::hosts::by_id(db, h).await?.map(|h| h.name),
+        None => None,
+    };
     let vm = match v.vm_id {
         Some(id) => crate::entity::vms::Entity::find_by_id(id)
             .one(db)
@@ -51,6 +55,7 @@ async fn view(
         reason: v.reason.clone(),
         host,
         vm,
+        moving_to,
         serial: v.serial.clone(),
         created_at: v.created_at,
         updated_at: v.updated_at,
@@ -158,6 +163,9 @@ pub async fn create(
         vm_id: Set(None),
         serial: Set(new_serial()),
         source_snapshot_id: Set(source.as_ref().map(|(_, s)| s.id)),
+        move_to_host_id: Set(None),
+        move_token_sha256: Set(None),
+        moved_from_host_id: Set(None),
         created_at: Set(actor.at),
         updated_at: Set(actor.at),
     }
@@ -446,11 +454,20 @@ pub async fn delete(
                     v.name
                 )));
             }
-            if store::stored_state(&v)? == VolumeState::Deleting {
-                return Err(ApiError::Conflict(format!(
-                    "volume {:?} is being deleted already",
-                    v.name
-                )));
+            match store::stored_state(&v)? {
+                VolumeState::Deleting => {
+                    return Err(ApiError::Conflict(format!(
+                        "volume {:?} is being deleted already",
+                        v.name
+                    )));
+                }
+                VolumeState::Moving => {
+                    return Err(ApiError::Conflict(format!(
+                        "volume {:?} is being moved: cancel the move first (move it to the host it is on)",
+                        v.name
+                    )));
+                }
+                _ => {}
             }
             let snaps = store::snapshots_of(txn, v.id).await?;
             let ids: Vec<Uuid> = snaps.iter().map(|s| s.id).collect();
@@ -473,24 +490,131 @@ pub async fn delete(
     .map(|_| ())
 }
 
+/// A member moves a detached volume to another ready host: the volume's
+/// agent serves it to the destination's agent, which keeps it once the
+/// copy is whole and its checksum matches; until then the volume stays
+/// where it is, `moving`, and cannot be attached or changed. Naming the
+/// host it is on cancels a move under way (and is otherwise nothing).
+pub async fn move_to(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    volume: &str,
+    body: &VolumeMove,
+) -> Result<Volume, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    access.require(Role::Member, "moving volumes")?;
+    let txn = st.db.begin().await?;
+    let v = store::find_to_change(&txn, &tenant, volume).await?;
+    let target = crate::store::hosts::find(&txn, &body.host)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("host {:?}", body.host)))?;
+    let moving = store::stored_state(&v)? == VolumeState::Moving;
+    let mut wake = vec![v.host_id];
+    wake.extend(v.move_to_host_id);
+    let mut a: volumes::ActiveModel = v.clone().into();
+    if target.id == v.host_id {
+        if !moving {
+            return view(&txn, &v, &tenant.name).await;
+        }
+        a.state = Set(VolumeState::Available.to_text().to_owned());
+    } else {
+        if !moving {
+            detached_only(&v, "moving")?;
+        }
+        check_move(&txn, &v, &target).await?;
+        a.state = Set(VolumeState::Moving.to_text().to_owned());
+        wake.push(target.id);
+    }
+    let to = (target.id != v.host_id).then_some(target.id);
+    a.move_to_host_id = Set(to);
+    a.move_token_sha256 = Set(None);
+    a.reason = Set(None);
+    a.updated_at = Set(actor.at);
+    let row = a.update(&txn).await?;
+    wake.sort();
+    wake.dedup();
+    for h in &wake {
+        bump_revision(&txn, *h).await?;
+    }
+    let what = format!("{} → {}", row.name, target.name);
+    audit::record(&txn, actor, "volume.move", Some(&tenant), &what).await?;
+    txn.commit().await?;
+    for h in wake {
+        st.signals.notify(h);
+    }
+    view(&st.db, &row, &tenant.name).await
+}
+
+/// Whether a detached volume can go to `target`.
+async fn check_move(
+    txn: &DatabaseTransaction,
+    v: &volumes::Model,
+    target: &hosts::Model,
+) -> Result<(), ApiError> {
+    if target.state != HostState::Ready.as_str() {
+        return Err(ApiError::Conflict(format!(
+            "host {:?} is {}: volumes move to ready hosts",
+            target.name, target.state
+        )));
+    }
+    if v.moved_from_host_id == Some(target.id) {
+        return Err(ApiError::Conflict(format!(
+            "host {:?} is still removing the volume's old copy; try again in a moment",
+            target.name
+        )));
+    }
+    let source = crate::store::hosts::by_id(txn, v.host_id).await?;
+    if let Some(src) = source.filter(|h| h.transfer_url.is_none()) {
+        return Err(ApiError::Conflict(format!(
+            "host {:?}'s agent serves no transfers (an agent from before volume moves): upgrade it first",
+            src.name
+        )));
+    }
+    if !store::snapshots_of(txn, v.id).await?.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "volume {:?} has snapshots, which stay on its host: delete them before moving it",
+            v.name
+        )));
+    }
+    Ok(())
+}
+
 /// What a host's agent said of its volumes, applied row by row: made
 /// (`creating` or `error` → available, or attached), failed (`error`
-/// with the reason), gone (a volume being deleted: its row goes). A
-/// report about another host's volume, or an unknown one, changes nothing.
+/// with the reason), gone (a volume being deleted: its row goes); of a
+/// volume moving to it, its import (see [`settle_import`]); of an old copy
+/// after a move, gone. A report about another host's volume, or an
+/// unknown one, changes nothing. Answers the hosts whose revision it
+/// bumped, to wake after the commit.
 pub async fn apply_status(
     txn: &DatabaseTransaction,
     host: Uuid,
     report: &[VolumeStatus],
     now: chrono::DateTime<chrono::Utc>,
-) -> Result<(), ApiError> {
+) -> Result<Vec<Uuid>, ApiError> {
     // Every pass reports every volume: two queries for the whole report.
     let ids: Vec<Uuid> = report.iter().map(|s| s.id).collect();
-    let rows = store::on_host_among(txn, host, &ids).await?;
+    let rows = store::reported_by(txn, host, &ids).await?;
     let snaps = store::snapshots_on(txn, &ids).await?;
+    let mut wake = Vec::new();
     for s in report {
         let Some(v) = rows.iter().find(|v| v.id == s.id).cloned() else {
             continue;
         };
+        if v.move_to_host_id == Some(host) {
+            wake.extend(settle_import(txn, host, v, s, now).await?);
+            continue;
+        }
+        if v.host_id != host {
+            // The old copy of a moved volume.
+            if s.state == VolumeActual::Absent {
+                let mut a: volumes::ActiveModel = v.into();
+                a.moved_from_host_id = Set(None);
+                a.update(txn).await?;
+            }
+            continue;
+        }
         if s.state == VolumeActual::Ready {
             let of_it = snaps.iter().filter(|x| x.volume_id == v.id);
             settle_snapshots(txn, of_it, &s.snapshots).await?;
@@ -510,6 +634,10 @@ pub async fn apply_status(
                 };
                 (settled, None)
             }
+            (VolumeActual::Failed, VolumeState::Moving) => (
+                VolumeState::Moving,
+                Some(s.reason.clone().unwrap_or_else(|| "failed".into())),
+            ),
             (VolumeActual::Failed, _) => (
                 VolumeState::Error,
                 Some(s.reason.clone().unwrap_or_else(|| "failed".into())),
@@ -525,7 +653,66 @@ pub async fn apply_status(
         a.updated_at = Set(now);
         a.update(txn).await?;
     }
-    Ok(())
+    Ok(wake)
+}
+
+/// What the destination of a move said: fetching with a token (its hash
+/// is kept, and the source told), failed (the reason, retried by the
+/// agent), or whole (the volume is the destination's from now on; the
+/// source removes its copy). The hosts to wake.
+async fn settle_import(
+    txn: &DatabaseTransaction,
+    host: Uuid,
+    v: volumes::Model,
+    s: &VolumeStatus,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<Uuid>, ApiError> {
+    let source = v.host_id;
+    let token = s
+        .token_sha256
+        .as_deref()
+        .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_ascii_lowercase);
+    let mut a: volumes::ActiveModel = v.clone().into();
+    let wake = match s.state {
+        VolumeActual::Ready => {
+            a.host_id = Set(host);
+            a.moved_from_host_id = Set(Some(source));
+            a.move_to_host_id = Set(None);
+            a.move_token_sha256 = Set(None);
+            a.state = Set(VolumeState::Available.to_text().to_owned());
+            a.reason = Set(None);
+            // The copy is whole on its own: no snapshot holds it.
+            a.source_snapshot_id = Set(None);
+            vec![source, host]
+        }
+        VolumeActual::Importing | VolumeActual::Failed => {
+            let reason = (s.state == VolumeActual::Failed).then(|| {
+                let why = s.reason.as_deref().unwrap_or("failed");
+                names::cleaned(&format!("copying to the new host: {why}"), 500)
+            });
+            let new_token = token.is_some() && token != v.move_token_sha256;
+            if !new_token && reason == v.reason {
+                return Ok(Vec::new());
+            }
+            if new_token {
+                a.move_token_sha256 = Set(token);
+            }
+            a.reason = Set(reason);
+            if new_token {
+                vec![source]
+            } else {
+                Vec::new()
+            }
+        }
+        VolumeActual::Absent => return Ok(Vec::new()),
+    };
+    a.updated_at = Set(now);
+    a.update(txn).await?;
+    for h in &wake {
+        bump_revision(txn, *h).await?;
+    }
+    Ok(wake)
 }
 
 // ------------------------------------------------------------ snapshots

@@ -98,6 +98,28 @@ pub fn interface(field: &str, value: &str) -> Result<(), ApiError> {
     }
 }
 
+/// An agent's transfer address: `http://HOST:PORT` or `https://…`, an
+/// authority only (the agent serves fixed paths under it).
+pub fn transfer_url(field: &str, value: &str) -> Result<(), ApiError> {
+    let authority = value
+        .strip_prefix("http://")
+        .or_else(|| value.strip_prefix("https://"));
+    let ok = value.len() <= 200
+        && authority.is_some_and(|a| {
+            !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:[]_".contains(c))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::field(
+            field,
+            "http://HOST:PORT or https://HOST:PORT, at most 200 characters",
+        ))
+    }
+}
+
 /// Text from outside that must be kept rather than refused (a claim of an
 /// identity provider): control characters become spaces, the ends are
 /// trimmed and at most `max_chars` characters stay.
@@ -146,6 +168,28 @@ pub fn safe_next(next: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn transfer_urls_are_an_authority_only() {
+        for ok in [
+            "http://127.0.0.1:7702",
+            "https://host-1.example:443",
+            "http://[fd00::1]:80",
+        ] {
+            assert!(transfer_url("t", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "ftp://x",
+            "http://",
+            "http://a/b",
+            "http://a b",
+            "http://a?x",
+            "http://user@host",
+        ] {
+            assert!(transfer_url("t", bad).is_err(), "{bad:?}");
+        }
+    }
     use super::*;
 
     #[test]

@@ -45,6 +45,8 @@ pub struct Model {
     /// An edge host: the agent's interface towards the provider network,
     /// where segment edges put their public addresses.
     pub edge_uplink: Option<String>,
+    /// Where the agent serves volumes being moved (`http://ADDR:PORT`).
+    pub transfer_url: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -18,6 +18,12 @@ pub struct Model {
     pub serial: String,
     /// The snapshot it was made from (which stays while it does).
     pub source_snapshot_id: Option<Uuid>,
+    /// While moving: the host it is being copied to.
+    pub move_to_host_id: Option<Uuid>,
+    /// While moving: the SHA-256 of the destination agent's token.
+    pub move_token_sha256: Option<String>,
+    /// After a move: the host whose old copy is still to be removed.
+    pub moved_from_host_id: Option<Uuid>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use kumo_api_types::{HostState, VolumeState};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, Set,
+    ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Set,
 };
 use uuid::Uuid;
 
@@ -92,8 +92,9 @@ pub async fn on_host(
         .await?)
 }
 
-/// Those of `ids` that are this host's (a report names only its own).
-pub async fn on_host_among(
+/// Those of `ids` that this host may report on: its own, those being
+/// moved to it, and those whose old copy it still holds.
+pub async fn reported_by(
     db: &impl ConnectionTrait,
     host: Uuid,
     ids: &[Uuid],
@@ -102,8 +103,48 @@ pub async fn on_host_among(
         return Ok(Vec::new());
     }
     Ok(volumes::Entity::find()
-        .filter(volumes::Column::HostId.eq(host))
+        .filter(
+            Condition::any()
+                .add(volumes::Column::HostId.eq(host))
+                .add(volumes::Column::MoveToHostId.eq(host))
+                .add(volumes::Column::MovedFromHostId.eq(host)),
+        )
         .filter(volumes::Column::Id.is_in(ids.iter().copied()))
+        .all(db)
+        .await?)
+}
+
+/// The volumes being moved to a host.
+pub async fn moving_to(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+) -> Result<Vec<volumes::Model>, ApiError> {
+    Ok(volumes::Entity::find()
+        .filter(volumes::Column::MoveToHostId.eq(host))
+        .order_by_asc(volumes::Column::Id)
+        .all(db)
+        .await?)
+}
+
+/// The volumes moved off a host whose old copy it still holds.
+pub async fn moved_from(db: &impl ConnectionTrait, host: Uuid) -> Result<Vec<Uuid>, ApiError> {
+    Ok(volumes::Entity::find()
+        .select_only()
+        .column(volumes::Column::Id)
+        .filter(volumes::Column::MovedFromHostId.eq(host))
+        .into_tuple::<Uuid>()
+        .all(db)
+        .await?)
+}
+
+/// The hosts fetching volumes from this one.
+pub async fn fetching_from(db: &impl ConnectionTrait, host: Uuid) -> Result<Vec<Uuid>, ApiError> {
+    Ok(volumes::Entity::find()
+        .select_only()
+        .column(volumes::Column::MoveToHostId)
+        .filter(volumes::Column::HostId.eq(host))
+        .filter(volumes::Column::MoveToHostId.is_not_null())
+        .into_tuple::<Uuid>()
         .all(db)
         .await?)
 }

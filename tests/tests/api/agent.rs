@@ -33,6 +33,8 @@ fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> A
         edge_uplink: None,
         storage: None,
         resync: kumo_agent::run::RESYNC,
+        transfer_listen: ([127, 0, 0, 1], 0).into(),
+        transfer_url: None,
     }
 }
 

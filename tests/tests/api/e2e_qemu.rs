@@ -353,6 +353,8 @@ pub(crate) async fn qemu_host(
         resync: kumo_agent::run::RESYNC,
         // The default pool: qcow2 files under `state_dir/volumes`.
         storage: None,
+        transfer_listen: ([127, 0, 0, 1], 0).into(),
+        transfer_url: None,
     };
     (work, config)
 }

@@ -343,11 +343,16 @@ impl TestServer {
                 rails: Default::default(),
                 underlay_ip: Some(underlay.parse().unwrap()),
                 edge_uplink: None,
+                transfer_url: Some(SIM_TRANSFER_URL.into()),
             },
         )
         .await
     }
 }
+
+/// Where simulated hosts say they serve volume moves (nothing listens:
+/// a simulated destination reports an import whole at once).
+pub const SIM_TRANSFER_URL: &str = "http://127.0.0.1:9";
 
 impl SimAgent {
     pub async fn register(
@@ -377,6 +382,7 @@ impl SimAgent {
                 rails: Default::default(),
                 underlay_ip: None,
                 edge_uplink: None,
+                transfer_url: Some(SIM_TRANSFER_URL.into()),
             },
         )
         .await
@@ -506,7 +512,7 @@ impl SimAgent {
             .json(&kumo_api_types::StatusReport {
                 vms: report,
                 // Volumes and their snapshots are made at once and
-                // deleted at once.
+                // deleted at once; a volume moving here arrives at once.
                 volumes: d
                     .volumes
                     .iter()
@@ -514,6 +520,10 @@ impl SimAgent {
                         let s = (v.id, kumo_api_types::VolumeActual::Ready);
                         (s, v.snapshots.clone())
                     })
+                    .chain(d.imports.iter().map(|i| {
+                        let s = (i.volume, kumo_api_types::VolumeActual::Ready);
+                        (s, Vec::new())
+                    }))
                     .chain(d.delete_volumes.iter().map(|id| {
                         let s = (*id, kumo_api_types::VolumeActual::Absent);
                         (s, Vec::new())
@@ -524,6 +534,7 @@ impl SimAgent {
                         size_gib: None,
                         reason: None,
                         snapshots,
+                        token_sha256: None,
                     })
                     .collect(),
             })

@@ -169,6 +169,7 @@ async fn noisy_neighbour(backend: Backend) {
             rails: Default::default(),
             underlay_ip: None,
             edge_uplink: None,
+            transfer_url: None,
         })
         .send()
         .await

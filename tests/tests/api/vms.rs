@@ -94,6 +94,7 @@ on_both_backends! {
                     rails: Default::default(),
                     underlay_ip: None,
                     edge_uplink: None,
+                    transfer_url: None,
                 })
                 .send()
                 .await
@@ -156,6 +157,7 @@ on_both_backends! {
                         topology: crate::harness::fixture_topology("cpu-only"),
                         virt_type: "kvm".into(), scalable_unit: None, rails: Default::default(), underlay_ip: None,
                         edge_uplink: None,
+                        transfer_url: None,
                     })
                     .send().await.unwrap().status().as_u16()
             }

@@ -36,6 +36,8 @@ fn agent_config(s: &TestServer, join: &str, dir: &Path, name: &str) -> AgentConf
         edge_uplink: None,
         resync: kumo_agent::run::RESYNC,
         storage: None,
+        transfer_listen: ([127, 0, 0, 1], 0).into(),
+        transfer_url: None,
     }
 }
 

@@ -184,6 +184,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(volumes::resize))
         .routes(routes!(volumes::attach))
         .routes(routes!(volumes::detach))
+        .routes(routes!(volumes::move_to))
         .routes(routes!(volumes::create_snapshot, volumes::list_snapshots))
         .routes(routes!(volumes::delete_snapshot))
         .routes(routes!(billing::put_rates, billing::get_rates))

@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use kumo_api_types::{
-    Page, PageParams, Volume, VolumeAttach, VolumeCreate, VolumeResize, VolumeSnapshot,
+    Page, PageParams, Volume, VolumeAttach, VolumeCreate, VolumeMove, VolumeResize, VolumeSnapshot,
     VolumeSnapshotCreate,
 };
 
@@ -123,6 +123,32 @@ pub async fn attach(
 ) -> Result<axum::Json<Volume>, ApiError> {
     Ok(axum::Json(
         app::attach(&st, &ctx, &tenant, &volume, &body).await?,
+    ))
+}
+
+/// Move a detached volume to another host (members): its host's agent
+/// sends it to that host's agent, which keeps it once the copy is whole
+/// and its checksum matches; `moving` until then. Naming the host it is
+/// on cancels a move under way. 409 while attached, with snapshots, or
+/// towards a host that is not ready.
+#[utoipa::path(
+    post, path = "/api/v1/tenants/{tenant}/volumes/{volume}/move", tag = "volumes",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("volume" = String, Path, description = "Volume name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    request_body = VolumeMove,
+    responses((status = 200, description = "Moving (or, to its own host, no longer)", body = Volume), Problems)
+)]
+pub async fn move_to(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, volume)): Path<(String, String)>,
+    Json(body): Json<VolumeMove>,
+) -> Result<axum::Json<Volume>, ApiError> {
+    Ok(axum::Json(
+        app::move_to(&st, &ctx, &tenant, &volume, &body).await?,
     ))
 }
 

@@ -1,0 +1,418 @@
+//! Moving volumes between hosts, agent to agent.
+//!
+//! The destination's agent fetches the volume from the source's agent
+//! (`GET <transfer url>/v1/volumes/<id>`) and keeps it only when it is
+//! whole and its SHA-256 matches what the source announced
+//! ([`crate::storage::Backend::import`]: written under a partial name,
+//! renamed at the end). The server only brokers:
+//!
+//! 1. the destination makes a random token, keeps it in memory only and
+//!    reports its SHA-256 (`VolumeStatus.token_sha256`, state `importing`);
+//! 2. the server hands that hash to the source (`DesiredState.exports`);
+//! 3. the source serves the volume to whoever shows a token with that
+//!    hash, and to nobody once the move is over (its desired state no
+//!    longer lists it).
+//!
+//! So no token is ever stored or sent by the server, one move's token
+//! opens that one volume only, and it dies with the move. An import
+//! runs in its own task: a large copy never holds up the pass, and one
+//! volume's failure (a source that is gone, a checksum that does not
+//! match) is reported for that volume and retried every
+//! [`RETRY`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kumo_api_types::{DesiredExport, DesiredImport, VolumeActual, VolumeStatus};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::storage::{Backend, Observed, GIB};
+
+/// The response header with the SHA-256 (hex) of the volume's contents.
+pub const SHA256_HEADER: &str = "x-kumo-sha256";
+
+/// How long a failed import waits before it is tried again.
+pub const RETRY: Duration = Duration::from_secs(2);
+
+/// Chunks in flight between the network and the blocking storage side.
+const CHANNEL: usize = 8;
+
+/// A transfer's token: 32 random bytes, hex.
+fn new_token() -> String {
+    let mut b = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
+    hex::encode(b)
+}
+
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// One import this agent is doing or has tried.
+struct Import {
+    /// Shown to the source; never leaves this process otherwise.
+    token: String,
+    running: bool,
+    /// Bumped for every task started, so a task that was superseded (its
+    /// volume dropped and asked again) does not write its outcome.
+    generation: u64,
+    failed: Option<(String, Instant)>,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+/// The host's side of volume moves: what it serves and what it fetches.
+pub struct Transfers {
+    storage: Arc<dyn Backend>,
+    /// Volumes served to other hosts, with the SHA-256 of the token each
+    /// is fetched with.
+    exports: Mutex<BTreeMap<Uuid, String>>,
+    /// Volumes being served right now (one fetch at a time each).
+    serving: Mutex<BTreeSet<Uuid>>,
+    imports: Mutex<BTreeMap<Uuid, Import>>,
+    http: reqwest::Client,
+}
+
+impl Transfers {
+    pub fn new(storage: Arc<dyn Backend>) -> Arc<Transfers> {
+        Arc::new(Transfers {
+            storage,
+            exports: Mutex::default(),
+            serving: Mutex::default(),
+            imports: Mutex::default(),
+            // No overall timeout: a volume takes as long as it takes; a
+            // source that stops sending is caught by the read timeout.
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .read_timeout(Duration::from_secs(300))
+                .build()
+                .unwrap_or_default(),
+        })
+    }
+
+    /// The volumes to serve, as the desired state says: any other is
+    /// refused from now on.
+    pub fn set_exports(&self, exports: &[DesiredExport]) {
+        *self.exports.lock().unwrap_or_else(|e| e.into_inner()) = exports
+            .iter()
+            .map(|e| (e.volume, e.token_sha256.to_ascii_lowercase()))
+            .collect();
+    }
+
+    /// Brings the imports to what the desired state says: starts those
+    /// not running (a failed one after [`RETRY`]), stops those no longer
+    /// wanted; answers what to report of each. `present` is what the pool
+    /// holds: an import found there is whole (`ready`).
+    pub fn converge_imports(
+        self: &Arc<Self>,
+        want: &[DesiredImport],
+        present: &[Observed],
+    ) -> Vec<VolumeStatus> {
+        let mut imports = self.imports.lock().unwrap_or_else(|e| e.into_inner());
+        imports.retain(|id, i| {
+            let keep = want.iter().any(|w| w.volume == *id);
+            if !keep {
+                if let Some(t) = &i.task {
+                    t.abort();
+                }
+            }
+            keep
+        });
+        let mut report = Vec::new();
+        for w in want {
+            if let Some(o) = present.iter().find(|o| o.id == w.volume) {
+                imports.remove(&w.volume);
+                report.push(VolumeStatus {
+                    id: w.volume,
+                    state: VolumeActual::Ready,
+                    size_gib: Some(u32::try_from(o.size_bytes / GIB).unwrap_or(u32::MAX)),
+                    reason: None,
+                    snapshots: Vec::new(),
+                    token_sha256: None,
+                });
+                continue;
+            }
+            let i = imports.entry(w.volume).or_insert_with(|| Import {
+                token: new_token(),
+                running: false,
+                generation: 0,
+                failed: None,
+                task: None,
+            });
+            let due = i
+                .failed
+                .as_ref()
+                .is_none_or(|(_, at)| at.elapsed() >= RETRY);
+            if !i.running && due {
+                i.running = true;
+                i.generation += 1;
+                let (me, w, token, generation) =
+                    (self.clone(), w.clone(), i.token.clone(), i.generation);
+                i.task = Some(
+                    tokio::spawn(async move {
+                        let outcome = me.fetch(&w, &token).await;
+                        if let Err(e) = &outcome {
+                            tracing::warn!(volume = %w.volume, from = %w.from, error = %e, "volume import failed; retrying");
+                        } else {
+                            tracing::info!(volume = %w.volume, from = %w.from, "volume imported");
+                        }
+                        let mut imports = me.imports.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(i) = imports.get_mut(&w.volume) {
+                            if i.generation == generation {
+                                i.running = false;
+                                i.failed = outcome.err().map(|e| (e, Instant::now()));
+                            }
+                        }
+                    })
+                    .abort_handle(),
+                );
+            }
+            let (state, reason) = match (&i.failed, i.running) {
+                (Some((why, _)), false) => (VolumeActual::Failed, Some(why.clone())),
+                _ => (VolumeActual::Importing, None),
+            };
+            report.push(VolumeStatus {
+                id: w.volume,
+                state,
+                size_gib: None,
+                reason,
+                snapshots: Vec::new(),
+                token_sha256: Some(sha256_hex(&i.token)),
+            });
+        }
+        report
+    }
+
+    /// Whether an import is under way (for tests and logs).
+    pub fn importing(&self, volume: Uuid) -> bool {
+        self.imports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&volume)
+            .is_some_and(|i| i.running)
+    }
+
+    /// Fetches one volume from its source into the pool.
+    async fn fetch(&self, w: &DesiredImport, token: &str) -> Result<(), String> {
+        let url = format!("{}/v1/volumes/{}", w.from.trim_end_matches('/'), w.volume);
+        let mut resp = self
+            .http
+            .get(&url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach the source at {}: {e}", w.from))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            let body: String = body.chars().take(200).collect();
+            return Err(format!("the source answered {status}: {}", body.trim()));
+        }
+        let size = resp
+            .content_length()
+            .ok_or("the source sent no Content-Length")?;
+        if size > u64::from(w.size_gib).saturating_mul(GIB) {
+            return Err(format!(
+                "the source sent {size} bytes for a volume of {} GiB",
+                w.size_gib
+            ));
+        }
+        let sha = resp
+            .headers()
+            .get(SHA256_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or(format!("the source sent no {SHA256_HEADER}"))?
+            .to_owned();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(CHANNEL);
+        let storage = self.storage.clone();
+        let id = w.volume;
+        let import = tokio::task::spawn_blocking(move || {
+            let mut reader = ChannelReader {
+                rx,
+                chunk: Bytes::new(),
+            };
+            storage.import(id, size, &mut reader, &sha)
+        });
+        // An abort of this task drops `tx`: the import sees a short stream
+        // and leaves nothing.
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => {
+                    if tx.send(Ok(c)).await.is_err() {
+                        break; // the import stopped: its error says why
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("receiving: {e}"))).await;
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        import
+            .await
+            .map_err(|e| format!("import task: {e}"))?
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Blocking `Read` over chunks arriving from an async task.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<Result<Bytes, String>>,
+    chunk: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(Ok(c)) => self.chunk = c,
+                Some(Err(e)) => return Err(std::io::Error::other(e)),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk[..n]);
+        self.chunk = self.chunk.slice(n..);
+        Ok(n)
+    }
+}
+
+/// Blocking `Write` into chunks for an async response body.
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tx
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "fetch ended"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Frees a volume's one fetch when the response is done or dropped.
+struct Serving(Arc<Transfers>, Uuid);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0
+            .serving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
+}
+
+fn refuse(status: StatusCode, why: &str) -> Response {
+    (status, why.to_owned()).into_response()
+}
+
+/// `GET /v1/volumes/{id}`: the volume's raw contents, `Content-Length`
+/// long, with their SHA-256 in [`SHA256_HEADER`]; only to the bearer of
+/// the move's token, one fetch at a time.
+async fn serve_volume(
+    State(t): State<Arc<Transfers>>,
+    Path(id): Path<Uuid>,
+    headers: HeaderMap,
+) -> Response {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let expected = t
+        .exports
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .cloned();
+    let Some(expected) = expected else {
+        return refuse(StatusCode::NOT_FOUND, "no move of this volume is under way");
+    };
+    let shown = token.map(sha256_hex).unwrap_or_default();
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(
+        shown.as_bytes(),
+        expected.as_bytes(),
+    )) {
+        return refuse(StatusCode::UNAUTHORIZED, "not this move's token");
+    }
+    if !t
+        .serving
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id)
+    {
+        return refuse(StatusCode::CONFLICT, "the volume is being sent already");
+    }
+    let serving = Serving(t.clone(), id);
+    let storage = t.storage.clone();
+    let measured = tokio::task::spawn_blocking(move || {
+        let size = storage
+            .observe()?
+            .into_iter()
+            .find(|o| o.id == id)
+            .map(|o| o.size_bytes)
+            .ok_or(crate::storage::StorageError::NoVolume(id))?;
+        Ok::<_, crate::storage::StorageError>((size, storage.checksum(id)?))
+    })
+    .await;
+    let (size, sha) = match measured {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL);
+    let storage = t.storage.clone();
+    tokio::task::spawn_blocking(move || {
+        let _serving = serving;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, ChannelWriter { tx: tx.clone() });
+        let sent = storage.export(id, &mut w).and_then(|()| {
+            w.flush()
+                .map_err(crate::storage::StorageError::io("sending the volume"))
+        });
+        if let Err(e) = sent {
+            tracing::warn!(volume = %id, error = %e, "sending a volume failed");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_LENGTH, size.to_string()),
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::HeaderName::from_static(SHA256_HEADER), sha),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The transfer server's routes.
+pub fn router(t: Arc<Transfers>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/volumes/{id}", axum::routing::get(serve_volume))
+        .with_state(t)
+}
+
+/// Serves transfers on `listener` until the process ends.
+pub fn serve(listener: tokio::net::TcpListener, t: Arc<Transfers>) {
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(t)).await {
+            tracing::error!(error = %e, "the transfer server stopped");
+        }
+    });
+}
