@@ -5,7 +5,8 @@ use std::io::Write;
 
 use clap::Subcommand;
 use kumo_api_types::{
-    Volume, VolumeAttach, VolumeCreate, VolumeResize, VolumeSnapshot, VolumeSnapshotCreate,
+    Volume, VolumeAttach, VolumeCreate, VolumeMove, VolumeResize, VolumeSnapshot,
+    VolumeSnapshotCreate, VolumeState,
 };
 
 use crate::client::{segment, Client};
@@ -63,6 +64,19 @@ pub enum VolumeCmd {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// Move a detached volume to another host (copied agent to agent,
+    /// kept there once whole and checksummed). Naming the host it is on
+    /// cancels a move under way.
+    Move {
+        name: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        #[arg(long)]
+        host: String,
+        /// Wait until the move is over (or failed).
+        #[arg(long)]
+        wait: bool,
+    },
     /// Snapshot a detached volume (kept on its host).
     Snapshot {
         name: String,
@@ -98,9 +112,15 @@ fn table(vs: &[Volume]) -> String {
         t.row(vec![
             v.name.clone(),
             format!("{} GiB", v.size_gib),
-            match &v.reason {
-                Some(r) => format!("{} ({r})", v.state.as_str()),
-                None => v.state.as_str().to_owned(),
+            {
+                let state = match &v.moving_to {
+                    Some(h) => format!("{} to {h}", v.state.as_str()),
+                    None => v.state.as_str().to_owned(),
+                };
+                match &v.reason {
+                    Some(r) => format!("{state} ({r})"),
+                    None => state,
+                }
             },
             v.host.clone().unwrap_or_else(|| "-".into()),
             v.vm.clone().unwrap_or_else(|| "-".into()),
@@ -181,6 +201,36 @@ pub async fn volume(
                 &serde_json::json!({}),
             )
             .await?
+        }
+        VolumeCmd::Move {
+            name,
+            tenant,
+            host,
+            wait,
+        } => {
+            let path = one(tenant, name);
+            let mut v: Volume = c
+                .post(&format!("{path}/move"), &VolumeMove { host: host.clone() })
+                .await?;
+            let mut said = None;
+            while *wait && v.state == VolumeState::Moving {
+                if v.reason.is_some() && v.reason != said {
+                    // A failed copy is retried: say why while waiting.
+                    eprintln!("still moving: {}", v.reason.as_deref().unwrap_or_default());
+                    said = v.reason.clone();
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                v = c.get(&path).await?;
+            }
+            if *wait && v.host.as_deref() != Some(host.as_str()) {
+                anyhow::bail!(
+                    "volume {name} is {} on {}, not on {host}{}",
+                    v.state.as_str(),
+                    v.host.as_deref().unwrap_or("-"),
+                    v.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                );
+            }
+            v
         }
         VolumeCmd::Snapshot {
             name,

@@ -546,6 +546,11 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
     ),
     (
         "POST",
+        "/api/v1/tenants/{tenant}/volumes/{volume}/move",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
         "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots",
         [201, 201, 201, 403, 404, 401, 401, 401],
     ),
@@ -718,6 +723,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         }
         ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/attach") => {
             Some(json!({"vm": "alpha-vm"}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/move") => {
+            Some(json!({"host": "host-3"}))
         }
         ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots") => {
             Some(json!({"name": format!("snap-{n}")}))

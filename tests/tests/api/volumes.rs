@@ -606,3 +606,101 @@ on_both_backends! {
         let _ = a;
     }
 }
+
+on_both_backends! {
+    async fn a_detached_volume_moves_to_another_host_whole(s: &TestServer) {
+        s.tenant("lab").await;
+        let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        let dir = scratch();
+        let join = s.join_token().await;
+        let a = Agent::start(agent_config(s, &join, dir.path(), "mv-a")).await.unwrap();
+        let b = Agent::start(agent_config(s, &join, dir.path(), "mv-b")).await.unwrap();
+        let pass = async || {
+            a.sync_once(None).await.unwrap();
+            b.sync_once(None).await.unwrap();
+        };
+        let file = |host: &str, id: uuid::Uuid| {
+            dir.path().join(format!("{host}/state/volumes/vol-{id}.qcow2"))
+        };
+        let names_of = |host: &str, id: uuid::Uuid| -> Vec<String> {
+            std::fs::read_dir(dir.path().join(format!("{host}/state/volumes")))
+                .map(|d| {
+                    d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.contains(&id.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+
+        // `data` on mv-a, a copy of a snapshot of `base`, with a marker.
+        let base = post(s, "", json!({"name": "base", "size_gib": 1})).await.unwrap();
+        assert_eq!(base.host.as_deref(), Some("mv-a"));
+        pass().await;
+        assert!(qemu_io(&file("mv-a", base.id), "write", 0x5a));
+        let _: kumo_api_types::VolumeSnapshot = s.admin
+            .post("/api/v1/tenants/lab/volumes/base/snapshots", &json!({"name": "snap1"}))
+            .await
+            .unwrap();
+        pass().await;
+        let data = post(s, "", json!({"name": "data", "from_snapshot": "base@snap1"})).await.unwrap();
+        pass().await;
+        assert_eq!(volume(s, "data").await.state, VolumeState::Available);
+        assert!(qemu_io(&file("mv-a", data.id), "read", 0x5a));
+
+        // Refusals change nothing.
+        assert_eq!(post(s, "/data/move", json!({"host": "nope"})).await.unwrap_err(), 404);
+        assert_eq!(post(s, "/data/move", json!({"hots": "mv-b"})).await.unwrap_err(), 400);
+        assert_eq!(post(s, "/base/move", json!({"host": "mv-b"})).await.unwrap_err(), 409, "it has a snapshot");
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/mv-b/drain", &json!({})).await.unwrap();
+        assert_eq!(post(s, "/data/move", json!({"host": "mv-b"})).await.unwrap_err(), 409, "a drained host");
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/mv-b/undrain", &json!({})).await.unwrap();
+        s.tenant("other").await;
+        let e = s.admin
+            .post::<_, Volume>("/api/v1/tenants/other/volumes/data/move", &json!({"host": "mv-b"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(404), "another tenant's volume does not exist");
+        let v = volume(s, "data").await;
+        assert_eq!((v.state, v.host.as_deref(), v.moving_to.as_deref()), (VolumeState::Available, Some("mv-a"), None));
+
+        // Moving: it stays on mv-a and cannot be attached, grown,
+        // snapshotted or deleted until the copy on mv-b is whole.
+        let m = post(s, "/data/move", json!({"host": "mv-b"})).await.unwrap();
+        assert_eq!((m.state, m.host.as_deref(), m.moving_to.as_deref()), (VolumeState::Moving, Some("mv-a"), Some("mv-b")));
+        assert_eq!(post(s, "/data/resize", json!({"size_gib": 2})).await.unwrap_err(), 409);
+        assert_eq!(post(s, "/data/snapshots", json!({"name": "snapx"})).await.unwrap_err(), 409);
+        assert_eq!(s.admin.delete("/api/v1/tenants/lab/volumes/data").await.unwrap_err().status(), Some(409));
+        let moved = std::time::Instant::now();
+        loop {
+            pass().await;
+            let v = volume(s, "data").await;
+            if v.state == VolumeState::Available {
+                assert_eq!(v.host.as_deref(), Some("mv-b"));
+                assert_eq!(v.moving_to, None);
+                break;
+            }
+            assert_eq!(v.state, VolumeState::Moving, "{:?}", v.reason);
+            assert!(moved.elapsed() < Duration::from_secs(90), "still moving: {:?}", v.reason);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!("1 GiB volume moved in {:?}", moved.elapsed());
+        assert!(qemu_io(&file("mv-b", data.id), "read", 0x5a), "the marker arrived");
+        pass().await;
+        assert!(names_of("mv-a", data.id).is_empty(), "mv-a removed its copy: {:?}", names_of("mv-a", data.id));
+        // The copy stands alone: the snapshot it was made from can go.
+        s.admin.delete("/api/v1/tenants/lab/volumes/base/snapshots/snap1").await.unwrap();
+
+        // To the host it is on: nothing. A move cancelled (by naming the
+        // host it is on) leaves nothing at the destination.
+        assert_eq!(post(s, "/data/move", json!({"host": "mv-b"})).await.unwrap().state, VolumeState::Available);
+        assert_eq!(post(s, "/data/move", json!({"host": "mv-a"})).await.unwrap().state, VolumeState::Moving);
+        pass().await;
+        let back = post(s, "/data/move", json!({"host": "mv-b"})).await.unwrap();
+        assert_eq!((back.state, back.host.as_deref(), back.moving_to), (VolumeState::Available, Some("mv-b"), None));
+        pass().await;
+        pass().await;
+        assert!(!a.transfers.importing(data.id));
+        assert!(names_of("mv-a", data.id).is_empty(), "{:?}", names_of("mv-a", data.id));
+        assert!(qemu_io(&file("mv-b", data.id), "read", 0x5a), "mv-b keeps it");
+    }
+}
