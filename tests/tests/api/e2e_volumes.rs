@@ -3,7 +3,8 @@
 //! A volume attached to a running VM is hot-plugged: the guest sees a
 //! virtio disk with the volume's serial and writes a marker on it; it is
 //! unplugged live on detach; it outlives the VM; a second VM that has it
-//! from its definition at boot reads the marker back.
+//! from its definition at boot reads the marker back; moved to a second
+//! host (agent to agent, checksummed), a third VM there reads it too.
 //! `cargo xtask test` installs QEMU and libvirtd and starts them.
 
 use std::os::unix::fs::PermissionsExt;
@@ -349,7 +350,8 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     );
     assert_eq!(got.trim(), marker, "B reads what A wrote");
 
-    // Tidy: B goes, then the volume.
+    // B goes; the volume moves to a second host, agent to agent, and a
+    // VM made with it there reads the marker.
     s.admin
         .delete("/api/v1/tenants/vols/vms/vm-b")
         .await
@@ -361,11 +363,108 @@ async fn a_volume_outlives_its_vm_on_qemu() {
             .then_some(())
     })
     .await;
+    let (_work2, config2) = qemu_host(&s, &guest, "vol-host-2").await;
+    let state_dir2 = config2.state_dir.clone();
+    let agent2 = Agent::start(config2).await.unwrap();
+    let hb2 = agent2.client.clone();
+    let heartbeat2 = tokio::spawn(async move {
+        loop {
+            let _ = hb2.heartbeat(&Default::default()).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+    let moving: Volume = s
+        .admin
+        .post(
+            "/api/v1/tenants/vols/volumes/data/move",
+            &json!({"host": "vol-host-2"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(moving.state, VolumeState::Moving);
+    let move_started = Instant::now();
+    until(
+        "the volume to arrive on vol-host-2",
+        Duration::from_secs(120),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            agent2.sync_once(None).await.unwrap();
+            let v: Volume = s
+                .admin
+                .get("/api/v1/tenants/vols/volumes/data")
+                .await
+                .unwrap();
+            assert_ne!(v.state, VolumeState::Error, "{:?}", v.reason);
+            (v.state == VolumeState::Available && v.host.as_deref() == Some("vol-host-2"))
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "move → on vol-host-2 (1 GiB checksummed, sent, imported) {:?}",
+        move_started.elapsed()
+    );
+    let file2 = state_dir2.join(format!("volumes/vol-{}.qcow2", data.id));
+    assert!(file2.exists(), "{} is not there", file2.display());
+    until(
+        "vol-host's old copy to go",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            (!file.exists()).then_some(())
+        },
+    )
+    .await;
+    let booted_c = Instant::now();
+    let mut c_body = vm_body("vm-c");
+    c_body["volumes"] = json!(["data"]);
+    let c: Vm = s
+        .admin
+        .post("/api/v1/tenants/vols/vms", &c_body)
+        .await
+        .unwrap();
+    cleanup.0.push(c.id.to_string());
+    assert_eq!(
+        c.host.as_deref(),
+        Some("vol-host-2"),
+        "placed with its volume"
+    );
+    agent2.sync_once(None).await.unwrap();
+    let v: Vm = s.admin.get("/api/v1/tenants/vols/vms/vm-c").await.unwrap();
+    assert_eq!(v.state, VmState::Running, "{:?}", v.reason);
+    let dom_c = conn
+        .lookup_domain_by_uuid_string(&c.id.to_string())
+        .unwrap();
+    let dev = until(
+        "the disk in guest C",
+        Duration::from_secs(120),
+        async || disk_with_serial(&dom_c, &data.serial).await,
+    )
+    .await;
+    let got = guest_sh(&dom_c, &read(&dev)).await.unwrap();
+    println!(
+        "C on vol-host-2: boot → marker read from /dev/{dev} {:?} after the request",
+        booted_c.elapsed()
+    );
+    assert_eq!(got.trim(), marker, "C, on another host, reads what A wrote");
+
+    // Tidy: C goes, then the volume.
+    s.admin
+        .delete("/api/v1/tenants/vols/vms/vm-c")
+        .await
+        .unwrap();
+    until("C's domain to go", Duration::from_secs(60), async || {
+        agent2.sync_once(None).await.unwrap();
+        conn.lookup_domain_by_uuid_string(&c.id.to_string())
+            .is_err()
+            .then_some(())
+    })
+    .await;
     until(
         "the volume to be deletable",
         Duration::from_secs(60),
         async || {
-            agent.sync_once(None).await.unwrap();
+            agent2.sync_once(None).await.unwrap();
             s.admin
                 .delete("/api/v1/tenants/vols/volumes/data")
                 .await
@@ -377,11 +476,12 @@ async fn a_volume_outlives_its_vm_on_qemu() {
         "the volume's file to go",
         Duration::from_secs(60),
         async || {
-            agent.sync_once(None).await.unwrap();
-            (!file.exists()).then_some(())
+            agent2.sync_once(None).await.unwrap();
+            (!file2.exists()).then_some(())
         },
     )
     .await;
     heartbeat.abort();
+    heartbeat2.abort();
     s.stop().await;
 }
