@@ -72,6 +72,7 @@ pub fn word(lang: Lang, w: &str) -> String {
         "creating" => "作成中",
         "available" => "利用可能",
         "attached" => "接続中",
+        "moving" => "移動中",
         "error" => "エラー",
         "unknown" => "不明",
         "start" => "起動",

@@ -667,6 +667,9 @@ on_both_backends! {
         // snapshotted or deleted until the copy on mv-b is whole.
         let m = post(s, "/data/move", json!({"host": "mv-b"})).await.unwrap();
         assert_eq!((m.state, m.host.as_deref(), m.moving_to.as_deref()), (VolumeState::Moving, Some("mv-a"), Some("mv-b")));
+        let portal = s.portal_admin().await;
+        let page = s.page(&portal, "/t/lab/volumes").await;
+        assert!(page.contains("moving → mv-b"), "the portal says where it goes: {page}");
         assert_eq!(post(s, "/data/resize", json!({"size_gib": 2})).await.unwrap_err(), 409);
         assert_eq!(post(s, "/data/snapshots", json!({"name": "snapx"})).await.unwrap_err(), 409);
         assert_eq!(s.admin.delete("/api/v1/tenants/lab/volumes/data").await.unwrap_err().status(), Some(409));

@@ -343,9 +343,15 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
                 Cell::text(format!("{} GiB", vol.size_gib)),
                 Cell::State {
                     word: vol.state.as_str().into(),
-                    label: match &vol.reason {
-                        Some(r) => format!("{} ({r})", word(l, vol.state.as_str())),
-                        None => word(l, vol.state.as_str()),
+                    label: {
+                        let state = match &vol.moving_to {
+                            Some(h) => format!("{} → {h}", word(l, vol.state.as_str())),
+                            None => word(l, vol.state.as_str()),
+                        };
+                        match &vol.reason {
+                            Some(r) => format!("{state} ({r})"),
+                            None => state,
+                        }
                     },
                 },
                 Cell::text(vol.host.as_deref().unwrap_or("-")),
