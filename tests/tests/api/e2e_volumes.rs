@@ -85,7 +85,31 @@ fn free_root_ports(xml: &str) -> usize {
     ports.difference(&used).count()
 }
 
-/// Removes the test's domains whatever happens.
+/// Deletes one of `vols`'s VMs and passes its host's agent until its
+/// domain is gone.
+async fn delete_vm(
+    s: &TestServer,
+    agent: &Agent,
+    conn: &virt::connect::Connect,
+    name: &str,
+    id: uuid::Uuid,
+) {
+    s.admin
+        .delete(&format!("/api/v1/tenants/vols/vms/{name}"))
+        .await
+        .unwrap();
+    until(
+        &format!("{name}'s domain to go"),
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            conn.lookup_domain_by_uuid_string(&id.to_string())
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_outlives_its_vm_on_qemu() {
@@ -287,17 +311,7 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     );
 
     // A goes; the volume stays, available, with its file.
-    s.admin
-        .delete("/api/v1/tenants/vols/vms/vm-a")
-        .await
-        .unwrap();
-    until("A's domain to go", Duration::from_secs(60), async || {
-        agent.sync_once(None).await.unwrap();
-        conn.lookup_domain_by_uuid_string(&a.id.to_string())
-            .is_err()
-            .then_some(())
-    })
-    .await;
+    delete_vm(&s, &agent, &conn, "vm-a", a.id).await;
     let v: Volume = s
         .admin
         .get("/api/v1/tenants/vols/volumes/data")
@@ -352,17 +366,7 @@ async fn a_volume_outlives_its_vm_on_qemu() {
 
     // B goes; the volume moves to a second host, agent to agent, and a
     // VM made with it there reads the marker.
-    s.admin
-        .delete("/api/v1/tenants/vols/vms/vm-b")
-        .await
-        .unwrap();
-    until("B's domain to go", Duration::from_secs(60), async || {
-        agent.sync_once(None).await.unwrap();
-        conn.lookup_domain_by_uuid_string(&b.id.to_string())
-            .is_err()
-            .then_some(())
-    })
-    .await;
+    delete_vm(&s, &agent, &conn, "vm-b", b.id).await;
     let (_work2, config2) = qemu_host(&s, &guest, "vol-host-2").await;
     let state_dir2 = config2.state_dir.clone();
     let agent2 = Agent::start(config2).await.unwrap();
@@ -449,17 +453,7 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     assert_eq!(got.trim(), marker, "C, on another host, reads what A wrote");
 
     // Tidy: C goes, then the volume.
-    s.admin
-        .delete("/api/v1/tenants/vols/vms/vm-c")
-        .await
-        .unwrap();
-    until("C's domain to go", Duration::from_secs(60), async || {
-        agent2.sync_once(None).await.unwrap();
-        conn.lookup_domain_by_uuid_string(&c.id.to_string())
-            .is_err()
-            .then_some(())
-    })
-    .await;
+    delete_vm(&s, &agent2, &conn, "vm-c", c.id).await;
     until(
         "the volume to be deletable",
         Duration::from_secs(60),
