@@ -392,6 +392,11 @@ impl Agent {
             .collect();
         let delete = desired.delete_volumes.clone();
         self.transfers.set_exports(&desired.exports);
+        if desired.imports.is_empty() {
+            // Moves called off (or over): their imports stop, their
+            // partials go.
+            self.transfers.converge_imports(&[], &[]);
+        }
         if want.is_empty() && delete.is_empty() && desired.imports.is_empty() {
             return Default::default();
         }

@@ -661,8 +661,13 @@ mod transfer {
     }
 
     /// A source that announces `announced` as the checksum and sends
-    /// `send` of the `len` bytes of `pattern` before closing.
+    /// `send` of the `len` bytes of `pattern` before failing (or, with
+    /// `stall`, before sending nothing more).
     async fn fake_source(len: u64, send: u64, announced: String) -> String {
+        fake_source_with(len, send, announced, false).await
+    }
+
+    async fn fake_source_with(len: u64, send: u64, announced: String, stall: bool) -> String {
         use axum::body::{Body, Bytes};
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
@@ -673,8 +678,16 @@ mod transfer {
                 async move {
                     let chunks = (0..send / MIB)
                         .map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; MIB as usize])));
-                    let cut = (send < len).then(|| Err(std::io::Error::other("cut")));
-                    let body = Body::from_stream(tokio_stream::iter(chunks.chain(cut)));
+                    let cut = (send < len && !stall).then(|| Err(std::io::Error::other("cut")));
+                    let sent = tokio_stream::iter(chunks.chain(cut));
+                    let body = if stall {
+                        Body::from_stream(tokio_stream::StreamExt::chain(
+                            sent,
+                            tokio_stream::pending(),
+                        ))
+                    } else {
+                        Body::from_stream(sent)
+                    };
                     (
                         [
                             ("content-length", len.to_string()),
@@ -726,5 +739,49 @@ mod transfer {
         };
         let r = converge_until(&dest, &*dst, &want, VolumeActual::Ready).await;
         assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_import_called_off_stops_and_leaves_nothing() {
+        let len = 64 * MIB;
+        let b = Qcow2Pool::new();
+        let dst = backend(&b);
+        let dest = Transfers::new(dst.clone());
+        let want = DesiredImport {
+            volume: Uuid::new_v4(),
+            size_gib: 1,
+            from: fake_source_with(len, len / 2, "0".repeat(64), true).await,
+        };
+        // Any file of it in the pool (which the import makes).
+        let partial = |id: Uuid| {
+            std::fs::read_dir(&b.backend.dir).is_ok_and(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().contains(&id.to_string()))
+            })
+        };
+        dest.converge_imports(std::slice::from_ref(&want), &[]);
+        let start = Instant::now();
+        while !partial(want.volume) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the import never began"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            dest.importing(want.volume),
+            "half sent, then the source stalls"
+        );
+        // The move is called off: the desired state lists no import.
+        assert!(dest.converge_imports(&[], &[]).is_empty());
+        assert!(!dest.importing(want.volume));
+        while partial(want.volume) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the partial stayed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(dst.observe().unwrap().is_empty());
     }
 }

@@ -564,12 +564,16 @@ async fn check_move(
             target.name
         )));
     }
+    // Both agents must know moves: an agent from before them reports no
+    // transfer address (and would neither serve nor fetch).
     let source = crate::store::hosts::by_id(txn, v.host_id).await?;
-    if let Some(src) = source.filter(|h| h.transfer_url.is_none()) {
-        return Err(ApiError::Conflict(format!(
-            "host {:?}'s agent serves no transfers (an agent from before volume moves): upgrade it first",
-            src.name
-        )));
+    for h in source.iter().chain([target]) {
+        if h.transfer_url.is_none() {
+            return Err(ApiError::Conflict(format!(
+                "host {:?}'s agent does not move volumes (it is from before volume moves): upgrade it first",
+                h.name
+            )));
+        }
     }
     if !store::snapshots_of(txn, v.id).await?.is_empty() {
         return Err(ApiError::Conflict(format!(
