@@ -21,7 +21,7 @@
 //! [`RETRY`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use kumo_api_types::{DesiredExport, DesiredImport, VolumeActual, VolumeStatus};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::storage::{Backend, Observed, GIB};
+use crate::storage::{copy_hashing, Backend, Observed, StorageError, GIB};
 
 /// The response header with the SHA-256 (hex) of the volume's contents.
 pub const SHA256_HEADER: &str = "x-kumo-sha256";
@@ -358,36 +358,46 @@ async fn serve_volume(
         return refuse(StatusCode::CONFLICT, "the volume is being sent already");
     }
     let serving = Serving(t.clone(), id);
-    let storage = t.storage.clone();
-    let measured = tokio::task::spawn_blocking(move || {
-        let size = storage
-            .observe()?
-            .into_iter()
-            .find(|o| o.id == id)
-            .map(|o| o.size_bytes)
-            .ok_or(crate::storage::StorageError::NoVolume(id))?;
-        Ok::<_, crate::storage::StorageError>((size, storage.checksum(id)?))
-    })
-    .await;
-    let (size, sha) = match measured {
-        Ok(Ok(m)) => m,
-        Ok(Err(e)) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    };
+    // One pass over the contents for the header's size and checksum, a
+    // second (after rewinding) to send them: one qcow2 conversion.
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<(u64, String), String>>();
     let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL);
     let storage = t.storage.clone();
     tokio::task::spawn_blocking(move || {
         let _serving = serving;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, ChannelWriter { tx: tx.clone() });
-        let sent = storage.export(id, &mut w).and_then(|()| {
-            w.flush()
-                .map_err(crate::storage::StorageError::io("sending the volume"))
+        let mut head = Some(head_tx);
+        let sent = storage.with_contents(id, &mut |f| {
+            let io = StorageError::io;
+            let measured =
+                copy_hashing(f, &mut std::io::sink()).map_err(io("hashing the volume"))?;
+            f.seek(SeekFrom::Start(0))
+                .map_err(io("rewinding the volume"))?;
+            if let Some(h) = head.take() {
+                let _ = h.send(Ok(measured));
+            }
+            let mut w =
+                std::io::BufWriter::with_capacity(1 << 20, ChannelWriter { tx: tx.clone() });
+            std::io::copy(f, &mut w)
+                .and_then(|_| w.flush())
+                .map_err(io("sending the volume"))
         });
         if let Err(e) = sent {
-            tracing::warn!(volume = %id, error = %e, "sending a volume failed");
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            match head.take() {
+                Some(h) => {
+                    let _ = h.send(Err(e.to_string()));
+                }
+                None => {
+                    tracing::warn!(volume = %id, error = %e, "sending a volume failed");
+                    let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                }
+            }
         }
     });
+    let (size, sha) = match head_rx.await {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(_) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, "the export stopped"),
+    };
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     (
         StatusCode::OK,

@@ -22,7 +22,7 @@
 //! Sizes are rounded up by LVM to the VG's extent size (4 MiB by
 //! default); whole-GiB volumes are not affected.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -30,8 +30,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{
-    check_import, check_import_size, copy_hashing, in_flight, run, write_sparse_hashing, Backend,
-    Claim, DiskSource, Observed, StorageError, GIB,
+    check_import, check_import_size, in_flight, run, write_sparse_hashing, Backend, Claim,
+    DiskSource, Observed, StorageError, GIB,
 };
 
 const LVM_PKG: &str = "lvm2 (and thin-provisioning-tools)";
@@ -451,22 +451,15 @@ impl Backend for LvmThin {
         Ok(true)
     }
 
-    fn checksum(&self, id: Uuid) -> Result<String, StorageError> {
+    fn with_contents(
+        &self,
+        id: Uuid,
+        read: &mut dyn FnMut(&mut std::fs::File) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
         let dev = self.active_volume(id)?;
         let mut f = std::fs::File::open(&dev)
             .map_err(StorageError::io(format!("opening {}", dev.display())))?;
-        copy_hashing(&mut f, &mut std::io::sink())
-            .map(|(_, sum)| sum)
-            .map_err(StorageError::io(format!("reading {}", dev.display())))
-    }
-
-    fn export(&self, id: Uuid, writer: &mut dyn Write) -> Result<(), StorageError> {
-        let dev = self.active_volume(id)?;
-        let mut f = std::fs::File::open(&dev)
-            .map_err(StorageError::io(format!("opening {}", dev.display())))?;
-        std::io::copy(&mut f, writer)
-            .map(|_| ())
-            .map_err(StorageError::io(format!("exporting volume {id}")))
+        read(&mut f)
     }
 
     fn import(

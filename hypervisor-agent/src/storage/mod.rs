@@ -132,11 +132,35 @@ pub trait Backend: Send + Sync {
     fn prepare(&self, _id: Uuid) -> Result<bool, StorageError> {
         Ok(false)
     }
+    /// Hands `read` the guest-visible contents, raw and `size_bytes` long,
+    /// as a file it may read and rewind (qcow2: a raw copy made for the
+    /// call; LVM: the block device), so a caller that needs them twice
+    /// (hash, then send) pays for one conversion.
+    fn with_contents(
+        &self,
+        id: Uuid,
+        read: &mut dyn FnMut(&mut std::fs::File) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError>;
     /// SHA-256 (lowercase hex) of the guest-visible contents, all
     /// `size_bytes` of them.
-    fn checksum(&self, id: Uuid) -> Result<String, StorageError>;
+    fn checksum(&self, id: Uuid) -> Result<String, StorageError> {
+        let mut sum = String::new();
+        self.with_contents(id, &mut |f| {
+            sum = copy_hashing(f, &mut std::io::sink())
+                .map_err(StorageError::io("hashing the volume"))?
+                .1;
+            Ok(())
+        })?;
+        Ok(sum)
+    }
     /// Streams the guest-visible contents (raw, `size_bytes` long).
-    fn export(&self, id: Uuid, writer: &mut dyn Write) -> Result<(), StorageError>;
+    fn export(&self, id: Uuid, writer: &mut dyn Write) -> Result<(), StorageError> {
+        self.with_contents(id, &mut |f| {
+            std::io::copy(f, writer)
+                .map(|_| ())
+                .map_err(StorageError::io(format!("exporting volume {id}")))
+        })
+    }
     /// A new volume from raw contents: exactly `size_bytes` (a multiple
     /// of 512) read from `reader`, whose SHA-256 must be
     /// `expected_sha256`. Written under a partial name, in place only if

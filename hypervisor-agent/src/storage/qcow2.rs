@@ -25,7 +25,7 @@
 //! gone.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,8 +33,8 @@ use std::process::Command;
 use uuid::Uuid;
 
 use super::{
-    check_import, check_import_size, copy_hashing, in_flight, run, write_sparse_hashing, Backend,
-    Claim, DiskSource, Observed, StorageError, GIB,
+    check_import, check_import_size, in_flight, run, write_sparse_hashing, Backend, Claim,
+    DiskSource, Observed, StorageError, GIB,
 };
 
 const QEMU_PKG: &str = "qemu-utils";
@@ -548,20 +548,12 @@ impl Backend for Qcow2Dir {
         }
     }
 
-    fn checksum(&self, id: Uuid) -> Result<String, StorageError> {
-        self.with_raw(id, |f| {
-            copy_hashing(f, &mut std::io::sink())
-                .map(|(_, sum)| sum)
-                .map_err(StorageError::io("hashing the volume"))
-        })
-    }
-
-    fn export(&self, id: Uuid, writer: &mut dyn Write) -> Result<(), StorageError> {
-        self.with_raw(id, |f| {
-            std::io::copy(f, writer)
-                .map(|_| ())
-                .map_err(StorageError::io(format!("exporting volume {id}")))
-        })
+    fn with_contents(
+        &self,
+        id: Uuid,
+        read: &mut dyn FnMut(&mut File) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        self.with_raw(id, read)
     }
 
     fn import(

@@ -85,6 +85,35 @@ fn free_root_ports(xml: &str) -> usize {
     ports.difference(&used).count()
 }
 
+/// Heartbeats for an agent driven by hand (its `run` loop is not running).
+fn heartbeats(agent: &Agent) -> tokio::task::JoinHandle<()> {
+    let hb = agent.client.clone();
+    tokio::spawn(async move {
+        loop {
+            let _ = hb.heartbeat(&Default::default()).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    })
+}
+
+/// The first sector of the disk with this serial, once guest `who` sees
+/// it: its device name and the text there.
+async fn read_marker(dom: &virt::domain::Domain, serial: &str, who: &str) -> (String, String) {
+    let dev = until(
+        &format!("the disk in guest {who}"),
+        Duration::from_secs(120),
+        async || disk_with_serial(dom, serial).await,
+    )
+    .await;
+    let got = guest_sh(dom, &read_first_sector(&dev)).await.unwrap();
+    (dev, got)
+}
+
+/// A guest command printing the text in a disk's first sector.
+fn read_first_sector(dev: &str) -> String {
+    format!("dd if=/dev/{dev} bs=512 count=1 2>/dev/null | tr -d '\\000'")
+}
+
 /// Deletes one of `vols`'s VMs and passes its host's agent until its
 /// domain is gone.
 async fn delete_vm(
@@ -126,13 +155,7 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     let (_work, config) = qemu_host(&s, &guest, "vol-host").await;
     let state_dir = config.state_dir.clone();
     let agent = Agent::start(config).await.unwrap();
-    let hb = agent.client.clone();
-    let heartbeat = tokio::spawn(async move {
-        loop {
-            let _ = hb.heartbeat(&Default::default()).await;
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-    });
+    let heartbeat = heartbeats(&agent);
     let mut cleanup = Cleanup(Vec::new());
     let vm_body = |name: &str| json!({"name": name, "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny"});
 
@@ -264,9 +287,8 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     )
     .await
     .expect("the marker is written");
-    let read = |dev: &str| format!("dd if=/dev/{dev} bs=512 count=1 2>/dev/null | tr -d '\\000'");
     assert_eq!(
-        guest_sh(&dom_a, &read(&dev))
+        guest_sh(&dom_a, &read_first_sector(&dev))
             .await
             .as_deref()
             .map(str::trim),
@@ -351,13 +373,7 @@ async fn a_volume_outlives_its_vm_on_qemu() {
         kumo_topology::domain_xml::SPARE_PORTS,
         "root ports left for hot-plug beside the volume"
     );
-    let dev = until(
-        "the disk in guest B",
-        Duration::from_secs(120),
-        async || disk_with_serial(&dom_b, &data.serial).await,
-    )
-    .await;
-    let got = guest_sh(&dom_b, &read(&dev)).await.unwrap();
+    let (dev, got) = read_marker(&dom_b, &data.serial, "B").await;
     println!(
         "B: boot → marker read from /dev/{dev} {:?} after the request",
         booted_b.elapsed()
@@ -370,13 +386,7 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     let (_work2, config2) = qemu_host(&s, &guest, "vol-host-2").await;
     let state_dir2 = config2.state_dir.clone();
     let agent2 = Agent::start(config2).await.unwrap();
-    let hb2 = agent2.client.clone();
-    let heartbeat2 = tokio::spawn(async move {
-        loop {
-            let _ = hb2.heartbeat(&Default::default()).await;
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-    });
+    let heartbeat2 = heartbeats(&agent2);
     let moving: Volume = s
         .admin
         .post(
@@ -439,13 +449,7 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     let dom_c = conn
         .lookup_domain_by_uuid_string(&c.id.to_string())
         .unwrap();
-    let dev = until(
-        "the disk in guest C",
-        Duration::from_secs(120),
-        async || disk_with_serial(&dom_c, &data.serial).await,
-    )
-    .await;
-    let got = guest_sh(&dom_c, &read(&dev)).await.unwrap();
+    let (dev, got) = read_marker(&dom_c, &data.serial, "C").await;
     println!(
         "C on vol-host-2: boot → marker read from /dev/{dev} {:?} after the request",
         booted_c.elapsed()
