@@ -1497,23 +1497,47 @@ pub struct DesiredVolume {
     pub snapshots: Vec<Uuid>,
 }
 
-/// A volume of this host being moved to another: serve it to the agent
-/// that shows a bearer token whose SHA-256 is `token_sha256` (that agent
-/// made the token and told only its hash).
+/// What a move between hosts carries.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferKind {
+    /// A volume of the host's storage pool (its id is the volume's).
+    #[default]
+    Volume,
+    /// A VM's root disk (its id is the VM's): a shelved VM unshelved on
+    /// another host takes it along.
+    RootDisk,
+}
+
+impl TransferKind {
+    pub fn is_volume(&self) -> bool {
+        *self == TransferKind::Volume
+    }
+}
+
+/// A volume (or root disk) of this host being moved to another: serve
+/// it to the agent that shows a bearer token whose SHA-256 is
+/// `token_sha256` (that agent made the token and told only its hash).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DesiredExport {
     pub volume: Uuid,
     pub token_sha256: String,
+    #[serde(default, skip_serializing_if = "TransferKind::is_volume")]
+    pub kind: TransferKind,
 }
 
-/// A volume being moved to this host: fetch it from `from` (the source
-/// agent's transfer address) with a token of this agent's making, and
-/// keep it once its checksum matches.
+/// A volume (or root disk) being moved to this host: fetch it from
+/// `from` (the source agent's transfer address) with a token of this
+/// agent's making, and keep it once its checksum matches.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DesiredImport {
     pub volume: Uuid,
     pub size_gib: u32,
     pub from: String,
+    #[serde(default, skip_serializing_if = "TransferKind::is_volume")]
+    pub kind: TransferKind,
 }
 
 /// One NIC of a VM: on an Ethernet segment, a virtio NIC on the host's
@@ -1577,9 +1601,14 @@ pub struct DesiredState {
     /// Volumes of this host that other hosts are fetching.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exports: Vec<DesiredExport>,
-    /// Volumes this host fetches from others.
+    /// Volumes (and root disks) this host fetches from others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub imports: Vec<DesiredImport>,
+    /// Root disks this host keeps of VMs that now run elsewhere (moved
+    /// away, or deleted while moving): delete them and report them
+    /// `absent` under `root_disks`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_disks: Vec<Uuid>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1651,6 +1680,9 @@ pub struct StatusReport {
     /// The host's volumes, as its storage holds them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeStatus>,
+    /// Root disks being imported (by VM id), and those dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub root_disks: Vec<VolumeStatus>,
 }
 
 /// What a host's storage holds of a volume.
@@ -1682,6 +1714,14 @@ pub enum VolumeActual {
     Failed,
     /// Being fetched from another host (not usable yet).
     Importing,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UnshelveParams {
+    /// Place it on any host with room, moving its root disk and volumes
+    /// there, instead of waiting for room on the host holding them.
+    pub anywhere: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]

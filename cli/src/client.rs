@@ -424,6 +424,25 @@ impl Client {
         .await
     }
 
+    /// Unshelves a VM; `anywhere`: on any host with room, its disks
+    /// moved there.
+    pub async fn unshelve_vm(
+        &self,
+        tenant: &str,
+        vm: &str,
+        anywhere: bool,
+    ) -> Result<Vm, ClientError> {
+        self.send(self.request(
+            Method::POST,
+            &format!(
+                "/api/v1/tenants/{}/vms/{}/unshelve?anywhere={anywhere}",
+                segment(tenant),
+                segment(vm),
+            ),
+        ))
+        .await
+    }
+
     pub async fn delete_vm(&self, tenant: &str, vm: &str) -> Result<Vm, ClientError> {
         self.send(self.request(
             Method::DELETE,

@@ -720,6 +720,10 @@ pub enum VmCmd {
     /// (it waits as `pending` while that host has no room).
     Unshelve {
         vm: String,
+        /// Place it on any host with room instead, moving its root disk
+        /// and volumes there first (`scheduled` while they move).
+        #[arg(long)]
+        anywhere: bool,
         #[command(flatten)]
         tenant: TenantArg,
     },
@@ -1544,16 +1548,25 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
         VmCmd::Start { vm, tenant }
         | VmCmd::Stop { vm, tenant }
         | VmCmd::Reboot { vm, tenant }
-        | VmCmd::Shelve { vm, tenant }
-        | VmCmd::Unshelve { vm, tenant } => {
+        | VmCmd::Shelve { vm, tenant } => {
             let action = match cmd {
                 VmCmd::Start { .. } => "start",
                 VmCmd::Stop { .. } => "stop",
                 VmCmd::Shelve { .. } => "shelve",
-                VmCmd::Unshelve { .. } => "unshelve",
                 _ => "reboot",
             };
             let v = c.vm_action(&tenant.tenant, vm, action).await?;
+            print_one(out, fmt, &v, || {
+                format!("{} {}: {}\n", action, v.name, v.state.as_str())
+            })?;
+        }
+        VmCmd::Unshelve {
+            vm,
+            anywhere,
+            tenant,
+        } => {
+            let v = c.unshelve_vm(&tenant.tenant, vm, *anywhere).await?;
+            let action = "unshelve";
             print_one(out, fmt, &v, || {
                 format!("{} {}: {}\n", action, v.name, v.state.as_str())
             })?;

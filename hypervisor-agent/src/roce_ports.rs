@@ -86,6 +86,7 @@ mod tests {
             delete_volumes: vec![],
             exports: vec![],
             imports: vec![],
+            drop_disks: vec![],
         };
         let (ports, vfs) = wanted(&topo, &desired);
         assert_eq!(ports.len(), 8, "every Ethernet port with VFs");

@@ -59,6 +59,11 @@ pub enum StorageConfig {
 }
 
 impl AgentConfig {
+    /// VMs' root disks under the state directory.
+    pub fn root_disks(&self) -> crate::storage::root_disks::RootDisks {
+        crate::storage::root_disks::RootDisks::new(&self.state_dir)
+    }
+
     /// The storage backend this configuration names.
     pub fn storage_backend(&self) -> Arc<dyn crate::storage::Backend> {
         match &self.storage {
@@ -178,7 +183,7 @@ impl Agent {
             tracing::warn!(warning = %w, "topology");
         }
         let storage = config.storage_backend();
-        let transfers = crate::transfer::Transfers::new(storage.clone());
+        let transfers = crate::transfer::Transfers::new(storage.clone(), config.root_disks());
         let listener = tokio::net::TcpListener::bind(config.transfer_listen)
             .await
             .map_err(|e| {
@@ -369,17 +374,19 @@ impl Agent {
     }
 
     /// The volumes brought to what the desired state says (made, grown,
-    /// deleted); answers those ready to attach and what to report. One
-    /// volume's failure is its own; the pool's failure fails them all.
+    /// deleted); answers those ready to attach and what to report of
+    /// volumes and of root disks. One volume's failure is its own; the
+    /// pool's failure fails them all.
     async fn converge_storage(
         &self,
         desired: &kumo_api_types::DesiredState,
     ) -> (
         crate::reconcile::ReadyVolumes,
         Vec<kumo_api_types::VolumeStatus>,
+        Vec<kumo_api_types::VolumeStatus>,
     ) {
         use crate::storage::{DiskSource, WantedVolume, GIB};
-        use kumo_api_types::{VolumeActual, VolumeStatus};
+        use kumo_api_types::{TransferKind, VolumeActual, VolumeStatus};
         let want: Vec<WantedVolume> = desired
             .volumes
             .iter()
@@ -392,13 +399,41 @@ impl Agent {
             .collect();
         let delete = desired.delete_volumes.clone();
         self.transfers.set_exports(&desired.exports);
-        if desired.imports.is_empty() {
+        let disks = self.config.root_disks();
+        let root_disks = {
+            // Root disks moving here, and those left of VMs gone elsewhere
+            // (never one of a VM that runs here).
+            let mut report =
+                self.transfers
+                    .converge_imports(TransferKind::RootDisk, &desired.imports, &|vm| {
+                        disks.present(vm).then_some(None)
+                    });
+            let here = |vm: &uuid::Uuid| desired.vms.iter().any(|v| v.id == *vm);
+            for vm in desired.drop_disks.iter().filter(|vm| !here(vm)) {
+                let (state, reason) = match disks.remove(*vm) {
+                    Ok(_) => (VolumeActual::Absent, None),
+                    Err(e) => (VolumeActual::Failed, Some(e.to_string())),
+                };
+                report.push(VolumeStatus {
+                    id: *vm,
+                    state,
+                    size_gib: None,
+                    reason,
+                    snapshots: Vec::new(),
+                    token_sha256: None,
+                });
+            }
+            report
+        };
+        let moving_volumes = desired.imports.iter().any(|i| i.kind.is_volume());
+        if !moving_volumes {
             // Moves called off (or over): their imports stop, their
             // partials go.
-            self.transfers.converge_imports(&[], &[]);
+            self.transfers
+                .converge_imports(TransferKind::Volume, &[], &|_| None);
         }
-        if want.is_empty() && delete.is_empty() && desired.imports.is_empty() {
-            return Default::default();
+        if want.is_empty() && delete.is_empty() && !moving_volumes {
+            return (Default::default(), Vec::new(), root_disks);
         }
         let backend = self.storage.clone();
         let transfers = self.transfers.clone();
@@ -453,11 +488,15 @@ impl Agent {
                     report.push(status(*id, VolumeActual::Absent, None));
                 }
             }
-            if !imports.is_empty() {
+            if moving_volumes {
                 // Imports start tasks on the runtime; the pool as this
                 // pass left it says which are whole.
                 let _guard = runtime.enter();
-                report.extend(transfers.converge_imports(&imports, &done.volumes));
+                let present = |id| {
+                    let o = done.volumes.iter().find(|o| o.id == id)?;
+                    Some(Some(u32::try_from(o.size_bytes / GIB).unwrap_or(u32::MAX)))
+                };
+                report.extend(transfers.converge_imports(TransferKind::Volume, &imports, &present));
             }
             if done.changes > 0 {
                 tracing::info!(changes = done.changes, "volumes converged");
@@ -465,10 +504,11 @@ impl Agent {
             (ready, report)
         })
         .await;
-        done.unwrap_or_else(|e| {
+        let (ready, volumes) = done.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "storage pass failed");
             Default::default()
-        })
+        });
+        (ready, volumes, root_disks)
     }
 
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
@@ -489,7 +529,7 @@ impl Agent {
         tracing::debug!("pass: fabric");
         self.converge_fabric(&desired).await;
         tracing::debug!("pass: storage");
-        let (ready, volumes) = self.converge_storage(&desired).await;
+        let (ready, volumes, root_disks) = self.converge_storage(&desired).await;
         tracing::debug!("pass: libvirt");
         let r = self.reconciler.clone();
         let d = desired.clone();
@@ -503,7 +543,11 @@ impl Agent {
         match report {
             Ok(vms) => {
                 self.client
-                    .status(&kumo_api_types::StatusReport { vms, volumes })
+                    .status(&kumo_api_types::StatusReport {
+                        vms,
+                        volumes,
+                        root_disks,
+                    })
                     .await?
             }
             Err(e) => tracing::warn!(error = %e, "reconcile pass failed; retrying"),

@@ -1,8 +1,10 @@
-//! Moving volumes between hosts, agent to agent.
+//! Moving volumes (and shelved VMs' root disks) between hosts, agent to
+//! agent.
 //!
 //! The destination's agent fetches the volume from the source's agent
-//! (`GET <transfer url>/v1/volumes/<id>`) and keeps it only when it is
-//! whole and its SHA-256 matches what the source announced
+//! (`GET <transfer url>/v1/volumes/<id>`, a root disk from
+//! `/v1/root-disks/<vm>`) and keeps it only when it is whole and its
+//! SHA-256 matches what the source announced
 //! ([`crate::storage::Backend::import`]: written under a partial name,
 //! renamed at the end). The server only brokers:
 //!
@@ -29,11 +31,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kumo_api_types::{DesiredExport, DesiredImport, VolumeActual, VolumeStatus};
+use kumo_api_types::{DesiredExport, DesiredImport, TransferKind, VolumeActual, VolumeStatus};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::storage::{copy_hashing, Backend, Observed, StorageError, GIB};
+use crate::storage::root_disks::RootDisks;
+use crate::storage::{copy_hashing, Backend, StorageError, GIB};
 
 /// The response header with the SHA-256 (hex) of the volume's contents.
 pub const SHA256_HEADER: &str = "x-kumo-sha256";
@@ -67,22 +70,27 @@ struct Import {
     task: Option<tokio::task::AbortHandle>,
 }
 
-/// The host's side of volume moves: what it serves and what it fetches.
+/// What moves: a volume's or a root disk's id.
+type Key = (TransferKind, Uuid);
+
+/// The host's side of moves: what it serves and what it fetches.
 pub struct Transfers {
     storage: Arc<dyn Backend>,
-    /// Volumes served to other hosts, with the SHA-256 of the token each
+    disks: RootDisks,
+    /// What is served to other hosts, with the SHA-256 of the token each
     /// is fetched with.
-    exports: Mutex<BTreeMap<Uuid, String>>,
-    /// Volumes being served right now (one fetch at a time each).
-    serving: Mutex<BTreeSet<Uuid>>,
-    imports: Mutex<BTreeMap<Uuid, Import>>,
+    exports: Mutex<BTreeMap<Key, String>>,
+    /// What is being served right now (one fetch at a time each).
+    serving: Mutex<BTreeSet<Key>>,
+    imports: Mutex<BTreeMap<Key, Import>>,
     http: reqwest::Client,
 }
 
 impl Transfers {
-    pub fn new(storage: Arc<dyn Backend>) -> Arc<Transfers> {
+    pub fn new(storage: Arc<dyn Backend>, disks: RootDisks) -> Arc<Transfers> {
         Arc::new(Transfers {
             storage,
+            disks,
             exports: Mutex::default(),
             serving: Mutex::default(),
             imports: Mutex::default(),
@@ -101,22 +109,25 @@ impl Transfers {
     pub fn set_exports(&self, exports: &[DesiredExport]) {
         *self.exports.lock().unwrap_or_else(|e| e.into_inner()) = exports
             .iter()
-            .map(|e| (e.volume, e.token_sha256.to_ascii_lowercase()))
+            .map(|e| ((e.kind, e.volume), e.token_sha256.to_ascii_lowercase()))
             .collect();
     }
 
-    /// Brings the imports to what the desired state says: starts those
-    /// not running (a failed one after [`RETRY`]), stops those no longer
-    /// wanted; answers what to report of each. `present` is what the pool
-    /// holds: an import found there is whole (`ready`).
+    /// Brings the imports of one kind to what the desired state says:
+    /// starts those not running (a failed one after [`RETRY`]), stops
+    /// those no longer wanted; answers what to report of each. `present`
+    /// says whether one is here, whole (`ready`), and its size in GiB
+    /// where that is reported.
     pub fn converge_imports(
         self: &Arc<Self>,
+        kind: TransferKind,
         want: &[DesiredImport],
-        present: &[Observed],
+        present: &dyn Fn(Uuid) -> Option<Option<u32>>,
     ) -> Vec<VolumeStatus> {
+        let want: Vec<&DesiredImport> = want.iter().filter(|w| w.kind == kind).collect();
         let mut imports = self.imports.lock().unwrap_or_else(|e| e.into_inner());
-        imports.retain(|id, i| {
-            let keep = want.iter().any(|w| w.volume == *id);
+        imports.retain(|(k, id), i| {
+            let keep = *k != kind || want.iter().any(|w| w.volume == *id);
             if !keep {
                 if let Some(t) = &i.task {
                     t.abort();
@@ -126,19 +137,19 @@ impl Transfers {
         });
         let mut report = Vec::new();
         for w in want {
-            if let Some(o) = present.iter().find(|o| o.id == w.volume) {
-                imports.remove(&w.volume);
+            if let Some(size_gib) = present(w.volume) {
+                imports.remove(&(kind, w.volume));
                 report.push(VolumeStatus {
                     id: w.volume,
                     state: VolumeActual::Ready,
-                    size_gib: Some(u32::try_from(o.size_bytes / GIB).unwrap_or(u32::MAX)),
+                    size_gib,
                     reason: None,
                     snapshots: Vec::new(),
                     token_sha256: None,
                 });
                 continue;
             }
-            let i = imports.entry(w.volume).or_insert_with(|| Import {
+            let i = imports.entry((kind, w.volume)).or_insert_with(|| Import {
                 token: new_token(),
                 running: false,
                 generation: 0,
@@ -163,7 +174,7 @@ impl Transfers {
                             tracing::info!(volume = %w.volume, from = %w.from, "volume imported");
                         }
                         let mut imports = me.imports.lock().unwrap_or_else(|e| e.into_inner());
-                        if let Some(i) = imports.get_mut(&w.volume) {
+                        if let Some(i) = imports.get_mut(&(w.kind, w.volume)) {
                             if i.generation == generation {
                                 i.running = false;
                                 i.failed = outcome.err().map(|e| (e, Instant::now()));
@@ -190,17 +201,22 @@ impl Transfers {
     }
 
     /// Whether an import is under way (for tests and logs).
-    pub fn importing(&self, volume: Uuid) -> bool {
+    pub fn importing(&self, kind: TransferKind, id: Uuid) -> bool {
         self.imports
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&volume)
+            .get(&(kind, id))
             .is_some_and(|i| i.running)
     }
 
-    /// Fetches one volume from its source into the pool.
+    /// Fetches one volume (or root disk) from its source into the pool.
     async fn fetch(&self, w: &DesiredImport, token: &str) -> Result<(), String> {
-        let url = format!("{}/v1/volumes/{}", w.from.trim_end_matches('/'), w.volume);
+        let url = format!(
+            "{}/v1/{}/{}",
+            w.from.trim_end_matches('/'),
+            path_of(w.kind),
+            w.volume
+        );
         let mut resp = self
             .http
             .get(&url)
@@ -231,14 +247,17 @@ impl Transfers {
             .ok_or(format!("the source sent no {SHA256_HEADER}"))?
             .to_owned();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(CHANNEL);
-        let storage = self.storage.clone();
-        let id = w.volume;
+        let (storage, disks) = (self.storage.clone(), self.disks.clone());
+        let (id, kind) = (w.volume, w.kind);
         let import = tokio::task::spawn_blocking(move || {
             let mut reader = ChannelReader {
                 rx,
                 chunk: Bytes::new(),
             };
-            storage.import(id, size, &mut reader, &sha)
+            match kind {
+                TransferKind::Volume => storage.import(id, size, &mut reader, &sha),
+                TransferKind::RootDisk => disks.import(id, size, &mut reader, &sha),
+            }
         });
         // An abort of this task drops `tx`: the import sees a short stream
         // and leaves nothing.
@@ -304,8 +323,16 @@ impl Write for ChannelWriter {
     }
 }
 
+/// The transfer server's path for a kind.
+fn path_of(kind: TransferKind) -> &'static str {
+    match kind {
+        TransferKind::Volume => "volumes",
+        TransferKind::RootDisk => "root-disks",
+    }
+}
+
 /// Frees a volume's one fetch when the response is done or dropped.
-struct Serving(Arc<Transfers>, Uuid);
+struct Serving(Arc<Transfers>, Key);
 
 impl Drop for Serving {
     fn drop(&mut self) {
@@ -321,14 +348,29 @@ fn refuse(status: StatusCode, why: &str) -> Response {
     (status, why.to_owned()).into_response()
 }
 
-/// `GET /v1/volumes/{id}`: the volume's raw contents, `Content-Length`
-/// long, with their SHA-256 in [`SHA256_HEADER`]; only to the bearer of
-/// the move's token, one fetch at a time.
+/// `GET /v1/volumes/{id}`: see [`serve_one`].
 async fn serve_volume(
     State(t): State<Arc<Transfers>>,
     Path(id): Path<Uuid>,
     headers: HeaderMap,
 ) -> Response {
+    serve_one(t, (TransferKind::Volume, id), headers).await
+}
+
+/// `GET /v1/root-disks/{vm}`: see [`serve_one`].
+async fn serve_root_disk(
+    State(t): State<Arc<Transfers>>,
+    Path(id): Path<Uuid>,
+    headers: HeaderMap,
+) -> Response {
+    serve_one(t, (TransferKind::RootDisk, id), headers).await
+}
+
+/// A volume's (or root disk's) raw contents, `Content-Length` long,
+/// with their SHA-256 in [`SHA256_HEADER`]; only to the bearer of the
+/// move's token, one fetch at a time.
+async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response {
+    let (kind, id) = key;
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -337,7 +379,7 @@ async fn serve_volume(
         .exports
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&id)
+        .get(&key)
         .cloned();
     let Some(expected) = expected else {
         return refuse(StatusCode::NOT_FOUND, "no move of this volume is under way");
@@ -353,20 +395,20 @@ async fn serve_volume(
         .serving
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(id)
+        .insert(key)
     {
         return refuse(StatusCode::CONFLICT, "the volume is being sent already");
     }
-    let serving = Serving(t.clone(), id);
+    let serving = Serving(t.clone(), key);
     // One pass over the contents for the header's size and checksum, a
     // second (after rewinding) to send them: one qcow2 conversion.
     let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<(u64, String), String>>();
     let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL);
-    let storage = t.storage.clone();
+    let (storage, disks) = (t.storage.clone(), t.disks.clone());
     tokio::task::spawn_blocking(move || {
         let _serving = serving;
         let mut head = Some(head_tx);
-        let sent = storage.with_contents(id, &mut |f| {
+        let mut send = |f: &mut std::fs::File| {
             let io = StorageError::io;
             let measured =
                 copy_hashing(f, &mut std::io::sink()).map_err(io("hashing the volume"))?;
@@ -380,7 +422,11 @@ async fn serve_volume(
             std::io::copy(f, &mut w)
                 .and_then(|_| w.flush())
                 .map_err(io("sending the volume"))
-        });
+        };
+        let sent = match kind {
+            TransferKind::Volume => storage.with_contents(id, &mut send),
+            TransferKind::RootDisk => disks.with_contents(id, &mut send),
+        };
         if let Err(e) = sent {
             match head.take() {
                 Some(h) => {
@@ -415,6 +461,7 @@ async fn serve_volume(
 pub fn router(t: Arc<Transfers>) -> axum::Router {
     axum::Router::new()
         .route("/v1/volumes/{id}", axum::routing::get(serve_volume))
+        .route("/v1/root-disks/{id}", axum::routing::get(serve_root_disk))
         .with_state(t)
 }
 

@@ -558,8 +558,9 @@ mod transfer {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use kumo_agent::storage::root_disks::RootDisks;
     use kumo_agent::transfer::{Transfers, SHA256_HEADER};
-    use kumo_api_types::{DesiredExport, DesiredImport, VolumeActual, VolumeStatus};
+    use kumo_api_types::{DesiredExport, DesiredImport, TransferKind, VolumeActual, VolumeStatus};
 
     use super::*;
 
@@ -574,6 +575,20 @@ mod transfer {
         Arc::new(Qcow2Dir::new(&pool.backend.dir))
     }
 
+    /// Transfers over a pool, with root disks beside it.
+    fn transfers(pool: &Arc<dyn Backend>, state: &Path) -> Arc<Transfers> {
+        Transfers::new(pool.clone(), RootDisks::new(state))
+    }
+
+    /// What a pass of the agent takes as whole: the pool's volumes.
+    fn in_pool(pool: &dyn Backend) -> impl Fn(Uuid) -> Option<Option<u32>> {
+        let seen = pool.observe().unwrap();
+        move |id| {
+            let o = seen.iter().find(|o| o.id == id)?;
+            Some(Some((o.size_bytes / GIB) as u32))
+        }
+    }
+
     /// Passes of the destination until the import's report is `until`
     /// (or 120 s went by); the last report.
     async fn converge_until(
@@ -582,16 +597,8 @@ mod transfer {
         want: &DesiredImport,
         until: VolumeActual,
     ) -> VolumeStatus {
-        let start = Instant::now();
-        loop {
-            let present = pool.observe().unwrap();
-            let r = t.converge_imports(std::slice::from_ref(want), &present);
-            assert_eq!(r.len(), 1);
-            if r[0].state == until || start.elapsed() > Duration::from_secs(120) {
-                return r[0].clone();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let present = |id| in_pool(pool)(id);
+        converge_until_with(t, want, &present, until).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -603,18 +610,19 @@ mod transfer {
         a.write(id, 0x5a, 3 * MIB, MIB);
         a.write(id, 0xa5, GIB - MIB, MIB);
         let sum = src.checksum(id).unwrap();
-        let source = Transfers::new(src.clone());
+        let source = transfers(&src, a.scratch.path());
         let url = serve(source.clone()).await;
-        let dest = Transfers::new(dst.clone());
+        let dest = transfers(&dst, b.scratch.path());
         let want = DesiredImport {
             volume: id,
             size_gib: 1,
             from: url.clone(),
+            kind: TransferKind::Volume,
         };
 
         // The destination's token: only its hash is reported. Until the
         // source is told that hash, the fetch is refused (not found).
-        let r = dest.converge_imports(std::slice::from_ref(&want), &[]);
+        let r = dest.converge_imports(want.kind, std::slice::from_ref(&want), &|_| None);
         assert_eq!(r[0].state, VolumeActual::Importing);
         let hash = r[0].token_sha256.clone().unwrap();
         assert_eq!(hash.len(), 64);
@@ -638,6 +646,7 @@ mod transfer {
         source.set_exports(&[DesiredExport {
             volume: id,
             token_sha256: hash.clone(),
+            kind: TransferKind::Volume,
         }]);
         let path = format!("/v1/volumes/{id}");
         assert_eq!(get(path.clone(), None).await.unwrap().status(), 401);
@@ -653,11 +662,130 @@ mod transfer {
         eprintln!("1 GiB moved (checksum, send, import) in {:?}", t.elapsed());
         assert_eq!(dst.checksum(id).unwrap(), sum, "the same contents");
         assert_eq!(src.checksum(id).unwrap(), sum, "the source keeps its copy");
-        assert!(!dest.importing(id));
+        assert!(!dest.importing(TransferKind::Volume, id));
 
         // Once the move is over the source serves nobody, token or not.
         source.set_exports(&[]);
         assert_eq!(get(path, Some("anything")).await.unwrap().status(), 404);
+    }
+
+    /// A root disk as the agent makes one: a qcow2 overlay on a template
+    /// image, with data in both layers.
+    fn root_disk(state: &Path, vm: Uuid) -> PathBuf {
+        let dir = state.join("vms").join(vm.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = state.join("template.qcow2");
+        sh(Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&base)
+            .arg("1G"));
+        sh(Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", "write -P 0x11 0 1M"])
+            .arg(&base));
+        let disk = dir.join("disk.qcow2");
+        sh(Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+            .arg(&base)
+            .arg(&disk)
+            .arg("1G"));
+        sh(Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", "write -P 0x22 512M 1M"])
+            .arg(&disk));
+        disk
+    }
+
+    /// SHA-256 of an image's guest-visible contents.
+    fn contents_sha256(image: &Path) -> String {
+        use sha2::Digest;
+        let raw = image.with_extension("check.raw");
+        sh(Command::new("qemu-img")
+            .args(["convert", "-q", "-U", "-O", "raw"])
+            .arg(image)
+            .arg(&raw));
+        let mut h = sha2::Sha256::new();
+        std::io::copy(&mut std::fs::File::open(&raw).unwrap(), &mut h).unwrap();
+        let sum = hex::encode(h.finalize());
+        std::fs::remove_file(raw).unwrap();
+        sum
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_root_disk_moves_flattened_and_only_as_a_root_disk() {
+        let (a, b) = (Qcow2Pool::new(), Qcow2Pool::new());
+        let (src, dst) = (backend(&a), backend(&b));
+        let vm = Uuid::new_v4();
+        let disk = root_disk(a.scratch.path(), vm);
+        let sum = contents_sha256(&disk);
+        let source = transfers(&src, a.scratch.path());
+        let url = serve(source.clone()).await;
+        let dest = transfers(&dst, b.scratch.path());
+        let here = RootDisks::new(b.scratch.path());
+        let want = DesiredImport {
+            volume: vm,
+            size_gib: 1,
+            from: url.clone(),
+            kind: TransferKind::RootDisk,
+        };
+        let r = dest.converge_imports(want.kind, std::slice::from_ref(&want), &|_| None);
+        assert_eq!(r[0].state, VolumeActual::Importing);
+        let hash = r[0].token_sha256.clone().unwrap();
+        // Told as a volume, the source does not serve the root disk: a
+        // token opens one thing of one kind.
+        source.set_exports(&[DesiredExport {
+            volume: vm,
+            token_sha256: hash.clone(),
+            kind: TransferKind::Volume,
+        }]);
+        let r = converge_until_with(&dest, &want, &|_| None, VolumeActual::Failed).await;
+        assert!(r.reason.as_deref().unwrap().contains("404"), "{r:?}");
+        assert!(!here.present(vm));
+
+        source.set_exports(&[DesiredExport {
+            volume: vm,
+            token_sha256: hash.clone(),
+            kind: TransferKind::RootDisk,
+        }]);
+        let present = |id| here.present(id).then_some(None);
+        let r = converge_until_with(&dest, &want, &present, VolumeActual::Ready).await;
+        assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
+        let moved = here.path(vm);
+        assert_eq!(contents_sha256(&moved), sum, "the same contents");
+        let info = sh(Command::new("qemu-img")
+            .args(["info", "--output=json", "-U"])
+            .arg(&moved));
+        assert!(
+            !info.contains("backing-filename"),
+            "flattened: no template needed on the new host: {info}"
+        );
+        let files: Vec<String> = std::fs::read_dir(moved.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(files, vec!["disk.qcow2".to_owned()], "no partial left");
+        // The source's copy stays until it is told to drop it.
+        let there = RootDisks::new(a.scratch.path());
+        assert!(there.present(vm));
+        assert!(there.remove(vm).unwrap());
+        assert!(!there.present(vm));
+        assert!(!there.remove(vm).unwrap(), "dropping twice is a no-op");
+    }
+
+    /// [`converge_until`] with what the pass takes as whole.
+    async fn converge_until_with(
+        t: &Arc<Transfers>,
+        want: &DesiredImport,
+        present: &dyn Fn(Uuid) -> Option<Option<u32>>,
+        until: VolumeActual,
+    ) -> VolumeStatus {
+        let start = Instant::now();
+        loop {
+            let r = t.converge_imports(want.kind, std::slice::from_ref(want), present);
+            assert_eq!(r.len(), 1);
+            if r[0].state == until || start.elapsed() > Duration::from_secs(120) {
+                return r[0].clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// A source that announces `announced` as the checksum and sends
@@ -715,11 +843,12 @@ mod transfer {
         ] {
             let b = Qcow2Pool::new();
             let dst = backend(&b);
-            let dest = Transfers::new(dst.clone());
+            let dest = transfers(&dst, b.scratch.path());
             let want = DesiredImport {
                 volume: Uuid::new_v4(),
                 size_gib: 1,
                 from: fake_source(len, send, announced).await,
+                kind: TransferKind::Volume,
             };
             let r = converge_until(&dest, &*dst, &want, VolumeActual::Failed).await;
             assert_eq!(r.state, VolumeActual::Failed);
@@ -731,11 +860,12 @@ mod transfer {
         // And a copy that is right is kept (the fake is a fair source).
         let b = Qcow2Pool::new();
         let dst = backend(&b);
-        let dest = Transfers::new(dst.clone());
+        let dest = transfers(&dst, b.scratch.path());
         let want = DesiredImport {
             volume: Uuid::new_v4(),
             size_gib: 1,
             from: fake_source(len, len, right.clone()).await,
+            kind: TransferKind::Volume,
         };
         let r = converge_until(&dest, &*dst, &want, VolumeActual::Ready).await;
         assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
@@ -746,11 +876,12 @@ mod transfer {
         let len = 64 * MIB;
         let b = Qcow2Pool::new();
         let dst = backend(&b);
-        let dest = Transfers::new(dst.clone());
+        let dest = transfers(&dst, b.scratch.path());
         let want = DesiredImport {
             volume: Uuid::new_v4(),
             size_gib: 1,
             from: fake_source_with(len, len / 2, "0".repeat(64), true).await,
+            kind: TransferKind::Volume,
         };
         // Any file of it in the pool (which the import makes).
         let partial = |id: Uuid| {
@@ -759,7 +890,7 @@ mod transfer {
                     .any(|e| e.file_name().to_string_lossy().contains(&id.to_string()))
             })
         };
-        dest.converge_imports(std::slice::from_ref(&want), &[]);
+        dest.converge_imports(want.kind, std::slice::from_ref(&want), &|_| None);
         let start = Instant::now();
         while !partial(want.volume) {
             assert!(
@@ -769,12 +900,12 @@ mod transfer {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(
-            dest.importing(want.volume),
+            dest.importing(want.kind, want.volume),
             "half sent, then the source stalls"
         );
         // The move is called off: the desired state lists no import.
-        assert!(dest.converge_imports(&[], &[]).is_empty());
-        assert!(!dest.importing(want.volume));
+        assert!(dest.converge_imports(want.kind, &[], &|_| None).is_empty());
+        assert!(!dest.importing(want.kind, want.volume));
         while partial(want.volume) {
             assert!(
                 start.elapsed() < Duration::from_secs(30),

@@ -24,6 +24,7 @@ mod m0018_disk_and_roce_quota;
 mod m0019_public_networking;
 mod m0020_volumes;
 mod m0021_volume_moves;
+mod m0022_root_disk_moves;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -89,6 +90,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0019_public_networking::Migration),
             Box::new(m0020_volumes::Migration),
             Box::new(m0021_volume_moves::Migration),
+            Box::new(m0022_root_disk_moves::Migration),
         ]
     }
 }

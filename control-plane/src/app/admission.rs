@@ -329,6 +329,8 @@ async fn insert_vm(
         preempt_deadline: Set(None),
         cluster_id: Set(cluster),
         disk_host_id: Set(None),
+        unshelve_anywhere: Set(false),
+        disk_move_token_sha256: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
     }
@@ -373,7 +375,12 @@ async fn place_pending(
     r: Option<&Reserved>,
     now: DateTime<Utc>,
 ) -> Result<vms::Model, CommitError> {
-    let res = vms::Entity::update_many()
+    let mut update = vms::Entity::update_many();
+    if r.is_some() {
+        // Placed: an `--anywhere` unshelve has its host.
+        update = update.col_expr(vms::Column::UnshelveAnywhere, Expr::value(false));
+    }
+    let res = update
         .col_expr(vms::Column::State, Expr::value(placed_state(r).as_str()))
         .col_expr(vms::Column::HostId, Expr::value(r.map(|r| r.host)))
         .col_expr(vms::Column::Placement, Expr::value(placement_json(r)?))
@@ -468,7 +475,14 @@ async fn commit(
             Rows::New { actor, .. } => {
                 insert_vm(&txn, actor, job.tenant, m, spec, r, cluster_id).await?
             }
-            Rows::Pending { .. } => place_pending(&txn, m, spec, r, now).await?,
+            Rows::Pending { .. } => {
+                let vm = place_pending(&txn, m, spec, r, now).await?;
+                if let Some(r) = r {
+                    // Placed away from its disks (`--anywhere`): they move.
+                    crate::app::disk_moves::begin(&txn, &vm, r.host, &r.host_name, now).await?;
+                }
+                vm
+            }
         };
         match (r, outcome) {
             (Some(r), _) => peers.extend(hold(&txn, m, &vm, r, &mut claimed, now).await?),

@@ -120,7 +120,11 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
     }
     let mut net = crate::app::host_network::load(&st.db, host, &rows).await?;
     let (kept, delete_volumes, mut disks, exports) = volumes_of(st, host).await?;
-    let imports = imports_of(st, host).await?;
+    let mut imports = imports_of(st, host).await?;
+    let moves = crate::app::disk_moves::of_host(&st.db, host, &rows).await?;
+    imports.extend(moves.imports);
+    let mut exports = exports;
+    exports.extend(moves.exports);
     let mut out = Vec::new();
     let mut remove = Vec::new();
     let mut shelve = Vec::new();
@@ -140,6 +144,11 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         let Some(placement) = stored_placement(&v)? else {
             continue;
         };
+        if moves.waiting.contains(&v.id) {
+            // Defined once its disks are here (the agent would make it
+            // a fresh root disk meanwhile).
+            continue;
+        }
         let spec = stored_spec(&v)?;
         let preemption = match (state, v.preempt_deadline) {
             (VmState::Preempting, Some(deadline)) => Some(PreemptionNotice {
@@ -177,6 +186,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         delete_volumes,
         exports,
         imports,
+        drop_disks: moves.drop_disks,
     })
 }
 
@@ -196,6 +206,7 @@ async fn imports_of(st: &AppState, host: &hosts::Model) -> Result<Vec<DesiredImp
                 volume: v.id,
                 size_gib: u32::try_from(v.size_gib).unwrap_or(u32::MAX),
                 from: from.transfer_url.clone()?,
+                kind: Default::default(),
             })
         })
         .collect())
@@ -229,6 +240,7 @@ async fn volumes_of(
             exports.push(DesiredExport {
                 volume: v.id,
                 token_sha256: token.clone(),
+                kind: Default::default(),
             });
         }
         let (snapshots, source) = snaps.remove(&v.id).unwrap_or_default();
@@ -286,9 +298,9 @@ pub async fn apply_status(
     for s in entries {
         applied.add(apply_entry(st, &txn, host, s).await?);
     }
-    let moved =
-        crate::app::volumes::apply_status(&txn, host.id, &report.volumes, st.config.clock.now())
-            .await?;
+    let now = st.config.clock.now();
+    let mut moved = crate::app::volumes::apply_status(&txn, host.id, &report.volumes, now).await?;
+    moved.extend(crate::app::disk_moves::apply_status(&txn, host, &report.root_disks, now).await?);
     txn.commit().await?;
     for h in applied.peers.into_iter().chain(moved) {
         st.signals.notify(h);

@@ -13,6 +13,7 @@ pub mod bootstrap;
 pub mod budget;
 pub mod clusters;
 pub mod dashboard;
+pub mod disk_moves;
 pub mod edges;
 pub mod fleet;
 pub mod host_network;

@@ -43,6 +43,31 @@ pub async fn act(
     vm: &str,
     action: Action,
 ) -> Result<(tenants::Model, vms::Model), ApiError> {
+    act_as(st, actor, tenant, vm, action, false).await
+}
+
+/// `unshelve`, with `anywhere`: placed on any host with room (the host
+/// holding its disks among them), its root disk and volumes then moved
+/// there. Refused (409) when a disk cannot move: its host's agent does
+/// not know moves, or one of its volumes has snapshots (they stay).
+pub async fn unshelve(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    vm: &str,
+    anywhere: bool,
+) -> Result<(tenants::Model, vms::Model), ApiError> {
+    act_as(st, actor, tenant, vm, Action::Unshelve, anywhere).await
+}
+
+async fn act_as(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    vm: &str,
+    action: Action,
+    anywhere: bool,
+) -> Result<(tenants::Model, vms::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
     if matches!(action, Action::Start | Action::Unshelve) {
@@ -50,12 +75,48 @@ pub async fn act(
     }
     let txn = st.db.begin().await?;
     let vm = find_vm_to_change(&txn, &tenant, vm).await?;
-    let updated = act_on(&txn, actor, &tenant, &vm, action, st.config.clock.now()).await?;
+    let mut updated = act_on(&txn, actor, &tenant, &vm, action, st.config.clock.now()).await?;
+    if anywhere {
+        check_movable(&txn, &vm).await?;
+        let mut a: vms::ActiveModel = updated.into();
+        a.unshelve_anywhere = Set(true);
+        a.reason = Set(Some(
+            "waiting for room on any host (its disks then move there)".to_owned(),
+        ));
+        updated = a.update(&txn).await?;
+    }
     txn.commit().await?;
     if let Some(h) = updated.host_id.or(vm.host_id) {
         st.signals.notify(h);
     }
     Ok((tenant, updated))
+}
+
+/// Whether a shelved VM's disks can move: its disk host's agent serves
+/// moves, and none of its volumes has snapshots (they stay on the host).
+async fn check_movable(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+    let host = match vm.disk_host_id {
+        Some(h) => crate::store::hosts::by_id(txn, h).await?,
+        None => None,
+    };
+    if let Some(h) = host.filter(|h| h.transfer_url.is_none()) {
+        return Err(ApiError::Conflict(format!(
+            "host {:?}'s agent does not move disks (it is from before moves): unshelve the VM in place, or upgrade the agent",
+            h.name
+        )));
+    }
+    for v in crate::store::volumes::of_vm(txn, vm.id).await? {
+        if !crate::store::volumes::snapshots_of(txn, v.id)
+            .await?
+            .is_empty()
+        {
+            return Err(ApiError::Conflict(format!(
+                "volume {:?} has snapshots, which stay on its host: delete them, or unshelve the VM in place",
+                v.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One lifecycle action on a VM, inside the caller's transaction: the new
@@ -152,6 +213,10 @@ pub async fn delete_row(
     now: DateTime<Utc>,
 ) -> Result<Vec<Uuid>, ApiError> {
     crate::app::metering::gone(txn, vm.id, now).await?;
+    if let Some(d) = vm.disk_host_id.filter(|d| Some(*d) != vm.host_id) {
+        // Deleted while its root disk moved: the old copy goes too.
+        crate::store::vms::mark_stale_disk(txn, vm.id, d, now).await?;
+    }
     let peers = crate::app::host_network::touch_peers(txn, vm.id).await?;
     vms::Entity::delete_by_id(vm.id).exec(txn).await?;
     // Its floating addresses return to the tenant and its forwards go,

@@ -512,6 +512,12 @@ pub async fn move_to(
     let moving = store::stored_state(&v)? == VolumeState::Moving;
     let mut wake = vec![v.host_id];
     wake.extend(v.move_to_host_id);
+    if moving && v.vm_id.is_some() {
+        return Err(ApiError::Conflict(format!(
+            "volume {:?} moves with its VM, which was placed on another host: it cannot be moved or called back on its own",
+            v.name
+        )));
+    }
     let mut a: volumes::ActiveModel = v.clone().into();
     if target.id == v.host_id {
         if !moving {
@@ -684,7 +690,13 @@ async fn settle_import(
             a.moved_from_host_id = Set(Some(source));
             a.move_to_host_id = Set(None);
             a.move_token_sha256 = Set(None);
-            a.state = Set(VolumeState::Available.to_text().to_owned());
+            // One that moved with its VM (unshelved elsewhere) is its disk.
+            let settled = if v.vm_id.is_some() {
+                VolumeState::Attached
+            } else {
+                VolumeState::Available
+            };
+            a.state = Set(settled.to_text().to_owned());
             a.reason = Set(None);
             // The copy is whole on its own: no snapshot holds it.
             a.source_snapshot_id = Set(None);

@@ -21,6 +21,7 @@ pub mod public_ips;
 pub mod rate_cards;
 pub mod segments;
 pub mod sessions;
+pub mod stale_root_disks;
 pub mod templates;
 pub mod tenant_billing;
 pub mod tenant_gpu_quotas;

@@ -26,6 +26,12 @@ pub struct Model {
     pub cluster_id: Option<Uuid>,
     /// The host holding a shelved VM's root disk (where it is unshelved).
     pub disk_host_id: Option<Uuid>,
+    /// Unshelved with `--anywhere`: placed where there is room, its disks
+    /// then moved there.
+    pub unshelve_anywhere: bool,
+    /// SHA-256 of the token its new host's agent fetches its root disk
+    /// with, while the disk moves.
+    pub disk_move_token_sha256: Option<String>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

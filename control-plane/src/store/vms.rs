@@ -180,3 +180,87 @@ pub async fn events_page(
     }
     Ok(query.limit(paging.fetch()).all(db).await?)
 }
+
+/// VMs placed on `host` whose root disk is still on another host (on its
+/// way here).
+pub async fn disks_arriving(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+) -> Result<Vec<vms::Model>, ApiError> {
+    Ok(vms::Entity::find()
+        .filter(vms::Column::HostId.eq(host))
+        .filter(vms::Column::DiskHostId.is_not_null())
+        .filter(vms::Column::DiskHostId.ne(host))
+        .order_by_asc(vms::Column::Id)
+        .all(db)
+        .await?)
+}
+
+/// VMs placed elsewhere whose root disk `host` holds and serves now (the
+/// new host's agent told the hash of its token).
+pub async fn disks_leaving(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+) -> Result<Vec<vms::Model>, ApiError> {
+    Ok(vms::Entity::find()
+        .filter(vms::Column::DiskHostId.eq(host))
+        .filter(vms::Column::HostId.is_not_null())
+        .filter(vms::Column::HostId.ne(host))
+        .filter(vms::Column::DiskMoveTokenSha256.is_not_null())
+        .order_by_asc(vms::Column::Id)
+        .all(db)
+        .await?)
+}
+
+/// The root disks `host` keeps of VMs that run elsewhere now or are gone.
+pub async fn stale_disks(db: &impl ConnectionTrait, host: Uuid) -> Result<Vec<Uuid>, ApiError> {
+    use crate::entity::stale_root_disks as s;
+    Ok(s::Entity::find()
+        .select_only()
+        .column(s::Column::VmId)
+        .filter(s::Column::HostId.eq(host))
+        .order_by_asc(s::Column::VmId)
+        .into_tuple::<Uuid>()
+        .all(db)
+        .await?)
+}
+
+/// Records that `host` keeps a root disk of `vm` it no longer needs.
+pub async fn mark_stale_disk(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    host: Uuid,
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    use crate::entity::stale_root_disks as s;
+    let row = s::ActiveModel {
+        vm_id: Set(vm),
+        host_id: Set(host),
+        created_at: Set(now),
+    };
+    s::Entity::insert(row)
+        .on_conflict(
+            sea_orm::sea_query::OnConflict::columns([s::Column::VmId, s::Column::HostId])
+                .do_nothing()
+                .to_owned(),
+        )
+        .do_nothing()
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
+/// `host` removed what it kept of `vm`; answers whether it was stale.
+pub async fn stale_disk_removed(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    host: Uuid,
+) -> Result<bool, ApiError> {
+    use crate::entity::stale_root_disks as s;
+    let r = s::Entity::delete_many()
+        .filter(s::Column::VmId.eq(vm))
+        .filter(s::Column::HostId.eq(host))
+        .exec(txn)
+        .await?;
+    Ok(r.rows_affected > 0)
+}

@@ -217,6 +217,53 @@ pub async fn detach_all(txn: &DatabaseTransaction, vm: Uuid) -> Result<(), ApiEr
     Ok(())
 }
 
+/// Of `vms`, those with a volume on another host than `host` (on its
+/// way to it).
+pub async fn vms_waiting_on_volumes(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+    vms: &[Uuid],
+) -> Result<std::collections::BTreeSet<Uuid>, ApiError> {
+    if vms.is_empty() {
+        return Ok(Default::default());
+    }
+    Ok(volumes::Entity::find()
+        .select_only()
+        .column(volumes::Column::VmId)
+        .filter(volumes::Column::VmId.is_in(vms.iter().copied()))
+        .filter(volumes::Column::HostId.ne(host))
+        .into_tuple::<Option<Uuid>>()
+        .all(db)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// Sends a VM's volumes that are on other hosts to `host`, where it was
+/// placed: each `moving` there (see [`moving_to`]). Answers how many.
+pub async fn move_with_vm(
+    txn: &DatabaseTransaction,
+    vm: Uuid,
+    host: Uuid,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<u64, ApiError> {
+    let r = volumes::Entity::update_many()
+        .set(volumes::ActiveModel {
+            state: Set(VolumeState::Moving.to_text().to_owned()),
+            move_to_host_id: Set(Some(host)),
+            move_token_sha256: Set(None),
+            reason: Set(None),
+            updated_at: Set(now),
+            ..Default::default()
+        })
+        .filter(volumes::Column::VmId.eq(vm))
+        .filter(volumes::Column::HostId.ne(host))
+        .exec(txn)
+        .await?;
+    Ok(r.rows_affected)
+}
+
 /// Where a new volume goes when nothing ties it to a host: the ready host
 /// with the fewest volumes (ties by name), if any.
 pub async fn roomiest_host(db: &impl ConnectionTrait) -> Result<Option<hosts::Model>, ApiError> {

@@ -34,6 +34,7 @@ use uuid::Uuid;
 
 pub mod lvm;
 pub mod qcow2;
+pub mod root_disks;
 
 pub const GIB: u64 = 1 << 30;
 

@@ -310,19 +310,81 @@ impl Qcow2Dir {
             .dir
             .join(format!("{PARTIAL}read-{id}-{}.raw", Uuid::new_v4()));
         let _claim = Claim::take(tmp.display().to_string())?;
-        let _tmp = TempFile(tmp.clone());
-        run(
-            self.qemu_img()
-                .args(["convert", "-q", "-U", "-f", "qcow2", "-O", "raw"])
-                .arg(volume_name(id))
-                .arg(&tmp),
-            "qemu-img",
-            QEMU_PKG,
-        )?;
-        let mut file =
-            File::open(&tmp).map_err(StorageError::io(format!("opening {}", tmp.display())))?;
-        f(&mut file)
+        read_as_raw(&vol, &tmp, f)
     }
+}
+
+/// The guest-visible contents of the qcow2 image `image` (its backing
+/// chain flattened), converted into the raw file `tmp`, which is removed
+/// afterwards.
+pub(crate) fn read_as_raw<T>(
+    image: &Path,
+    tmp: &Path,
+    f: impl FnOnce(&mut File) -> Result<T, StorageError>,
+) -> Result<T, StorageError> {
+    let _tmp = TempFile(tmp.to_path_buf());
+    run(
+        Command::new("qemu-img")
+            .args(["convert", "-q", "-U", "-f", "qcow2", "-O", "raw"])
+            .arg(image)
+            .arg(tmp),
+        "qemu-img",
+        QEMU_PKG,
+    )?;
+    let mut file =
+        File::open(tmp).map_err(StorageError::io(format!("opening {}", tmp.display())))?;
+    f(&mut file)
+}
+
+/// Receives raw contents (exactly `size_bytes`, with SHA-256
+/// `expected_sha256`) into the sparse file `raw`, converts them into a
+/// flat qcow2 image at `partial` and renames that to `dest` (0600) only
+/// when all of it matched; leaves neither `raw` nor `partial` behind.
+pub(crate) fn receive_as_qcow2(
+    raw: &Path,
+    partial: &Path,
+    dest: &Path,
+    size_bytes: u64,
+    reader: &mut dyn Read,
+    expected_sha256: &str,
+) -> Result<(), StorageError> {
+    remove_if_there(partial)?;
+    let _raw_tmp = TempFile(raw.to_path_buf());
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(raw)
+        .map_err(StorageError::io(format!("creating {}", raw.display())))?;
+    let (got, sum) = write_sparse_hashing(reader, &mut file, size_bytes)
+        .and_then(|r| file.set_len(r.0).map(|()| r))
+        .map_err(StorageError::io(format!("receiving {}", dest.display())))?;
+    drop(file);
+    check_import(size_bytes, got, expected_sha256, sum)?;
+    run(
+        Command::new("qemu-img")
+            .args(["convert", "-q", "-f", "raw", "-O", "qcow2"])
+            .arg(raw)
+            .arg(partial),
+        "qemu-img",
+        QEMU_PKG,
+    )
+    .inspect_err(|_| {
+        let _ = std::fs::remove_file(partial);
+    })?;
+    set_mode(partial, 0o600)?;
+    std::fs::rename(partial, dest).map_err(StorageError::io(format!(
+        "renaming {} to {}",
+        partial.display(),
+        dest.display()
+    )))?;
+    if let Some(dir) = dest.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(StorageError::io(format!("syncing {}", dir.display())))?;
+    }
+    Ok(())
 }
 
 impl Backend for Qcow2Dir {
@@ -572,33 +634,14 @@ impl Backend for Qcow2Dir {
         if vol.exists() {
             return Err(StorageError::Refused(format!("volume {id} already exists")));
         }
-        let partial = self.partial_path(id);
-        remove_if_there(&partial)?;
-        let _raw_tmp = TempFile(raw.clone());
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&raw)
-            .map_err(StorageError::io(format!("creating {}", raw.display())))?;
-        let (got, sum) = write_sparse_hashing(reader, &mut file, size_bytes)
-            .and_then(|r| file.set_len(r.0).map(|()| r))
-            .map_err(StorageError::io(format!("receiving volume {id}")))?;
-        drop(file);
-        check_import(size_bytes, got, expected_sha256, sum)?;
-        run(
-            self.qemu_img()
-                .args(["convert", "-q", "-f", "raw", "-O", "qcow2"])
-                .arg(&raw)
-                .arg(&partial),
-            "qemu-img",
-            QEMU_PKG,
+        receive_as_qcow2(
+            &raw,
+            &self.partial_path(id),
+            &vol,
+            size_bytes,
+            reader,
+            expected_sha256,
         )
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&partial);
-        })?;
-        self.commit(&partial, &vol)
     }
 
     fn remove_stale_partials(&self) -> Result<usize, StorageError> {

@@ -242,7 +242,10 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
         for v in &rows {
             let (networked, roce) = crate::store::segments::kinds_of(&st.db, v.id).await?;
             // Its volumes (attached when it was made) say where it goes.
+            // Unshelved `--anywhere`: wherever there is room; its disks
+            // then move there.
             let on_host = match v.disk_host_id {
+                _ if v.unshelve_anywhere => None,
                 Some(h) => Some(h),
                 None => crate::store::volumes::of_vm(&st.db, v.id)
                     .await?

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use kumo_api_types::{Page, PageParams, Vm, VmCreate, VmEvent};
+use kumo_api_types::{Page, PageParams, UnshelveParams, Vm, VmCreate, VmEvent};
 
 use super::Problems;
 use crate::app::vms::{act, view};
@@ -149,12 +149,33 @@ action_handler!(
     "/api/v1/tenants/{tenant}/vms/{vm}/shelve",
     "Shelve a VM (members): shut it down and give back its GPUs, NICs, CPUs and memory, keeping its root disk and volumes on their host; charged for storage only."
 );
-action_handler!(
-    unshelve,
-    Action::Unshelve,
-    "/api/v1/tenants/{tenant}/vms/{vm}/unshelve",
-    "Place a shelved VM again on the host holding its disks and start it (members); it waits as `pending` while that host has no room."
-);
+/// Place a shelved VM again and start it (members): on the host holding
+/// its disks, waiting as `pending` while that host has no room; with
+/// `anywhere=true`, on any host with room, its root disk and volumes then
+/// moved there (`scheduled`, its reason saying so, until they are whole).
+#[utoipa::path(
+    post, path = "/api/v1/tenants/{tenant}/vms/{vm}/unshelve", tag = "vms",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("vm" = String, Path, description = "VM name or id"),
+        UnshelveParams,
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    responses((status = 202, description = "Accepted; the agent carries it out", body = Vm), Problems)
+)]
+pub async fn unshelve(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, vm)): Path<(String, String)>,
+    Query(q): Query<UnshelveParams>,
+) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
+    let anywhere = q.anywhere.unwrap_or(false);
+    let (tenant, vm) = crate::app::vms::unshelve(&st, &ctx, &tenant, &vm, anywhere).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(view(&st.db, &vm, &tenant.name).await?),
+    ))
+}
 
 /// Delete a VM; its devices are freed once the host confirms (members).
 #[utoipa::path(
