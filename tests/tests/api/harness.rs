@@ -434,7 +434,7 @@ impl SimAgent {
             .bearer_auth(&self.credential)
             .json(&kumo_api_types::StatusReport {
                 vms,
-                volumes: Vec::new(),
+                ..Default::default()
             })
             .send()
             .await
@@ -520,7 +520,7 @@ impl SimAgent {
                         let s = (v.id, kumo_api_types::VolumeActual::Ready);
                         (s, v.snapshots.clone())
                     })
-                    .chain(d.imports.iter().map(|i| {
+                    .chain(d.imports.iter().filter(|i| i.kind.is_volume()).map(|i| {
                         let s = (i.volume, kumo_api_types::VolumeActual::Ready);
                         (s, Vec::new())
                     }))
@@ -534,6 +534,26 @@ impl SimAgent {
                         size_gib: None,
                         reason: None,
                         snapshots,
+                        token_sha256: None,
+                    })
+                    .collect(),
+                // Root disks too arrive at once, and go at once.
+                root_disks: d
+                    .imports
+                    .iter()
+                    .filter(|i| !i.kind.is_volume())
+                    .map(|i| (i.volume, kumo_api_types::VolumeActual::Ready))
+                    .chain(
+                        d.drop_disks
+                            .iter()
+                            .map(|id| (*id, kumo_api_types::VolumeActual::Absent)),
+                    )
+                    .map(|(id, state)| kumo_api_types::VolumeStatus {
+                        id,
+                        state,
+                        size_gib: None,
+                        reason: None,
+                        snapshots: Vec::new(),
                         token_sha256: None,
                     })
                     .collect(),

@@ -702,8 +702,115 @@ on_both_backends! {
         assert_eq!((back.state, back.host.as_deref(), back.moving_to), (VolumeState::Available, Some("mv-b"), None));
         pass().await;
         pass().await;
-        assert!(!a.transfers.importing(data.id));
+        assert!(!a.transfers.importing(kumo_api_types::TransferKind::Volume, data.id));
         assert!(names_of("mv-a", data.id).is_empty(), "{:?}", names_of("mv-a", data.id));
         assert!(qemu_io(&file("mv-b", data.id), "read", 0x5a), "mv-b keeps it");
+    }
+}
+
+on_both_backends! {
+    async fn a_vm_unshelved_anywhere_takes_its_root_disk_and_volumes_along(s: &TestServer) {
+        s.tenant("lab").await;
+        let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        let dir = scratch();
+        let join = s.join_token().await;
+        let a = Agent::start(agent_config(s, &join, dir.path(), "any-a")).await.unwrap();
+        let b = Agent::start(agent_config(s, &join, dir.path(), "any-b")).await.unwrap();
+        let pass = async || {
+            a.sync_once(None).await.unwrap();
+            b.sync_once(None).await.unwrap();
+        };
+        let work: Vm = s.admin.create_vm("lab", &small_vm("work")).await.unwrap();
+        let from = work.host.clone().unwrap();
+        let to = if from == "any-a" { "any-b" } else { "any-a" };
+        let ckpt = post(s, "", json!({"name": "ckpt", "size_gib": 1, "vm": "work"})).await.unwrap();
+        pass().await;
+        post(s, "/ckpt/attach", json!({"vm": "work"})).await.unwrap();
+        pass().await;
+        let root = |host: &str| dir.path().join(format!("{host}/state/vms/{}/disk.qcow2", work.id));
+        let vol = |host: &str| dir.path().join(format!("{host}/state/volumes/vol-{}.qcow2", ckpt.id));
+        // What the guest wrote: on its root disk and on its volume.
+        assert!(qemu_io(&root(&from), "write", 0x5a));
+        assert!(qemu_io(&vol(&from), "write", 0xa5));
+        let anywhere = |vm: &str, tenant: &str| {
+            s.http()
+                .post(format!("{}/api/v1/tenants/{tenant}/vms/{vm}/unshelve?anywhere=true", s.url))
+                .bearer_auth(&s.admin_token)
+                .send()
+        };
+        assert_eq!(anywhere("work", "lab").await.unwrap().status(), 409, "a running VM");
+        assert_eq!(act(s, "work", "shelve").await, 202);
+        pass().await;
+        assert_eq!(s.admin.vm("lab", "work").await.unwrap().state, kumo_api_types::VmState::Shelved);
+        s.tenant("other").await;
+        assert_eq!(anywhere("work", "other").await.unwrap().status(), 404, "another tenant's VM");
+        assert_eq!(
+            s.admin.vm("lab", "work").await.unwrap().state,
+            kumo_api_types::VmState::Shelved,
+            "refusals change nothing"
+        );
+
+        // Its host is drained: unshelved anywhere, it goes to the other,
+        // held back (no domain, no fresh disk) until its disks are there.
+        let _: serde_json::Value = s.admin.post(&format!("/api/v1/hosts/{from}/drain"), &json!({})).await.unwrap();
+        let r = anywhere("work", "lab").await.unwrap();
+        assert_eq!(r.status(), 202);
+        let v: Vm = r.json().await.unwrap();
+        assert!(v.reason.as_deref().unwrap_or("").contains("any host"), "{v:?}");
+        let started = std::time::Instant::now();
+        let mut saw_moving = false;
+        loop {
+            let v = s.admin.vm("lab", "work").await.unwrap();
+            if v.state == kumo_api_types::VmState::Scheduled {
+                // First what moves where; then a retried copy's reason
+                // (the first fetch comes before the source was told).
+                let why = v.reason.clone().unwrap_or_default();
+                if !saw_moving {
+                    assert!(why.contains("root disk and 1 volume(s)") && why.contains(to), "{why}");
+                }
+                // (none once all is there, until the agent defines it).
+                assert!(why.is_empty() || why.contains("root disk") || why.contains("volume"), "{why}");
+                assert_eq!(v.host.as_deref(), Some(to));
+                saw_moving = true;
+            }
+            if v.state == kumo_api_types::VmState::Running {
+                assert_eq!(v.host.as_deref(), Some(to));
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(90), "not unshelved: {v:?}");
+            pass().await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!("unshelved on another host, disks moved, in {:?}", started.elapsed());
+        assert!(saw_moving, "it waited for its disks in a visible state");
+        assert!(qemu_io(&root(to), "read", 0x5a), "its root disk came along");
+        assert!(qemu_io(&vol(to), "read", 0xa5), "and its volume");
+        let c = volume(s, "ckpt").await;
+        assert_eq!((c.state, c.host.as_deref(), c.vm.as_deref()), (VolumeState::Attached, Some(to), Some("work")));
+        assert_eq!(serials_in(work.id), [c.serial], "attached on the new host");
+        pass().await;
+        assert!(!root(&from).exists(), "the old host removed its root disk");
+        assert!(!vol(&from).exists(), "and its copy of the volume");
+
+        // Deleted while its disk moves: neither host keeps a copy.
+        let _: serde_json::Value = s.admin.post(&format!("/api/v1/hosts/{from}/undrain"), &json!({})).await.unwrap();
+        let _: serde_json::Value = s.admin.post(&format!("/api/v1/hosts/{to}/drain"), &json!({})).await.unwrap();
+        assert_eq!(act(s, "work", "shelve").await, 202);
+        pass().await;
+        assert_eq!(anywhere("work", "lab").await.unwrap().status(), 202);
+        let placed = std::time::Instant::now();
+        while s.admin.vm("lab", "work").await.unwrap().state != kumo_api_types::VmState::Scheduled {
+            assert!(placed.elapsed() < Duration::from_secs(30), "not placed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        s.admin.delete("/api/v1/tenants/lab/vms/work").await.unwrap();
+        for _ in 0..3 {
+            pass().await;
+        }
+        assert!(s.admin.vm("lab", "work").await.is_err(), "deleted");
+        assert!(!root(to).exists(), "the old host dropped its root disk");
+        assert!(!root(&from).exists(), "nothing half-made stays on the new one");
+        assert_eq!(volume(s, "ckpt").await.vm, None, "the volume outlives it");
+        forget(&[work.id]);
     }
 }
