@@ -4,7 +4,9 @@
 //! virtio disk with the volume's serial and writes a marker on it; it is
 //! unplugged live on detach; it outlives the VM; a second VM that has it
 //! from its definition at boot reads the marker back; moved to a second
-//! host (agent to agent, checksummed), a third VM there reads it too.
+//! host (agent to agent, checksummed), a third VM there reads it too;
+//! that VM, shelved and unshelved `--anywhere` off its drained host, comes
+//! back on the first with its root disk and volume and reads both.
 //! `cargo xtask test` installs QEMU and libvirtd and starts them.
 
 use std::os::unix::fs::PermissionsExt;
@@ -456,13 +458,98 @@ async fn a_volume_outlives_its_vm_on_qemu() {
     );
     assert_eq!(got.trim(), marker, "C, on another host, reads what A wrote");
 
+    // C writes on its root disk, is shelved, and its host drained: unshelved
+    // `--anywhere`, it comes back on vol-host with its root disk and its
+    // volume moved there, and reads both.
+    let root_marker = format!("kumo-root-{}", uuid::Uuid::new_v4().simple());
+    guest_sh(
+        &dom_c,
+        &format!(
+            "echo {root_marker} | dd of=/dev/vda bs=512 seek=2048 count=1 conv=sync,fsync 2>/dev/null && sync"
+        ),
+    )
+    .await
+    .expect("the root disk marker is written");
+    let _: Vm = s
+        .admin
+        .post("/api/v1/tenants/vols/vms/vm-c/shelve", &json!({}))
+        .await
+        .unwrap();
+    until("C to be shelved", Duration::from_secs(60), async || {
+        agent2.sync_once(None).await.unwrap();
+        let v: Vm = s.admin.get("/api/v1/tenants/vols/vms/vm-c").await.unwrap();
+        (v.state == VmState::Shelved).then_some(())
+    })
+    .await;
+    let _: serde_json::Value = s
+        .admin
+        .post("/api/v1/hosts/vol-host-2/drain", &json!({}))
+        .await
+        .unwrap();
+    let unshelved = Instant::now();
+    let _: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/vols/vms/vm-c/unshelve?anywhere=true",
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    until(
+        "C to run on vol-host",
+        Duration::from_secs(180),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            agent2.sync_once(None).await.unwrap();
+            let v: Vm = s.admin.get("/api/v1/tenants/vols/vms/vm-c").await.unwrap();
+            assert_ne!(v.state, VmState::Error, "{:?}", v.reason);
+            (v.state == VmState::Running && v.host.as_deref() == Some("vol-host")).then_some(())
+        },
+    )
+    .await;
+    let dom_c = conn
+        .lookup_domain_by_uuid_string(&c.id.to_string())
+        .unwrap();
+    let (dev, got) = read_marker(&dom_c, &data.serial, "C (unshelved)").await;
+    println!(
+        "C unshelved --anywhere: disks moved, booted on vol-host, volume read {:?} after the request",
+        unshelved.elapsed()
+    );
+    assert_eq!(got.trim(), marker, "its volume came along, on /dev/{dev}");
+    let root = guest_sh(
+        &dom_c,
+        "dd if=/dev/vda bs=512 skip=2048 count=1 2>/dev/null | tr -d '\\000'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(root.trim(), root_marker, "its root disk came along");
+    let v: Volume = s
+        .admin
+        .get("/api/v1/tenants/vols/volumes/data")
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.state, v.host.as_deref()),
+        (VolumeState::Attached, Some("vol-host"))
+    );
+    let old_root = state_dir2.join(format!("vms/{}", c.id));
+    until(
+        "vol-host-2's copies to go",
+        Duration::from_secs(60),
+        async || {
+            agent2.sync_once(None).await.unwrap();
+            (!old_root.exists() && !file2.exists()).then_some(())
+        },
+    )
+    .await;
+
     // Tidy: C goes, then the volume.
-    delete_vm(&s, &agent2, &conn, "vm-c", c.id).await;
+    delete_vm(&s, &agent, &conn, "vm-c", c.id).await;
     until(
         "the volume to be deletable",
         Duration::from_secs(60),
         async || {
-            agent2.sync_once(None).await.unwrap();
+            agent.sync_once(None).await.unwrap();
             s.admin
                 .delete("/api/v1/tenants/vols/volumes/data")
                 .await
@@ -474,8 +561,8 @@ async fn a_volume_outlives_its_vm_on_qemu() {
         "the volume's file to go",
         Duration::from_secs(60),
         async || {
-            agent2.sync_once(None).await.unwrap();
-            (!file2.exists()).then_some(())
+            agent.sync_once(None).await.unwrap();
+            (!file.exists()).then_some(())
         },
     )
     .await;
