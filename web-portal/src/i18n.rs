@@ -68,6 +68,7 @@ pub fn word(lang: Lang, w: &str) -> String {
         "shelved" => "退避済み",
         "shelve" => "退避",
         "unshelve" => "復帰",
+        "unshelve-anywhere" => "別ホストで復帰",
         "detach" => "切断",
         "creating" => "作成中",
         "available" => "利用可能",

@@ -324,10 +324,18 @@ pub fn vms_page(
         heading: t(lang, Msg::VmsTitle),
         error,
         vms: &vms,
-        actions: ["start", "stop", "reboot", "shelve", "unshelve", "delete"]
-            .into_iter()
-            .map(|a| (a, i18n::word(lang, a)))
-            .collect(),
+        actions: [
+            "start",
+            "stop",
+            "reboot",
+            "shelve",
+            "unshelve",
+            "unshelve-anywhere",
+            "delete",
+        ]
+        .into_iter()
+        .map(|a| (a, i18n::word(lang, a)))
+        .collect(),
         csrf: &viewer.csrf,
         l_name: t(lang, Msg::Name),
         l_state: t(lang, Msg::State),

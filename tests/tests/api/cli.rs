@@ -343,6 +343,15 @@ async fn rate_points_and_statement_commands() {
         assert_eq!(p["balance"], "485.6", "{p}");
         let shown = k.ok(&["points", "show", "--tenant", "lab"], None);
         assert!(shown.contains("Balance: 485.6 JPY"), "{shown}");
+        // Unshelving elsewhere asks the API for it; a running VM says no.
+        let (ok, _, err) = k.run(
+            &["vm", "unshelve", "web", "--tenant", "lab", "--anywhere"],
+            None,
+        );
+        assert!(
+            !ok && err.contains("cannot unshelve a VM that is running"),
+            "{err}"
+        );
         let st = k.ok(&["statement", "get", "2026-11", "--tenant", "lab"], None);
         assert!(st.contains("Total: 14.4"), "{st}");
         let u = k.json(

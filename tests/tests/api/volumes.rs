@@ -797,7 +797,23 @@ on_both_backends! {
         let _: serde_json::Value = s.admin.post(&format!("/api/v1/hosts/{to}/drain"), &json!({})).await.unwrap();
         assert_eq!(act(s, "work", "shelve").await, 202);
         pass().await;
-        assert_eq!(anywhere("work", "lab").await.unwrap().status(), 202);
+        // This time through the portal's button.
+        let portal = s.portal_admin().await;
+        let page = s.page(&portal, "/t/lab/vms").await;
+        assert!(page.contains("data-action=\"unshelve-anywhere\""), "{page}");
+        let csrf = page
+            .split("name=\"csrf\" value=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .unwrap()
+            .to_owned();
+        let r = portal
+            .post(format!("{}/t/lab/vms/work/unshelve-anywhere", s.url))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success() || r.status().is_redirection(), "{}", r.status());
         let placed = std::time::Instant::now();
         while s.admin.vm("lab", "work").await.unwrap().state != kumo_api_types::VmState::Scheduled {
             assert!(placed.elapsed() < Duration::from_secs(30), "not placed");

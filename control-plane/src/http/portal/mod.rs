@@ -509,9 +509,14 @@ async fn vm_action(
         Err(r) => return Ok(r),
     };
     check_csrf(&viewer.csrf, &f.csrf)?;
-    let action = crate::domain::lifecycle::Action::parse(&action)
-        .ok_or_else(|| ApiError::not_found(format!("action {action:?}")))?;
-    crate::app::vms::act(&st, &ctx_of(&user, origin), &tenant, &vm, action).await?;
+    let ctx = ctx_of(&user, origin);
+    if action == "unshelve-anywhere" {
+        crate::app::vms::unshelve(&st, &ctx, &tenant, &vm, true).await?;
+    } else {
+        let action = crate::domain::lifecycle::Action::parse(&action)
+            .ok_or_else(|| ApiError::not_found(format!("action {action:?}")))?;
+        crate::app::vms::act(&st, &ctx, &tenant, &vm, action).await?;
+    }
     Ok((
         StatusCode::SEE_OTHER,
         [(LOCATION, format!("/t/{tenant}/vms"))],
