@@ -580,7 +580,14 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
             ip(&["netns", "del", &ns]);
         }
     }
-    assert_eq!(hello(&wan, at(&pip.address, 2222)), None, "the cut is real");
+    if hello(&wan, at(&pip.address, 2222)).is_some() {
+        // Answered right after the cut: only possible through a copy on
+        // the other host, i.e. the edge had moved already (its host missed
+        // heartbeats under load between the check above and the cut).
+        let now = s.admin.segment("lab", "lan").await.unwrap().edge.unwrap();
+        assert_ne!(now.host, edge.host, "answered through the dead host's edge");
+        eprintln!("edge failover: it had moved before the cut (not measured)");
+    }
     until_answer(&wan, at(&pip.address, 2222), Some("vm-b"), "after failover").await;
     let failover = cut.elapsed();
     let moved = s.admin.segment("lab", "lan").await.unwrap().edge.unwrap();
