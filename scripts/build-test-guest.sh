@@ -14,7 +14,7 @@ out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Bump when the guest changes, so a cached guest is rebuilt.
-version=4
+version=5
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
 # In dependency order (the package has no modules.dep; see each module's
 # `depends=` in its .modinfo). The seed is a SATA cdrom on q35's AHCI.
@@ -138,6 +138,8 @@ done
 echo "kumo test guest: guest agent port ${port:-missing}"
 mkdir -p /var/run
 qemu-ga -m virtio-serial -p "$port" -t /run &
+# A shell on the serial console (ttyS0), as its controlling terminal.
+(while true; do setsid cttyhack /bin/sh; done) &
 while true; do sleep 3600; done
 SH
 sed -i "s/MODULES/$(echo $modules)/" "$root/init"

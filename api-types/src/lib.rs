@@ -1609,6 +1609,52 @@ pub struct DesiredState {
     /// `absent` under `root_disks`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drop_disks: Vec<Uuid>,
+    /// Serial consoles people asked for: dial the server at
+    /// `/agent/v1/console/{session}` (a websocket, with the host's
+    /// credential) and bridge it to the VM's console. Each session is
+    /// answered once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consoles: Vec<DesiredConsole>,
+}
+
+/// A console to dial for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredConsole {
+    pub session: Uuid,
+    pub vm: Uuid,
+}
+
+/// A VM's serial console, authorised: open `url` (a websocket on this
+/// server) before `expires_at`, once. Binary messages carry the
+/// terminal's bytes both ways; text messages from the server are events
+/// (`{"event": "taken_over", "by": USER}`, `{"event": "closed", "reason": …}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ConsoleTicket {
+    pub url: String,
+    pub expires_at: DateTime<Utc>,
+    /// Whether keystrokes are sent (else the console is read-only).
+    pub write: bool,
+    /// Who writes on the console now, if someone does (a writer opening
+    /// it takes it over; they are told).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsoleMode {
+    /// Type into it (members and owners); one writer at a time.
+    #[default]
+    Write,
+    /// Watch it (any member of the tenant, viewers too).
+    Read,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ConsoleParams {
+    /// `write` (default) or `read`.
+    pub mode: Option<ConsoleMode>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -738,6 +738,19 @@ pub enum VmCmd {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// The VM's serial console in this terminal (Ctrl-] leaves). Opening
+    /// it to type takes it over from whoever typed before (they are told).
+    Console {
+        vm: String,
+        /// Watch only (viewers may).
+        #[arg(long)]
+        read_only: bool,
+        /// Print what the console shows on opening, then leave.
+        #[arg(long)]
+        log: bool,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
 }
 
 fn parse_role(s: &str) -> Result<Role, String> {
@@ -1577,6 +1590,17 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
         }
         VmCmd::Topology { vm, tenant } => {
             write!(out, "{}", c.vm_nccl_topology(&tenant.tenant, vm).await?)?;
+        }
+        VmCmd::Console {
+            vm,
+            read_only,
+            log,
+            tenant,
+        } => {
+            let why = crate::console::run(c, &tenant.tenant, vm, *read_only, *log).await?;
+            if !*log {
+                eprintln!("\r\n[kumo: console closed: {why}]");
+            }
         }
     }
     Ok(())

@@ -5,6 +5,7 @@ pub mod billing;
 pub mod browser_login;
 pub mod client;
 pub mod commands;
+pub mod console;
 pub mod device_login;
 pub mod output;
 pub mod profile;

@@ -18,6 +18,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub config: Arc<Config>,
     pub signals: Arc<crate::signals::HostSignals>,
+    pub consoles: Arc<crate::consoles::ConsoleHub>,
     pub capacity: Arc<crate::store::capacity::Capacity>,
     pub sso: Arc<crate::oidc::Sso>,
 }

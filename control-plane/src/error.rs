@@ -54,6 +54,9 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     #[error("database unavailable")]
     Unavailable,
+    /// A host (its agent) did not answer in time: try again.
+    #[error("{0}")]
+    Unreachable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -94,7 +97,7 @@ impl ApiError {
             ApiError::PointsExhausted(_) => "points-exhausted",
             ApiError::PayloadTooLarge(_) => "payload-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
-            ApiError::Unavailable => "unavailable",
+            ApiError::Unavailable | ApiError::Unreachable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
     }

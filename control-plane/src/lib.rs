@@ -18,6 +18,7 @@
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod consoles;
 pub mod context;
 pub mod db;
 pub mod dev;

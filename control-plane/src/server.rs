@@ -70,6 +70,7 @@ impl RunningServer {
             metrics: Arc::new(Metrics::new()),
             config: Arc::new(config),
             signals: Arc::default(),
+            consoles: Arc::default(),
             capacity: Arc::default(),
             sso: Arc::default(),
         };

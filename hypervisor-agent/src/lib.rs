@@ -5,6 +5,7 @@
 //! and never touches a domain that is not its host's.
 
 pub mod client;
+pub mod console;
 pub mod credential;
 pub mod guest_files;
 pub mod reconcile;

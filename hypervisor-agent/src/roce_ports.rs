@@ -87,6 +87,7 @@ mod tests {
             exports: vec![],
             imports: vec![],
             drop_disks: vec![],
+            consoles: vec![],
         };
         let (ports, vfs) = wanted(&topo, &desired);
         assert_eq!(ports.len(), 8, "every Ethernet port with VFs");

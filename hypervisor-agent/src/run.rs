@@ -99,6 +99,8 @@ pub struct Agent {
     storage: Arc<dyn crate::storage::Backend>,
     /// Volumes moving to and from this host.
     pub transfers: Arc<crate::transfer::Transfers>,
+    /// Serial consoles dialled out to the server.
+    consoles: Arc<crate::console::Consoles>,
 }
 
 /// The RoCE ports as last configured, and whether the server has heard.
@@ -214,8 +216,11 @@ impl Agent {
             &config.virt_type,
             &config.state_dir,
         );
+        let consoles =
+            crate::console::Consoles::new(&config.server, &cred.credential, &config.libvirt_uri);
         Ok(Agent {
             client: AgentClient::new(&config.server, &cred.credential),
+            consoles,
             storage,
             transfers,
             config,
@@ -512,6 +517,8 @@ impl Agent {
     }
 
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
+        // Consoles first: a person is waiting on the other end.
+        self.consoles.converge(&desired.consoles);
         tracing::debug!(revision = desired.revision, "pass: networks");
         // A segment that does not converge holds back its own VMs only
         // (they would start without their bridge); the rest go on.

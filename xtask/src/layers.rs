@@ -5,7 +5,7 @@
 //!
 //! The layers, lowest first (see ARCHITECTURE.md, "Architecture
 //! invariants"): the foundation (`error`, `clock`, `config`, `entity`,
-//! `db`, `metrics`, `signals`, `oidc`), `domain/`, `store/`, `context`,
+//! `db`, `metrics`, `signals`, `oidc`, `consoles`), `domain/`, `store/`, `context`,
 //! `app/`, `http/`, and the composition root (`server`, `dev`, `lib`,
 //! `main`), which may use everything.
 
@@ -24,7 +24,7 @@ pub enum Layer {
 }
 
 const FOUNDATION: &[&str] = &[
-    "error", "clock", "config", "entity", "db", "metrics", "signals", "oidc",
+    "error", "clock", "config", "entity", "db", "metrics", "signals", "oidc", "consoles",
 ];
 
 impl Layer {

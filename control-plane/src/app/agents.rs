@@ -187,6 +187,12 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         exports,
         imports,
         drop_disks: moves.drop_disks,
+        consoles: st
+            .consoles
+            .dials_for(host.id)
+            .into_iter()
+            .map(|(session, vm)| kumo_api_types::DesiredConsole { session, vm })
+            .collect(),
     })
 }
 

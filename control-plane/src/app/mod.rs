@@ -12,6 +12,7 @@ pub mod billing;
 pub mod bootstrap;
 pub mod budget;
 pub mod clusters;
+pub mod consoles;
 pub mod dashboard;
 pub mod disk_moves;
 pub mod edges;

@@ -20,6 +20,7 @@ use crate::http::{api, middleware};
 pub fn router(state: AppState) -> Router {
     let (api_routes, openapi) = api::router().split_for_parts();
     let api_routes = api_routes
+        .merge(api::consoles::sockets())
         .layer(from_fn_with_state(
             state.clone(),
             middleware::idempotency::layer,

@@ -398,6 +398,12 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/tenants/{tenant}/vms/{vm}/unshelve",
         [409, 409, 409, 403, 404, 401, 401, 401],
     ),
+    // Writing on a console is for members; the VM must run.
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/console",
+        [409, 409, 409, 403, 404, 401, 401, 401],
+    ),
     (
         "POST",
         "/api/v1/tenants/{tenant}/clusters",

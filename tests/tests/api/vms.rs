@@ -554,3 +554,79 @@ async fn a_restarted_server_loses_nothing() {
     assert_eq!(agent.heartbeat().await, 204);
     server.stop().await.unwrap();
 }
+
+on_both_backends! {
+    /// Consoles are authorised like everything else, tickets open once,
+    /// and an agent cannot answer for a console it was not asked to dial.
+    async fn console_tickets_are_authorised_and_open_once(s: &TestServer) {
+        s.tenant("lab").await;
+        let (_, viewer) = s.user("vera").await;
+        s.add("lab", "vera", Role::Viewer).await;
+        let (_, outsider) = s.user("oscar").await;
+        let mut agent = s.sim_agent("con-001", "cpu-only").await;
+        s.admin.create_vm("lab", &vm("web", 0)).await.unwrap();
+        let ticket = async |token: &str, mode: &str| {
+            s.http()
+                .post(format!("{}/api/v1/tenants/lab/vms/web/console?mode={mode}", s.url))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+        };
+        assert_eq!(ticket(&s.admin_token, "write").await.status(), 409, "not running yet");
+        agent.converge().await;
+        assert_eq!(ticket(&viewer, "write").await.status(), 403, "viewers watch only");
+        assert_eq!(ticket(&outsider, "read").await.status(), 404, "another tenant's VM");
+        assert_eq!(ticket(&s.admin_token, "scribble").await.status(), 400);
+        let r = ticket(&viewer, "read").await;
+        assert_eq!(r.status(), 201);
+        let t: kumo_api_types::ConsoleTicket = r.json().await.unwrap();
+        assert!(!t.write && t.url.starts_with("/api/v1/consoles/"), "{t:?}");
+
+        // A made-up ticket opens nothing.
+        let ws = |path: String| {
+            tokio_tungstenite::connect_async(format!("{}{path}", s.url.replace("http://", "ws://")))
+        };
+        let refused = |e: tokio_tungstenite::tungstenite::Error| match e {
+            tokio_tungstenite::tungstenite::Error::Http(r) => r.status().as_u16(),
+            other => panic!("{other}"),
+        };
+        let e = ws(format!("/api/v1/consoles/{}", "0".repeat(64))).await.unwrap_err();
+        assert_eq!(refused(e), 404);
+
+        // An agent dialling a session it was not given is refused, and so
+        // is a caller without the host's credential.
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let dial = |credential: &str| {
+            let url = format!(
+                "{}/agent/v1/console/{}",
+                s.url.replace("http://", "ws://"),
+                uuid::Uuid::new_v4()
+            );
+            let mut req = url.into_client_request().unwrap();
+            req.headers_mut()
+                .insert("authorization", format!("Bearer {credential}").parse().unwrap());
+            tokio_tungstenite::connect_async(req)
+        };
+        assert_eq!(refused(dial(&agent.credential).await.unwrap_err()), 404);
+        assert_eq!(refused(dial("kumo_host_nope").await.unwrap_err()), 401);
+
+        // Opened, the ticket asks the agent to dial (its desired state
+        // lists the console); the test driver's agent never answers here,
+        // so a second open of the same ticket finds it used.
+        let opening = tokio::spawn(ws(t.url.clone()));
+        let listed = Instant::now();
+        loop {
+            let d = agent.desired(None).await;
+            if let Some(c) = d.consoles.first() {
+                assert_eq!(c.vm, s.admin.vm("lab", "web").await.unwrap().id);
+                break;
+            }
+            assert!(listed.elapsed() < Duration::from_secs(10), "the agent was never asked");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let e = ws(t.url.clone()).await.unwrap_err();
+        assert_eq!(refused(e), 404, "a ticket opens once");
+        opening.abort();
+    }
+}

@@ -21,6 +21,7 @@ pub mod agent;
 pub mod audit;
 pub mod billing;
 pub mod clusters;
+pub mod consoles;
 pub mod docs;
 pub mod health;
 pub mod hosts;
@@ -163,6 +164,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(vms::shelve))
         .routes(routes!(vms::unshelve))
         .routes(routes!(vms::events))
+        .routes(routes!(consoles::open))
         .routes(routes!(clusters::create, clusters::list))
         .routes(routes!(clusters::show, clusters::delete))
         .routes(routes!(segments::create, segments::list))

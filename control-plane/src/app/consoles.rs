@@ -1,0 +1,169 @@
+//! Serial consoles: a person's ticket (access, audit), attaching them to
+//! the VM's console (dialling its agent when no one is on it yet), the
+//! agent's answer, and whether the credential a console was opened with
+//! still holds (a console ends with it). The relay itself is
+//! [`crate::consoles`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kumo_api_types::{ConsoleMode, ConsoleTicket, Role, VmState};
+use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::app::access::tenant_access;
+use crate::app::audit;
+use crate::consoles::{Attached, Credential, Ticket, TICKET_TTL};
+use crate::context::{Actor, AppState};
+use crate::entity::{api_tokens, hosts, sessions, users};
+use crate::error::ApiError;
+use crate::store::vms::{find_vm, stored_state};
+
+/// How long the VM's agent has to dial once asked.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Authorises a console session on a tenant's VM: writing for members,
+/// watching for viewers too. The VM must be running. Answers the ticket
+/// (its secret in the URL, valid [`TICKET_TTL`], once).
+pub async fn authorize(
+    st: &AppState,
+    actor: &Actor,
+    credential: Credential,
+    tenant: &str,
+    vm: &str,
+    mode: ConsoleMode,
+) -> Result<ConsoleTicket, ApiError> {
+    let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let write = mode == ConsoleMode::Write;
+    if write {
+        access.require(Role::Member, "writing on a VM's console")?;
+    } else {
+        access.require(Role::Viewer, "watching a VM's console")?;
+    }
+    let vm = find_vm(&st.db, &tenant, vm).await?;
+    let state = stored_state(&vm)?;
+    let host = vm
+        .host_id
+        .filter(|_| matches!(state, VmState::Running | VmState::Preempting))
+        .ok_or_else(|| {
+            ApiError::Conflict(format!(
+                "VM {:?} is {}: its console is there while it runs",
+                vm.name,
+                state.as_str()
+            ))
+        })?;
+    let writer = st.consoles.link(vm.id).and_then(|l| l.writer());
+    let action = match (write, &writer) {
+        (true, Some(_)) => "vm.console.takeover",
+        (true, None) => "vm.console.write",
+        (false, _) => "vm.console.read",
+    };
+    let txn = st.db.begin().await?;
+    audit::record(&txn, actor, action, Some(&tenant), &vm.name).await?;
+    txn.commit().await?;
+    let secret = st.consoles.mint(Ticket::new(
+        tenant.id,
+        vm.id,
+        host,
+        actor.caller.user.name.clone(),
+        credential,
+        write,
+    ));
+    Ok(ConsoleTicket {
+        url: format!("/api/v1/consoles/{secret}"),
+        expires_at: actor.at + chrono::Duration::seconds(TICKET_TTL.as_secs() as i64),
+        write,
+        writer,
+    })
+}
+
+/// Opens a ticket: attaches its holder to the VM's console, asking the
+/// VM's agent to dial when no one is on it. 404 for a ticket that is
+/// unknown, used or expired; 401 when its credential ended meanwhile;
+/// 503 when the agent does not dial within [`DIAL_TIMEOUT`].
+pub async fn attach(st: &AppState, secret: &str) -> Result<(Ticket, Attached), ApiError> {
+    let t = st
+        .consoles
+        .redeem(secret)
+        .ok_or_else(|| ApiError::not_found("console session (tickets open once, within 60 s)"))?;
+    if !still_valid(&st.db, &t.credential, st.config.clock.now()).await? {
+        return Err(ApiError::Unauthenticated(
+            "the credential this console was opened with has ended".into(),
+        ));
+    }
+    let link = match st.consoles.link(t.vm) {
+        Some(l) => l,
+        None => {
+            let (session, answered) = st.consoles.dial(t.host, t.vm);
+            let txn = st.db.begin().await?;
+            crate::store::hosts::bump_revision(&txn, t.host).await?;
+            txn.commit().await?;
+            st.signals.notify(t.host);
+            let ends = tokio::time::timeout(DIAL_TIMEOUT, answered)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .ok_or_else(|| {
+                    tracing::warn!(vm = %t.vm, %session, "the VM's agent did not dial for its console");
+                    ApiError::Unreachable("the VM's host did not connect its console; try again".into())
+                })?;
+            st.consoles.connect(t.host, t.vm, ends)
+        }
+    };
+    let attached = st.consoles.attach(&link, &t.user, t.write);
+    Ok((t, attached))
+}
+
+/// The agent of `host` dials `session`: the channels its websocket is
+/// pumped through (to the people, from the writer). 404 for a session
+/// this host was not asked to dial (or already answered).
+pub fn answer(
+    st: &AppState,
+    host: &hosts::Model,
+    session: Uuid,
+) -> Result<(mpsc::Sender<Bytes>, mpsc::Receiver<Bytes>), ApiError> {
+    st.consoles.answer(host.id, session).ok_or_else(|| {
+        tracing::warn!(host = %host.name, %session, "an agent dialled a console session it was not given");
+        ApiError::not_found("console session")
+    })
+}
+
+/// Whether the token or portal session a console was opened with still
+/// holds (not revoked, expired or signed out; its user not disabled).
+pub async fn still_valid(
+    db: &impl ConnectionTrait,
+    credential: &Credential,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<bool, ApiError> {
+    let token_alive =
+        |t: &api_tokens::Model| t.revoked_at.is_none() && t.expires_at.is_none_or(|e| e > now);
+    let (user, token) = match credential {
+        Credential::Token(id) => {
+            let Some(t) = api_tokens::Entity::find_by_id(*id).one(db).await? else {
+                return Ok(false);
+            };
+            (t.user_id, Some(t))
+        }
+        Credential::Session(id) => {
+            let Some(s) = sessions::Entity::find_by_id(id.clone()).one(db).await? else {
+                return Ok(false);
+            };
+            let token = match s.token_id {
+                Some(t) => match api_tokens::Entity::find_by_id(t).one(db).await? {
+                    Some(t) => Some(t),
+                    None => return Ok(false),
+                },
+                None => None,
+            };
+            (s.user_id, token)
+        }
+    };
+    if token.as_ref().is_some_and(|t| !token_alive(t)) {
+        return Ok(false);
+    }
+    Ok(users::Entity::find_by_id(user)
+        .one(db)
+        .await?
+        .is_some_and(|u| !u.disabled))
+}

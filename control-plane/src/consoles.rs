@@ -1,0 +1,409 @@
+//! The relay between people and VMs' serial consoles, in memory.
+//!
+//! Agents stay outbound-only: a console is reached by asking the VM's
+//! agent (through its desired state) to dial the server with a one-time
+//! session id; the hub hands the agent's byte channels to a [`Link`], one
+//! per VM, which fans the console's output out to every attached person
+//! and takes input from one writer at a time. A person attaches with a
+//! one-time ticket, minted by an authenticated request, valid
+//! [`TICKET_TTL`]; only its SHA-256 is kept.
+//!
+//! A link lives in the server that the agent dialled: tickets, dials and
+//! links are this process's, so a console needs the person's websocket
+//! and the agent's on the same replica (one server, or sticky routing).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use uuid::Uuid;
+
+/// How long a ticket may wait to be opened, and an agent to dial.
+pub const TICKET_TTL: Duration = Duration::from_secs(60);
+
+/// A console no one watches for between one and two of these is closed.
+const UNWATCHED: Duration = Duration::from_secs(30);
+
+/// Chunks of console output a slow viewer may lag behind before it
+/// misses some.
+const FAN_OUT: usize = 1024;
+
+/// What a person's session was opened with, to end it with that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// An API token (its id).
+    Token(Uuid),
+    /// A portal session (its id: the SHA-256 of the cookie's secret).
+    Session(String),
+}
+
+/// An authorised, not yet opened, console session.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub tenant: Uuid,
+    pub vm: Uuid,
+    pub host: Uuid,
+    pub user: String,
+    pub credential: Credential,
+    pub write: bool,
+    expires: Instant,
+}
+
+impl Ticket {
+    pub fn new(
+        tenant: Uuid,
+        vm: Uuid,
+        host: Uuid,
+        user: String,
+        credential: Credential,
+        write: bool,
+    ) -> Ticket {
+        Ticket {
+            tenant,
+            vm,
+            host,
+            user,
+            credential,
+            write,
+            expires: Instant::now() + TICKET_TTL,
+        }
+    }
+}
+
+/// The agent's side of a console: output from the guest, input to it.
+pub struct AgentEnds {
+    pub output: mpsc::Receiver<Bytes>,
+    pub input: mpsc::Sender<Bytes>,
+}
+
+struct Dial {
+    host: Uuid,
+    vm: Uuid,
+    expires: Instant,
+    tx: oneshot::Sender<AgentEnds>,
+}
+
+/// A VM's console, live: the agent's connection shared by its people.
+pub struct Link {
+    pub vm: Uuid,
+    pub host: Uuid,
+    output: broadcast::Sender<Bytes>,
+    input: mpsc::Sender<Bytes>,
+    writer: Mutex<Option<Writer>>,
+    /// Set once the agent's side ended.
+    closed: watch::Sender<bool>,
+}
+
+struct Writer {
+    id: u64,
+    user: String,
+    /// Told who took over.
+    demoted: watch::Sender<Option<String>>,
+}
+
+/// One person on a console.
+pub struct Attached {
+    pub link: Arc<Link>,
+    pub id: u64,
+    pub output: broadcast::Receiver<Bytes>,
+    /// Who took the console over from this writer, once someone did.
+    pub demoted: watch::Receiver<Option<String>>,
+    /// Whether the agent's side ended.
+    pub closed: watch::Receiver<bool>,
+    /// The writer it replaced, if any.
+    pub took_over_from: Option<String>,
+}
+
+impl Link {
+    /// Sends keystrokes from `id`, if it is still the writer.
+    pub async fn write(&self, id: u64, data: Bytes) -> bool {
+        let is_writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|w| w.id == id);
+        is_writer && self.input.send(data).await.is_ok()
+    }
+
+    /// The current writer's name.
+    pub fn writer(&self) -> Option<String> {
+        self.writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|w| w.user.clone())
+    }
+
+    /// `id` leaves: the console has no writer if it was.
+    pub fn leave(&self, id: u64) {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if w.as_ref().is_some_and(|w| w.id == id) {
+            *w = None;
+        }
+    }
+}
+
+/// Every console this server relays.
+#[derive(Default)]
+pub struct ConsoleHub {
+    tickets: Mutex<HashMap<String, Ticket>>,
+    dials: Mutex<HashMap<Uuid, Dial>>,
+    links: Mutex<HashMap<Uuid, Arc<Link>>>,
+    next: AtomicU64,
+}
+
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+impl ConsoleHub {
+    /// Keeps a ticket; answers its secret (32 random bytes, hex), which
+    /// is never stored.
+    pub fn mint(&self, ticket: Ticket) -> String {
+        let mut b = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
+        let secret = hex::encode(b);
+        let mut t = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|_, t| t.expires > Instant::now());
+        t.insert(sha256_hex(&secret), ticket);
+        secret
+    }
+
+    /// Takes a ticket by its secret: once, before it expires.
+    pub fn redeem(&self, secret: &str) -> Option<Ticket> {
+        let t = self
+            .tickets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&sha256_hex(secret))?;
+        (t.expires > Instant::now()).then_some(t)
+    }
+
+    /// The live console of a VM, if any.
+    pub fn link(&self, vm: Uuid) -> Option<Arc<Link>> {
+        let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        links.get(&vm).filter(|l| !*l.closed.borrow()).cloned()
+    }
+
+    /// Asks for a VM's agent to dial: answers the session id to list in
+    /// its host's desired state and what the dial will bring.
+    pub fn dial(&self, host: Uuid, vm: Uuid) -> (Uuid, oneshot::Receiver<AgentEnds>) {
+        let session = Uuid::new_v4();
+        let (tx, rx) = oneshot::channel();
+        let mut d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
+        d.retain(|_, d| d.expires > Instant::now() && !d.tx.is_closed());
+        d.insert(
+            session,
+            Dial {
+                host,
+                vm,
+                expires: Instant::now() + TICKET_TTL,
+                tx,
+            },
+        );
+        (session, rx)
+    }
+
+    /// The dials a host's agent should make: `(session, vm)`.
+    pub fn dials_for(&self, host: Uuid) -> Vec<(Uuid, Uuid)> {
+        let d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(Uuid, Uuid)> = d
+            .iter()
+            .filter(|(_, d)| d.host == host && d.expires > Instant::now() && !d.tx.is_closed())
+            .map(|(s, d)| (*s, d.vm))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// An agent dialled `session`: only the host it was asked of, once.
+    /// Answers the channels the agent's connection is pumped through.
+    pub fn answer(
+        &self,
+        host: Uuid,
+        session: Uuid,
+    ) -> Option<(mpsc::Sender<Bytes>, mpsc::Receiver<Bytes>)> {
+        let mut d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
+        if d.get(&session)?.host != host {
+            return None;
+        }
+        let dial = d.remove(&session)?;
+        if dial.expires <= Instant::now() {
+            return None;
+        }
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let (in_tx, in_rx) = mpsc::channel(64);
+        dial.tx
+            .send(AgentEnds {
+                output: out_rx,
+                input: in_tx,
+            })
+            .ok()?;
+        Some((out_tx, in_rx))
+    }
+
+    /// Makes the link of a VM from its agent's dial; its output is
+    /// relayed until the agent's side ends, then the link goes.
+    pub fn connect(self: &Arc<Self>, host: Uuid, vm: Uuid, ends: AgentEnds) -> Arc<Link> {
+        let (output, _) = broadcast::channel(FAN_OUT);
+        let (closed, _) = watch::channel(false);
+        let link = Arc::new(Link {
+            vm,
+            host,
+            output,
+            input: ends.input,
+            writer: Mutex::new(None),
+            closed,
+        });
+        self.links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(vm, link.clone());
+        let (hub, l) = (self.clone(), link.clone());
+        let mut from_agent = ends.output;
+        tokio::spawn(async move {
+            // Ends when the agent's side does, or when no one has been
+            // attached for a while (the agent's connection then closes).
+            let mut check = tokio::time::interval(UNWATCHED);
+            check.tick().await;
+            let mut watched = true;
+            loop {
+                tokio::select! {
+                    chunk = from_agent.recv() => match chunk {
+                        // No one attached is not an error: the chunk is dropped.
+                        Some(chunk) => { let _ = l.output.send(chunk); }
+                        None => break,
+                    },
+                    _ = check.tick() => {
+                        let now = l.output.receiver_count() > 0;
+                        if !now && !watched {
+                            break;
+                        }
+                        watched = now;
+                    }
+                }
+            }
+            l.closed.send_replace(true);
+            let mut links = hub.links.lock().unwrap_or_else(|e| e.into_inner());
+            if links.get(&l.vm).is_some_and(|x| Arc::ptr_eq(x, &l)) {
+                links.remove(&l.vm);
+            }
+        });
+        link
+    }
+
+    /// Attaches a person to a link: as the writer (taking over from the
+    /// one before, who is told) or as a viewer.
+    pub fn attach(&self, link: &Arc<Link>, user: &str, write: bool) -> Attached {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (demoted_tx, demoted) = watch::channel(None);
+        let mut took_over_from = None;
+        if write {
+            let mut w = link.writer.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(old) = w.take() {
+                old.demoted.send_replace(Some(user.to_owned()));
+                took_over_from = Some(old.user);
+            }
+            *w = Some(Writer {
+                id,
+                user: user.to_owned(),
+                demoted: demoted_tx,
+            });
+        }
+        Attached {
+            link: link.clone(),
+            id,
+            output: link.output.subscribe(),
+            demoted,
+            closed: link.closed.subscribe(),
+            took_over_from,
+        }
+    }
+
+    /// Ends every console of a host (its agent restarted, or the VM left):
+    /// people attached see them close.
+    pub fn close_vm(&self, vm: Uuid) {
+        if let Some(l) = self
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&vm)
+        {
+            l.closed.send_replace(true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(write: bool) -> Ticket {
+        Ticket::new(
+            Uuid::nil(),
+            Uuid::nil(),
+            Uuid::nil(),
+            "aiko".into(),
+            Credential::Token(Uuid::nil()),
+            write,
+        )
+    }
+
+    #[test]
+    fn a_ticket_opens_once() {
+        let hub = ConsoleHub::default();
+        let secret = hub.mint(ticket(true));
+        assert_eq!(secret.len(), 64);
+        assert!(hub.redeem("0".repeat(64).as_str()).is_none());
+        assert!(hub.redeem(&secret).is_some());
+        assert!(hub.redeem(&secret).is_none(), "one-time");
+    }
+
+    #[tokio::test]
+    async fn only_the_host_asked_answers_a_dial_and_once() {
+        let hub = Arc::new(ConsoleHub::default());
+        let (host, other, vm) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let (session, rx) = hub.dial(host, vm);
+        assert_eq!(hub.dials_for(host), vec![(session, vm)]);
+        assert!(hub.dials_for(other).is_empty());
+        assert!(hub.answer(other, session).is_none(), "another host");
+        assert!(
+            hub.answer(host, Uuid::new_v4()).is_none(),
+            "a session never given"
+        );
+        let (to_hub, mut from_hub) = hub.answer(host, session).unwrap();
+        assert!(hub.answer(host, session).is_none(), "once");
+        let link = hub.connect(host, vm, rx.await.unwrap());
+
+        let mut a = hub.attach(&link, "aiko", true);
+        let mut viewer = hub.attach(&link, "ben", false);
+        to_hub.send(Bytes::from_static(b"login: ")).await.unwrap();
+        assert_eq!(a.output.recv().await.unwrap(), "login: ");
+        assert_eq!(viewer.output.recv().await.unwrap(), "login: ");
+        assert!(
+            !link.write(viewer.id, Bytes::from_static(b"x")).await,
+            "a viewer"
+        );
+        assert!(link.write(a.id, Bytes::from_static(b"root\n")).await);
+        assert_eq!(from_hub.recv().await.unwrap(), "root\n");
+
+        // A second writer takes over; the first is told and writes no more.
+        let b = hub.attach(&link, "carol", true);
+        assert_eq!(b.took_over_from.as_deref(), Some("aiko"));
+        a.demoted.changed().await.unwrap();
+        assert_eq!(a.demoted.borrow().as_deref(), Some("carol"));
+        assert!(!link.write(a.id, Bytes::from_static(b"x")).await);
+        assert_eq!(link.writer().as_deref(), Some("carol"));
+
+        // The agent's side ends: everyone sees the console close.
+        drop(to_hub);
+        a.closed.changed().await.unwrap();
+        assert!(*a.closed.borrow());
+        assert!(hub.link(vm).is_none());
+    }
+}
