@@ -1630,7 +1630,10 @@ pub struct DesiredConsole {
 /// (`{"event": "taken_over", "by": USER}`, `{"event": "closed", "reason": …}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ConsoleTicket {
+    /// `/api/v1/consoles/{ticket}`.
     pub url: String,
+    /// The one-time secret in `url` (shown once, never kept).
+    pub ticket: String,
     pub expires_at: DateTime<Utc>,
     /// Whether keystrokes are sent (else the console is read-only).
     pub write: bool,

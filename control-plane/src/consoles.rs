@@ -6,7 +6,9 @@
 //! per VM, which fans the console's output out to every attached person
 //! and takes input from one writer at a time. A person attaches with a
 //! one-time ticket, minted by an authenticated request, valid
-//! [`TICKET_TTL`]; only its SHA-256 is kept.
+//! [`TICKET_TTL`]; only its SHA-256 is kept. A tenant has at most
+//! [`MAX_WAITING`] tickets and dials waiting at once: they are this
+//! process's memory, and each dial wakes an agent.
 //!
 //! A link lives in the server that the agent dialled: tickets, dials and
 //! links are this process's, so a console needs the person's websocket
@@ -25,12 +27,19 @@ use uuid::Uuid;
 /// How long a ticket may wait to be opened, and an agent to dial.
 pub const TICKET_TTL: Duration = Duration::from_secs(60);
 
+/// Tickets and dials one tenant may have waiting at once.
+pub const MAX_WAITING: usize = 16;
+
 /// A console no one watches for between one and two of these is closed.
 const UNWATCHED: Duration = Duration::from_secs(30);
 
 /// Chunks of console output a slow viewer may lag behind before it
 /// misses some.
 const FAN_OUT: usize = 1024;
+
+/// A tenant has [`MAX_WAITING`] tickets and dials waiting already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyWaiting;
 
 /// What a person's session was opened with, to end it with that.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +90,7 @@ pub struct AgentEnds {
 }
 
 struct Dial {
+    tenant: Uuid,
     host: Uuid,
     vm: Uuid,
     expires: Instant,
@@ -89,8 +99,7 @@ struct Dial {
 
 /// A VM's console, live: the agent's connection shared by its people.
 pub struct Link {
-    pub vm: Uuid,
-    pub host: Uuid,
+    vm: Uuid,
     output: broadcast::Sender<Bytes>,
     input: mpsc::Sender<Bytes>,
     writer: Mutex<Option<Writer>>,
@@ -162,16 +171,24 @@ fn sha256_hex(s: &str) -> String {
 }
 
 impl ConsoleHub {
-    /// Keeps a ticket; answers its secret (32 random bytes, hex), which
-    /// is never stored.
-    pub fn mint(&self, ticket: Ticket) -> String {
-        let mut b = [0u8; 32];
-        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
-        let secret = hex::encode(b);
+    /// Keeps a ticket under its secret's SHA-256 (the secret itself, a
+    /// prefixed secret the caller minted, is not kept). Refused when its
+    /// tenant has [`MAX_WAITING`] tickets and dials waiting already.
+    pub fn keep(&self, secret: &str, ticket: Ticket) -> Result<(), TooManyWaiting> {
+        let now = Instant::now();
         let mut t = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        t.retain(|_, t| t.expires > Instant::now());
-        t.insert(sha256_hex(&secret), ticket);
-        secret
+        t.retain(|_, t| t.expires > now);
+        let dials = {
+            let mut d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
+            d.retain(|_, d| d.expires > now && !d.tx.is_closed());
+            d.values().filter(|d| d.tenant == ticket.tenant).count()
+        };
+        let tickets = t.values().filter(|x| x.tenant == ticket.tenant).count();
+        if tickets + dials >= MAX_WAITING {
+            return Err(TooManyWaiting);
+        }
+        t.insert(sha256_hex(secret), ticket);
+        Ok(())
     }
 
     /// Takes a ticket by its secret: once, before it expires.
@@ -192,7 +209,8 @@ impl ConsoleHub {
 
     /// Asks for a VM's agent to dial: answers the session id to list in
     /// its host's desired state and what the dial will bring.
-    pub fn dial(&self, host: Uuid, vm: Uuid) -> (Uuid, oneshot::Receiver<AgentEnds>) {
+    pub fn dial(&self, t: &Ticket) -> (Uuid, oneshot::Receiver<AgentEnds>) {
+        let (tenant, host, vm) = (t.tenant, t.host, t.vm);
         let session = Uuid::new_v4();
         let (tx, rx) = oneshot::channel();
         let mut d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
@@ -200,6 +218,7 @@ impl ConsoleHub {
         d.insert(
             session,
             Dial {
+                tenant,
                 host,
                 vm,
                 expires: Instant::now() + TICKET_TTL,
@@ -249,12 +268,11 @@ impl ConsoleHub {
 
     /// Makes the link of a VM from its agent's dial; its output is
     /// relayed until the agent's side ends, then the link goes.
-    pub fn connect(self: &Arc<Self>, host: Uuid, vm: Uuid, ends: AgentEnds) -> Arc<Link> {
+    pub fn connect(self: &Arc<Self>, vm: Uuid, ends: AgentEnds) -> Arc<Link> {
         let (output, _) = broadcast::channel(FAN_OUT);
         let (closed, _) = watch::channel(false);
         let link = Arc::new(Link {
             vm,
-            host,
             output,
             input: ends.input,
             writer: Mutex::new(None),
@@ -324,19 +342,6 @@ impl ConsoleHub {
             took_over_from,
         }
     }
-
-    /// Ends every console of a host (its agent restarted, or the VM left):
-    /// people attached see them close.
-    pub fn close_vm(&self, vm: Uuid) {
-        if let Some(l) = self
-            .links
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&vm)
-        {
-            l.closed.send_replace(true);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -344,10 +349,14 @@ mod tests {
     use super::*;
 
     fn ticket(write: bool) -> Ticket {
+        ticket_of(Uuid::nil(), Uuid::nil(), Uuid::nil(), write)
+    }
+
+    fn ticket_of(tenant: Uuid, host: Uuid, vm: Uuid, write: bool) -> Ticket {
         Ticket::new(
-            Uuid::nil(),
-            Uuid::nil(),
-            Uuid::nil(),
+            tenant,
+            vm,
+            host,
             "aiko".into(),
             Credential::Token(Uuid::nil()),
             write,
@@ -357,18 +366,37 @@ mod tests {
     #[test]
     fn a_ticket_opens_once() {
         let hub = ConsoleHub::default();
-        let secret = hub.mint(ticket(true));
-        assert_eq!(secret.len(), 64);
-        assert!(hub.redeem("0".repeat(64).as_str()).is_none());
-        assert!(hub.redeem(&secret).is_some());
-        assert!(hub.redeem(&secret).is_none(), "one-time");
+        let secret = "kumoc_0123_secret";
+        hub.keep(secret, ticket(true)).unwrap();
+        assert!(hub.redeem("kumoc_0123_other").is_none());
+        assert!(hub.redeem(secret).is_some());
+        assert!(hub.redeem(secret).is_none(), "one-time");
+    }
+
+    #[test]
+    fn a_tenant_has_few_tickets_and_dials_waiting_and_others_theirs() {
+        let hub = ConsoleHub::default();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let t = ticket_of(a, Uuid::nil(), Uuid::nil(), false);
+        let (_, _waiting) = hub.dial(&t);
+        for i in 1..MAX_WAITING {
+            hub.keep(&format!("a{i}"), t.clone()).unwrap();
+        }
+        assert!(
+            hub.keep("a-more", t.clone()).is_err(),
+            "tickets and dials count"
+        );
+        hub.keep("b1", ticket_of(b, Uuid::nil(), Uuid::nil(), false))
+            .expect("another tenant's own");
+        assert!(hub.redeem("a1").is_some());
+        hub.keep("a-again", t).expect("room once one is opened");
     }
 
     #[tokio::test]
     async fn only_the_host_asked_answers_a_dial_and_once() {
         let hub = Arc::new(ConsoleHub::default());
         let (host, other, vm) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
-        let (session, rx) = hub.dial(host, vm);
+        let (session, rx) = hub.dial(&ticket_of(Uuid::nil(), host, vm, true));
         assert_eq!(hub.dials_for(host), vec![(session, vm)]);
         assert!(hub.dials_for(other).is_empty());
         assert!(hub.answer(other, session).is_none(), "another host");
@@ -378,7 +406,7 @@ mod tests {
         );
         let (to_hub, mut from_hub) = hub.answer(host, session).unwrap();
         assert!(hub.answer(host, session).is_none(), "once");
-        let link = hub.connect(host, vm, rx.await.unwrap());
+        let link = hub.connect(vm, rx.await.unwrap());
 
         let mut a = hub.attach(&link, "aiko", true);
         let mut viewer = hub.attach(&link, "ben", false);

@@ -414,19 +414,36 @@ impl Agent {
                         disks.present(vm).then_some(None)
                     });
             let here = |vm: &uuid::Uuid| desired.vms.iter().any(|v| v.id == *vm);
-            for vm in desired.drop_disks.iter().filter(|vm| !here(vm)) {
-                let (state, reason) = match disks.remove(*vm) {
-                    Ok(_) => (VolumeActual::Absent, None),
-                    Err(e) => (VolumeActual::Failed, Some(e.to_string())),
-                };
-                report.push(VolumeStatus {
-                    id: *vm,
-                    state,
-                    size_gib: None,
-                    reason,
-                    snapshots: Vec::new(),
-                    token_sha256: None,
-                });
+            let drop: Vec<uuid::Uuid> = desired
+                .drop_disks
+                .iter()
+                .filter(|vm| !here(vm))
+                .copied()
+                .collect();
+            if !drop.is_empty() {
+                // Removing a disk's directory blocks: not on the runtime.
+                let disks = disks.clone();
+                let dropped = tokio::task::spawn_blocking(move || {
+                    drop.into_iter()
+                        .map(|vm| {
+                            let (state, reason) = match disks.remove(vm) {
+                                Ok(_) => (VolumeActual::Absent, None),
+                                Err(e) => (VolumeActual::Failed, Some(e.to_string())),
+                            };
+                            VolumeStatus {
+                                id: vm,
+                                state,
+                                size_gib: None,
+                                reason,
+                                snapshots: Vec::new(),
+                                token_sha256: None,
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap_or_default();
+                report.extend(dropped);
             }
             report
         };

@@ -575,6 +575,16 @@ mod transfer {
         Arc::new(Qcow2Dir::new(&pool.backend.dir))
     }
 
+    /// A 1 GiB import of `id` from `from`.
+    fn wanted(volume: Uuid, from: String, kind: TransferKind) -> DesiredImport {
+        DesiredImport {
+            volume,
+            size_gib: 1,
+            from,
+            kind,
+        }
+    }
+
     /// Transfers over a pool, with root disks beside it.
     fn transfers(pool: &Arc<dyn Backend>, state: &Path) -> Arc<Transfers> {
         Transfers::new(pool.clone(), RootDisks::new(state))
@@ -613,12 +623,7 @@ mod transfer {
         let source = transfers(&src, a.scratch.path());
         let url = serve(source.clone()).await;
         let dest = transfers(&dst, b.scratch.path());
-        let want = DesiredImport {
-            volume: id,
-            size_gib: 1,
-            from: url.clone(),
-            kind: TransferKind::Volume,
-        };
+        let want = wanted(id, url.clone(), TransferKind::Volume);
 
         // The destination's token: only its hash is reported. Until the
         // source is told that hash, the fetch is refused (not found).
@@ -720,12 +725,7 @@ mod transfer {
         let url = serve(source.clone()).await;
         let dest = transfers(&dst, b.scratch.path());
         let here = RootDisks::new(b.scratch.path());
-        let want = DesiredImport {
-            volume: vm,
-            size_gib: 1,
-            from: url.clone(),
-            kind: TransferKind::RootDisk,
-        };
+        let want = wanted(vm, url.clone(), TransferKind::RootDisk);
         let r = dest.converge_imports(want.kind, std::slice::from_ref(&want), &|_| None);
         assert_eq!(r[0].state, VolumeActual::Importing);
         let hash = r[0].token_sha256.clone().unwrap();
@@ -844,12 +844,11 @@ mod transfer {
             let b = Qcow2Pool::new();
             let dst = backend(&b);
             let dest = transfers(&dst, b.scratch.path());
-            let want = DesiredImport {
-                volume: Uuid::new_v4(),
-                size_gib: 1,
-                from: fake_source(len, send, announced).await,
-                kind: TransferKind::Volume,
-            };
+            let want = wanted(
+                Uuid::new_v4(),
+                fake_source(len, send, announced).await,
+                TransferKind::Volume,
+            );
             let r = converge_until(&dest, &*dst, &want, VolumeActual::Failed).await;
             assert_eq!(r.state, VolumeActual::Failed);
             let reason = r.reason.unwrap();
@@ -861,12 +860,11 @@ mod transfer {
         let b = Qcow2Pool::new();
         let dst = backend(&b);
         let dest = transfers(&dst, b.scratch.path());
-        let want = DesiredImport {
-            volume: Uuid::new_v4(),
-            size_gib: 1,
-            from: fake_source(len, len, right.clone()).await,
-            kind: TransferKind::Volume,
-        };
+        let want = wanted(
+            Uuid::new_v4(),
+            fake_source(len, len, right.clone()).await,
+            TransferKind::Volume,
+        );
         let r = converge_until(&dest, &*dst, &want, VolumeActual::Ready).await;
         assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
     }
@@ -877,12 +875,11 @@ mod transfer {
         let b = Qcow2Pool::new();
         let dst = backend(&b);
         let dest = transfers(&dst, b.scratch.path());
-        let want = DesiredImport {
-            volume: Uuid::new_v4(),
-            size_gib: 1,
-            from: fake_source_with(len, len / 2, "0".repeat(64), true).await,
-            kind: TransferKind::Volume,
-        };
+        let want = wanted(
+            Uuid::new_v4(),
+            fake_source_with(len, len / 2, "0".repeat(64), true).await,
+            TransferKind::Volume,
+        );
         // Any file of it in the pool (which the import makes).
         let partial = |id: Uuid| {
             std::fs::read_dir(&b.backend.dir).is_ok_and(|d| {

@@ -25,6 +25,7 @@ mod m0019_public_networking;
 mod m0020_volumes;
 mod m0021_volume_moves;
 mod m0022_root_disk_moves;
+mod m0023_vms_by_disk_host;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -91,6 +92,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0020_volumes::Migration),
             Box::new(m0021_volume_moves::Migration),
             Box::new(m0022_root_disk_moves::Migration),
+            Box::new(m0023_vms_by_disk_host::Migration),
         ]
     }
 }

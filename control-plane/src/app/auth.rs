@@ -22,6 +22,8 @@ const PREFIX: &str = "kumo_";
 /// Join tokens register hosts; host credentials authenticate agents.
 pub const JOIN_PREFIX: &str = "kumoj_";
 pub const HOST_PREFIX: &str = "kumoh_";
+/// Console tickets open a VM's serial console once.
+pub const CONSOLE_PREFIX: &str = "kumoc_";
 /// `last_used_at` is refreshed at most this often, so that reads do not
 /// turn into a write per request.
 const LAST_USED_GRANULARITY_SECS: i64 = 60;
@@ -69,10 +71,11 @@ pub fn parse_prefixed<'a>(token: &'a str, prefix: &str) -> Option<(Uuid, &'a str
 }
 
 /// Whether a string has the shape of a secret Kumo mints (an API token,
-/// a join token or a host credential). Every secret carries its prefix so
-/// that it can be recognised wherever it should not be kept.
+/// a join token, a host credential or a console ticket). Every secret
+/// carries its prefix so that it can be recognised wherever it should not
+/// be kept.
 pub fn is_secret(s: &str) -> bool {
-    [PREFIX, JOIN_PREFIX, HOST_PREFIX]
+    [PREFIX, JOIN_PREFIX, HOST_PREFIX, CONSOLE_PREFIX]
         .iter()
         .any(|p| parse_prefixed(s, p).is_some())
 }

@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::app::access::tenant_access;
-use crate::app::audit;
-use crate::consoles::{Attached, Credential, Ticket, TICKET_TTL};
+use crate::app::{audit, auth};
+use crate::consoles::{Attached, Credential, Ticket, MAX_WAITING, TICKET_TTL};
 use crate::context::{Actor, AppState};
 use crate::entity::{api_tokens, hosts, sessions, users};
 use crate::error::ApiError;
@@ -59,19 +59,29 @@ pub async fn authorize(
         (true, None) => "vm.console.write",
         (false, _) => "vm.console.read",
     };
-    let txn = st.db.begin().await?;
-    audit::record(&txn, actor, action, Some(&tenant), &vm.name).await?;
-    txn.commit().await?;
-    let secret = st.consoles.mint(Ticket::new(
+    // A prefixed secret like every other Kumo mints: recognised wherever it
+    // must not be kept (an idempotent replay's stored answer among them).
+    let secret = auth::mint_prefixed(auth::CONSOLE_PREFIX, Uuid::new_v4()).token;
+    let ticket = Ticket::new(
         tenant.id,
         vm.id,
         host,
         actor.caller.user.name.clone(),
         credential,
         write,
-    ));
+    );
+    st.consoles.keep(&secret, ticket).map_err(|_| {
+        ApiError::Conflict(format!(
+            "tenant {:?} has {MAX_WAITING} console sessions waiting to be opened; open them or let them expire (60 s)",
+            tenant.name
+        ))
+    })?;
+    let txn = st.db.begin().await?;
+    audit::record(&txn, actor, action, Some(&tenant), &vm.name).await?;
+    txn.commit().await?;
     Ok(ConsoleTicket {
         url: format!("/api/v1/consoles/{secret}"),
+        ticket: secret,
         expires_at: actor.at + chrono::Duration::seconds(TICKET_TTL.as_secs() as i64),
         write,
         writer,
@@ -95,7 +105,7 @@ pub async fn attach(st: &AppState, secret: &str) -> Result<(Ticket, Attached), A
     let link = match st.consoles.link(t.vm) {
         Some(l) => l,
         None => {
-            let (session, answered) = st.consoles.dial(t.host, t.vm);
+            let (session, answered) = st.consoles.dial(&t);
             let txn = st.db.begin().await?;
             crate::store::hosts::bump_revision(&txn, t.host).await?;
             txn.commit().await?;
@@ -108,7 +118,7 @@ pub async fn attach(st: &AppState, secret: &str) -> Result<(Ticket, Attached), A
                     tracing::warn!(vm = %t.vm, %session, "the VM's agent did not dial for its console");
                     ApiError::Unreachable("the VM's host did not connect its console; try again".into())
                 })?;
-            st.consoles.connect(t.host, t.vm, ends)
+            st.consoles.connect(t.vm, ends)
         }
     };
     let attached = st.consoles.attach(&link, &t.user, t.write);

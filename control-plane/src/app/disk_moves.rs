@@ -22,7 +22,6 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use crate::domain::names;
 use crate::entity::{hosts, vms};
 use crate::error::ApiError;
 use crate::store::hosts::bump_revision;
@@ -196,28 +195,23 @@ async fn settle(
             vec![source, host.id]
         }
         VolumeActual::Importing | VolumeActual::Failed => {
-            let token = s
-                .token_sha256
-                .as_deref()
-                .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-                .map(str::to_ascii_lowercase);
-            let new_token = token.is_some() && token != vm.disk_move_token_sha256;
-            let reason = (s.state == VolumeActual::Failed).then(|| {
-                let why = s.reason.as_deref().unwrap_or("failed");
-                names::cleaned(&format!("moving its root disk: {why}"), 500)
-            });
-            let reason = reason.or_else(|| vm.reason.clone());
-            if !new_token && reason == vm.reason {
+            // While the copy goes on, the reason stays what it was.
+            let Some(p) = crate::domain::imports::progress(
+                s,
+                vm.disk_move_token_sha256.as_deref(),
+                vm.reason.as_deref(),
+                "moving its root disk",
+                vm.reason.as_deref(),
+            ) else {
                 return Ok(Vec::new());
-            }
-            if new_token {
-                a.disk_move_token_sha256 = Set(token);
-            }
-            a.reason = Set(reason);
-            if new_token {
-                vec![source]
-            } else {
-                Vec::new()
+            };
+            a.reason = Set(p.reason);
+            match p.token {
+                Some(t) => {
+                    a.disk_move_token_sha256 = Set(Some(t));
+                    vec![source]
+                }
+                None => Vec::new(),
             }
         }
         VolumeActual::Absent => return Ok(Vec::new()),

@@ -678,11 +678,6 @@ async fn settle_import(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<Uuid>, ApiError> {
     let source = v.host_id;
-    let token = s
-        .token_sha256
-        .as_deref()
-        .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-        .map(str::to_ascii_lowercase);
     let mut a: volumes::ActiveModel = v.clone().into();
     let wake = match s.state {
         VolumeActual::Ready => {
@@ -703,22 +698,22 @@ async fn settle_import(
             vec![source, host]
         }
         VolumeActual::Importing | VolumeActual::Failed => {
-            let reason = (s.state == VolumeActual::Failed).then(|| {
-                let why = s.reason.as_deref().unwrap_or("failed");
-                names::cleaned(&format!("copying to the new host: {why}"), 500)
-            });
-            let new_token = token.is_some() && token != v.move_token_sha256;
-            if !new_token && reason == v.reason {
+            let Some(p) = crate::domain::imports::progress(
+                s,
+                v.move_token_sha256.as_deref(),
+                v.reason.as_deref(),
+                "copying to the new host",
+                None,
+            ) else {
                 return Ok(Vec::new());
-            }
-            if new_token {
-                a.move_token_sha256 = Set(token);
-            }
-            a.reason = Set(reason);
-            if new_token {
-                vec![source]
-            } else {
-                Vec::new()
+            };
+            a.reason = Set(p.reason);
+            match p.token {
+                Some(t) => {
+                    a.move_token_sha256 = Set(Some(t));
+                    vec![source]
+                }
+                None => Vec::new(),
             }
         }
         VolumeActual::Absent => return Ok(Vec::new()),

@@ -1,6 +1,7 @@
 //! Pure rules over plain data: no database, no HTTP, no clock of their own.
 
 pub mod faults;
+pub mod imports;
 pub mod ingress;
 pub mod ipam;
 pub mod lifecycle;

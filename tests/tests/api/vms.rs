@@ -628,5 +628,31 @@ on_both_backends! {
         let e = ws(t.url.clone()).await.unwrap_err();
         assert_eq!(refused(e), 404, "a ticket opens once");
         opening.abort();
+
+        // A ticket is a secret shown once: a retry with the same
+        // Idempotency-Key is not answered with it again.
+        let keyed = || {
+            s.http()
+                .post(format!("{}/api/v1/tenants/lab/vms/web/console?mode=read", s.url))
+                .bearer_auth(&s.admin_token)
+                .header("Idempotency-Key", "console-once")
+                .send()
+        };
+        let first: kumo_api_types::ConsoleTicket = keyed().await.unwrap().json().await.unwrap();
+        assert!(first.ticket.starts_with("kumoc_") && first.url.ends_with(&first.ticket), "{first:?}");
+        let again = keyed().await.unwrap();
+        assert_eq!(again.status(), 409);
+        assert!(!again.text().await.unwrap().contains(&first.ticket), "not kept, not replayed");
+
+        // Tickets are kept in the server's memory: one tenant cannot pile
+        // them up.
+        let mut last = 0;
+        for _ in 0..40 {
+            last = ticket(&s.admin_token, "read").await.status().as_u16();
+            if last != 201 {
+                break;
+            }
+        }
+        assert_eq!(last, 409, "a tenant's waiting tickets are capped");
     }
 }

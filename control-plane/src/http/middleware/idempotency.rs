@@ -186,10 +186,7 @@ fn shown_once(body: &[u8]) -> Option<Option<String>> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     fn holds_secret(v: &serde_json::Value) -> bool {
         match v {
-            // A console ticket's secret is the last segment of its URL.
-            serde_json::Value::String(s) => {
-                crate::app::auth::is_secret(s) || s.starts_with("/api/v1/consoles/")
-            }
+            serde_json::Value::String(s) => crate::app::auth::is_secret(s),
             serde_json::Value::Array(a) => a.iter().any(holds_secret),
             serde_json::Value::Object(o) => o.values().any(holds_secret),
             _ => false,
