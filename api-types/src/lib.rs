@@ -1626,8 +1626,9 @@ pub struct DesiredConsole {
 
 /// A VM's serial console, authorised: open `url` (a websocket on this
 /// server) before `expires_at`, once. Binary messages carry the
-/// terminal's bytes both ways; text messages from the server are events
-/// (`{"event": "taken_over", "by": USER}`, `{"event": "closed", "reason": …}`).
+/// terminal's bytes both ways: first the console's scrollback, then, after
+/// the `live` event, what it prints now. Text messages from the server are
+/// [`ConsoleEvent`]s; text messages to it are [`ConsoleControl`]s.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ConsoleTicket {
     /// `/api/v1/consoles/{ticket}`.
@@ -1651,6 +1652,43 @@ pub enum ConsoleMode {
     Write,
     /// Watch it (any member of the tenant, viewers too).
     Read,
+}
+
+/// A text message a person's console websocket sends (binary messages are
+/// the terminal's bytes): the terminal's size, or keys the serial line
+/// cannot carry. Both are for the writer only; a viewer's are dropped.
+/// The server passes them on to the VM's agent as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ConsoleControl {
+    /// The terminal's size: the agent sets it on the guest's serial line
+    /// (`stty rows … cols …` through the guest agent, when there is one),
+    /// so full-screen programs fit and get `SIGWINCH`.
+    Resize { cols: u16, rows: u16 },
+    /// Keys pressed on the VM's keyboard (not its serial line).
+    Keys { keys: ConsoleKeys },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConsoleKeys {
+    CtrlAltDel,
+}
+
+/// A text message the server sends on a person's console websocket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ConsoleEvent {
+    /// Everything before this was the console's scrollback (what it
+    /// printed before this session, up to about 1 MiB, from boot); live
+    /// output follows.
+    Live,
+    /// This session took writing over from `from` (who is now read-only).
+    TookOver { from: String },
+    /// `by` took writing over: this session is read-only now.
+    TakenOver { by: String },
+    /// The session ended, and why.
+    Closed { reason: String },
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]

@@ -745,7 +745,8 @@ pub enum VmCmd {
         /// Watch only (viewers may).
         #[arg(long)]
         read_only: bool,
-        /// Print what the console shows on opening, then leave.
+        /// Print the console's scrollback (what it showed since boot, up
+        /// to ~1 MiB), then leave.
         #[arg(long)]
         log: bool,
         #[command(flatten)]

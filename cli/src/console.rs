@@ -1,17 +1,17 @@
 //! `kumo vm console VM`: the VM's serial console in this terminal.
 //!
 //! The terminal goes raw (every key goes to the guest, Ctrl-] leaves) when
-//! standard input is one; otherwise standard input is sent as it comes
-//! and the console stays open until the server closes it (or, with
-//! `--log`, until it has been quiet for a moment: what the console shows
-//! right after opening, then nothing). Events from the server (taken
-//! over, closed) are printed on standard error.
+//! standard input is one, and its size (now and after each `SIGWINCH`) is
+//! set on the guest's serial line; otherwise standard input is sent as it
+//! comes and the console stays open until the server closes it. With
+//! `--log`, it prints the console's scrollback (from boot, up to ~1 MiB)
+//! and leaves. Events from the server (taken over, closed) are printed on
+//! standard error.
 
 use std::io::Write;
-use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use kumo_api_types::{ConsoleMode, ConsoleTicket};
+use kumo_api_types::{ConsoleControl, ConsoleEvent, ConsoleMode, ConsoleTicket};
 use reqwest::Method;
 use tokio::io::AsyncReadExt;
 use tokio_tungstenite::tungstenite::Message;
@@ -76,6 +76,17 @@ impl Drop for Raw {
     }
 }
 
+/// The terminal's size, when standard output is one.
+fn window() -> Option<ConsoleControl> {
+    let (terminal_size::Width(cols), terminal_size::Height(rows)) =
+        terminal_size::terminal_size_of(std::io::stdout())?;
+    Some(ConsoleControl::Resize { cols, rows })
+}
+
+fn control(c: &ConsoleControl) -> Message {
+    Message::Text(serde_json::to_string(c).unwrap_or_default().into())
+}
+
 /// Runs a console session; answers the reason it closed.
 pub async fn run(
     c: &Client,
@@ -105,36 +116,42 @@ pub async fn run(
     let interactive = !log && std::io::IsTerminal::is_terminal(&std::io::stdin());
     if interactive {
         eprint!("Connected to {vm}'s console; Ctrl-] leaves.\r\n");
-        if let Some(w) = &ticket.writer {
-            eprint!("(taken over from {w})\r\n");
-        }
     }
     let _raw = if interactive {
         Some(Raw::enter())
     } else {
         None
     };
+    let writing = !log && !read_only;
+    // The guest's serial line takes the terminal's size, now and whenever
+    // it changes.
+    let mut resized =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?;
+    if writing {
+        if let Some(size) = window() {
+            tx.send(control(&size)).await?;
+        }
+    }
     let mut stdin = tokio::io::stdin();
     let mut buf = vec![0u8; 4096];
-    let mut stdin_open = !log && !read_only;
-    let quiet = Duration::from_millis(1500);
+    let mut stdin_open = writing;
     let mut out = std::io::stdout();
     let why = loop {
-        let idle = tokio::time::sleep(quiet);
         tokio::select! {
             msg = rx.next() => match msg {
                 Some(Ok(Message::Binary(b))) => {
                     out.write_all(&b)?;
                     out.flush()?;
                 }
-                Some(Ok(Message::Text(t))) => {
-                    let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap_or_default();
-                    match v["event"].as_str() {
-                        Some("taken_over") => eprint!("\r\n[kumo: {} took the console over; read-only now]\r\n", v["by"].as_str().unwrap_or("someone")),
-                        Some("closed") => break v["reason"].as_str().unwrap_or("closed").to_owned(),
-                        _ => {}
-                    }
-                }
+                Some(Ok(Message::Text(t))) => match serde_json::from_str(t.as_str()) {
+                    // `--log` prints the scrollback, up to where the live
+                    // output begins.
+                    Ok(ConsoleEvent::Live) if log => break "end of the log".to_owned(),
+                    Ok(ConsoleEvent::TookOver { from }) => eprint!("[kumo: took the console over from {from}]\r\n"),
+                    Ok(ConsoleEvent::TakenOver { by }) => eprint!("\r\n[kumo: {by} took the console over; read-only now]\r\n"),
+                    Ok(ConsoleEvent::Closed { reason }) => break reason,
+                    _ => {}
+                },
                 Some(Ok(Message::Close(_))) | None => break "closed".to_owned(),
                 Some(Err(e)) => break format!("connection lost: {e}"),
                 Some(Ok(_)) => {}
@@ -154,7 +171,11 @@ pub async fn run(
                     tx.send(Message::Binary(data.to_vec().into())).await?;
                 }
             },
-            _ = idle, if log => break "end of the log".to_owned(),
+            Some(()) = resized.recv(), if writing => {
+                if let Some(size) = window() {
+                    tx.send(control(&size)).await?;
+                }
+            },
         }
     };
     let _ = tx.close().await;

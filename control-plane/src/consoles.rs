@@ -14,12 +14,13 @@
 //! links are this process's, so a console needs the person's websocket
 //! and the agent's on the same replica (one server, or sticky routing).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kumo_api_types::ConsoleControl;
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use uuid::Uuid;
@@ -85,8 +86,35 @@ impl Ticket {
 
 /// The agent's side of a console: output from the guest, input to it.
 pub struct AgentEnds {
-    pub output: mpsc::Receiver<Bytes>,
-    pub input: mpsc::Sender<Bytes>,
+    pub output: mpsc::Receiver<FromAgent>,
+    pub input: mpsc::Sender<ToAgent>,
+}
+
+/// What a VM's agent sends: the console's bytes, first its scrollback
+/// then, after [`FromAgent::Live`], what it prints now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FromAgent {
+    Output(Bytes),
+    Live,
+}
+
+/// What the writer sends the VM's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToAgent {
+    Input(Bytes),
+    Control(ConsoleControl),
+}
+
+/// How much of a console's output a link keeps for people who attach
+/// later (the agent's scrollback is as long).
+pub const SCROLLBACK: usize = 1024 * 1024;
+
+/// The output a link has relayed, the last [`SCROLLBACK`] bytes of it.
+#[derive(Default)]
+struct Recent {
+    bytes: VecDeque<u8>,
+    /// Whether the agent's scrollback has all come.
+    live: bool,
 }
 
 struct Dial {
@@ -100,8 +128,11 @@ struct Dial {
 /// A VM's console, live: the agent's connection shared by its people.
 pub struct Link {
     vm: Uuid,
-    output: broadcast::Sender<Bytes>,
-    input: mpsc::Sender<Bytes>,
+    output: broadcast::Sender<FromAgent>,
+    /// Appended to and broadcast under one lock, so that a person
+    /// attaching gets each byte once: in the backlog or from `output`.
+    recent: Mutex<Recent>,
+    input: mpsc::Sender<ToAgent>,
     writer: Mutex<Option<Writer>>,
     /// Set once the agent's side ended.
     closed: watch::Sender<bool>,
@@ -118,7 +149,11 @@ struct Writer {
 pub struct Attached {
     pub link: Arc<Link>,
     pub id: u64,
-    pub output: broadcast::Receiver<Bytes>,
+    /// What the console printed before this person came (up to
+    /// [`SCROLLBACK`]), and whether the live output had begun by then.
+    pub backlog: Vec<u8>,
+    pub live: bool,
+    pub output: broadcast::Receiver<FromAgent>,
     /// Who took the console over from this writer, once someone did.
     pub demoted: watch::Receiver<Option<String>>,
     /// Whether the agent's side ended.
@@ -128,8 +163,23 @@ pub struct Attached {
 }
 
 impl Link {
-    /// Sends keystrokes from `id`, if it is still the writer.
-    pub async fn write(&self, id: u64, data: Bytes) -> bool {
+    /// Keeps a chunk from the agent for later attachers and sends it to
+    /// everyone attached now.
+    fn relay(&self, chunk: FromAgent) {
+        let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        match &chunk {
+            FromAgent::Output(b) => {
+                r.bytes.extend(b.iter());
+                let over = r.bytes.len().saturating_sub(SCROLLBACK);
+                r.bytes.drain(..over);
+            }
+            FromAgent::Live => r.live = true,
+        }
+        let _ = self.output.send(chunk);
+    }
+
+    /// Sends keystrokes or a control from `id`, if it is still the writer.
+    pub async fn write(&self, id: u64, data: ToAgent) -> bool {
         let is_writer = self
             .writer
             .lock()
@@ -164,6 +214,9 @@ pub struct ConsoleHub {
     dials: Mutex<HashMap<Uuid, Dial>>,
     links: Mutex<HashMap<Uuid, Arc<Link>>>,
     next: AtomicU64,
+    /// Set when the server shuts down: every console's relays end (an
+    /// upgraded connection outlives the server's graceful shutdown).
+    closing: watch::Sender<bool>,
 }
 
 fn sha256_hex(s: &str) -> String {
@@ -246,7 +299,7 @@ impl ConsoleHub {
         &self,
         host: Uuid,
         session: Uuid,
-    ) -> Option<(mpsc::Sender<Bytes>, mpsc::Receiver<Bytes>)> {
+    ) -> Option<(mpsc::Sender<FromAgent>, mpsc::Receiver<ToAgent>)> {
         let mut d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
         if d.get(&session)?.host != host {
             return None;
@@ -274,6 +327,7 @@ impl ConsoleHub {
         let link = Arc::new(Link {
             vm,
             output,
+            recent: Mutex::default(),
             input: ends.input,
             writer: Mutex::new(None),
             closed,
@@ -294,7 +348,7 @@ impl ConsoleHub {
                 tokio::select! {
                     chunk = from_agent.recv() => match chunk {
                         // No one attached is not an error: the chunk is dropped.
-                        Some(chunk) => { let _ = l.output.send(chunk); }
+                        Some(chunk) => l.relay(chunk),
                         None => break,
                     },
                     _ = check.tick() => {
@@ -315,6 +369,16 @@ impl ConsoleHub {
         link
     }
 
+    /// Ends every console: the server is shutting down.
+    pub fn close_all(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Becomes `true` when the server shuts down.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
     /// Attaches a person to a link: as the writer (taking over from the
     /// one before, who is told) or as a viewer.
     pub fn attach(&self, link: &Arc<Link>, user: &str, write: bool) -> Attached {
@@ -333,10 +397,17 @@ impl ConsoleHub {
                 demoted: demoted_tx,
             });
         }
+        let (backlog, live, output) = {
+            let r = link.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let (a, b) = r.bytes.as_slices();
+            ([a, b].concat(), r.live, link.output.subscribe())
+        };
         Attached {
             link: link.clone(),
             id,
-            output: link.output.subscribe(),
+            backlog,
+            live,
+            output,
             demoted,
             closed: link.closed.subscribe(),
             took_over_from,
@@ -392,6 +463,42 @@ mod tests {
         hub.keep("a-again", t).expect("room once one is opened");
     }
 
+    #[test]
+    fn a_link_keeps_the_last_mebibyte_for_later_attachers() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let hub = Arc::new(ConsoleHub::default());
+            let (_in_tx, _in_rx) = mpsc::channel(1);
+            let (_out_tx, out_rx) = mpsc::channel(1);
+            let link = hub.connect(
+                Uuid::new_v4(),
+                AgentEnds {
+                    output: out_rx,
+                    input: _in_tx,
+                },
+            );
+            let chunk = vec![b'a'; SCROLLBACK / 2 + 1];
+            link.relay(FromAgent::Output(Bytes::from(chunk.clone())));
+            link.relay(FromAgent::Live);
+            link.relay(FromAgent::Output(Bytes::from(vec![
+                b'b';
+                SCROLLBACK / 2 + 1
+            ])));
+            let p = hub.attach(&link, "aiko", false);
+            assert_eq!(p.backlog.len(), SCROLLBACK);
+            assert!(p.live);
+            assert_eq!(
+                p.backlog.iter().filter(|b| **b == b'a').count(),
+                SCROLLBACK / 2 - 1,
+                "the oldest bytes went"
+            );
+            assert_eq!(p.backlog.last(), Some(&b'b'));
+        });
+    }
+
     #[tokio::test]
     async fn only_the_host_asked_answers_a_dial_and_once() {
         let hub = Arc::new(ConsoleHub::default());
@@ -407,25 +514,32 @@ mod tests {
         let (to_hub, mut from_hub) = hub.answer(host, session).unwrap();
         assert!(hub.answer(host, session).is_none(), "once");
         let link = hub.connect(vm, rx.await.unwrap());
+        let out = |b: &'static [u8]| FromAgent::Output(Bytes::from_static(b));
+        let input = |b: &'static [u8]| ToAgent::Input(Bytes::from_static(b));
 
         let mut a = hub.attach(&link, "aiko", true);
+        assert!(a.backlog.is_empty() && !a.live);
+        to_hub.send(out(b"[boot] ")).await.unwrap();
+        to_hub.send(FromAgent::Live).await.unwrap();
+        assert_eq!(a.output.recv().await.unwrap(), out(b"[boot] "));
+        assert_eq!(a.output.recv().await.unwrap(), FromAgent::Live);
+        // Whoever comes later gets what came before as its backlog.
         let mut viewer = hub.attach(&link, "ben", false);
-        to_hub.send(Bytes::from_static(b"login: ")).await.unwrap();
-        assert_eq!(a.output.recv().await.unwrap(), "login: ");
-        assert_eq!(viewer.output.recv().await.unwrap(), "login: ");
-        assert!(
-            !link.write(viewer.id, Bytes::from_static(b"x")).await,
-            "a viewer"
-        );
-        assert!(link.write(a.id, Bytes::from_static(b"root\n")).await);
-        assert_eq!(from_hub.recv().await.unwrap(), "root\n");
+        assert_eq!(viewer.backlog, b"[boot] ");
+        assert!(viewer.live);
+        to_hub.send(out(b"login: ")).await.unwrap();
+        assert_eq!(a.output.recv().await.unwrap(), out(b"login: "));
+        assert_eq!(viewer.output.recv().await.unwrap(), out(b"login: "));
+        assert!(!link.write(viewer.id, input(b"x")).await, "a viewer");
+        assert!(link.write(a.id, input(b"root\n")).await);
+        assert_eq!(from_hub.recv().await.unwrap(), input(b"root\n"));
 
         // A second writer takes over; the first is told and writes no more.
         let b = hub.attach(&link, "carol", true);
         assert_eq!(b.took_over_from.as_deref(), Some("aiko"));
         a.demoted.changed().await.unwrap();
         assert_eq!(a.demoted.borrow().as_deref(), Some("carol"));
-        assert!(!link.write(a.id, Bytes::from_static(b"x")).await);
+        assert!(!link.write(a.id, input(b"x")).await);
         assert_eq!(link.writer().as_deref(), Some("carol"));
 
         // The agent's side ends: everyone sees the console close.

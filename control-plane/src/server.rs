@@ -81,6 +81,7 @@ impl RunningServer {
         let app = crate::http::router::router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let signals = state.signals.clone();
+        let consoles = state.consoles.clone();
         let task = tokio::spawn(async move {
             let served = axum::serve(
                 listener,
@@ -89,6 +90,7 @@ impl RunningServer {
             .with_graceful_shutdown(async move {
                 let _ = rx.await;
                 signals.close();
+                consoles.close_all();
             })
             .await;
             detector.abort();
@@ -112,6 +114,12 @@ impl RunningServer {
     /// Stops accepting connections, lets requests in flight finish, and
     /// closes the database pool.
     pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.halt().await
+    }
+
+    /// [`RunningServer::stop`] in place: the server serves no more (a
+    /// restart then starts another on the same address).
+    pub async fn halt(&mut self) -> anyhow::Result<()> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }

@@ -80,6 +80,7 @@ pub fn exercise_topology(topo: &HostTopology) {
         kernel: None,
         interfaces: Vec::new(),
         volumes: Vec::new(),
+        console_log: None,
     };
     well_formed(&domain_xml(&spec, &layout));
 }

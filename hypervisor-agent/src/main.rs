@@ -270,6 +270,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 kernel: None,
                 interfaces: Vec::new(),
                 volumes: Vec::new(),
+                console_log: Some(format!("{dir}/console.log")),
             };
             let r = render::render(&topo, &gpus, vcpus, memory_gib, &spec)?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

@@ -434,6 +434,11 @@ impl Reconciler {
             }),
             interfaces: bridge_nics(vm),
             volumes: volume_disks(vm, ready),
+            console_log: Some(
+                crate::console::log_path(&self.vm_dir(vm.id))
+                    .display()
+                    .to_string(),
+            ),
         };
         Ok(domain_xml(&spec, &layout))
     }

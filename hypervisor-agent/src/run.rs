@@ -216,8 +216,12 @@ impl Agent {
             &config.virt_type,
             &config.state_dir,
         );
-        let consoles =
-            crate::console::Consoles::new(&config.server, &cred.credential, &config.libvirt_uri);
+        let consoles = crate::console::Consoles::new(
+            &config.server,
+            &cred.credential,
+            &config.libvirt_uri,
+            &config.state_dir.join("vms"),
+        );
         Ok(Agent {
             client: AgentClient::new(&config.server, &cred.credential),
             consoles,

@@ -31,6 +31,10 @@ pub struct DomainSpec {
     pub interfaces: Vec<BridgeNic>,
     /// Volumes as virtio disks after the root disk, in order.
     pub volumes: Vec<VolumeDisk>,
+    /// A file the serial console's output is also written to (the
+    /// console's scrollback; libvirt hands it to virtlogd, which rotates
+    /// it).
+    pub console_log: Option<String>,
 }
 
 /// A volume as a guest disk, found in the guest by its serial
@@ -256,7 +260,12 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
                     .attr("name", GUEST_AGENT_CHANNEL),
             ),
         )
-        .child(el("serial").attr("type", "pty"))
+        .child(match &spec.console_log {
+            Some(log) => el("serial")
+                .attr("type", "pty")
+                .child(el("log").attr("file", log).attr("append", "on")),
+            None => el("serial").attr("type", "pty"),
+        })
         .child(el("console").attr("type", "pty"))
         // A balloon cannot reclaim memory pinned for VFIO DMA.
         .child(el("memballoon").attr("model", "none"));
@@ -386,6 +395,7 @@ mod tests {
                     serial: format!("kumo{i:016}"),
                 })
                 .collect(),
+            console_log: Some("/vms/a/console.log".into()),
         }
     }
 
@@ -432,6 +442,20 @@ mod tests {
         // More devices than fit: as many ports as they need (libvirt
         // would add them anyway).
         assert_eq!(unnumbered_ports(&spec(12, 4), &layout(Some(16))), 19);
+    }
+
+    #[test]
+    fn the_serial_console_logs_to_its_scrollback_file() {
+        let xml = domain_xml(&spec(0, 0), &layout(None));
+        assert!(
+            xml.contains(
+                "<serial type=\"pty\"><log file=\"/vms/a/console.log\" append=\"on\"/></serial>"
+            ),
+            "{xml}"
+        );
+        let mut none = spec(0, 0);
+        none.console_log = None;
+        assert!(domain_xml(&none, &layout(None)).contains("<serial type=\"pty\"/>"));
     }
 
     #[test]

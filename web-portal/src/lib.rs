@@ -43,6 +43,13 @@ pub struct Viewer {
 /// The portal's own script: live state updates on pages that ask for them
 /// (an element `#live` with `data-src`); every page works without it.
 pub const PORTAL_JS: &str = include_str!("portal.js");
+/// The console page's script: xterm.js on the console's websocket, the
+/// send-text box, Ctrl-Alt-Del, taking over.
+pub const CONSOLE_JS: &str = include_str!("console.js");
+/// xterm.js and its style sheet, from npm (see `build.rs`); empty when the
+/// build had none.
+pub const XTERM_JS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xterm.js"));
+pub const XTERM_CSS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xterm.css"));
 /// The chooser's filter and memory of the last provider (a file of its
 /// own, so the pages' Content-Security-Policy allows no inline script).
 pub const LOGIN_JS: &str = include_str!("login.js");
@@ -403,6 +410,7 @@ struct VmPage<'a> {
     l_host: &'a str,
     l_topology: &'a str,
     l_events: &'a str,
+    l_console: &'a str,
 }
 
 /// A VM: state, topology diagram, events and NCCL file.
@@ -426,10 +434,76 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         l_host: t(lang, Msg::Host),
         l_topology: t(lang, Msg::Topology),
         l_events: t(lang, Msg::Events),
+        l_console: t(lang, Msg::Console),
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
     page(lang, &vm.name, Some(viewer), Some(&vm.tenant), &body)
+}
+
+#[derive(Template)]
+#[template(path = "console.html")]
+struct ConsolePage<'a> {
+    tenant: &'a str,
+    name: &'a str,
+    csrf: &'a str,
+    running: bool,
+    has_terminal: bool,
+    l_console: &'a str,
+    l_help: &'a str,
+    l_no_terminal: &'a str,
+    l_send_text: &'a str,
+    l_send_text_help: &'a str,
+    l_press_enter: &'a str,
+    l_send: &'a str,
+    l_power: &'a str,
+    l_power_help: &'a str,
+    l_reboot: String,
+    l_take_over: &'a str,
+    l_reconnect: &'a str,
+    l_connecting: &'a str,
+    l_writing: &'a str,
+    l_reading: &'a str,
+    l_taken_over: &'a str,
+    l_took_over: &'a str,
+    l_closed: &'a str,
+    l_not_running: &'a str,
+}
+
+/// A VM's serial console: the terminal (xterm.js, when the build has it),
+/// a box to send text, Ctrl-Alt-Del and reboot. `running`: whether the VM
+/// has a console now.
+pub fn console_page(lang: Lang, viewer: &Viewer, tenant: &str, vm: &str, running: bool) -> String {
+    let body = ConsolePage {
+        tenant,
+        name: vm,
+        csrf: &viewer.csrf,
+        running,
+        has_terminal: !XTERM_JS.is_empty(),
+        l_console: t(lang, Msg::Console),
+        l_help: t(lang, Msg::ConsoleHelp),
+        l_no_terminal: t(lang, Msg::ConsoleNoTerminal),
+        l_send_text: t(lang, Msg::SendText),
+        l_send_text_help: t(lang, Msg::SendTextHelp),
+        l_press_enter: t(lang, Msg::PressEnter),
+        l_send: t(lang, Msg::Send),
+        l_power: t(lang, Msg::Power),
+        l_power_help: t(lang, Msg::PowerHelp),
+        l_reboot: i18n::word(lang, "reboot"),
+        l_take_over: t(lang, Msg::TakeOver),
+        l_reconnect: t(lang, Msg::Reconnect),
+        l_connecting: t(lang, Msg::ConsoleConnecting),
+        l_writing: t(lang, Msg::ConsoleWriting),
+        l_reading: t(lang, Msg::ConsoleReading),
+        l_taken_over: t(lang, Msg::ConsoleTakenOver),
+        l_took_over: t(lang, Msg::ConsoleTookOver),
+        l_closed: t(lang, Msg::ConsoleClosed),
+        l_not_running: t(lang, Msg::ConsoleNotRunning),
+    }
+    .render()
+    .unwrap_or_else(|e| format!("template error: {e}"));
+    let title = format!("{vm} — {}", t(lang, Msg::Console));
+    page(lang, &title, Some(viewer), Some(tenant), &body)
 }
 
 /// What the billing page shows.

@@ -146,6 +146,7 @@ fn test(args: &[String]) -> Result<(), String> {
     ensure_tools(PACKAGES)?;
     ensure_tools(AFTER)?;
     run(Command::new("bash").arg("scripts/ensure-libvirtd.sh"))?;
+    portal_assets()?;
     check_layers()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args([
@@ -172,6 +173,22 @@ fn test(args: &[String]) -> Result<(), String> {
         fuzz()?;
     }
     Ok(())
+}
+
+/// The browser libraries the portal serves (xterm.js for consoles), from
+/// npm into `web-portal/assets/node_modules` as its lock file pins them;
+/// the portal's build embeds them. Not committed.
+fn portal_assets() -> Result<(), String> {
+    let dir = root().join("web-portal/assets");
+    let lock = dir.join("package-lock.json");
+    let installed = dir.join("node_modules/.package-lock.json");
+    let fresh = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if fresh(&installed).is_some() && fresh(&installed) >= fresh(&lock) {
+        return Ok(());
+    }
+    run(Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+        .current_dir(&dir))
 }
 
 /// The control plane's architecture invariants (see [`layers`]).
@@ -258,6 +275,7 @@ fn fuzz() -> Result<(), String> {
 /// under `./.kumo`, a simulated fleet of GPU hosts, a demo tenant.
 fn start(extra: &[String]) -> Result<(), String> {
     ensure_tools(PACKAGES)?;
+    portal_assets()?;
     run(cargo().args([
         "build",
         "--release",

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use kumo_api_types::{ConsoleMode, ConsoleTicket, Role, VmState};
 use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
 use tokio::sync::mpsc;
@@ -14,7 +13,7 @@ use uuid::Uuid;
 
 use crate::app::access::tenant_access;
 use crate::app::{audit, auth};
-use crate::consoles::{Attached, Credential, Ticket, MAX_WAITING, TICKET_TTL};
+use crate::consoles::{Attached, Credential, FromAgent, Ticket, ToAgent, MAX_WAITING, TICKET_TTL};
 use crate::context::{Actor, AppState};
 use crate::entity::{api_tokens, hosts, sessions, users};
 use crate::error::ApiError;
@@ -132,7 +131,7 @@ pub fn answer(
     st: &AppState,
     host: &hosts::Model,
     session: Uuid,
-) -> Result<(mpsc::Sender<Bytes>, mpsc::Receiver<Bytes>), ApiError> {
+) -> Result<(mpsc::Sender<FromAgent>, mpsc::Receiver<ToAgent>), ApiError> {
     st.consoles.answer(host.id, session).ok_or_else(|| {
         tracing::warn!(host = %host.name, %session, "an agent dialled a console session it was not given");
         ApiError::not_found("console session")
@@ -140,7 +139,9 @@ pub fn answer(
 }
 
 /// Whether the token or portal session a console was opened with still
-/// holds (not revoked, expired or signed out; its user not disabled).
+/// holds (not revoked, expired or signed out; its user not disabled). A
+/// console in use is use of its session: only the session's absolute
+/// lifetime ends it, not its idle limit.
 pub async fn still_valid(
     db: &impl ConnectionTrait,
     credential: &Credential,
@@ -159,6 +160,9 @@ pub async fn still_valid(
             let Some(s) = sessions::Entity::find_by_id(id.clone()).one(db).await? else {
                 return Ok(false);
             };
+            if crate::domain::sessions::outlived(s.created_at, now) {
+                return Ok(false);
+            }
             let token = match s.token_id {
                 Some(t) => match api_tokens::Entity::find_by_id(t).one(db).await? {
                     Some(t) => Some(t),

@@ -9,5 +9,6 @@ pub mod names;
 pub mod paging;
 pub mod public_net;
 pub mod quota;
+pub mod sessions;
 pub mod specs;
 pub mod states;

@@ -41,10 +41,7 @@ pub const COOKIE: &str = "kumo_session";
 pub const LOGIN_CSRF_COOKIE: &str = "kumo_login_csrf";
 /// A flow not finished within this is refused.
 const FLOW_TTL_SECS: i64 = 600;
-/// A session idle this long ends…
-pub const IDLE_SECS: i64 = 8 * 3600;
-/// …and any session ends this long after login.
-pub const ABSOLUTE_SECS: i64 = 7 * 24 * 3600;
+use crate::domain::sessions::ABSOLUTE_SECS;
 
 // ------------------------------------------------------------ pure rules
 
@@ -684,8 +681,7 @@ pub async fn session_of(
 }
 
 pub fn expired(s: &sessions::Model, now: DateTime<Utc>) -> bool {
-    (now - s.last_seen_at).num_seconds() > IDLE_SECS
-        || (now - s.created_at).num_seconds() > ABSOLUTE_SECS
+    crate::domain::sessions::expired(s.created_at, s.last_seen_at, now)
 }
 
 #[derive(Serialize)]

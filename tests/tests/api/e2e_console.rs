@@ -1,10 +1,17 @@
 //! The serial console end to end on QEMU (TCG): a real guest with a shell
 //! on ttyS0 under `qemu:///system`, its agent running its loop. A person
 //! opens the console through the API's websocket (the agent dials the
-//! server; no port on the host), types a command and reads its output; a
-//! second writer takes over and the first is told; a viewer watches but
-//! cannot type; revoking the token a console was opened with closes it.
+//! server; no port on the host): the scrollback shows the guest's boot;
+//! they type a command and read its output; `kumo vm console` in a
+//! terminal (a pty here) takes over, passes its window size on, is told
+//! when a second writer takes over, and leaves with Ctrl-]; `--log`
+//! prints the boot log; a viewer watches but cannot type; Ctrl-Alt-Del
+//! reboots the guest; revoking the token a console was opened with closes
+//! it; an agent restart and a server restart close open consoles and a
+//! new one opens.
 
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -18,6 +25,10 @@ use crate::harness::{Backend, TestServer};
 
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// What the test guest's init prints on its console as it boots (its
+/// kernel is `quiet`).
+const BOOTED: &str = "kumo test guest: guest agent port";
 
 /// A console ticket for `vm` with `token`, opened.
 async fn open(s: &TestServer, token: &str, mode: &str) -> (ConsoleTicket, Ws) {
@@ -48,7 +59,11 @@ async fn read_until(ws: &mut Ws, want: &str, limit: Duration) -> (String, Vec<se
         match tokio::time::timeout(left, ws.next()).await {
             Ok(Some(Ok(Message::Binary(b)))) => text.push_str(&String::from_utf8_lossy(&b)),
             Ok(Some(Ok(Message::Text(t)))) => {
-                events.push(serde_json::from_str(t.as_str()).unwrap());
+                let e: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
+                if e["event"] == "live" {
+                    continue;
+                }
+                events.push(e);
                 if want.starts_with('{') {
                     break;
                 }
@@ -60,19 +75,135 @@ async fn read_until(ws: &mut Ws, want: &str, limit: Duration) -> (String, Vec<se
     (text, events)
 }
 
+/// Reads a console from its opening until the `live` event: its
+/// scrollback.
+async fn scrollback(ws: &mut Ws) -> String {
+    let mut text = String::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => text.push_str(&String::from_utf8_lossy(&b)),
+            Ok(Some(Ok(Message::Text(t)))) => {
+                let e: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
+                if e["event"] == "live" {
+                    return text;
+                }
+            }
+            Ok(Some(Ok(_))) => {}
+            other => panic!("the console ended before its scrollback did: {other:?}\n{text}"),
+        }
+    }
+}
+
+/// `kumo ARGS` in a terminal of its own (a pty of `rows`×`cols`), as a
+/// person runs it.
+struct Terminal {
+    master: std::fs::File,
+    child: std::process::Child,
+    out: std::sync::mpsc::Receiver<Vec<u8>>,
+    seen: String,
+}
+
+impl Terminal {
+    fn spawn(args: &[&str], token: &str, rows: u16, cols: u16) -> Terminal {
+        let size = nix::pty::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(Some(&size), None).unwrap();
+        let slave = std::fs::File::from(pty.slave);
+        let home = tempfile::tempdir().unwrap();
+        let child = Command::new(crate::harness::bin("kumo"))
+            .args(args)
+            .env_clear()
+            .env("HOME", home.path())
+            .env("KUMO_TOKEN", token)
+            .stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave))
+            .spawn()
+            .unwrap();
+        let master = std::fs::File::from(pty.master);
+        let mut reader = master.try_clone().unwrap();
+        let (tx, out) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _home = home;
+            let mut buf = [0u8; 4096];
+            // EIO once the command has exited and the pty has no reader.
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                if tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        Terminal {
+            master,
+            child,
+            out,
+            seen: String::new(),
+        }
+    }
+
+    fn type_keys(&mut self, keys: &[u8]) {
+        self.master.write_all(keys).unwrap();
+    }
+
+    /// Waits until the terminal has shown `want` (after what earlier waits
+    /// consumed); false after `limit`.
+    fn shows(&mut self, want: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(i) = self.seen.find(want) {
+                self.seen.drain(..i + want.len());
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.out.recv_timeout(left) {
+                Ok(b) => self.seen.push_str(&String::from_utf8_lossy(&b)),
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Waits for the command to exit.
+    fn exits(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 async fn type_line(ws: &mut Ws, line: &str) {
     ws.send(Message::Binary(format!("{line}\n").into_bytes().into()))
         .await
         .unwrap();
 }
 
+/// Blocking waits on a [`Terminal`], off the runtime's workers' backs.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_types_on_the_serial_console_through_the_server() {
     let guest = guest_dir();
-    let s = TestServer::start(Backend::Sqlite).await;
+    let mut s = TestServer::start(Backend::Sqlite).await;
     s.tenant("con").await;
     let (_work, config) = qemu_host(&s, &guest, "con-host").await;
-    let agent = Agent::start(config).await.unwrap();
+    let agent = Agent::start(config.clone()).await.unwrap();
     let running = tokio::spawn(agent.run());
     let mut cleanup = Cleanup(Vec::new());
     let vm: Vm = s
@@ -90,10 +221,14 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     })
     .await;
 
-    // A writer types a command and reads what it printed (not its echo).
+    // The console opens as soon as the VM runs (its scrollback is what it
+    // printed so far, then it goes live).
     let opened = Instant::now();
     let (t, mut a) = open(&s, &s.admin_token, "write").await;
     assert!(t.write && t.writer.is_none(), "{t:?}");
+    scrollback(&mut a).await;
+
+    // A writer types a command and reads what it printed (not its echo).
     let (out, _) = until("the shell's answer", Duration::from_secs(120), async || {
         type_line(&mut a, "echo kumo-$((6*7))").await;
         let (out, ev) = read_until(&mut a, "kumo-42", Duration::from_secs(5)).await;
@@ -107,6 +242,11 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     // A viewer watches: sees the writer's output, cannot type.
     let (t, mut viewer) = open(&s, &s.admin_token, "read").await;
     assert!(!t.write);
+    let earlier = scrollback(&mut viewer).await;
+    assert!(
+        earlier.contains(BOOTED) && earlier.contains("kumo-42"),
+        "a later viewer sees what came before: {earlier}"
+    );
     viewer
         .send(Message::Binary(b"echo viewer-$((1+1))\n".to_vec().into()))
         .await
@@ -119,19 +259,112 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     );
     assert!(!seen.contains("viewer-2"), "a viewer cannot type: {seen}");
 
-    // A second writer takes over: the first is told and types no more.
-    let (t, mut b) = open(&s, &s.admin_token, "write").await;
-    assert_eq!(t.writer.as_deref(), Some("admin"), "{t:?}");
+    // `kumo vm console` in a 33×101 terminal takes over (the first writer
+    // is told); the guest's serial line gets the terminal's size.
+    let url = s.url.clone();
+    let console = ["--server", &url, "vm", "console", "vm-c", "--tenant", "con"];
+    let mut term = Terminal::spawn(&console, &s.admin_token, 33, 101);
+    assert!(
+        blocking(|| term.shows(
+            "Connected to vm-c's console; Ctrl-] leaves.",
+            Duration::from_secs(30)
+        )),
+        "{}",
+        term.seen
+    );
     let (_, ev) = read_until(&mut a, "{", Duration::from_secs(10)).await;
     assert_eq!(
         ev.first().map(|e| e["event"].clone()),
         Some(json!("taken_over")),
         "{ev:?}"
     );
+    until(
+        "the window's size in the guest",
+        Duration::from_secs(60),
+        async || {
+            blocking(|| {
+                term.type_keys(b"stty size\r");
+                term.shows("33 101", Duration::from_secs(3)).then_some(())
+            })
+        },
+    )
+    .await;
+    blocking(|| term.type_keys(b"echo term-$((7*8))\r"));
+    assert!(
+        blocking(|| term.shows("term-56", Duration::from_secs(20))),
+        "{}",
+        term.seen
+    );
+
+    // A second writer takes over from the terminal, which says so; Ctrl-]
+    // leaves.
+    let (t, mut b) = open(&s, &s.admin_token, "write").await;
+    assert_eq!(t.writer.as_deref(), Some("admin"), "{t:?}");
+    assert!(
+        blocking(|| term.shows(
+            "admin took the console over; read-only now",
+            Duration::from_secs(10)
+        )),
+        "{}",
+        term.seen
+    );
     type_line(&mut a, "echo old-$((3*3))").await;
+    blocking(|| term.type_keys(b"echo older-$((3*4))\r"));
     type_line(&mut b, "echo new-$((4*4))").await;
     let (out, _) = read_until(&mut b, "new-16", Duration::from_secs(30)).await;
-    assert!(out.contains("new-16") && !out.contains("old-9"), "{out}");
+    assert!(
+        out.contains("new-16") && !out.contains("old-9") && !out.contains("older-12"),
+        "{out}"
+    );
+    blocking(|| term.type_keys(&[0x1d]));
+    let left = blocking(|| term.exits(Duration::from_secs(10)));
+    assert!(left.is_some_and(|s| s.success()), "{left:?}");
+    assert!(
+        blocking(|| term.shows("console closed: left", Duration::from_secs(5))),
+        "{}",
+        term.seen
+    );
+    drop(term);
+
+    // `--log` prints the scrollback (the boot, the commands since) and
+    // leaves.
+    let log = Command::new(crate::harness::bin("kumo"))
+        .args([
+            "--server", &url, "vm", "console", "vm-c", "--tenant", "con", "--log",
+        ])
+        .env("KUMO_TOKEN", &s.admin_token)
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&log.stdout);
+    assert!(
+        log.status.success(),
+        "{}",
+        String::from_utf8_lossy(&log.stderr)
+    );
+    assert!(text.contains(BOOTED) && text.contains("new-16"), "{text}");
+
+    // Ctrl-Alt-Del on the VM's keyboard: the guest reboots (it boots
+    // again, live on the console) and its shell comes back.
+    b.send(Message::Text(
+        json!({"type": "keys", "keys": "ctrl-alt-del"})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .unwrap();
+    let (out, _) = read_until(&mut b, BOOTED, Duration::from_secs(60)).await;
+    assert!(out.contains(BOOTED), "the guest rebooted: {out}");
+    until(
+        "the shell after the reboot",
+        Duration::from_secs(120),
+        async || {
+            type_line(&mut b, "echo back-$((5*5))").await;
+            let (out, _) = read_until(&mut b, "back-25", Duration::from_secs(5)).await;
+            out.contains("back-25").then_some(())
+        },
+    )
+    .await;
 
     // A console opened with a token ends within a second or two of the
     // token's revocation.
@@ -159,6 +392,47 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
         "{:?}",
         revoked.elapsed()
     );
+
+    // The agent restarts: open consoles close (they are told), and a new
+    // one opens through the new agent.
+    running.abort();
+    let (_, ev) = read_until(&mut b, "{", Duration::from_secs(10)).await;
+    assert_eq!(
+        ev.first().map(|e| e["event"].clone()),
+        Some(json!("closed")),
+        "{ev:?}"
+    );
+    let agent = Agent::start(config.clone()).await.unwrap();
+    let running = tokio::spawn(agent.run());
+    let (_, mut d) = open(&s, &s.admin_token, "write").await;
+    // A new agent's console starts with the console's log on the host:
+    // both boots and the commands typed before.
+    let log = scrollback(&mut d).await;
+    assert!(
+        log.matches(BOOTED).count() == 2 && log.contains("new-16") && log.contains("back-25"),
+        "{log}"
+    );
+    type_line(&mut d, "echo again-$((8*8))").await;
+    let (out, _) = read_until(&mut d, "again-64", Duration::from_secs(30)).await;
+    assert!(out.contains("again-64"), "{out}");
+
+    // The server restarts: the console is told and closes; the agent
+    // finds the new server and a new console opens.
+    s.restart().await;
+    let (_, ev) = read_until(&mut d, "{", Duration::from_secs(10)).await;
+    assert_eq!(
+        ev.first().map(|e| (
+            e["event"].clone(),
+            e["reason"].as_str().unwrap_or("").contains("restarting")
+        )),
+        Some((json!("closed"), true)),
+        "{ev:?}"
+    );
+    let (_, mut e) = open(&s, &s.admin_token, "write").await;
+    scrollback(&mut e).await;
+    type_line(&mut e, "echo fresh-$((9*9))").await;
+    let (out, _) = read_until(&mut e, "fresh-81", Duration::from_secs(30)).await;
+    assert!(out.contains("fresh-81"), "{out}");
 
     running.abort();
     s.stop().await;

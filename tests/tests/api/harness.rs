@@ -135,6 +135,15 @@ impl TestServer {
         }
     }
 
+    /// Stops the server and starts it again on the same address, database
+    /// and data directory, as a restart would.
+    pub async fn restart(&mut self) {
+        let mut config = self.server.state.config.as_ref().clone();
+        config.listen = self.server.addr;
+        self.server.halt().await.unwrap();
+        self.server = RunningServer::start(config).await.unwrap();
+    }
+
     pub fn client(&self, token: Option<&str>) -> Client {
         Client::new(&self.url, token.map(str::to_owned)).unwrap()
     }

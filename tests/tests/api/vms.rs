@@ -644,6 +644,45 @@ on_both_backends! {
         assert_eq!(again.status(), 409);
         assert!(!again.text().await.unwrap().contains(&first.ticket), "not kept, not replayed");
 
+        // The portal's console page asks for its ticket with the session
+        // (and its CSRF token); the page says so when the VM has no
+        // console.
+        let portal = s.portal_admin().await;
+        let page = s.page(&portal, "/t/lab/vms/web/console").await;
+        assert!(page.contains("id=\"console\"") && page.contains("/static/console.js"), "{page}");
+        let csrf = page
+            .split("data-csrf=\"")
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .unwrap()
+            .to_owned();
+        let portal_ticket = async |csrf: &str| {
+            portal
+                .post(format!("{}/t/lab/vms/web/console", s.url))
+                .form(&[("csrf", csrf), ("mode", "read")])
+                .send()
+                .await
+                .unwrap()
+        };
+        assert_eq!(portal_ticket("forged").await.status(), 403, "CSRF");
+        let r = portal_ticket(&csrf).await;
+        assert_eq!(r.status(), 201);
+        let pt: kumo_api_types::ConsoleTicket = r.json().await.unwrap();
+        assert!(pt.url.starts_with("/api/v1/consoles/kumoc_"), "{pt:?}");
+        let vera_portal = s.http();
+        let r = vera_portal
+            .post(format!("{}/t/lab/vms/web/console", s.url))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "no session, no ticket");
+        // xterm.js is served from the build (npm-installed, not committed).
+        let xterm = s.http().get(format!("{}/static/xterm.js", s.url)).send().await.unwrap();
+        assert_eq!(xterm.status(), 200, "the portal's build has xterm.js (./x test installs it)");
+        assert!(xterm.text().await.unwrap().contains("Terminal"));
+        assert!(page.contains("/static/xterm.js"));
+
         // Tickets are kept in the server's memory: one tenant cannot pile
         // them up.
         let mut last = 0;

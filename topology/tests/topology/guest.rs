@@ -28,6 +28,7 @@ pub fn spec() -> DomainSpec {
         kernel: None,
         interfaces: Vec::new(),
         volumes: Vec::new(),
+        console_log: None,
     }
 }
 

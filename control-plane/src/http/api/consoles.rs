@@ -8,14 +8,13 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use kumo_api_types::{ConsoleParams, ConsoleTicket};
+use kumo_api_types::{ConsoleControl, ConsoleEvent, ConsoleParams, ConsoleTicket};
 use uuid::Uuid;
 
 use super::agent::HostCaller;
 use super::Problems;
-use crate::consoles::{Attached, Credential, Ticket};
+use crate::consoles::{Attached, Credential, FromAgent, Ticket, ToAgent};
 use crate::context::{Actor, AppState};
 use crate::error::ApiError;
 use crate::http::extract::{Path, Query};
@@ -66,8 +65,25 @@ pub async fn person(
     Ok(ws.on_upgrade(move |socket| relay_person(st, ticket, attached, socket)))
 }
 
-fn event(json: serde_json::Value) -> Message {
-    Message::Text(json.to_string().into())
+const RESTARTING: &str = "the server is restarting; open the console again in a moment";
+
+/// Why a console whose agent's side ended closed: the server's shutdown
+/// ends that side too.
+fn ended(closing: &tokio::sync::watch::Receiver<bool>) -> &'static str {
+    if *closing.borrow() {
+        RESTARTING
+    } else {
+        "the VM's console ended"
+    }
+}
+
+/// Resolves once the server shuts down.
+async fn shut(closing: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = closing.wait_for(|c| *c).await;
+}
+
+fn event(e: &ConsoleEvent) -> Message {
+    Message::Text(serde_json::to_string(e).unwrap_or_default().into())
 }
 
 /// Relays between a person and the console until either ends, the
@@ -75,39 +91,48 @@ fn event(json: serde_json::Value) -> Message {
 /// for [`IDLE`].
 async fn relay_person(st: AppState, t: Ticket, mut a: Attached, socket: WebSocket) {
     let (mut tx, mut rx) = socket.split();
-    if let Some(from) = &a.took_over_from {
-        let _ = tx
-            .send(event(
-                serde_json::json!({"event": "took_over", "from": from}),
-            ))
-            .await;
+    if let Some(from) = a.took_over_from.take() {
+        let _ = tx.send(event(&ConsoleEvent::TookOver { from })).await;
+    }
+    let backlog = std::mem::take(&mut a.backlog);
+    if !backlog.is_empty() {
+        let _ = tx.send(Message::Binary(backlog.into())).await;
+    }
+    if a.live {
+        let _ = tx.send(event(&ConsoleEvent::Live)).await;
     }
     let mut check = tokio::time::interval(Duration::from_secs(1));
+    let mut closing = st.consoles.closing();
     let mut last = tokio::time::Instant::now();
     let why = loop {
         tokio::select! {
             out = a.output.recv() => match out {
                 Ok(chunk) => {
                     last = tokio::time::Instant::now();
-                    if tx.send(Message::Binary(chunk)).await.is_err() {
+                    let m = match chunk {
+                        FromAgent::Output(b) => Message::Binary(b),
+                        FromAgent::Live => event(&ConsoleEvent::Live),
+                    };
+                    if tx.send(m).await.is_err() {
                         break "the connection dropped";
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break "the VM's console ended",
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break ended(&closing),
             },
             msg = rx.next() => match msg {
                 Some(Ok(Message::Binary(b))) => {
                     last = tokio::time::Instant::now();
                     if t.write {
-                        a.link.write(a.id, b).await;
+                        a.link.write(a.id, ToAgent::Input(b)).await;
                     }
                 }
                 Some(Ok(Message::Text(s))) => {
-                    // Typed text (the portal's paste box) goes in as bytes.
+                    // A control (the terminal's size, Ctrl-Alt-Del); text
+                    // that is none is not typed: paste goes as bytes.
                     last = tokio::time::Instant::now();
-                    if t.write {
-                        a.link.write(a.id, Bytes::from(s.as_str().to_owned())).await;
+                    if let (true, Ok(c)) = (t.write, serde_json::from_str::<ConsoleControl>(s.as_str())) {
+                        a.link.write(a.id, ToAgent::Control(c)).await;
                     }
                 }
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
@@ -115,13 +140,14 @@ async fn relay_person(st: AppState, t: Ticket, mut a: Attached, socket: WebSocke
             },
             Ok(()) = a.demoted.changed() => {
                 let by = a.demoted.borrow().clone().unwrap_or_default();
-                let _ = tx.send(event(serde_json::json!({"event": "taken_over", "by": by}))).await;
+                let _ = tx.send(event(&ConsoleEvent::TakenOver { by })).await;
             },
             _ = a.closed.changed() => {
                 if *a.closed.borrow() {
-                    break "the VM's console ended";
+                    break ended(&closing);
                 }
             },
+            () = shut(&mut closing) => break RESTARTING,
             _ = check.tick() => {
                 if last.elapsed() > IDLE {
                     break "idle";
@@ -137,7 +163,9 @@ async fn relay_person(st: AppState, t: Ticket, mut a: Attached, socket: WebSocke
     };
     a.link.leave(a.id);
     let _ = tx
-        .send(event(serde_json::json!({"event": "closed", "reason": why})))
+        .send(event(&ConsoleEvent::Closed {
+            reason: why.to_owned(),
+        }))
         .await;
     let _ = tx.close().await;
 }
@@ -151,28 +179,39 @@ pub async fn agent(
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     let (to_people, mut from_writer) = crate::app::consoles::answer(&st, &host, session)?;
+    let mut closing = st.consoles.closing();
     Ok(ws.on_upgrade(move |socket| async move {
         let (mut tx, mut rx) = socket.split();
         loop {
             tokio::select! {
                 msg = rx.next() => match msg {
                     Some(Ok(Message::Binary(b))) => {
-                        if to_people.send(b).await.is_err() {
+                        if to_people.send(FromAgent::Output(b)).await.is_err() {
+                            break;
+                        }
+                    }
+                    Some(Ok(Message::Text(s))) => {
+                        if matches!(serde_json::from_str(s.as_str()), Ok(ConsoleEvent::Live))
+                            && to_people.send(FromAgent::Live).await.is_err()
+                        {
                             break;
                         }
                     }
                     Some(Ok(_)) => {}
                     _ => break,
                 },
-                input = from_writer.recv() => match input {
-                    Some(b) => {
-                        if tx.send(Message::Binary(b)).await.is_err() {
-                            break;
-                        }
+                input = from_writer.recv() => {
+                    let m = match input {
+                        Some(ToAgent::Input(b)) => Message::Binary(b),
+                        Some(ToAgent::Control(c)) => Message::Text(serde_json::to_string(&c).unwrap_or_default().into()),
+                        None => break,
+                    };
+                    if tx.send(m).await.is_err() {
+                        break;
                     }
-                    None => break,
                 },
                 _ = to_people.closed() => break,
+                () = shut(&mut closing) => break,
             }
         }
         let _ = tx.close().await;

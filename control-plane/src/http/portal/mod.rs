@@ -524,6 +524,63 @@ async fn vm_action(
         .into_response())
 }
 
+/// A VM's console page (the terminal connects from its script).
+async fn console_page(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    origin: Origin,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let here = format!("/t/{tenant}/vms/{name}/console");
+    let (viewer, user) = match signed_in(&st, &headers, &here).await? {
+        Ok(v) => v,
+        Err(r) => return Ok(r),
+    };
+    let vm = crate::app::vms::show(&st, &ctx_of(&user, origin), &tenant, &name).await?;
+    let running = matches!(
+        vm.state,
+        kumo_api_types::VmState::Running | kumo_api_types::VmState::Preempting
+    );
+    Ok(html(kumo_web_portal::console_page(
+        lang(&headers),
+        &viewer,
+        &tenant,
+        &vm.name,
+        running,
+    )))
+}
+
+#[derive(Deserialize)]
+struct ConsoleForm {
+    csrf: String,
+    mode: Option<kumo_api_types::ConsoleMode>,
+}
+
+/// The console page's ticket: as the API's, with the portal session as
+/// the credential (signing out closes the console).
+async fn console_ticket(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    origin: Origin,
+    Path((tenant, name)): Path<(String, String)>,
+    axum::Form(f): axum::Form<ConsoleForm>,
+) -> Result<Response, ApiError> {
+    let Some((session, user)) = session_of(&st, &headers).await? else {
+        return Err(ApiError::Unauthenticated("sign in first".into()));
+    };
+    check_csrf(&session.csrf, &f.csrf)?;
+    let t = crate::app::consoles::authorize(
+        &st,
+        &ctx_of(&user, origin),
+        crate::consoles::Credential::Session(session.id),
+        &tenant,
+        &name,
+        f.mode.unwrap_or_default(),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, axum::Json(t)).into_response())
+}
+
 async fn vm_page(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -808,6 +865,10 @@ pub fn routes() -> Router<AppState> {
         .route("/t/{tenant}/vms/live", get(vms_live))
         .route("/t/{tenant}/vms/{vm}", get(vm_page))
         .route(
+            "/t/{tenant}/vms/{vm}/console",
+            get(console_page).post(console_ticket),
+        )
+        .route(
             "/t/{tenant}/vms/{vm}/{action}",
             axum::routing::post(vm_action),
         )
@@ -815,18 +876,47 @@ pub fn routes() -> Router<AppState> {
         .route("/login", get(login))
         .route("/lang/{code}", get(switch_lang))
         .route("/static/portal.js", get(portal_js))
+        .route("/static/console.js", get(console_js))
+        .route("/static/xterm.js", get(xterm_js))
+        .route("/static/xterm.css", get(xterm_css))
         .merge(resources::routes())
 }
 
-async fn portal_js() -> Response {
+/// A static file of the portal's, cached a while.
+fn asset(content_type: &'static str, body: &'static [u8]) -> Response {
+    if body.is_empty() {
+        return StatusCode::NOT_FOUND.into_response();
+    }
     (
         [
-            (CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (CONTENT_TYPE, content_type),
             (axum::http::header::CACHE_CONTROL, "max-age=300"),
         ],
-        kumo_web_portal::PORTAL_JS,
+        body,
     )
         .into_response()
+}
+
+async fn portal_js() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        kumo_web_portal::PORTAL_JS.as_bytes(),
+    )
+}
+
+async fn console_js() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        kumo_web_portal::CONSOLE_JS.as_bytes(),
+    )
+}
+
+async fn xterm_js() -> Response {
+    asset("text/javascript; charset=utf-8", kumo_web_portal::XTERM_JS)
+}
+
+async fn xterm_css() -> Response {
+    asset("text/css; charset=utf-8", kumo_web_portal::XTERM_CSS)
 }
 
 #[derive(serde::Serialize)]
