@@ -434,6 +434,46 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     let (out, _) = read_until(&mut e, "fresh-81", Duration::from_secs(30)).await;
     assert!(out.contains("fresh-81"), "{out}");
 
+    // The portal's console page in a browser: keys typed into xterm.js
+    // reach the shell, a long line goes through the send-text box.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
+    crate::sso::install_node_modules(&dir);
+    let shots =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/portal-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let (kumo, token) = (s.url.clone(), s.admin_token.clone());
+    let browsed = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(dir.join("console.mjs"))
+            .args([&kumo, &token, "con", "vm-c", "ja-JP"])
+            .arg(&shots)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&browsed.stdout);
+    let seen: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+        panic!(
+            "browser: {text} {}",
+            String::from_utf8_lossy(&browsed.stderr)
+        )
+    });
+    assert_eq!(seen["error"], serde_json::Value::Null, "{seen}");
+    assert_eq!(seen["lang"], "ja", "{seen}");
+    assert_eq!(seen["typed"], true, "{seen}");
+    assert_eq!(seen["pasted"], true, "{seen}");
+    assert_eq!(seen["console_errors"], json!([]), "{seen}");
+    assert_eq!(seen["bad_responses"], json!([]), "{seen}");
+    // The browser took typing over from the last writer, who was told.
+    let (_, ev) = read_until(&mut e, "{", Duration::from_secs(5)).await;
+    assert_eq!(
+        ev.first().map(|e| e["event"].clone()),
+        Some(json!("taken_over")),
+        "{ev:?}"
+    );
+
     running.abort();
     s.stop().await;
 }

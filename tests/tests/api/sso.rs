@@ -36,7 +36,7 @@ impl Drop for Providers {
 /// into a private directory, then renamed into place, so that an SSO test
 /// starting beside the one installing never finds a half-written
 /// `node_modules` (one did: "Cannot find package …/oidc-provider/index.js").
-fn install_node_modules(dir: &std::path::Path) {
+pub(crate) fn install_node_modules(dir: &std::path::Path) {
     let target = dir.join("node_modules");
     if target.exists() {
         return;
