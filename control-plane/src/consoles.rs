@@ -31,12 +31,21 @@ pub const TICKET_TTL: Duration = Duration::from_secs(60);
 /// Tickets and dials one tenant may have waiting at once.
 pub const MAX_WAITING: usize = 16;
 
+/// Consoles one tenant's people may have open at once (each is a relay
+/// task, a copy of the scrollback on opening and a credential check a
+/// second).
+pub const MAX_OPEN: usize = 64;
+
 /// A console no one watches for between one and two of these is closed.
 const UNWATCHED: Duration = Duration::from_secs(30);
 
 /// Chunks of console output a slow viewer may lag behind before it
 /// misses some.
 const FAN_OUT: usize = 1024;
+
+/// A tenant has [`MAX_OPEN`] consoles open already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyOpen;
 
 /// A tenant has [`MAX_WAITING`] tickets and dials waiting already.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +156,7 @@ struct Writer {
 
 /// One person on a console.
 pub struct Attached {
+    _seat: Seat,
     pub link: Arc<Link>,
     pub id: u64,
     /// What the console printed before this person came (up to
@@ -217,6 +227,26 @@ pub struct ConsoleHub {
     /// Set when the server shuts down: every console's relays end (an
     /// upgraded connection outlives the server's graceful shutdown).
     closing: watch::Sender<bool>,
+    /// Open consoles by tenant.
+    open: Arc<Mutex<HashMap<Uuid, usize>>>,
+}
+
+/// One of a tenant's [`MAX_OPEN`] open consoles, given back when dropped.
+pub struct Seat {
+    open: Arc<Mutex<HashMap<Uuid, usize>>>,
+    tenant: Uuid,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 fn sha256_hex(s: &str) -> String {
@@ -369,6 +399,21 @@ impl ConsoleHub {
         link
     }
 
+    /// A seat for one more open console of `tenant`, unless it has
+    /// [`MAX_OPEN`] already.
+    pub fn seat(&self, tenant: Uuid) -> Result<Seat, TooManyOpen> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(tenant).or_default();
+        if *n >= MAX_OPEN {
+            return Err(TooManyOpen);
+        }
+        *n += 1;
+        Ok(Seat {
+            open: self.open.clone(),
+            tenant,
+        })
+    }
+
     /// Ends every console: the server is shutting down.
     pub fn close_all(&self) {
         self.closing.send_replace(true);
@@ -381,7 +426,7 @@ impl ConsoleHub {
 
     /// Attaches a person to a link: as the writer (taking over from the
     /// one before, who is told) or as a viewer.
-    pub fn attach(&self, link: &Arc<Link>, user: &str, write: bool) -> Attached {
+    pub fn attach(&self, link: &Arc<Link>, seat: Seat, user: &str, write: bool) -> Attached {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (demoted_tx, demoted) = watch::channel(None);
         let mut took_over_from = None;
@@ -403,6 +448,7 @@ impl ConsoleHub {
             ([a, b].concat(), r.live, link.output.subscribe())
         };
         Attached {
+            _seat: seat,
             link: link.clone(),
             id,
             backlog,
@@ -487,7 +533,7 @@ mod tests {
                 b'b';
                 SCROLLBACK / 2 + 1
             ])));
-            let p = hub.attach(&link, "aiko", false);
+            let p = hub.attach(&link, hub.seat(Uuid::nil()).unwrap(), "aiko", false);
             assert_eq!(p.backlog.len(), SCROLLBACK);
             assert!(p.live);
             assert_eq!(
@@ -497,6 +543,17 @@ mod tests {
             );
             assert_eq!(p.backlog.last(), Some(&b'b'));
         });
+    }
+
+    #[test]
+    fn a_tenant_has_few_consoles_open_and_others_theirs() {
+        let hub = ConsoleHub::default();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut seats: Vec<Seat> = (0..MAX_OPEN).map(|_| hub.seat(a).unwrap()).collect();
+        assert!(hub.seat(a).is_err(), "capped");
+        let _other = hub.seat(b).expect("another tenant's own");
+        seats.pop();
+        hub.seat(a).expect("room once one closed");
     }
 
     #[tokio::test]
@@ -517,14 +574,14 @@ mod tests {
         let out = |b: &'static [u8]| FromAgent::Output(Bytes::from_static(b));
         let input = |b: &'static [u8]| ToAgent::Input(Bytes::from_static(b));
 
-        let mut a = hub.attach(&link, "aiko", true);
+        let mut a = hub.attach(&link, hub.seat(Uuid::nil()).unwrap(), "aiko", true);
         assert!(a.backlog.is_empty() && !a.live);
         to_hub.send(out(b"[boot] ")).await.unwrap();
         to_hub.send(FromAgent::Live).await.unwrap();
         assert_eq!(a.output.recv().await.unwrap(), out(b"[boot] "));
         assert_eq!(a.output.recv().await.unwrap(), FromAgent::Live);
         // Whoever comes later gets what came before as its backlog.
-        let mut viewer = hub.attach(&link, "ben", false);
+        let mut viewer = hub.attach(&link, hub.seat(Uuid::nil()).unwrap(), "ben", false);
         assert_eq!(viewer.backlog, b"[boot] ");
         assert!(viewer.live);
         to_hub.send(out(b"login: ")).await.unwrap();
@@ -535,7 +592,7 @@ mod tests {
         assert_eq!(from_hub.recv().await.unwrap(), input(b"root\n"));
 
         // A second writer takes over; the first is told and writes no more.
-        let b = hub.attach(&link, "carol", true);
+        let b = hub.attach(&link, hub.seat(Uuid::nil()).unwrap(), "carol", true);
         assert_eq!(b.took_over_from.as_deref(), Some("aiko"));
         a.demoted.changed().await.unwrap();
         assert_eq!(a.demoted.borrow().as_deref(), Some("carol"));

@@ -13,7 +13,9 @@ use uuid::Uuid;
 
 use crate::app::access::tenant_access;
 use crate::app::{audit, auth};
-use crate::consoles::{Attached, Credential, FromAgent, Ticket, ToAgent, MAX_WAITING, TICKET_TTL};
+use crate::consoles::{
+    Attached, Credential, FromAgent, Ticket, ToAgent, MAX_OPEN, MAX_WAITING, TICKET_TTL,
+};
 use crate::context::{Actor, AppState};
 use crate::entity::{api_tokens, hosts, sessions, users};
 use crate::error::ApiError;
@@ -101,6 +103,11 @@ pub async fn attach(st: &AppState, secret: &str) -> Result<(Ticket, Attached), A
             "the credential this console was opened with has ended".into(),
         ));
     }
+    let seat = st.consoles.seat(t.tenant).map_err(|_| {
+        ApiError::Conflict(format!(
+            "this project has {MAX_OPEN} consoles open; close one first"
+        ))
+    })?;
     let link = match st.consoles.link(t.vm) {
         Some(l) => l,
         None => {
@@ -120,7 +127,7 @@ pub async fn attach(st: &AppState, secret: &str) -> Result<(Ticket, Attached), A
             st.consoles.connect(t.vm, ends)
         }
     };
-    let attached = st.consoles.attach(&link, &t.user, t.write);
+    let attached = st.consoles.attach(&link, seat, &t.user, t.write);
     Ok((t, attached))
 }
 

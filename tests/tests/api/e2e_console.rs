@@ -49,6 +49,10 @@ async fn open(s: &TestServer, token: &str, mode: &str) -> (ConsoleTicket, Ws) {
     (t, ws)
 }
 
+/// What [`read_until`] waits for to stop at the next event (never in a
+/// console's text).
+const EVENT: &str = "\u{0}event";
+
 /// Reads the console until its text contains `want` (or `limit` passes):
 /// everything read, and the events seen.
 async fn read_until(ws: &mut Ws, want: &str, limit: Duration) -> (String, Vec<serde_json::Value>) {
@@ -64,12 +68,17 @@ async fn read_until(ws: &mut Ws, want: &str, limit: Duration) -> (String, Vec<se
                     continue;
                 }
                 events.push(e);
-                if want.starts_with('{') {
+                if want == EVENT {
                     break;
                 }
             }
             Ok(Some(Ok(_))) => {}
-            _ => break,
+            Err(_) => break,
+            // The websocket ended: as an event, for the asserts to show.
+            Ok(end) => {
+                events.push(json!({ "websocket": format!("{end:?}") }));
+                break;
+            }
         }
     }
     (text, events)
@@ -272,7 +281,7 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
         "{}",
         term.seen
     );
-    let (_, ev) = read_until(&mut a, "{", Duration::from_secs(10)).await;
+    let (_, ev) = read_until(&mut a, EVENT, Duration::from_secs(10)).await;
     assert_eq!(
         ev.first().map(|e| e["event"].clone()),
         Some(json!("taken_over")),
@@ -381,7 +390,11 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
         .await
         .unwrap();
     let revoked = Instant::now();
-    let (_, ev) = read_until(&mut c, "{", Duration::from_secs(10)).await;
+    let (_, ev) = read_until(&mut c, EVENT, Duration::from_secs(10)).await;
+    println!(
+        "console: token revoked → console closed {:?}",
+        revoked.elapsed()
+    );
     assert_eq!(
         ev.first().map(|e| e["event"].clone()),
         Some(json!("closed")),
@@ -396,7 +409,7 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     // The agent restarts: open consoles close (they are told), and a new
     // one opens through the new agent.
     running.abort();
-    let (_, ev) = read_until(&mut b, "{", Duration::from_secs(10)).await;
+    let (_, ev) = read_until(&mut b, EVENT, Duration::from_secs(10)).await;
     assert_eq!(
         ev.first().map(|e| e["event"].clone()),
         Some(json!("closed")),
@@ -419,7 +432,7 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     // The server restarts: the console is told and closes; the agent
     // finds the new server and a new console opens.
     s.restart().await;
-    let (_, ev) = read_until(&mut d, "{", Duration::from_secs(10)).await;
+    let (_, ev) = read_until(&mut d, EVENT, Duration::from_secs(10)).await;
     assert_eq!(
         ev.first().map(|e| (
             e["event"].clone(),
@@ -467,11 +480,26 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     assert_eq!(seen["console_errors"], json!([]), "{seen}");
     assert_eq!(seen["bad_responses"], json!([]), "{seen}");
     // The browser took typing over from the last writer, who was told.
-    let (_, ev) = read_until(&mut e, "{", Duration::from_secs(5)).await;
+    let (_, ev) = read_until(&mut e, EVENT, Duration::from_secs(5)).await;
     assert_eq!(
         ev.first().map(|e| e["event"].clone()),
         Some(json!("taken_over")),
         "{ev:?}"
+    );
+
+    // The VM stops: its console ends, and those on it are told.
+    let _: Vm = s
+        .admin
+        .post("/api/v1/tenants/con/vms/vm-c/stop", &json!({}))
+        .await
+        .unwrap();
+    let stopped = Instant::now();
+    let (out, ev) = read_until(&mut e, EVENT, Duration::from_secs(60)).await;
+    assert_eq!(
+        ev.first().map(|e| e["reason"].clone()),
+        Some(json!("the VM's console ended")),
+        "{ev:?} {out:?} after {:?}",
+        stopped.elapsed()
     );
 
     running.abort();

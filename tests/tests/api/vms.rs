@@ -669,6 +669,17 @@ on_both_backends! {
         assert_eq!(r.status(), 201);
         let pt: kumo_api_types::ConsoleTicket = r.json().await.unwrap();
         assert!(pt.url.starts_with("/api/v1/consoles/kumoc_"), "{pt:?}");
+        // Signing out ends the session, and a ticket minted with it opens
+        // nothing.
+        let out = portal
+            .post(format!("{}/auth/logout", s.url))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert!(out.status().is_redirection(), "{}", out.status());
+        let e = ws(pt.url.clone()).await.unwrap_err();
+        assert_eq!(refused(e), 401, "the session it was minted with ended");
         let vera_portal = s.http();
         let r = vera_portal
             .post(format!("{}/t/lab/vms/web/console", s.url))
