@@ -186,9 +186,15 @@ fn portal_assets() -> Result<(), String> {
     if fresh(&installed).is_some() && fresh(&installed) >= fresh(&lock) {
         return Ok(());
     }
-    run(Command::new("npm")
-        .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-        .current_dir(&dir))
+    // `run` works in the repository's root.
+    run(Command::new("npm").args([
+        "ci",
+        "--prefix",
+        "web-portal/assets",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+    ]))
 }
 
 /// The control plane's architecture invariants (see [`layers`]).
