@@ -22,22 +22,25 @@ page.on('response', (r) => {
   if (r.status() >= 400 && !r.url().endsWith('/favicon.ico')) seen.bad_responses.push(`${r.status()} ${r.url()}`);
 });
 const screen = () => page.$eval('.xterm-rows', (r) => r.textContent).catch(() => '');
-// Waits until the terminal shows `text` (tried again with `retry` every
-// few seconds: the shell may still be starting).
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// Polls from here (the page's CSP refuses the eval that waitForFunction's
+// in-page polling needs) until `probe` answers true; false after `ms`.
+async function poll(probe, ms) {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    if (await probe()) return true;
+    await sleep(200);
+  }
+  return false;
+}
+// Waits until the terminal shows `text`, doing `retry` first and again
+// every few seconds (the shell may still be starting).
 async function until(text, retry, ms = 60000) {
   const deadline = Date.now() + ms;
   for (;;) {
     if (retry) await retry();
-    try {
-      await page.waitForFunction(
-        (t) => (document.querySelector('.xterm-rows')?.textContent || '').includes(t),
-        text,
-        { timeout: 4000 },
-      );
-      return true;
-    } catch (e) {
-      if (Date.now() > deadline) return false;
-    }
+    if (await poll(async () => (await screen()).includes(text), 4000)) return true;
+    if (Date.now() > deadline) return false;
   }
 }
 try {
@@ -50,11 +53,8 @@ try {
   await page.waitForURL(`${kumo}${here}`);
   seen.lang = await page.getAttribute('html', 'lang');
   await page.waitForSelector('.xterm-rows', { timeout: 20000 });
-  await page.waitForFunction(
-    () => document.getElementById('console-status').textContent !== document.getElementById('console').dataset.lConnecting,
-    null,
-    { timeout: 30000 },
-  );
+  const connecting = await page.getAttribute('#console', 'data-l-connecting');
+  seen.connected = await poll(async () => (await page.textContent('#console-status')) !== connecting, 30000);
   seen.status = await page.textContent('#console-status');
   // Keys typed on the page's terminal reach the guest's shell.
   seen.typed = await until('web-42', async () => {

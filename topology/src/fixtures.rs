@@ -632,6 +632,27 @@ impl Writer<'_> {
                 &format!("{}\n", f.link_width),
             )?;
         }
+        // AER statistics, as Linux prints them, all clean.
+        for (file, names, total) in [
+            (
+                "aer_dev_correctable",
+                &["RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout"][..],
+                "TOTAL_ERR_COR",
+            ),
+            (
+                "aer_dev_nonfatal",
+                &["Undefined", "DLP", "SDES", "TLP", "FCP"][..],
+                "TOTAL_ERR_NONFATAL",
+            ),
+            (
+                "aer_dev_fatal",
+                &["Undefined", "DLP", "SDES", "TLP", "FCP"][..],
+                "TOTAL_ERR_FATAL",
+            ),
+        ] {
+            let body: String = names.iter().map(|n| format!("{n} 0\n")).collect();
+            self.file(&dir.join(file), &format!("{body}{total} 0\n"))?;
+        }
         let group = self.next_group;
         self.next_group += 1;
         std::fs::create_dir_all(
@@ -673,8 +694,13 @@ impl Writer<'_> {
                 &ib.join("ports/1/link_layer"),
                 &format!("{}\n", r.link_layer),
             )?;
+            self.file(&ib.join("ports/1/state"), "4: ACTIVE\n")?;
+            for c in crate::health::PORT_COUNTERS {
+                self.file(&ib.join("ports/1/hw_counters").join(c), "0\n")?;
+            }
             let net = PathBuf::from(format!("class/net/{}", r.netdev));
             self.link(&net.join("device"), &format!("../../../{}", dir.display()))?;
+            self.file(&net.join("carrier_changes"), "1\n")?;
         }
         for c in children {
             self.node(&dir, numa, c)?;

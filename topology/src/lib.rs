@@ -12,6 +12,7 @@ pub mod bdf;
 pub mod domain_xml;
 pub mod fixtures;
 pub mod guest_layout;
+pub mod health;
 pub mod matrix;
 pub mod nccl_xml;
 pub mod relation;

@@ -84,6 +84,12 @@ async fn read_until(ws: &mut Ws, want: &str, limit: Duration) -> (String, Vec<se
     (text, events)
 }
 
+/// The next event on a console within `secs` (`null` if none came).
+async fn next_event(ws: &mut Ws, secs: u64) -> serde_json::Value {
+    let (_, ev) = read_until(ws, EVENT, Duration::from_secs(secs)).await;
+    ev.into_iter().next().unwrap_or_default()
+}
+
 /// Reads a console from its opening until the `live` event: its
 /// scrollback.
 async fn scrollback(ws: &mut Ws) -> String {
@@ -175,6 +181,12 @@ impl Terminal {
         }
     }
 
+    /// Asserts that the terminal shows `want` within `secs` seconds.
+    fn expect(&mut self, want: &str, secs: u64) {
+        let shown = blocking(|| self.shows(want, Duration::from_secs(secs)));
+        assert!(shown, "{want:?} not shown; the terminal: {}", self.seen);
+    }
+
     /// Waits for the command to exit.
     fn exits(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + limit;
@@ -249,9 +261,14 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     assert!(out.contains("kumo-42"), "{out}");
 
     // A viewer watches: sees the writer's output, cannot type.
+    let joined = Instant::now();
     let (t, mut viewer) = open(&s, &s.admin_token, "read").await;
     assert!(!t.write);
     let earlier = scrollback(&mut viewer).await;
+    println!(
+        "console: ticket → scrollback and live, joining an open console {:?}",
+        joined.elapsed()
+    );
     assert!(
         earlier.contains(BOOTED) && earlier.contains("kumo-42"),
         "a later viewer sees what came before: {earlier}"
@@ -273,20 +290,9 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     let url = s.url.clone();
     let console = ["--server", &url, "vm", "console", "vm-c", "--tenant", "con"];
     let mut term = Terminal::spawn(&console, &s.admin_token, 33, 101);
-    assert!(
-        blocking(|| term.shows(
-            "Connected to vm-c's console; Ctrl-] leaves.",
-            Duration::from_secs(30)
-        )),
-        "{}",
-        term.seen
-    );
-    let (_, ev) = read_until(&mut a, EVENT, Duration::from_secs(10)).await;
-    assert_eq!(
-        ev.first().map(|e| e["event"].clone()),
-        Some(json!("taken_over")),
-        "{ev:?}"
-    );
+    term.expect("Connected to vm-c's console; Ctrl-] leaves.", 30);
+    let ev = next_event(&mut a, 10).await;
+    assert_eq!(ev["event"], "taken_over", "{ev}");
     until(
         "the window's size in the guest",
         Duration::from_secs(60),
@@ -299,24 +305,13 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     )
     .await;
     blocking(|| term.type_keys(b"echo term-$((7*8))\r"));
-    assert!(
-        blocking(|| term.shows("term-56", Duration::from_secs(20))),
-        "{}",
-        term.seen
-    );
+    term.expect("term-56", 20);
 
     // A second writer takes over from the terminal, which says so; Ctrl-]
     // leaves.
     let (t, mut b) = open(&s, &s.admin_token, "write").await;
     assert_eq!(t.writer.as_deref(), Some("admin"), "{t:?}");
-    assert!(
-        blocking(|| term.shows(
-            "admin took the console over; read-only now",
-            Duration::from_secs(10)
-        )),
-        "{}",
-        term.seen
-    );
+    term.expect("admin took the console over; read-only now", 10);
     type_line(&mut a, "echo old-$((3*3))").await;
     blocking(|| term.type_keys(b"echo older-$((3*4))\r"));
     type_line(&mut b, "echo new-$((4*4))").await;
@@ -328,11 +323,7 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     blocking(|| term.type_keys(&[0x1d]));
     let left = blocking(|| term.exits(Duration::from_secs(10)));
     assert!(left.is_some_and(|s| s.success()), "{left:?}");
-    assert!(
-        blocking(|| term.shows("console closed: left", Duration::from_secs(5))),
-        "{}",
-        term.seen
-    );
+    term.expect("console closed: left", 5);
     drop(term);
 
     // `--log` prints the scrollback (the boot, the commands since) and
@@ -390,16 +381,12 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
         .await
         .unwrap();
     let revoked = Instant::now();
-    let (_, ev) = read_until(&mut c, EVENT, Duration::from_secs(10)).await;
+    let ev = next_event(&mut c, 10).await;
     println!(
         "console: token revoked → console closed {:?}",
         revoked.elapsed()
     );
-    assert_eq!(
-        ev.first().map(|e| e["event"].clone()),
-        Some(json!("closed")),
-        "{ev:?}"
-    );
+    assert_eq!(ev["event"], "closed", "{ev}");
     assert!(
         revoked.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -409,18 +396,20 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     // The agent restarts: open consoles close (they are told), and a new
     // one opens through the new agent.
     running.abort();
-    let (_, ev) = read_until(&mut b, EVENT, Duration::from_secs(10)).await;
-    assert_eq!(
-        ev.first().map(|e| e["event"].clone()),
-        Some(json!("closed")),
-        "{ev:?}"
-    );
+    let ev = next_event(&mut b, 10).await;
+    assert_eq!(ev["event"], "closed", "{ev}");
     let agent = Agent::start(config.clone()).await.unwrap();
     let running = tokio::spawn(agent.run());
+    let dialled = Instant::now();
     let (_, mut d) = open(&s, &s.admin_token, "write").await;
     // A new agent's console starts with the console's log on the host:
     // both boots and the commands typed before.
     let log = scrollback(&mut d).await;
+    println!(
+        "console: ticket → scrollback ({} bytes) and live, the agent dialling {:?}",
+        log.len(),
+        dialled.elapsed()
+    );
     assert!(
         log.matches(BOOTED).count() == 2 && log.contains("new-16") && log.contains("back-25"),
         "{log}"
@@ -432,14 +421,11 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     // The server restarts: the console is told and closes; the agent
     // finds the new server and a new console opens.
     s.restart().await;
-    let (_, ev) = read_until(&mut d, EVENT, Duration::from_secs(10)).await;
-    assert_eq!(
-        ev.first().map(|e| (
-            e["event"].clone(),
-            e["reason"].as_str().unwrap_or("").contains("restarting")
-        )),
-        Some((json!("closed"), true)),
-        "{ev:?}"
+    let ev = next_event(&mut d, 10).await;
+    assert_eq!(ev["event"], "closed", "{ev}");
+    assert!(
+        ev["reason"].as_str().unwrap_or("").contains("restarting"),
+        "{ev}"
     );
     let (_, mut e) = open(&s, &s.admin_token, "write").await;
     scrollback(&mut e).await;
@@ -475,17 +461,14 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     });
     assert_eq!(seen["error"], serde_json::Value::Null, "{seen}");
     assert_eq!(seen["lang"], "ja", "{seen}");
+    assert_eq!(seen["connected"], true, "{seen}");
     assert_eq!(seen["typed"], true, "{seen}");
     assert_eq!(seen["pasted"], true, "{seen}");
     assert_eq!(seen["console_errors"], json!([]), "{seen}");
     assert_eq!(seen["bad_responses"], json!([]), "{seen}");
     // The browser took typing over from the last writer, who was told.
-    let (_, ev) = read_until(&mut e, EVENT, Duration::from_secs(5)).await;
-    assert_eq!(
-        ev.first().map(|e| e["event"].clone()),
-        Some(json!("taken_over")),
-        "{ev:?}"
-    );
+    let ev = next_event(&mut e, 5).await;
+    assert_eq!(ev["event"], "taken_over", "{ev}");
 
     // The VM stops: its console ends, and those on it are told.
     let _: Vm = s
@@ -493,14 +476,8 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
         .post("/api/v1/tenants/con/vms/vm-c/stop", &json!({}))
         .await
         .unwrap();
-    let stopped = Instant::now();
-    let (out, ev) = read_until(&mut e, EVENT, Duration::from_secs(60)).await;
-    assert_eq!(
-        ev.first().map(|e| e["reason"].clone()),
-        Some(json!("the VM's console ended")),
-        "{ev:?} {out:?} after {:?}",
-        stopped.elapsed()
-    );
+    let ev = next_event(&mut e, 60).await;
+    assert_eq!(ev["reason"], "the VM's console ended", "{ev}");
 
     running.abort();
     s.stop().await;

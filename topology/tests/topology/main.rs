@@ -6,3 +6,4 @@ mod common;
 mod guest;
 mod machines;
 mod random_trees;
+mod signals;
