@@ -92,6 +92,8 @@ fuzz_target!(|input: Input| {
             })
             .collect(),
         volumes: Vec::new(),
+        // Any text the disk path can be, as the console log's path too.
+        console_log: Some(format!("{}.console.log", input.disk)),
     };
     let xml = domain_xml(&spec, &layout);
     let doc = kumo_fuzz::well_formed(&xml);
@@ -113,6 +115,11 @@ fuzz_target!(|input: Input| {
     if let Some(seed) = &spec.seed_path {
         assert!(disks.contains(&as_read(seed).as_str()), "{disks:?}");
     }
+    let log = devices
+        .children()
+        .filter(|c| c.has_tag_name("serial"))
+        .find_map(|s| child(s, "log").and_then(|l| l.attribute("file")));
+    assert_eq!(log, spec.console_log.as_deref().map(as_read).as_deref());
     if let Some(k) = &spec.kernel {
         let os = child(dom, "os").expect("os");
         assert_eq!(
