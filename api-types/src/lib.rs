@@ -331,6 +331,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn websocket_urls_follow_the_servers_scheme() {
+        assert_eq!(websocket_url("http://k:8080/", "/a"), "ws://k:8080/a");
+        assert_eq!(
+            websocket_url("https://kumo.example", "/a"),
+            "wss://kumo.example/a"
+        );
+    }
+
+    #[test]
     fn the_ssh_command_goes_through_what_reaches_port_22() {
         let mut n = VmNetwork {
             segment: "lan".into(),
@@ -1652,6 +1661,20 @@ pub enum ConsoleMode {
     Write,
     /// Watch it (any member of the tenant, viewers too).
     Read,
+}
+
+/// The websocket URL of `path` on the server at `server` (`http://` →
+/// `ws://`, `https://` → `wss://`): consoles, for people and agents alike.
+pub fn websocket_url(server: &str, path: &str) -> String {
+    let server = server.trim_end_matches('/');
+    let base = if let Some(rest) = server.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = server.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        server.to_owned()
+    };
+    format!("{base}{path}")
 }
 
 /// A text message a person's console websocket sends (binary messages are

@@ -101,15 +101,8 @@ pub async fn run(
         ConsoleMode::Write
     };
     let ticket = c.console_ticket(tenant, vm, mode).await?;
-    let base = c.base();
-    let ws_base = if let Some(rest) = base.strip_prefix("https://") {
-        format!("wss://{rest}")
-    } else if let Some(rest) = base.strip_prefix("http://") {
-        format!("ws://{rest}")
-    } else {
-        base.to_owned()
-    };
-    let (ws, _) = tokio_tungstenite::connect_async(format!("{ws_base}{}", ticket.url))
+    let url = kumo_api_types::websocket_url(c.base(), &ticket.url);
+    let (ws, _) = tokio_tungstenite::connect_async(url)
         .await
         .map_err(|e| anyhow::anyhow!("opening the console: {e}"))?;
     let (mut tx, mut rx) = ws.split();

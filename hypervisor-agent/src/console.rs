@@ -124,23 +124,13 @@ impl Consoles {
 }
 
 impl Dialer {
-    /// The server's websocket URL for a session.
-    fn url(&self, session: Uuid) -> String {
-        let base = if let Some(rest) = self.server.strip_prefix("https://") {
-            format!("wss://{rest}")
-        } else if let Some(rest) = self.server.strip_prefix("http://") {
-            format!("ws://{rest}")
-        } else {
-            self.server.clone()
-        };
-        format!("{base}/agent/v1/console/{session}")
-    }
-
     async fn bridge(&self, c: &DesiredConsole) -> Result<(), String> {
-        let mut req = self
-            .url(c.session)
-            .into_client_request()
-            .map_err(|e| format!("console URL: {e}"))?;
+        let mut req = kumo_api_types::websocket_url(
+            &self.server,
+            &format!("/agent/v1/console/{}", c.session),
+        )
+        .into_client_request()
+        .map_err(|e| format!("console URL: {e}"))?;
         let bearer = format!("Bearer {}", self.credential)
             .parse()
             .map_err(|_| "the host credential is not a header value".to_owned())?;
@@ -227,6 +217,7 @@ fn pump(
         return Ok(());
     }
     let mut buf = vec![0u8; 64 * 1024];
+    let mut size = Size::default();
     let ended = loop {
         let mut idle = true;
         match stream.recv(&mut buf) {
@@ -248,9 +239,13 @@ fn pump(
                     break Some(e);
                 }
             }
-            Ok(In::Control(c)) => {
+            Ok(In::Control(ConsoleControl::Resize { cols, rows })) => {
                 idle = false;
-                if let Err(e) = control(&dom, c) {
+                size.wanted = Some((cols, rows));
+            }
+            Ok(In::Control(ConsoleControl::Keys { keys })) => {
+                idle = false;
+                if let Err(e) = press(&dom, keys) {
                     let note = format!("\r\n[kumo: {e}]\r\n").into_bytes();
                     if output.blocking_send(Out::Bytes(note)).is_err() {
                         break None;
@@ -260,6 +255,7 @@ fn pump(
             Err(TryRecvError::Empty) => {}
             Err(TryRecvError::Disconnected) => break None,
         }
+        size.converge(&dom);
         if idle {
             std::thread::sleep(POLL);
         }
@@ -271,27 +267,46 @@ fn pump(
     }
 }
 
-/// Carries out a writer's control on the domain.
-fn control(dom: &virt::domain::Domain, c: ConsoleControl) -> Result<(), String> {
-    match c {
-        ConsoleControl::Resize { cols, rows } => {
-            // Fire and forget: the size is a nicety, and a guest without
-            // its agent (or stty) keeps the size it had.
-            let cmd = serde_json::json!({
-                "execute": "guest-exec",
-                "arguments": {
-                    "path": "stty",
-                    "arg": ["-F", "/dev/ttyS0", "rows", rows.to_string(), "cols", cols.to_string()],
-                },
-            });
-            if let Err(e) = crate::guest_files::GuestAgent::command(dom, &cmd, 2) {
-                tracing::debug!(error = %e, "console size not set in the guest");
-            }
-            Ok(())
+/// The terminal's size on the guest's serial line: the writer's latest,
+/// set through the guest agent until it takes (the agent may be busy or
+/// not up yet), tried again at most every [`SIZE_RETRY`].
+#[derive(Default)]
+struct Size {
+    wanted: Option<(u16, u16)>,
+    set: Option<(u16, u16)>,
+    tried: Option<std::time::Instant>,
+}
+
+const SIZE_RETRY: Duration = Duration::from_secs(2);
+
+impl Size {
+    fn converge(&mut self, dom: &virt::domain::Domain) {
+        let Some((cols, rows)) = self.wanted.filter(|w| self.set != Some(*w)) else {
+            return;
+        };
+        if self.tried.is_some_and(|t| t.elapsed() < SIZE_RETRY) {
+            return;
         }
-        ConsoleControl::Keys {
-            keys: ConsoleKeys::CtrlAltDel,
-        } => {
+        self.tried = Some(std::time::Instant::now());
+        let cmd = serde_json::json!({
+            "execute": "guest-exec",
+            "arguments": {
+                "path": "stty",
+                "arg": ["-F", "/dev/ttyS0", "rows", rows.to_string(), "cols", cols.to_string()],
+            },
+        });
+        // A guest without its agent (or stty) keeps the size it had.
+        match crate::guest_files::GuestAgent::command(dom, &cmd, 2) {
+            Ok(_) => self.set = self.wanted,
+            Err(e) => tracing::debug!(error = %e, "console size not set in the guest yet"),
+        }
+    }
+}
+
+/// Presses keys on the domain's keyboard.
+fn press(dom: &virt::domain::Domain, keys: ConsoleKeys) -> Result<(), String> {
+    match keys {
+        ConsoleKeys::CtrlAltDel => {
             let mut codes = [KEY_LEFTCTRL, KEY_LEFTALT, KEY_DELETE];
             dom.send_key(
                 virt::sys::VIR_KEYCODE_SET_LINUX,

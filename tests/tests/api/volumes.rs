@@ -41,6 +41,26 @@ fn agent_config(s: &TestServer, join: &str, dir: &Path, name: &str) -> AgentConf
     }
 }
 
+/// Two hosts with real agents on libvirt's test driver, `PREFIX-a` and
+/// `PREFIX-b`, their state under the returned directory.
+async fn two_hosts(s: &TestServer, prefix: &str) -> (tempfile::TempDir, Agent, Agent) {
+    let dir = scratch();
+    let join = s.join_token().await;
+    let a = Agent::start(agent_config(s, &join, dir.path(), &format!("{prefix}-a")))
+        .await
+        .unwrap();
+    let b = Agent::start(agent_config(s, &join, dir.path(), &format!("{prefix}-b")))
+        .await
+        .unwrap();
+    (dir, a, b)
+}
+
+/// One pass of each host's agent.
+async fn sync_both(a: &Agent, b: &Agent) {
+    a.sync_once(None).await.unwrap();
+    b.sync_once(None).await.unwrap();
+}
+
 fn small_vm(name: &str) -> VmCreate {
     VmCreate {
         name: name.into(),
@@ -135,14 +155,8 @@ on_both_backends! {
         q.volume_gib = 100;
         s.admin.set_quota("lab", &q).await.unwrap();
         let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
-        let dir = scratch();
-        let join = s.join_token().await;
-        let a = Agent::start(agent_config(s, &join, dir.path(), "vol-a")).await.unwrap();
-        let b = Agent::start(agent_config(s, &join, dir.path(), "vol-b")).await.unwrap();
-        let pass = async || {
-            a.sync_once(None).await.unwrap();
-            b.sync_once(None).await.unwrap();
-        };
+        let (dir, a, b) = two_hosts(s, "vol").await;
+        let pass = async || sync_both(&a, &b).await;
 
         // A VM on each host (the second host drained while the first is
         // placed, then the other way round).
@@ -611,14 +625,8 @@ on_both_backends! {
     async fn a_detached_volume_moves_to_another_host_whole(s: &TestServer) {
         s.tenant("lab").await;
         let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
-        let dir = scratch();
-        let join = s.join_token().await;
-        let a = Agent::start(agent_config(s, &join, dir.path(), "mv-a")).await.unwrap();
-        let b = Agent::start(agent_config(s, &join, dir.path(), "mv-b")).await.unwrap();
-        let pass = async || {
-            a.sync_once(None).await.unwrap();
-            b.sync_once(None).await.unwrap();
-        };
+        let (dir, a, b) = two_hosts(s, "mv").await;
+        let pass = async || sync_both(&a, &b).await;
         let file = |host: &str, id: uuid::Uuid| {
             dir.path().join(format!("{host}/state/volumes/vol-{id}.qcow2"))
         };
@@ -712,14 +720,8 @@ on_both_backends! {
     async fn a_vm_unshelved_anywhere_takes_its_root_disk_and_volumes_along(s: &TestServer) {
         s.tenant("lab").await;
         let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
-        let dir = scratch();
-        let join = s.join_token().await;
-        let a = Agent::start(agent_config(s, &join, dir.path(), "any-a")).await.unwrap();
-        let b = Agent::start(agent_config(s, &join, dir.path(), "any-b")).await.unwrap();
-        let pass = async || {
-            a.sync_once(None).await.unwrap();
-            b.sync_once(None).await.unwrap();
-        };
+        let (dir, a, b) = two_hosts(s, "any").await;
+        let pass = async || sync_both(&a, &b).await;
         let work: Vm = s.admin.create_vm("lab", &small_vm("work")).await.unwrap();
         let from = work.host.clone().unwrap();
         let to = if from == "any-a" { "any-b" } else { "any-a" };
