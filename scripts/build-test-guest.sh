@@ -9,12 +9,21 @@
 # meta-data, the first NIC's address, MTU and default route from
 # network-config. It answers TCP on port 8080 with its hostname. /etc is a
 # tmpfs, so whatever the host agent writes there is gone after a reboot.
+#
+# GPU telemetry without a GPU: /usr/bin/nvidia-smi is a stand-in that
+# prints /run/kumo-fake-gpus.csv (which a test writes through the guest
+# agent, one row per GPU in the order of kumo_topology::gpu_telemetry::
+# QUERY_FIELDS) and fails like the real tool without a driver when there is
+# none. Fake Xids go where the driver's go, the kernel log: a test runs
+# `sh -c 'echo "NVRM: Xid (PCI:0000:11:00): 79, GPU has fallen off the bus." > /dev/kmsg'`
+# through guest-exec, and busybox `dmesg` shows the line as dmesg shows
+# the driver's.
 set -euo pipefail
 out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Bump when the guest changes, so a cached guest is rebuilt.
-version=5
+version=6
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
 # In dependency order (the package has no modules.dep; see each module's
 # `depends=` in its .modinfo). The seed is a SATA cdrom on q35's AHCI.
@@ -112,6 +121,29 @@ cat > "$root/bin/kumo-hello" <<'SH'
 hostname
 SH
 chmod +x "$root/bin/kumo-hello"
+# nvidia-smi's stand-in. It answers only the query the host agent makes
+# (--query-gpu=…, whatever the fields: the test's file has the rows), with
+# the real tool's exit codes: 2 for arguments it does not take, 9 when "the
+# NVIDIA driver is not loaded", which is what a GPU VM whose driver died
+# looks like.
+cat > "$root/usr/bin/nvidia-smi" <<'SH'
+#!/bin/sh
+query=""
+for a in "$@"; do
+  case "$a" in --query-gpu=?*) query=1 ;; esac
+done
+if [ -z "$query" ]; then
+  echo "nvidia-smi (kumo test guest): only --query-gpu=... is faked, not: $*" >&2
+  exit 2
+fi
+if [ -f /run/kumo-fake-gpus.csv ]; then
+  cat /run/kumo-fake-gpus.csv
+  exit 0
+fi
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running." >&2
+exit 9
+SH
+chmod +x "$root/usr/bin/nvidia-smi"
 cat > "$root/init" <<'SH'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -121,6 +153,9 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs run /run
 mount -t tmpfs etc /etc
+# Lines a test writes to /dev/kmsg (fake Xids) are rate limited to 10 in 5
+# seconds by default; a burst of them must all reach dmesg.
+{ echo on > /proc/sys/kernel/printk_devkmsg; } 2>/dev/null
 for m in MODULES; do
   [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko
 done

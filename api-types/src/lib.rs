@@ -483,7 +483,11 @@ pub struct Host {
     pub virt_type: String,
     pub gpu_models: Vec<String>,
     pub gpus: u32,
+    /// Neither held by a VM nor out of service.
     pub gpus_free: u32,
+    /// Quarantined, in repair or being validated (see `/api/v1/devices`).
+    #[serde(default)]
+    pub gpus_out_of_service: u32,
     pub rdma_nics: u32,
     pub cpus: u32,
     /// The host's VXLAN tunnel endpoint; without one it takes no VMs
@@ -497,6 +501,105 @@ pub struct Host {
     pub edge_uplink: Option<String>,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat_at: DateTime<Utc>,
+}
+
+/// A passed-through device's health (see the README's "Device health").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceState {
+    Healthy,
+    /// Degraded (a narrowed link, correctable errors, a flapping port):
+    /// still placeable; clears after a clean period.
+    Suspect,
+    /// Broken: takes no new VMs until an operator repairs and validates it.
+    Quarantined,
+    Repairing,
+    /// Repaired: the next clean reading makes it healthy.
+    Validating,
+}
+
+impl DeviceState {
+    pub const ALL: [DeviceState; 5] = [
+        DeviceState::Healthy,
+        DeviceState::Suspect,
+        DeviceState::Quarantined,
+        DeviceState::Repairing,
+        DeviceState::Validating,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceState::Healthy => "healthy",
+            DeviceState::Suspect => "suspect",
+            DeviceState::Quarantined => "quarantined",
+            DeviceState::Repairing => "repairing",
+            DeviceState::Validating => "validating",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DeviceState> {
+        DeviceState::ALL.into_iter().find(|d| d.as_str() == s)
+    }
+
+    /// Whether new VMs may be placed on the device.
+    pub fn placeable(self) -> bool {
+        matches!(self, DeviceState::Healthy | DeviceState::Suspect)
+    }
+}
+
+/// A passed-through device as its host last reported it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Device {
+    pub host: String,
+    pub bdf: String,
+    /// `gpu` or `nic`.
+    pub kind: String,
+    pub state: DeviceState,
+    /// Why it is in its state (the findings, or the operator's words).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub since: DateTime<Utc>,
+    /// When its host last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at: Option<DateTime<Utc>>,
+    /// The VMs holding it.
+    pub vms: Vec<Uuid>,
+    /// The last reading: `device` (presence, AER totals, PCIe link) and
+    /// `ports` (RDMA ports' state, carrier changes, RoCE counters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub signals: Option<serde_json::Value>,
+}
+
+/// The fleet's devices by state, and whether automatic quarantine has
+/// reached its limit.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeviceList {
+    pub items: Vec<Device>,
+    /// Devices per state, over the whole fleet.
+    pub counts: BTreeMap<String, u64>,
+    /// How many devices may be quarantined automatically.
+    pub quarantine_cap: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeviceQuery {
+    /// Only this host's devices (name or id).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Only devices in this state.
+    #[serde(default)]
+    pub state: Option<DeviceState>,
+}
+
+/// An operator's step on a device: `quarantine`, `repair` (it is being
+/// worked on) or `validate` (repaired; the next clean reading clears it).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct DeviceAction {
+    /// Why, for the device's record and the audit log.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -1449,6 +1552,11 @@ pub struct AgentHeartbeat {
     /// Where the agent serves volumes being moved, when it changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer_url: Option<String>,
+    /// What the host still sees of its passed-through devices (AER
+    /// counters, presence, PCIe link, RDMA ports), every health interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub health: Option<kumo_topology::health::HostSignals>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -379,6 +379,35 @@ impl Client {
         .await
     }
 
+    /// The fleet's devices and their health.
+    pub async fn devices(
+        &self,
+        q: &kumo_api_types::DeviceQuery,
+    ) -> Result<kumo_api_types::DeviceList, ClientError> {
+        self.send(self.request(Method::GET, "/api/v1/devices").query(q))
+            .await
+    }
+
+    /// `quarantine`, `repair` or `validate` a host's device.
+    pub async fn device_action(
+        &self,
+        host: &str,
+        bdf: &str,
+        action: &str,
+        reason: Option<String>,
+    ) -> Result<kumo_api_types::Device, ClientError> {
+        self.post(
+            &format!(
+                "/api/v1/hosts/{}/devices/{}/{}",
+                segment(host),
+                segment(bdf),
+                segment(action)
+            ),
+            &kumo_api_types::DeviceAction { reason },
+        )
+        .await
+    }
+
     // ------------------------------------------------------------ templates
 
     pub async fn create_template(&self, body: &TemplateCreate) -> Result<Template, ClientError> {

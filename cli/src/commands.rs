@@ -300,6 +300,47 @@ pub enum HostCmd {
     /// Join tokens register new hosts.
     #[command(subcommand)]
     JoinToken(JoinTokenCmd),
+    /// The passed-through GPUs and NICs' health: list them, quarantine,
+    /// repair and validate them.
+    #[command(subcommand)]
+    Device(DeviceCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DeviceCmd {
+    /// Devices with their state and why (every host's, or one's).
+    List {
+        /// Only this host's devices.
+        #[arg(long)]
+        host: Option<String>,
+        /// Only devices in this state: healthy, suspect, quarantined,
+        /// repairing, validating.
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Take a device out of service: no new VMs; its spot VMs are reclaimed.
+    Quarantine {
+        host: String,
+        /// Its PCI address, e.g. 0000:18:00.0.
+        bdf: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Mark a quarantined device as being repaired.
+    Repair {
+        host: String,
+        bdf: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// A repaired device: its next clean reading makes it healthy (a
+    /// finding quarantines it again).
+    Validate {
+        host: String,
+        bdf: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -1379,6 +1420,72 @@ async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
             if fmt == Format::Table {
                 writeln!(out, "Revoked join token {id}")?;
             }
+        }
+        HostCmd::Device(DeviceCmd::List { host, state }) => {
+            let state = match state {
+                Some(s) => Some(kumo_api_types::DeviceState::parse(s).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "unknown state {s:?}: healthy, suspect, quarantined, repairing or validating"
+                    )
+                })?),
+                None => None,
+            };
+            let list = c
+                .devices(&kumo_api_types::DeviceQuery {
+                    host: host.clone(),
+                    state,
+                })
+                .await?;
+            print_one(out, fmt, &list, || {
+                let mut t = Table::new(&["host", "device", "kind", "state", "since", "vms", "why"]);
+                for d in &list.items {
+                    t.row(vec![
+                        d.host.clone(),
+                        d.bdf.clone(),
+                        d.kind.clone(),
+                        d.state.as_str().into(),
+                        d.since.format("%Y-%m-%d %H:%M").to_string(),
+                        d.vms.len().to_string(),
+                        opt(&d.reason),
+                    ]);
+                }
+                let counts: Vec<String> = list
+                    .counts
+                    .iter()
+                    .map(|(s, n)| format!("{n} {s}"))
+                    .collect();
+                format!(
+                    "{}\nFleet: {} (Kumo quarantines at most {} by itself)\n",
+                    t.render().trim_end(),
+                    if counts.is_empty() {
+                        "no device reported yet".into()
+                    } else {
+                        counts.join(", ")
+                    },
+                    list.quarantine_cap
+                )
+            })?;
+        }
+        HostCmd::Device(
+            DeviceCmd::Quarantine { host, bdf, reason }
+            | DeviceCmd::Repair { host, bdf, reason }
+            | DeviceCmd::Validate { host, bdf, reason },
+        ) => {
+            let action = match cmd {
+                HostCmd::Device(DeviceCmd::Quarantine { .. }) => "quarantine",
+                HostCmd::Device(DeviceCmd::Repair { .. }) => "repair",
+                _ => "validate",
+            };
+            let d = c.device_action(host, bdf, action, reason.clone()).await?;
+            print_one(out, fmt, &d, || {
+                format!(
+                    "{} {}: {} ({})\n",
+                    d.host,
+                    d.bdf,
+                    d.state.as_str(),
+                    opt(&d.reason)
+                )
+            })?;
         }
         HostCmd::Rejoin { host } => {
             c.rejoin_host(host).await?;

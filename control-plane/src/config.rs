@@ -64,6 +64,26 @@ pub struct FileConfig {
     pub billing: BillingFileConfig,
     #[serde(default)]
     pub auth: AuthFileConfig,
+    #[serde(default)]
+    pub health: HealthFileConfig,
+}
+
+/// The passed-through devices' health rules (README, "Device health").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthFileConfig {
+    /// A suspect device this long without a finding is healthy again
+    /// [default: 3600].
+    pub suspect_clears_after_secs: Option<u64>,
+    /// Correctable PCIe errors a minute above which a device is suspect
+    /// [default: 10].
+    pub correctable_errors_per_minute: Option<f64>,
+    /// Carrier changes between readings from which an RDMA port flaps
+    /// [default: 4].
+    pub carrier_flaps: Option<u64>,
+    /// The share of the fleet's devices Kumo quarantines by itself; past
+    /// it, it alerts and an operator decides [default: 0.1].
+    pub max_quarantined_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -267,6 +287,7 @@ pub struct Config {
     pub network: NetworkConfig,
     pub billing: BillingConfig,
     pub auth: AuthConfig,
+    pub device_health: crate::domain::device_health::Policy,
     /// What metering and charging take as now.
     pub clock: crate::clock::Clock,
 }
@@ -432,6 +453,7 @@ impl Config {
             network: NetworkConfig::default(),
             billing: BillingConfig::default(),
             auth: AuthConfig::default(),
+            device_health: Default::default(),
             clock: crate::clock::Clock::default(),
         }
     }
@@ -537,8 +559,40 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         network: network(&file.network)?,
         billing: billing(&file.billing)?,
         auth: auth(&file.auth)?,
+        device_health: device_health(&file.health)?,
         clock: crate::clock::Clock::default(),
     })
+}
+
+fn device_health(
+    file: &HealthFileConfig,
+) -> Result<crate::domain::device_health::Policy, ConfigError> {
+    let mut out = crate::domain::device_health::Policy::default();
+    if let Some(s) = file.suspect_clears_after_secs {
+        out.suspect_clears_after_secs = i64::try_from(s).unwrap_or(i64::MAX);
+    }
+    if let Some(r) = file.correctable_errors_per_minute {
+        if !(r.is_finite() && r >= 0.0) {
+            return Err(ConfigError::Invalid {
+                key: "health.correctable_errors_per_minute",
+                message: "a rate of 0 or more".into(),
+            });
+        }
+        out.correctable_per_minute = r;
+    }
+    if let Some(f) = file.carrier_flaps {
+        out.carrier_flaps = f.max(1);
+    }
+    if let Some(share) = file.max_quarantined_share {
+        if !(0.0..=1.0).contains(&share) {
+            return Err(ConfigError::Invalid {
+                key: "health.max_quarantined_share",
+                message: "between 0 and 1".into(),
+            });
+        }
+        out.max_quarantined_share = share;
+    }
+    Ok(out)
 }
 
 fn billing(file: &BillingFileConfig) -> Result<BillingConfig, ConfigError> {

@@ -133,6 +133,11 @@ enum Command {
         /// `http://` and the --transfer-listen address (a proxy, a name).
         #[arg(long)]
         transfer_url: Option<String>,
+        /// Seconds between readings of the passed-through devices' health
+        /// (AER counters, PCIe links, RDMA ports) and of the GPU guests'
+        /// `nvidia-smi` through their guest agents.
+        #[arg(long, default_value_t = 15)]
+        telemetry_secs: u64,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -181,6 +186,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             storage_vg,
             transfer_listen,
             transfer_url,
+            telemetry_secs,
             thin_pool,
         } => {
             tracing_subscriber::fmt()
@@ -220,6 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 transfer_listen,
                 transfer_url,
+                telemetry: std::time::Duration::from_secs(telemetry_secs.max(1)),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

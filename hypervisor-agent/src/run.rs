@@ -47,6 +47,9 @@ pub struct AgentConfig {
     /// The address other agents fetch from; by default `http://` and the
     /// bound address (the underlay address for an unspecified one).
     pub transfer_url: Option<String>,
+    /// How often the agent reads its devices' health and asks its GPU
+    /// guests for their GPUs' figures.
+    pub telemetry: Duration,
 }
 
 /// A host's storage pool for volumes.
@@ -244,6 +247,22 @@ impl Agent {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(desired.clone());
         self.apply(desired.clone()).await?;
         Ok(desired.revision)
+    }
+
+    /// Reads the passed-through devices' health now and reports it (the
+    /// run loop does so every telemetry interval).
+    pub async fn report_health(&self) -> Result<(), ClientError> {
+        let health = kumo_topology::health::read(&self.config.sysfs_root, &self.topology);
+        self.client
+            .heartbeat(&AgentHeartbeat {
+                topology: None,
+                underlay_ip: self.config.underlay_ip,
+                fabric: None,
+                segment_faults: None,
+                transfer_url: None,
+                health: Some(health),
+            })
+            .await
     }
 
     /// A pass over the last desired state, without asking the server.
@@ -591,8 +610,12 @@ impl Agent {
         let transfer_url = self.config.transfer_url.clone();
         let fabric = self.fabric.clone();
         let faults = self.faults.clone();
+        let health_every = self.config.telemetry;
+        let sysfs = self.config.sysfs_root.clone();
+        let topo = self.topology.clone();
         let heartbeat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
+            let mut health_at: Option<tokio::time::Instant> = None;
             loop {
                 tick.tick().await;
                 let report = {
@@ -600,12 +623,22 @@ impl Agent {
                     f.unsent.then(|| f.report.clone())
                 };
                 let segment_faults = faults.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                // Device health rides on the heartbeat, every telemetry
+                // interval: the server judges it (rates need the time
+                // between readings, which heartbeats give).
+                let health = health_at
+                    .is_none_or(|t| t.elapsed() >= health_every)
+                    .then(|| {
+                        health_at = Some(tokio::time::Instant::now());
+                        kumo_topology::health::read(&sysfs, &topo)
+                    });
                 let body = AgentHeartbeat {
                     topology: None,
                     underlay_ip: underlay,
                     fabric: report.clone(),
                     segment_faults: Some(segment_faults),
                     transfer_url: transfer_url.clone(),
+                    health,
                 };
                 match hb_client.heartbeat(&body).await {
                     Ok(()) => {

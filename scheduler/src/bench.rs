@@ -92,6 +92,7 @@ fn fleet(n: usize) -> Result<Index, String> {
                 revision: 1,
                 profile: profiles[unit % profiles.len()].clone(),
                 networked: true,
+                blocked: Vec::new(),
             },
             &[],
         );

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use kumo_topology::guest_layout::{PlacedNic, Placement};
-use kumo_topology::HostTopology;
+use kumo_topology::{Bdf, HostTopology};
 use uuid::Uuid;
 
 use crate::profile::{bits, mask_of, HostProfile, ProfileError};
@@ -54,6 +54,10 @@ pub struct HostInput {
     pub profile: Arc<HostProfile>,
     /// The host has a VXLAN tunnel endpoint: it can take VMs with networks.
     pub networked: bool,
+    /// Its GPUs and NICs (physical functions) out of service (quarantined,
+    /// in repair): they take no new VMs, and a VM leaving one does not
+    /// free it.
+    pub blocked: Vec<Bdf>,
 }
 
 /// A VM as the database knows it, to be turned into a [`Hold`].
@@ -77,6 +81,9 @@ pub struct HostCap {
     pub networked: bool,
     pub gpu_free: u64,
     pub nic_free: u64,
+    /// Out of service: never free (see [`HostInput::blocked`]).
+    pub gpu_blocked: u64,
+    pub nic_blocked: u64,
     /// Per node, a bit per CPU position.
     pub cpu_free: Vec<Vec<u64>>,
     pub cpu_free_n: Vec<u32>,
@@ -101,6 +108,9 @@ impl HostCap {
             .collect();
         let cpu_free_n: Vec<u32> = p.nodes.iter().map(|n| n.cpus.len() as u32).collect();
         let mem_free: Vec<u64> = p.nodes.iter().map(|n| n.memory_mib).collect();
+        let mask = |i: Option<usize>| i.map_or(0, |i| 1u64 << i);
+        let gpu_blocked = h.blocked.iter().fold(0, |m, b| m | mask(p.gpu_index(b)));
+        let nic_blocked = h.blocked.iter().fold(0, |m, b| m | mask(p.nic_index(b)));
         HostCap {
             id: h.id,
             name: h.name,
@@ -108,8 +118,10 @@ impl HostCap {
             state: h.state,
             revision: h.revision,
             networked: h.networked,
-            gpu_free: p.all_gpus(),
-            nic_free: mask_of(p.nics.len()),
+            gpu_free: p.all_gpus() & !gpu_blocked,
+            nic_free: mask_of(p.nics.len()) & !nic_blocked,
+            gpu_blocked,
+            nic_blocked,
             cpus_free_total: cpu_free_n.iter().sum(),
             mem_free_total: mem_free.iter().sum(),
             cpu_free,
@@ -132,8 +144,8 @@ impl HostCap {
             self.gpu_free &= !h.gpus;
             self.nic_free &= !h.nics;
         } else {
-            self.gpu_free |= h.gpus;
-            self.nic_free |= h.nics;
+            self.gpu_free |= h.gpus & !self.gpu_blocked;
+            self.nic_free |= h.nics & !self.nic_blocked;
         }
         for (node, positions) in &h.cpus {
             for p in positions {

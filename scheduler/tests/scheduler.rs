@@ -50,6 +50,7 @@ fn fleet(hosts: &[(&str, Option<&str>)]) -> Index {
                 revision: 1,
                 profile: p,
                 networked: true,
+                blocked: Vec::new(),
             },
             &[],
         );
@@ -105,7 +106,7 @@ fn check_invariants(h: &HostCap) {
             mem[*node] += m;
         }
     }
-    assert_eq!(h.gpu_free, p.all_gpus() & !gpus);
+    assert_eq!(h.gpu_free, p.all_gpus() & !gpus & !h.gpu_blocked);
     assert_eq!(
         h.cpus_free_total as usize,
         p.nodes.iter().map(|n| n.cpus.len()).sum::<usize>() - cpus.len()
@@ -477,6 +478,7 @@ fn holds_read_back_from_placements_match() {
             revision: 2,
             profile: p,
             networked: false,
+            blocked: Vec::new(),
         },
         &[VmInput {
             vm,
@@ -496,6 +498,71 @@ fn holds_read_back_from_placements_match() {
     index.release(0, vm);
     assert_eq!(index.hosts[0].gpu_free.count_ones(), 8);
     assert_eq!(index.hosts[0].cpus_free_total, 256);
+}
+
+/// `fleet`'s host `i` again, with `blocked` out of service and the VMs
+/// it holds.
+fn block(index: &mut Index, i: usize, blocked: Vec<kumo_topology::Bdf>) {
+    let h = index.hosts[i].clone();
+    let placements: Vec<_> = h.holds.iter().map(|x| (x, h.placement(x, false))).collect();
+    let vms: Vec<VmInput> = placements
+        .iter()
+        .map(|(x, p)| VmInput {
+            vm: x.vm,
+            tenant: x.tenant,
+            spot: x.spot,
+            reclaiming: x.reclaiming,
+            since: x.since,
+            placement: p,
+        })
+        .collect();
+    index.upsert(
+        HostInput {
+            id: h.id,
+            name: h.name.clone(),
+            scalable_unit: None,
+            state: HostUse::Ready,
+            revision: h.revision + 1,
+            profile: h.profile.clone(),
+            networked: h.networked,
+            blocked,
+        },
+        &vms,
+    );
+}
+
+#[test]
+fn a_quarantined_gpu_takes_no_vm_and_is_not_freed_by_the_vm_leaving_it() {
+    let mut index = fleet(&[("hgx-h100", None)]);
+    // A VM holds every GPU; one of them is then quarantined.
+    let whole = gpu_req(&index, 8, H100);
+    let one = gpu_req(&index, 1, H100);
+    let (_, vm) = take(&mut index, &whole).unwrap();
+    let bad = index.hosts[0].profile.gpus[3].bdf;
+    let bad_nic = index.hosts[0].profile.nics[0].bdf;
+    block(&mut index, 0, vec![bad, bad_nic]);
+    assert_eq!(index.hosts[0].holds.len(), 1, "the VM keeps its devices");
+    index.release(0, vm);
+    let h = &index.hosts[0];
+    check_invariants(h);
+    assert_eq!(h.gpu_free.count_ones(), 7, "the bad GPU stays out");
+    assert_eq!(h.gpu_free & (1 << 3), 0);
+    assert_eq!(h.nic_free & 1, 0, "so does the bad NIC");
+    // The host still takes smaller VMs, never on the bad GPU, but no 8-GPU one.
+    assert!(place(&index, &whole, Strategy::BestFit).is_none());
+    let mut placed = 0u64;
+    while take(&mut index, &one).is_some() {
+        placed += 1;
+        check_invariants(&index.hosts[0]);
+    }
+    assert_eq!(placed, 7);
+    for x in &index.hosts[0].holds {
+        assert_eq!(x.gpus & (1 << 3), 0, "a VM on the quarantined GPU");
+        assert_eq!(x.nics & 1, 0, "a VM on the quarantined NIC");
+    }
+    // Back in service, the GPU is free again.
+    block(&mut index, 0, Vec::new());
+    assert_eq!(index.hosts[0].gpu_free, 1 << 3);
 }
 
 #[test]

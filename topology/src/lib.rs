@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 pub mod bdf;
 pub mod domain_xml;
 pub mod fixtures;
+pub mod gpu_telemetry;
 pub mod guest_layout;
 pub mod health;
 pub mod matrix;

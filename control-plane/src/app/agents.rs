@@ -26,6 +26,7 @@ pub async fn heartbeat(
     st: &AppState,
     host: hosts::Model,
     body: &AgentHeartbeat,
+    origin: &crate::context::Origin,
 ) -> Result<(), ApiError> {
     let back = host.state == HostState::Unreachable.as_str();
     let name = host.name.clone();
@@ -70,9 +71,13 @@ pub async fn heartbeat(
         crate::app::hosts::check_underlay(body.underlay_ip)?;
         a.underlay_ip = Set(body.underlay_ip.map(|u| u.to_string()));
     }
-    a.update(&st.db)
+    let updated = a
+        .update(&st.db)
         .await
         .map_err(|e| crate::app::hosts::underlay_taken(e, body.underlay_ip))?;
+    if let Some(h) = &body.health {
+        crate::app::device_health::report(st, &updated, h, origin).await?;
+    }
     if moved {
         crate::app::hosts::underlay_moved(&st.db).await?;
         st.capacity.refresh_host(&st.db, id).await?;

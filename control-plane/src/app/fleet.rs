@@ -21,12 +21,20 @@ fn to_api(
     h: &hosts::Model,
     topo: &HostTopology,
     held: &[allocations::Model],
+    blocked: &[String],
 ) -> Result<Host, ApiError> {
     let state = host_state(h)?;
+    // Held or out of service (device health): not free.
     let used: BTreeSet<&str> = held
         .iter()
         .filter(|a| a.kind == AllocationKind::Gpu.to_text())
         .map(|a| a.key.as_str())
+        .chain(blocked.iter().map(String::as_str))
+        .collect();
+    let gpu_bdfs: BTreeSet<String> = topo
+        .gpus
+        .iter()
+        .map(|g| g.location.bdf.to_string())
         .collect();
     let mut models: Vec<String> = topo.gpus.iter().map(|g| g.model.clone()).collect();
     models.sort();
@@ -44,6 +52,7 @@ fn to_api(
             .iter()
             .filter(|g| !used.contains(g.location.bdf.to_string().as_str()))
             .count() as u32,
+        gpus_out_of_service: blocked.iter().filter(|b| gpu_bdfs.contains(*b)).count() as u32,
         rdma_nics: topo.nics.len() as u32,
         underlay_ip: crate::app::host_network::underlay_of(h),
         edge_uplink: h.edge_uplink.clone(),
@@ -60,12 +69,14 @@ pub async fn list(st: &AppState, actor: &Actor, q: &PageParams) -> Result<Page<H
     let rows = crate::store::hosts::page(&st.db, paging.after.as_deref(), paging.fetch()).await?;
     let (rows, next) = paging.finish(rows, |h| h.name.clone());
     let held = held_by_host(&st.db, &rows.iter().map(|h| h.id).collect::<Vec<_>>()).await?;
+    let blocked = crate::store::device_health::blocked(&st.db, None).await?;
     let mut items = Vec::with_capacity(rows.len());
     for h in &rows {
         items.push(to_api(
             h,
             &stored_topology(h)?,
             held.get(&h.id).map(Vec::as_slice).unwrap_or_default(),
+            blocked.get(&h.id).map(Vec::as_slice).unwrap_or_default(),
         )?);
     }
     Ok(Page {
@@ -92,7 +103,7 @@ pub async fn show(st: &AppState, actor: &Actor, host: &str) -> Result<HostDetail
         .unwrap_or_default();
     Ok(HostDetail {
         fabric,
-        host: to_api(&h, &topo, &held)?,
+        host: to_api(&h, &topo, &held, &blocked_on(&st.db, h.id).await?)?,
         matrix: kumo_topology::matrix::render(&topo),
         topology: serde_json::to_value(&topo).map_err(|e| ApiError::Internal(e.to_string()))?,
         allocations: held
@@ -166,5 +177,21 @@ pub async fn set_drained(
     st.capacity.refresh_host(&st.db, id).await?;
     st.signals.notify(id);
     let held = held(&st.db, id).await?;
-    to_api(&updated, &stored_topology(&updated)?, &held)
+    to_api(
+        &updated,
+        &stored_topology(&updated)?,
+        &held,
+        &blocked_on(&st.db, id).await?,
+    )
+}
+
+/// A host's devices out of service.
+async fn blocked_on(
+    db: &impl sea_orm::ConnectionTrait,
+    host: uuid::Uuid,
+) -> Result<Vec<String>, ApiError> {
+    Ok(crate::store::device_health::blocked(db, Some(host))
+        .await?
+        .remove(&host)
+        .unwrap_or_default())
 }

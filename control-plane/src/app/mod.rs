@@ -14,6 +14,7 @@ pub mod budget;
 pub mod clusters;
 pub mod consoles;
 pub mod dashboard;
+pub mod device_health;
 pub mod disk_moves;
 pub mod edges;
 pub mod fleet;

@@ -20,43 +20,7 @@
 use chrono::{DateTime, Utc};
 use kumo_topology::health::{AerCounts, DeviceSignals};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeviceState {
-    Healthy,
-    Suspect,
-    Quarantined,
-    Repairing,
-    Validating,
-}
-
-impl DeviceState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeviceState::Healthy => "healthy",
-            DeviceState::Suspect => "suspect",
-            DeviceState::Quarantined => "quarantined",
-            DeviceState::Repairing => "repairing",
-            DeviceState::Validating => "validating",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<DeviceState> {
-        [
-            DeviceState::Healthy,
-            DeviceState::Suspect,
-            DeviceState::Quarantined,
-            DeviceState::Repairing,
-            DeviceState::Validating,
-        ]
-        .into_iter()
-        .find(|d| d.as_str() == s)
-    }
-
-    /// Whether new VMs may be placed on the device.
-    pub fn placeable(self) -> bool {
-        matches!(self, DeviceState::Healthy | DeviceState::Suspect)
-    }
-}
+pub use kumo_api_types::DeviceState;
 
 /// The rules' settings.
 #[derive(Debug, Clone, Copy, PartialEq)]

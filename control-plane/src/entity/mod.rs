@@ -7,6 +7,7 @@ pub mod audit_log;
 pub mod billing_alerts;
 pub mod charges;
 pub mod clusters;
+pub mod device_health;
 pub mod device_logins;
 pub mod hosts;
 pub mod idempotency_keys;

@@ -98,7 +98,12 @@ impl Capacity {
         Ok(p)
     }
 
-    fn upsert(&self, h: &hosts::Model, rows: &[vms::Model]) -> Result<(), ApiError> {
+    fn upsert(
+        &self,
+        h: &hosts::Model,
+        rows: &[vms::Model],
+        blocked: &[String],
+    ) -> Result<(), ApiError> {
         let profile = self.profile(h)?;
         let mut placed: Vec<(&vms::Model, Placement, bool, bool)> = Vec::new();
         for v in rows {
@@ -132,6 +137,7 @@ impl Capacity {
                 revision: h.revision,
                 profile,
                 networked: h.underlay_ip.is_some(),
+                blocked: blocked.iter().filter_map(|b| b.parse().ok()).collect(),
             },
             &inputs,
         );
@@ -150,7 +156,12 @@ impl Capacity {
             .filter(vms::Column::HostId.eq(id))
             .all(db)
             .await?;
-        self.upsert(&h, &rows)
+        let blocked = crate::store::device_health::blocked(db, Some(id)).await?;
+        self.upsert(
+            &h,
+            &rows,
+            blocked.get(&id).map(Vec::as_slice).unwrap_or(&[]),
+        )
     }
 
     /// Re-reads every host, a page at a time: on SQLite the server has one
@@ -201,6 +212,7 @@ impl Capacity {
                 by_host.entry(h).or_default().push(v);
             }
         }
+        let blocked = crate::store::device_health::blocked(db, None).await?;
         let mut known = std::collections::HashSet::with_capacity(hosts.len());
         for h in hosts {
             // Each upsert caches its profile, so of many hosts of one
@@ -213,7 +225,11 @@ impl Capacity {
                 },
             };
             known.insert(h.id);
-            self.upsert(&h, by_host.get(&h.id).map(Vec::as_slice).unwrap_or(&[]))?;
+            self.upsert(
+                &h,
+                by_host.get(&h.id).map(Vec::as_slice).unwrap_or(&[]),
+                blocked.get(&h.id).map(Vec::as_slice).unwrap_or(&[]),
+            )?;
         }
         let mut index = self.lock();
         let gone: Vec<Uuid> = index

@@ -65,6 +65,22 @@ pub async fn held_by_host(
     Ok(by_host)
 }
 
+/// Every host's name, by id.
+pub async fn names(
+    db: &impl ConnectionTrait,
+) -> Result<std::collections::HashMap<Uuid, String>, ApiError> {
+    use sea_orm::QuerySelect;
+    Ok(hosts::Entity::find()
+        .select_only()
+        .column(hosts::Column::Id)
+        .column(hosts::Column::Name)
+        .into_tuple::<(Uuid, String)>()
+        .all(db)
+        .await?
+        .into_iter()
+        .collect())
+}
+
 pub async fn find(
     db: &impl ConnectionTrait,
     host_ref: &str,

@@ -9,6 +9,7 @@ pub mod allocations;
 pub mod billing;
 pub mod capacity;
 pub mod clusters;
+pub mod device_health;
 pub mod hosts;
 pub mod idempotency;
 pub mod identity;

@@ -35,6 +35,7 @@ fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> A
         resync: kumo_agent::run::RESYNC,
         transfer_listen: ([127, 0, 0, 1], 0).into(),
         transfer_url: None,
+        telemetry: Duration::from_secs(1),
     }
 }
 

@@ -337,6 +337,16 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [200, 403, 403, 403, 403, 401, 401, 401],
     ),
     (
+        "GET",
+        "/api/v1/devices",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/hosts/{host}/devices/{bdf}/{action}",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
         "POST",
         "/api/v1/templates",
         [201, 403, 403, 403, 403, 401, 401, 401],
@@ -609,14 +619,24 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         | ("DELETE", "/api/v1/tenants/{tenant}/members/{user}") => w.scratch_tenant(s).await,
         _ => "alpha".to_owned(),
     };
-    let host = if template.ends_with("drain") || template.ends_with("rejoin") {
+    let host = if template.ends_with("drain")
+        || template.ends_with("rejoin")
+        || template.contains("/devices/")
+    {
         "host-2"
     } else {
         "host-1"
     };
+    // Quarantining host-2's first GPU may be repeated: it is always allowed.
+    let gpu = crate::harness::fixture_topology("hgx-h100").gpus[0]
+        .location
+        .bdf
+        .to_string();
     let mut path = template
         .replace("{tenant}", &tenant)
-        .replace("{host}", host);
+        .replace("{host}", host)
+        .replace("{bdf}", &gpu)
+        .replace("{action}", "quarantine");
     let cluster = if (method, template) == ("DELETE", "/api/v1/tenants/{tenant}/clusters/{cluster}")
     {
         let name = format!("cl-{n}");
@@ -732,6 +752,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         }
         ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/move") => {
             Some(json!({"host": "host-3"}))
+        }
+        ("POST", "/api/v1/hosts/{host}/devices/{bdf}/{action}") => {
+            Some(json!({"reason": "authz matrix"}))
         }
         ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots") => {
             Some(json!({"name": format!("snap-{n}")}))

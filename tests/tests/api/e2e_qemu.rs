@@ -358,6 +358,7 @@ pub(crate) async fn qemu_host(
         storage: None,
         transfer_listen: ([127, 0, 0, 1], 0).into(),
         transfer_url: None,
+        telemetry: Duration::from_secs(1),
     };
     (work, config)
 }

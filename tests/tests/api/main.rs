@@ -12,6 +12,7 @@ mod billing;
 mod cli;
 mod crash;
 mod dev;
+mod device_health;
 mod e2e_console;
 mod e2e_qemu;
 mod e2e_volumes;

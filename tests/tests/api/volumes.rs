@@ -38,6 +38,7 @@ fn agent_config(s: &TestServer, join: &str, dir: &Path, name: &str) -> AgentConf
         storage: None,
         transfer_listen: ([127, 0, 0, 1], 0).into(),
         transfer_url: None,
+        telemetry: Duration::from_secs(1),
     }
 }
 

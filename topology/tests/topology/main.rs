@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod gpu_telemetry;
 mod guest;
 mod machines;
 mod random_trees;

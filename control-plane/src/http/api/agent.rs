@@ -87,9 +87,10 @@ pub async fn register(
 pub async fn heartbeat(
     State(st): State<AppState>,
     HostCaller(host): HostCaller,
+    origin: crate::context::Origin,
     Json(body): Json<AgentHeartbeat>,
 ) -> Result<StatusCode, ApiError> {
-    crate::app::agents::heartbeat(&st, host, &body).await?;
+    crate::app::agents::heartbeat(&st, host, &body, &origin).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -1,7 +1,8 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use kumo_api_types::{
-    Host, HostDetail, JoinTokenCreate, JoinTokenCreated, JoinTokenInfo, Page, PageParams,
+    Device, DeviceAction, DeviceList, DeviceQuery, Host, HostDetail, JoinTokenCreate,
+    JoinTokenCreated, JoinTokenInfo, Page, PageParams,
 };
 
 use super::Problems;
@@ -138,5 +139,49 @@ pub async fn undrain(
 ) -> Result<axum::Json<Host>, ApiError> {
     Ok(axum::Json(
         crate::app::fleet::set_drained(&st, &ctx, &host, false).await?,
+    ))
+}
+
+/// The fleet's passed-through devices with their health (platform
+/// admins): state, why, since when, the VMs holding each, and its last
+/// reading (AER totals, PCIe link, RDMA ports and RoCE counters).
+#[utoipa::path(
+    get, path = "/api/v1/devices", tag = "hosts",
+    params(DeviceQuery),
+    responses((status = 200, description = "The devices", body = DeviceList), Problems)
+)]
+pub async fn devices(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Query(q): Query<DeviceQuery>,
+) -> Result<axum::Json<DeviceList>, ApiError> {
+    Ok(axum::Json(
+        crate::app::device_health::list(&st, &ctx, &q).await?,
+    ))
+}
+
+/// An operator's step on a device (platform admins): `quarantine` (no new
+/// VMs on it; its spot VMs are reclaimed), `repair` (it is being worked
+/// on), `validate` (repaired: the next clean reading makes it healthy, a
+/// finding quarantines it again).
+#[utoipa::path(
+    post, path = "/api/v1/hosts/{host}/devices/{bdf}/{action}", tag = "hosts",
+    request_body = DeviceAction,
+    params(
+        ("host" = String, Path, description = "Host name or id"),
+        ("bdf" = String, Path, description = "The device's PCI address, e.g. 0000:18:00.0"),
+        ("action" = String, Path, description = "quarantine, repair or validate"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    responses((status = 200, description = "The device", body = Device), Problems)
+)]
+pub async fn device_action(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((host, bdf, action)): Path<(String, String, String)>,
+    Json(body): Json<DeviceAction>,
+) -> Result<axum::Json<Device>, ApiError> {
+    Ok(axum::Json(
+        crate::app::device_health::act(&st, &ctx, &host, &bdf, &action, &body).await?,
     ))
 }

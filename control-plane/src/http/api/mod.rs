@@ -154,6 +154,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(hosts::show))
         .routes(routes!(hosts::drain))
         .routes(routes!(hosts::undrain))
+        .routes(routes!(hosts::devices))
+        .routes(routes!(hosts::device_action))
         .routes(routes!(templates::create, templates::list))
         .routes(routes!(vms::create, vms::list))
         .routes(routes!(vms::show, vms::delete))
