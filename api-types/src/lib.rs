@@ -602,6 +602,111 @@ pub struct DeviceAction {
     pub reason: Option<String>,
 }
 
+/// What an agent read from its GPU guests through their guest agents
+/// (`POST /agent/v1/telemetry`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TelemetryReport {
+    pub vms: Vec<VmTelemetry>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VmTelemetry {
+    pub vm: Uuid,
+    /// The guest's `nvidia-smi` figures, by host GPU.
+    #[serde(default)]
+    pub gpus: Vec<GpuReading>,
+    /// XIDs in the guest's kernel log since the last report, by host GPU.
+    #[serde(default)]
+    pub xids: Vec<XidReading>,
+    /// Why there are no figures (no guest agent, no `nvidia-smi`, garbage
+    /// output): the VM's GPUs read as unknown, never as idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GpuReading {
+    pub host_bdf: String,
+    #[schema(value_type = Object)]
+    pub sample: kumo_topology::gpu_telemetry::GpuSample,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct XidReading {
+    pub host_bdf: String,
+    pub code: u32,
+}
+
+/// A VM's GPUs over time, a point per step (`GET …/vms/{vm}/metrics`).
+/// The figures come from inside the guest: advisory, never billed on.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VmMetrics {
+    pub vm: Uuid,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub step_minutes: u32,
+    /// `ok`; `unknown` (the guest did not say: no guest agent or
+    /// `nvidia-smi`; see `telemetry_reason`); `none` (no reading yet).
+    pub telemetry: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at: Option<DateTime<Utc>>,
+    pub gpus: Vec<GpuSeries>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuSeries {
+    pub host_bdf: String,
+    /// Steps without a reading are left out.
+    pub points: Vec<GpuPoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GpuPoint {
+    /// The step's start.
+    pub at: DateTime<Utc>,
+    /// Readings in the step.
+    pub samples: u32,
+    /// Mean and highest utilisation, percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_max_pct: Option<f64>,
+    /// Highest memory in use, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_total_mib: Option<u64>,
+    /// Highest core temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<f64>,
+    /// Mean board power.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    /// Uncorrectable ECC errors since the guest's driver loaded (highest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_uncorrected: Option<u64>,
+    /// Clock throttle reasons seen in the step (NVML's names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttle_reasons: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MetricsQuery {
+    /// Start [default: 24 h before `to`]; at most 30 days back.
+    #[serde(default)]
+    pub from: Option<DateTime<Utc>>,
+    /// End [default: now].
+    #[serde(default)]
+    pub to: Option<DateTime<Utc>>,
+    /// Minutes per point, 1 to 1440 [default: so that there are at most
+    /// 1440 points].
+    #[serde(default)]
+    pub step_minutes: Option<u32>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Allocation {
     /// `gpu`, `nic` or `cpu`.

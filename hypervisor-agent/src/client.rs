@@ -125,6 +125,20 @@ impl AgentClient {
         Ok(check(req.send().await?).await?.json().await?)
     }
 
+    pub async fn telemetry(
+        &self,
+        report: &kumo_api_types::TelemetryReport,
+    ) -> Result<(), ClientError> {
+        let resp = self
+            .http
+            .post(format!("{}/agent/v1/telemetry", self.server))
+            .bearer_auth(self.credential())
+            .json(report)
+            .send()
+            .await?;
+        check(resp).await.map(|_| ())
+    }
+
     pub async fn status(&self, report: &StatusReport) -> Result<(), ClientError> {
         let resp = self
             .http

@@ -108,27 +108,66 @@ fn write(agent: &impl GuestAgent, path: &str, content: &[u8]) -> Result<(), Stri
     result.and(closed.map(|_| ()))
 }
 
-/// `mkdir -p` in the guest (`guest-file-open` does not create directories).
-fn mkdir_p(agent: &impl GuestAgent, dir: &str) -> Result<(), String> {
+/// What a program run in the guest left: its exit code and output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exited {
+    pub code: Option<i64>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `path args…` in the guest (`guest-exec`, output captured) and
+/// waits up to `wait` for it to exit. qemu-ga keeps at most 16 MiB of a
+/// program's output; callers bound what they read further.
+pub fn exec(
+    agent: &impl GuestAgent,
+    path: &str,
+    args: &[String],
+    wait: std::time::Duration,
+) -> Result<Exited, String> {
     let r = agent.command(
-        &json!({"execute": "guest-exec", "arguments": {"path": "mkdir", "arg": ["-p", dir], "capture-output": true}}),
+        &json!({"execute": "guest-exec", "arguments": {"path": path, "arg": args, "capture-output": true}}),
         5,
     )?;
     let pid = r.get("pid").cloned().ok_or("guest-exec answered no pid")?;
-    for _ in 0..50 {
+    let started = std::time::Instant::now();
+    loop {
         let s = agent.command(
             &json!({"execute": "guest-exec-status", "arguments": {"pid": pid}}),
             5,
         )?;
         if s.get("exited").and_then(Value::as_bool) == Some(true) {
-            return match s.get("exitcode").and_then(Value::as_i64) {
-                Some(0) => Ok(()),
-                code => Err(format!("mkdir -p {dir} in the guest exited with {code:?}")),
+            let data = |key: &str| {
+                s.get(key)
+                    .and_then(Value::as_str)
+                    .and_then(|b| B64.decode(b).ok())
+                    .unwrap_or_default()
             };
+            return Ok(Exited {
+                code: s.get("exitcode").and_then(Value::as_i64),
+                stdout: data("out-data"),
+                stderr: data("err-data"),
+            });
+        }
+        if started.elapsed() >= wait {
+            return Err(format!("{path} in the guest did not finish in {wait:?}"));
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    Err(format!("mkdir -p {dir} in the guest did not finish"))
+}
+
+/// `mkdir -p` in the guest (`guest-file-open` does not create directories).
+fn mkdir_p(agent: &impl GuestAgent, dir: &str) -> Result<(), String> {
+    let done = exec(
+        agent,
+        "mkdir",
+        &["-p".to_owned(), dir.to_owned()],
+        std::time::Duration::from_secs(5),
+    )?;
+    match done.code {
+        Some(0) => Ok(()),
+        code => Err(format!("mkdir -p {dir} in the guest exited with {code:?}")),
+    }
 }
 
 /// `/etc/nccl.conf` with its `NCCL_TOPO_FILE` line pointing at our file,

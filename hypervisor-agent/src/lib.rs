@@ -12,4 +12,5 @@ pub mod reconcile;
 pub mod roce_ports;
 pub mod run;
 pub mod storage;
+pub mod telemetry;
 pub mod transfer;

@@ -104,6 +104,8 @@ pub struct Agent {
     pub transfers: Arc<crate::transfer::Transfers>,
     /// Serial consoles dialled out to the server.
     consoles: Arc<crate::console::Consoles>,
+    /// GPU figures read from the guests.
+    telemetry: Arc<crate::telemetry::Telemetry>,
 }
 
 /// The RoCE ports as last configured, and whether the server has heard.
@@ -225,6 +227,10 @@ impl Agent {
             &config.libvirt_uri,
             &config.state_dir.join("vms"),
         );
+        let telemetry = Arc::new(crate::telemetry::Telemetry::new(
+            &config.libvirt_uri,
+            topo.clone(),
+        ));
         Ok(Agent {
             client: AgentClient::new(&config.server, &cred.credential),
             consoles,
@@ -235,6 +241,7 @@ impl Agent {
             last: Arc::default(),
             kernel: tokio::sync::Mutex::new(None),
             network_changes: Default::default(),
+            telemetry,
             topology: topo,
             fabric: Arc::default(),
             faults: Arc::default(),
@@ -263,6 +270,12 @@ impl Agent {
                 health: Some(health),
             })
             .await
+    }
+
+    /// Reads the running GPU VMs' guests now and reports what they said
+    /// (the run loop does so every telemetry interval).
+    pub async fn report_telemetry(&self) -> Result<(), ClientError> {
+        report_telemetry(&self.telemetry, &self.last, &self.client).await
     }
 
     /// A pass over the last desired state, without asking the server.
@@ -613,6 +626,24 @@ impl Agent {
         let health_every = self.config.telemetry;
         let sysfs = self.config.sysfs_root.clone();
         let topo = self.topology.clone();
+        let telemetry = {
+            let (t, last, client, every) = (
+                self.telemetry.clone(),
+                self.last.clone(),
+                self.client.clone(),
+                self.config.telemetry,
+            );
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = report_telemetry(&t, &last, &client).await {
+                        tracing::warn!(error = %e, "GPU telemetry not reported");
+                    }
+                }
+            })
+        };
         let heartbeat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             let mut health_at: Option<tokio::time::Instant> = None;
@@ -696,6 +727,8 @@ impl Agent {
                         Ok(c) => self.client.renew(&c.credential),
                         Err(e) => {
                             heartbeat.abort();
+                            telemetry.abort();
+                            telemetry.abort();
                             return Err(e);
                         }
                     }
@@ -708,4 +741,30 @@ impl Agent {
             }
         }
     }
+}
+
+/// Reads the GPU guests of the last desired state (on a blocking thread:
+/// guest-exec waits) and reports them, when there are any.
+async fn report_telemetry(
+    t: &Arc<crate::telemetry::Telemetry>,
+    last: &Arc<Mutex<Option<kumo_api_types::DesiredState>>>,
+    client: &AgentClient,
+) -> Result<(), ClientError> {
+    let vms = last
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|d| d.vms.clone())
+        .unwrap_or_default();
+    if vms.iter().all(|v| v.placement.gpus.is_empty()) {
+        return Ok(());
+    }
+    let t = t.clone();
+    let report = tokio::task::spawn_blocking(move || t.read(&vms))
+        .await
+        .unwrap_or_default();
+    if report.vms.is_empty() {
+        return Ok(());
+    }
+    client.telemetry(&report).await
 }

@@ -27,6 +27,7 @@ mod m0021_volume_moves;
 mod m0022_root_disk_moves;
 mod m0023_vms_by_disk_host;
 mod m0024_device_health;
+mod m0025_gpu_telemetry;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -95,6 +96,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0022_root_disk_moves::Migration),
             Box::new(m0023_vms_by_disk_host::Migration),
             Box::new(m0024_device_health::Migration),
+            Box::new(m0025_gpu_telemetry::Migration),
         ]
     }
 }

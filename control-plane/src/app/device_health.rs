@@ -17,7 +17,7 @@ use crate::app::access::require_admin;
 use crate::app::audit;
 use crate::context::{Actor, AppState, Origin};
 use crate::domain::device_health::{
-    findings, next, quarantine_cap, OperatorAction, PortFacts, Record,
+    findings, next, quarantine_cap, Finding, OperatorAction, PortFacts, Record,
 };
 use crate::entity::{device_health, hosts, vms};
 use crate::error::ApiError;
@@ -67,13 +67,8 @@ pub async fn report(
     let policy = st.config.device_health;
     let txn = st.db.begin().await?;
     let rows = store::of_host(&txn, host.id).await?;
-    let counts = store::counts(&txn).await?;
-    let total: u64 = counts.values().sum::<u64>() + kinds.len().saturating_sub(rows.len()) as u64;
-    let mut out: u64 = counts
-        .iter()
-        .filter(|(s, _)| DeviceState::parse(s).is_some_and(|s| !s.placeable()))
-        .map(|(_, n)| n)
-        .sum();
+    let (total, mut out) = fleet_load(&txn, 0).await?;
+    let total = total + kinds.len().saturating_sub(rows.len()) as u64;
     let cap = quarantine_cap(total as usize, &policy) as u64;
     let mut changes = Vec::new();
     for d in &signals.devices {
@@ -131,10 +126,23 @@ pub async fn report(
         )
         .await?;
     }
+    settle(st, txn, host, &changes, origin, now).await
+}
+
+/// Records, tells and (where a device left or rejoined service) makes
+/// the scheduler see each change, then commits.
+async fn settle(
+    st: &AppState,
+    txn: DatabaseTransaction,
+    host: &hosts::Model,
+    changes: &[Change],
+    origin: &Origin,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), ApiError> {
     let placeability = changes
         .iter()
         .any(|c| c.from.placeable() != c.to.placeable());
-    for c in &changes {
+    for c in changes {
         let who = audit::Who {
             name: format!("device-health:{}", host.name),
             source_ip: &origin.source_ip,
@@ -162,6 +170,78 @@ pub async fn report(
         st.signals.notify(host.id);
     }
     Ok(())
+}
+
+/// A finding about a GPU from inside its guest (an XID): judged like a
+/// host reading's, against the same quarantine limit.
+pub async fn guest_finding(
+    st: &AppState,
+    host: &hosts::Model,
+    bdf: &str,
+    finding: Finding,
+    origin: &Origin,
+) -> Result<(), ApiError> {
+    let topo = stored_topology(host)?;
+    if !topo.gpus.iter().any(|g| g.location.bdf.to_string() == bdf) {
+        return Ok(());
+    }
+    let now = st.config.clock.now();
+    let policy = st.config.device_health;
+    let txn = st.db.begin().await?;
+    let row = store::find(&txn, host.id, bdf).await?;
+    let rec = row
+        .as_ref()
+        .map(store::record)
+        .transpose()?
+        .unwrap_or_default();
+    let (total, out) = fleet_load(&txn, topo.gpus.len() + topo.nics.len()).await?;
+    let room = out < quarantine_cap(total as usize, &policy) as u64;
+    let found = [finding];
+    let t = next(&rec, &found, now, &policy, room);
+    let mut a = device_health::ActiveModel {
+        host_id: Set(host.id),
+        bdf: Set(bdf.to_owned()),
+        ..Default::default()
+    };
+    a.last_finding_at = Set(Some(now));
+    if let Some(t) = &t {
+        a.state = Set(t.to.as_str().to_owned());
+        a.reason = Set(Some(t.reason.clone()));
+        a.since = Set(now);
+    }
+    match row {
+        Some(_) => a.update(&txn).await?,
+        None => {
+            a.kind = Set("gpu".into());
+            if t.is_none() {
+                a.state = Set(rec.state.as_str().to_owned());
+                a.since = Set(now);
+            }
+            a.insert(&txn).await?
+        }
+    };
+    let changes: Vec<Change> = t
+        .into_iter()
+        .map(|t| Change {
+            bdf: bdf.to_owned(),
+            from: rec.state,
+            to: t.to,
+            reason: t.reason,
+        })
+        .collect();
+    settle(st, txn, host, &changes, origin, now).await
+}
+
+/// Devices known fleet-wide (at least `at_least`) and how many of them
+/// are out of service.
+async fn fleet_load(db: &impl ConnectionTrait, at_least: usize) -> Result<(u64, u64), ApiError> {
+    let counts = store::counts(db).await?;
+    let out = counts
+        .iter()
+        .filter(|(s, _)| DeviceState::parse(s).is_some_and(|s| !s.placeable()))
+        .map(|(_, n)| n)
+        .sum();
+    Ok((counts.values().sum::<u64>().max(at_least as u64), out))
 }
 
 /// What is kept of a device's last reading, for operators.

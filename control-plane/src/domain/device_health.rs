@@ -83,12 +83,27 @@ impl Default for Record {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finding {
     Vanished,
-    FatalAer { new: u64 },
-    Xid79,
-    NarrowLink { width: u32, max: u32 },
-    Correctable { per_minute: f64 },
-    PortDown { port: u32 },
-    Flapping { changes: u64 },
+    FatalAer {
+        new: u64,
+    },
+    /// An XID in the guest's kernel log that speaks of the GPU rather
+    /// than of the program using it (see [`xid`]).
+    Xid {
+        code: u32,
+    },
+    NarrowLink {
+        width: u32,
+        max: u32,
+    },
+    Correctable {
+        per_minute: f64,
+    },
+    PortDown {
+        port: u32,
+    },
+    Flapping {
+        changes: u64,
+    },
 }
 
 impl Finding {
@@ -96,7 +111,7 @@ impl Finding {
     pub fn breaks(&self) -> bool {
         matches!(
             self,
-            Finding::Vanished | Finding::FatalAer { .. } | Finding::Xid79
+            Finding::Vanished | Finding::FatalAer { .. } | Finding::Xid { code: 79 }
         )
     }
 
@@ -104,7 +119,12 @@ impl Finding {
         match self {
             Finding::Vanished => "gone from the PCIe bus".into(),
             Finding::FatalAer { new } => format!("{new} new fatal PCIe (AER) error(s)"),
-            Finding::Xid79 => "XID 79: the GPU has fallen off the bus (guest kernel log)".into(),
+            Finding::Xid { code: 79 } => {
+                "XID 79: the GPU has fallen off the bus (guest kernel log)".into()
+            }
+            Finding::Xid { code } => {
+                format!("XID {code} in the guest's kernel log: {}", xid_words(*code))
+            }
             Finding::NarrowLink { width, max } => format!("PCIe link at x{width} of x{max}"),
             Finding::Correctable { per_minute } => {
                 format!("{per_minute:.0} correctable PCIe errors a minute")
@@ -115,6 +135,30 @@ impl Finding {
             }
         }
     }
+}
+
+/// XIDs that speak of the hardware: 79 (fallen off the bus) quarantines;
+/// these make a GPU suspect. The rest (13 graphics engine exception, 31
+/// MMU fault, 43 reset channel, …) are usually the program's own faults
+/// and say nothing of the GPU.
+pub const SUSPECT_XIDS: &[u32] = &[48, 63, 64, 74, 92, 94, 95, 119, 120];
+
+fn xid_words(code: u32) -> &'static str {
+    match code {
+        48 => "double-bit ECC error",
+        63 | 64 => "ECC page retirement or row remapping",
+        74 => "NVLink error",
+        92 => "high single-bit ECC error rate",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        119 | 120 => "GSP error",
+        _ => "a GPU fault",
+    }
+}
+
+/// What a guest's XID says of its GPU, if anything.
+pub fn xid(code: u32) -> Option<Finding> {
+    (code == 79 || SUSPECT_XIDS.contains(&code)).then_some(Finding::Xid { code })
 }
 
 /// The port-level facts of a NIC, summed over its ports.
@@ -140,7 +184,7 @@ pub fn findings(
         out.push(Finding::Vanished);
     }
     if xid79 {
-        out.push(Finding::Xid79);
+        out.push(Finding::Xid { code: 79 });
     }
     if let Some(a) = s.aer {
         let before = rec

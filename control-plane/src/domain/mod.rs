@@ -2,6 +2,7 @@
 
 pub mod device_health;
 pub mod faults;
+pub mod gpu_telemetry;
 pub mod imports;
 pub mod ingress;
 pub mod ipam;

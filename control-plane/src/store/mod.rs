@@ -10,6 +10,7 @@ pub mod billing;
 pub mod capacity;
 pub mod clusters;
 pub mod device_health;
+pub mod gpu_telemetry;
 pub mod hosts;
 pub mod idempotency;
 pub mod identity;

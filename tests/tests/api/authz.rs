@@ -381,6 +381,11 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/tenants/{tenant}/vms/{vm}/nccl-topology",
         [200, 200, 200, 200, 404, 401, 401, 401],
     ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/vms/{vm}/metrics",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
     // alpha-vm is `scheduled`: start and reboot are illegal (409) for those allowed to try.
     (
         "POST",
@@ -604,6 +609,11 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
     (
         "POST",
         "/agent/v1/status",
+        [401, 401, 401, 401, 401, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/agent/v1/telemetry",
         [401, 401, 401, 401, 401, 401, 401, 401],
     ),
     ("GET", "/healthz", [200, 200, 200, 200, 200, 200, 200, 200]),
@@ -876,6 +886,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         ),
         ("POST", "/agent/v1/heartbeat") => Some(json!({})),
         ("POST", "/agent/v1/status") => Some(json!({"vms": []})),
+        ("POST", "/agent/v1/telemetry") => Some(json!({"vms": []})),
         ("DELETE", "/api/v1/hosts/join-tokens/{id}") => {
             let t: kumo_api_types::JoinTokenCreated = s
                 .admin

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kumo_agent::run::{Agent, AgentConfig};
-use kumo_api_types::{Device, DeviceList, DeviceState, ServiceLevel, Vm, VmCreate, VmState};
+use kumo_api_types::{
+    Device, DeviceList, DeviceState, ServiceLevel, Vm, VmCreate, VmMetrics, VmState,
+};
 use kumo_server::clock::Clock;
 use serde_json::json;
 
@@ -247,5 +249,123 @@ on_both_backends! {
         })
         .await
         .unwrap();
+    }
+}
+
+/// Posts a telemetry report as a host.
+async fn telemetry(a: &crate::harness::SimAgent, body: &serde_json::Value) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .post(format!("{}/agent/v1/telemetry", a.url))
+        .bearer_auth(&a.credential)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+fn reading(bdf: &str, util: serde_json::Value, mem: u64) -> serde_json::Value {
+    json!({"host_bdf": bdf, "sample": {"bus_id": "0000:11:00.0", "utilization_pct": util,
+        "memory_used_mib": mem, "memory_total_mib": 81559, "temperature_c": 51.0,
+        "power_w": 300.0, "ecc_uncorrected": 0, "throttle_reasons": 4}})
+}
+
+on_both_backends! {
+    config = manual_clock;
+    async fn guests_gpu_figures_roll_up_by_minute_and_an_xid_79_quarantines(s: &TestServer) {
+        s.tenant("lab").await;
+        s.tenant("other").await;
+        let mut a = s.sim_agent("gpu-001", "hgx-h100").await;
+        let b = s.sim_agent("gpu-002", "hgx-h100").await;
+        let clock = s.server.state.config.clock.clone();
+        let v: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("train", 2, ServiceLevel::Guaranteed)).await.unwrap();
+        a.converge().await;
+        let v: Vm = s.admin.get(&format!("/api/v1/tenants/lab/vms/{}", v.id)).await.unwrap();
+        let gpus: Vec<String> = v.placement.as_ref().unwrap().gpus.iter().map(|g| g.host_bdf.clone()).collect();
+        assert_eq!(gpus.len(), 2);
+
+        // Nothing read yet: `none`, and a series per GPU, empty.
+        let m: VmMetrics = s.admin.get("/api/v1/tenants/lab/vms/train/metrics").await.unwrap();
+        assert_eq!(m.telemetry, "none");
+        assert_eq!(m.gpus.len(), 2);
+        assert!(m.gpus.iter().all(|g| g.points.is_empty()));
+
+        // Three readings in one minute, one in the next; the second GPU
+        // cannot say how busy it is (unknown, not idle).
+        for (util, mem) in [(90.0, 1000), (30.0, 3000)] {
+            let st = telemetry(&a, &json!({"vms": [{"vm": v.id, "gpus": [reading(&gpus[0], json!(util), mem), reading(&gpus[1], json!(null), 10)]}]})).await;
+            assert_eq!(st, 204);
+        }
+        clock.advance(chrono::Duration::seconds(60));
+        telemetry(&a, &json!({"vms": [{"vm": v.id, "gpus": [reading(&gpus[0], json!(10.0), 500)]}]})).await;
+        let m: VmMetrics = s.admin.get("/api/v1/tenants/lab/vms/train/metrics").await.unwrap();
+        assert_eq!(m.telemetry, "ok");
+        assert_eq!(m.step_minutes, 1);
+        let first = m.gpus.iter().find(|g| g.host_bdf == gpus[0]).unwrap();
+        assert_eq!(first.points.len(), 2, "{:?}", first.points);
+        assert_eq!(first.points[0].samples, 2);
+        assert_eq!(first.points[0].utilization_pct, Some(60.0));
+        assert_eq!(first.points[0].utilization_max_pct, Some(90.0));
+        assert_eq!(first.points[0].memory_used_mib, Some(3000));
+        assert_eq!(first.points[0].throttle_reasons, vec!["sw_power_cap".to_string()]);
+        assert_eq!(first.points[1].utilization_pct, Some(10.0));
+        let second = m.gpus.iter().find(|g| g.host_bdf == gpus[1]).unwrap();
+        assert_eq!(second.points[0].utilization_pct, None, "unknown stays unknown");
+        // A coarser step folds the minutes.
+        let m: VmMetrics = s.admin.get("/api/v1/tenants/lab/vms/train/metrics?step_minutes=60").await.unwrap();
+        let first = m.gpus.iter().find(|g| g.host_bdf == gpus[0]).unwrap();
+        assert_eq!(first.points.len(), 1);
+        assert_eq!(first.points[0].samples, 3);
+        let e = s.admin.get::<VmMetrics>("/api/v1/tenants/lab/vms/train/metrics?step_minutes=0").await.unwrap_err();
+        assert_eq!(e.status(), Some(400));
+
+        // A guest that cannot say: unknown, with why.
+        telemetry(&a, &json!({"vms": [{"vm": v.id, "unknown": "nvidia-smi in the guest exited with 9: NVIDIA-SMI has failed"}]})).await;
+        let m: VmMetrics = s.admin.get("/api/v1/tenants/lab/vms/train/metrics").await.unwrap();
+        assert_eq!(m.telemetry, "unknown");
+        assert!(m.telemetry_reason.unwrap().contains("exited with 9"));
+
+        // A host speaks only for its own VMs and their GPUs: another
+        // host's report of this VM, or of a GPU the VM does not hold, is
+        // ignored; other tenants do not see the series.
+        let mut other = gpus.clone();
+        other.retain(|g| g != &gpus[0]);
+        let not_held = v.placement.as_ref().map(|_| "0000:ff:00.0").unwrap();
+        telemetry(&b, &json!({"vms": [{"vm": v.id, "gpus": [reading(&gpus[0], json!(100.0), 1)], "xids": [{"host_bdf": gpus[0], "code": 79}]}]})).await;
+        telemetry(&a, &json!({"vms": [{"vm": v.id, "gpus": [reading(not_held, json!(100.0), 1)]}]})).await;
+        let m: VmMetrics = s.admin.get("/api/v1/tenants/lab/vms/train/metrics").await.unwrap();
+        assert_eq!(m.gpus.len(), 2);
+        assert!(m.gpus.iter().all(|g| g.points.iter().all(|p| p.utilization_max_pct != Some(100.0))), "{:?}", m.gpus);
+        let (outsider, _) = s.user("outsider").await;
+        s.add("other", "outsider", kumo_api_types::Role::Member).await;
+        let e = outsider.get::<VmMetrics>("/api/v1/tenants/lab/vms/train/metrics").await.unwrap_err();
+        assert_eq!(e.status(), Some(404));
+        // Oversized reports are refused whole.
+        let many: Vec<_> = (0..65).map(|_| json!({"host_bdf": gpus[0], "code": 13})).collect();
+        assert_eq!(telemetry(&a, &json!({"vms": [{"vm": v.id, "xids": many}]})).await, 400);
+
+        // XIDs: an application fault (13) is told to the VM only; an ECC
+        // one (48) makes the GPU suspect; 79 (fallen off the bus)
+        // quarantines it.
+        telemetry(&a, &json!({"vms": [{"vm": v.id, "gpus": [reading(&gpus[0], json!(1.0), 1)], "xids": [
+            {"host_bdf": gpus[0], "code": 13}, {"host_bdf": gpus[1], "code": 48}]}]})).await;
+        let events = events_of(s, "lab", &v).await;
+        assert_eq!(events.iter().filter(|e| *e == "gpu.xid").count(), 2, "{events:?}");
+        let list: DeviceList = s.admin.get("/api/v1/devices?host=gpu-001").await.unwrap();
+        let state = |bdf: &str| list.items.iter().find(|d| d.bdf == bdf).map(|d| d.state);
+        assert_eq!(state(&gpus[0]), None, "XID 13 says nothing of the GPU");
+        assert_eq!(state(&gpus[1]), Some(DeviceState::Suspect));
+        telemetry(&a, &json!({"vms": [{"vm": v.id, "gpus": [reading(&gpus[0], json!(1.0), 1)], "xids": [{"host_bdf": gpus[1], "code": 79}]}]})).await;
+        let list: DeviceList = s.admin.get("/api/v1/devices?host=gpu-001").await.unwrap();
+        let d = list.items.iter().find(|d| d.bdf == gpus[1]).unwrap();
+        assert_eq!(d.state, DeviceState::Quarantined);
+        assert!(d.reason.as_deref().unwrap().contains("XID 79"), "{:?}", d.reason);
+        assert_eq!(d.vms, vec![v.id]);
+        assert!(events_of(s, "lab", &v).await.contains(&"device.quarantined".to_string()));
+
+        // Figures older than 30 days are purged.
+        clock.advance(chrono::Duration::days(31));
+        let gone = kumo_server::app::gpu_telemetry::purge(&s.server.state).await.unwrap();
+        assert!(gone >= 3, "{gone}");
     }
 }

@@ -500,6 +500,8 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         "{conf}"
     );
 
+    gpu_telemetry_through_the_guest_agent(&agent, &dom, vm.id).await;
+
     // The guest took its address, MTU and default route from its seed.
     let nic = v.networks[0].clone();
     until(
@@ -730,4 +732,98 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     assert!(!netns_exists(&edge_ns), "{edge_ns} is gone");
     heartbeat.abort();
     s.stop().await;
+}
+
+/// The agent's half of GPU telemetry against a real guest agent: the
+/// machine has no GPU, so the test guest's stand-in `nvidia-smi` prints
+/// what the test writes, and the VM's placement is read as if it held two
+/// GPUs of an HGX host, whose guest addresses the agent maps back to that
+/// host's. (The server's half, roll-ups and XID quarantine, is
+/// `device_health::guests_gpu_figures_roll_up_by_minute_and_an_xid_79_quarantines`.)
+async fn gpu_telemetry_through_the_guest_agent(
+    agent: &Agent,
+    dom: &virt::domain::Domain,
+    vm: uuid::Uuid,
+) {
+    use kumo_topology::guest_layout::{guest_layout, place};
+    let hgx = crate::harness::fixture_topology("hgx-h100");
+    let gpus: Vec<kumo_topology::Bdf> = hgx.gpus.iter().take(2).map(|g| g.location.bdf).collect();
+    let placement = place(&hgx, &gpus, 2, 2).unwrap();
+    let layout = guest_layout(&hgx, &placement).unwrap();
+    let mut desired = agent
+        .client
+        .desired(None)
+        .await
+        .unwrap()
+        .vms
+        .into_iter()
+        .find(|d| d.id == vm)
+        .unwrap();
+    desired.placement = placement;
+    let t = std::sync::Arc::new(kumo_agent::telemetry::Telemetry::new("qemu:///system", hgx));
+    let read = |t: std::sync::Arc<kumo_agent::telemetry::Telemetry>,
+                d: kumo_api_types::DesiredVm| async move {
+        let started = Instant::now();
+        let r = tokio::task::spawn_blocking(move || t.read(&[d]))
+            .await
+            .unwrap();
+        (r, started.elapsed())
+    };
+
+    // No driver: nvidia-smi fails as the real one does; the GPUs read as
+    // unknown, with why.
+    let (r, took) = read(t.clone(), desired.clone()).await;
+    assert_eq!(r.vms.len(), 1);
+    let why = r.vms[0].unknown.clone().unwrap_or_default();
+    assert!(
+        why.contains("exited with 9") && why.contains("NVIDIA"),
+        "{why:?}"
+    );
+    assert!(r.vms[0].gpus.is_empty());
+    println!("telemetry read, nvidia-smi failing: {took:?}");
+
+    // The driver's figures, for the guest's addresses of the two GPUs (as
+    // nvidia-smi prints them: 8-digit domain, upper case), the second
+    // unable to say how busy it is; and an XID 79 in the kernel log.
+    let guest = |b: kumo_topology::Bdf| {
+        let g = layout.guest_bdf(b).unwrap();
+        format!("0000{}", g.to_string().to_uppercase())
+    };
+    let csv = format!(
+        "{}, 87, 40000, 81559, 51, 45, 312.50, 0, 0x0000000000000004\n{}, [N/A], 10, 81559, 35, [N/A], 70.10, 0, 0x0000000000000001\n",
+        guest(gpus[0]),
+        guest(gpus[1])
+    );
+    let xid_bus = layout.guest_bdf(gpus[1]).unwrap().to_string();
+    let xid_bus = &xid_bus[..xid_bus.len() - 2];
+    let script = format!(
+        "printf '{csv}' > /run/kumo-fake-gpus.csv && echo 'NVRM: Xid (PCI:{xid_bus}): 79, pid=1234, GPU has fallen off the bus.' > /dev/kmsg"
+    );
+    guest_exec(dom, "/bin/sh", &["-c", &script]).await.unwrap();
+    let (r, took) = read(t.clone(), desired.clone()).await;
+    let v = &r.vms[0];
+    assert_eq!(v.unknown, None, "{v:?}");
+    assert_eq!(v.gpus.len(), 2, "{v:?}");
+    assert_eq!(v.gpus[0].host_bdf, gpus[0].to_string());
+    assert_eq!(v.gpus[0].sample.utilization_pct, Some(87.0));
+    assert_eq!(v.gpus[0].sample.memory_used_mib, Some(40000));
+    assert_eq!(v.gpus[0].sample.power_w, Some(312.5));
+    assert_eq!(v.gpus[1].host_bdf, gpus[1].to_string());
+    assert_eq!(
+        v.gpus[1].sample.utilization_pct, None,
+        "[N/A] is unknown, not idle"
+    );
+    assert_eq!(
+        v.xids,
+        vec![kumo_api_types::XidReading {
+            host_bdf: gpus[1].to_string(),
+            code: 79
+        }]
+    );
+    println!("telemetry read, two GPUs and an XID: {took:?}");
+    // The kernel log is read whole each time; the XID is told once.
+    let (r, _) = read(t, desired).await;
+    assert!(r.vms[0].xids.is_empty(), "{:?}", r.vms[0].xids);
+    assert_eq!(r.vms[0].gpus.len(), 2);
+    guest_exec(dom, "/bin/rm", &["-f", "/run/kumo-fake-gpus.csv"]).await;
 }

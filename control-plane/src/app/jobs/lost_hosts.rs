@@ -5,6 +5,8 @@ use kumo_api_types::HostState;
 use crate::context::AppState;
 use crate::domain::states::StoredText;
 
+const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Marks hosts whose agents fell silent as `unreachable`. Idempotent, so
 /// several replicas running it at once do no harm.
 pub async fn run(state: AppState) {
@@ -12,6 +14,7 @@ pub async fn run(state: AppState) {
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
     let timeout = state.config.heartbeat_timeout;
     let mut tick = tokio::time::interval((timeout / 4).max(std::time::Duration::from_millis(250)));
+    let mut purged = None;
     loop {
         tick.tick().await;
         let Ok(limit) = chrono::Duration::from_std(timeout) else {
@@ -33,6 +36,14 @@ pub async fn run(state: AppState) {
             .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
             .exec(&state.db)
             .await;
+        // Housekeeping beside it, every few minutes: GPU figures past
+        // their retention go.
+        if purged.is_none_or(|t: std::time::Instant| t.elapsed() >= PURGE_EVERY) {
+            purged = Some(std::time::Instant::now());
+            if let Err(e) = crate::app::gpu_telemetry::purge(&state).await {
+                tracing::warn!(error = %e, "old GPU figures could not be purged");
+            }
+        }
         match lost {
             Ok(r) if r.rows_affected > 0 => {
                 tracing::warn!(hosts = r.rows_affected, "hosts became unreachable")

@@ -94,6 +94,23 @@ pub async fn heartbeat(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// What the host's GPU guests said of their GPUs (`nvidia-smi` and
+/// XIDs, read through their guest agents).
+#[utoipa::path(
+    post, path = "/agent/v1/telemetry", tag = "agent", security(("host" = [])),
+    request_body = kumo_api_types::TelemetryReport,
+    responses((status = 204, description = "Noted"), Problems)
+)]
+pub async fn telemetry(
+    State(st): State<AppState>,
+    HostCaller(host): HostCaller,
+    origin: crate::context::Origin,
+    Json(body): Json<kumo_api_types::TelemetryReport>,
+) -> Result<StatusCode, ApiError> {
+    crate::app::gpu_telemetry::ingest(&st, &host, &body, &origin).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Everything that should exist on this host. With `after`, waits until
 /// the revision passes it (at most 25 s), so changes arrive at once.
 #[utoipa::path(

@@ -73,6 +73,26 @@ pub async fn show(
     ))
 }
 
+/// A VM's GPUs over time (any member): utilisation, memory, temperature,
+/// power, ECC and throttle reasons, a point per step, from the guest's
+/// `nvidia-smi` (advisory; never billed on). `telemetry` says whether the
+/// guest answers (`unknown`: no guest agent or `nvidia-smi`).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/vms/{vm}/metrics", tag = "vms",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("vm" = String, Path, description = "VM name or id"), kumo_api_types::MetricsQuery),
+    responses((status = 200, description = "The VM's GPU series", body = kumo_api_types::VmMetrics), Problems)
+)]
+pub async fn metrics(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, vm)): Path<(String, String)>,
+    Query(q): Query<kumo_api_types::MetricsQuery>,
+) -> Result<axum::Json<kumo_api_types::VmMetrics>, ApiError> {
+    Ok(axum::Json(
+        crate::app::gpu_telemetry::metrics(&st, &ctx, &tenant, &vm, &q).await?,
+    ))
+}
+
 /// The NCCL topology file the guest gets (any member).
 #[utoipa::path(
     get, path = "/api/v1/tenants/{tenant}/vms/{vm}/nccl-topology", tag = "vms",

@@ -1,0 +1,154 @@
+//! What GPU guests say of their GPUs, through their hosts' agents:
+//! readings rolled up by minute, each VM's last word (figures, or unknown
+//! and why), XIDs told to the VM and judged as device health findings;
+//! and the series a project reads back. Guest data is advisory: nothing
+//! here bills.
+
+use std::collections::BTreeMap;
+
+use kumo_api_types::{GpuSeries, MetricsQuery, TelemetryReport, VmMetrics};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
+
+use crate::app::access::tenant_access;
+use crate::context::{Actor, AppState, Origin};
+use crate::domain::gpu_telemetry::{minute_of, points, window, RETENTION_DAYS};
+use crate::entity::{hosts, vms};
+use crate::error::ApiError;
+use crate::store::gpu_telemetry as store;
+use crate::store::vms::{find_vm, stored_placement};
+
+const MAX_VMS: usize = 256;
+const MAX_GPUS: usize = 64;
+const MAX_XIDS: usize = 64;
+
+/// A host's report. VMs not on the host and GPUs not of the VM are
+/// ignored: a host speaks only for its own.
+pub async fn ingest(
+    st: &AppState,
+    host: &hosts::Model,
+    report: &TelemetryReport,
+    origin: &Origin,
+) -> Result<(), ApiError> {
+    if report.vms.len() > MAX_VMS
+        || report
+            .vms
+            .iter()
+            .any(|v| v.gpus.len() > MAX_GPUS || v.xids.len() > MAX_XIDS)
+    {
+        return Err(ApiError::field(
+            "vms",
+            format!("at most {MAX_VMS} VMs of {MAX_GPUS} GPUs and {MAX_XIDS} XIDs"),
+        ));
+    }
+    let now = st.config.clock.now();
+    let at = minute_of(now);
+    let ids: Vec<_> = report.vms.iter().map(|v| v.vm).collect();
+    let rows: BTreeMap<_, _> = vms::Entity::find()
+        .filter(vms::Column::Id.is_in(ids))
+        .filter(vms::Column::HostId.eq(host.id))
+        .all(&st.db)
+        .await?
+        .into_iter()
+        .map(|v| (v.id, v))
+        .collect();
+    let mut findings = Vec::new();
+    let txn = st.db.begin().await?;
+    for t in &report.vms {
+        let Some(vm) = rows.get(&t.vm) else {
+            continue;
+        };
+        let gpus: Vec<String> = stored_placement(vm)?
+            .map(|p| p.gpus.iter().map(ToString::to_string).collect())
+            .unwrap_or_default();
+        let unknown = t.unknown.clone().or_else(|| {
+            t.gpus
+                .is_empty()
+                .then(|| "the guest reported no GPU".into())
+        });
+        store::set_status(&txn, vm.id, vm.tenant_id, unknown.as_deref(), now).await?;
+        for r in t.gpus.iter().filter(|r| gpus.contains(&r.host_bdf)) {
+            let old = store::minute_of(&txn, vm.id, &r.host_bdf, at).await?;
+            let m = old.clone().unwrap_or_default().with(&r.sample);
+            store::put_minute(
+                &txn,
+                (vm.id, vm.tenant_id, &r.host_bdf, at),
+                &m,
+                old.is_none(),
+            )
+            .await?;
+        }
+        for x in t.xids.iter().filter(|x| gpus.contains(&x.host_bdf)) {
+            let finding = crate::domain::device_health::xid(x.code);
+            let said = match &finding {
+                Some(f) => f.words(),
+                None => format!(
+                    "XID {} in the guest's kernel log (usually the program's own fault)",
+                    x.code
+                ),
+            };
+            crate::store::vms::event(
+                &txn,
+                vm,
+                now,
+                "gpu.xid",
+                format!("GPU {}: {said}", x.host_bdf),
+            )
+            .await?;
+            if let Some(f) = finding {
+                findings.push((x.host_bdf.clone(), f));
+            }
+        }
+    }
+    txn.commit().await?;
+    for (bdf, f) in findings {
+        crate::app::device_health::guest_finding(st, host, &bdf, f, origin).await?;
+    }
+    Ok(())
+}
+
+/// Minutes older than the retention go (run by the server's housekeeping).
+pub async fn purge(st: &AppState) -> Result<u64, ApiError> {
+    let before = st.config.clock.now() - chrono::Duration::days(RETENTION_DAYS);
+    store::purge(&st.db, before).await
+}
+
+/// A VM's GPU series (any member of its tenant).
+pub async fn metrics(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    vm: &str,
+    q: &MetricsQuery,
+) -> Result<VmMetrics, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let vm = find_vm(&st.db, &tenant, vm).await?;
+    let (from, to, step) = window(st.config.clock.now(), q.from, q.to, q.step_minutes)
+        .map_err(|e| ApiError::field("from", e))?;
+    let mut by_gpu: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for (bdf, at, m) in store::minutes(&st.db, vm.id, from, to).await? {
+        by_gpu.entry(bdf).or_default().push((at, m));
+    }
+    // Every GPU of the VM has a series, empty when nothing was read.
+    if let Some(p) = stored_placement(&vm)? {
+        for g in &p.gpus {
+            by_gpu.entry(g.to_string()).or_default();
+        }
+    }
+    let status = store::status(&st.db, vm.id).await?;
+    Ok(VmMetrics {
+        vm: vm.id,
+        from,
+        to,
+        step_minutes: step,
+        telemetry: status.as_ref().map_or("none".into(), |s| s.state.clone()),
+        telemetry_reason: status.as_ref().and_then(|s| s.reason.clone()),
+        read_at: status.map(|s| s.read_at),
+        gpus: by_gpu
+            .into_iter()
+            .map(|(host_bdf, minutes)| GpuSeries {
+                points: points(&minutes, from, step),
+                host_bdf,
+            })
+            .collect(),
+    })
+}
