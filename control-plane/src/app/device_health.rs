@@ -46,10 +46,22 @@ pub async fn report(
     signals: &HostSignals,
     origin: &Origin,
 ) -> Result<(), ApiError> {
-    if signals.devices.len() > MAX_DEVICES || signals.ports.len() > MAX_PORTS {
+    let too_long = |t: &str| t.len() > 64;
+    if signals.devices.len() > MAX_DEVICES
+        || signals.ports.len() > MAX_PORTS
+        || signals.ports.iter().any(|p| {
+            too_long(&p.device)
+                || too_long(&p.state)
+                || too_long(&p.bdf)
+                || p.counters.len() > 16
+                || p.counters.keys().any(|k| too_long(k))
+        })
+    {
         return Err(ApiError::field(
             "health",
-            format!("at most {MAX_DEVICES} devices and {MAX_PORTS} ports"),
+            format!(
+                "at most {MAX_DEVICES} devices and {MAX_PORTS} ports of 16 counters, names of 64 bytes"
+            ),
         ));
     }
     let topo = stored_topology(host)?;

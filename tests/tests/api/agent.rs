@@ -17,26 +17,7 @@ fn fixture(dir: &Path, machine: &str) -> std::path::PathBuf {
 }
 
 fn config(s: &TestServer, join: Option<String>, sysfs: &Path, state: &Path) -> AgentConfig {
-    AgentConfig {
-        server: s.url.clone(),
-        join_token: join,
-        libvirt_uri: "test:///default".into(),
-        sysfs_root: sysfs.to_path_buf(),
-        state_dir: state.to_path_buf(),
-        name: "gpu-001".into(),
-        virt_type: "qemu".into(),
-        heartbeat: Duration::from_secs(1),
-        scalable_unit: None,
-        rails: Default::default(),
-        underlay_ip: None,
-        netns: None,
-        edge_uplink: None,
-        storage: None,
-        resync: kumo_agent::run::RESYNC,
-        transfer_listen: ([127, 0, 0, 1], 0).into(),
-        transfer_url: None,
-        telemetry: Duration::from_secs(1),
-    }
+    crate::harness::agent_config(s, join, sysfs, state, "gpu-001")
 }
 
 fn vm(name: &str, gpus: u32) -> VmCreate {

@@ -7,9 +7,8 @@
 //! test's, so "clean for a while" takes no waiting.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use kumo_agent::run::{Agent, AgentConfig};
+use kumo_agent::run::Agent;
 use kumo_api_types::{
     Device, DeviceList, DeviceState, ServiceLevel, Vm, VmCreate, VmMetrics, VmState,
 };
@@ -22,28 +21,6 @@ fn t0() -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp(1_900_000_000, 0).unwrap()
 }
 
-fn agent_config(s: &TestServer, join: String, sysfs: &Path, state: &Path) -> AgentConfig {
-    AgentConfig {
-        server: s.url.clone(),
-        join_token: Some(join),
-        libvirt_uri: "test:///default".into(),
-        sysfs_root: sysfs.to_path_buf(),
-        state_dir: state.to_path_buf(),
-        name: "gpu-001".into(),
-        virt_type: "qemu".into(),
-        heartbeat: Duration::from_secs(1),
-        scalable_unit: None,
-        rails: Default::default(),
-        underlay_ip: None,
-        netns: None,
-        edge_uplink: None,
-        storage: None,
-        resync: kumo_agent::run::RESYNC,
-        transfer_listen: ([127, 0, 0, 1], 0).into(),
-        transfer_url: None,
-        telemetry: Duration::from_secs(1),
-    }
-}
 
 fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
     VmCreate {
@@ -114,7 +91,7 @@ on_both_backends! {
         let dir = scratch();
         let sysfs = dir.path().join("sysfs");
         kumo_topology::fixtures::write(&kumo_topology::fixtures::machine("hgx-h100").unwrap(), &sysfs).unwrap();
-        let agent = Agent::start(agent_config(s, s.join_token().await, &sysfs, &dir.path().join("state"))).await.unwrap();
+        let agent = Agent::start(crate::harness::agent_config(s, Some(s.join_token().await), &sysfs, &dir.path().join("state"), "gpu-001")).await.unwrap();
         let clock = s.server.state.config.clock.clone();
 
         // The first reading: every GPU and NIC, healthy, with its link and ports.

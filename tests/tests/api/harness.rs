@@ -620,3 +620,35 @@ pub async fn events_of(s: &TestServer, tenant: &str, vm: &kumo_api_types::Vm) ->
         .rev()
         .collect()
 }
+
+/// A real agent's configuration for `s` on libvirt's test driver: host
+/// `name`, its sysfs at `sysfs`, its state in `state`, heartbeats and
+/// telemetry every second.
+pub fn agent_config(
+    s: &TestServer,
+    join: Option<String>,
+    sysfs: &std::path::Path,
+    state: &std::path::Path,
+    name: &str,
+) -> kumo_agent::run::AgentConfig {
+    kumo_agent::run::AgentConfig {
+        server: s.url.clone(),
+        join_token: join,
+        libvirt_uri: "test:///default".into(),
+        sysfs_root: sysfs.to_path_buf(),
+        state_dir: state.to_path_buf(),
+        name: name.into(),
+        virt_type: "qemu".into(),
+        heartbeat: std::time::Duration::from_secs(1),
+        scalable_unit: None,
+        rails: Default::default(),
+        underlay_ip: None,
+        netns: None,
+        edge_uplink: None,
+        storage: None,
+        resync: kumo_agent::run::RESYNC,
+        transfer_listen: ([127, 0, 0, 1], 0).into(),
+        transfer_url: None,
+        telemetry: std::time::Duration::from_secs(1),
+    }
+}

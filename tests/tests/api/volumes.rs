@@ -20,26 +20,13 @@ fn agent_config(s: &TestServer, join: &str, dir: &Path, name: &str) -> AgentConf
         &sysfs,
     )
     .unwrap();
-    AgentConfig {
-        server: s.url.clone(),
-        join_token: Some(join.to_owned()),
-        libvirt_uri: "test:///default".into(),
-        sysfs_root: sysfs,
-        state_dir: dir.join(name).join("state"),
-        name: name.into(),
-        virt_type: "qemu".into(),
-        heartbeat: Duration::from_secs(1),
-        scalable_unit: None,
-        rails: Default::default(),
-        underlay_ip: None,
-        netns: None,
-        edge_uplink: None,
-        resync: kumo_agent::run::RESYNC,
-        storage: None,
-        transfer_listen: ([127, 0, 0, 1], 0).into(),
-        transfer_url: None,
-        telemetry: Duration::from_secs(1),
-    }
+    crate::harness::agent_config(
+        s,
+        Some(join.to_owned()),
+        &sysfs,
+        &dir.join(name).join("state"),
+        name,
+    )
 }
 
 /// Two hosts with real agents on libvirt's test driver, `PREFIX-a` and
