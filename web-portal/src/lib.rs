@@ -4,6 +4,7 @@
 //! the pages work without JavaScript.
 
 pub mod diagram;
+pub mod fleet_health;
 pub mod i18n;
 pub mod listing;
 
@@ -86,6 +87,7 @@ fn page(
         nav.push(("/tokens".to_owned(), t(lang, Msg::Tokens)));
         if v.is_admin {
             nav.push(("/admin/hosts".to_owned(), t(lang, Msg::Hosts)));
+            nav.push(("/admin/devices".to_owned(), t(lang, Msg::FleetHealth)));
             nav.push(("/admin/tenants".to_owned(), t(lang, Msg::Tenants)));
             nav.push(("/admin/rates".to_owned(), t(lang, Msg::Rates)));
             nav.push(("/admin/join-tokens".to_owned(), t(lang, Msg::JoinTokens)));

@@ -21,7 +21,6 @@ fn t0() -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp(1_900_000_000, 0).unwrap()
 }
 
-
 fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
     VmCreate {
         name: name.into(),

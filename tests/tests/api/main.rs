@@ -20,6 +20,7 @@ mod idempotency;
 mod isolation;
 mod networks;
 mod openapi;
+mod portal_devices;
 mod process;
 mod public_net;
 mod resources;

@@ -1,9 +1,10 @@
 //! The web portal's pages (rendered by `kumo-web-portal`), mounted at `/`:
 //! the institution chooser, the dashboard, the language switch, VMs and
-//! points; [`resources`] has the listing pages. A page shows only what
-//! the session's user may see through the API: tenants they are a member
-//! of.
+//! points; [`resources`] has the listing pages, [`devices`] the admins'
+//! fleet-health page. A page shows only what the session's user may see
+//! through the API: tenants they are a member of.
 
+mod devices;
 mod resources;
 
 use axum::extract::{Path, Query, State};
@@ -879,6 +880,7 @@ pub fn routes() -> Router<AppState> {
         .route("/static/console.js", get(console_js))
         .route("/static/xterm.js", get(xterm_js))
         .route("/static/xterm.css", get(xterm_css))
+        .merge(devices::routes())
         .merge(resources::routes())
 }
 

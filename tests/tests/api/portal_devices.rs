@@ -1,0 +1,253 @@
+//! The portal's fleet-health page (`/admin/devices`) over a real agent
+//! reading a fixture host's sysfs, which the test edits (a fatal AER
+//! error, a narrowed link, a RoCE counter): the page lists broken devices
+//! first with why, their AER totals, links and ports' congestion, filters
+//! by host and state, warns at the automatic quarantine limit, and its
+//! forms (CSRF-checked) repair, validate and quarantine. Tenants' members
+//! cannot see it.
+
+use std::path::{Path, PathBuf};
+
+use kumo_agent::run::Agent;
+use kumo_api_types::{Device, DeviceList, DeviceState, ServiceLevel, Vm, VmCreate};
+
+use crate::harness::{on_both_backends, scratch, TestServer};
+
+/// A device's directory in the fixture's sysfs.
+fn dev(sysfs: &Path, bdf: &str) -> PathBuf {
+    std::fs::canonicalize(sysfs.join("bus/pci/devices").join(bdf)).unwrap()
+}
+
+async fn device(s: &TestServer, bdf: &str) -> Device {
+    let all: DeviceList = s.admin.get("/api/v1/devices?host=gpu-001").await.unwrap();
+    all.items
+        .into_iter()
+        .find(|d| d.bdf == bdf)
+        .unwrap_or_else(|| panic!("no device {bdf}"))
+}
+
+/// The table row of one device on the page.
+fn row<'a>(page: &'a str, bdf: &str) -> &'a str {
+    let start = page
+        .find(&format!("<tr id=\"dev-gpu-001-{bdf}\""))
+        .unwrap_or_else(|| panic!("no row for {bdf}: {page}"));
+    let len = page[start..].find("</tr>").unwrap();
+    &page[start..start + len]
+}
+
+fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("no CSRF token in {page}"))
+        .to_owned()
+}
+
+/// A browser signed in to the portal with `token` (as `portal_admin`).
+async fn portal_as(s: &TestServer, token: &str) -> reqwest::Client {
+    let c = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = c
+        .get(format!("{}/login", s.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let r = c
+        .post(format!("{}/auth/token", s.url))
+        .form(&[("token", token), ("csrf", &csrf_of(&login))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 302, "token sign-in");
+    c
+}
+
+async fn post(
+    s: &TestServer,
+    c: &reqwest::Client,
+    path: &str,
+    form: &[(&str, &str)],
+) -> reqwest::Response {
+    c.post(format!("{}{path}", s.url))
+        .form(form)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn limit_of_two(c: &mut kumo_server::config::Config) {
+    // hgx-h100: 8 GPUs and 8 RDMA NICs; at most two out of service by Kumo.
+    c.device_health.max_quarantined_share = 0.13;
+}
+
+on_both_backends! {
+    config = limit_of_two;
+    async fn the_fleet_health_page_shows_broken_devices_and_acts_on_them(s: &TestServer) {
+        s.tenant("lab").await;
+        let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+        let dir = scratch();
+        let sysfs = dir.path().join("sysfs");
+        kumo_topology::fixtures::write(&kumo_topology::fixtures::machine("hgx-h100").unwrap(), &sysfs).unwrap();
+        let agent = Agent::start(crate::harness::agent_config(s, Some(s.join_token().await), &sysfs, &dir.path().join("state"), "gpu-001")).await.unwrap();
+
+        // Signed out: the sign-in page, coming back here.
+        let anonymous = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        let r = anonymous.get(format!("{}/admin/devices?state=suspect", s.url)).send().await.unwrap();
+        assert_eq!(r.status(), 303);
+        assert_eq!(r.headers()["location"], "/login?next=%2Fadmin%2Fdevices%3Fstate%3Dsuspect");
+
+        // Before any reading the page says so; the navigation links it.
+        let portal = s.portal_admin().await;
+        let page = s.page(&portal, "/admin/devices").await;
+        assert!(page.contains("<a href=\"/admin/devices\">Fleet health</a>"), "{page}");
+        assert!(page.contains("No device has reported yet."), "{page}");
+
+        // The first reading: all healthy, every RDMA port active.
+        agent.report_health().await.unwrap();
+        let page = s.page(&portal, "/admin/devices").await;
+        assert!(page.contains("Every device here is healthy."), "{page}");
+        assert!(page.contains("Healthy (16)"), "{page}");
+        assert!(page.contains("Automatic quarantine limit: 2 devices. Out of service now (quarantined, in repair or validating): 0."), "{page}");
+        assert!(!page.contains("class=\"warning\""), "{page}");
+        let all: DeviceList = s.admin.get("/api/v1/devices?host=gpu-001").await.unwrap();
+        let nic = all.items.iter().find(|d| d.kind == "nic").unwrap();
+        let rdma = nic.signals.as_ref().unwrap()["ports"][0]["device"].as_str().unwrap().to_owned();
+        assert!(page.contains(&format!("<code>{rdma}/1</code>")), "{page}");
+        assert_eq!(page.matches("<td>ACTIVE</td>").count(), 8, "{page}");
+
+        // A VM on a GPU; that GPU's fatal AER error quarantines it. Another
+        // GPU's link narrows; a port sends CNPs.
+        let keep: Vm = s
+            .admin
+            .post(
+                "/api/v1/tenants/lab/vms",
+                &VmCreate {
+                    name: "keep".into(),
+                    gpus: 1,
+                    gpu_model: None,
+                    vcpus: Some(4),
+                    memory_gib: Some(8),
+                    disk_gib: Some(10),
+                    template: None,
+                    service_level: ServiceLevel::Guaranteed,
+                    ssh_keys: Vec::new(),
+                    networks: Vec::new(),
+                    volumes: Vec::new(),
+                    on_reclaim: None,
+                },
+            )
+            .await
+            .unwrap();
+        agent.sync_once(None).await.unwrap();
+        let bad = keep.placement.as_ref().unwrap().gpus[0].host_bdf.clone();
+        let narrow = all.items.iter().find(|d| d.kind == "gpu" && d.bdf != bad).unwrap().bdf.clone();
+        let healthy = all.items.iter().rfind(|d| d.kind == "gpu" && d.bdf != bad).unwrap().bdf.clone();
+        assert_ne!(narrow, healthy);
+        std::fs::write(dev(&sysfs, &bad).join("aer_dev_fatal"), "Undefined 0\nDLP 0\nTOTAL_ERR_FATAL 1\n").unwrap();
+        std::fs::write(dev(&sysfs, &narrow).join("current_link_width"), "8\n").unwrap();
+        std::fs::write(sysfs.join("class/infiniband").join(&rdma).join("ports/1/hw_counters/np_cnp_sent"), "1234\n").unwrap();
+        agent.report_health().await.unwrap();
+        let quarantined = device(s, &bad).await;
+        assert_eq!(quarantined.state, DeviceState::Quarantined);
+        let reason = quarantined.reason.clone().unwrap();
+
+        let page = s.page(&portal, "/admin/devices").await;
+        assert!(page.contains("Needing attention (2)") && page.contains("Healthy (14)"), "{page}");
+        // Broken first, then doubtful, then the healthy ones.
+        let (at_bad, at_narrow, at_healthy) = (
+            page.find(&format!("dev-gpu-001-{bad}\"")).unwrap(),
+            page.find(&format!("dev-gpu-001-{narrow}\"")).unwrap(),
+            page.find(&format!("dev-gpu-001-{healthy}\"")).unwrap(),
+        );
+        assert!(at_bad < at_narrow && at_narrow < at_healthy, "{page}");
+        let r = row(&page, &bad);
+        assert!(r.contains("<span class=\"state\" data-state=\"quarantined\">quarantined</span>"), "{r}");
+        assert!(reason.contains("fatal") && r.contains(&reason.replace('\'', "&#39;")), "{reason:?}: {r}");
+        assert!(r.contains("<td class=\"aer\">0 / 0 / <strong class=\"bad\">1</strong></td>"), "{r}");
+        assert!(r.contains("<td>keep</td>"), "the VM holding it: {r}");
+        assert!(r.contains("value=\"repair\">Send to repair</button>") && r.contains("value=\"validate\""), "{r}");
+        assert!(!r.contains("value=\"quarantine\""), "already quarantined: {r}");
+        let r = row(&page, &narrow);
+        assert!(r.contains("data-state=\"suspect\">suspect</span>"), "{r}");
+        assert!(r.contains("<strong class=\"bad\">x8 of x16</strong>"), "{r}");
+        let r = row(&page, &healthy);
+        assert!(r.contains("<td class=\"link\">x16, ") && r.contains("value=\"quarantine\">Quarantine</button>"), "{r}");
+        assert!(!r.contains("value=\"repair\""), "{r}");
+        assert!(page.contains("<td class=\"num\"><strong class=\"warn\">1234</strong></td>"), "the port's CNPs: {page}");
+        assert!(page.contains("Out of service now (quarantined, in repair or validating): 1."), "{page}");
+
+        // Filters: by state, and by host and state.
+        let page = s.page(&portal, "/admin/devices?state=quarantined").await;
+        assert!(page.contains(&format!("dev-gpu-001-{bad}\"")) && !page.contains(&format!("dev-gpu-001-{narrow}\"")), "{page}");
+        assert!(page.contains("<option value=\"quarantined\" selected>"), "{page}");
+        assert!(page.contains("action=\"/admin/devices?state=quarantined\""), "the forms keep the filter: {page}");
+        let page = s.page(&portal, "/admin/devices?host=gpu-001&state=suspect").await;
+        assert!(page.contains(&format!("dev-gpu-001-{narrow}\"")) && !page.contains(&format!("dev-gpu-001-{bad}\"")), "{page}");
+        assert!(page.contains("<option value=\"gpu-001\" selected>"), "{page}");
+        let r = portal.get(format!("{}/admin/devices?state=broken", s.url)).send().await.unwrap();
+        assert_eq!(r.status(), 400);
+
+        // In Japanese.
+        let r = portal.get(format!("{}/admin/devices", s.url)).header("accept-language", "ja").send().await.unwrap();
+        let ja = r.text().await.unwrap();
+        assert!(ja.contains("フリートの健全性") && ja.contains("隔離中") && ja.contains("x8 (最大 x16)"), "{ja}");
+
+        // The repair form: refused without the session's CSRF token.
+        let page = s.page(&portal, "/admin/devices").await;
+        let csrf = csrf_of(&page);
+        for token in ["forged", ""] {
+            let r = post(s, &portal, "/admin/devices", &[("csrf", token), ("host", "gpu-001"), ("bdf", &bad), ("action", "repair")]).await;
+            assert_eq!(r.status(), 403, "CSRF {token:?}");
+        }
+        let r = post(s, &portal, "/admin/devices", &[("host", "gpu-001"), ("bdf", &bad), ("action", "repair")]).await;
+        assert_eq!(r.status(), 403, "no CSRF field");
+        assert_eq!(device(s, &bad).await.state, DeviceState::Quarantined);
+        // With it, the device goes to repair, and the page says so.
+        let r = post(s, &portal, "/admin/devices", &[("csrf", &csrf), ("host", "gpu-001"), ("bdf", &bad), ("action", "repair"), ("reason", "reseated (ticket 7)")]).await;
+        assert_eq!(r.status(), 303);
+        let to = r.headers()["location"].to_str().unwrap().to_owned();
+        assert_eq!(to, format!("/admin/devices?done=gpu-001+{}", bad.replace(':', "%3A")));
+        let d = device(s, &bad).await;
+        assert_eq!(d.state, DeviceState::Repairing);
+        assert_eq!(d.reason.as_deref(), Some("reseated (ticket 7)"));
+        let page = s.page(&portal, &to).await;
+        assert!(page.contains(&format!("<p class=\"notice\" role=\"status\">gpu-001 {bad}: now repairing.</p>")), "{page}");
+        assert!(row(&page, &bad).contains("reseated (ticket 7)"));
+
+        // A step the device's state does not allow: the page again, with why.
+        let r = post(s, &portal, "/admin/devices?state=suspect", &[("csrf", &csrf), ("host", "gpu-001"), ("bdf", &healthy), ("action", "validate")]).await;
+        assert_eq!(r.status(), 409);
+        let page = r.text().await.unwrap();
+        assert!(page.contains("role=\"alert\">gpu-001") && page.contains("cannot be validated"), "{page}");
+        let r = post(s, &portal, "/admin/devices", &[("csrf", &csrf), ("host", "gpu-001"), ("bdf", "0000:99:00.0"), ("action", "repair")]).await;
+        assert_eq!(r.status(), 404, "not a device of the host");
+
+        // Quarantining a second device (from a filtered page, which the
+        // answer keeps) reaches the automatic limit: the page warns.
+        let r = post(s, &portal, "/admin/devices?state=suspect", &[("csrf", &csrf), ("host", "gpu-001"), ("bdf", &narrow), ("action", "quarantine")]).await;
+        assert_eq!(r.status(), 303);
+        assert!(r.headers()["location"].to_str().unwrap().starts_with("/admin/devices?state=suspect&done="));
+        assert_eq!(device(s, &narrow).await.state, DeviceState::Quarantined);
+        let page = s.page(&portal, "/admin/devices").await;
+        assert!(page.contains("Out of service now (quarantined, in repair or validating): 2."), "{page}");
+        assert!(page.contains("<p class=\"warning\" role=\"alert\">") && page.contains("The automatic quarantine limit is reached"), "{page}");
+
+        // Tenants' members do not see it, nor may they post to it.
+        let (_, token) = s.user("someone").await;
+        s.add("lab", "someone", kumo_api_types::Role::Member).await;
+        let member = portal_as(s, &token).await;
+        let home = s.page(&member, "/").await;
+        assert!(!home.contains("/admin/devices"), "not in a member's navigation: {home}");
+        let r = member.get(format!("{}/admin/devices", s.url)).send().await.unwrap();
+        assert_eq!(r.status(), 403);
+        let r = post(s, &member, "/admin/devices", &[("csrf", &csrf_of(&home)), ("host", "gpu-001"), ("bdf", &healthy), ("action", "quarantine")]).await;
+        assert_eq!(r.status(), 403);
+        assert_eq!(device(s, &healthy).await.state, DeviceState::Healthy);
+    }
+}
