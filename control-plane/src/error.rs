@@ -57,6 +57,11 @@ pub enum ApiError {
     /// A host (its agent) did not answer in time: try again.
     #[error("{0}")]
     Unreachable(String),
+    /// The database gave up the transaction for a conflicting one
+    /// (PostgreSQL's deadlock or serialization failure): nothing was
+    /// written; the operation may simply be tried again.
+    #[error("the database gave way to a conflicting change; nothing was done: try again")]
+    Contention,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -97,7 +102,9 @@ impl ApiError {
             ApiError::PointsExhausted(_) => "points-exhausted",
             ApiError::PayloadTooLarge(_) => "payload-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
-            ApiError::Unavailable | ApiError::Unreachable(_) => "unavailable",
+            ApiError::Unavailable | ApiError::Unreachable(_) | ApiError::Contention => {
+                "unavailable"
+            }
             ApiError::Internal(_) => "internal",
         }
     }
@@ -195,8 +202,25 @@ impl From<sea_orm::DbErr> for ApiError {
                 tracing::error!(error = %e, "database unavailable");
                 ApiError::Unavailable
             }
+            _ if is_contention(&e) => {
+                tracing::warn!(error = %e, "transaction given up for a conflicting one");
+                ApiError::Contention
+            }
             _ => ApiError::Internal(e.to_string()),
         }
+    }
+}
+
+/// PostgreSQL gave the transaction up for another: a deadlock (40P01)
+/// or a serialization failure (40001).
+pub fn is_contention(e: &sea_orm::DbErr) -> bool {
+    use sea_orm::{DbErr, RuntimeErr};
+    match e {
+        DbErr::Exec(RuntimeErr::SqlxError(sea_orm::sqlx::Error::Database(d)))
+        | DbErr::Query(RuntimeErr::SqlxError(sea_orm::sqlx::Error::Database(d))) => {
+            matches!(d.code().as_deref(), Some("40P01" | "40001"))
+        }
+        _ => false,
     }
 }
 
@@ -250,6 +274,7 @@ mod tests {
             ApiError::PointsExhausted("x".into()),
             ApiError::UnsupportedMediaType("x".into()),
             ApiError::Unavailable,
+            ApiError::Contention,
             ApiError::Internal("secret detail".into()),
         ];
         for e in errors {

@@ -73,9 +73,34 @@ async fn act_as(
     if matches!(action, Action::Start | Action::Unshelve) {
         crate::app::budget::check(st, &tenant).await?;
     }
+    // A VM's row is locked here while its host's agent may hold the host
+    // and lock the VM in its status report: PostgreSQL then gives one of
+    // the two up, which is tried again rather than answered with an error.
+    let mut tries = 0;
+    let (vm, updated) = loop {
+        match act_once(st, actor, &tenant, vm, action, anywhere).await {
+            Err(ApiError::Contention) if tries < 3 => tries += 1,
+            r => break r?,
+        }
+    };
+    if let Some(h) = updated.host_id.or(vm.host_id) {
+        st.signals.notify(h);
+    }
+    Ok((tenant, updated))
+}
+
+/// One transaction of [`act_as`]: the VM before and after.
+async fn act_once(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &tenants::Model,
+    vm: &str,
+    action: Action,
+    anywhere: bool,
+) -> Result<(vms::Model, vms::Model), ApiError> {
     let txn = st.db.begin().await?;
-    let vm = find_vm_to_change(&txn, &tenant, vm).await?;
-    let mut updated = act_on(&txn, actor, &tenant, &vm, action, st.config.clock.now()).await?;
+    let vm = find_vm_to_change(&txn, tenant, vm).await?;
+    let mut updated = act_on(&txn, actor, tenant, &vm, action, st.config.clock.now()).await?;
     if anywhere {
         check_movable(&txn, &vm).await?;
         let mut a: vms::ActiveModel = updated.into();
@@ -86,10 +111,7 @@ async fn act_as(
         updated = a.update(&txn).await?;
     }
     txn.commit().await?;
-    if let Some(h) = updated.host_id.or(vm.host_id) {
-        st.signals.notify(h);
-    }
-    Ok((tenant, updated))
+    Ok((vm, updated))
 }
 
 /// Whether a shelved VM's disks can move: its disk host's agent serves

@@ -92,6 +92,15 @@ impl TestServer {
     }
 
     pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut Config)) -> TestServer {
+        // The server's warnings and errors (an internal error's cause)
+        // go to the test's output: shown when a test fails.
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("KUMO_TEST_LOG")
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("kumo_server=warn")),
+            )
+            .try_init();
         let dir = tempfile::tempdir().unwrap();
         let (url, pg_schema) = match backend {
             Backend::Sqlite => (None, None),

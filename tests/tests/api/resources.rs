@@ -432,3 +432,33 @@ on_both_backends! {
         assert_eq!(r.headers()["content-type"], "application/problem+json");
     }
 }
+
+/// Two transactions locking two rows in opposite orders: PostgreSQL gives
+/// one up (deadlock), and Kumo calls that contention (503, try again),
+/// not an internal error.
+#[tokio::test]
+async fn a_deadlock_is_contention_not_an_internal_error() {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    let s = crate::harness::TestServer::start(crate::harness::Backend::Postgres).await;
+    for t in ["one", "two"] {
+        s.tenant(t).await;
+    }
+    let touch = |name: &str| {
+        sea_orm::Statement::from_string(
+            sea_orm::DatabaseBackend::Postgres,
+            format!("UPDATE tenants SET name = name WHERE name = '{name}'"),
+        )
+    };
+    let (t1, t2) = (s.db().begin().await.unwrap(), s.db().begin().await.unwrap());
+    t1.execute(touch("one")).await.unwrap();
+    t2.execute(touch("two")).await.unwrap();
+    let (r1, r2) = tokio::join!(t1.execute(touch("two")), t2.execute(touch("one")));
+    let err = match (r1, r2) {
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => e,
+        other => panic!("exactly one gives way: {other:?}"),
+    };
+    assert!(kumo_server::error::is_contention(&err), "{err}");
+    let e = kumo_server::error::ApiError::from(err);
+    assert!(matches!(e, kumo_server::error::ApiError::Contention));
+    assert_eq!(e.to_problem().status, 503);
+}
