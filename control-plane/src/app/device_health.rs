@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use kumo_api_types::{Device, DeviceAction, DeviceList, DeviceQuery, DeviceState, ServiceLevel};
-use kumo_topology::health::{DeviceSignals, HostSignals};
+use kumo_topology::health::{AerCounts, DeviceSignals, HostSignals};
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
 };
@@ -17,7 +17,7 @@ use crate::app::access::require_admin;
 use crate::app::audit;
 use crate::context::{Actor, AppState, Origin};
 use crate::domain::device_health::{
-    findings, next, quarantine_cap, Finding, OperatorAction, PortFacts, Record,
+    findings, next, quarantine_cap, Finding, OperatorAction, Policy, PortFacts, Record, Transition,
 };
 use crate::entity::{device_health, hosts, vms};
 use crate::error::ApiError;
@@ -35,6 +35,17 @@ struct Change {
     from: DeviceState,
     to: DeviceState,
     reason: String,
+}
+
+impl Change {
+    fn of(bdf: &str, from: DeviceState, t: Transition) -> Change {
+        Change {
+            bdf: bdf.to_owned(),
+            from,
+            to: t.to,
+            reason: t.reason,
+        }
+    }
 }
 
 /// Judges a host's reading. Devices the host's inventory does not list
@@ -64,24 +75,20 @@ pub async fn report(
             ),
         ));
     }
-    let topo = stored_topology(host)?;
-    let kinds: HashMap<String, &str> = topo
-        .gpus
-        .iter()
-        .map(|g| (g.location.bdf.to_string(), "gpu"))
-        .chain(
-            topo.nics
-                .iter()
-                .map(|n| (n.location.bdf.to_string(), "nic")),
-        )
-        .collect();
     let now = st.config.clock.now();
     let policy = st.config.device_health;
     let txn = st.db.begin().await?;
     let rows = store::of_host(&txn, host.id).await?;
-    let (total, mut out) = fleet_load(&txn, 0).await?;
-    let total = total + kinds.len().saturating_sub(rows.len()) as u64;
-    let cap = quarantine_cap(total as usize, &policy) as u64;
+    // Kinds from the rows; the inventory (a parse of the whole topology)
+    // only for devices reported the first time.
+    let kinds = if signals.devices.iter().all(|d| rows.contains_key(&d.bdf)) {
+        rows.iter()
+            .map(|(b, r)| (b.clone(), r.kind.clone()))
+            .collect()
+    } else {
+        inventory(host)?
+    };
+    let mut room = Room::new(kinds.len().saturating_sub(rows.len()));
     let mut changes = Vec::new();
     for d in &signals.devices {
         let Some(kind) = kinds.get(&d.bdf) else {
@@ -90,53 +97,43 @@ pub async fn report(
         let row = rows.get(&d.bdf);
         let rec = row.map(store::record).transpose()?.unwrap_or_default();
         let ports = port_facts(signals, &d.bdf);
-        let found = findings(&rec, d, ports, false, now, &policy);
-        let t = next(&rec, &found, now, &policy, out < cap);
-        if let Some(t) = &t {
-            if t.to.placeable() != rec.state.placeable() {
-                if t.to.placeable() {
-                    out = out.saturating_sub(1);
-                } else {
-                    out += 1;
-                }
-            }
-            if t.withheld {
-                tracing::warn!(host = %host.name, bdf = %d.bdf, reason = %t.reason,
-                    "a broken device is not quarantined: the automatic quarantine limit ({cap} devices) is reached");
-            }
-            changes.push(Change {
-                bdf: d.bdf.clone(),
-                from: rec.state,
-                to: t.to,
-                reason: t.reason.clone(),
-            });
+        let found = findings(&rec, d, ports, now, &policy);
+        let t = room.judge(&txn, &rec, &found, now, &policy).await?;
+        if let Some(t) = t.as_ref().filter(|t| t.withheld) {
+            tracing::warn!(host = %host.name, bdf = %d.bdf, reason = %t.reason,
+                "a broken device is not quarantined: the automatic quarantine limit is reached");
         }
         let reading = serde_json::to_string(&Reading {
             device: d,
             ports: signals.ports.iter().filter(|p| p.bdf == d.bdf).collect(),
         })
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-        let moved = row.is_none_or(|r| {
-            r.signals.as_deref() != Some(reading.as_str())
-                || counters_differ(&rec, d, ports.carrier_changes)
-        });
-        if t.is_none() && found.is_empty() && !moved {
+        // The counters the next reading is compared with move only when
+        // they change: a rate is then taken over the time since the last
+        // change, and a clean, quiet device costs no write.
+        let counters =
+            (row.is_none() || rec.aer != d.aer || rec.carrier_changes != ports.carrier_changes)
+                .then_some((d.aer, ports.carrier_changes));
+        let unchanged = row.is_some_and(|r| r.signals.as_deref() == Some(reading.as_str()));
+        if t.is_none() && found.is_empty() && counters.is_none() && unchanged {
             continue;
         }
-        write(
+        put(
             &txn,
-            host.id,
-            kind,
-            d,
-            &rec,
-            row.is_none(),
-            t.as_ref().map(|t| (t.to, &t.reason)),
-            !found.is_empty(),
-            ports.carrier_changes,
-            reading,
-            now,
+            Put {
+                host: host.id,
+                bdf: &d.bdf,
+                kind,
+                rec: row.is_some().then_some(&rec),
+                to: t.as_ref(),
+                found: !found.is_empty(),
+                counters,
+                reading: Some(reading),
+                now,
+            },
         )
         .await?;
+        changes.extend(t.map(|t| Change::of(&d.bdf, rec.state, t)));
     }
     settle(st, txn, host, &changes, origin, now).await
 }
@@ -193,8 +190,7 @@ pub async fn guest_finding(
     finding: Finding,
     origin: &Origin,
 ) -> Result<(), ApiError> {
-    let topo = stored_topology(host)?;
-    if !topo.gpus.iter().any(|g| g.location.bdf.to_string() == bdf) {
+    if inventory(host)?.get(bdf).map(String::as_str) != Some("gpu") {
         return Ok(());
     }
     let now = st.config.clock.now();
@@ -206,54 +202,96 @@ pub async fn guest_finding(
         .map(store::record)
         .transpose()?
         .unwrap_or_default();
-    let (total, out) = fleet_load(&txn, topo.gpus.len() + topo.nics.len()).await?;
-    let room = out < quarantine_cap(total as usize, &policy) as u64;
     let found = [finding];
-    let t = next(&rec, &found, now, &policy, room);
-    let mut a = device_health::ActiveModel {
-        host_id: Set(host.id),
-        bdf: Set(bdf.to_owned()),
-        ..Default::default()
-    };
-    a.last_finding_at = Set(Some(now));
-    if let Some(t) = &t {
-        a.state = Set(t.to.as_str().to_owned());
-        a.reason = Set(Some(t.reason.clone()));
-        a.since = Set(now);
-    }
-    match row {
-        Some(_) => a.update(&txn).await?,
-        None => {
-            a.kind = Set("gpu".into());
-            if t.is_none() {
-                a.state = Set(rec.state.as_str().to_owned());
-                a.since = Set(now);
-            }
-            a.insert(&txn).await?
-        }
-    };
+    let t = Room::new(0).judge(&txn, &rec, &found, now, &policy).await?;
+    put(
+        &txn,
+        Put {
+            host: host.id,
+            bdf,
+            kind: "gpu",
+            rec: row.is_some().then_some(&rec),
+            to: t.as_ref(),
+            found: true,
+            counters: None,
+            reading: None,
+            now,
+        },
+    )
+    .await?;
     let changes: Vec<Change> = t
+        .map(|t| Change::of(bdf, rec.state, t))
         .into_iter()
-        .map(|t| Change {
-            bdf: bdf.to_owned(),
-            from: rec.state,
-            to: t.to,
-            reason: t.reason,
-        })
         .collect();
     settle(st, txn, host, &changes, origin, now).await
 }
 
-/// Devices known fleet-wide (at least `at_least`) and how many of them
-/// are out of service.
-async fn fleet_load(db: &impl ConnectionTrait, at_least: usize) -> Result<(u64, u64), ApiError> {
-    let counts = store::counts(db).await?;
-    let out = counts
+/// The fleet's room for automatic quarantine, counted once per operation
+/// and only when a finding would quarantine: a clean reading costs no
+/// fleet-wide count.
+struct Room {
+    /// Devices of the host not recorded yet, counted into the fleet.
+    unseen: usize,
+    /// `(cap, out of service)`, once counted.
+    load: Option<(u64, u64)>,
+}
+
+impl Room {
+    fn new(unseen: usize) -> Room {
+        Room { unseen, load: None }
+    }
+
+    /// The device's next state under the rules, keeping the count of
+    /// devices out of service in step.
+    async fn judge(
+        &mut self,
+        db: &impl ConnectionTrait,
+        rec: &Record,
+        found: &[Finding],
+        now: chrono::DateTime<chrono::Utc>,
+        policy: &Policy,
+    ) -> Result<Option<Transition>, ApiError> {
+        let room = match (found.iter().any(Finding::breaks), self.load) {
+            (false, _) => true, // the room only matters to what breaks
+            (true, Some((cap, out))) => out < cap,
+            (true, None) => {
+                let counts = store::counts(db).await?;
+                let out = counts
+                    .iter()
+                    .filter(|(s, _)| DeviceState::parse(s).is_some_and(|s| !s.placeable()))
+                    .map(|(_, n)| n)
+                    .sum();
+                let total = counts.values().sum::<u64>() + self.unseen as u64;
+                let cap = quarantine_cap(total as usize, policy) as u64;
+                self.load = Some((cap, out));
+                out < cap
+            }
+        };
+        let t = next(rec, found, now, policy, room);
+        if let (Some(t), Some((_, out))) = (&t, self.load.as_mut()) {
+            match (rec.state.placeable(), t.to.placeable()) {
+                (true, false) => *out += 1,
+                (false, true) => *out = out.saturating_sub(1),
+                _ => {}
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// The host's GPUs and NICs by address, with their kind, from its inventory.
+fn inventory(host: &hosts::Model) -> Result<HashMap<String, String>, ApiError> {
+    let topo = stored_topology(host)?;
+    Ok(topo
+        .gpus
         .iter()
-        .filter(|(s, _)| DeviceState::parse(s).is_some_and(|s| !s.placeable()))
-        .map(|(_, n)| n)
-        .sum();
-    Ok((counts.values().sum::<u64>().max(at_least as u64), out))
+        .map(|g| (g.location.bdf.to_string(), "gpu".to_owned()))
+        .chain(
+            topo.nics
+                .iter()
+                .map(|n| (n.location.bdf.to_string(), "nic".to_owned())),
+        )
+        .collect())
 }
 
 /// What is kept of a device's last reading, for operators.
@@ -275,59 +313,59 @@ fn port_facts(s: &HostSignals, bdf: &str) -> PortFacts {
     }
 }
 
-fn counters_differ(rec: &Record, d: &DeviceSignals, carrier: Option<u64>) -> bool {
-    rec.aer != d.aer || rec.carrier_changes != carrier
-}
-
 fn db_int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn write(
-    txn: &DatabaseTransaction,
+/// A device's row as an operation leaves it.
+struct Put<'a> {
     host: Uuid,
-    kind: &str,
-    d: &DeviceSignals,
-    rec: &Record,
-    new: bool,
-    to: Option<(DeviceState, &String)>,
+    bdf: &'a str,
+    kind: &'a str,
+    /// What the row held; `None`: there was none.
+    rec: Option<&'a Record>,
+    to: Option<&'a Transition>,
+    /// Something was found now (suspect devices clear from the last time).
     found: bool,
-    carrier: Option<u64>,
-    reading: String,
+    /// New comparison counters (AER totals, carrier changes).
+    counters: Option<(Option<AerCounts>, Option<u64>)>,
+    /// The reading as reported, for operators.
+    reading: Option<String>,
     now: chrono::DateTime<chrono::Utc>,
-) -> Result<(), ApiError> {
+}
+
+async fn put(txn: &DatabaseTransaction, p: Put<'_>) -> Result<(), ApiError> {
     let mut a = device_health::ActiveModel {
-        host_id: Set(host),
-        bdf: Set(d.bdf.clone()),
+        host_id: Set(p.host),
+        bdf: Set(p.bdf.to_owned()),
         ..Default::default()
     };
-    if new {
-        a.kind = Set(kind.to_owned());
-        a.state = Set(rec.state.as_str().to_owned());
+    if p.rec.is_none() {
+        a.kind = Set(p.kind.to_owned());
+        a.state = Set(DeviceState::Healthy.as_str().to_owned());
         a.reason = Set(None);
-        a.since = Set(now);
+        a.since = Set(p.now);
         a.last_finding_at = Set(None);
     }
-    if let Some((state, reason)) = to {
-        a.state = Set(state.as_str().to_owned());
-        a.reason = Set(Some(reason.chars().take(1000).collect()));
-        a.since = Set(now);
+    if let Some(t) = p.to {
+        a.state = Set(t.to.as_str().to_owned());
+        a.reason = Set(Some(t.reason.chars().take(1000).collect()));
+        a.since = Set(p.now);
     }
-    if found {
-        a.last_finding_at = Set(Some(now));
+    if p.found {
+        a.last_finding_at = Set(Some(p.now));
     }
-    // The counters the next reading is compared with move only when they
-    // change: a rate is then taken over the time since the last change.
-    if new || counters_differ(rec, d, carrier) {
-        a.aer_correctable = Set(d.aer.map(|x| db_int(x.correctable)));
-        a.aer_nonfatal = Set(d.aer.map(|x| db_int(x.nonfatal)));
-        a.aer_fatal = Set(d.aer.map(|x| db_int(x.fatal)));
+    if let Some((aer, carrier)) = p.counters {
+        a.aer_correctable = Set(aer.map(|x| db_int(x.correctable)));
+        a.aer_nonfatal = Set(aer.map(|x| db_int(x.nonfatal)));
+        a.aer_fatal = Set(aer.map(|x| db_int(x.fatal)));
         a.carrier_changes = Set(carrier.map(db_int));
-        a.read_at = Set(Some(now));
+        a.read_at = Set(Some(p.now));
     }
-    a.signals = Set(Some(reading));
-    if new {
+    if let Some(r) = p.reading {
+        a.signals = Set(Some(r));
+    }
+    if p.rec.is_none() {
         a.insert(txn).await?;
     } else {
         a.update(txn).await?;
@@ -450,17 +488,12 @@ pub async fn act(
     }
     let txn = st.db.begin().await?;
     let h = find_host(&txn, host).await?;
-    let topo = stored_topology(&h)?;
-    let kind = if topo.gpus.iter().any(|g| g.location.bdf.to_string() == bdf) {
-        "gpu"
-    } else if topo.nics.iter().any(|n| n.location.bdf.to_string() == bdf) {
-        "nic"
-    } else {
-        return Err(ApiError::not_found(format!(
+    let kind = inventory(&h)?.remove(bdf).ok_or_else(|| {
+        ApiError::not_found(format!(
             "device {bdf:?} on host {:?} (its GPUs and RDMA NICs by PCI address)",
             h.name
-        )));
-    };
+        ))
+    })?;
     let row = store::find(&txn, h.id, bdf).await?;
     let from = match &row {
         Some(r) => store::stored_state(r)?,
@@ -484,7 +517,7 @@ pub async fn act(
     let row = match row {
         Some(_) => a.update(&txn).await?,
         None => {
-            a.kind = Set(kind.to_owned());
+            a.kind = Set(kind);
             a.insert(&txn).await?
         }
     };

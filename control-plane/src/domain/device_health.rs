@@ -175,16 +175,12 @@ pub fn findings(
     rec: &Record,
     s: &DeviceSignals,
     ports: PortFacts,
-    xid79: bool,
     now: DateTime<Utc>,
     policy: &Policy,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     if !s.present {
         out.push(Finding::Vanished);
-    }
-    if xid79 {
-        out.push(Finding::Xid { code: 79 });
     }
     if let Some(a) = s.aer {
         let before = rec
@@ -309,13 +305,23 @@ pub enum OperatorAction {
 }
 
 impl OperatorAction {
-    pub fn parse(s: &str) -> Option<OperatorAction> {
-        match s {
-            "quarantine" => Some(OperatorAction::Quarantine),
-            "repair" => Some(OperatorAction::Repair),
-            "validate" => Some(OperatorAction::Validate),
-            _ => None,
+    /// In the order an operator's forms offer them.
+    pub const ALL: [OperatorAction; 3] = [
+        OperatorAction::Repair,
+        OperatorAction::Validate,
+        OperatorAction::Quarantine,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorAction::Quarantine => "quarantine",
+            OperatorAction::Repair => "repair",
+            OperatorAction::Validate => "validate",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<OperatorAction> {
+        OperatorAction::ALL.into_iter().find(|a| a.as_str() == s)
     }
 
     /// The state it leads to from `from`, or why it cannot.
@@ -363,14 +369,7 @@ mod tests {
     }
 
     fn read(rec: &Record, s: &DeviceSignals, now: i64) -> Vec<Finding> {
-        findings(
-            rec,
-            s,
-            PortFacts::default(),
-            false,
-            at(now),
-            &Policy::default(),
-        )
+        findings(rec, s, PortFacts::default(), at(now), &Policy::default())
     }
 
     #[test]

@@ -32,20 +32,20 @@ pub fn stored_state(row: &device_health::Model) -> Result<DeviceState, ApiError>
 
 /// What the rules need of a row.
 pub fn record(row: &device_health::Model) -> Result<Record, ApiError> {
-    let n = |v: Option<i64>| v.map(|v| v.max(0) as u64);
+    let n = |v: i64| v.max(0) as u64;
     Ok(Record {
         state: stored_state(row)?,
         reason: row.reason.clone(),
         last_finding_at: row.last_finding_at,
         aer: match (row.aer_correctable, row.aer_nonfatal, row.aer_fatal) {
             (Some(c), Some(nf), Some(f)) => Some(kumo_topology::health::AerCounts {
-                correctable: n(Some(c)).unwrap_or(0),
-                nonfatal: n(Some(nf)).unwrap_or(0),
-                fatal: n(Some(f)).unwrap_or(0),
+                correctable: n(c),
+                nonfatal: n(nf),
+                fatal: n(f),
             }),
             _ => None,
         },
-        carrier_changes: n(row.carrier_changes),
+        carrier_changes: row.carrier_changes.map(n),
         read_at: row.read_at,
     })
 }

@@ -38,13 +38,32 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
     }
 }
 
+/// A real agent `gpu-001` on an HGX H100 fixture under `dir` (its sysfs
+/// root returned, for the test to edit).
+pub(crate) async fn hgx_agent(s: &TestServer, dir: &Path) -> (Agent, PathBuf) {
+    let sysfs = dir.join("sysfs");
+    kumo_topology::fixtures::write(
+        &kumo_topology::fixtures::machine("hgx-h100").unwrap(),
+        &sysfs,
+    )
+    .unwrap();
+    let config = crate::harness::agent_config(
+        s,
+        Some(s.join_token().await),
+        &sysfs,
+        &dir.join("state"),
+        "gpu-001",
+    );
+    (Agent::start(config).await.unwrap(), sysfs)
+}
+
 /// A device's directory in the fixture's sysfs.
-fn dev(sysfs: &Path, bdf: &str) -> PathBuf {
+pub(crate) fn dev(sysfs: &Path, bdf: &str) -> PathBuf {
     std::fs::canonicalize(sysfs.join("bus/pci/devices").join(bdf)).unwrap()
 }
 
 /// Sets a device's AER total of one kind, as Linux prints it.
-fn aer(sysfs: &Path, bdf: &str, file: &str, total_name: &str, n: u64) {
+pub(crate) fn aer(sysfs: &Path, bdf: &str, file: &str, total_name: &str, n: u64) {
     std::fs::write(
         dev(sysfs, bdf).join(file),
         format!("RxErr 0\nBadTLP 0\n{total_name} {n}\n"),
@@ -56,7 +75,7 @@ async fn devices(s: &TestServer) -> DeviceList {
     s.admin.get("/api/v1/devices?host=gpu-001").await.unwrap()
 }
 
-async fn device(s: &TestServer, bdf: &str) -> Device {
+pub(crate) async fn device(s: &TestServer, bdf: &str) -> Device {
     devices(s)
         .await
         .items
@@ -88,9 +107,7 @@ on_both_backends! {
         s.tenant("lab").await;
         let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
         let dir = scratch();
-        let sysfs = dir.path().join("sysfs");
-        kumo_topology::fixtures::write(&kumo_topology::fixtures::machine("hgx-h100").unwrap(), &sysfs).unwrap();
-        let agent = Agent::start(crate::harness::agent_config(s, Some(s.join_token().await), &sysfs, &dir.path().join("state"), "gpu-001")).await.unwrap();
+        let (agent, sysfs) = hgx_agent(s, dir.path()).await;
         let clock = s.server.state.config.clock.clone();
 
         // The first reading: every GPU and NIC, healthy, with its link and ports.

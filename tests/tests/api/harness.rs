@@ -165,6 +165,11 @@ impl TestServer {
     /// chooser's "sign in with an API token", its CSRF token
     /// double-submitted).
     pub async fn portal_admin(&self) -> reqwest::Client {
+        self.portal_as(&self.admin_token).await
+    }
+
+    /// A browser signed in to the portal with `token`.
+    pub async fn portal_as(&self, token: &str) -> reqwest::Client {
         let c = reqwest::Client::builder()
             .cookie_store(true)
             .redirect(reqwest::redirect::Policy::none())
@@ -178,15 +183,9 @@ impl TestServer {
             .text()
             .await
             .unwrap();
-        let csrf = login
-            .split("name=\"csrf\" value=\"")
-            .nth(1)
-            .and_then(|v| v.split('"').next())
-            .unwrap_or_else(|| panic!("no CSRF token in {login}"))
-            .to_owned();
         let r = c
             .post(format!("{}/auth/token", self.url))
-            .form(&[("token", self.admin_token.as_str()), ("csrf", &csrf)])
+            .form(&[("token", token), ("csrf", &csrf_of(&login))])
             .send()
             .await
             .unwrap();
@@ -660,4 +659,13 @@ pub fn agent_config(
         transfer_url: None,
         telemetry: std::time::Duration::from_secs(1),
     }
+}
+
+/// The first form's CSRF token on a portal page.
+pub fn csrf_of(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("no CSRF token in {page}"))
+        .to_owned()
 }

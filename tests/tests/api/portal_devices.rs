@@ -6,25 +6,10 @@
 //! forms (CSRF-checked) repair, validate and quarantine. Tenants' members
 //! cannot see it.
 
-use std::path::{Path, PathBuf};
+use kumo_api_types::{DeviceList, DeviceState, ServiceLevel, Vm, VmCreate};
 
-use kumo_agent::run::Agent;
-use kumo_api_types::{Device, DeviceList, DeviceState, ServiceLevel, Vm, VmCreate};
-
-use crate::harness::{on_both_backends, scratch, TestServer};
-
-/// A device's directory in the fixture's sysfs.
-fn dev(sysfs: &Path, bdf: &str) -> PathBuf {
-    std::fs::canonicalize(sysfs.join("bus/pci/devices").join(bdf)).unwrap()
-}
-
-async fn device(s: &TestServer, bdf: &str) -> Device {
-    let all: DeviceList = s.admin.get("/api/v1/devices?host=gpu-001").await.unwrap();
-    all.items
-        .into_iter()
-        .find(|d| d.bdf == bdf)
-        .unwrap_or_else(|| panic!("no device {bdf}"))
-}
+use crate::device_health::{aer, dev, device, hgx_agent};
+use crate::harness::{csrf_of, on_both_backends, scratch, TestServer};
 
 /// The table row of one device on the page.
 fn row<'a>(page: &'a str, bdf: &str) -> &'a str {
@@ -33,39 +18,6 @@ fn row<'a>(page: &'a str, bdf: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no row for {bdf}: {page}"));
     let len = page[start..].find("</tr>").unwrap();
     &page[start..start + len]
-}
-
-fn csrf_of(page: &str) -> String {
-    page.split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|v| v.split('"').next())
-        .unwrap_or_else(|| panic!("no CSRF token in {page}"))
-        .to_owned()
-}
-
-/// A browser signed in to the portal with `token` (as `portal_admin`).
-async fn portal_as(s: &TestServer, token: &str) -> reqwest::Client {
-    let c = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = c
-        .get(format!("{}/login", s.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let r = c
-        .post(format!("{}/auth/token", s.url))
-        .form(&[("token", token), ("csrf", &csrf_of(&login))])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 302, "token sign-in");
-    c
 }
 
 async fn post(
@@ -92,9 +44,7 @@ on_both_backends! {
         s.tenant("lab").await;
         let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
         let dir = scratch();
-        let sysfs = dir.path().join("sysfs");
-        kumo_topology::fixtures::write(&kumo_topology::fixtures::machine("hgx-h100").unwrap(), &sysfs).unwrap();
-        let agent = Agent::start(crate::harness::agent_config(s, Some(s.join_token().await), &sysfs, &dir.path().join("state"), "gpu-001")).await.unwrap();
+        let (agent, sysfs) = hgx_agent(s, dir.path()).await;
 
         // Signed out: the sign-in page, coming back here.
         let anonymous = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
@@ -149,7 +99,7 @@ on_both_backends! {
         let narrow = all.items.iter().find(|d| d.kind == "gpu" && d.bdf != bad).unwrap().bdf.clone();
         let healthy = all.items.iter().rfind(|d| d.kind == "gpu" && d.bdf != bad).unwrap().bdf.clone();
         assert_ne!(narrow, healthy);
-        std::fs::write(dev(&sysfs, &bad).join("aer_dev_fatal"), "Undefined 0\nDLP 0\nTOTAL_ERR_FATAL 1\n").unwrap();
+        aer(&sysfs, &bad, "aer_dev_fatal", "TOTAL_ERR_FATAL", 1);
         std::fs::write(dev(&sysfs, &narrow).join("current_link_width"), "8\n").unwrap();
         std::fs::write(sysfs.join("class/infiniband").join(&rdma).join("ports/1/hw_counters/np_cnp_sent"), "1234\n").unwrap();
         agent.report_health().await.unwrap();
@@ -241,7 +191,7 @@ on_both_backends! {
         // Tenants' members do not see it, nor may they post to it.
         let (_, token) = s.user("someone").await;
         s.add("lab", "someone", kumo_api_types::Role::Member).await;
-        let member = portal_as(s, &token).await;
+        let member = s.portal_as(&token).await;
         let home = s.page(&member, "/").await;
         assert!(!home.contains("/admin/devices"), "not in a member's navigation: {home}");
         let r = member.get(format!("{}/admin/devices", s.url)).send().await.unwrap();

@@ -1040,12 +1040,7 @@ async fn portal_pages_act_through_the_api() {
     let adm = browser();
     // The token form carries the login page's CSRF token (double-submitted).
     let (_, login) = get(&adm, &u("/login")).await;
-    let lcsrf = login
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|v| v.split('"').next())
-        .unwrap_or_else(|| panic!("{login}"))
-        .to_owned();
+    let lcsrf = crate::harness::csrf_of(&login);
     let (status, ..) = post(
         &browser(),
         &u("/auth/token"),
@@ -1103,12 +1098,7 @@ async fn portal_pages_act_through_the_api() {
         .unwrap();
     let tb = browser();
     let (_, login) = get(&tb, &u("/login")).await;
-    let tcsrf = login
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|v| v.split('"').next())
-        .unwrap_or_else(|| panic!("{login}"))
-        .to_owned();
+    let tcsrf = crate::harness::csrf_of(&login);
     let (status, ..) = post(
         &tb,
         &u("/auth/token"),

@@ -464,12 +464,7 @@ async fn the_portal_volumes_page_acts_through_the_api() {
         page.contains("href=\"/t/lab/volumes\""),
         "in the project's navigation"
     );
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|v| v.split('"').next())
-        .unwrap()
-        .to_owned();
+    let csrf = crate::harness::csrf_of(&page);
     let form = async |path: &str, fields: &[(&str, &str)]| {
         let mut f = vec![("csrf", csrf.as_str())];
         f.extend_from_slice(fields);
@@ -791,12 +786,7 @@ on_both_backends! {
         let portal = s.portal_admin().await;
         let page = s.page(&portal, "/t/lab/vms").await;
         assert!(page.contains("data-action=\"unshelve-anywhere\""), "{page}");
-        let csrf = page
-            .split("name=\"csrf\" value=\"")
-            .nth(1)
-            .and_then(|v| v.split('"').next())
-            .unwrap()
-            .to_owned();
+        let csrf = crate::harness::csrf_of(&page);
         let r = portal
             .post(format!("{}/t/lab/vms/work/unshelve-anywhere", s.url))
             .form(&[("csrf", csrf.as_str())])

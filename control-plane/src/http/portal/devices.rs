@@ -113,22 +113,11 @@ fn rank(s: DeviceState) -> u8 {
 
 /// The operator's steps that change a device in `s`.
 fn steps(s: DeviceState) -> Vec<String> {
-    [
-        OperatorAction::Repair,
-        OperatorAction::Validate,
-        OperatorAction::Quarantine,
-    ]
-    .into_iter()
-    .filter(|op| op.apply(s).is_ok_and(|to| to != s))
-    .map(|op| {
-        match op {
-            OperatorAction::Repair => "repair",
-            OperatorAction::Validate => "validate",
-            OperatorAction::Quarantine => "quarantine",
-        }
-        .to_owned()
-    })
-    .collect()
+    OperatorAction::ALL
+        .into_iter()
+        .filter(|op| op.apply(s).is_ok_and(|to| to != s))
+        .map(|op| op.as_str().to_owned())
+        .collect()
 }
 
 fn when(t: chrono::DateTime<chrono::Utc>) -> String {
