@@ -24,6 +24,7 @@ enum DeviceHealth {
     CarrierChanges,
     ReadAt,
     Signals,
+    ReportedBy,
 }
 
 #[derive(DeriveIden, Clone, Copy)]
@@ -73,6 +74,10 @@ impl MigrationTrait for Migration {
                 // The last reading as reported (link, ports, counters), for
                 // operators' eyes.
                 .col(ColumnDef::new(DeviceHealth::Signals).text().null())
+                // The project whose guest's words (an XID) quarantined it:
+                // such quarantines are bounded per project and kept out of
+                // the fleet's automatic limit.
+                .col(ColumnDef::new(DeviceHealth::ReportedBy).uuid().null())
                 .primary_key(
                     Index::create()
                         .col(DeviceHealth::HostId)

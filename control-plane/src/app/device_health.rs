@@ -18,6 +18,7 @@ use crate::app::audit;
 use crate::context::{Actor, AppState, Origin};
 use crate::domain::device_health::{
     findings, next, quarantine_cap, Finding, OperatorAction, Policy, PortFacts, Record, Transition,
+    FLEET_FULL, GUEST_QUARANTINES_PER_TENANT, PROJECT_FULL,
 };
 use crate::entity::{device_health, hosts, vms};
 use crate::error::ApiError;
@@ -88,7 +89,7 @@ pub async fn report(
     } else {
         inventory(host)?
     };
-    let mut room = Room::new(kinds.len().saturating_sub(rows.len()));
+    let mut room = Room::host(kinds.len().saturating_sub(rows.len()));
     let mut changes = Vec::new();
     for d in &signals.devices {
         let Some(kind) = kinds.get(&d.bdf) else {
@@ -129,6 +130,7 @@ pub async fn report(
                 found: !found.is_empty(),
                 counters,
                 reading: Some(reading),
+                guest: None,
                 now,
             },
         )
@@ -188,6 +190,7 @@ pub async fn guest_finding(
     host: &hosts::Model,
     bdf: &str,
     finding: Finding,
+    tenant: Uuid,
     origin: &Origin,
 ) -> Result<(), ApiError> {
     if inventory(host)?.get(bdf).map(String::as_str) != Some("gpu") {
@@ -203,7 +206,7 @@ pub async fn guest_finding(
         .transpose()?
         .unwrap_or_default();
     let found = [finding];
-    let t = Room::new(0).judge(&txn, &rec, &found, now, &policy).await?;
+    let t = Room::guest(tenant).judge(&txn, &rec, &found, now, &policy).await?;
     put(
         &txn,
         Put {
@@ -215,6 +218,7 @@ pub async fn guest_finding(
             found: true,
             counters: None,
             reading: None,
+            guest: Some(tenant),
             now,
         },
     )
@@ -226,19 +230,34 @@ pub async fn guest_finding(
     settle(st, txn, host, &changes, origin, now).await
 }
 
-/// The fleet's room for automatic quarantine, counted once per operation
-/// and only when a finding would quarantine: a clean reading costs no
-/// fleet-wide count.
+/// The room for one more automatic quarantine, counted once per
+/// operation and only when a finding would quarantine (a clean reading
+/// costs no count): the fleet's share for what hosts see, a per-project
+/// bound for what a project's guests say.
 struct Room {
     /// Devices of the host not recorded yet, counted into the fleet.
     unseen: usize,
+    /// The project whose guest speaks; `None`: the host.
+    tenant: Option<Uuid>,
     /// `(cap, out of service)`, once counted.
     load: Option<(u64, u64)>,
 }
 
 impl Room {
-    fn new(unseen: usize) -> Room {
-        Room { unseen, load: None }
+    fn host(unseen: usize) -> Room {
+        Room {
+            unseen,
+            tenant: None,
+            load: None,
+        }
+    }
+
+    fn guest(tenant: Uuid) -> Room {
+        Room {
+            unseen: 0,
+            tenant: Some(tenant),
+            load: None,
+        }
     }
 
     /// The device's next state under the rules, keeping the count of
@@ -251,20 +270,26 @@ impl Room {
         now: chrono::DateTime<chrono::Utc>,
         policy: &Policy,
     ) -> Result<Option<Transition>, ApiError> {
+        let full = if self.tenant.is_some() {
+            PROJECT_FULL
+        } else {
+            FLEET_FULL
+        };
         let room = match (found.iter().any(Finding::breaks), self.load) {
-            (false, _) => true, // the room only matters to what breaks
-            (true, Some((cap, out))) => out < cap,
+            (false, _) => Ok(()), // the room only matters to what breaks
+            (true, Some((cap, out))) => (out < cap).then_some(()).ok_or(full),
             (true, None) => {
-                let counts = store::counts(db).await?;
-                let out = counts
-                    .iter()
-                    .filter(|(s, _)| DeviceState::parse(s).is_some_and(|s| !s.placeable()))
-                    .map(|(_, n)| n)
-                    .sum();
-                let total = counts.values().sum::<u64>() + self.unseen as u64;
-                let cap = quarantine_cap(total as usize, policy) as u64;
+                let out = store::out_of_service(db, self.tenant).await?;
+                let cap = match self.tenant {
+                    Some(_) => GUEST_QUARANTINES_PER_TENANT,
+                    None => {
+                        let total =
+                            store::counts(db).await?.values().sum::<u64>() + self.unseen as u64;
+                        quarantine_cap(total as usize, policy) as u64
+                    }
+                };
                 self.load = Some((cap, out));
-                out < cap
+                (out < cap).then_some(()).ok_or(full)
             }
         };
         let t = next(rec, found, now, policy, room);
@@ -331,6 +356,8 @@ struct Put<'a> {
     counters: Option<(Option<AerCounts>, Option<u64>)>,
     /// The reading as reported, for operators.
     reading: Option<String>,
+    /// The project whose guest spoke (kept with the state it leads to).
+    guest: Option<Uuid>,
     now: chrono::DateTime<chrono::Utc>,
 }
 
@@ -351,6 +378,7 @@ async fn put(txn: &DatabaseTransaction, p: Put<'_>) -> Result<(), ApiError> {
         a.state = Set(t.to.as_str().to_owned());
         a.reason = Set(Some(t.reason.chars().take(1000).collect()));
         a.since = Set(p.now);
+        a.reported_by = Set(p.guest);
     }
     if p.found {
         a.last_finding_at = Set(Some(p.now));
@@ -514,6 +542,7 @@ pub async fn act(
     a.reason = Set(Some(reason.clone()));
     a.since = Set(now);
     a.last_finding_at = Set(None);
+    a.reported_by = Set(None); // an operator's from now on
     let row = match row {
         Some(_) => a.update(&txn).await?,
         None => {

@@ -95,13 +95,13 @@ pub async fn ingest(
             )
             .await?;
             if let Some(f) = finding {
-                findings.push((x.host_bdf.clone(), f));
+                findings.push((x.host_bdf.clone(), f, vm.tenant_id));
             }
         }
     }
     txn.commit().await?;
-    for (bdf, f) in findings {
-        crate::app::device_health::guest_finding(st, host, &bdf, f, origin).await?;
+    for (bdf, f, tenant) in findings {
+        crate::app::device_health::guest_finding(st, host, &bdf, f, tenant, origin).await?;
     }
     Ok(())
 }

@@ -223,19 +223,29 @@ pub fn findings(
 pub struct Transition {
     pub to: DeviceState,
     pub reason: String,
-    /// A broken device that was not quarantined because the fleet's
-    /// automatic quarantine cap is reached: an operator decides.
+    /// A broken device that was not quarantined because a quarantine
+    /// limit is reached: an operator decides.
     pub withheld: bool,
 }
 
-/// The next state after a reading's findings; `quarantine_room` says
-/// whether one more device may be quarantined automatically.
+/// Why a broken device may not be quarantined automatically now: what
+/// hosts see is bounded by the fleet's share ([`quarantine_cap`]) …
+pub const FLEET_FULL: &str = "the fleet's automatic quarantine limit is reached";
+/// … and what guests say (any guest can print an XID) by project, so
+/// that one project's guests neither take devices out of the pool without
+/// end nor spend the fleet's limit.
+pub const PROJECT_FULL: &str = "the project's guests have quarantined as many devices as they may";
+/// Devices one project's guests may hold in quarantine at once.
+pub const GUEST_QUARANTINES_PER_TENANT: u64 = 2;
+
+/// The next state after a reading's findings; `room` says whether one
+/// more device may be quarantined automatically, or why not.
 pub fn next(
     rec: &Record,
     found: &[Finding],
     now: DateTime<Utc>,
     policy: &Policy,
-    quarantine_room: bool,
+    room: Result<(), &str>,
 ) -> Option<Transition> {
     use DeviceState::*;
     let words = found
@@ -257,7 +267,7 @@ pub fn next(
             reason: "validated: a clean reading after repair".into(),
             withheld: false,
         }),
-        Healthy | Suspect if broken && quarantine_room => Some(Transition {
+        Healthy | Suspect if broken && room.is_ok() => Some(Transition {
             to: Quarantined,
             reason: words,
             withheld: false,
@@ -265,7 +275,8 @@ pub fn next(
         Healthy | Suspect if broken => Some(Transition {
             to: Suspect,
             reason: format!(
-                "{words} (not quarantined: the fleet's automatic quarantine limit is reached; an operator decides)"
+                "{words} (not quarantined: {}; an operator decides)",
+                room.err().unwrap_or_default()
             ),
             withheld: true,
         })
@@ -280,10 +291,7 @@ pub fn next(
             .filter(|at| (now - *at).num_seconds() >= policy.suspect_clears_after_secs)
             .map(|_| Transition {
                 to: Healthy,
-                reason: format!(
-                    "clean for {} s",
-                    policy.suspect_clears_after_secs
-                ),
+                reason: format!("clean for {} s", policy.suspect_clears_after_secs),
                 withheld: false,
             }),
         Healthy | Suspect => None,
@@ -443,9 +451,9 @@ mod tests {
     fn states_follow_the_rules() {
         let p = Policy::default();
         let healthy = Record::new();
-        let t = next(&healthy, &[Finding::Vanished], at(0), &p, true).unwrap();
+        let t = next(&healthy, &[Finding::Vanished], at(0), &p, Ok(())).unwrap();
         assert_eq!((t.to, t.withheld), (DeviceState::Quarantined, false));
-        let t = next(&healthy, &[Finding::Vanished], at(0), &p, false).unwrap();
+        let t = next(&healthy, &[Finding::Vanished], at(0), &p, Err(FLEET_FULL)).unwrap();
         assert_eq!(
             (t.to, t.withheld),
             (DeviceState::Suspect, true),
@@ -456,7 +464,7 @@ mod tests {
             &[Finding::NarrowLink { width: 8, max: 16 }],
             at(0),
             &p,
-            true,
+            Ok(()),
         )
         .unwrap();
         assert_eq!(t.to, DeviceState::Suspect);
@@ -467,12 +475,12 @@ mod tests {
             ..Record::new()
         };
         assert_eq!(
-            next(&suspect, &[], at(3599), &p, true),
+            next(&suspect, &[], at(3599), &p, Ok(())),
             None,
             "not clean long enough"
         );
         assert_eq!(
-            next(&suspect, &[], at(3600), &p, true).unwrap().to,
+            next(&suspect, &[], at(3600), &p, Ok(())).unwrap().to,
             DeviceState::Healthy
         );
 
@@ -481,7 +489,7 @@ mod tests {
             ..Record::new()
         };
         assert_eq!(
-            next(&q, &[], at(0), &p, true),
+            next(&q, &[], at(0), &p, Ok(())),
             None,
             "never clears by itself"
         );
@@ -489,13 +497,13 @@ mod tests {
             state: DeviceState::Repairing,
             ..Record::new()
         };
-        assert_eq!(next(&r, &[Finding::Vanished], at(0), &p, true), None);
+        assert_eq!(next(&r, &[Finding::Vanished], at(0), &p, Ok(())), None);
         let v = Record {
             state: DeviceState::Validating,
             ..Record::new()
         };
         assert_eq!(
-            next(&v, &[], at(0), &p, true).unwrap().to,
+            next(&v, &[], at(0), &p, Ok(())).unwrap().to,
             DeviceState::Healthy
         );
         assert_eq!(
@@ -504,7 +512,7 @@ mod tests {
                 &[Finding::NarrowLink { width: 8, max: 16 }],
                 at(0),
                 &p,
-                true
+                Ok(())
             )
             .unwrap()
             .to,

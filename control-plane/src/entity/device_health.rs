@@ -20,6 +20,8 @@ pub struct Model {
     pub read_at: Option<DateTimeUtc>,
     /// The last reading (JSON), as reported.
     pub signals: Option<String>,
+    /// The project whose guest's XID quarantined it (bounded per project).
+    pub reported_by: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use kumo_api_types::DeviceState;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+};
 use uuid::Uuid;
 
 use crate::domain::device_health::Record;
@@ -13,7 +15,7 @@ use crate::entity::{allocations, device_health};
 use crate::error::ApiError;
 
 /// The states that take no new placements.
-fn out_of_service() -> Vec<&'static str> {
+fn out_of_service_states() -> Vec<&'static str> {
     DeviceState::ALL
         .into_iter()
         .filter(|s| !s.placeable())
@@ -83,7 +85,7 @@ pub async fn blocked(
         .select_only()
         .column(device_health::Column::HostId)
         .column(device_health::Column::Bdf)
-        .filter(device_health::Column::State.is_in(out_of_service()));
+        .filter(device_health::Column::State.is_in(out_of_service_states()));
     if let Some(h) = host {
         q = q.filter(device_health::Column::HostId.eq(h));
     }
@@ -92,6 +94,21 @@ pub async fn blocked(
         out.entry(h).or_default().push(bdf);
     }
     Ok(out)
+}
+
+/// Devices out of service that a project's guests put there (`Some`), or
+/// that hosts' readings and operators did (`None`).
+pub async fn out_of_service(
+    db: &impl ConnectionTrait,
+    reported_by: Option<Uuid>,
+) -> Result<u64, ApiError> {
+    let q = device_health::Entity::find()
+        .filter(device_health::Column::State.is_in(out_of_service_states()));
+    let q = match reported_by {
+        Some(t) => q.filter(device_health::Column::ReportedBy.eq(t)),
+        None => q.filter(device_health::Column::ReportedBy.is_null()),
+    };
+    Ok(q.count(db).await?)
 }
 
 /// Devices per state over the fleet.

@@ -356,6 +356,36 @@ on_both_backends! {
         assert_eq!(d.vms, vec![v.id]);
         assert!(events_of(s, "lab", &v).await.contains(&"device.quarantined".to_string()));
 
+        // A guest can print any XID: one project's guests quarantine at
+        // most two devices at a time (the rest turn suspect and wait for
+        // an operator), and none of theirs count against the fleet's
+        // automatic limit, which stays for what hosts see.
+        let more: Vm = s.admin.post("/api/v1/tenants/lab/vms", &vm("more", 2, ServiceLevel::Guaranteed)).await.unwrap();
+        a.converge().await;
+        let more: Vm = s.admin.get(&format!("/api/v1/tenants/lab/vms/{}", more.id)).await.unwrap();
+        let theirs: Vec<String> = more.placement.as_ref().unwrap().gpus.iter().map(|g| g.host_bdf.clone()).collect();
+        for bdf in &theirs {
+            telemetry(&a, &json!({"vms": [{"vm": more.id, "gpus": [reading(bdf, json!(1.0), 1)], "xids": [{"host_bdf": bdf, "code": 79}]}]})).await;
+        }
+        let list: DeviceList = s.admin.get("/api/v1/devices?host=gpu-001").await.unwrap();
+        let of = |bdf: &str| list.items.iter().find(|d| d.bdf == bdf).unwrap().clone();
+        assert_eq!(of(&theirs[0]).state, DeviceState::Quarantined, "the project's second");
+        let third = of(&theirs[1]);
+        assert_eq!(third.state, DeviceState::Suspect, "the project's third: {:?}", third.reason);
+        assert!(third.reason.as_deref().unwrap().contains("project's guests"), "{:?}", third.reason);
+        let gone_gpu = gpus[0].clone();
+        let r = reqwest::Client::new()
+            .post(format!("{}/agent/v1/heartbeat", b.url))
+            .bearer_auth(&b.credential)
+            .json(&json!({"health": {"devices": [{"bdf": gone_gpu, "kind": "gpu", "present": false}], "ports": []}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+        let list: DeviceList = s.admin.get("/api/v1/devices?host=gpu-002").await.unwrap();
+        let d = list.items.iter().find(|d| d.bdf == gone_gpu).unwrap();
+        assert_eq!(d.state, DeviceState::Quarantined, "the fleet's limit was not spent by guests: {:?}", d.reason);
+
         // Figures older than 30 days are purged.
         clock.advance(chrono::Duration::days(31));
         let gone = kumo_server::app::gpu_telemetry::purge(&s.server.state).await.unwrap();
