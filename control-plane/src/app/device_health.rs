@@ -206,7 +206,9 @@ pub async fn guest_finding(
         .transpose()?
         .unwrap_or_default();
     let found = [finding];
-    let t = Room::guest(tenant).judge(&txn, &rec, &found, now, &policy).await?;
+    let t = Room::guest(tenant)
+        .judge(&txn, &rec, &found, now, &policy)
+        .await?;
     put(
         &txn,
         Put {
