@@ -66,6 +66,56 @@ pub struct FileConfig {
     pub auth: AuthFileConfig,
     #[serde(default)]
     pub health: HealthFileConfig,
+    #[serde(default)]
+    pub idle: IdleFileConfig,
+}
+
+/// The platform's idle-GPU policy (README, "Idle GPUs").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleFileConfig {
+    /// A GPU below this utilisation (percent, minute mean) is idle
+    /// [default: 5].
+    pub utilization_pct: Option<f64>,
+    /// Hours a VM's GPUs may all be idle before the action [default: 24].
+    pub hours: Option<u32>,
+    /// `notice` or `shelve` [default: notice].
+    pub action: Option<kumo_api_types::IdleAction>,
+    /// The longest exemption a project owner may give a VM, in days
+    /// [default: 14].
+    pub max_exemption_days: Option<u32>,
+    /// Seconds between the idle passes [default: 60].
+    pub check_every_secs: Option<u64>,
+    /// The key webhooks' addresses are sealed with (32 bytes, hex); every
+    /// replica needs the same [default: <data-dir>/webhook.key, made on
+    /// first use].
+    pub webhook_key_file: Option<PathBuf>,
+    /// Webhooks may go to loopback over plain HTTP (development and tests
+    /// only) [default: false].
+    pub allow_loopback_webhooks: Option<bool>,
+}
+
+/// The idle-GPU policy and its webhooks, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleConfig {
+    pub policy: kumo_api_types::IdlePolicy,
+    pub max_exemption_days: u32,
+    pub check_every: Duration,
+    /// `None`: `<data-dir>/webhook.key`.
+    pub webhook_key_file: Option<PathBuf>,
+    pub allow_loopback_webhooks: bool,
+}
+
+impl Default for IdleConfig {
+    fn default() -> IdleConfig {
+        IdleConfig {
+            policy: crate::domain::idle_gpus::PLATFORM_DEFAULT,
+            max_exemption_days: 14,
+            check_every: Duration::from_secs(60),
+            webhook_key_file: None,
+            allow_loopback_webhooks: false,
+        }
+    }
 }
 
 /// The passed-through devices' health rules (README, "Device health").
@@ -288,6 +338,7 @@ pub struct Config {
     pub billing: BillingConfig,
     pub auth: AuthConfig,
     pub device_health: crate::domain::device_health::Policy,
+    pub idle: IdleConfig,
     /// What metering and charging take as now.
     pub clock: crate::clock::Clock,
 }
@@ -454,6 +505,7 @@ impl Config {
             billing: BillingConfig::default(),
             auth: AuthConfig::default(),
             device_health: Default::default(),
+            idle: IdleConfig::default(),
             clock: crate::clock::Clock::default(),
         }
     }
@@ -560,7 +612,35 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         billing: billing(&file.billing)?,
         auth: auth(&file.auth)?,
         device_health: device_health(&file.health)?,
+        idle: idle(&file.idle)?,
         clock: crate::clock::Clock::default(),
+    })
+}
+
+fn idle(file: &IdleFileConfig) -> Result<IdleConfig, ConfigError> {
+    let d = IdleConfig::default();
+    let policy = kumo_api_types::IdlePolicy {
+        utilization_pct: file.utilization_pct.unwrap_or(d.policy.utilization_pct),
+        hours: file.hours.unwrap_or(d.policy.hours),
+        action: file.action.unwrap_or(d.policy.action),
+    };
+    crate::domain::idle_gpus::validate(&policy).map_err(|message| ConfigError::Invalid {
+        key: "idle",
+        message,
+    })?;
+    let check = file.check_every_secs.unwrap_or(60);
+    if !(1..=3600).contains(&check) {
+        return Err(ConfigError::Invalid {
+            key: "idle.check_every_secs",
+            message: "1 to 3600".into(),
+        });
+    }
+    Ok(IdleConfig {
+        policy,
+        max_exemption_days: file.max_exemption_days.unwrap_or(d.max_exemption_days),
+        check_every: Duration::from_secs(check),
+        webhook_key_file: file.webhook_key_file.clone(),
+        allow_loopback_webhooks: file.allow_loopback_webhooks.unwrap_or(false),
     })
 }
 

@@ -28,6 +28,7 @@ mod m0022_root_disk_moves;
 mod m0023_vms_by_disk_host;
 mod m0024_device_health;
 mod m0025_gpu_telemetry;
+mod m0026_idle_gpus;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -97,6 +98,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0023_vms_by_disk_host::Migration),
             Box::new(m0024_device_health::Migration),
             Box::new(m0025_gpu_telemetry::Migration),
+            Box::new(m0026_idle_gpus::Migration),
         ]
     }
 }

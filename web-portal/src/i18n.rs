@@ -98,6 +98,46 @@ pub fn word(lang: Lang, w: &str) -> String {
     }
 }
 
+/// What the idle policy says of a VM: idle for how long, and what comes
+/// when (or until when it is exempt).
+pub fn idle_sentence(lang: Lang, n: &IdleNote) -> String {
+    let h = n.minutes / 60;
+    let m = n.minutes % 60;
+    let shelve = n.action == "shelve";
+    match (lang, &n.exempt_until, &n.action_at) {
+        (Lang::En, Some(u), _) => format!(
+            "Its GPUs have been idle for {h} h {m} min; it is exempt from the idle policy until {u}."
+        ),
+        (Lang::Ja, Some(u), _) => format!(
+            "GPU が {h} 時間 {m} 分アイドル状態です。{u} までアイドルポリシーの対象外です。"
+        ),
+        (Lang::En, None, Some(a)) if shelve => format!(
+            "Its GPUs have been idle for {h} h {m} min: it will be shelved at {a} (disk and volumes kept) unless they are used or an owner exempts it."
+        ),
+        (Lang::Ja, None, Some(a)) if shelve => format!(
+            "GPU が {h} 時間 {m} 分アイドル状態です。使用されるかオーナーが除外しない限り、{a} に退避されます (ディスクとボリュームは保持)。"
+        ),
+        (Lang::En, None, Some(a)) => format!(
+            "Its GPUs have been idle for {h} h {m} min; its project will be told again at {a}. Shelve it if it is not needed."
+        ),
+        (Lang::Ja, None, Some(a)) => format!(
+            "GPU が {h} 時間 {m} 分アイドル状態です。{a} に再度通知されます。不要なら退避してください。"
+        ),
+        (Lang::En, None, None) => format!("Its GPUs have been idle for {h} h {m} min."),
+        (Lang::Ja, None, None) => format!("GPU が {h} 時間 {m} 分アイドル状態です。"),
+    }
+}
+
+/// A VM's idle spell, as the pages tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleNote {
+    pub minutes: i64,
+    /// `notice` or `shelve`.
+    pub action: String,
+    pub action_at: Option<String>,
+    pub exempt_until: Option<String>,
+}
+
 /// A message in the language.
 pub fn t(lang: Lang, key: Msg) -> &'static str {
     use Msg::*;
@@ -290,6 +330,20 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, PortForwardsEmpty) => "ポートフォワードはまだありません。`kumo port-forward create --public ADDR:2222/tcp --to VM:22` で作成します。",
         (Lang::En, Volumes) => "Volumes",
         (Lang::Ja, Volumes) => "ボリューム",
+        (Lang::En, GpuFigures) => "GPUs over the last 24 hours (UTC)",
+        (Lang::Ja, GpuFigures) => "GPU の過去 24 時間 (UTC)",
+        (Lang::En, GpuUtil) => "Utilisation",
+        (Lang::Ja, GpuUtil) => "使用率",
+        (Lang::En, GpuMemory) => "Memory in use",
+        (Lang::Ja, GpuMemory) => "使用メモリ",
+        (Lang::En, NoGpuFigures) => "No figures from the guest in this window",
+        (Lang::Ja, NoGpuFigures) => "この期間にゲストからの値はありません",
+        (Lang::En, GuestSilent) => "The guest does not report its GPUs (it needs the QEMU guest agent and nvidia-smi)",
+        (Lang::Ja, GuestSilent) => "ゲストが GPU の状態を報告していません (QEMU ゲストエージェントと nvidia-smi が必要です)",
+        (Lang::En, IdleVms) => "Idle GPU VMs",
+        (Lang::Ja, IdleVms) => "アイドル状態の GPU VM",
+        (Lang::En, NoIdleVms) => "No GPU VM of yours is idle.",
+        (Lang::Ja, NoIdleVms) => "アイドル状態の GPU VM はありません。",
         (Lang::En, VolumesEmpty) => "No volume yet: create one below, or `kumo volume create NAME --size-gib N`.",
         (Lang::Ja, VolumesEmpty) => "ボリュームはまだありません。下のフォームか `kumo volume create NAME --size-gib N` で作成します。",
         (Lang::En, SizeGib) => "Size (GiB)",
@@ -398,6 +452,13 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Msg {
     AppName,
+    GpuFigures,
+    GpuUtil,
+    GpuMemory,
+    NoGpuFigures,
+    GuestSilent,
+    IdleVms,
+    NoIdleVms,
     SignIn,
     ChooseInstitution,
     Search,

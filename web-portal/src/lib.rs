@@ -5,6 +5,7 @@
 
 pub mod diagram;
 pub mod fleet_health;
+pub mod gpu_chart;
 pub mod i18n;
 pub mod listing;
 
@@ -178,6 +179,9 @@ struct Dashboard<'a> {
     tenants: &'a [TenantCard],
     usage: &'a str,
     chart: &'a str,
+    l_idle: &'a str,
+    l_no_idle: &'a str,
+    idle: Vec<(String, String, String)>,
 }
 
 /// The dashboard: the viewer's tenants with VMs, GPU use and points.
@@ -187,8 +191,19 @@ pub fn dashboard_page(
     tenants: &[TenantCard],
     currency: &str,
     daily: &[(String, f64)],
+    idle: &[IdleFlag],
 ) -> String {
     let chart = diagram::bar_chart(daily);
+    let idle = idle
+        .iter()
+        .map(|f| {
+            (
+                f.tenant.clone(),
+                f.vm.clone(),
+                i18n::idle_sentence(lang, &f.note),
+            )
+        })
+        .collect();
     let body = Dashboard {
         heading: t(lang, Msg::Dashboard),
         my_tenants: t(lang, Msg::MyTenants),
@@ -201,6 +216,9 @@ pub fn dashboard_page(
         tenants,
         usage: t(lang, Msg::Usage30),
         chart: &chart,
+        l_idle: t(lang, Msg::IdleVms),
+        l_no_idle: t(lang, Msg::NoIdleVms),
+        idle,
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
@@ -366,7 +384,7 @@ pub fn vms_page(
 }
 
 /// What the VM page shows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VmDetail {
     pub tenant: String,
     pub name: String,
@@ -380,6 +398,32 @@ pub struct VmDetail {
     pub networks: Vec<NicRow>,
     /// Its volumes: `(name, size, state, path in the guest)`.
     pub volumes: Vec<(String, String, String, String)>,
+    /// Its GPUs' figures over the last day (GPU VMs only).
+    pub gpu_figures: Option<GpuFigures>,
+    /// The idle policy's word on it, while its GPUs are idle.
+    pub idle: Option<i18n::IdleNote>,
+}
+
+/// A GPU VM's figures for its charts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuFigures {
+    pub utilisation: Vec<gpu_chart::Series>,
+    /// GiB in use, with the GPUs' memory as the axis' top.
+    pub memory: Vec<gpu_chart::Series>,
+    pub memory_total_gib: f64,
+    pub ticks: Vec<(i64, String)>,
+    pub minutes: i64,
+    pub step_minutes: i64,
+    /// Whether the guest answers at all (else why charts are empty).
+    pub guest_silent: bool,
+}
+
+/// A VM of the viewer's flagged idle on the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleFlag {
+    pub tenant: String,
+    pub vm: String,
+    pub note: i18n::IdleNote,
 }
 
 /// One NIC on the VM page.
@@ -408,11 +452,46 @@ struct VmPage<'a> {
     l_networks: &'a str,
     volumes: &'a [(String, String, String, String)],
     l_volumes: &'a str,
+    charts: Option<String>,
+    l_gpu_figures: &'a str,
+    idle: Option<String>,
     l_state: &'a str,
     l_host: &'a str,
     l_topology: &'a str,
     l_events: &'a str,
     l_console: &'a str,
+}
+
+/// A GPU VM's two charts (and why they are empty, when the guest is
+/// silent).
+fn gpu_charts(lang: Lang, f: &GpuFigures) -> String {
+    let empty = if f.guest_silent {
+        t(lang, Msg::GuestSilent)
+    } else {
+        t(lang, Msg::NoGpuFigures)
+    };
+    let chart = |title, unit, max, series: &[gpu_chart::Series]| {
+        gpu_chart::line_chart(
+            &gpu_chart::Chart {
+                title,
+                unit,
+                max,
+                minutes: f.minutes,
+                ticks: &f.ticks,
+                step_minutes: f.step_minutes,
+                empty,
+            },
+            series,
+        )
+    };
+    let mut out = chart(t(lang, Msg::GpuUtil), "%", 100.0, &f.utilisation);
+    out.push_str(&chart(
+        t(lang, Msg::GpuMemory),
+        "GiB",
+        f.memory_total_gib,
+        &f.memory,
+    ));
+    out
 }
 
 /// A VM: state, topology diagram, events and NCCL file.
@@ -432,6 +511,9 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         l_networks: t(lang, Msg::Networks),
         volumes: &vm.volumes,
         l_volumes: t(lang, Msg::Volumes),
+        charts: vm.gpu_figures.as_ref().map(|f| gpu_charts(lang, f)),
+        l_gpu_figures: t(lang, Msg::GpuFigures),
+        idle: vm.idle.as_ref().map(|n| i18n::idle_sentence(lang, n)),
         l_state: t(lang, Msg::State),
         l_host: t(lang, Msg::Host),
         l_topology: t(lang, Msg::Topology),
@@ -605,6 +687,21 @@ mod tests {
             &[card("vision")],
             "JPY",
             &[("11-01".into(), 3.0)],
+            &[IdleFlag {
+                tenant: "vision".into(),
+                vm: "train".into(),
+                note: i18n::IdleNote {
+                    minutes: 750,
+                    action: "shelve".into(),
+                    action_at: Some("2026-11-26 09:00 UTC".into()),
+                    exempt_until: None,
+                },
+            }],
+        );
+        assert!(
+            en.contains("href=\"/t/vision/vms/train\"")
+                && en.contains("idle for 12 h 30 min: it will be shelved at 2026-11-26 09:00 UTC"),
+            "the idle flag: {en}"
         );
         assert!(en.contains("class=\"bar\""), "the usage chart");
         assert!(en.contains("<html lang=\"en\">") && en.contains("My projects"));
@@ -618,7 +715,11 @@ mod tests {
             en.contains("name=\"csrf\" value=\"tok\""),
             "logout carries the CSRF token"
         );
-        let ja = dashboard_page(Lang::Ja, &v, &[], "JPY", &[]);
+        let ja = dashboard_page(Lang::Ja, &v, &[], "JPY", &[], &[]);
+        assert!(
+            ja.contains("アイドル状態の GPU VM はありません"),
+            "the empty state"
+        );
         assert!(ja.contains("<html lang=\"ja\">") && ja.contains("参加プロジェクト"));
         assert!(ja.contains("まだどのプロジェクトにも参加していません"));
         assert!(ja.contains("href=\"/lang/en\""), "the switch");
@@ -652,6 +753,27 @@ mod tests {
                 "attached".into(),
                 "/dev/disk/by-id/virtio-kumo0123456789abcdef".into(),
             )],
+            gpu_figures: Some(GpuFigures {
+                utilisation: vec![gpu_chart::Series {
+                    label: "0000:18:00.0".into(),
+                    points: vec![(0, Some(90.0)), (10, Some(80.0))],
+                }],
+                memory: vec![gpu_chart::Series {
+                    label: "0000:18:00.0".into(),
+                    points: vec![(0, Some(40.0)), (10, Some(41.0))],
+                }],
+                memory_total_gib: 80.0,
+                ticks: vec![(0, "09:00".into())],
+                minutes: 1440,
+                step_minutes: 10,
+                guest_silent: false,
+            }),
+            idle: Some(i18n::IdleNote {
+                minutes: 61,
+                action: "notice".into(),
+                action_at: None,
+                exempt_until: Some("2026-12-01 00:00 UTC".into()),
+            }),
         };
         let page = vm_page(Lang::Ja, &v, &vm);
         assert!(page.contains("ネットワーク"), "{page}");
@@ -665,16 +787,30 @@ mod tests {
                 && page.contains("<code>/dev/disk/by-id/virtio-kumo0123456789abcdef</code>"),
             "{page}"
         );
+        assert!(
+            page.contains("GPU の過去 24 時間") && page.contains("使用率 (%)"),
+            "{page}"
+        );
+        assert!(
+            page.contains("使用メモリ (GiB)") && page.contains(">80 GiB</text>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("2026-12-01 00:00 UTC までアイドルポリシーの対象外"),
+            "{page}"
+        );
         let none = vm_page(
             Lang::En,
             &v,
             &VmDetail {
                 networks: vec![],
                 volumes: vec![],
+                gpu_figures: None,
+                idle: None,
                 ..vm
             },
         );
-        assert!(!none.contains("Networks"));
+        assert!(!none.contains("Networks") && !none.contains("GPUs over"));
         assert!(!none.contains("<h2>Volumes</h2>"));
     }
 

@@ -56,6 +56,8 @@ pub struct Who<'a> {
     pub request_id: &'a str,
     pub client_request_id: Option<&'a str>,
     pub at: chrono::DateTime<chrono::Utc>,
+    /// The project the entry concerns, so that its owners read it.
+    pub tenant: Option<&'a tenants::Model>,
 }
 
 /// An audit entry for an actor that is not a user.
@@ -71,8 +73,8 @@ pub async fn record_by(
         actor_id: Set(None),
         actor_name: Set(who.name.chars().take(255).collect()),
         action: Set(action.to_owned()),
-        tenant_id: Set(None),
-        tenant_name: Set(None),
+        tenant_id: Set(who.tenant.map(|t| t.id)),
+        tenant_name: Set(who.tenant.map(|t| t.name.clone())),
         target: Set(target.chars().take(255).collect()),
         source_ip: Set(who.source_ip.chars().take(64).collect()),
         request_id: Set(who.request_id.chars().take(64).collect()),

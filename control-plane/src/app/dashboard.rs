@@ -30,6 +30,9 @@ pub struct Dashboard {
     /// Every charge of those tenants for periods from `since` on: when its
     /// period starts and its amount, tenant after tenant.
     pub charges: Vec<(DateTime<Utc>, Decimal)>,
+    /// Their GPU VMs idle an hour or more (or already told so), with the
+    /// policy they are under.
+    pub idle: Vec<(String, kumo_api_types::IdlePolicy, kumo_api_types::IdleVm)>,
 }
 
 /// The dashboard of the actor's tenants (only those they are a member of,
@@ -41,6 +44,7 @@ pub async fn dashboard(
 ) -> Result<Dashboard, ApiError> {
     let mut tenants = Vec::new();
     let mut tenant_ids = Vec::new();
+    let mut idle = Vec::new();
     for m in crate::store::tenancy::memberships_of(&st.db, actor.caller.user.id).await? {
         let Some(t) = crate::store::tenancy::tenant_by_id(&st.db, m.tenant_id).await? else {
             continue;
@@ -58,6 +62,12 @@ pub async fn dashboard(
                     .balance,
             )
         };
+        let r = crate::app::idle_gpus::report_of(st, &t).await?;
+        for v in r.vms {
+            if v.idle_since.is_some() && (v.notices > 0 || v.idle_minutes >= 60) {
+                idle.push((t.name.clone(), r.policy, v));
+            }
+        }
         tenants.push(TenantSummary {
             name: t.name,
             display_name: t.display_name,
@@ -74,5 +84,9 @@ pub async fn dashboard(
             charges.push((c.period_from, kumo_billing::from_micro(c.amount_micro)));
         }
     }
-    Ok(Dashboard { tenants, charges })
+    Ok(Dashboard {
+        tenants,
+        charges,
+        idle,
+    })
 }

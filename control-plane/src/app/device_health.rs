@@ -160,6 +160,7 @@ async fn settle(
             request_id: &origin.request_id,
             client_request_id: None,
             at: now,
+            tenant: None,
         };
         let action = format!("device.{}", c.to.as_str());
         audit::record_by(

@@ -449,6 +449,7 @@ pub async fn register(
             request_id: &origin.request_id,
             client_request_id: origin.client_request_id.as_deref(),
             at: now,
+            tenant: None,
         },
         action,
         &body.name,

@@ -241,6 +241,9 @@ pub async fn delete_row(
     }
     let peers = crate::app::host_network::touch_peers(txn, vm.id).await?;
     vms::Entity::delete_by_id(vm.id).exec(txn).await?;
+    // Its guests' last word goes with it (its idle row by foreign key; its
+    // GPU minutes age out with the retention).
+    crate::store::gpu_telemetry::forget(txn, vm.id).await?;
     // Its floating addresses return to the tenant and its forwards go,
     // with the NICs they name.
     crate::store::public_net::release_nics_of(txn, vm.id).await?;

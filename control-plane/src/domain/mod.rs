@@ -3,6 +3,7 @@
 pub mod device_health;
 pub mod faults;
 pub mod gpu_telemetry;
+pub mod idle_gpus;
 pub mod imports;
 pub mod ingress;
 pub mod ipam;

@@ -139,3 +139,9 @@ pub async fn set_status(
     }
     Ok(())
 }
+
+/// A deleted VM's last word goes.
+pub async fn forget(db: &impl ConnectionTrait, vm: Uuid) -> Result<(), ApiError> {
+    vm_telemetry::Entity::delete_by_id(vm).exec(db).await?;
+    Ok(())
+}

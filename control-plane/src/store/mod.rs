@@ -14,6 +14,7 @@ pub mod gpu_telemetry;
 pub mod hosts;
 pub mod idempotency;
 pub mod identity;
+pub mod idle_gpus;
 pub mod public_net;
 pub mod segments;
 pub mod templates;

@@ -386,6 +386,37 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/tenants/{tenant}/vms/{vm}/metrics",
         [200, 200, 200, 200, 404, 401, 401, 401],
     ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/idle-policy",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "PUT",
+        "/api/v1/tenants/{tenant}/idle-policy",
+        [200, 200, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/idle-policy",
+        [204, 204, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/idle-vms",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    // alpha-vm has no GPU: the idle policy does not apply to it (409).
+    (
+        "PUT",
+        "/api/v1/tenants/{tenant}/vms/{vm}/idle-exemption",
+        [409, 409, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/vms/{vm}/idle-exemption",
+        [409, 409, 403, 403, 404, 401, 401, 401],
+    ),
     // alpha-vm is `scheduled`: start and reboot are illegal (409) for those allowed to try.
     (
         "POST",
@@ -766,6 +797,11 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         ("POST", "/api/v1/hosts/{host}/devices/{bdf}/{action}") => {
             Some(json!({"reason": "authz matrix"}))
         }
+        ("PUT", "/api/v1/tenants/{tenant}/idle-policy") => Some(json!({})),
+        ("PUT", "/api/v1/tenants/{tenant}/vms/{vm}/idle-exemption") => Some(json!({
+            "reason": "authz matrix",
+            "until": Utc::now() + Duration::days(1),
+        })),
         ("POST", "/api/v1/tenants/{tenant}/volumes/{volume}/snapshots") => {
             Some(json!({"name": format!("snap-{n}")}))
         }

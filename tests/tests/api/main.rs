@@ -17,6 +17,7 @@ mod e2e_console;
 mod e2e_qemu;
 mod e2e_volumes;
 mod idempotency;
+mod idle_gpus;
 mod isolation;
 mod networks;
 mod openapi;

@@ -36,8 +36,15 @@ pub async fn run(st: AppState) {
     let mut tick = tokio::time::interval(PASS);
     let mut last_refresh = tokio::time::Instant::now();
     let mut last_post = tokio::time::Instant::now();
+    let mut last_idle = tokio::time::Instant::now();
     loop {
         tick.tick().await;
+        if last_idle.elapsed() >= st.config.idle.check_every {
+            last_idle = tokio::time::Instant::now();
+            if let Err(e) = crate::app::idle_gpus::pass(&st).await {
+                tracing::warn!(error = %e, "idle GPU pass failed; retrying");
+            }
+        }
         if last_post.elapsed() >= st.config.billing.post_interval {
             last_post = tokio::time::Instant::now();
             if let Err(e) = crate::app::metering::post_due(&st).await {

@@ -25,6 +25,7 @@ pub mod consoles;
 pub mod docs;
 pub mod health;
 pub mod hosts;
+pub mod idle;
 pub mod members;
 pub mod public_net;
 pub mod quota;
@@ -65,6 +66,7 @@ pub mod volumes;
         (name = "segments", description = "Tenant networks (VXLAN) for Ethernet and RoCE, and VM addresses on them"),
         (name = "public-ips", description = "Public addresses: pools, floating IPs and port forwards, carried by segment edges"),
         (name = "volumes", description = "Block volumes that outlive VMs, attached to VMs on their host"),
+        (name = "idle", description = "Idle GPUs: a project's policy and webhook, its idle VMs, exemptions"),
         (name = "billing", description = "Rate cards, prepaid points, statements"),
         (name = "agent", description = "The protocol between host agents and the server"),
         (name = "health", description = "Liveness, readiness, metrics"),
@@ -161,6 +163,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(vms::show, vms::delete))
         .routes(routes!(vms::nccl_topology))
         .routes(routes!(vms::metrics))
+        .routes(routes!(idle::show, idle::set, idle::reset))
+        .routes(routes!(idle::report))
+        .routes(routes!(idle::exempt, idle::unexempt))
         .routes(routes!(vms::start))
         .routes(routes!(vms::stop))
         .routes(routes!(vms::reboot))

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use chrono::Datelike;
+use chrono::{Datelike, DurationRound};
 use kumo_web_portal::i18n::Lang;
 use kumo_web_portal::{diagram, ProviderItem, TenantCard, Viewer, VmRow};
 use serde::Deserialize;
@@ -109,6 +109,15 @@ async fn dashboard(
         )
     });
     let daily = thirty_days(from, per_day);
+    let idle: Vec<_> = board
+        .idle
+        .iter()
+        .map(|(tenant, policy, v)| kumo_web_portal::IdleFlag {
+            tenant: tenant.clone(),
+            vm: v.name.clone(),
+            note: idle_note(policy, v),
+        })
+        .collect();
     let viewer = Viewer {
         display_name: user.display_name,
         csrf: session.csrf,
@@ -120,6 +129,7 @@ async fn dashboard(
         &cards,
         &st.config.billing.currency,
         &daily,
+        &idle,
     )))
 }
 
@@ -582,6 +592,82 @@ async fn console_ticket(
     Ok((StatusCode::CREATED, axum::Json(t)).into_response())
 }
 
+/// The idle policy's word on a VM, for the pages.
+fn idle_note(
+    policy: &kumo_api_types::IdlePolicy,
+    v: &kumo_api_types::IdleVm,
+) -> kumo_web_portal::i18n::IdleNote {
+    let when = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M UTC").to_string();
+    kumo_web_portal::i18n::IdleNote {
+        minutes: v.idle_minutes,
+        action: policy.action.as_str().to_owned(),
+        action_at: v.action_at.map(when),
+        exempt_until: v.exempt_until.map(when),
+    }
+}
+
+/// A GPU VM's last day, in 10-minute steps, for its charts.
+async fn gpu_figures(
+    st: &AppState,
+    ctx: &crate::context::Actor,
+    tenant: &str,
+    vm: &str,
+) -> Result<kumo_web_portal::GpuFigures, ApiError> {
+    use kumo_web_portal::gpu_chart::Series;
+    let step = 10;
+    let q = kumo_api_types::MetricsQuery {
+        step_minutes: Some(step),
+        ..Default::default()
+    };
+    let m = crate::app::gpu_telemetry::metrics(st, ctx, tenant, vm, &q).await?;
+    let at = |t: chrono::DateTime<chrono::Utc>| (t - m.from).num_minutes();
+    let mut total: f64 = 0.0;
+    let mut utilisation = Vec::new();
+    let mut memory = Vec::new();
+    for g in &m.gpus {
+        utilisation.push(Series {
+            label: g.host_bdf.clone(),
+            points: g
+                .points
+                .iter()
+                .map(|p| (at(p.at), p.utilization_pct))
+                .collect(),
+        });
+        memory.push(Series {
+            label: g.host_bdf.clone(),
+            points: g
+                .points
+                .iter()
+                .map(|p| (at(p.at), p.memory_used_mib.map(|m| m as f64 / 1024.0)))
+                .collect(),
+        });
+        for p in &g.points {
+            total = total.max(p.memory_total_mib.unwrap_or(0) as f64 / 1024.0);
+        }
+    }
+    // A time label every 6 hours, on whole hours.
+    let minutes = (m.to - m.from).num_minutes();
+    let first = m
+        .from
+        .duration_trunc(chrono::Duration::hours(6))
+        .unwrap_or(m.from)
+        + chrono::Duration::hours(6);
+    let ticks = (0..4)
+        .map(|i| first + chrono::Duration::hours(6 * i))
+        .filter(|t| *t < m.to)
+        .map(|t| (at(t), t.format("%H:%M").to_string()))
+        .collect();
+    Ok(kumo_web_portal::GpuFigures {
+        utilisation,
+        memory,
+        memory_total_gib: total.round(),
+        ticks,
+        minutes,
+        step_minutes: i64::from(step),
+        guest_silent: m.telemetry == "unknown",
+    })
+}
+
 async fn vm_page(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -631,7 +717,27 @@ async fn vm_page(
         Some(h) => host_topology(&st, h).await?,
         None => None,
     };
+    let gpu_figures = if vm.spec.gpus > 0 {
+        Some(gpu_figures(&st, &ctx, &tenant, &name).await?)
+    } else {
+        None
+    };
+    let idle = if vm.spec.gpus > 0 {
+        let r = crate::app::idle_gpus::report(&st, &ctx, &tenant).await?;
+        r.vms
+            .iter()
+            .find(|v| {
+                v.vm == vm.id
+                    && v.idle_since.is_some()
+                    && (v.notices > 0 || v.exempt_until.is_some() || v.idle_minutes >= 60)
+            })
+            .map(|v| idle_note(&r.policy, v))
+    } else {
+        None
+    };
     let detail = kumo_web_portal::VmDetail {
+        gpu_figures,
+        idle,
         tenant: tenant.clone(),
         name: vm.name.clone(),
         state: vm.state.as_str().to_owned(),

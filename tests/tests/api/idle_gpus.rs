@@ -1,0 +1,308 @@
+//! Idle GPUs on the test's clock: a host reports a VM's GPU minute by
+//! minute through the agent protocol, the idle pass runs after each
+//! minute, and the project hears of it (VM events, audit entries, its
+//! webhook, a loopback receiver here) at half the window and near its end;
+//! busy or unknown minutes end the spell, an owner's exemption holds it
+//! off and restarts the count, and at the end the VM is shelved.
+
+use std::sync::{Arc, Mutex};
+
+use chrono::Duration;
+use kumo_api_types::{
+    AuditEntry, IdleAction, IdlePolicyView, IdleReport, IdleVm, Page, Role, ServiceLevel, Vm,
+    VmCreate, VmState,
+};
+use kumo_server::clock::Clock;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::{events_of, on_both_backends, TestServer};
+
+fn manual_clock(c: &mut kumo_server::config::Config) {
+    c.clock = Clock::manual(chrono::DateTime::from_timestamp(1_900_000_000, 0).unwrap());
+    c.idle.allow_loopback_webhooks = true;
+    // The test runs the passes itself.
+    c.idle.check_every = std::time::Duration::from_secs(3600);
+}
+
+/// A webhook receiver on loopback: every body posted to it, in order.
+async fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/hooks/secret-path-abc123",
+        listener.local_addr().unwrap()
+    );
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let keep = got.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = listener.accept().await else {
+                return;
+            };
+            let keep = keep.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = c.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some(head_end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let len: usize = text[..head_end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if buf.len() < head_end + 4 + len {
+                        continue;
+                    }
+                    assert!(
+                        text.contains("kumo-event: vm.idle")
+                            || text.contains("Kumo-Event: vm.idle"),
+                        "{text}"
+                    );
+                    let body: Value =
+                        serde_json::from_slice(&buf[head_end + 4..head_end + 4 + len]).unwrap();
+                    keep.lock().unwrap().push(body);
+                    let _ = c
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (url, got)
+}
+
+/// Waits (briefly: delivery is in the background) for `n` webhook posts.
+async fn hooks(got: &Arc<Mutex<Vec<Value>>>, n: usize) -> Vec<Value> {
+    for _ in 0..100 {
+        if got.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let v = got.lock().unwrap().clone();
+    assert_eq!(v.len(), n, "{v:#?}");
+    v
+}
+
+struct Guest<'a> {
+    s: &'a TestServer,
+    /// The host's agent protocol address and credential.
+    agent: (String, String),
+    vm: Vm,
+    gpu: String,
+    clock: Clock,
+}
+
+impl Guest<'_> {
+    /// One minute of the guest: a reading (`None`: the GPU cannot say),
+    /// the clock moved on, the idle pass.
+    async fn minutes(&self, n: usize, util: Option<f64>) {
+        for _ in 0..n {
+            let body = json!({"vms": [{"vm": self.vm.id, "gpus": [{"host_bdf": self.gpu, "sample": {
+                "bus_id": "0000:11:00.0", "utilization_pct": util, "memory_used_mib": 1000,
+                "memory_total_mib": 81559}}]}]});
+            let r = reqwest::Client::new()
+                .post(format!("{}/agent/v1/telemetry", self.agent.0))
+                .bearer_auth(&self.agent.1)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 204);
+            self.clock.advance(Duration::seconds(60));
+            kumo_server::app::idle_gpus::pass(&self.s.server.state)
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn state(&self) -> IdleVm {
+        let r: IdleReport = self
+            .s
+            .admin
+            .get("/api/v1/tenants/lab/idle-vms")
+            .await
+            .unwrap();
+        r.vms.into_iter().find(|v| v.vm == self.vm.id).unwrap()
+    }
+
+    async fn events(&self) -> Vec<String> {
+        events_of(self.s, "lab", &self.vm)
+            .await
+            .into_iter()
+            .filter(|e| e.starts_with("idle."))
+            .collect()
+    }
+}
+
+on_both_backends! {
+    config = manual_clock;
+    async fn idle_gpu_vms_are_told_exempted_and_shelved(s: &TestServer) {
+        s.tenant("lab").await;
+        let (owner, _) = s.user("olga").await;
+        let (member, _) = s.user("mika").await;
+        s.add("lab", "olga", Role::Owner).await;
+        s.add("lab", "mika", Role::Member).await;
+        let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        let clock = s.server.state.config.clock.clone();
+        let (hook, got) = receiver().await;
+
+        // The platform's policy stands until the project sets its own;
+        // an owner may only tighten it, an administrator may set any.
+        let p: IdlePolicyView = member.get("/api/v1/tenants/lab/idle-policy").await.unwrap();
+        assert_eq!((p.effective.utilization_pct, p.effective.hours, p.effective.action), (5.0, 24, IdleAction::Notice));
+        assert!(p.own.is_none() && p.webhook.is_none());
+        for (body, field) in [
+            (json!({"utilization_pct": 1.0}), "lower threshold"),
+            (json!({"hours": 48}), "longer window"),
+            (json!({"hours": 1, "webhook_url": "https://169.254.169.254/latest"}), "metadata service"),
+            (json!({"hours": 1, "webhook_url": "http://hooks.example.org/x"}), "plain http off loopback"),
+        ] {
+            let e = owner.put::<_, IdlePolicyView>("/api/v1/tenants/lab/idle-policy", &body).await.unwrap_err();
+            assert_eq!(e.status(), Some(400), "{field}");
+        }
+        let e = member.put::<_, IdlePolicyView>("/api/v1/tenants/lab/idle-policy", &json!({"hours": 1})).await.unwrap_err();
+        assert_eq!(e.status(), Some(403));
+        let p: IdlePolicyView = s.admin.put("/api/v1/tenants/lab/idle-policy", &json!({"hours": 48})).await.unwrap();
+        assert_eq!(p.effective.hours, 48, "administrators may loosen");
+        let p: IdlePolicyView = owner
+            .put("/api/v1/tenants/lab/idle-policy", &json!({"hours": 1, "action": "shelve", "webhook_url": hook}))
+            .await
+            .unwrap();
+        assert_eq!((p.effective.utilization_pct, p.effective.hours, p.effective.action), (5.0, 1, IdleAction::Shelve));
+        assert_eq!(p.set_by.as_deref(), Some("olga"));
+        // The webhook's address is shown as scheme and host, and is not
+        // stored readably.
+        let shown = serde_json::to_string(&p).unwrap();
+        assert!(!shown.contains("secret-path"), "{shown}");
+        assert_eq!(p.webhook.as_ref().unwrap().target, "http://127.0.0.1");
+        let row = kumo_server::store::idle_gpus::policy(s.db(), p_tenant(s).await).await.unwrap().unwrap();
+        assert!(!row.webhook_sealed.as_deref().unwrap().contains("secret-path"));
+
+        // A one-GPU VM, running.
+        let v: Vm = s.admin.post("/api/v1/tenants/lab/vms", &VmCreate {
+            name: "train".into(), gpus: 1, gpu_model: None, vcpus: Some(4), memory_gib: Some(8),
+            disk_gib: Some(10), template: None, service_level: ServiceLevel::Guaranteed,
+            ssh_keys: Vec::new(), networks: Vec::new(), volumes: Vec::new(), on_reclaim: None,
+        }).await.unwrap();
+        agent.converge().await;
+        let v: Vm = s.admin.get(&format!("/api/v1/tenants/lab/vms/{}", v.id)).await.unwrap();
+        assert_eq!(v.state, VmState::Running);
+        let gpu = v.placement.as_ref().unwrap().gpus[0].host_bdf.clone();
+        let g = Guest { s, agent: (agent.url.clone(), agent.credential.clone()), vm: v, gpu, clock: clock.clone() };
+
+        // Busy, then a guest that cannot say: never idle.
+        g.minutes(3, Some(50.0)).await;
+        g.minutes(40, None).await;
+        let st = g.state().await;
+        assert_eq!((st.idle_since, st.notices), (None, 0), "unknown is not idle");
+
+        // Idle: nothing for 29 minutes, the first notice at half the window.
+        g.minutes(29, Some(1.0)).await;
+        let st = g.state().await;
+        assert_eq!((st.idle_minutes, st.notices), (29, 0));
+        assert!(st.idle_since.is_some());
+        g.minutes(1, Some(1.0)).await;
+        assert_eq!(g.state().await.notices, 1);
+        assert_eq!(g.events().await, vec!["idle.notice"]);
+        let h = hooks(&got, 1).await;
+        assert_eq!(h[0]["event"], "idle.notice");
+        assert_eq!(h[0]["vm"], "train");
+        assert!(h[0]["text"].as_str().unwrap().contains("will be shelved"), "{}", h[0]["text"]);
+
+        // One busy minute ends the spell; the next one starts from zero.
+        g.minutes(1, Some(80.0)).await;
+        let st = g.state().await;
+        assert_eq!((st.idle_since, st.notices), (None, 0));
+        assert_eq!(g.events().await, vec!["idle.notice", "idle.ended"]);
+        g.minutes(45, Some(2.0)).await;
+        let st = g.state().await;
+        assert_eq!(st.notices, 2, "half and near the end");
+        let at = st.action_at.unwrap();
+        // An hour from the spell's first minute, and at least 15 minutes
+        // (the final notice's lead) after the final notice.
+        let end = st.idle_since.unwrap() + Duration::hours(1);
+        assert!(at >= end && at - end < Duration::minutes(1), "{at} vs {end}");
+        assert_eq!(g.events().await, vec!["idle.notice", "idle.ended", "idle.notice", "idle.warning"]);
+        hooks(&got, 3).await;
+
+        // An owner exempts it (a member may not; not for longer than the
+        // platform allows); nothing happens while it lasts.
+        let until = clock.now() + Duration::minutes(10);
+        let e = member.put::<_, IdleVm>("/api/v1/tenants/lab/vms/train/idle-exemption", &json!({"reason": "x", "until": until})).await.unwrap_err();
+        assert_eq!(e.status(), Some(403));
+        let e = owner.put::<_, IdleVm>("/api/v1/tenants/lab/vms/train/idle-exemption",
+            &json!({"reason": "x", "until": clock.now() + Duration::days(15)})).await.unwrap_err();
+        assert_eq!(e.status(), Some(400));
+        let ex: IdleVm = owner.put("/api/v1/tenants/lab/vms/train/idle-exemption",
+            &json!({"reason": "checkpoint upload waits on the archive", "until": until})).await.unwrap();
+        assert_eq!(ex.exempt_until, Some(until));
+        assert_eq!(ex.exempt_by.as_deref(), Some("olga"));
+        assert_eq!((ex.notices, ex.action_at), (0, None));
+        g.minutes(15, Some(1.0)).await;
+        let st = g.state().await;
+        assert_eq!(st.notices, 0, "the exemption ended 5 minutes ago: the count restarted");
+        assert_eq!(st.idle_minutes, 5);
+        assert_eq!(st.exempt_until, None, "no longer in force");
+        let vm_now: Vm = s.admin.get("/api/v1/tenants/lab/vms/train").await.unwrap();
+        assert_eq!(vm_now.state, VmState::Running);
+
+        // After it: both notices again, then shelving an hour in.
+        g.minutes(25, Some(1.0)).await;
+        assert_eq!(g.state().await.notices, 1);
+        g.minutes(15, Some(1.0)).await;
+        assert_eq!(g.state().await.notices, 2);
+        g.minutes(14, Some(1.0)).await;
+        let vm_now: Vm = s.admin.get("/api/v1/tenants/lab/vms/train").await.unwrap();
+        assert_eq!(vm_now.state, VmState::Running, "not before the hour");
+        g.minutes(1, Some(1.0)).await;
+        let vm_now: Vm = s.admin.get("/api/v1/tenants/lab/vms/train").await.unwrap();
+        assert_eq!(vm_now.state, VmState::Shelving, "{:?}", vm_now.reason);
+        agent.converge().await;
+        let vm_now: Vm = s.admin.get("/api/v1/tenants/lab/vms/train").await.unwrap();
+        assert_eq!(vm_now.state, VmState::Shelved);
+        let ev = g.events().await;
+        assert_eq!(ev[4..], ["idle.exempted", "idle.notice", "idle.warning", "idle.shelved"]);
+        let h = hooks(&got, 6).await;
+        assert_eq!(h[5]["event"], "idle.shelved");
+        // Once shelved, the pass leaves it alone.
+        assert_eq!(kumo_server::app::idle_gpus::pass(&s.server.state).await.unwrap(), 0);
+
+        // The project reads every step in its audit log, and sees the
+        // webhook's last delivery.
+        let audit: Page<AuditEntry> = owner.get("/api/v1/audit?tenant=lab&limit=100").await.unwrap();
+        let count = |a: &str| audit.items.iter().filter(|e| e.action == a).count();
+        assert_eq!(count("vm.idle_notice"), 5);
+        assert_eq!(count("vm.idle_shelve"), 1);
+        assert_eq!(count("vm.idle_exempt"), 1);
+        assert_eq!(count("tenant.idle_policy"), 2);
+        assert!(audit.items.iter().any(|e| e.action == "vm.idle_exempt" && e.target.contains("checkpoint upload")));
+        let p: IdlePolicyView = owner.get("/api/v1/tenants/lab/idle-policy").await.unwrap();
+        assert_eq!(p.webhook.unwrap().last_result.as_deref(), Some("delivered (HTTP 200)"));
+
+        // Back to the platform's policy: the webhook goes with it.
+        owner.delete("/api/v1/tenants/lab/idle-policy").await.unwrap();
+        let p: IdlePolicyView = owner.get("/api/v1/tenants/lab/idle-policy").await.unwrap();
+        assert!(p.own.is_none() && p.webhook.is_none());
+        assert_eq!(p.effective.hours, 24);
+    }
+}
+
+async fn p_tenant(s: &TestServer) -> uuid::Uuid {
+    let t: kumo_api_types::Tenant = s.admin.get("/api/v1/tenants/lab").await.unwrap();
+    t.id
+}
