@@ -453,6 +453,13 @@ pub enum HostState {
 }
 
 impl HostState {
+    pub const ALL: [HostState; 4] = [
+        HostState::Ready,
+        HostState::Draining,
+        HostState::Unreachable,
+        HostState::Retired,
+    ];
+
     pub fn as_str(&self) -> &'static str {
         match self {
             HostState::Ready => "ready",
@@ -463,13 +470,7 @@ impl HostState {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "ready" => HostState::Ready,
-            "draining" => HostState::Draining,
-            "unreachable" => HostState::Unreachable,
-            "retired" => HostState::Retired,
-            _ => return None,
-        })
+        HostState::ALL.into_iter().find(|h| h.as_str() == s)
     }
 }
 

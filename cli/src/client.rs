@@ -186,6 +186,11 @@ impl Client {
             .await
     }
 
+    /// A DELETE that answers with a body.
+    pub async fn delete_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.send(self.request(Method::DELETE, path)).await
+    }
+
     pub async fn delete(&self, path: &str) -> Result<(), ClientError> {
         self.send_empty(self.request(Method::DELETE, path)).await
     }

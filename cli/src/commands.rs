@@ -104,6 +104,10 @@ pub enum Command {
     /// host, detach, grow, delete.
     #[command(subcommand)]
     Volume(crate::volumes::VolumeCmd),
+    /// Idle GPUs: the project's policy and webhook, its idle VMs,
+    /// exemptions.
+    #[command(subcommand)]
+    Idle(crate::idle::IdleCmd),
     /// Rate cards: prices per hour, guaranteed and spot.
     #[command(subcommand)]
     Rate(crate::billing::RateCmd),
@@ -918,6 +922,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             crate::public_net::public_ip(cmd, &client(&cli, &env)?, fmt, out).await?
         }
         Command::Volume(cmd) => crate::volumes::volume(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Idle(cmd) => crate::idle::idle(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::PortForward(cmd) => {
             crate::public_net::port_forward(cmd, &client(&cli, &env)?, fmt, out).await?
         }

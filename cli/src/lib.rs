@@ -7,6 +7,7 @@ pub mod client;
 pub mod commands;
 pub mod console;
 pub mod device_login;
+pub mod idle;
 pub mod output;
 pub mod profile;
 pub mod public_net;

@@ -1,7 +1,8 @@
 //! Idle GPUs: a project's own idle policy and webhook (`idle_policies`,
 //! fields left empty are the platform's; the webhook's address sealed with
 //! the server's key), and each GPU VM's idle spell, notices and exemption
-//! (`vm_idle`).
+//! (`vm_idle`). GPU minutes get an index by minute: the retention purge
+//! and the fleet's metrics read them by time, across VMs.
 
 use sea_orm_migration::prelude::*;
 
@@ -34,6 +35,12 @@ enum VmIdle {
     ExemptUntil,
     ExemptReason,
     ExemptBy,
+}
+
+#[derive(DeriveIden)]
+enum GpuMinutes {
+    Table,
+    Minute,
 }
 
 #[derive(DeriveIden)]
@@ -134,10 +141,25 @@ impl MigrationTrait for Migration {
                 )
                 .to_owned(),
         )
+        .await?;
+        m.create_index(
+            Index::create()
+                .name("gpu_minutes_by_minute")
+                .table(GpuMinutes::Table)
+                .col(GpuMinutes::Minute)
+                .to_owned(),
+        )
         .await
     }
 
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+        m.drop_index(
+            Index::drop()
+                .name("gpu_minutes_by_minute")
+                .table(GpuMinutes::Table)
+                .to_owned(),
+        )
+        .await?;
         m.drop_table(Table::drop().table(VmIdle::Table).to_owned())
             .await?;
         m.drop_table(Table::drop().table(IdlePolicies::Table).to_owned())

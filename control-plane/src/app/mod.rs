@@ -18,6 +18,7 @@ pub mod device_health;
 pub mod disk_moves;
 pub mod edges;
 pub mod fleet;
+pub mod fleet_metrics;
 pub mod gpu_telemetry;
 pub mod host_network;
 pub mod hosts;

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 use uuid::Uuid;
 
@@ -156,4 +156,23 @@ pub async fn put_vm(
         None => q.filter(vm_idle::Column::ExemptUntil.is_null()),
     };
     Ok(q.exec(db).await?.rows_affected > 0)
+}
+
+/// Running GPU VMs whose projects were told they are idle (a notice sent
+/// in a spell still going on).
+pub async fn noticed(db: &impl ConnectionTrait) -> Result<u64, ApiError> {
+    let ids: Vec<Uuid> = vm_idle::Entity::find()
+        .select_only()
+        .column(vm_idle::Column::VmId)
+        .filter(vm_idle::Column::IdleSince.is_not_null())
+        .filter(vm_idle::Column::Notices.gte(1))
+        .into_tuple()
+        .all(db)
+        .await?;
+    let running = crate::entity::vms::Entity::find()
+        .filter(crate::entity::vms::Column::Id.is_in(ids))
+        .filter(crate::entity::vms::Column::State.eq(kumo_api_types::VmState::Running.as_str()))
+        .count(db)
+        .await?;
+    Ok(running)
 }

@@ -650,6 +650,12 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
     ("GET", "/healthz", [200, 200, 200, 200, 200, 200, 200, 200]),
     ("GET", "/readyz", [200, 200, 200, 200, 200, 200, 200, 200]),
     ("GET", "/metrics", [200, 200, 200, 200, 200, 200, 200, 200]),
+    // The fleet's series name its machines and their faults.
+    (
+        "GET",
+        "/metrics/fleet",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
 ];
 
 async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Call {

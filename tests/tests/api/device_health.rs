@@ -138,6 +138,15 @@ on_both_backends! {
         let now: Vm = s.admin.get("/api/v1/tenants/lab/vms/cheap").await.unwrap();
         assert_eq!(now.state, VmState::Preempting, "a spot VM on a quarantined GPU is reclaimed");
         assert!(events_of(s, "lab", &cheap).await.contains(&"device.quarantined".to_string()));
+        // Prometheus sees it: the device's state and its fatal error, the
+        // host's GPUs out of service.
+        let m = fleet_metrics(s).await;
+        let of_bad = format!("host=\"gpu-001\",bdf=\"{bad}\",kind=\"gpu\"");
+        assert_eq!(series(&m, &format!("kumo_device_state{{{of_bad},state=\"quarantined\"}}")), Some(1.0), "{m}");
+        assert_eq!(series(&m, &format!("kumo_device_state{{{of_bad},state=\"healthy\"}}")), Some(0.0));
+        assert_eq!(series(&m, &format!("kumo_device_aer_errors{{{of_bad},severity=\"fatal\"}}")), Some(1.0));
+        assert_eq!(series(&m, "kumo_host_gpus_out_of_service{host=\"gpu-001\"}"), Some(1.0));
+        assert_eq!(series(&m, "kumo_host_state{host=\"gpu-001\",state=\"ready\"}"), Some(1.0));
         let audit: serde_json::Value = s.admin.get("/api/v1/audit?limit=50").await.unwrap();
         assert!(audit["items"].as_array().unwrap().iter().any(|e| e["action"] == "device.quarantined"
             && e["target"].as_str().unwrap().contains(&bad)), "{audit}");
@@ -245,6 +254,28 @@ on_both_backends! {
     }
 }
 
+/// The fleet's Prometheus series, as an administrator scrapes them.
+pub(crate) async fn fleet_metrics(s: &TestServer) -> String {
+    let r = reqwest::Client::new()
+        .get(format!("{}/metrics/fleet", s.url))
+        .bearer_auth(&s.admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap()
+}
+
+/// The value of one series (its name and labels as written).
+pub(crate) fn series(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)?
+            .strip_prefix(' ')?
+            .parse()
+            .ok()
+    })
+}
+
 /// Posts a telemetry report as a host.
 async fn telemetry(a: &crate::harness::SimAgent, body: &serde_json::Value) -> reqwest::StatusCode {
     reqwest::Client::new()
@@ -304,6 +335,13 @@ on_both_backends! {
         assert_eq!(first.points[1].utilization_pct, Some(10.0));
         let second = m.gpus.iter().find(|g| g.host_bdf == gpus[1]).unwrap();
         assert_eq!(second.points[0].utilization_pct, None, "unknown stays unknown");
+        // Prometheus reads the last minute's figures by host and GPU; the
+        // GPU that cannot say has no utilisation series.
+        let fm = fleet_metrics(s).await;
+        let gpu = |i: usize| format!("{{host=\"gpu-001\",bdf=\"{}\"}}", gpus[i]);
+        assert_eq!(series(&fm, &format!("kumo_gpu_utilization_percent{}", gpu(0))), Some(10.0), "{fm}");
+        assert_eq!(series(&fm, &format!("kumo_gpu_memory_used_mib{}", gpu(0))), Some(500.0));
+        assert_eq!(series(&fm, &format!("kumo_gpu_utilization_percent{}", gpu(1))), None);
         // A coarser step folds the minutes.
         let m: VmMetrics = s.admin.get("/api/v1/tenants/lab/vms/train/metrics?step_minutes=60").await.unwrap();
         let first = m.gpus.iter().find(|g| g.host_bdf == gpus[0]).unwrap();

@@ -153,7 +153,7 @@ on_both_backends! {
     config = manual_clock;
     async fn idle_gpu_vms_are_told_exempted_and_shelved(s: &TestServer) {
         s.tenant("lab").await;
-        let (owner, _) = s.user("olga").await;
+        let (owner, owner_token) = s.user("olga").await;
         let (member, _) = s.user("mika").await;
         s.add("lab", "olga", Role::Owner).await;
         s.add("lab", "mika", Role::Member).await;
@@ -240,6 +240,23 @@ on_both_backends! {
         assert_eq!(g.events().await, vec!["idle.notice", "idle.ended", "idle.notice", "idle.warning"]);
         hooks(&got, 3).await;
 
+        // The portal: the dashboard flags the VM, its page warns and
+        // charts the GPU's day (busy, silent, then idle).
+        let portal = s.portal_as(&owner_token).await;
+        let board = s.page(&portal, "/").await;
+        let flag = board.find("<li data-vm=\"train\">").map(|i| &board[i..]).unwrap_or_else(|| panic!("{board}"));
+        assert!(flag.contains("lab / train") && flag.contains("will be shelved at"), "{flag}");
+        let page = s.page(&portal, "/t/lab/vms/train").await;
+        assert!(page.contains("class=\"banner idle\"") && page.contains("idle for 0 h 45 min"), "{page}");
+        assert!(page.contains("GPUs over the last 24 hours (UTC)"), "{page}");
+        let chart = &page[page.find("Utilisation (%)").unwrap()..];
+        let chart = &chart[..chart.find("</svg>").unwrap()];
+        assert!(chart.contains(">100 %</text>") && chart.contains(">0 %</text>"), "axes: {chart}");
+        assert_eq!(chart.matches("<polyline").count() + chart.matches("<circle").count(), 2,
+            "busy, then (after the silent minutes) idle: {chart}");
+        assert!(page.contains("Memory in use (GiB)") && page.contains(">80 GiB</text>"), "{page}");
+        assert!(page.contains(&format!("{}</li>", g.gpu)), "the legend names the GPU: {page}");
+
         // An owner exempts it (a member may not; not for longer than the
         // platform allows); nothing happens while it lasts.
         let until = clock.now() + Duration::minutes(10);
@@ -248,8 +265,25 @@ on_both_backends! {
         let e = owner.put::<_, IdleVm>("/api/v1/tenants/lab/vms/train/idle-exemption",
             &json!({"reason": "x", "until": clock.now() + Duration::days(15)})).await.unwrap_err();
         assert_eq!(e.status(), Some(400));
-        let ex: IdleVm = owner.put("/api/v1/tenants/lab/vms/train/idle-exemption",
-            &json!({"reason": "checkpoint upload waits on the archive", "until": until})).await.unwrap();
+        // The owner does it with the CLI, after reading where the VM stands.
+        let (url, token) = (s.url.clone(), owner_token.clone());
+        let until_text = until.to_rfc3339();
+        let ex = tokio::task::spawn_blocking(move || {
+            let k = crate::cli::Kumo::new();
+            let t = Some(token.as_str());
+            let list = k.ok(&["--server", &url, "idle", "list", "-t", "lab"], t);
+            assert!(list.contains("Policy: idle below 5 % for 1 h, then shelve."), "{list}");
+            let row = list.lines().find(|l| l.starts_with("train")).unwrap_or_else(|| panic!("{list}"));
+            assert!(row.contains("0h45m") && row.contains(" 2 "), "{row}");
+            let policy = k.ok(&["--server", &url, "idle", "policy", "-t", "lab"], t);
+            assert!(policy.contains("(the project's own)") && policy.contains("Webhook: http://127.0.0.1"), "{policy}");
+            assert!(!policy.contains("secret-path"), "{policy}");
+            k.json(&["--server", &url, "idle", "exempt", "train", "-t", "lab",
+                "--reason", "checkpoint upload waits on the archive", "--until", &until_text], t)
+        })
+        .await
+        .unwrap();
+        let ex: IdleVm = serde_json::from_value(ex).unwrap();
         assert_eq!(ex.exempt_until, Some(until));
         assert_eq!(ex.exempt_by.as_deref(), Some("olga"));
         assert_eq!((ex.notices, ex.action_at), (0, None));

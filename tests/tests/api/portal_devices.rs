@@ -130,6 +130,14 @@ on_both_backends! {
         assert!(r.contains("<td class=\"link\">x16, ") && r.contains("value=\"quarantine\">Quarantine</button>"), "{r}");
         assert!(!r.contains("value=\"repair\""), "{r}");
         assert!(page.contains("<td class=\"num\"><strong class=\"warn\">1234</strong></td>"), "the port's CNPs: {page}");
+        // The same in Prometheus' series: the port's CNPs, the narrowed
+        // link at half its width.
+        let m = crate::device_health::fleet_metrics(s).await;
+        let port = format!("{{host=\"gpu-001\",device=\"{rdma}\",port=\"1\"");
+        assert_eq!(crate::device_health::series(&m, &format!("kumo_rdma_port_congestion{port},counter=\"np_cnp_sent\"}}")), Some(1234.0), "{m}");
+        assert_eq!(crate::device_health::series(&m, &format!("kumo_rdma_port_active{port}}}")), Some(1.0));
+        let link = format!("kumo_device_link_width_ratio{{host=\"gpu-001\",bdf=\"{narrow}\",kind=\"gpu\"}}");
+        assert_eq!(crate::device_health::series(&m, &link), Some(0.5));
         assert!(page.contains("Out of service now (quarantined, in repair or validating): 1."), "{page}");
 
         // Filters: by state, and by host and state.

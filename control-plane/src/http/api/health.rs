@@ -51,3 +51,24 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
         st.metrics.encode(),
     )
 }
+
+/// The fleet's series for Prometheus: hosts, devices' health, AER and
+/// links, RDMA ports' congestion, GPUs' figures from guests, idle GPU VMs
+/// (platform admins; labels are hosts, device addresses and fixed words).
+#[utoipa::path(
+    get, path = "/metrics/fleet", tag = "health",
+    responses((status = 200, description = "Metrics", body = String, content_type = "application/openmetrics-text"), super::Problems)
+)]
+pub async fn fleet_metrics(
+    State(st): State<AppState>,
+    ctx: crate::context::Actor,
+) -> Result<impl IntoResponse, crate::error::ApiError> {
+    let text = crate::app::fleet_metrics::render(&st, &ctx).await?;
+    Ok((
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    ))
+}

@@ -211,6 +211,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
+        .routes(routes!(health::fleet_metrics))
 }
 
 /// The OpenAPI document, as served at `/api/v1/openapi.json` and checked
