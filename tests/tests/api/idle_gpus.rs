@@ -340,3 +340,105 @@ async fn p_tenant(s: &TestServer) -> uuid::Uuid {
     let t: kumo_api_types::Tenant = s.admin.get("/api/v1/tenants/lab").await.unwrap();
     t.id
 }
+
+/// The idle pass's cost: `VMS` one-GPU VMs, each with a day of minutes
+/// (written straight into `gpu_minutes`), one pass timed three times.
+/// A benchmark, run by hand (BENCHMARKS.md, "Idle GPUs").
+async fn idle_pass_bench(backend: crate::harness::Backend) {
+    use sea_orm::EntityTrait;
+    const VMS: usize = 128;
+    let s = TestServer::start_with(backend, manual_clock).await;
+    s.tenant("lab").await;
+    let mut ids = Vec::new();
+    for h in 0..VMS / 8 {
+        let mut a = s.sim_agent(&format!("gpu-{h:03}"), "hgx-h100").await;
+        for i in 0..8 {
+            let v: Vm = s
+                .admin
+                .post(
+                    "/api/v1/tenants/lab/vms",
+                    &VmCreate {
+                        name: format!("vm-{h}-{i}"),
+                        gpus: 1,
+                        gpu_model: Some("H100-SXM5-80GB".into()),
+                        vcpus: Some(4),
+                        memory_gib: Some(8),
+                        disk_gib: Some(10),
+                        template: None,
+                        service_level: ServiceLevel::Guaranteed,
+                        ssh_keys: Vec::new(),
+                        networks: Vec::new(),
+                        volumes: Vec::new(),
+                        on_reclaim: None,
+                    },
+                )
+                .await
+                .unwrap();
+            ids.push(v.id);
+        }
+        a.converge().await;
+    }
+    let now = s.server.state.config.clock.now();
+    let tenant = p_tenant(&s).await;
+    for id in &ids {
+        let v: Vm = s
+            .admin
+            .get(&format!("/api/v1/tenants/lab/vms/{id}"))
+            .await
+            .unwrap();
+        assert_eq!(v.state, VmState::Running);
+        let bdf = v.placement.unwrap().gpus[0].host_bdf.clone();
+        let rows: Vec<_> = (1..=1440)
+            .map(|m| kumo_server::entity::gpu_minutes::ActiveModel {
+                vm_id: sea_orm::Set(*id),
+                host_bdf: sea_orm::Set(bdf.clone()),
+                minute: sea_orm::Set(
+                    kumo_server::domain::gpu_telemetry::minute_of(now) - Duration::minutes(m),
+                ),
+                tenant_id: sea_orm::Set(tenant),
+                samples: sea_orm::Set(4),
+                util_n: sea_orm::Set(4),
+                util_sum: sea_orm::Set(Some(4.0)),
+                util_max: sea_orm::Set(Some(1.0)),
+                mem_used_max: sea_orm::Set(None),
+                mem_total: sea_orm::Set(None),
+                temp_max: sea_orm::Set(None),
+                power_n: sea_orm::Set(0),
+                power_sum: sea_orm::Set(None),
+                ecc_max: sea_orm::Set(None),
+                throttle: sea_orm::Set(None),
+            })
+            .collect();
+        for chunk in rows.chunks(500) {
+            kumo_server::entity::gpu_minutes::Entity::insert_many(chunk.to_vec())
+                .exec(s.db())
+                .await
+                .unwrap();
+        }
+    }
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        kumo_server::app::idle_gpus::pass(&s.server.state)
+            .await
+            .unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "{}",
+        json!({"backend": format!("{backend:?}"), "vms": VMS, "minutes_per_vm": 1440, "pass_ms": times})
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "benchmark"]
+async fn idle_pass_bench_sqlite() {
+    idle_pass_bench(crate::harness::Backend::Sqlite).await;
+}
+
+#[tokio::test]
+#[ignore = "benchmark"]
+async fn idle_pass_bench_postgres() {
+    idle_pass_bench(crate::harness::Backend::Postgres).await;
+}
