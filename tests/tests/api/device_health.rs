@@ -21,7 +21,8 @@ fn t0() -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp(1_900_000_000, 0).unwrap()
 }
 
-fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
+/// A VM of `gpus` GPUs, 4 vCPUs, 8 GiB memory and 10 GiB disk.
+pub(crate) fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
     VmCreate {
         name: name.into(),
         gpus,

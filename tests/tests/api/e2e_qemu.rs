@@ -500,7 +500,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         "{conf}"
     );
 
-    gpu_telemetry_through_the_guest_agent(&agent, &dom, vm.id).await;
+    gpu_telemetry_through_the_guest_agent(&s, &agent, &dom, vm.id).await;
 
     // The guest took its address, MTU and default route from its seed.
     let nic = v.networks[0].clone();
@@ -741,13 +741,40 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
 /// host's. (The server's half, roll-ups and XID quarantine, is
 /// `device_health::guests_gpu_figures_roll_up_by_minute_and_an_xid_79_quarantines`.)
 async fn gpu_telemetry_through_the_guest_agent(
+    s: &TestServer,
     agent: &Agent,
     dom: &virt::domain::Domain,
     vm: uuid::Uuid,
 ) {
     use kumo_topology::guest_layout::{guest_layout, place};
     let hgx = crate::harness::fixture_topology("hgx-h100");
-    let gpus: Vec<kumo_topology::Bdf> = hgx.gpus.iter().take(2).map(|g| g.location.bdf).collect();
+    // This host has no GPU: the guest stands in for a 2-GPU VM that a
+    // simulated HGX host holds, laid out as that VM's placement says, so
+    // that what the guest prints goes the whole way (guest agent, parse,
+    // map, the agent protocol, roll-ups, the API, the portal's chart).
+    let mut sim = s.sim_agent("gpu-sim", "hgx-h100").await;
+    let trainer: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &crate::device_health::vm("trainer", 2, kumo_api_types::ServiceLevel::Guaranteed),
+        )
+        .await
+        .unwrap();
+    sim.converge().await;
+    let trainer: Vm = s
+        .admin
+        .get(&format!("/api/v1/tenants/lab/vms/{}", trainer.id))
+        .await
+        .unwrap();
+    let gpus: Vec<kumo_topology::Bdf> = trainer
+        .placement
+        .as_ref()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.host_bdf.parse().unwrap())
+        .collect();
     let placement = place(&hgx, &gpus, 2, 2).unwrap();
     let layout = guest_layout(&hgx, &placement).unwrap();
     let mut desired = agent
@@ -821,6 +848,54 @@ async fn gpu_telemetry_through_the_guest_agent(
         }]
     );
     println!("telemetry read, two GPUs and an XID: {took:?}");
+    // What the guest said, reported for the VM it stands in for.
+    let mut report = r.clone();
+    report.vms[0].vm = trainer.id;
+    let posted = reqwest::Client::new()
+        .post(format!("{}/agent/v1/telemetry", sim.url))
+        .bearer_auth(&sim.credential)
+        .json(&report)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 204);
+    let m: kumo_api_types::VmMetrics = s
+        .admin
+        .get("/api/v1/tenants/lab/vms/trainer/metrics")
+        .await
+        .unwrap();
+    assert_eq!(m.telemetry, "ok");
+    let series = |b: kumo_topology::Bdf| {
+        m.gpus
+            .iter()
+            .find(|g| g.host_bdf == b.to_string())
+            .unwrap()
+            .points
+            .clone()
+    };
+    assert_eq!(series(gpus[0])[0].utilization_pct, Some(87.0));
+    assert_eq!(series(gpus[0])[0].memory_used_mib, Some(40000));
+    assert_eq!(series(gpus[1])[0].utilization_pct, None);
+    let portal = s.portal_admin().await;
+    let page = s.page(&portal, "/t/lab/vms/trainer").await;
+    let chart = &page[page.find("Utilisation (%)").unwrap()..];
+    assert!(
+        chart.contains(&format!("data-gpu=\"{}\"", gpus[0])),
+        "the chart draws the guest's figure: {chart}"
+    );
+    let devices: kumo_api_types::DeviceList =
+        s.admin.get("/api/v1/devices?host=gpu-sim").await.unwrap();
+    let d = devices
+        .items
+        .iter()
+        .find(|d| d.bdf == gpus[1].to_string())
+        .unwrap();
+    assert_eq!(
+        d.state,
+        kumo_api_types::DeviceState::Quarantined,
+        "the guest's XID 79: {:?}",
+        d.reason
+    );
     // The kernel log is read whole each time; the XID is told once.
     let (r, _) = read(t, desired).await;
     assert!(r.vms[0].xids.is_empty(), "{:?}", r.vms[0].xids);

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use chrono::Duration;
 use kumo_api_types::{
     AuditEntry, IdleAction, IdlePolicyView, IdleReport, IdleVm, Page, Role, ServiceLevel, Vm,
-    VmCreate, VmState,
+    VmState,
 };
 use kumo_server::clock::Clock;
 use serde_json::{json, Value};
@@ -194,11 +194,7 @@ on_both_backends! {
         assert!(!row.webhook_sealed.as_deref().unwrap().contains("secret-path"));
 
         // A one-GPU VM, running.
-        let v: Vm = s.admin.post("/api/v1/tenants/lab/vms", &VmCreate {
-            name: "train".into(), gpus: 1, gpu_model: None, vcpus: Some(4), memory_gib: Some(8),
-            disk_gib: Some(10), template: None, service_level: ServiceLevel::Guaranteed,
-            ssh_keys: Vec::new(), networks: Vec::new(), volumes: Vec::new(), on_reclaim: None,
-        }).await.unwrap();
+        let v: Vm = s.admin.post("/api/v1/tenants/lab/vms", &crate::device_health::vm("train", 1, ServiceLevel::Guaranteed)).await.unwrap();
         agent.converge().await;
         let v: Vm = s.admin.get(&format!("/api/v1/tenants/lab/vms/{}", v.id)).await.unwrap();
         assert_eq!(v.state, VmState::Running);
@@ -357,20 +353,7 @@ async fn idle_pass_bench(backend: crate::harness::Backend) {
                 .admin
                 .post(
                     "/api/v1/tenants/lab/vms",
-                    &VmCreate {
-                        name: format!("vm-{h}-{i}"),
-                        gpus: 1,
-                        gpu_model: Some("H100-SXM5-80GB".into()),
-                        vcpus: Some(4),
-                        memory_gib: Some(8),
-                        disk_gib: Some(10),
-                        template: None,
-                        service_level: ServiceLevel::Guaranteed,
-                        ssh_keys: Vec::new(),
-                        networks: Vec::new(),
-                        volumes: Vec::new(),
-                        on_reclaim: None,
-                    },
+                    &crate::device_health::vm(&format!("vm-{h}-{i}"), 1, ServiceLevel::Guaranteed),
                 )
                 .await
                 .unwrap();

@@ -6,7 +6,7 @@
 //! forms (CSRF-checked) repair, validate and quarantine. Tenants' members
 //! cannot see it.
 
-use kumo_api_types::{DeviceList, DeviceState, ServiceLevel, Vm, VmCreate};
+use kumo_api_types::{DeviceList, DeviceState, ServiceLevel, Vm};
 
 use crate::device_health::{aer, dev, device, hgx_agent};
 use crate::harness::{csrf_of, on_both_backends, scratch, TestServer};
@@ -77,20 +77,7 @@ on_both_backends! {
             .admin
             .post(
                 "/api/v1/tenants/lab/vms",
-                &VmCreate {
-                    name: "keep".into(),
-                    gpus: 1,
-                    gpu_model: None,
-                    vcpus: Some(4),
-                    memory_gib: Some(8),
-                    disk_gib: Some(10),
-                    template: None,
-                    service_level: ServiceLevel::Guaranteed,
-                    ssh_keys: Vec::new(),
-                    networks: Vec::new(),
-                    volumes: Vec::new(),
-                    on_reclaim: None,
-                },
+                &crate::device_health::vm("keep", 1, ServiceLevel::Guaranteed),
             )
             .await
             .unwrap();
