@@ -8,7 +8,9 @@
 //! free GPUs, and only then beside free GPUs. First fit (the baseline the
 //! benchmark compares against) takes the first host, lowest GPUs first.
 
-use kumo_topology::guest_layout::split;
+use std::collections::BTreeMap;
+
+use kumo_topology::guest_layout::{split, spread_memory, spread_vcpus};
 use uuid::Uuid;
 
 use crate::index::{HostCap, HostUse, Index};
@@ -282,17 +284,19 @@ fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Opti
             .collect()
     } else {
         // CPUs and memory follow the devices: each of their nodes gets
-        // at least one CPU, the rest in proportion to its devices.
-        if (req.vcpus as usize) < weight.len() {
-            return None;
-        }
-        let ws: Vec<u64> = weight.iter().map(|(_, w)| *w).collect();
-        let cpu_split = split(u64::from(req.vcpus) - weight.len() as u64, &ws);
-        let mem_split = split(req.memory_mib, &ws);
-        weight
+        // at least one CPU, the rest in proportion to its devices, capped
+        // at each node's free CPUs and spilled to nodes with room.
+        let ws: Vec<(u32, u64)> = weight.iter().map(|(n, w)| (*n as u32, *w)).collect();
+        let free: BTreeMap<u32, u64> = h
+            .cpu_free_n
             .iter()
             .enumerate()
-            .map(|(k, (n, _))| (*n, cpu_split[k] + 1, mem_split[k]))
+            .map(|(n, c)| (n as u32, u64::from(*c)))
+            .collect();
+        let cpus = spread_vcpus(u64::from(req.vcpus), &ws, &free).ok()?;
+        let memory = spread_memory(req.memory_mib, &ws, &cpus);
+        cpus.iter()
+            .map(|(n, c)| (*n as usize, *c, memory.get(n).copied().unwrap_or(0)))
             .collect()
     };
     let mut cpus = Vec::with_capacity(shares.len());

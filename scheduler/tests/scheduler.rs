@@ -630,8 +630,15 @@ proptest! {
                     .chain(bits(hold.nics).map(|j| host.profile.nics[j].node))
                     .collect();
                 if gpus > 0 {
-                    for (node, _) in &hold.cpus {
-                        prop_assert!(device_nodes.contains(node));
+                    // On the devices' nodes, each of them with one; on
+                    // other nodes only once those were full.
+                    for node in &device_nodes {
+                        prop_assert!(hold.cpus.iter().any(|(n, c)| n == node && !c.is_empty()));
+                    }
+                    if hold.cpus.iter().any(|(n, _)| !device_nodes.contains(n)) {
+                        for node in &device_nodes {
+                            prop_assert_eq!(host.cpu_free_n[*node], 0);
+                        }
                     }
                 }
                 prop_assert_eq!(hold.cpus.iter().map(|(_, c)| c.len() as u32).sum::<u32>(), req.vcpus);
@@ -640,6 +647,52 @@ proptest! {
             for h in &index.hosts {
                 check_invariants(h);
             }
+        }
+    }
+}
+
+/// A VM asking for every CPU of a host places whatever GPU it takes: its
+/// devices' nodes fill first and the rest spills to the other nodes (it
+/// was refused when the devices sat unevenly on the nodes), with memory
+/// on each node it uses.
+#[test]
+fn a_vm_may_ask_for_every_cpu_of_a_host() {
+    for name in ["hgx-h100", "dgx-a100", "hgx-h100-2nic", "l40s-pcie"] {
+        let mut index = fleet(&[(name, None)]);
+        let all: u32 = index.hosts[0].cpu_free_n.iter().sum();
+        for gpus in [1, 2, 4] {
+            let mut req = gpu_req(&index, gpus, "");
+            req.model = None;
+            req.vcpus = all;
+            req.memory_mib = 64 * 1024;
+            let (h, vm) = take(&mut index, &req)
+                .unwrap_or_else(|| panic!("{name}: {gpus} GPUs and {all} vCPUs"));
+            let hold = index.hosts[h]
+                .holds
+                .iter()
+                .find(|x| x.vm == vm)
+                .unwrap()
+                .clone();
+            assert_eq!(
+                hold.cpus.iter().map(|(_, c)| c.len() as u32).sum::<u32>(),
+                all
+            );
+            assert_eq!(
+                hold.cpus.len(),
+                index.hosts[h].profile.nodes.len(),
+                "{name}: every node"
+            );
+            assert!(
+                hold.memory.iter().all(|(_, m)| *m > 0),
+                "{name}: {:?}",
+                hold.memory
+            );
+            assert_eq!(hold.memory.iter().map(|(_, m)| *m).sum::<u64>(), 64 * 1024);
+            check_invariants(&index.hosts[h]);
+            index.release(h, vm);
+            // One CPU more fits nowhere.
+            req.vcpus = all + 1;
+            assert!(place(&index, &req, Strategy::BestFit).is_none());
         }
     }
 }

@@ -36,6 +36,12 @@ pub enum LayoutError {
         available: usize,
         wanted: usize,
     },
+    #[error("the host has {available} free CPUs; {wanted} were asked ({missing} short)")]
+    NotEnoughCpusOnHost {
+        available: usize,
+        wanted: usize,
+        missing: usize,
+    },
     #[error("the host reports no NUMA nodes")]
     NoNumaNodes,
     #[error("{0} PCIe switch groups exceed the {MAX_GROUPS} a guest layout holds")]
@@ -90,6 +96,102 @@ pub fn split(total: u64, weights: &[u64]) -> Vec<u64> {
         rest -= 1;
     }
     parts
+}
+
+/// vCPUs over NUMA nodes: each node of the VM's devices (`weights`:
+/// node and device count, in node order) gets one, the rest go in
+/// proportion to its devices, each node capped at its `free` CPUs; what
+/// does not fit there spills to the device nodes with room (the most
+/// devices first), then to the other nodes (the most free CPUs first).
+/// Answers `(node, vCPUs)` for the nodes used, in node order, or the
+/// device node without a free CPU / the shortfall when the total does not
+/// fit. Without this cap a VM asking for all of a machine's CPUs was
+/// refused whenever its devices sat unevenly on the nodes.
+pub fn spread_vcpus(
+    vcpus: u64,
+    weights: &[(u32, u64)],
+    free: &BTreeMap<u32, u64>,
+) -> Result<Vec<(u32, u64)>, SpreadError> {
+    let room = |n: u32| free.get(&n).copied().unwrap_or(0);
+    if vcpus < weights.len() as u64 {
+        return Err(SpreadError::TooFew {
+            nodes: weights.len(),
+        });
+    }
+    if let Some((n, _)) = weights.iter().find(|(n, _)| room(*n) == 0) {
+        return Err(SpreadError::NoFreeCpu { node: *n });
+    }
+    let ws: Vec<u64> = weights.iter().map(|(_, w)| *w).collect();
+    let wanted = split(vcpus - weights.len() as u64, &ws);
+    let mut taken: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut over = 0u64;
+    for ((n, _), extra) in weights.iter().zip(wanted) {
+        let want = extra + 1;
+        let take = want.min(room(*n));
+        taken.insert(*n, take);
+        over += want - take;
+    }
+    // Spill: device nodes by weight (then node), then the rest by room.
+    let mut order: Vec<(u32, u64)> = weights.to_vec();
+    order.sort_by_key(|(n, w)| (std::cmp::Reverse(*w), *n));
+    let mut others: Vec<u32> = free
+        .keys()
+        .copied()
+        .filter(|n| !weights.iter().any(|(d, _)| d == n))
+        .collect();
+    others.sort_by_key(|n| (std::cmp::Reverse(room(*n)), *n));
+    for n in order.iter().map(|(n, _)| *n).chain(others) {
+        if over == 0 {
+            break;
+        }
+        let have = taken.get(&n).copied().unwrap_or(0);
+        let more = room(n).saturating_sub(have).min(over);
+        if more > 0 {
+            taken.insert(n, have + more);
+            over -= more;
+        }
+    }
+    if over > 0 {
+        return Err(SpreadError::Short { missing: over });
+    }
+    Ok(taken.into_iter().filter(|(_, v)| *v > 0).collect())
+}
+
+/// Why [`spread_vcpus`] found no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpreadError {
+    /// Fewer vCPUs than device nodes.
+    TooFew { nodes: usize },
+    /// A device node has no free CPU for the device's guest cell.
+    NoFreeCpu { node: u32 },
+    /// The machine's free CPUs are this many short.
+    Short { missing: u64 },
+}
+
+/// Memory over the nodes that got vCPUs: a node holding devices gets its
+/// devices' share of what the spill-only nodes leave; a node that only
+/// took spilled vCPUs, memory in proportion to them (a guest NUMA cell
+/// needs memory). Without spill this is the split by devices.
+pub fn spread_memory(
+    memory_mib: u64,
+    weights: &[(u32, u64)],
+    vcpus: &[(u32, u64)],
+) -> BTreeMap<u32, u64> {
+    let total: u64 = vcpus.iter().map(|(_, v)| *v).sum::<u64>().max(1);
+    let mut out = BTreeMap::new();
+    let mut left = memory_mib;
+    for (n, v) in vcpus {
+        if !weights.iter().any(|(d, _)| d == n) {
+            let m = memory_mib * v / total;
+            out.insert(*n, m);
+            left -= m;
+        }
+    }
+    let ws: Vec<u64> = weights.iter().map(|(_, w)| *w).collect();
+    for ((n, _), m) in weights.iter().zip(split(left, &ws)) {
+        out.insert(*n, m);
+    }
+    out
 }
 
 /// A simple placement of `gpus` with their paired NICs: vCPUs and memory
@@ -188,39 +290,37 @@ pub fn place_avoiding(
             vcpus,
         });
     }
-    let nodes: Vec<u32> = weight.keys().copied().collect();
-    let weights: Vec<u64> = weight.values().copied().collect();
-    // One vCPU per node first, the rest by weight.
-    let cpu_split: Vec<u64> = split(u64::from(vcpus) - nodes.len() as u64, &weights)
-        .into_iter()
-        .map(|n| n + 1)
+    let weights: Vec<(u32, u64)> = weight.into_iter().collect();
+    let free: BTreeMap<u32, Vec<u32>> = topo
+        .numa_nodes
+        .iter()
+        .map(|n| {
+            let cpus = n.cpus.iter().copied().filter(|c| !in_use.cpus.contains(c));
+            (n.id, cpus.collect())
+        })
         .collect();
-    let mem_split = split(u64::from(memory_gib) * 1024, &weights);
-    let mut cpus = BTreeMap::new();
-    let mut memory_mib = BTreeMap::new();
-    for (i, node) in nodes.iter().enumerate() {
-        let want = cpu_split[i] as usize;
-        let free: Vec<u32> = topo
-            .numa(*node)
-            .map(|n| {
-                n.cpus
-                    .iter()
-                    .copied()
-                    .filter(|c| !in_use.cpus.contains(c))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if want > free.len() {
-            return Err(LayoutError::NotEnoughCpus {
-                node: *node,
-                available: free.len(),
-                wanted: want,
-            });
-        }
-        let list = free[..want].to_vec();
-        cpus.insert(*node, list);
-        memory_mib.insert(*node, mem_split[i]);
-    }
+    let room: BTreeMap<u32, u64> = free.iter().map(|(n, c)| (*n, c.len() as u64)).collect();
+    let spread = spread_vcpus(u64::from(vcpus), &weights, &room).map_err(|e| match e {
+        SpreadError::TooFew { nodes } => LayoutError::TooFewVcpus { nodes, vcpus },
+        SpreadError::NoFreeCpu { node } => LayoutError::NotEnoughCpus {
+            node,
+            available: 0,
+            wanted: 1,
+        },
+        SpreadError::Short { missing } => LayoutError::NotEnoughCpusOnHost {
+            available: room.values().sum::<u64>() as usize,
+            wanted: vcpus as usize,
+            missing: missing as usize,
+        },
+    })?;
+    let memory_mib = spread_memory(u64::from(memory_gib) * 1024, &weights, &spread);
+    let cpus = spread
+        .iter()
+        .map(|(n, v)| {
+            let list = free.get(n).map(|c| c[..*v as usize].to_vec());
+            (*n, list.unwrap_or_default())
+        })
+        .collect();
     Ok(Placement {
         gpus: gpus.to_vec(),
         nics,

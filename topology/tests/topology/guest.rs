@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use kumo_topology::domain_xml::DomainSpec;
-use kumo_topology::guest_layout::{switch_group, DeviceKind, LayoutError};
+use kumo_topology::guest_layout::{place_avoiding, switch_group, DeviceKind, InUse, LayoutError};
 use kumo_topology::relation::pci_relation;
 use kumo_topology::render::{render, Rendered};
 use kumo_topology::{pairing, Bdf, HostTopology, Relation};
@@ -370,5 +370,98 @@ proptest! {
         let again = render(topo, &gpus, vcpus, 16 * gpus.len() as u32, &spec()).unwrap();
         prop_assert_eq!(&r.domain_xml, &again.domain_xml);
         prop_assert_eq!(&r.nccl_xml, &again.nccl_xml);
+    }
+}
+
+/// A VM asking for every CPU of the machine places, whatever its devices:
+/// the split follows the devices, capped at each node's CPUs, and spills
+/// to the other nodes (it was refused when the devices sat unevenly).
+#[test]
+fn a_vm_may_ask_for_every_cpu_of_the_machine() {
+    for (name, topo) in machines() {
+        let all: u32 = topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum();
+        for g in &topo.gpus {
+            let gpus = [g.location.bdf];
+            let r = render(topo, &gpus, all, 16, &spec())
+                .unwrap_or_else(|e| panic!("{name} {}: {e}", g.location.bdf));
+            check(topo, &gpus, &r);
+            let cells = &r.report.layout.cells;
+            assert_eq!(
+                cells.len(),
+                topo.numa_nodes.len(),
+                "{name}: every node has a cell"
+            );
+            assert_eq!(cells.iter().map(|c| c.vcpus.len() as u32).sum::<u32>(), all);
+        }
+        // One more is refused, and says by how many.
+        let e = render(topo, &[topo.gpus[0].location.bdf], all + 1, 16, &spec())
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("1 short"), "{name}: {e}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Random machines with random CPUs already taken, random GPUs, any
+    /// vCPU count the free CPUs can hold (with one free on each device
+    /// node): it always places, on free CPUs only, every device node in,
+    /// every cell with memory.
+    #[test]
+    fn a_vm_whose_total_fits_always_places(
+        machine in 0..GPU_MACHINES.len(),
+        picks in proptest::collection::vec(any::<prop::sample::Index>(), 0..9),
+        taken in proptest::collection::vec(any::<bool>(), 256),
+        share in 0.0f64..=1.0,
+    ) {
+        let topo = &machines()[GPU_MACHINES[machine]];
+        let mut gpus: Vec<Bdf> = Vec::new();
+        for p in picks {
+            let g = p.get(&topo.gpus).location.bdf;
+            if !gpus.contains(&g) {
+                gpus.push(g);
+            }
+        }
+        let cpus: Vec<u32> = topo.numa_nodes.iter().flat_map(|n| n.cpus.iter().copied()).collect();
+        let in_use = InUse {
+            cpus: cpus.iter().copied().filter(|c| taken[*c as usize % 256]).collect(),
+            nics: Default::default(),
+        };
+        let free = cpus.len() - in_use.cpus.len();
+        // The nodes the devices need a vCPU on, from a placement without
+        // anything taken.
+        let needs = match kumo_topology::guest_layout::place(topo, &gpus, cpus.len() as u32, 1) {
+            Ok(p) => p,
+            Err(e) => return Err(TestCaseError::fail(e.to_string())),
+        };
+        let device_nodes: Vec<u32> = needs.cpus.keys().copied().filter(|n| {
+            gpus.iter().any(|g| topo.gpu(*g).and_then(|x| x.location.numa_node) == Some(*n))
+                || needs.nics.iter().any(|x| topo.nic(&x.rdma_device).and_then(|y| y.location.numa_node) == Some(*n))
+        }).collect();
+        let node_free = |n: u32| topo.numa(n).map_or(0, |x| x.cpus.iter().filter(|c| !in_use.cpus.contains(c)).count());
+        prop_assume!(device_nodes.iter().all(|n| node_free(*n) > 0));
+        let least = device_nodes.len().max(1);
+        prop_assume!(free >= least);
+        let vcpus = (least + ((free - least) as f64 * share) as usize) as u32;
+        let p = place_avoiding(topo, &gpus, vcpus, 16, &in_use);
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => return Err(TestCaseError::fail(format!("{vcpus} of {free} free: {e}"))),
+        };
+        let placed: Vec<u32> = p.cpus.values().flatten().copied().collect();
+        prop_assert_eq!(placed.len() as u32, vcpus);
+        prop_assert!(placed.iter().all(|c| !in_use.cpus.contains(c)));
+        let unique: BTreeSet<u32> = placed.iter().copied().collect();
+        prop_assert_eq!(unique.len(), placed.len());
+        for (n, list) in &p.cpus {
+            let node = topo.numa(*n).unwrap();
+            prop_assert!(list.iter().all(|c| node.cpus.contains(c)));
+            prop_assert!(p.memory_mib.get(n).copied().unwrap_or(0) > 0, "node {} has no memory", n);
+        }
+        for n in &device_nodes {
+            prop_assert!(p.cpus.get(n).is_some_and(|l| !l.is_empty()), "device node {} has a vCPU", n);
+        }
+        prop_assert_eq!(p.memory_mib.values().sum::<u64>(), 16 * 1024);
     }
 }
