@@ -29,9 +29,30 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Operations on the database itself (local access only).
+    #[command(subcommand)]
+    Admin(Admin),
     /// Benchmarks, each printing one JSON object.
     #[command(subcommand)]
     Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Admin {
+    /// Break-glass: a new administrator token (valid 24 h) written to a
+    /// 0600 file, never printed, audited; for when every admin token is
+    /// revoked or lost. Re-enables the user if disabled; creates it if
+    /// missing. Needs the server's configuration (database).
+    Recover {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The administrator to recover.
+        #[arg(long, default_value = "admin")]
+        user: String,
+        /// Where to write the token [default: <data-dir>/recovery-token].
+        #[arg(long)]
+        to: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -143,6 +164,28 @@ async fn dev(args: ServeArgs, hosts: usize) -> anyhow::Result<()> {
     server.wait().await
 }
 
+async fn recover(
+    args: ServeArgs,
+    user: String,
+    to: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let config = Config::load(&args)?;
+    let db = kumo_server::db::open(&config.database_url).await?;
+    let to = to.unwrap_or_else(|| {
+        config
+            .data_dir
+            .join(kumo_server::app::bootstrap::RECOVERY_TOKEN_FILE)
+    });
+    let path = kumo_server::app::bootstrap::recover(&db, &user, &to, chrono::Utc::now()).await?;
+    // The path, never the token.
+    println!(
+        "A token for administrator `{user}`, valid {} hours, is in {} (readable by its owner only). Sign in with it and mint a lasting one.",
+        kumo_server::app::bootstrap::RECOVERY_TOKEN_HOURS,
+        path.display()
+    );
+    Ok(())
+}
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let config = Config::load(&args)?;
@@ -218,6 +261,13 @@ fn main() -> ExitCode {
             serde_json::to_string(&r)
                 .map(|j| println!("{j}"))
                 .map_err(anyhow::Error::from)
+        }
+        Command::Admin(Admin::Recover { serve, user, to }) => {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(recover(serve, user, to)))
         }
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()

@@ -4,6 +4,8 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
+use crate::harness::{on_both_backends, TestServer};
+
 /// Starts the server and reads stdout until it says where it listens.
 /// (A failed assertion here leaves the child to the test process's exit.)
 #[allow(clippy::zombie_processes)]
@@ -172,4 +174,80 @@ fn bad_configuration_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot connect to the database"), "{err}");
+}
+
+/// `kumo-server admin recover` with the server's database.
+fn recover(s: &TestServer, args: &[&str]) -> std::process::Output {
+    let config = &s.server.state.config;
+    Command::new(crate::harness::bin("kumo-server"))
+        .args([
+            "admin",
+            "recover",
+            "--database-url",
+            &config.database_url,
+            "--data-dir",
+        ])
+        .arg(&config.data_dir)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+on_both_backends! {
+    /// An administrator who revoked every admin token gets back in with
+    /// the break-glass command (local access to the database): a 24-hour
+    /// token in a 0600 file, never printed, audited; a disabled admin is
+    /// re-enabled; nobody is made an administrator by it.
+    async fn admin_recover_lets_an_administrator_back_in(s: &TestServer) {
+        use kumo_api_types::{AuditEntry, Me, Page, TokenInfo, User};
+        let (_, mika) = s.user("mika").await;
+        let _: User = s.admin.post("/api/v1/users", &serde_json::json!({"name": "ops", "is_admin": true})).await.unwrap();
+        s.admin.post::<_, serde_json::Value>("/api/v1/users/ops/disable", &serde_json::json!({})).await.ok();
+        // Every admin token revoked: locked out.
+        let tokens: Vec<TokenInfo> = s.admin.list_all("/api/v1/tokens").await.unwrap();
+        for t in tokens.iter().filter(|t| t.user == "admin") {
+            s.admin.delete(&format!("/api/v1/tokens/{}", t.id)).await.unwrap();
+        }
+        assert_eq!(s.admin.get::<Me>("/api/v1/users/me").await.unwrap_err().status(), Some(401));
+
+        // Break-glass never makes an administrator.
+        let out = recover(s, &["--user", "mika"]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not an administrator"), "{out:?}");
+
+        let out = recover(s, &[]);
+        assert!(out.status.success(), "{out:?}");
+        let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        let file = s.server.state.config.data_dir.join("recovery-token");
+        assert!(said.contains(&file.display().to_string()), "{said}");
+        let token = std::fs::read_to_string(&file).unwrap().trim().to_owned();
+        assert!(token.starts_with("kumo_") && !said.contains(&token), "the token is never printed: {said}");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_ne!(token, mika);
+        let admin = kumo_cli::Client::new(&s.url, Some(token)).unwrap();
+        let me: Me = admin.get("/api/v1/users/me").await.unwrap();
+        assert_eq!(me.user.name, "admin");
+        let mine: Vec<TokenInfo> = admin.list_all("/api/v1/tokens").await.unwrap();
+        let t = mine.iter().find(|t| t.description.contains("break-glass")).unwrap();
+        let hours = (t.expires_at.unwrap() - t.created_at).num_hours();
+        assert_eq!(hours, 24);
+
+        // A disabled administrator is enabled again.
+        let ops_file = s.server.state.config.data_dir.join("ops-token");
+        let out = Command::new(crate::harness::bin("kumo-server"))
+            .args(["admin", "recover", "--database-url", &s.server.state.config.database_url, "--user", "ops", "--to"])
+            .arg(&ops_file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let ops = kumo_cli::Client::new(&s.url, Some(std::fs::read_to_string(&ops_file).unwrap().trim().to_owned())).unwrap();
+        let me: Me = ops.get("/api/v1/users/me").await.unwrap();
+        assert_eq!(me.user.name, "ops");
+
+        let audit: Page<AuditEntry> = admin.get("/api/v1/audit?limit=50").await.unwrap();
+        let by = |a: &str| audit.items.iter().filter(|e| e.action == a && e.actor == "kumo-server admin recover").count();
+        assert_eq!(by("token.recover"), 2);
+        assert_eq!(by("user.enable"), 1);
+    }
 }
