@@ -138,6 +138,10 @@ enum Command {
         /// `nvidia-smi` through their guest agents.
         #[arg(long, default_value_t = 15)]
         telemetry_secs: u64,
+        /// Die with this process, our parent (simulated fleets: the agents
+        /// of `kumo-server dev` end with it, even when it is killed).
+        #[arg(long)]
+        parent_pid: Option<u32>,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -188,7 +192,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             transfer_url,
             telemetry_secs,
             thin_pool,
+            parent_pid,
         } => {
+            if let Some(parent) = parent_pid {
+                die_with_parent(parent);
+            }
             tracing_subscriber::fmt()
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_env("KUMO_LOG")
@@ -316,5 +324,19 @@ fn main() -> ExitCode {
             eprintln!("kumo-agent: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Asks the kernel for SIGKILL when the parent ends, then checks that the
+/// parent is still the one named (it may have died before the request).
+fn die_with_parent(parent: u32) {
+    use nix::sys::signal::Signal;
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        eprintln!("kumo-agent: cannot tie itself to its parent: {e}");
+        std::process::exit(1);
+    }
+    if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
+        eprintln!("kumo-agent: its parent {parent} is gone");
+        std::process::exit(1);
     }
 }

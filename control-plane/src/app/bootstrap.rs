@@ -125,9 +125,11 @@ pub async fn recover(
         .one(&txn)
         .await?
     {
-        Some(u) if !u.is_admin => return Err(RecoverError::Refused(format!(
+        Some(u) if !u.is_admin => {
+            return Err(RecoverError::Refused(format!(
             "user {name:?} is not an administrator; name one who is (break-glass never makes one)"
-        ))),
+        )))
+        }
         Some(u) if u.disabled => {
             let mut a: users::ActiveModel = u.into();
             a.disabled = Set(false);

@@ -40,6 +40,8 @@ pub const FLEET: &[&str] = &[
     "cpu-only",
 ];
 
+mod owner;
+
 pub struct Fleet {
     children: Vec<Child>,
     /// The prefix of every namespace the fleet made (when it made any):
@@ -316,11 +318,21 @@ pub async fn start_fleet(
         if let Some(up) = &h.edge_uplink {
             cmd.arg("--edge-uplink").arg(up);
         }
+        // The agents end with this process, even when it is killed.
+        cmd.arg("--parent-pid").arg(std::process::id().to_string());
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         fleet.children.push(child);
     }
+    owner::record(
+        data_dir,
+        &owner::Owner {
+            server_pid: std::process::id(),
+            prefix: prefix(),
+            agents: fleet.children.iter().map(Child::id).collect(),
+        },
+    )?;
     net.write(data_dir)?;
     fleet.network = net.clone();
     if fleet.prefix.is_some() {
@@ -396,6 +408,7 @@ async fn running_vms(
 
 pub async fn dev(config: Config, hosts: usize) -> anyhow::Result<(RunningServer, Fleet)> {
     let data_dir = config.data_dir.clone();
+    owner::take_over(&data_dir)?;
     let server = RunningServer::start(config).await?;
     let token_path = data_dir.join(crate::app::bootstrap::ADMIN_TOKEN_FILE);
     let token = std::fs::read_to_string(&token_path)

@@ -275,3 +275,108 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
         .unwrap();
     assert!(again.wait().unwrap().success());
 }
+
+/// Whether `pid` still runs (a zombie waiting for its reaper does not).
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn namespaces_of(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("{prefix}-")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A dev fleet's agents die with its server even when it is killed; a
+/// second `dev` on the same data directory refuses while the first runs
+/// and, once it is gone, removes the namespaces it left before starting.
+#[test]
+fn a_killed_dev_fleet_takes_its_agents_along_and_the_next_clears_the_rest() {
+    let data = scratch();
+    let (mut first, _) = start_dev(data.path());
+    let owner: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(data.path().join("fleet/owner.json")).unwrap())
+            .unwrap();
+    assert_eq!(owner["server_pid"].as_u64(), Some(u64::from(first.id())));
+    let agents: Vec<u64> = owner["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert_eq!(agents.len(), 3);
+    assert!(agents.iter().all(|p| alive(*p)));
+    let prefix = owner["prefix"].as_str().unwrap().to_owned();
+
+    let second = Command::new(bin("kumo-server"))
+        .args(["dev", "--hosts", "1", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("KUMO_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        said.contains(&format!(
+            "another kumo-server dev (pid {}) runs",
+            first.id()
+        )),
+        "{said}"
+    );
+
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while agents.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        agents.iter().all(|p| !alive(*p)),
+        "the agents outlived their server"
+    );
+    let root = is_root();
+    if root {
+        assert!(
+            !namespaces_of(&prefix).is_empty(),
+            "a killed server leaves its namespaces"
+        );
+    }
+
+    let (mut next, _) = start_dev(data.path());
+    assert!(
+        namespaces_of(&prefix).is_empty(),
+        "{:?}",
+        namespaces_of(&prefix)
+    );
+    let pid = next.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    assert!(next.wait().unwrap().success());
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
