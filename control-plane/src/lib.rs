@@ -16,6 +16,7 @@
 //! Nothing calls upward; `cargo xtask layers` checks it.
 
 pub mod app;
+pub mod backup;
 pub mod clock;
 pub mod config;
 pub mod consoles;

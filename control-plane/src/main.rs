@@ -29,6 +29,23 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// An online, consistent copy of the embedded (SQLite) database while
+    /// the server serves; PostgreSQL: use pg_dump.
+    Backup {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The new file.
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
+    /// A backup put in place of the database of a fresh data directory.
+    Restore {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The backup file.
+        #[arg(long)]
+        from: std::path::PathBuf,
+    },
     /// Operations on the database itself (local access only).
     #[command(subcommand)]
     Admin(Admin),
@@ -223,6 +240,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -262,6 +285,22 @@ fn main() -> ExitCode {
                 .map(|j| println!("{j}"))
                 .map_err(anyhow::Error::from)
         }
+        Command::Backup { serve, to } => runtime().and_then(|rt| {
+            rt.block_on(async {
+                let config = Config::load(&serve)?;
+                let s = kumo_server::backup::backup(&config.database_url, &to).await?;
+                println!("{}", serde_json::to_string(&s)?);
+                Ok(())
+            })
+        }),
+        Command::Restore { serve, from } => runtime().and_then(|rt| {
+            rt.block_on(async {
+                let config = Config::load(&serve)?;
+                let s = kumo_server::backup::restore(&from, &config.database_url).await?;
+                println!("{}", serde_json::to_string(&s)?);
+                Ok(())
+            })
+        }),
         Command::Admin(Admin::Recover { serve, user, to }) => {
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -24,7 +24,7 @@ pub enum Layer {
 }
 
 const FOUNDATION: &[&str] = &[
-    "error", "clock", "config", "entity", "db", "metrics", "signals", "oidc", "consoles",
+    "error", "clock", "config", "entity", "db", "backup", "metrics", "signals", "oidc", "consoles",
 ];
 
 impl Layer {

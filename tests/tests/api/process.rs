@@ -251,3 +251,218 @@ on_both_backends! {
         assert_eq!(by("user.enable"), 1);
     }
 }
+
+/// `kumo-server backup` under VM churn, `restore` into a fresh data
+/// directory, a server started on it: every tenant, VM, allocation, ledger
+/// line and audit entry the backup's moment held is there, and nothing
+/// made after the backup finished.
+#[tokio::test]
+async fn a_backup_under_churn_restores_into_a_fresh_data_directory() {
+    use kumo_api_types::{Me, Vm};
+    use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QuerySelect};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let s = TestServer::start_with(crate::harness::Backend::Sqlite, |_| {}).await;
+    s.tenant("lab").await;
+    let _: serde_json::Value = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/points/grants",
+            &serde_json::json!({"amount": "1000", "expires_at": chrono::Utc::now() + chrono::Duration::days(30)}),
+        )
+        .await
+        .unwrap();
+    let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    let mut agent2 = s.sim_agent("gpu-002", "hgx-h100").await;
+    // Churn: VMs made and placed one after another, each noted (with when
+    // it was asked for) once placed.
+    let made: Arc<Mutex<Vec<(uuid::Uuid, std::time::Instant)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (made, stop, admin) = (made.clone(), stop.clone(), s.admin.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) && i < 40 {
+                let asked = std::time::Instant::now();
+                let v: Vm = admin
+                    .post(
+                        "/api/v1/tenants/lab/vms",
+                        &crate::device_health::vm(
+                            &format!("churn-{i}"),
+                            0,
+                            kumo_api_types::ServiceLevel::Spot,
+                        ),
+                    )
+                    .await
+                    .unwrap();
+                agent.converge().await;
+                agent2.converge().await;
+                made.lock().unwrap().push((v.id, asked));
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                i += 1;
+            }
+        })
+    };
+    while made.lock().unwrap().len() < 5 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let started = std::time::Instant::now();
+    let before: Vec<uuid::Uuid> = made.lock().unwrap().iter().map(|(v, _)| *v).collect();
+    let audit_before: Option<i64> = kumo_server::entity::audit_log::Entity::find()
+        .select_only()
+        .column_as(kumo_server::entity::audit_log::Column::Id.max(), "m")
+        .into_tuple()
+        .one(s.db())
+        .await
+        .unwrap()
+        .flatten();
+    let dir = crate::harness::scratch();
+    let file = dir.path().join("kumo-backup.db");
+    let config = &s.server.state.config;
+    let out = Command::new(crate::harness::bin("kumo-server"))
+        .args(["backup", "--database-url", &config.database_url, "--to"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let finished = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    churn.await.unwrap();
+    let after: Vec<uuid::Uuid> = made
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, at)| *at > finished)
+        .map(|(v, _)| *v)
+        .collect();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        summary["vms"].as_i64().unwrap() >= before.len() as i64,
+        "{summary}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // A backup never overwrites.
+    let again = Command::new(crate::harness::bin("kumo-server"))
+        .args(["backup", "--database-url", &config.database_url, "--to"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+
+    // Restored into a fresh data directory, and never over a database.
+    let fresh = dir.path().join("restored");
+    let restore = |data: &std::path::Path| {
+        Command::new(crate::harness::bin("kumo-server"))
+            .args(["restore", "--from"])
+            .arg(&file)
+            .arg("--data-dir")
+            .arg(data)
+            .output()
+            .unwrap()
+    };
+    let out = restore(&fresh);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!restore(&fresh).status.success(), "not over a database");
+    let restored = sea_orm::Database::connect(format!(
+        "sqlite://{}?mode=ro",
+        fresh.join("kumo.db").display()
+    ))
+    .await
+    .unwrap();
+    use kumo_server::entity::{allocations, audit_log, point_grants, tenants, vms};
+    for id in &before {
+        assert!(
+            vms::Entity::find_by_id(*id)
+                .one(&restored)
+                .await
+                .unwrap()
+                .is_some(),
+            "VM {id} made before the backup"
+        );
+    }
+    for id in &after {
+        assert!(
+            vms::Entity::find_by_id(*id)
+                .one(&restored)
+                .await
+                .unwrap()
+                .is_none(),
+            "VM {id} made after the backup"
+        );
+    }
+    let placed = vms::Entity::find()
+        .filter(vms::Column::HostId.is_not_null())
+        .all(&restored)
+        .await
+        .unwrap();
+    assert!(placed.len() >= before.len());
+    for v in &placed {
+        let n = allocations::Entity::find()
+            .filter(allocations::Column::VmId.eq(v.id))
+            .count(&restored)
+            .await
+            .unwrap();
+        assert!(n > 0, "VM {} has its allocations", v.name);
+    }
+    assert_eq!(
+        tenants::Entity::find()
+            .filter(tenants::Column::Name.eq("lab"))
+            .count(&restored)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        point_grants::Entity::find().count(&restored).await.unwrap(),
+        1
+    );
+    let ids: Vec<i64> = audit_log::Entity::find()
+        .select_only()
+        .column(audit_log::Column::Id)
+        .into_tuple()
+        .all(&restored)
+        .await
+        .unwrap();
+    let upto = audit_before.unwrap();
+    let live: Vec<i64> = audit_log::Entity::find()
+        .select_only()
+        .column(audit_log::Column::Id)
+        .filter(audit_log::Column::Id.lte(upto))
+        .into_tuple()
+        .all(s.db())
+        .await
+        .unwrap();
+    for id in live {
+        assert!(ids.contains(&id), "audit entry {id} from before the backup");
+    }
+    restored.close().await.unwrap();
+
+    // A server on the restored directory serves it, and the admin's token
+    // works there.
+    let (child, url, _) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            fresh.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let c = kumo_cli::Client::new(&url, Some(s.admin_token.clone())).unwrap();
+    let me: Me = c.get("/api/v1/users/me").await.unwrap();
+    assert_eq!(me.user.name, "admin");
+    let listed: Vec<Vm> = c.list_all("/api/v1/tenants/lab/vms").await.unwrap();
+    assert!(before.iter().all(|id| listed.iter().any(|v| v.id == *id)));
+    terminate(child);
+    println!(
+        "backup: {} VMs, taken in {:?}",
+        summary["vms"],
+        finished - started
+    );
+    s.stop().await;
+}
