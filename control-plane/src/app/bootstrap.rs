@@ -28,6 +28,20 @@ pub enum BootstrapError {
     },
 }
 
+/// A local platform administrator, to insert.
+fn administrator(name: &str, now: DateTime<Utc>) -> users::ActiveModel {
+    users::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        name: Set(name.to_owned()),
+        display_name: Set("Platform administrator".into()),
+        email: Set(None),
+        kind: Set("local".into()),
+        is_admin: Set(true),
+        disabled: Set(false),
+        created_at: Set(now),
+    }
+}
+
 /// Creates the admin user and token when no user exists yet. Returns the
 /// token file's path when it did. Another replica winning the race is fine:
 /// the unique user name decides, and the loser does nothing.
@@ -41,17 +55,7 @@ pub async fn bootstrap(
     }
     let minted = auth::mint();
     let txn = db.begin().await?;
-    let user = users::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        name: Set(ADMIN_USER.into()),
-        display_name: Set("Platform administrator".into()),
-        email: Set(None),
-        kind: Set("local".into()),
-        is_admin: Set(true),
-        disabled: Set(false),
-        created_at: Set(now),
-    };
-    let user = match user.insert(&txn).await {
+    let user = match administrator(ADMIN_USER, now).insert(&txn).await {
         Ok(u) => u,
         Err(e) if is_unique_violation(&e) => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -139,18 +143,7 @@ pub async fn recover(
         }
         Some(u) => u,
         None => {
-            let u = users::ActiveModel {
-                id: Set(Uuid::now_v7()),
-                name: Set(name.to_owned()),
-                display_name: Set("Platform administrator".into()),
-                email: Set(None),
-                kind: Set("local".into()),
-                is_admin: Set(true),
-                disabled: Set(false),
-                created_at: Set(now),
-            }
-            .insert(&txn)
-            .await?;
+            let u = administrator(name, now).insert(&txn).await?;
             audit_local(&txn, &who, "user.create", name).await?;
             u
         }

@@ -348,6 +348,18 @@ fn cpu_only_vm_has_a_cell_and_no_expanders() {
     );
 }
 
+/// The GPUs the picks name, each once, in the order first picked.
+fn distinct_gpus(topo: &HostTopology, picks: &[prop::sample::Index]) -> Vec<Bdf> {
+    let mut gpus: Vec<Bdf> = Vec::new();
+    for p in picks {
+        let g = p.get(&topo.gpus).location.bdf;
+        if !gpus.contains(&g) {
+            gpus.push(g);
+        }
+    }
+    gpus
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
@@ -355,13 +367,7 @@ proptest! {
     #[test]
     fn any_gpu_subset_renders_consistently(machine in 0..GPU_MACHINES.len(), picks in proptest::collection::vec(any::<prop::sample::Index>(), 1..9), vcpu_per_gpu in 1u32..8) {
         let topo = &machines()[GPU_MACHINES[machine]];
-        let mut gpus: Vec<Bdf> = Vec::new();
-        for p in picks {
-            let g = p.get(&topo.gpus).location.bdf;
-            if !gpus.contains(&g) {
-                gpus.push(g);
-            }
-        }
+        let gpus = distinct_gpus(topo, &picks);
         // One more vCPU than GPUs covers every NUMA node the GPUs and their NICs use.
         let vcpus = vcpu_per_gpu * gpus.len() as u32 + 1;
         let r = render(topo, &gpus, vcpus, 16 * gpus.len() as u32, &spec()).unwrap();
@@ -416,13 +422,7 @@ proptest! {
         share in 0.0f64..=1.0,
     ) {
         let topo = &machines()[GPU_MACHINES[machine]];
-        let mut gpus: Vec<Bdf> = Vec::new();
-        for p in picks {
-            let g = p.get(&topo.gpus).location.bdf;
-            if !gpus.contains(&g) {
-                gpus.push(g);
-            }
-        }
+        let gpus = distinct_gpus(topo, &picks);
         let cpus: Vec<u32> = topo.numa_nodes.iter().flat_map(|n| n.cpus.iter().copied()).collect();
         let in_use = InUse {
             cpus: cpus.iter().copied().filter(|c| taken[*c as usize % 256]).collect(),
