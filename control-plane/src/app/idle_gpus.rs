@@ -49,6 +49,12 @@ fn effective(platform: &IdlePolicy, own: Option<&idle_policies::Model>) -> IdleP
     }
 }
 
+/// The policy a project is under.
+async fn policy_of(st: &AppState, tenant: Uuid) -> Result<IdlePolicy, ApiError> {
+    let own = store::policy(&st.db, tenant).await?;
+    Ok(effective(&st.config.idle.policy, own.as_ref()))
+}
+
 fn blank(vm: &vms::Model) -> vm_idle::Model {
     vm_idle::Model {
         vm_id: vm.id,
@@ -84,10 +90,16 @@ pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
         .into_iter()
         .map(|p| (p.tenant_id, p))
         .collect();
+    // Every VM's idle row in one read, not one per VM each minute.
+    let mut rows: BTreeMap<Uuid, vm_idle::Model> = store::all_vms(&st.db)
+        .await?
+        .into_iter()
+        .map(|r| (r.vm_id, r))
+        .collect();
     let mut steps = 0;
     for vm in running {
         let policy = effective(&st.config.idle.policy, own.get(&vm.tenant_id));
-        match one(st, &vm, &policy).await {
+        match one(st, &vm, rows.remove(&vm.id), &policy).await {
             Ok(true) => steps += 1,
             Ok(false) => {}
             Err(e) => tracing::warn!(vm = %vm.id, error = %e, "idle check failed"),
@@ -97,7 +109,12 @@ pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
 }
 
 /// One VM: its spell brought up to date, and the step due taken.
-async fn one(st: &AppState, vm: &vms::Model, policy: &IdlePolicy) -> Result<bool, ApiError> {
+async fn one(
+    st: &AppState,
+    vm: &vms::Model,
+    old: Option<vm_idle::Model>,
+    policy: &IdlePolicy,
+) -> Result<bool, ApiError> {
     let gpus = stored_spec(vm)?.gpus;
     if gpus == 0 {
         return Ok(false);
@@ -106,7 +123,6 @@ async fn one(st: &AppState, vm: &vms::Model, policy: &IdlePolicy) -> Result<bool
     let gap = Duration::minutes(MAX_GAP_MINUTES + 1);
     let from = now - Duration::hours(i64::from(policy.hours)) - gap;
     let minutes = store::use_by_minute(&st.db, vm.id, from).await?;
-    let old = store::vm(&st.db, vm.id).await?;
     let mut row = old.clone().unwrap_or_else(|| blank(vm));
     let mut since = idle_since(&minutes, gpus, policy.utilization_pct, now);
     // A spell longer than the minutes read goes on from where it began.
@@ -374,8 +390,7 @@ pub async fn report(st: &AppState, actor: &Actor, tenant: &str) -> Result<IdleRe
 
 /// What [`report`] answers, for a tenant already authorised (the portal).
 pub async fn report_of(st: &AppState, tenant: &tenants::Model) -> Result<IdleReport, ApiError> {
-    let own = store::policy(&st.db, tenant.id).await?;
-    let policy = effective(&st.config.idle.policy, own.as_ref());
+    let policy = policy_of(st, tenant.id).await?;
     let rows: BTreeMap<Uuid, vm_idle::Model> = store::of_tenant(&st.db, tenant.id)
         .await?
         .into_iter()
@@ -498,8 +513,7 @@ async fn exemption_change(
             vm.name
         )));
     }
-    let own = store::policy(&st.db, tenant.id).await?;
-    let policy = effective(&st.config.idle.policy, own.as_ref());
+    let policy = policy_of(st, tenant.id).await?;
     // A concurrent pass may change the row: read, change, write while it
     // still reads the same, a few times.
     for _ in 0..3 {

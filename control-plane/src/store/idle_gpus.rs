@@ -107,6 +107,11 @@ pub async fn vm(db: &impl ConnectionTrait, vm: Uuid) -> Result<Option<vm_idle::M
     Ok(vm_idle::Entity::find_by_id(vm).one(db).await?)
 }
 
+/// Every VM's idle row (the idle pass reads them once).
+pub async fn all_vms(db: &impl ConnectionTrait) -> Result<Vec<vm_idle::Model>, ApiError> {
+    Ok(vm_idle::Entity::find().all(db).await?)
+}
+
 pub async fn of_tenant(
     db: &impl ConnectionTrait,
     tenant: Uuid,
