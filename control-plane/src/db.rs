@@ -13,9 +13,6 @@ pub enum DbOpenError {
     Migrate(sea_orm::DbErr),
 }
 
-/// Connects and runs pending migrations. Migrations are safe to start from
-/// several replicas at once on PostgreSQL: sea-orm runs each in a
-/// transaction and records it in `seaql_migrations`.
 /// The file of a `sqlite:` URL (`sqlite://PATH?mode=rwc`), or `None` for
 /// other databases and in-memory ones.
 pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
@@ -25,6 +22,11 @@ pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
     (!path.is_empty() && path != ":memory:").then(|| std::path::PathBuf::from(path))
 }
 
+/// Connects and runs pending migrations. Migrations are safe to start from
+/// several replicas at once on PostgreSQL: sea-orm runs each in a
+/// transaction and records it in `seaql_migrations`. They only expand the
+/// schema, so replicas of the previous release go on serving beside the
+/// new one (README, "Upgrades").
 pub async fn open(url: &str) -> Result<DatabaseConnection, DbOpenError> {
     let mut opts = ConnectOptions::new(url.to_owned());
     let sqlite = url.starts_with("sqlite:");

@@ -92,6 +92,12 @@ const PACKAGES: &[(&str, &str)] = &[
     // environment under target/.
     ("python3", "python3"),
     ("/usr/share/doc/python3-venv", "python3-venv"),
+    // The upgrade tests restore PostgreSQL dumps; the packaging test builds
+    // Debian packages (dpkg-shlibdeps) and installs them into a fresh
+    // Debian made by mmdebstrap.
+    ("psql", "postgresql-client"),
+    ("dpkg-shlibdeps", "dpkg-dev"),
+    ("mmdebstrap", "mmdebstrap"),
 ];
 
 /// Debian's QEMU replaces a newer backported qemu-utils: check qemu-img
@@ -168,11 +174,86 @@ fn test(args: &[String]) -> Result<(), String> {
     if extended {
         tests.env("KUMO_EXTENDED", "1");
     }
+    tests.env("KUMO_PREVIOUS_RELEASE_BIN", previous_release()?);
     run(tests.args(extra))?;
     if extended {
         fuzz()?;
     }
     Ok(())
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+/// `"key": "value"` in a small JSON file written by our own script.
+fn json_string(text: &str, key: &str) -> Option<String> {
+    let at = text.find(&format!("\"{key}\""))?;
+    let rest = &text[at + key.len() + 2..];
+    let rest = &rest[rest.find('"')? + 1..];
+    Some(rest[..rest.find('"')?].to_owned())
+}
+
+fn version_key(v: &str) -> Vec<u64> {
+    v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+}
+
+/// Builds the previous release's binaries (the newest upgrade fixture older
+/// than this version, from the commit its fixture names) for the
+/// rolling-upgrade test, and returns their directory. The source comes
+/// from this clone's history (`git archive`); it builds in a target
+/// directory of its own, since two checkouts of one workspace confuse
+/// cargo's fingerprints in a shared one.
+fn previous_release() -> Result<PathBuf, String> {
+    let this = env!("CARGO_PKG_VERSION");
+    let fixtures = root().join("tests/fixtures/upgrade");
+    let mut older: Vec<(String, String)> = std::fs::read_dir(&fixtures)
+        .map_err(|e| format!("cannot read {}: {e}", fixtures.display()))?
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("expect.json")).ok())
+        .filter_map(|t| Some((json_string(&t, "version")?, json_string(&t, "commit")?)))
+        .filter(|(v, _)| version_key(v) < version_key(this))
+        .collect();
+    older.sort_by_key(|(v, _)| version_key(v));
+    let (version, commit) = older.pop().ok_or_else(|| {
+        format!(
+            "no upgrade fixture older than {this} in {}",
+            fixtures.display()
+        )
+    })?;
+    let dir = target_dir().join("releases").join(&version);
+    let src = dir.join("src");
+    if !src.join("Cargo.toml").exists() {
+        let _ = std::fs::remove_dir_all(&src);
+        std::fs::create_dir_all(&src)
+            .map_err(|e| format!("cannot create {}: {e}", src.display()))?;
+        run(Command::new("bash").arg("-c").arg(format!(
+            "git archive --format=tar {commit} | tar -x -C '{}'",
+            src.display()
+        )))
+        .map_err(|e| {
+            format!(
+                "{e} (the previous release {version} is commit {commit}: a shallow clone lacks it)"
+            )
+        })?;
+    }
+    let target = dir.join("target");
+    run(cargo()
+        .args([
+            "build",
+            "--bins",
+            "-p",
+            "kumo-server",
+            "-p",
+            "kumo-agent",
+            "-p",
+            "kumo-cli",
+            "--manifest-path",
+        ])
+        .arg(src.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target))?;
+    Ok(target.join("debug"))
 }
 
 /// The browser libraries the portal serves (xterm.js for consoles), from
@@ -244,10 +325,7 @@ fn fuzz() -> Result<(), String> {
         .ok()
         .and_then(|s| s.parse::<u32>().ok())
         .unwrap_or(FUZZ_SECONDS);
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-        .join("fuzz");
+    let target_dir = target_dir().join("fuzz");
     for t in FUZZ_TARGETS {
         let corpus = root().join("fuzz/corpus").join(t);
         std::fs::create_dir_all(&corpus)
@@ -293,12 +371,31 @@ fn start(extra: &[String]) -> Result<(), String> {
         "-p",
         "kumo-cli",
     ]))?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"));
-    run(Command::new(target.join("release/kumo-server"))
+    run(Command::new(target_dir().join("release/kumo-server"))
         .arg("dev")
         .args(extra))
+}
+
+/// Debian packages of the release build (kumo-server, kumo-agent, kumo)
+/// into `<target>/debian/`.
+fn deb() -> Result<(), String> {
+    ensure_tools(&[("dpkg-shlibdeps", "dpkg-dev")])?;
+    portal_assets()?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "--bins",
+        "-p",
+        "kumo-server",
+        "-p",
+        "kumo-agent",
+        "-p",
+        "kumo-cli",
+    ]))?;
+    run(Command::new("bash")
+        .arg("ops/debian/build-debs.sh")
+        .arg(target_dir().join("release"))
+        .arg(target_dir().join("debian")))
 }
 
 /// Rewrites `api-spec/openapi.json` from the code.
@@ -341,9 +438,11 @@ fn main() -> ExitCode {
         "fuzz" => fuzz(),
         "start" => start(extra),
         "openapi" => openapi(),
+        "deb" => deb(),
         "layers" => check_layers(),
+        "previous-release" => previous_release().map(|d| println!("{}", d.display())),
         _ => {
-            eprintln!("usage: cargo xtask <start|test|openapi> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  layers   check the control plane's one-way layers\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  openapi  regenerate api-spec/openapi.json");
+            eprintln!("usage: cargo xtask <start|test|openapi|deb|…> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  layers   check the control plane's one-way layers\n  previous-release  build the previous release (for the upgrade tests)\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  openapi  regenerate api-spec/openapi.json\n  deb      Debian packages of the release build, into <target>/debian");
             return if task == "help" {
                 ExitCode::SUCCESS
             } else {
