@@ -20,7 +20,6 @@ mkdir -p "$out"
 commit=$(git rev-parse "${3:-HEAD}")
 pg=${KUMO_FIXTURE_PG:-postgres://127.0.0.1:5432}
 pgdb=kumo_fixture_${version//[^0-9a-z]/_}
-port=18431
 
 kumo() { "$bin/kumo" "$@"; }
 has() { "$bin/kumo" "$@" --help >/dev/null 2>&1; }
@@ -63,7 +62,8 @@ scenario() {
   if has public-ip && [ -n "${pool:-}" ]; then
     address=$(kumo -o json public-ip allocate --tenant lab --pool "$pool" | jq -r .address)
     kumo public-ip attach "$address" --tenant lab --vm train
-    kumo port-forward create --tenant lab --public "$address:2222/tcp" --to train:22
+    shared=$(kumo -o json public-ip allocate --tenant lab --pool "$pool" | jq -r .address)
+    kumo port-forward create --tenant lab --public "$shared:2222/tcp" --to train:22
   fi
   if has idle; then
     kumo idle set-policy --tenant lab --utilization-pct 10 --hours 12
@@ -75,7 +75,7 @@ scenario() {
 }
 
 run_one() {
-  local backend=$1 data url
+  local backend=$1 data url port
   data=$(mktemp -d)
   if [ "$backend" = postgres ]; then
     psql "$pg/postgres" -qc "DROP DATABASE IF EXISTS $pgdb" -c "CREATE DATABASE $pgdb"
@@ -85,10 +85,13 @@ run_one() {
   fi
   export HOME=$data/home
   mkdir -p "$HOME"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   "$bin/kumo-server" dev --data-dir "$data" --database-url "$url" \
     --listen "127.0.0.1:$port" --hosts 5 --log-format text >"$data/server.log" 2>&1 &
-  local server=$!
+  server=$!
+  trap 'kill -TERM "$server" 2>/dev/null || true' EXIT
   for _ in $(seq 1 120); do
+    kill -0 "$server" 2>/dev/null || { cat "$data/server.log" >&2; exit 1; }
     [ -s "$data/admin-token" ] && curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break
     sleep 1
   done

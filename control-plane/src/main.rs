@@ -26,6 +26,11 @@ enum Command {
         /// Simulated hosts (H100, A100, 2-NIC H100, L40S, CPU-only, repeating).
         #[arg(long, default_value_t = 4)]
         hosts: usize,
+        /// More log: -v every request (heartbeats and polls too) and the
+        /// agents' own lines, -vv debug. Without it: warnings, errors and
+        /// one line per user action.
+        #[arg(short, long, action = clap::ArgAction::Count)]
+        verbose: u8,
     },
     /// Print the OpenAPI document.
     Openapi,
@@ -101,9 +106,12 @@ enum Bench {
     },
 }
 
-fn init_tracing(format: LogFormat) {
+/// Logs to stderr: JSON lines for machines (the default of `serve`), or
+/// short human lines (the default of `dev`). `KUMO_LOG` (an `EnvFilter`)
+/// overrides `default_filter`.
+fn init_tracing(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KUMO_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,sea_orm=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -113,60 +121,66 @@ fn init_tracing(format: LogFormat) {
             .flatten_event(true)
             .with_current_span(true)
             .init(),
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => builder
+            .compact()
+            .with_target(false)
+            .with_timer(ClockTime)
+            .fmt_fields(tracing_subscriber::fmt::format::debug_fn(human_field))
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
     }
 }
 
-async fn dev(args: ServeArgs, hosts: usize) -> anyhow::Result<()> {
+/// Local wall-clock time to the second: enough for a person watching.
+struct ClockTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for ClockTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{}", chrono::Local::now().format("%H:%M:%S"))
+    }
+}
+
+/// A field in a human line: the message, and the fields a person needs
+/// (an error's cause, a host, a VM). Who did what to what is in the
+/// audit line's sentence already, and request ids are for machines.
+fn human_field(
+    w: &mut tracing_subscriber::fmt::format::Writer<'_>,
+    field: &tracing::field::Field,
+    value: &dyn std::fmt::Debug,
+) -> std::fmt::Result {
+    match field.name() {
+        "message" => write!(w, "{value:?}"),
+        "actor" | "action" | "target" | "tenant" | "request_id" | "client_request_id" => Ok(()),
+        name => write!(w, " {name}={value:?}"),
+    }
+}
+
+/// What `serve` logs unless told otherwise: every request.
+const SERVE_LOG: &str = "info,sqlx=warn,sea_orm=warn";
+
+async fn dev(mut args: ServeArgs, hosts: usize, verbose: u8) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
+    // A person reads dev's terminal: text unless JSON is asked for.
+    if args.log_format.is_none() && std::env::var_os("KUMO_LOG_FORMAT").is_none() {
+        args.log_format = Some(LogFormat::Text);
+    }
     let config = Config::load(&args)?;
-    init_tracing(config.log_format);
+    let level = kumo_server::dev::LogLevel::from_verbosity(verbose);
+    init_tracing(config.log_format, level.server_filter());
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let data_dir = config.data_dir.clone();
-    let (mut server, fleet) = kumo_server::dev::dev(config, hosts).await?;
+    let (mut server, fleet) = kumo_server::dev::dev(config, hosts, level).await?;
     let url = server.url();
     // Written whole and without panicking: a reader that went away (a
     // pipe closed early) must not take the fleet down.
-    use std::fmt::Write as _;
-    let token = data_dir.join("admin-token");
-    let mut banner = String::new();
-    let _ = writeln!(
-        banner,
-        "Kumo API listening on {url}  (docs: {url}/api/docs)"
-    );
-    let _ = writeln!(
-        banner,
-        "{hosts} simulated hosts registered; demo tenant `demo`, template `debian-12`."
-    );
-    let _ = writeln!(
-        banner,
-        "The admin API token is in {}. Try:",
-        token.display()
-    );
-    let _ = writeln!(
-        banner,
-        "  kumo login --server {url} --token \"$(cat {})\"",
-        token.display()
-    );
-    let _ = writeln!(
-        banner,
-        "  kumo vm create demo --tenant demo --gpus 8 --wait"
-    );
-    let _ = writeln!(banner, "  kumo vm topology demo --tenant demo");
-    if let (Some(wan), Some(pool)) = (&fleet.network.wan, &fleet.network.pool) {
-        let _ = writeln!(
-            banner,
-            "Provider network: public addresses from pool `{}` ({}); the outside (client {}) is",
-            pool.name, pool.range, wan.client_address
-        );
-        let _ = writeln!(banner, "  ip netns exec {} …", wan.namespace);
-        let _ = writeln!(
-            banner,
-            "The fleet's network: {}",
-            data_dir.join("fleet/network.json").display()
-        );
-    }
+    let banner = kumo_server::dev::banner(&kumo_server::dev::BannerFacts {
+        url: &url,
+        hosts,
+        data_dir: &data_dir,
+        network: &fleet.network,
+        verbose: level != kumo_server::dev::LogLevel::Quiet,
+    });
     let _ = std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes());
     let stop = server.shutdown_handle();
     tokio::select! {
@@ -206,7 +220,7 @@ async fn recover(
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let config = Config::load(&args)?;
-    init_tracing(config.log_format);
+    init_tracing(config.log_format, SERVE_LOG);
     // Install the handlers before announcing the address: a supervisor may
     // send SIGTERM the moment it sees us, and the default action would
     // kill the process without draining requests.
@@ -313,11 +327,15 @@ fn main() -> ExitCode {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve(args))),
-        Command::Dev { serve, hosts } => tokio::runtime::Builder::new_multi_thread()
+        Command::Dev {
+            serve,
+            hosts,
+            verbose,
+        } => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(dev(serve, hosts))),
+            .and_then(|rt| rt.block_on(dev(serve, hosts, verbose))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -37,13 +37,16 @@ pub async fn record(
     }
     .insert(db)
     .await?;
+    // One line per user action: a sentence for people (`dev`'s terminal),
+    // the fields for machines.
     tracing::info!(
         actor = %ctx.caller.user.name,
         action,
         tenant = tenant.map(|t| t.name.as_str()),
         target,
         request_id = %ctx.request_id,
-        "audit"
+        "{} {action} {target}",
+        ctx.caller.user.name
     );
     Ok(())
 }
@@ -82,7 +85,7 @@ pub async fn record_by(
     }
     .insert(db)
     .await?;
-    tracing::info!(actor = %who.name, action, target, request_id = %who.request_id, "audit");
+    tracing::info!(actor = %who.name, action, target, request_id = %who.request_id, "{} {action} {target}", who.name);
     Ok(())
 }
 

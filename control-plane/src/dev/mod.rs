@@ -217,6 +217,7 @@ pub async fn start_fleet(
     admin_token: &str,
     hosts: usize,
     data_dir: &Path,
+    log: LogLevel,
 ) -> anyhow::Result<Fleet> {
     let client = Client::new(server, Some(admin_token.to_owned()))?;
     seed(&client, data_dir).await?;
@@ -318,6 +319,9 @@ pub async fn start_fleet(
         if let Some(up) = &h.edge_uplink {
             cmd.arg("--edge-uplink").arg(up);
         }
+        if std::env::var_os("KUMO_LOG").is_none() {
+            cmd.env("KUMO_LOG", log.agent_filter());
+        }
         // The agents end with this process, even when it is killed.
         cmd.arg("--parent-pid").arg(std::process::id().to_string());
         let child = cmd
@@ -406,7 +410,101 @@ async fn running_vms(
     Ok((vms, segments))
 }
 
-pub async fn dev(config: Config, hosts: usize) -> anyhow::Result<(RunningServer, Fleet)> {
+/// How much `kumo-server dev` logs (`-v`, `-vv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Warnings, errors and one line per user action (the audit log's).
+    Quiet,
+    /// Every request, heartbeats and long polls too; the agents' lines.
+    Requests,
+    Debug,
+}
+
+impl LogLevel {
+    pub fn from_verbosity(v: u8) -> LogLevel {
+        match v {
+            0 => LogLevel::Quiet,
+            1 => LogLevel::Requests,
+            _ => LogLevel::Debug,
+        }
+    }
+
+    /// The server's filter (`KUMO_LOG` overrides it).
+    pub fn server_filter(self) -> &'static str {
+        match self {
+            LogLevel::Quiet => "warn,kumo_server::app::audit=info",
+            LogLevel::Requests => "info,sqlx=warn,sea_orm=warn",
+            LogLevel::Debug => "debug,sqlx=warn,sea_orm=warn,hyper=info,h2=info",
+        }
+    }
+
+    /// The simulated agents' filter (they share the terminal).
+    fn agent_filter(self) -> &'static str {
+        match self {
+            LogLevel::Quiet => "warn",
+            LogLevel::Requests => "info",
+            LogLevel::Debug => "debug,hyper=info,h2=info",
+        }
+    }
+}
+
+/// What the banner of `kumo-server dev` says.
+pub struct BannerFacts<'a> {
+    pub url: &'a str,
+    pub hosts: usize,
+    pub data_dir: &'a Path,
+    pub network: &'a FleetNetwork,
+    pub verbose: bool,
+}
+
+/// The banner `./x start` shows: where the portal is and how to sign in,
+/// the CLI's first commands, the provider network; made to fit an 80×24
+/// terminal (long paths aside) above the log lines. The first line is read
+/// by scripts and tests.
+pub fn banner(f: &BannerFacts<'_>) -> String {
+    let url = f.url;
+    let token = f.data_dir.join(crate::app::bootstrap::ADMIN_TOKEN_FILE);
+    let token = token.display();
+    let mut lines = vec![
+        format!("Kumo API listening on {url}  (API docs: /api/docs)"),
+        format!(
+            "Dev fleet: {} simulated GPU hosts, demo project `demo`, template `debian-12`.",
+            f.hosts
+        ),
+        String::new(),
+        format!("  Portal  {url}/ → \"sign in with an API token\","),
+        format!("          and paste the admin's: cat {token}"),
+        format!("  CLI     kumo login --server {url} \\"),
+        format!("            --token \"$(cat {token})\""),
+        "          kumo vm create demo --tenant demo --gpus 8 --wait".into(),
+        "          kumo vm show demo --tenant demo".into(),
+    ];
+    if let (Some(wan), Some(pool)) = (&f.network.wan, &f.network.pool) {
+        lines.push(format!(
+            "  Public  addresses from pool `{}` ({});",
+            pool.name, pool.range
+        ));
+        lines.push(format!(
+            "          the outside ({}): ip netns exec {} …",
+            wan.client_address, wan.namespace
+        ));
+    }
+    lines.push(String::new());
+    lines.push(if f.verbose {
+        "Logging every request. Ctrl-C stops the server and its fleet.".into()
+    } else {
+        "Below: warnings, errors, one line per action (-v: every request). Ctrl-C stops.".into()
+    });
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+pub async fn dev(
+    config: Config,
+    hosts: usize,
+    log: LogLevel,
+) -> anyhow::Result<(RunningServer, Fleet)> {
     let data_dir = config.data_dir.clone();
     owner::take_over(&data_dir)?;
     let server = RunningServer::start(config).await?;
@@ -415,6 +513,63 @@ pub async fn dev(config: Config, hosts: usize) -> anyhow::Result<(RunningServer,
         .with_context(|| format!("reading {}", token_path.display()))?
         .trim()
         .to_owned();
-    let fleet = start_fleet(&server.url(), &token, hosts, &data_dir).await?;
+    let fleet = start_fleet(&server.url(), &token, hosts, &data_dir, log).await?;
     Ok((server, fleet))
+}
+
+#[cfg(test)]
+mod banner_tests {
+    use super::*;
+
+    /// `./x start`'s banner fits an 80×24 terminal with room for log lines
+    /// below it, says where the portal is and how to sign in, and starts
+    /// with the line scripts read.
+    #[test]
+    fn the_banner_fits_80_by_24_and_says_how_to_sign_in() {
+        let network = FleetNetwork {
+            wan: Some(network::Wan {
+                namespace: "kumo-dev-12345-wan".into(),
+                client_address: std::net::Ipv4Addr::new(203, 0, 113, 200),
+                router: std::net::Ipv4Addr::new(203, 0, 113, 1),
+                cidr: "203.0.113.0/24".into(),
+            }),
+            pool: Some(network::Pool {
+                name: "dev".into(),
+                cidr: "203.0.113.0/24".into(),
+                gateway: std::net::Ipv4Addr::new(203, 0, 113, 1),
+                range: "203.0.113.10-203.0.113.99".into(),
+            }),
+            ..FleetNetwork::default()
+        };
+        for verbose in [false, true] {
+            let b = banner(&BannerFacts {
+                url: "http://127.0.0.1:8080",
+                hosts: 4,
+                data_dir: Path::new("./.kumo"),
+                network: &network,
+                verbose,
+            });
+            let lines: Vec<&str> = b.lines().collect();
+            assert!(lines.len() <= 14, "{} lines:\n{b}", lines.len());
+            for l in &lines {
+                assert!(
+                    l.chars().count() <= 80,
+                    "{} columns: {l}",
+                    l.chars().count()
+                );
+            }
+            assert!(lines[0].starts_with("Kumo API listening on http://127.0.0.1:8080 "));
+            assert!(
+                b.contains("http://127.0.0.1:8080/ → \"sign in with an API token\""),
+                "{b}"
+            );
+            assert!(b.contains("cat ./.kumo/admin-token"), "{b}");
+            assert!(
+                b.contains("kumo login --server http://127.0.0.1:8080"),
+                "{b}"
+            );
+            assert!(b.contains("ip netns exec kumo-dev-12345-wan"), "{b}");
+            assert_eq!(b.contains("-v: every request"), !verbose);
+        }
+    }
 }

@@ -611,21 +611,23 @@ async fn adjacent_releases_serve_one_postgres_database() {
     });
     let scratch = Scratch::empty(Backend::Postgres).await;
     let old_dir = tempfile::tempdir().unwrap();
-    let mut old = std::process::Command::new(bin.join("kumo-server"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &scratch.url,
-            "--data-dir",
-        ])
-        .arg(old_dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(old_dir.path().join("server.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let stdout = std::io::BufReader::new(old.stdout.take().unwrap());
+    let mut old = KillOnDrop(
+        std::process::Command::new(bin.join("kumo-server"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &scratch.url,
+                "--data-dir",
+            ])
+            .arg(old_dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(old_dir.path().join("server.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = std::io::BufReader::new(old.0.stdout.take().unwrap());
     let url = stdout
         .lines()
         .map_while(Result::ok)
@@ -733,14 +735,24 @@ async fn adjacent_releases_serve_one_postgres_database() {
 
     current.stop().await.unwrap();
     let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(old.id() as i32),
+        nix::unistd::Pid::from_raw(old.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
-    old.wait().unwrap();
+    old.0.wait().unwrap();
     let log = std::fs::read_to_string(old_dir.path().join("server.log")).unwrap();
     assert!(
         !log.contains("\"level\":\"ERROR\""),
         "the previous release's errors: {log}"
     );
     scratch.drop().await;
+}
+
+/// The previous release's server, killed if the test ends early.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
