@@ -7,11 +7,16 @@ use crate::harness::{bin, scratch};
 
 /// `kumo-server dev` on `data`, with 3 hosts; answers it and its URL.
 fn start_dev(data: &std::path::Path) -> (std::process::Child, String) {
+    start_dev_with(data, 3)
+}
+
+/// `kumo-server dev` on `data` with `hosts` hosts.
+pub fn start_dev_with(data: &std::path::Path, hosts: usize) -> (std::process::Child, String) {
     let mut server = Command::new(bin("kumo-server"))
         .args([
             "dev",
             "--hosts",
-            "3",
+            &hosts.to_string(),
             "--listen",
             "127.0.0.1:0",
             "--log-format",

@@ -25,6 +25,7 @@ mod packages;
 mod portal_devices;
 mod process;
 mod public_net;
+mod readme;
 mod resources;
 mod scheduling;
 mod segments;
