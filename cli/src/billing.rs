@@ -22,6 +22,8 @@ pub enum RateCmd {
         /// When it takes effect (RFC 3339 or YYYY-MM-DD, UTC) [default: now].
         #[arg(long)]
         from: Option<String>,
+        /// A price per hour, CLASS=GUARANTEED/SPOT (e.g. vcpu=2/0.6); repeat
+        /// for each class.
         #[arg(long = "price", value_parser = parse_price, required = true)]
         prices: Vec<(String, ClassPrice)>,
     },
@@ -38,11 +40,13 @@ pub enum PointsCmd {
     Grant {
         #[command(flatten)]
         tenant: TenantArg,
+        /// How many points, e.g. 500 or 12.5.
         #[arg(long)]
         amount: String,
         /// RFC 3339 or YYYY-MM-DD (UTC midnight).
         #[arg(long)]
         expires: String,
+        /// A note kept with the grant.
         #[arg(long)]
         note: Option<String>,
     },
@@ -60,6 +64,7 @@ pub enum UsageCmd {
         /// Exclusive [default: now].
         #[arg(long)]
         to: Option<String>,
+        /// Sum by vm, resource or day.
         #[arg(long, value_enum, default_value = "vm")]
         by: GroupArg,
     },
@@ -76,6 +81,7 @@ pub enum GroupArg {
 pub enum StatementCmd {
     /// A month's statement: `kumo statement get 2026-11 --tenant lab [--csv]`.
     Get {
+        /// The month, YYYY-MM.
         month: String,
         #[command(flatten)]
         tenant: TenantArg,

@@ -93,6 +93,7 @@ pub async fn run(server: &str, no_browser: bool, out: &mut dyn Write) -> anyhow:
         // Best effort: the address is printed either way.
         let _ = std::process::Command::new("xdg-open").arg(&url).spawn();
     }
+    let _progress = crate::progress::Progress::start("waiting for the browser's sign-in");
     loop {
         let (mut sock, _) = tokio::time::timeout(WAIT, listener.accept())
             .await

@@ -27,16 +27,39 @@ use crate::profile::{default_path, Profile, ProfileFile};
 )]
 pub struct Cli {
     /// API server URL, e.g. http://127.0.0.1:8080.
-    #[arg(long, global = true, env = "KUMO_SERVER")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "KUMO_SERVER"
+    )]
     pub server: Option<String>,
     /// API token (kumo_…).
-    #[arg(long, global = true, env = "KUMO_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "KUMO_TOKEN",
+        hide_env_values = true
+    )]
     pub token: Option<String>,
     /// Profile in the profile file [default: its `current`, else "default"].
-    #[arg(long, global = true, env = "KUMO_PROFILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "KUMO_PROFILE"
+    )]
     pub profile: Option<String>,
     /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    #[arg(
+        short = 'o',
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_enum,
+        default_value = "table"
+    )]
     pub output: Format,
     #[command(subcommand)]
     pub command: Command,
@@ -44,12 +67,16 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Check a token against a server and save both as a profile.
-    /// Sign in: with an API token, or (without one) through the portal in
-    /// a browser, which hands this command a token of its own.
+    /// Sign in to a server and save it as a profile.
+    ///
+    /// With an API token (--token), or without one through the portal in a
+    /// browser (or, with --device, on another device).
     Login {
+        /// The API server's URL, e.g. https://kumo.example.org.
         #[arg(long)]
         server: String,
+        /// An API token (kumo_…) to check and save [default: sign in
+        /// through the portal, which makes one].
         #[arg(long)]
         token: Option<String>,
         /// Print the sign-in page's address instead of opening a browser.
@@ -64,7 +91,7 @@ pub enum Command {
         #[arg(long, requires = "device")]
         provider: Option<String>,
     },
-    /// Research projects.
+    /// Tenants: the research projects that own VMs, networks and points.
     #[command(subcommand)]
     Tenant(TenantCmd),
     /// Members of a tenant and their roles.
@@ -73,19 +100,19 @@ pub enum Command {
     /// People and service accounts.
     #[command(subcommand)]
     User(UserCmd),
-    /// API tokens.
+    /// Your API tokens: create, list, revoke.
     #[command(subcommand)]
     Token(TokenCmd),
-    /// Tenant limits.
+    /// A tenant's limits: GPUs, vCPUs, memory, VMs, disks, networks.
     #[command(subcommand)]
     Quota(QuotaCmd),
     /// GPU hosts (platform admins).
     #[command(subcommand)]
     Host(HostCmd),
-    /// VM images.
+    /// VM images (templates) and their login users.
     #[command(subcommand)]
     Template(TemplateCmd),
-    /// Virtual machines.
+    /// Virtual machines: create, show, reach with SSH, start, stop, delete.
     #[command(subcommand)]
     Vm(VmCmd),
     /// Training clusters: VMs placed together, rail-aligned.
@@ -124,41 +151,60 @@ pub enum Command {
     Events {
         #[command(flatten)]
         tenant: TenantArg,
+        /// Show at most this many events.
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
-    /// Who did what, newest first.
+    /// The audit log: who did what, newest first.
     Audit {
+        /// Only this tenant's entries [default: every one you may see].
         #[arg(long, env = "KUMO_TENANT")]
         tenant: Option<String>,
+        /// Show at most this many entries.
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
-    /// Print a shell completion script.
-    Completions { shell: clap_complete::Shell },
+    /// Print a shell completion script, e.g. `kumo completions bash`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum TenantCmd {
+    /// Create a tenant (platform admins).
     Create {
+        /// Its name: lower-case letters, digits and dashes.
         name: String,
+        /// A name for people [default: the name].
         #[arg(long)]
         display_name: Option<String>,
+        /// What the project is about.
         #[arg(long)]
         description: Option<String>,
     },
+    /// The tenants you belong to (every one, for platform admins).
     List,
+    /// One tenant's details.
     Show {
+        /// Tenant name or id.
         tenant: String,
     },
+    /// Change a tenant's display name or description.
     Update {
+        /// Tenant name or id.
         tenant: String,
+        /// The new name for people.
         #[arg(long)]
         display_name: Option<String>,
+        /// The new description.
         #[arg(long)]
         description: Option<String>,
     },
+    /// Delete a tenant (platform admins).
     Delete {
+        /// Tenant name or id.
         tenant: String,
     },
 }
@@ -174,17 +220,23 @@ pub struct TenantArg {
 pub enum MemberCmd {
     /// Add a member, or change their role.
     Add {
+        /// The user's name.
         user: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// owner (manages members), member (uses resources) or viewer
+        /// (reads only).
         #[arg(long, value_parser = parse_role, default_value = "member")]
         role: Role,
     },
+    /// Take a member out of the tenant.
     Remove {
+        /// The user's name.
         user: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// The tenant's members and their roles.
     List {
         #[command(flatten)]
         tenant: TenantArg,
@@ -193,10 +245,14 @@ pub enum MemberCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum UserCmd {
+    /// Create a user (platform admins).
     Create {
+        /// Their user name.
         name: String,
+        /// Their name for people.
         #[arg(long)]
         display_name: Option<String>,
+        /// Their e-mail address.
         #[arg(long)]
         email: Option<String>,
         /// A service account for automation.
@@ -206,15 +262,19 @@ pub enum UserCmd {
         #[arg(long)]
         admin: bool,
     },
+    /// Every user (platform admins).
     List,
     /// Who am I, and where do I belong.
     Me,
-    /// Their tokens fail at once and their portal sessions end (admins).
+    /// Lock a user out: their tokens fail at once and their portal
+    /// sessions end (admins).
     Disable {
+        /// The user's name.
         name: String,
     },
     /// Let a disabled user in again (admins).
     Enable {
+        /// The user's name.
         name: String,
     },
     /// Portal sessions.
@@ -225,12 +285,17 @@ pub enum UserCmd {
 #[derive(Subcommand, Debug)]
 pub enum UserSessionsCmd {
     /// Sign every browser of the user out (admins, or yourself).
-    End { name: String },
+    End {
+        /// The user's name.
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum TokenCmd {
+    /// Make a token; it is shown only once.
     Create {
+        /// What the token is for.
         #[arg(long)]
         description: Option<String>,
         /// Lifetime, e.g. 90d, 12h, 30m.
@@ -240,39 +305,48 @@ pub enum TokenCmd {
         #[arg(long)]
         user: Option<String>,
     },
+    /// Your tokens (never their secrets).
     List,
+    /// Make a token fail from now on.
     Revoke {
+        /// The token's id (see kumo token list).
         id: String,
     },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum QuotaCmd {
+    /// The tenant's limits.
     Show {
         #[command(flatten)]
         tenant: TenantArg,
     },
-    /// Change the given limits; others keep their value.
+    /// Change the given limits; others keep their value (platform admins).
     Set {
         #[command(flatten)]
         tenant: TenantArg,
         /// GPUs per model, e.g. --gpus H100-SXM5-80GB=16 (0 removes the model).
         #[arg(long, value_parser = parse_gpu_limit)]
         gpus: Vec<(String, u32)>,
+        /// vCPUs over all the tenant's VMs.
         #[arg(long)]
         vcpus: Option<u32>,
+        /// Memory over all the tenant's VMs, GiB.
         #[arg(long)]
         memory_gib: Option<u32>,
+        /// How many VMs the tenant may have.
         #[arg(long)]
         vms: Option<u32>,
         /// Disk over all the tenant's VMs, GiB.
         #[arg(long)]
         disk_gib: Option<u32>,
+        /// How many segments (private networks) the tenant may have.
         #[arg(long)]
         segments: Option<u32>,
-        /// RoCE segments (each holds a shared fabric VLAN).
+        /// RoCE segments (each holds a fabric VLAN).
         #[arg(long)]
         roce_segments: Option<u32>,
+        /// How many public addresses the tenant may hold.
         #[arg(long)]
         public_ips: Option<u32>,
         /// Volumes over all the tenant's volumes, GiB.
@@ -283,28 +357,33 @@ pub enum QuotaCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum HostCmd {
+    /// Every host with its GPUs, state and last heartbeat.
     List,
     /// A host with its GPU/NIC matrix and allocations.
     Show {
+        /// The host's name.
         host: String,
     },
-    /// No new VMs on it; its spot VMs are reclaimed.
+    /// Take a host out of service: no new VMs; its spot VMs are reclaimed.
     Drain {
+        /// The host's name.
         host: String,
     },
-    /// Back into service.
+    /// Put a drained host back into service.
     Undrain {
+        /// The host's name.
         host: String,
     },
     /// Let a registered host join again with a join token (a reinstalled
     /// machine); its current credential is revoked at once.
     Rejoin {
+        /// The host's name.
         host: String,
     },
-    /// Join tokens register new hosts.
+    /// Join tokens, which register new hosts.
     #[command(subcommand)]
     JoinToken(JoinTokenCmd),
-    /// The passed-through GPUs and NICs' health: list them, quarantine,
+    /// The health of the GPUs and NICs passed to VMs: list, quarantine,
     /// repair and validate them.
     #[command(subcommand)]
     Device(DeviceCmd),
@@ -324,24 +403,32 @@ pub enum DeviceCmd {
     },
     /// Take a device out of service: no new VMs; its spot VMs are reclaimed.
     Quarantine {
+        /// The device's host.
         host: String,
         /// Its PCI address, e.g. 0000:18:00.0.
         bdf: String,
+        /// Why (kept with the device and in the audit log).
         #[arg(long)]
         reason: Option<String>,
     },
     /// Mark a quarantined device as being repaired.
     Repair {
+        /// The device's host.
         host: String,
+        /// Its PCI address, e.g. 0000:18:00.0.
         bdf: String,
+        /// Why (kept with the device and in the audit log).
         #[arg(long)]
         reason: Option<String>,
     },
-    /// A repaired device: its next clean reading makes it healthy (a
-    /// finding quarantines it again).
+    /// Validate a repaired device: its next clean reading makes it healthy
+    /// (a finding quarantines it again).
     Validate {
+        /// The device's host.
         host: String,
+        /// Its PCI address, e.g. 0000:18:00.0.
         bdf: String,
+        /// Why (kept with the device and in the audit log).
         #[arg(long)]
         reason: Option<String>,
     },
@@ -349,7 +436,9 @@ pub enum DeviceCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum JoinTokenCmd {
+    /// Make a join token; it is shown only once.
     Create {
+        /// What (which machines) it is for.
         #[arg(long)]
         description: Option<String>,
         /// Lifetime, e.g. 24h (default), 7d.
@@ -361,47 +450,63 @@ pub enum JoinTokenCmd {
     },
     /// Join tokens with their uses (never their secrets).
     List,
-    /// It registers no more hosts.
-    Revoke { id: String },
+    /// Revoke a join token: it registers no more hosts.
+    Revoke {
+        /// The join token's id (see kumo host join-token list).
+        id: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum TemplateCmd {
+    /// Add a VM image (platform admins).
     Create {
+        /// The template's name, as `kumo vm create --template` takes it.
         name: String,
         /// Base qcow2 image path on the hosts.
         #[arg(long)]
         image: String,
+        /// The operating system, e.g. ubuntu-24.04.
         #[arg(long)]
         os: String,
+        /// The user SSH logs in as (`kumo vm ssh` uses it).
         #[arg(long)]
         default_user: String,
         /// Boot this kernel directly instead of the disk's boot loader.
         #[arg(long)]
         kernel: Option<String>,
+        /// The initrd for --kernel (a path on the hosts).
         #[arg(long, requires = "kernel")]
         initrd: Option<String>,
+        /// The kernel command line for --kernel.
         #[arg(long, requires = "kernel")]
         cmdline: Option<String>,
     },
+    /// The VM images, with their OS and login user.
     List,
 }
 
-/// What one VM is made of; shared by `vm create` and `cluster create`.
+// What one VM is made of, for `vm create` and each member of a
+// `cluster create`. Its doc comment would become their about text: keep
+// `//` comments here.
 #[derive(Args, Debug)]
 pub struct SpecArgs {
+    /// GPUs passed through to the VM.
     #[arg(long, default_value_t = 0)]
     gpus: u32,
+    /// The GPU model, e.g. H100-SXM5-80GB [default: any].
     #[arg(long)]
     gpu_model: Option<String>,
+    /// Virtual CPUs [default: 8 per GPU, at least 2].
     #[arg(long)]
     vcpus: Option<u32>,
-    /// GiB.
+    /// Memory, GiB [default: 48 per GPU, at least 4].
     #[arg(long)]
     memory: Option<u32>,
-    /// GiB.
+    /// Root disk, GiB [default: 50].
     #[arg(long)]
     disk: Option<u32>,
+    /// The VM image, e.g. ubuntu-24.04 (see kumo template list).
     #[arg(long)]
     template: Option<String>,
     /// Cheaper, and reclaimable when guaranteed capacity is needed.
@@ -414,7 +519,7 @@ pub struct SpecArgs {
     #[arg(long, value_parser = parse_network)]
     network: Vec<NetworkRequest>,
     /// Attach an available volume (repeat for more): the VM goes on the
-    /// volumes' host.
+    /// volume's host.
     #[arg(long)]
     volume: Vec<String>,
     /// With --spot: `shelve` keeps its disk and volumes when it is
@@ -489,18 +594,20 @@ impl SpecArgs {
 pub enum SegmentCmd {
     /// A private network for the tenant's VMs, with a VNI of its own.
     Create {
+        /// The segment's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// ethernet (virtio NICs over VXLAN) or roce (the GPUs' RDMA NICs).
         #[arg(long, value_enum, default_value = "ethernet")]
         kind: SegmentKindArg,
         /// IPv4 network, e.g. 10.1.0.0/24.
         #[arg(long)]
         cidr: String,
-        /// Default: the network's first address.
+        /// The gateway address [default: the network's first address].
         #[arg(long)]
         gateway: Option<String>,
-        /// Default: the underlay MTU less 50.
+        /// The VMs' MTU [default: the underlay MTU less 50].
         #[arg(long)]
         mtu: Option<u32>,
         /// Let in from outside the segment: `PROTO[:PORTS]:SOURCE`, e.g.
@@ -514,14 +621,17 @@ pub enum SegmentCmd {
     },
     /// Switch a segment's egress (VMs reaching outside through its gateway).
     Update {
+        /// The segment's name.
         segment: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// true: the VMs reach outside; false: only the segment.
         #[arg(long, value_parser = clap::value_parser!(bool))]
         egress: Option<bool>,
     },
     /// Replace a segment's ingress rules (none: only the segment itself).
     Ingress {
+        /// The segment's name.
         segment: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -529,17 +639,21 @@ pub enum SegmentCmd {
         #[arg(long, value_parser = parse_ingress)]
         allow: Vec<IngressRule>,
     },
+    /// The tenant's segments.
     List {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// One segment: its network, VNI, VMs, egress and ingress.
     Show {
+        /// The segment's name.
         segment: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
-    /// Only a segment without VMs on it.
+    /// Delete a segment without VMs on it.
     Delete {
+        /// The segment's name.
         segment: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -684,34 +798,40 @@ async fn segment_cmd(
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCmd {
-    /// SIZE identical VMs NAME-0 … placed together, rail-aligned.
+    /// Create SIZE identical VMs NAME-0 … placed together, rail-aligned.
     Create {
+        /// The cluster's name; its members are NAME-0, NAME-1, …
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// How many VMs.
         #[arg(long)]
         size: u32,
         #[command(flatten)]
         spec: SpecArgs,
     },
+    /// The tenant's clusters.
     List {
         #[command(flatten)]
         tenant: TenantArg,
     },
     /// Members, their hosts, scalable units and rails.
     Show {
+        /// The cluster's name.
         cluster: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
     /// The MPI hostfile (also at /etc/kumo/hostfile in every member).
     Hostfile {
+        /// The cluster's name.
         cluster: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
-    /// Deletes every member.
+    /// Delete a cluster and every member.
     Delete {
+        /// The cluster's name.
         cluster: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -720,7 +840,9 @@ pub enum ClusterCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum VmCmd {
+    /// Create a VM; with --wait, wait until it runs.
     Create {
+        /// The VM's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -730,40 +852,85 @@ pub enum VmCmd {
         #[arg(long)]
         wait: bool,
     },
+    /// The tenant's VMs.
     List {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// One VM: its state, size, networks, public addresses, SSH command.
     Show {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// Log in to a VM with ssh.
+    ///
+    /// ssh goes to the VM's public address (a floating address, else a
+    /// port forward to port 22) as its template's default user: the
+    /// command `kumo vm show` prints.
+    Ssh {
+        /// The VM's name or id.
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+        /// Log in as this user [default: the VM template's default user].
+        #[arg(long, short = 'l')]
+        user: Option<String>,
+        /// Arguments for ssh after `--`, put after the destination: options
+        /// such as -L 8888:localhost:8888, or a command to run.
+        #[arg(last = true, value_name = "SSH_ARGS")]
+        args: Vec<String>,
+    },
+    /// Start a stopped VM.
     Start {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// Wait until the VM is running (or fails).
+        #[arg(long)]
+        wait: bool,
     },
+    /// Shut a VM down; `kumo vm start` starts it again.
     Stop {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// Wait until the VM has stopped.
+        #[arg(long)]
+        wait: bool,
     },
+    /// Restart a running VM.
     Reboot {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// Wait until the VM is running again.
+        #[arg(long)]
+        wait: bool,
     },
-    /// Shut it down and give back its GPUs, NICs, CPUs and memory; its
-    /// root disk and volumes stay (charged for storage only).
+    /// Shut a VM down and give back its GPUs and CPUs; its disks stay.
+    ///
+    /// Its GPUs, NICs, CPUs and memory go back to the pool; its root disk
+    /// and volumes stay (charged for storage only).
     Shelve {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// Wait until the VM is shelved.
+        #[arg(long)]
+        wait: bool,
     },
-    /// Place a shelved VM again on the host holding its disks and start it
-    /// (it waits as `pending` while that host has no room).
+    /// Bring a shelved VM back and start it.
+    ///
+    /// It is placed again on the host holding its disks (waiting as
+    /// `pending` while that host has no room), or with --anywhere on any.
     Unshelve {
+        /// The VM's name or id.
         vm: String,
         /// Place it on any host with room instead, moving its root disk
         /// and volumes there first (`scheduled` while they move).
@@ -771,21 +938,33 @@ pub enum VmCmd {
         anywhere: bool,
         #[command(flatten)]
         tenant: TenantArg,
+        /// Wait until the VM is running (or fails), disk moves included.
+        #[arg(long)]
+        wait: bool,
     },
+    /// Delete a VM and its root disk; its volumes stay, detached.
     Delete {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// Wait until the VM is gone.
+        #[arg(long)]
+        wait: bool,
     },
     /// The NCCL topology file the guest gets.
     Topology {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
-    /// The VM's serial console in this terminal (Ctrl-] leaves). Opening
-    /// it to type takes it over from whoever typed before (they are told).
+    /// The VM's serial console in this terminal (Ctrl-] leaves).
+    ///
+    /// Opening it to type takes it over from whoever typed before (they
+    /// are told).
     Console {
+        /// The VM's name or id.
         vm: String,
         /// Watch only (viewers may).
         #[arg(long)]
@@ -849,6 +1028,20 @@ fn client(cli: &Cli, env: &Env) -> anyhow::Result<Client> {
         .clone()
         .or_else(|| profile.and_then(|p| p.token.clone()));
     Ok(Client::new(&server, token)?)
+}
+
+/// The server a command line talks to, for hints: `kumo login`'s,
+/// `--server` (or `KUMO_SERVER`), else the profile's.
+pub fn server_of(cli: &Cli) -> Option<String> {
+    if let Command::Login { server, .. } = &cli.command {
+        return Some(server.clone());
+    }
+    cli.server.clone().or_else(|| {
+        let profiles = ProfileFile::load(&default_path()?).ok()?;
+        profiles
+            .get(cli.profile.as_deref())
+            .map(|p| p.server.clone())
+    })
 }
 
 pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -1600,12 +1793,17 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
                 format!("{} MiB", c.memory_mib),
             ]);
         }
-        s.push('\n');
-        s.push_str(&t.render());
+        if !p.gpus.is_empty() {
+            s.push('\n');
+            s.push_str(&t.render());
+        }
         s.push('\n');
         s.push_str(&n.render());
     }
-    if !v.networks.is_empty() {
+    s.push('\n');
+    if v.networks.is_empty() {
+        s.push_str("Networks: none\n");
+    } else {
         let mut t = Table::new(&["segment", "address", "mac", "public", "forwards"]);
         for n in &v.networks {
             t.row(vec![
@@ -1613,20 +1811,173 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
                 n.ip.clone(),
                 n.mac.clone(),
                 opt(&n.public_ip),
-                n.forwards
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                if n.forwards.is_empty() {
+                    "-".into()
+                } else {
+                    n.forwards
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
             ]);
         }
-        s.push('\n');
         s.push_str(&t.render());
-        for cmd in v.networks.iter().filter_map(|n| n.ssh_command(user)) {
-            s.push_str(&format!("SSH:     {cmd}\n"));
-        }
+    }
+    // Every way in from outside: floating addresses, then forwards.
+    let mut public: Vec<String> = v
+        .networks
+        .iter()
+        .filter_map(|n| {
+            n.public_ip
+                .as_ref()
+                .map(|ip| format!("{ip} (floating, to {} on {})", n.ip, n.segment))
+        })
+        .collect();
+    public.extend(v.networks.iter().flat_map(|n| {
+        n.forwards
+            .iter()
+            .map(move |f| format!("{f} (forward, to {} on {})", n.ip, n.segment))
+    }));
+    if public.is_empty() {
+        s.push_str("Public:  none\n");
+    } else {
+        s.push_str(&format!("Public:  {}\n", public.join("\n         ")));
+    }
+    match crate::ssh::target(&v.networks, user) {
+        Some(t) => s.push_str(&format!("SSH:     {t}\n")),
+        None => s.push_str(&format!(
+            "SSH:     no public address; {}\n",
+            crate::ssh::no_address_hint(&v.name, &v.tenant, !v.networks.is_empty())
+        )),
     }
     s
+}
+
+/// The login user of a VM's template, for SSH.
+async fn template_user(c: &Client, v: &Vm) -> anyhow::Result<Option<String>> {
+    let Some(name) = &v.spec.template else {
+        return Ok(None);
+    };
+    Ok(c.list_templates()
+        .await
+        .context("looking up the VM template's user")?
+        .into_iter()
+        .find(|t| &t.name == name)
+        .map(|t| t.default_user))
+}
+
+/// What a `--wait` waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    Running,
+    Stopped,
+    Shelved,
+    Gone,
+}
+
+impl Until {
+    fn reached(self, s: VmState) -> bool {
+        match self {
+            Until::Running => s == VmState::Running,
+            Until::Stopped => s == VmState::Stopped,
+            Until::Shelved => s == VmState::Shelved,
+            Until::Gone => s == VmState::Deleted,
+        }
+    }
+
+    fn what(self, vm: &str) -> String {
+        match self {
+            Until::Running => format!("waiting for {vm} to run"),
+            Until::Stopped => format!("waiting for {vm} to stop"),
+            Until::Shelved => format!("waiting for {vm} to be shelved"),
+            Until::Gone => format!("waiting for {vm} to be deleted"),
+        }
+    }
+}
+
+/// Polls a VM until it is where `until` says (`None`: gone), showing its
+/// state on a terminal; fails if it goes into `error` or `limit` passes.
+async fn wait_vm(
+    c: &Client,
+    tenant: &str,
+    mut v: Vm,
+    until: Until,
+    limit: std::time::Duration,
+) -> anyhow::Result<Option<Vm>> {
+    let progress = crate::progress::Progress::start(until.what(&v.name));
+    let start = std::time::Instant::now();
+    let id = v.id.to_string();
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        if until.reached(v.state) {
+            return Ok((until != Until::Gone).then_some(v));
+        }
+        if v.state == VmState::Error && until != Until::Gone {
+            return Err(crate::hints::Hinted::error(
+                format!(
+                    "{} failed: {}",
+                    v.name,
+                    v.reason.as_deref().unwrap_or("no reason given")
+                ),
+                format!("see what happened: kumo events --tenant {tenant}"),
+            ));
+        }
+        if start.elapsed() > limit {
+            return Err(crate::hints::Hinted::error(
+                format!(
+                    "{} is still {} after {} minutes",
+                    v.name,
+                    v.state.as_str(),
+                    limit.as_secs() / 60
+                ),
+                format!(
+                    "it may get there yet: kumo vm show {} --tenant {tenant}",
+                    v.name
+                ),
+            ));
+        }
+        progress.set(&match &v.reason {
+            Some(r) => format!("{} ({r})", v.state.as_str()),
+            None => v.state.as_str().to_owned(),
+        });
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(1));
+        v = match c.vm(tenant, &id).await {
+            Ok(v) => v,
+            Err(e) if until == Until::Gone && e.status() == Some(404) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+    }
+}
+
+const TEN_MINUTES: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Runs ssh with `args`, in place of this process where it can (its exit
+/// code is then kumo's).
+fn exec_ssh(args: &[String]) -> anyhow::Result<()> {
+    let mut cmd = std::process::Command::new("ssh");
+    cmd.args(args);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // Only returns if ssh could not be run.
+        let e = cmd.exec();
+        Err(crate::hints::Hinted::error(
+            format!("cannot run ssh: {e}"),
+            "install an OpenSSH client (ssh on PATH), or run the SSH line of kumo vm show yourself",
+        ))
+    }
+    #[cfg(not(unix))]
+    {
+        let status = cmd.status().map_err(|e| {
+            crate::hints::Hinted::error(
+                format!("cannot run ssh: {e}"),
+                "install an OpenSSH client (ssh on PATH), or run the SSH line of kumo vm show yourself",
+            )
+        })?;
+        std::process::exit(status.code().unwrap_or(255));
+    }
 }
 
 async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -1639,19 +1990,18 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
         } => {
             let mut v = c.create_vm(&tenant.tenant, &spec.vm(name)?).await?;
             if *wait {
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
-                while !matches!(v.state, VmState::Running | VmState::Error) {
-                    if std::time::Instant::now() > deadline {
-                        bail!("{} is still {} after 10 minutes", v.name, v.state.as_str());
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    v = c.vm(&tenant.tenant, &v.id.to_string()).await?;
-                }
-                if v.state == VmState::Error {
-                    bail!("{} failed: {}", v.name, v.reason.unwrap_or_default());
+                if let Some(w) =
+                    wait_vm(c, &tenant.tenant, v.clone(), Until::Running, TEN_MINUTES).await?
+                {
+                    v = w;
                 }
             }
-            print_one(out, fmt, &v, || vm_detail(&v, None))?;
+            let user = if fmt == Format::Table {
+                template_user(c, &v).await?
+            } else {
+                None
+            };
+            print_one(out, fmt, &v, || vm_detail(&v, user.as_deref()))?;
         }
         VmCmd::List { tenant } => {
             let vms = c.list_vms(&tenant.tenant).await?;
@@ -1659,29 +2009,54 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
         }
         VmCmd::Show { vm, tenant } => {
             let v = c.vm(&tenant.tenant, vm).await?;
-            // The template's login user, for the SSH command.
-            let user = match &v.spec.template {
-                Some(t) => c
-                    .list_templates()
-                    .await?
-                    .into_iter()
-                    .find(|x| &x.name == t)
-                    .map(|x| x.default_user),
-                None => None,
+            let user = if fmt == Format::Table {
+                template_user(c, &v).await?
+            } else {
+                None
             };
             print_one(out, fmt, &v, || vm_detail(&v, user.as_deref()))?;
         }
-        VmCmd::Start { vm, tenant }
-        | VmCmd::Stop { vm, tenant }
-        | VmCmd::Reboot { vm, tenant }
-        | VmCmd::Shelve { vm, tenant } => {
-            let action = match cmd {
-                VmCmd::Start { .. } => "start",
-                VmCmd::Stop { .. } => "stop",
-                VmCmd::Shelve { .. } => "shelve",
-                _ => "reboot",
+        VmCmd::Ssh {
+            vm,
+            tenant,
+            user,
+            args,
+        } => {
+            let v = c.vm(&tenant.tenant, vm).await?;
+            let user = match user {
+                Some(u) => Some(u.clone()),
+                None => template_user(c, &v).await?,
             };
-            let v = c.vm_action(&tenant.tenant, vm, action).await?;
+            let Some(target) = crate::ssh::target(&v.networks, user.as_deref()) else {
+                return Err(crate::hints::Hinted::error(
+                    format!("{} has no public address to reach it at", v.name),
+                    crate::ssh::no_address_hint(&v.name, &tenant.tenant, !v.networks.is_empty()),
+                ));
+            };
+            if v.state != VmState::Running {
+                eprintln!("kumo: note: {} is {}", v.name, v.state.as_str());
+            }
+            let mut all = target.args();
+            all.extend(args.iter().cloned());
+            out.flush()?;
+            exec_ssh(&all)?;
+        }
+        VmCmd::Start { vm, tenant, wait }
+        | VmCmd::Stop { vm, tenant, wait }
+        | VmCmd::Reboot { vm, tenant, wait }
+        | VmCmd::Shelve { vm, tenant, wait } => {
+            let (action, until) = match cmd {
+                VmCmd::Start { .. } => ("start", Until::Running),
+                VmCmd::Stop { .. } => ("stop", Until::Stopped),
+                VmCmd::Shelve { .. } => ("shelve", Until::Shelved),
+                _ => ("reboot", Until::Running),
+            };
+            let mut v = c.vm_action(&tenant.tenant, vm, action).await?;
+            if *wait {
+                if let Some(w) = wait_vm(c, &tenant.tenant, v.clone(), until, TEN_MINUTES).await? {
+                    v = w;
+                }
+            }
             print_one(out, fmt, &v, || {
                 format!("{} {}: {}\n", action, v.name, v.state.as_str())
             })?;
@@ -1690,16 +2065,31 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
             vm,
             anywhere,
             tenant,
+            wait,
         } => {
-            let v = c.unshelve_vm(&tenant.tenant, vm, *anywhere).await?;
+            let mut v = c.unshelve_vm(&tenant.tenant, vm, *anywhere).await?;
+            if *wait {
+                // Moving disks to another host takes a while.
+                let limit = TEN_MINUTES * 6;
+                if let Some(w) =
+                    wait_vm(c, &tenant.tenant, v.clone(), Until::Running, limit).await?
+                {
+                    v = w;
+                }
+            }
             let action = "unshelve";
             print_one(out, fmt, &v, || {
                 format!("{} {}: {}\n", action, v.name, v.state.as_str())
             })?;
         }
-        VmCmd::Delete { vm, tenant } => {
+        VmCmd::Delete { vm, tenant, wait } => {
             let v = c.delete_vm(&tenant.tenant, vm).await?;
-            print_one(out, fmt, &v, || format!("Deleting {}\n", v.name))?;
+            if *wait {
+                wait_vm(c, &tenant.tenant, v.clone(), Until::Gone, TEN_MINUTES).await?;
+                print_one(out, fmt, &v, || format!("Deleted {}\n", v.name))?;
+            } else {
+                print_one(out, fmt, &v, || format!("Deleting {}\n", v.name))?;
+            }
         }
         VmCmd::Topology { vm, tenant } => {
             write!(out, "{}", c.vm_nccl_topology(&tenant.tenant, vm).await?)?;

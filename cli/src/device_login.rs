@@ -69,6 +69,7 @@ pub async fn run(
     out.flush()?;
     let deadline = Instant::now() + Duration::from_secs(s.expires_in.clamp(1, 3600));
     let mut interval = s.interval.max(1);
+    let progress = crate::progress::Progress::start("waiting for the code to be entered");
     loop {
         if Instant::now() >= deadline {
             bail!("the code expired before it was entered; run `kumo login --device` again");
@@ -86,6 +87,7 @@ pub async fn run(
         match r.json().await.context("the server's answer")? {
             Polled::Pending { interval: i } => interval = i.max(1),
             Polled::Done { token, user } => {
+                drop(progress);
                 writeln!(out, "Signed in as {user}.")?;
                 return Ok(token);
             }

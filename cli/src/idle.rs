@@ -53,6 +53,7 @@ pub enum IdleCmd {
     /// Exempt a VM from the idle policy (owners), with a reason, for some
     /// days or until a time.
     Exempt {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -68,6 +69,7 @@ pub enum IdleCmd {
     },
     /// End a VM's exemption now; its idle count starts over.
     Unexempt {
+        /// The VM's name or id.
         vm: String,
         #[command(flatten)]
         tenant: TenantArg,

@@ -7,10 +7,13 @@ pub mod client;
 pub mod commands;
 pub mod console;
 pub mod device_login;
+pub mod hints;
 pub mod idle;
 pub mod output;
 pub mod profile;
+pub mod progress;
 pub mod public_net;
+pub mod ssh;
 pub mod volumes;
 
 pub use client::{Client, ClientError};

@@ -1,10 +1,16 @@
 use std::process::ExitCode;
 
-use clap::Parser;
-use kumo_cli::commands::{run, Cli};
+use clap::{CommandFactory, FromArgMatches};
+use kumo_cli::commands::{run, server_of, Cli};
+use kumo_cli::hints;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.format(&mut Cli::command()).exit(),
+    };
+    let ctx = hints::Context::of(&matches, server_of(&cli));
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -20,6 +26,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kumo: {e:#}");
+            if let Some(hint) = hints::for_error(&e, &ctx) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::FAILURE
         }
     }

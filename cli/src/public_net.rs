@@ -23,36 +23,45 @@ pub enum PublicIpCmd {
     Allocate {
         #[command(flatten)]
         tenant: TenantArg,
+        /// Take it from this pool [default: any with a free address].
         #[arg(long)]
         pool: Option<String>,
     },
+    /// The tenant's public addresses and what each is attached to.
     List {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// One public address and what it is attached to.
     Show {
+        /// The public address, e.g. 203.0.113.10.
         address: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
     /// Make it a VM's 1:1 floating address.
     Attach {
+        /// The public address, e.g. 203.0.113.10.
         address: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// The VM to attach it to (name or id).
         #[arg(long)]
         vm: String,
         /// For a VM on several segments: which NIC.
         #[arg(long)]
         segment: Option<String>,
     },
+    /// Take it off its VM; the tenant keeps the address.
     Detach {
+        /// The public address, e.g. 203.0.113.10.
         address: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
     /// Give it back (its floating mapping and forwards go with it).
     Release {
+        /// The public address, e.g. 203.0.113.10.
         address: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -61,40 +70,56 @@ pub enum PublicIpCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum PoolCmd {
+    /// Add a pool of provider-network addresses.
     Create {
+        /// The pool's name.
         name: String,
+        /// The provider network, e.g. 203.0.113.0/24.
         #[arg(long)]
         cidr: String,
+        /// The provider network's router.
         #[arg(long)]
         gateway: String,
-        /// FIRST-LAST [default: every host address but the gateway].
+        /// The addresses to hand out, FIRST-LAST [default: every host
+        /// address but the gateway].
         #[arg(long)]
         range: Option<String>,
     },
+    /// The pools and how many of their addresses are taken.
     List,
+    /// Delete a pool none of whose addresses is taken.
     Delete {
+        /// The pool's name.
         name: String,
     },
 }
 
 #[derive(Subcommand, Debug)]
 pub enum PortForwardCmd {
+    /// Forward a port of a public address to a VM's port:
     /// `--public ADDR:PORT/tcp --to VM:PORT`.
     Create {
         #[command(flatten)]
         tenant: TenantArg,
+        /// The public side, ADDRESS:PORT/tcp or ADDRESS:PORT/udp (one of
+        /// the tenant's addresses, not a floating one).
         #[arg(long, value_parser = parse_public)]
         public: (String, u16, ForwardProtocol),
+        /// The VM and its port, VM:PORT.
         #[arg(long, value_parser = parse_target)]
         to: (String, u16),
+        /// For a VM on several segments: which NIC.
         #[arg(long)]
         segment: Option<String>,
     },
+    /// The tenant's port forwards.
     List {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// Delete a port forward.
     Delete {
+        /// The forward's id (see kumo port-forward list).
         id: String,
         #[command(flatten)]
         tenant: TenantArg,

@@ -17,6 +17,7 @@ use crate::output::{Format, Table};
 pub enum VolumeCmd {
     /// Make a volume (within the tenant's `volume_gib` quota).
     Create {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -37,12 +38,14 @@ pub enum VolumeCmd {
     },
     /// One volume: its state, host, VM and where the guest finds it.
     Show {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
     /// Grow a detached volume (it never shrinks).
     Grow {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -52,14 +55,17 @@ pub enum VolumeCmd {
     },
     /// Attach it to a VM on its host (hot-plugged if the VM runs).
     Attach {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// The VM (on the volume's host) to attach it to.
         #[arg(long)]
         vm: String,
     },
     /// Take it off its VM; the volume and its data stay.
     Detach {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -68,9 +74,11 @@ pub enum VolumeCmd {
     /// kept there once whole and checksummed). Naming the host it is on
     /// cancels a move under way.
     Move {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
+        /// The host to move it to.
         #[arg(long)]
         host: String,
         /// Wait until the move is over (or failed).
@@ -79,6 +87,7 @@ pub enum VolumeCmd {
     },
     /// Snapshot a detached volume (kept on its host).
     Snapshot {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -88,18 +97,21 @@ pub enum VolumeCmd {
     },
     /// A volume's snapshots.
     Snapshots {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
     /// Delete a snapshot (`VOLUME@SNAPSHOT`) no volume was made from.
     DeleteSnapshot {
+        /// The snapshot, VOLUME@SNAPSHOT.
         snapshot: String,
         #[command(flatten)]
         tenant: TenantArg,
     },
     /// Delete a detached volume and its data.
     Delete {
+        /// The volume's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -213,15 +225,26 @@ pub async fn volume(
                 .post(&format!("{path}/move"), &VolumeMove { host: host.clone() })
                 .await?;
             let mut said = None;
-            while *wait && v.state == VolumeState::Moving {
+            let progress = wait.then(|| {
+                crate::progress::Progress::start(format!("moving volume {name} to {host}"))
+            });
+            while let (Some(progress), VolumeState::Moving) = (&progress, v.state) {
                 if v.reason.is_some() && v.reason != said {
                     // A failed copy is retried: say why while waiting.
-                    eprintln!("still moving: {}", v.reason.as_deref().unwrap_or_default());
+                    progress.println(&format!(
+                        "still moving: {}",
+                        v.reason.as_deref().unwrap_or_default()
+                    ));
                     said = v.reason.clone();
                 }
+                progress.set(&match &v.moving_to {
+                    Some(to) => format!("{} to {to}", v.state.as_str()),
+                    None => v.state.as_str().to_owned(),
+                });
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 v = c.get(&path).await?;
             }
+            drop(progress);
             if *wait && v.host.as_deref() != Some(host.as_str()) {
                 anyhow::bail!(
                     "volume {name} is {} on {}, not on {host}{}",

@@ -19,6 +19,22 @@ impl Kumo {
 
     /// Runs `kumo ARGS` with a private HOME; returns (success, stdout, stderr).
     pub fn run(&self, args: &[&str], token: Option<&str>) -> (bool, String, String) {
+        let out = self.run_env(args, token, &[]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// [`Kumo::run`] with more (or other) environment variables, e.g.
+    /// a PATH with a fake `ssh` first; answers the whole output.
+    pub fn run_env(
+        &self,
+        args: &[&str],
+        token: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> std::process::Output {
         let mut cmd = Command::new(crate::harness::bin("kumo"));
         cmd.args(args)
             .env_clear()
@@ -27,12 +43,8 @@ impl Kumo {
         if let Some(t) = token {
             cmd.env("KUMO_TOKEN", t);
         }
-        let out = cmd.output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        cmd.envs(env.iter().copied());
+        cmd.output().unwrap()
     }
 
     pub fn ok(&self, args: &[&str], token: Option<&str>) -> String {
@@ -382,4 +394,547 @@ async fn rate_points_and_statement_commands() {
     .await
     .unwrap();
     s.stop().await;
+}
+
+/// Every command and argument of `kumo` has help, in words for users:
+/// an about for each command, a help line for each argument, and no
+/// developer's note among them (clap takes a flattened struct's doc
+/// comment as the command's about).
+#[test]
+fn every_command_and_flag_has_help() {
+    use clap::CommandFactory;
+
+    fn walk(cmd: &clap::Command, path: &str, seen: &mut usize, problems: &mut Vec<String>) {
+        *seen += 1;
+        let mut texts = Vec::new();
+        match cmd.get_about().map(ToString::to_string) {
+            None => problems.push(format!("{path}: no about")),
+            Some(a) if a.trim().is_empty() || a.contains('\n') => {
+                problems.push(format!("{path}: about {a:?} is not one line"))
+            }
+            Some(a) => texts.push(a),
+        }
+        texts.extend(cmd.get_long_about().map(ToString::to_string));
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            match a.get_help().map(ToString::to_string) {
+                None => problems.push(format!("{path} {id}: no help")),
+                Some(h) if h.trim().is_empty() => problems.push(format!("{path} {id}: empty help")),
+                Some(h) => texts.push(h),
+            }
+            texts.extend(a.get_long_help().map(ToString::to_string));
+            texts.extend(
+                a.get_possible_values()
+                    .iter()
+                    .filter_map(|v| v.get_help().map(ToString::to_string)),
+            );
+        }
+        for t in texts {
+            let lower = t.to_lowercase();
+            for word in ["shared by", "internal", "todo", "fixme"] {
+                if lower.contains(word) {
+                    problems.push(format!("{path}: {word:?} in {t:?}"));
+                }
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() != "help" {
+                walk(sub, &format!("{path} {}", sub.get_name()), seen, problems);
+            }
+        }
+    }
+
+    let mut cmd = kumo_cli::commands::Cli::command();
+    cmd.build();
+    let (mut seen, mut problems) = (0, Vec::new());
+    walk(&cmd, "kumo", &mut seen, &mut problems);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(seen > 90, "the whole tree is walked: {seen} commands");
+
+    // The binary prints it.
+    let k = Kumo::new();
+    let help = k.ok(&["vm", "create", "--help"], None);
+    assert!(help.starts_with("Create a VM"), "{help}");
+    let help = k.ok(&["quota", "set", "-h"], None);
+    for flag in ["--vcpus", "--memory-gib", "--vms", "--segments"] {
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{flag} ")))
+            .unwrap_or_else(|| panic!("{flag} missing: {help}"));
+        assert!(
+            line.split_whitespace().count() > 3,
+            "{flag} has a help line: {line:?}"
+        );
+    }
+}
+
+/// A stand-in for the system `ssh`, first on PATH: it writes its
+/// arguments (one per line) next to itself and exits with 7.
+struct FakeSsh {
+    dir: tempfile::TempDir,
+    path: String,
+}
+
+impl FakeSsh {
+    fn new() -> FakeSsh {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("ssh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}/args'\necho \"fake ssh: $*\"\nexit 7\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        FakeSsh { dir, path }
+    }
+
+    /// The arguments of its last run (and forgets them), if it ran.
+    fn took(&self) -> Option<Vec<String>> {
+        let file = self.dir.path().join("args");
+        let text = std::fs::read_to_string(&file).ok()?;
+        std::fs::remove_file(&file).unwrap();
+        Some(text.lines().map(str::to_owned).collect())
+    }
+}
+
+/// `kumo vm show` lists a VM's networks, public addresses and SSH
+/// command; `kumo vm ssh` runs that command (with a fake `ssh`): through
+/// a floating address, then a port forward to port 22; without either,
+/// both say how to get one.
+#[tokio::test]
+async fn vm_show_and_ssh_reach_the_public_address() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent_at("net-1", "cpu-only", "192.0.2.1").await;
+    let k = std::sync::Arc::new(Kumo::new());
+    {
+        let (k, url, token) = (k.clone(), s.url.clone(), s.admin_token.clone());
+        tokio::task::spawn_blocking(move || {
+            k.ok(&["login", "--server", &url, "--token", &token], None);
+            k.ok(
+                &[
+                    "public-ip",
+                    "pool",
+                    "create",
+                    "dev",
+                    "--cidr",
+                    "203.0.113.0/24",
+                    "--gateway",
+                    "203.0.113.1",
+                ],
+                None,
+            );
+            k.ok(
+                &[
+                    "template",
+                    "create",
+                    "ubuntu",
+                    "--image",
+                    "/var/lib/kumo/images/ubuntu.qcow2",
+                    "--os",
+                    "ubuntu-24.04",
+                    "--default-user",
+                    "ubuntu",
+                ],
+                None,
+            );
+            k.ok(
+                &[
+                    "segment",
+                    "create",
+                    "lan",
+                    "--tenant",
+                    "lab",
+                    "--cidr",
+                    "10.1.0.0/24",
+                ],
+                None,
+            );
+            k.ok(
+                &[
+                    "vm",
+                    "create",
+                    "web",
+                    "--tenant",
+                    "lab",
+                    "--vcpus",
+                    "1",
+                    "--memory",
+                    "1",
+                    "--template",
+                    "ubuntu",
+                    "--network",
+                    "lan=10.1.0.9",
+                ],
+                None,
+            );
+        })
+        .await
+        .unwrap();
+    }
+    agent.converge().await;
+    tokio::task::spawn_blocking(move || {
+        let show = || k.ok(&["vm", "show", "web", "--tenant", "lab"], None);
+        let v = k.json(&["vm", "show", "web", "--tenant", "lab"], None);
+        assert_eq!(v["state"], "running", "{v}");
+        let mac = v["networks"][0]["mac"].as_str().unwrap().to_owned();
+        let fake = FakeSsh::new();
+        let ssh = |args: &[&str]| {
+            let mut all = vec!["vm", "ssh", "web", "--tenant", "lab"];
+            all.extend(args);
+            k.run_env(&all, None, &[("PATH", fake.path.as_str())])
+        };
+
+        // No public address yet: show says how to get one, ssh refuses.
+        let shown = show();
+        let row = shown
+            .lines()
+            .find(|l| l.starts_with("lan "))
+            .unwrap_or_else(|| panic!("no network row: {shown}"));
+        assert!(
+            row.contains("10.1.0.9") && row.contains(&mac),
+            "segment, address and MAC: {shown}"
+        );
+        assert!(shown.contains("Public:  none\n"), "{shown}");
+        assert!(
+            shown.contains(
+                "SSH:     no public address; give it a public address: \
+                 kumo public-ip allocate --tenant lab, then \
+                 kumo public-ip attach ADDRESS --tenant lab --vm web"
+            ),
+            "{shown}"
+        );
+        let out = ssh(&[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.starts_with("kumo: web has no public address to reach it at\n"),
+            "{err}"
+        );
+        assert!(
+            err.lines().last().unwrap().starts_with(
+                "hint: give it a public address: kumo public-ip allocate --tenant lab"
+            ),
+            "{err}"
+        );
+        assert_eq!(fake.took(), None, "ssh did not run");
+
+        // A floating address: ssh to it as the template's user.
+        let ip = k.json(&["public-ip", "allocate", "--tenant", "lab"], None)["address"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        k.ok(
+            &["public-ip", "attach", &ip, "--tenant", "lab", "--vm", "web"],
+            None,
+        );
+        let shown = show();
+        let row = shown.lines().find(|l| l.starts_with("lan ")).unwrap();
+        assert!(row.contains(&ip), "the public column: {shown}");
+        assert!(
+            shown.contains(&format!("Public:  {ip} (floating, to 10.1.0.9 on lan)\n")),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(&format!("SSH:     ssh ubuntu@{ip}\n")),
+            "{shown}"
+        );
+        let out = ssh(&["--", "-L", "8888:localhost:8888", "nvidia-smi"]);
+        assert_eq!(
+            out.status.code(),
+            Some(7),
+            "ssh's exit code is kumo's: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            fake.took().unwrap(),
+            [
+                format!("ubuntu@{ip}"),
+                "-L".into(),
+                "8888:localhost:8888".into(),
+                "nvidia-smi".into()
+            ]
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("fake ssh: "),
+            "ssh has the terminal"
+        );
+
+        // A port forward to port 22 instead: -p, and --user wins.
+        k.ok(&["public-ip", "detach", &ip, "--tenant", "lab"], None);
+        k.ok(
+            &[
+                "port-forward",
+                "create",
+                "--tenant",
+                "lab",
+                "--public",
+                &format!("{ip}:2222/tcp"),
+                "--to",
+                "web:22",
+            ],
+            None,
+        );
+        let shown = show();
+        assert!(
+            shown.contains(&format!(
+                "Public:  {ip}:2222/tcp → 22 (forward, to 10.1.0.9 on lan)\n"
+            )),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(&format!("SSH:     ssh -p 2222 ubuntu@{ip}\n")),
+            "{shown}"
+        );
+        let out = ssh(&["--user", "root"]);
+        assert_eq!(out.status.code(), Some(7));
+        assert_eq!(
+            fake.took().unwrap(),
+            ["-p".to_owned(), "2222".into(), format!("root@{ip}")]
+        );
+    })
+    .await
+    .unwrap();
+    s.stop().await;
+}
+
+/// Errors keep the server's problem and end with one line saying what
+/// to do about them.
+#[tokio::test]
+async fn errors_end_with_a_hint() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    s.bare_tenant("tight").await;
+    let _agent = s.sim_agent("cpu-1", "cpu-only").await;
+    let (_, ben_token) = s.user("ben").await;
+    s.add("lab", "ben", kumo_api_types::Role::Viewer).await;
+    let (url, token) = (s.url.clone(), s.admin_token.clone());
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    tokio::task::spawn_blocking(move || {
+        let k = Kumo::new();
+        let fails = |args: &[&str], token: &str| -> (String, String) {
+            let mut all = vec!["--server", url.as_str()];
+            all.extend(args);
+            let (ok, _, err) = k.run(&all, Some(token));
+            assert!(!ok, "{args:?} failed");
+            let hint = err
+                .lines()
+                .last()
+                .and_then(|l| l.strip_prefix("hint: "))
+                .unwrap_or_else(|| panic!("{args:?}: no hint last: {err}"))
+                .to_owned();
+            (err, hint)
+        };
+
+        let (err, hint) = fails(&["vm", "show", "nosuch", "--tenant", "lab"], &token);
+        assert!(
+            err.starts_with("kumo: Not found (HTTP 404)") && err.contains("[request "),
+            "the problem's details stay: {err}"
+        );
+        assert_eq!(hint, "list them: kumo vm list --tenant lab");
+
+        let (_, hint) = fails(&["tenant", "list"], "kumo_not-a-token");
+        assert_eq!(hint, format!("sign in again: kumo login --server {url}"));
+
+        let (err, hint) = fails(
+            &["vm", "create", "train", "--tenant", "lab", "--vcpus", "1"],
+            &ben_token,
+        );
+        assert!(err.contains("HTTP 403"), "{err}");
+        assert!(hint.starts_with("ask a project owner of lab"), "{hint}");
+
+        let (err, hint) = fails(&["vm", "create", "train", "--tenant", "tight"], &token);
+        assert!(err.contains("Quota exceeded"), "{err}");
+        assert!(
+            hint.contains("see kumo quota show --tenant tight"),
+            "{hint}"
+        );
+
+        let nowhere = format!("http://127.0.0.1:{closed}");
+        let (ok, _, err) = k.run(&["--server", &nowhere, "tenant", "list"], Some(&token));
+        assert!(!ok && err.contains("cannot reach"), "{err}");
+        assert_eq!(
+            err.lines().last(),
+            Some(
+                format!(
+                    "hint: is the server running at {nowhere}? \
+                     (to use another: kumo login --server URL)"
+                )
+                .as_str()
+            ),
+            "{err}"
+        );
+    })
+    .await
+    .unwrap();
+    s.stop().await;
+}
+
+/// `--wait` shows a spinner with the VM's state and the time spent when
+/// stderr is a terminal, and draws nothing elsewhere.
+#[tokio::test]
+async fn waits_show_progress_on_a_terminal_only() {
+    use std::io::Read;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("cpu-1", "cpu-only").await;
+    let k = std::sync::Arc::new(Kumo::new());
+    let args = |name: &'static str| -> Vec<String> {
+        [
+            "--server",
+            s.url.as_str(),
+            "vm",
+            "create",
+            name,
+            "--tenant",
+            "lab",
+            "--vcpus",
+            "1",
+            "--memory",
+            "1",
+            "--wait",
+            "-o",
+            "json",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect()
+    };
+
+    // Not a terminal: nothing drawn, and the answer is the VM as waited for.
+    let token = s.admin_token.clone();
+    let base = ["--server", s.url.as_str()];
+    let with = |more: &[&str]| -> Vec<String> {
+        base.iter().chain(more).map(|a| (*a).to_owned()).collect()
+    };
+    let (ok, out, err) = converging(&k, &token, &mut agent, args("quiet")).await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(err, "", "nothing drawn without a terminal");
+    let stop = with(&["vm", "stop", "quiet", "--tenant", "lab", "--wait"]);
+    let (ok, out, err) = converging(&k, &token, &mut agent, stop).await;
+    assert!(ok, "{err}");
+    assert_eq!((out.as_str(), err.as_str()), ("stop quiet: stopped\n", ""));
+    let delete = with(&["vm", "delete", "quiet", "--tenant", "lab", "--wait"]);
+    let (ok, out, err) = converging(&k, &token, &mut agent, delete).await;
+    assert!(ok, "{err}");
+    assert_eq!((out.as_str(), err.as_str()), ("Deleted quiet\n", ""));
+    let show = with(&["vm", "show", "quiet", "--tenant", "lab"]);
+    let (ok, _, err) = converging(&k, &token, &mut agent, show).await;
+    assert!(!ok && err.contains("HTTP 404"), "gone: {err}");
+
+    // A terminal: the spinner says what it waits for, the state, the time.
+    let size = nix::pty::Winsize {
+        ws_row: 24,
+        ws_col: 120,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None).unwrap();
+    let mut child = Command::new(crate::harness::bin("kumo"))
+        .args(args("loud"))
+        .env_clear()
+        .env("HOME", k.home.path())
+        .env("KUMO_TOKEN", &s.admin_token)
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::from(pty.slave)))
+        .spawn()
+        .unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        // EIO once the command has exited.
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    // The host brings the VM up only once the spinner has shown its
+    // state and a second spent.
+    let mut shown = String::new();
+    let spinning = |shown: &str| {
+        ["pending", "scheduled", "provisioning"]
+            .iter()
+            .any(|st| shown.contains(&format!("waiting for loud to run: {st} [")))
+            && shown.contains("[1s]")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !spinning(&shown) && Instant::now() < deadline {
+        if let Ok(b) = rx.try_recv() {
+            shown.push_str(&String::from_utf8_lossy(&b));
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(
+        spinning(&shown),
+        "the spinner shows the state and the time spent: {shown:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "kumo vm create --wait hangs");
+        agent.converge().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(status.success(), "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "running", "the answer on stdout: {v}");
+    s.stop().await;
+}
+
+/// `kumo ARGS` (without a terminal) while the simulated host makes what
+/// the server wants so, until kumo is done.
+async fn converging(
+    k: &std::sync::Arc<Kumo>,
+    token: &str,
+    agent: &mut crate::harness::SimAgent,
+    args: Vec<String>,
+) -> (bool, String, String) {
+    let run = {
+        let (k, token) = (k.clone(), token.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            k.run(&args, Some(&token))
+        })
+    };
+    while !run.is_finished() {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        agent.converge().await;
+    }
+    run.await.unwrap()
 }
