@@ -295,6 +295,9 @@ pub struct VmRow {
     pub state_label: String,
     pub gpus: u32,
     pub host: String,
+    /// The actions its state allows, with their labels (filled by
+    /// `vms_page`).
+    pub actions: Vec<(String, String)>,
 }
 
 /// What the VM form offers to choose from.
@@ -317,7 +320,6 @@ struct Vms<'a> {
     heading: &'a str,
     error: Option<&'a str>,
     vms: &'a [VmRow],
-    actions: Vec<(&'a str, String)>,
     csrf: &'a str,
     l_name: &'a str,
     l_state: &'a str,
@@ -341,6 +343,11 @@ pub fn vms_page(
         .iter()
         .map(|v| VmRow {
             state_label: i18n::word(lang, &v.state),
+            actions: v
+                .actions
+                .iter()
+                .map(|(a, _)| (a.clone(), i18n::word(lang, a)))
+                .collect(),
             ..v.clone()
         })
         .collect();
@@ -351,18 +358,6 @@ pub fn vms_page(
         heading: t(lang, Msg::VmsTitle),
         error,
         vms: &vms,
-        actions: [
-            "start",
-            "stop",
-            "reboot",
-            "shelve",
-            "unshelve",
-            "unshelve-anywhere",
-            "delete",
-        ]
-        .into_iter()
-        .map(|a| (a, i18n::word(lang, a)))
-        .collect(),
         csrf: &viewer.csrf,
         l_name: t(lang, Msg::Name),
         l_state: t(lang, Msg::State),
@@ -398,6 +393,8 @@ pub struct VmDetail {
     pub networks: Vec<NicRow>,
     /// Its volumes: `(name, size, state, path in the guest)`.
     pub volumes: Vec<(String, String, String, String)>,
+    /// The actions its state allows (`start`, `stop`, …).
+    pub actions: Vec<String>,
     /// Its GPUs' figures over the last day (GPU VMs only).
     pub gpu_figures: Option<GpuFigures>,
     /// The idle policy's word on it, while its GPUs are idle.
@@ -449,7 +446,6 @@ struct VmPage<'a> {
     events: &'a [String],
     nccl: Option<&'a str>,
     networks: &'a [NicRow],
-    l_networks: &'a str,
     volumes: &'a [(String, String, String, String)],
     l_volumes: &'a str,
     charts: Option<String>,
@@ -460,6 +456,19 @@ struct VmPage<'a> {
     l_topology: &'a str,
     l_events: &'a str,
     l_console: &'a str,
+    csrf: &'a str,
+    actions: Vec<(String, String)>,
+    w_actions: String,
+    w_reach: String,
+    w_segment: String,
+    w_address: String,
+    w_public: String,
+    w_volume: String,
+    w_size: String,
+    w_state: String,
+    w_guest: String,
+    /// Why there is no way in yet, and what to do.
+    reach_hint: Option<String>,
 }
 
 /// A GPU VM's two charts (and why they are empty, when the guest is
@@ -508,7 +517,6 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         events: &vm.events,
         nccl: vm.nccl.as_deref(),
         networks: &vm.networks,
-        l_networks: t(lang, Msg::Networks),
         volumes: &vm.volumes,
         l_volumes: t(lang, Msg::Volumes),
         charts: vm.gpu_figures.as_ref().map(|f| gpu_charts(lang, f)),
@@ -519,10 +527,42 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         l_topology: t(lang, Msg::Topology),
         l_events: t(lang, Msg::Events),
         l_console: t(lang, Msg::Console),
+        csrf: &viewer.csrf,
+        actions: vm
+            .actions
+            .iter()
+            .map(|a| (a.clone(), i18n::word(lang, a)))
+            .collect(),
+        w_actions: i18n::word(lang, "actions"),
+        w_reach: i18n::word(lang, "how to reach it"),
+        w_segment: i18n::word(lang, "segment"),
+        w_address: i18n::word(lang, "address"),
+        w_public: i18n::word(lang, "public"),
+        w_volume: i18n::word(lang, "volume"),
+        w_size: i18n::word(lang, "size"),
+        w_state: i18n::word(lang, "state"),
+        w_guest: i18n::word(lang, "in the guest"),
+        reach_hint: reach_hint(lang, &vm.networks),
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
     page(lang, &vm.name, Some(viewer), Some(&vm.tenant), &body)
+}
+
+/// What the VM page says when the VM cannot be reached from outside yet.
+fn reach_hint(lang: Lang, networks: &[NicRow]) -> Option<String> {
+    let key = if networks.is_empty() {
+        "no-network"
+    } else if networks.iter().all(|n| n.ssh.is_none()) {
+        "no-public"
+    } else {
+        return None;
+    };
+    Some(match lang {
+        Lang::Ja => i18n::word(lang, key),
+        Lang::En if key == "no-network" => "It has no address on a segment, so only its console reaches it. Give it a segment when you create it, then a public address (kumo public-ip allocate / attach) or a port forward, and SSH in.".into(),
+        Lang::En => "No public address yet: kumo public-ip allocate and kumo public-ip attach (or a port forward) let SSH in from outside.".into(),
+    })
 }
 
 #[derive(Template)]
@@ -774,9 +814,19 @@ mod tests {
                 action_at: None,
                 exempt_until: Some("2026-12-01 00:00 UTC".into()),
             }),
+            actions: vec!["stop".into(), "reboot".into(), "delete".into()],
         };
         let page = vm_page(Lang::Ja, &v, &vm);
-        assert!(page.contains("ネットワーク"), "{page}");
+        assert!(
+            page.contains("接続方法") && page.contains("<th>公開アドレス</th>"),
+            "{page}"
+        );
+        // Only what its state allows.
+        assert!(
+            page.contains(r#"data-action="stop">停止する</button>"#),
+            "{page}"
+        );
+        assert!(!page.contains(r#"data-action="start""#), "{page}");
         assert!(
             page.contains("<td>10.1.0.2</td><td>203.0.113.11</td>"),
             "{page}"
@@ -811,6 +861,7 @@ mod tests {
             },
         );
         assert!(!none.contains("Networks") && !none.contains("GPUs over"));
+        assert!(none.contains("only its console reaches it"), "{none}");
         assert!(!none.contains("<h2>Volumes</h2>"));
     }
 

@@ -88,6 +88,29 @@ pub fn apply(
     }
 }
 
+/// The actions a user may take now, as the portal's buttons name them
+/// (`unshelve-anywhere` beside `unshelve`): those [`apply`] accepts, so a
+/// running VM is never offered "start".
+pub fn offered(state: VmState, desired: Power, has_host: bool) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for a in [
+        Action::Start,
+        Action::Stop,
+        Action::Reboot,
+        Action::Shelve,
+        Action::Unshelve,
+        Action::Delete,
+    ] {
+        if apply(state, desired, a, has_host).is_ok() {
+            out.push(a.as_str());
+            if a == Action::Unshelve {
+                out.push("unshelve-anywhere");
+            }
+        }
+    }
+    out
+}
+
 /// The state an agent's report moves a VM to, if any.
 pub fn observe(state: VmState, desired: Power, actual: ActualState) -> Option<VmState> {
     use VmState::*;
@@ -118,6 +141,26 @@ pub fn observe(state: VmState, desired: Power, actual: ActualState) -> Option<Vm
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn only_what_the_state_allows_is_offered() {
+        use VmState::*;
+        assert_eq!(
+            offered(Running, Power::Running, true),
+            ["stop", "reboot", "shelve", "delete"]
+        );
+        assert_eq!(
+            offered(Stopped, Power::Stopped, true),
+            ["start", "shelve", "delete"]
+        );
+        assert_eq!(
+            offered(Shelved, Power::Stopped, false),
+            ["unshelve", "unshelve-anywhere", "delete"]
+        );
+        assert_eq!(offered(Pending, Power::Running, false), ["delete"]);
+        assert!(offered(Deleting, Power::Stopped, true).is_empty());
+    }
+
     use super::*;
     use VmState::*;
 

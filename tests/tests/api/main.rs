@@ -23,6 +23,7 @@ mod networks;
 mod openapi;
 mod packages;
 mod portal_devices;
+mod portal_pages;
 mod process;
 mod public_net;
 mod readme;

@@ -475,7 +475,7 @@ async fn federated_login_with_two_institutions() {
         "each H100 with its 18 links"
     );
     assert!(
-        vm_page.contains("<pre class=\"nccl\">&#60;system version=&#34;1&#34;&#62;"),
+        vm_page.contains("<pre class=\"nccl\" tabindex=\"0\">&#60;system version=&#34;1&#34;&#62;"),
         "the NCCL file"
     );
     let list = get(&a, &format!("{kumo}/t/vision/vms")).await.1;
@@ -1147,7 +1147,7 @@ async fn portal_pages_act_through_the_api() {
     assert!(page.contains("href=\"/admin/hosts/gpu-001\""));
     let (_, page) = get(&adm, &u("/admin/hosts/gpu-001")).await;
     assert!(
-        page.contains("<pre>") && page.contains("GPU7"),
+        page.contains("<pre tabindex=\"0\">") && page.contains("GPU7"),
         "the matrix: {page}"
     );
     let (status, ..) = post(

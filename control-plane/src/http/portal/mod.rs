@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use chrono::{Datelike, DurationRound};
+use kumo_api_types::{Power, VmState};
 use kumo_web_portal::i18n::Lang;
 use kumo_web_portal::{diagram, ProviderItem, TenantCard, Viewer, VmRow};
 use serde::Deserialize;
@@ -312,6 +313,10 @@ async fn vm_rows(st: &AppState, ctx: &Actor, tenant: &str) -> Result<Vec<VmRow>,
         .items
         .into_iter()
         .map(|v| VmRow {
+            actions: offered(&v)
+                .into_iter()
+                .map(|a| (a.to_owned(), String::new()))
+                .collect(),
             name: v.name,
             state: v.state.as_str().to_owned(),
             state_label: String::new(),
@@ -319,6 +324,16 @@ async fn vm_rows(st: &AppState, ctx: &Actor, tenant: &str) -> Result<Vec<VmRow>,
             host: v.host.unwrap_or_default(),
         })
         .collect())
+}
+
+/// The actions the portal offers for a VM: what its state allows.
+fn offered(v: &kumo_api_types::Vm) -> Vec<&'static str> {
+    // What it was last asked to be, as far as its state tells.
+    let desired = match v.state {
+        VmState::Stopped | VmState::Shelved | VmState::Shelving => Power::Stopped,
+        _ => Power::Running,
+    };
+    crate::domain::lifecycle::offered(v.state, desired, v.host.is_some())
 }
 
 /// The first 200 of a list: what a page shows.
@@ -736,6 +751,7 @@ async fn vm_page(
         None
     };
     let detail = kumo_web_portal::VmDetail {
+        actions: offered(&vm).into_iter().map(str::to_owned).collect(),
         gpu_figures,
         idle,
         tenant: tenant.clone(),

@@ -1,0 +1,153 @@
+//! Every portal page in a real browser (Debian's Chromium through
+//! `playwright-core`, `tests/oidc/pages.mjs`), in Japanese and English, at
+//! desktop width and at 390 px: axe-core finds no serious or critical
+//! violation, no page is wider than a phone's window, the first Tab stop
+//! shows where the focus is, and a screenshot of each is kept in
+//! `target/portal-screenshots/pages/` to be looked at.
+
+use std::process::Command;
+
+use kumo_api_types::ServiceLevel;
+use serde_json::Value;
+
+use crate::harness::{Backend, TestServer};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
+    assert!(
+        std::path::Path::new("/usr/bin/chromium").exists(),
+        "Debian's chromium is required (the README's test command installs it)"
+    );
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
+    let _: Value = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/segments",
+            &serde_json::json!({"name": "lab-net", "kind": "ethernet", "cidr": "10.1.0.0/24"}),
+        )
+        .await
+        .unwrap();
+    for (name, gpus) in [("train", 2), ("notebook", 0)] {
+        let _: Value = s
+            .admin
+            .post(
+                "/api/v1/tenants/lab/vms",
+                &crate::device_health::vm(name, gpus, ServiceLevel::Guaranteed),
+            )
+            .await
+            .unwrap();
+    }
+    for _ in 0..3 {
+        agent.converge().await;
+    }
+    let _: Value = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms/notebook/stop",
+            &serde_json::json!({}),
+        )
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        agent.converge().await;
+    }
+    let pages = serde_json::json!([
+        ["dashboard", "/"],
+        ["vms", "/t/lab/vms"],
+        ["vm", "/t/lab/vms/train"],
+        ["vm-stopped", "/t/lab/vms/notebook"],
+        ["billing", "/t/lab/billing"],
+        ["clusters", "/t/lab/clusters"],
+        ["segments", "/t/lab/segments"],
+        ["volumes", "/t/lab/volumes"],
+        ["members", "/t/lab/members"],
+        ["tokens", "/tokens"],
+        ["admin-hosts", "/admin/hosts"],
+        ["admin-host", "/admin/hosts/gpu-001"],
+        ["admin-tenants", "/admin/tenants"],
+        ["admin-rates", "/admin/rates"],
+        ["admin-join-tokens", "/admin/join-tokens"],
+        ["admin-devices", "/admin/devices"],
+    ]);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
+    crate::sso::install_node_modules(&dir);
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/portal-screenshots/pages");
+    std::fs::create_dir_all(&out).unwrap();
+    let (url, token, out2, pages2) = (
+        s.url.clone(),
+        s.admin_token.clone(),
+        out.clone(),
+        pages.to_string(),
+    );
+    // The agent keeps reporting while the browser looks.
+    let keep = tokio::spawn(async move {
+        loop {
+            agent.converge().await;
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    });
+    let ran = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(dir.join("pages.mjs"))
+            .args([&url, &token])
+            .arg(&out2)
+            .arg(&pages2)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    keep.abort();
+    let text = String::from_utf8_lossy(&ran.stdout);
+    let report: Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|_| panic!("browser: {text} {}", String::from_utf8_lossy(&ran.stderr)));
+    assert_eq!(report["error"], Value::Null, "{report}");
+    let seen = report["pages"].as_array().unwrap();
+    assert_eq!(
+        seen.len(),
+        pages.as_array().unwrap().len() * 4,
+        "every page, 2 languages, 2 widths"
+    );
+    let mut problems = Vec::new();
+    for p in seen {
+        let at = format!("{} ({}, {} px)", p["path"], p["lang"], p["width"]);
+        if p["status"] != 200 {
+            problems.push(format!("{at}: HTTP {}", p["status"]));
+        }
+        if p["html_lang"] != p["lang"] {
+            problems.push(format!("{at}: <html lang={}>", p["html_lang"]));
+        }
+        for v in p["axe"].as_array().unwrap() {
+            if matches!(v["impact"].as_str(), Some("serious" | "critical")) {
+                problems.push(format!(
+                    "{at}: axe {} ({}): {} at {}",
+                    v["id"], v["impact"], v["help"], v["nodes"]
+                ));
+            }
+        }
+        if p["overflow"].as_f64().unwrap_or(0.0) > 1.0 {
+            problems.push(format!("{at}: {} px wider than the window", p["overflow"]));
+        }
+        if p["focus"]["visible"] != true {
+            problems.push(format!(
+                "{at}: the first Tab stop ({}) shows no focus",
+                p["focus"]["tag"]
+            ));
+        }
+        assert!(
+            out.join(p["shot"].as_str().unwrap()).is_file(),
+            "{at}: screenshot"
+        );
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problems:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    s.stop().await;
+}
