@@ -1015,13 +1015,22 @@ impl VmNetwork {
     /// through its floating address, or a forward to port 22.
     pub fn ssh_command(&self, user: Option<&str>) -> Option<String> {
         let at = user.map(|u| format!("{u}@")).unwrap_or_default();
+        Some(match self.ssh_way_in()? {
+            (ip, 22) => format!("ssh {at}{ip}"),
+            (ip, port) => format!("ssh -p {port} {at}{ip}"),
+        })
+    }
+
+    /// The public address and port that reach the NIC's port 22: its
+    /// floating address, else a TCP forward to 22.
+    pub fn ssh_way_in(&self) -> Option<(&str, u16)> {
         if let Some(ip) = &self.public_ip {
-            return Some(format!("ssh {at}{ip}"));
+            return Some((ip, 22));
         }
         self.forwards
             .iter()
             .find(|f| f.private_port == 22 && f.protocol == ForwardProtocol::Tcp)
-            .map(|f| format!("ssh -p {} {at}{}", f.public_port, f.public_ip))
+            .map(|f| (f.public_ip.as_str(), f.public_port))
     }
 }
 

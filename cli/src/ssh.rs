@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use kumo_api_types::{ForwardProtocol, VmNetwork};
+use kumo_api_types::VmNetwork;
 
 /// Where `ssh` reaches a VM: `ssh [-p PORT] [USER@]ADDRESS`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,22 +46,16 @@ impl fmt::Display for SshTarget {
 /// forward to port 22. `user` is the login user, if known.
 pub fn target(networks: &[VmNetwork], user: Option<&str>) -> Option<SshTarget> {
     let user = user.filter(|u| !u.is_empty()).map(str::to_owned);
-    if let Some(ip) = networks.iter().find_map(|n| n.public_ip.as_ref()) {
-        return Some(SshTarget {
-            user,
-            address: ip.clone(),
-            port: None,
-        });
-    }
-    networks
+    let nic = networks
         .iter()
-        .flat_map(|n| &n.forwards)
-        .find(|f| f.private_port == 22 && f.protocol == ForwardProtocol::Tcp)
-        .map(|f| SshTarget {
-            user,
-            address: f.public_ip.clone(),
-            port: (f.public_port != 22).then_some(f.public_port),
-        })
+        .find(|n| n.public_ip.is_some())
+        .or_else(|| networks.iter().find(|n| n.ssh_way_in().is_some()))?;
+    let (address, port) = nic.ssh_way_in()?;
+    Some(SshTarget {
+        user,
+        address: address.to_owned(),
+        port: (port != 22).then_some(port),
+    })
 }
 
 /// What to do for a VM without a public address, as one line.
@@ -84,7 +78,7 @@ pub fn no_address_hint(vm: &str, tenant: &str, has_network: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kumo_api_types::NicForward;
+    use kumo_api_types::{ForwardProtocol, NicForward};
 
     fn nic(public_ip: Option<&str>, forwards: &[(u16, ForwardProtocol, u16)]) -> VmNetwork {
         VmNetwork {

@@ -73,6 +73,19 @@ try {
       }
     }
   }
+  // Keyboard only: the VM form is reached with Tab and sent with Enter.
+  if (process.env.KUMO_KEYBOARD_VMS) {
+    await page.goto(`${kumo}${process.env.KUMO_KEYBOARD_VMS}`);
+    let reached = false;
+    for (let i = 0; i < 80 && !reached; i++) {
+      await page.keyboard.press('Tab');
+      reached = await page.evaluate(() => document.activeElement?.getAttribute('name') === 'name');
+    }
+    report.keyboard_reached_form = reached;
+    await page.keyboard.type('kbd-vm');
+    await Promise.all([page.waitForNavigation(), page.keyboard.press('Enter')]);
+    report.keyboard_landed = new URL(page.url()).pathname;
+  }
 } catch (e) {
   report.error = String(e.stack || e);
 }

@@ -133,20 +133,45 @@ pub fn topology_svg(cells: &[Cell], gpus: &[Gpu]) -> String {
     s
 }
 
-/// A bar per `(label, value)` (e.g. points per day), scaled to the
-/// largest; labels every few bars so they stay readable.
-pub fn bar_chart(bars: &[(String, f64)]) -> String {
-    let (w, h, pad) = (720i64, 200i64, 30i64);
-    let max = bars.iter().map(|b| b.1).fold(0.0_f64, f64::max);
+/// The words of a bar chart: its unit, what it shows (for screen
+/// readers) and what an empty one says.
+pub struct BarWords<'a> {
+    pub unit: &'a str,
+    pub title: &'a str,
+    pub empty: &'a str,
+}
+
+/// A bar per `(label, value)` (e.g. points per day) on a y-axis from 0 to
+/// the largest value (rounded up to a readable one) in `unit`; labels
+/// every few bars so they stay readable; `empty` across it when every
+/// value is 0.
+pub fn bar_chart(bars: &[(String, f64)], words: &BarWords<'_>) -> String {
+    let (w, h, left, pad) = (720i64, 200i64, 64i64, 30i64);
+    let max = nice_ceiling(bars.iter().map(|b| b.1).fold(0.0_f64, f64::max));
     let n = bars.len().max(1) as i64;
-    let step = (w - 2 * pad) / n;
+    let step = (w - left - pad) / n;
+    let base = h - pad;
     let mut s = String::new();
     let _ = write!(
         s,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="10"><line x1="{pad}" y1="{base}" x2="{x2}" y2="{base}" stroke="#888"/>"##,
-        base = h - pad,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" aria-label="{title}" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="10"><line x1="{left}" y1="{base}" x2="{x2}" y2="{base}" stroke="#888"/><line x1="{left}" y1="{pad}" x2="{left}" y2="{base}" stroke="#888"/><text class="unit" x="4" y="{uy}">{unit}</text>"##,
+        title = esc(words.title),
         x2 = w - pad,
+        uy = pad - 12,
+        unit = esc(words.unit),
     );
+    // The y-axis: 0, half and the top, with light grid lines.
+    for frac in [0.0, 0.5, 1.0] {
+        let y = base - ((h - 2 * pad) as f64 * frac).round() as i64;
+        let _ = write!(
+            s,
+            r##"<line x1="{left}" y1="{y}" x2="{x2}" y2="{y}" stroke="#e2e8f0"/><text class="tick" x="{tx}" y="{ty}" text-anchor="end">{v}</text>"##,
+            x2 = w - pad,
+            tx = left - 4,
+            ty = y + 3,
+            v = format_tick(max * frac),
+        );
+    }
     let every = (bars.len() / 8).max(1);
     for (i, (label, v)) in bars.iter().enumerate() {
         let bh = if max > 0.0 {
@@ -154,40 +179,97 @@ pub fn bar_chart(bars: &[(String, f64)]) -> String {
         } else {
             0
         };
-        let x = pad + step * i as i64;
+        let x = left + step * i as i64;
         let _ = write!(
             s,
             r##"<rect class="bar" data-label="{l}" x="{x}" y="{y}" width="{bw}" height="{bh}" fill="#12355b"><title>{l}: {v}</title></rect>"##,
             l = esc(label),
-            y = h - pad - bh,
+            y = base - bh,
             bw = (step - 2).max(1),
         );
         if i % every == 0 {
             let _ = write!(
                 s,
                 r#"<text x="{x}" y="{ty}">{l}</text>"#,
-                ty = h - pad + 14,
+                ty = base + 14,
                 l = esc(label),
             );
         }
     }
+    if bars.iter().all(|b| b.1 <= 0.0) {
+        let _ = write!(
+            s,
+            r##"<text class="empty" x="{x}" y="{y}" text-anchor="middle" font-size="12" fill="#4a5568">{e}</text>"##,
+            x = (left + w - pad) / 2,
+            y = h / 2,
+            e = esc(words.empty),
+        );
+    }
     s.push_str("</svg>");
     s
+}
+
+/// The smallest 1, 2 or 5 × 10ⁿ at or above `v` (1 for nothing), so the
+/// axis reads in round numbers.
+fn nice_ceiling(v: f64) -> f64 {
+    if v <= 0.0 || !v.is_finite() {
+        return 1.0;
+    }
+    let mag = 10f64.powf(v.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|c| *c >= v)
+        .unwrap_or(10.0 * mag)
+}
+
+fn format_tick(v: f64) -> String {
+    if v >= 10.0 || v == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const WORDS: BarWords<'static> = BarWords {
+        unit: "JPY",
+        title: "Usage",
+        empty: "Nothing charged",
+    };
+
     #[test]
-    fn bars_scale_to_the_largest() {
-        let svg = bar_chart(&[("11-01".into(), 10.0), ("11-02".into(), 5.0)]);
+    fn bars_scale_to_a_round_top_with_an_axis_and_unit() {
+        let svg = bar_chart(&[("11-01".into(), 10.0), ("11-02".into(), 5.0)], &WORDS);
         assert_eq!(svg.matches("class=\"bar\"").count(), 2);
         assert!(
             svg.contains("height=\"140\"") && svg.contains("height=\"70\""),
             "{svg}"
         );
-        assert!(bar_chart(&[]).ends_with("</svg>"));
+        assert!(
+            svg.contains(">JPY</text>")
+                && svg.contains(">10</text>")
+                && svg.contains(">5.0</text>"),
+            "{svg}"
+        );
+        assert!(
+            svg.contains(r#"role="img" aria-label="Usage""#) && !svg.contains("Nothing charged")
+        );
+        // 7 reads on an axis up to 10, 130 on one up to 200.
+        let svg = bar_chart(&[("a".into(), 7.0), ("b".into(), 130.0)], &WORDS);
+        assert!(
+            svg.contains(">200</text>") && svg.contains(">100</text>"),
+            "{svg}"
+        );
+        let empty = bar_chart(&[("11-01".into(), 0.0)], &WORDS);
+        assert!(
+            empty.contains("Nothing charged") && empty.ends_with("</svg>"),
+            "{empty}"
+        );
+        assert!(bar_chart(&[], &WORDS).contains("Nothing charged"));
     }
 
     #[test]

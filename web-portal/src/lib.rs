@@ -193,7 +193,7 @@ pub fn dashboard_page(
     daily: &[(String, f64)],
     idle: &[IdleFlag],
 ) -> String {
-    let chart = diagram::bar_chart(daily);
+    let chart = usage_chart(lang, currency, daily);
     let idle = idle
         .iter()
         .map(|f| {
@@ -328,6 +328,7 @@ struct Vms<'a> {
     l_memory: &'a str,
     l_segment: &'a str,
     l_template: &'a str,
+    l_no_vms: String,
 }
 
 /// A tenant's VMs, their actions and the create form.
@@ -366,6 +367,7 @@ pub fn vms_page(
         l_memory: t(lang, Msg::Memory),
         l_segment: t(lang, Msg::Segment),
         l_template: t(lang, Msg::Template),
+        l_no_vms: i18n::word(lang, "no-vms").replace("TENANT", tenant),
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
@@ -395,6 +397,8 @@ pub struct VmDetail {
     pub volumes: Vec<(String, String, String, String)>,
     /// The actions its state allows (`start`, `stop`, …).
     pub actions: Vec<String>,
+    /// Points charged to it this month so far, with the currency.
+    pub cost_this_month: String,
     /// Its GPUs' figures over the last day (GPU VMs only).
     pub gpu_figures: Option<GpuFigures>,
     /// The idle policy's word on it, while its GPUs are idle.
@@ -467,6 +471,8 @@ struct VmPage<'a> {
     w_size: String,
     w_state: String,
     w_guest: String,
+    w_cost: String,
+    cost: &'a str,
     /// Why there is no way in yet, and what to do.
     reach_hint: Option<String>,
 }
@@ -533,15 +539,17 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
             .iter()
             .map(|a| (a.clone(), i18n::word(lang, a)))
             .collect(),
-        w_actions: i18n::word(lang, "actions"),
-        w_reach: i18n::word(lang, "how to reach it"),
-        w_segment: i18n::word(lang, "segment"),
-        w_address: i18n::word(lang, "address"),
-        w_public: i18n::word(lang, "public"),
-        w_volume: i18n::word(lang, "volume"),
-        w_size: i18n::word(lang, "size"),
-        w_state: i18n::word(lang, "state"),
-        w_guest: i18n::word(lang, "in the guest"),
+        w_actions: i18n::word(lang, "Actions"),
+        w_reach: i18n::word(lang, "How to reach it"),
+        w_segment: i18n::word(lang, "Segment"),
+        w_address: i18n::word(lang, "Address"),
+        w_public: i18n::word(lang, "Public address"),
+        w_volume: i18n::word(lang, "Volume"),
+        w_size: i18n::word(lang, "Size"),
+        w_state: i18n::word(lang, "State"),
+        w_guest: i18n::word(lang, "In the guest"),
+        w_cost: i18n::word(lang, "This month"),
+        cost: &vm.cost_this_month,
         reach_hint: reach_hint(lang, &vm.networks),
     }
     .render()
@@ -558,11 +566,7 @@ fn reach_hint(lang: Lang, networks: &[NicRow]) -> Option<String> {
     } else {
         return None;
     };
-    Some(match lang {
-        Lang::Ja => i18n::word(lang, key),
-        Lang::En if key == "no-network" => "It has no address on a segment, so only its console reaches it. Give it a segment when you create it, then a public address (kumo public-ip allocate / attach) or a port forward, and SSH in.".into(),
-        Lang::En => "No public address yet: kumo public-ip allocate and kumo public-ip attach (or a port forward) let SSH in from outside.".into(),
-    })
+    Some(i18n::word(lang, key))
 }
 
 #[derive(Template)]
@@ -658,11 +662,28 @@ struct Billing<'a> {
     l_usage: &'a str,
     l_statements: &'a str,
     l_ledger: &'a str,
+    /// The ledger's headings: when, VM, resource, duration, points.
+    heads: [String; 5],
+    /// What to do when there are no points.
+    no_points: Option<String>,
+}
+
+/// Points charged per day over 30 days, with its axis, unit and empty state.
+fn usage_chart(lang: Lang, currency: &str, daily: &[(String, f64)]) -> String {
+    let unit = format!("{} ({currency})", i18n::word(lang, "Points"));
+    diagram::bar_chart(
+        daily,
+        &diagram::BarWords {
+            unit: &unit,
+            title: t(lang, Msg::Usage30),
+            empty: &i18n::word(lang, "no-usage"),
+        },
+    )
 }
 
 /// Points, usage over the last 30 days as a chart, statements, ledger.
 pub fn billing_page(lang: Lang, viewer: &Viewer, b: &BillingView) -> String {
-    let chart = diagram::bar_chart(&b.daily);
+    let chart = usage_chart(lang, &b.currency, &b.daily);
     let body = Billing {
         tenant: &b.tenant,
         heading: t(lang, Msg::Billing),
@@ -675,6 +696,12 @@ pub fn billing_page(lang: Lang, viewer: &Viewer, b: &BillingView) -> String {
         l_usage: t(lang, Msg::Usage30),
         l_statements: t(lang, Msg::Statements),
         l_ledger: t(lang, Msg::Ledger),
+        heads: ["When", "VM", "Resource", "Duration", "Points"].map(|w| i18n::word(lang, w)),
+        no_points: b
+            .balance
+            .parse::<f64>()
+            .is_ok_and(|v| v <= 0.0)
+            .then(|| i18n::word(lang, "no-points")),
     }
     .render()
     .unwrap_or_else(|e| format!("template error: {e}"));
@@ -815,6 +842,7 @@ mod tests {
                 exempt_until: Some("2026-12-01 00:00 UTC".into()),
             }),
             actions: vec!["stop".into(), "reboot".into(), "delete".into()],
+            cost_this_month: "1234.5 JPY".into(),
         };
         let page = vm_page(Lang::Ja, &v, &vm);
         assert!(
@@ -827,6 +855,10 @@ mod tests {
             "{page}"
         );
         assert!(!page.contains(r#"data-action="start""#), "{page}");
+        assert!(
+            page.contains("今月の利用額: <strong class=\"cost\">1234.5 JPY</strong>"),
+            "{page}"
+        );
         assert!(
             page.contains("<td>10.1.0.2</td><td>203.0.113.11</td>"),
             "{page}"
@@ -863,6 +895,61 @@ mod tests {
         assert!(!none.contains("Networks") && !none.contains("GPUs over"));
         assert!(none.contains("only its console reaches it"), "{none}");
         assert!(!none.contains("<h2>Volumes</h2>"));
+    }
+
+    #[test]
+    fn the_billing_page_heads_every_column_and_says_what_to_do_without_points() {
+        let v = Viewer {
+            display_name: "Aiko".into(),
+            csrf: "tok".into(),
+            is_admin: false,
+        };
+        let b = BillingView {
+            tenant: "lab".into(),
+            balance: "0".into(),
+            currency: "JPY".into(),
+            daily: vec![("11-24".into(), 0.0), ("11-25".into(), 0.0)],
+            months: vec!["2026-11".into()],
+            ledger: vec![(
+                "2026-11-25 10:00".into(),
+                "train".into(),
+                "vcpu".into(),
+                60,
+                "0.5".into(),
+            )],
+        };
+        let en = billing_page(Lang::En, &v, &b);
+        assert!(
+            en.contains(
+                "<th>When</th><th>VM</th><th>Resource</th><th>Duration</th><th>Points</th>"
+            ),
+            "{en}"
+        );
+        assert!(
+            en.contains("No points: ask a platform administrator"),
+            "{en}"
+        );
+        assert!(
+            en.contains("Nothing charged in these 30 days") && en.contains(">Points (JPY)</text>"),
+            "{en}"
+        );
+        let ja = billing_page(
+            Lang::Ja,
+            &v,
+            &BillingView {
+                balance: "120.5".into(),
+                daily: vec![("11-25".into(), 3.0)],
+                ..b
+            },
+        );
+        assert!(
+            ja.contains("<th>日時</th>") && ja.contains(">ポイント (JPY)</text>"),
+            "{ja}"
+        );
+        assert!(
+            !ja.contains("ポイントがありません") && !ja.contains("課金はありません"),
+            "{ja}"
+        );
     }
 
     #[test]

@@ -95,6 +95,7 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
             .args([&url, &token])
             .arg(&out2)
             .arg(&pages2)
+            .env("KUMO_KEYBOARD_VMS", "/t/lab/vms")
             .current_dir(&dir)
             .output()
             .unwrap()

@@ -501,9 +501,28 @@ async fn federated_login_with_two_institutions() {
         30,
         "the dashboard's usage chart"
     );
+    // Each bar's label and height; today's is the tallest (on an axis
+    // rounded up, so not necessarily the full height).
+    let bars: Vec<(String, i64)> = dash
+        .split("class=\"bar\" data-label=\"")
+        .skip(1)
+        .map(|b| {
+            let label = b.split('"').next().unwrap().to_owned();
+            let h = b
+                .split("height=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            (label, h.parse().unwrap())
+        })
+        .collect();
+    let today = chrono::Utc::now().format("%m-%d").to_string();
+    let tallest = bars.iter().map(|b| b.1).max().unwrap();
     assert!(
-        dash.contains("height=\"140\""),
-        "today's bar is the tallest: {dash}"
+        tallest > 0 && bars.iter().any(|(l, h)| *l == today && *h == tallest),
+        "today's bar is the tallest: {bars:?}"
     );
     let month = chrono::Utc::now().format("%Y-%m").to_string();
     let csv = a
