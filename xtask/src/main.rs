@@ -355,10 +355,8 @@ fn fuzz() -> Result<(), String> {
     Ok(())
 }
 
-/// Starts the whole system on its embedded default: the server on SQLite
-/// under `./.kumo`, a simulated fleet of GPU hosts, a demo tenant.
-fn start(extra: &[String]) -> Result<(), String> {
-    ensure_tools(PACKAGES)?;
+/// The three binaries a user runs, optimised (with the portal's assets).
+fn release_build() -> Result<(), String> {
     portal_assets()?;
     run(cargo().args([
         "build",
@@ -370,7 +368,14 @@ fn start(extra: &[String]) -> Result<(), String> {
         "kumo-agent",
         "-p",
         "kumo-cli",
-    ]))?;
+    ]))
+}
+
+/// Starts the whole system on its embedded default: the server on SQLite
+/// under `./.kumo`, a simulated fleet of GPU hosts, a demo tenant.
+fn start(extra: &[String]) -> Result<(), String> {
+    ensure_tools(PACKAGES)?;
+    release_build()?;
     run(Command::new(target_dir().join("release/kumo-server"))
         .arg("dev")
         .args(extra))
@@ -380,18 +385,7 @@ fn start(extra: &[String]) -> Result<(), String> {
 /// into `<target>/debian/`.
 fn deb() -> Result<(), String> {
     ensure_tools(&[("dpkg-shlibdeps", "dpkg-dev")])?;
-    portal_assets()?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "--bins",
-        "-p",
-        "kumo-server",
-        "-p",
-        "kumo-agent",
-        "-p",
-        "kumo-cli",
-    ]))?;
+    release_build()?;
     run(Command::new("bash")
         .arg("ops/debian/build-debs.sh")
         .arg(target_dir().join("release"))
