@@ -240,17 +240,9 @@ fn previous_release() -> Result<PathBuf, String> {
     }
     let target = dir.join("target");
     run(cargo()
-        .args([
-            "build",
-            "--bins",
-            "-p",
-            "kumo-server",
-            "-p",
-            "kumo-agent",
-            "-p",
-            "kumo-cli",
-            "--manifest-path",
-        ])
+        .arg("build")
+        .args(SHIPPED)
+        .arg("--manifest-path")
         .arg(src.join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", &target))?;
     Ok(target.join("debug"))
@@ -355,20 +347,21 @@ fn fuzz() -> Result<(), String> {
     Ok(())
 }
 
+/// What the packages ship and users run: the server, the agent, the CLI.
+const SHIPPED: &[&str] = &[
+    "--bins",
+    "-p",
+    "kumo-server",
+    "-p",
+    "kumo-agent",
+    "-p",
+    "kumo-cli",
+];
+
 /// The three binaries a user runs, optimised (with the portal's assets).
 fn release_build() -> Result<(), String> {
     portal_assets()?;
-    run(cargo().args([
-        "build",
-        "--release",
-        "--bins",
-        "-p",
-        "kumo-server",
-        "-p",
-        "kumo-agent",
-        "-p",
-        "kumo-cli",
-    ]))
+    run(cargo().args(["build", "--release"]).args(SHIPPED))
 }
 
 /// Starts the whole system on its embedded default: the server on SQLite
