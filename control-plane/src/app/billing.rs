@@ -288,15 +288,16 @@ pub async fn extend_grace(
     points(st, actor, tenant).await
 }
 
-/// A tenant's charges for periods starting in `[from, to)`, as the
-/// billing core reads them.
+/// A tenant's charges (or one VM's) for periods starting in `[from, to)`,
+/// as the billing core reads them.
 async fn charges_between(
     db: &impl ConnectionTrait,
     tenant: &tenants::Model,
+    vm: Option<Uuid>,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Result<Vec<Charge>, ApiError> {
-    crate::store::billing::charges_between(db, tenant.id, from, to)
+    crate::store::billing::charges_between(db, tenant.id, vm, from, to)
         .await?
         .iter()
         .map(|c| {
@@ -336,7 +337,7 @@ pub async fn usage(
             "after `from`, at most 400 days later",
         ));
     }
-    let list = charges_between(&st.db, &tenant, from, to).await?;
+    let list = charges_between(&st.db, &tenant, None, from, to).await?;
     let by = match q.group_by {
         UsageGroup::Vm => statement::GroupBy::Vm,
         UsageGroup::Resource => statement::GroupBy::Resource,
@@ -361,6 +362,26 @@ pub async fn usage(
     })
 }
 
+/// Points charged to one of a tenant's VMs since the first of this month
+/// (UTC) (members): its charges only, not the whole project's.
+pub async fn vm_cost_this_month(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    vm: Uuid,
+) -> Result<String, ApiError> {
+    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let now = st.config.clock.now();
+    let (y, m) = statement::month_of(now);
+    let from = statement::month_bounds(y, m).map(|b| b.0).unwrap_or(now);
+    let list = charges_between(&st.db, &tenant, Some(vm), from, now).await?;
+    let total: Decimal = statement::usage(&list, statement::GroupBy::Vm)
+        .iter()
+        .map(|r| r.amount)
+        .sum();
+    Ok(total.normalize().to_string())
+}
+
 /// A tenant's statement for `month` (`YYYY-MM`) (members), as the billing
 /// core makes it: [`statement_view`] shows it as JSON,
 /// `kumo_billing::statement::to_csv` as CSV.
@@ -375,7 +396,7 @@ pub async fn statement(
         parse_month(month).ok_or_else(|| ApiError::field("month", "expected YYYY-MM"))?;
     let (start, end) = statement::month_bounds(year, m)
         .ok_or_else(|| ApiError::field("month", "expected YYYY-MM"))?;
-    let list = charges_between(&st.db, &tenant, start, end).await?;
+    let list = charges_between(&st.db, &tenant, None, start, end).await?;
     Ok(statement::statement(&tenant.name, year, m, &list))
 }
 

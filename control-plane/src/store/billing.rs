@@ -65,19 +65,23 @@ pub fn balance_of(
     Ok(points::balance(&gs, &ds, now))
 }
 
-/// A tenant's charges for periods starting in `[from, to)`.
+/// A tenant's charges (or one of its VMs') for periods starting in
+/// `[from, to)`.
 pub async fn charges_between(
     db: &impl ConnectionTrait,
     tenant: Uuid,
+    vm: Option<Uuid>,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Result<Vec<charges::Model>, ApiError> {
-    Ok(charges::Entity::find()
+    let mut q = charges::Entity::find()
         .filter(charges::Column::TenantId.eq(tenant))
         .filter(charges::Column::PeriodFrom.gte(from))
-        .filter(charges::Column::PeriodFrom.lt(to))
-        .all(db)
-        .await?)
+        .filter(charges::Column::PeriodFrom.lt(to));
+    if let Some(vm) = vm {
+        q = q.filter(charges::Column::VmId.eq(vm));
+    }
+    Ok(q.all(db).await?)
 }
 
 /// A tenant's charges for periods starting at `from` or later.

@@ -30,22 +30,9 @@ pub fn start_dev_with(data: &std::path::Path, hosts: usize) -> (std::process::Ch
         .spawn()
         .unwrap();
     let mut out = BufReader::new(server.stdout.take().unwrap());
-    let mut url = String::new();
-    for _ in 0..20 {
-        let mut line = String::new();
-        if out.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        if let Some(rest) = line.strip_prefix("Kumo API listening on ") {
-            url = rest.split_whitespace().next().unwrap().to_owned();
-            break;
-        }
-    }
-    assert!(
-        !url.is_empty(),
-        "dev server did not start on {}",
-        data.display()
-    );
+    let (url, said) = crate::harness::announced_url(&mut out);
+    let url =
+        url.unwrap_or_else(|| panic!("dev server did not start on {}: {said:?}", data.display()));
     // Keep reading: the banner goes on after the address, and a closed
     // pipe would kill the server at its next line (EPIPE).
     std::thread::spawn(move || {

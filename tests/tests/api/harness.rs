@@ -669,3 +669,32 @@ pub fn csrf_of(page: &str) -> String {
         .unwrap_or_else(|| panic!("no CSRF token in {page}"))
         .to_owned()
 }
+
+/// The address a `kumo-server` announces on stdout ("Kumo API listening
+/// on URL …"), and the lines it printed up to it; `None` if it ended
+/// first.
+pub fn announced_url(out: &mut impl std::io::BufRead) -> (Option<String>, Vec<String>) {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    while out.read_line(&mut line).is_ok_and(|n| n > 0) {
+        let l = line.trim_end().to_owned();
+        line.clear();
+        if let Some(rest) = l.strip_prefix("Kumo API listening on ") {
+            let url = rest.split_whitespace().next().map(str::to_owned);
+            lines.push(l);
+            return (url, lines);
+        }
+        lines.push(l);
+    }
+    (None, lines)
+}
+
+/// A child process killed (and reaped) however the test ends.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

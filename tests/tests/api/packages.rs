@@ -252,14 +252,8 @@ async fn debian_packages_install_into_a_fresh_debian_and_their_units_verify() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    use std::io::BufRead;
-    let url = std::io::BufReader::new(server.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.strip_prefix("Kumo API listening on ")
-                .map(|r| r.split_whitespace().next().unwrap().to_owned())
-        });
+    let (url, _) =
+        crate::harness::announced_url(&mut std::io::BufReader::new(server.stdout.take().unwrap()));
     let health = match &url {
         Some(u) => reqwest::get(format!("{u}/healthz"))
             .await

@@ -19,19 +19,9 @@ fn start(args: &[&str], env: &[(&str, &str)]) -> (Child, String, Vec<String>) {
         .spawn()
         .unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut lines = Vec::new();
-    loop {
-        let mut line = String::new();
-        assert!(
-            stdout.read_line(&mut line).unwrap() > 0,
-            "server exited early: {lines:?}"
-        );
-        lines.push(line.trim_end().to_owned());
-        if let Some(rest) = line.strip_prefix("Kumo API listening on ") {
-            let url = rest.split_whitespace().next().unwrap().to_owned();
-            return (child, url, lines);
-        }
-    }
+    let (url, lines) = crate::harness::announced_url(&mut stdout);
+    let url = url.unwrap_or_else(|| panic!("server exited early: {lines:?}"));
+    (child, url, lines)
 }
 
 fn terminate(mut child: Child) -> String {

@@ -23,14 +23,8 @@ fn free_port() -> u16 {
         .port()
 }
 
-struct Providers(Child);
-
-impl Drop for Providers {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+/// The two OpenID Providers' process.
+type Providers = crate::harness::KillOnDrop;
 
 /// Installs the npm packages (`oidc-provider`, `playwright-core`) once:
 /// into a private directory, then renamed into place, so that an SSO test
@@ -91,7 +85,7 @@ fn providers(a: u16, b: u16, redirect: &str) -> Providers {
     assert_eq!(line.trim(), "ready", "the providers did not start");
     // The providers log to stdout: keep draining it, or they die of EPIPE.
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    Providers(child)
+    crate::harness::KillOnDrop(child)
 }
 
 fn browser() -> reqwest::Client {
@@ -495,6 +489,12 @@ async fn federated_login_with_two_institutions() {
         "a bar per day"
     );
     assert!(billing.contains("class=\"charge\""));
+    // The VM page's cost this month is that VM's charges: all 480 of them.
+    let vm_page = get(&a, &format!("{kumo}/t/vision/vms/train")).await.1;
+    assert!(
+        vm_page.contains("<strong class=\"cost\">480 JPY</strong>"),
+        "{vm_page}"
+    );
     let dash = get(&a, &format!("{kumo}/")).await.1;
     assert_eq!(
         dash.matches("class=\"bar\"").count(),

@@ -597,7 +597,6 @@ impl OldApi {
 /// passes them in `KUMO_PREVIOUS_RELEASE_BIN`).
 #[tokio::test]
 async fn adjacent_releases_serve_one_postgres_database() {
-    use std::io::BufRead;
     let this = env!("CARGO_PKG_VERSION");
     let previous = releases()
         .into_iter()
@@ -611,7 +610,7 @@ async fn adjacent_releases_serve_one_postgres_database() {
     });
     let scratch = Scratch::empty(Backend::Postgres).await;
     let old_dir = tempfile::tempdir().unwrap();
-    let mut old = KillOnDrop(
+    let mut old = crate::harness::KillOnDrop(
         std::process::Command::new(bin.join("kumo-server"))
             .args([
                 "serve",
@@ -627,15 +626,9 @@ async fn adjacent_releases_serve_one_postgres_database() {
             .spawn()
             .unwrap(),
     );
-    let stdout = std::io::BufReader::new(old.0.stdout.take().unwrap());
-    let url = stdout
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.strip_prefix("Kumo API listening on ")
-                .map(|r| r.split_whitespace().next().unwrap().to_owned())
-        })
-        .expect("the previous release says where it listens");
+    let (url, said) =
+        crate::harness::announced_url(&mut std::io::BufReader::new(old.0.stdout.take().unwrap()));
+    let url = url.unwrap_or_else(|| panic!("the previous release says where it listens: {said:?}"));
     let token = std::fs::read_to_string(old_dir.path().join("admin-token"))
         .unwrap()
         .trim()
@@ -745,14 +738,4 @@ async fn adjacent_releases_serve_one_postgres_database() {
         "the previous release's errors: {log}"
     );
     scratch.drop().await;
-}
-
-/// The previous release's server, killed if the test ends early.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

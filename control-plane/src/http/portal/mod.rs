@@ -750,15 +750,7 @@ async fn vm_page(
     } else {
         None
     };
-    // Points charged to it since the first of this month (UTC).
-    let usage =
-        crate::app::billing::usage(&st, &ctx, &tenant, &kumo_api_types::UsageParams::default())
-            .await?;
-    let cost = usage
-        .rows
-        .iter()
-        .find(|r| r.key == vm.name)
-        .map_or("0", |r| r.amount.as_str());
+    let cost = crate::app::billing::vm_cost_this_month(&st, &ctx, &tenant, vm.id).await?;
     let detail = kumo_web_portal::VmDetail {
         cost_this_month: format!("{cost} {}", st.config.billing.currency),
         actions: offered(&vm).into_iter().map(str::to_owned).collect(),
