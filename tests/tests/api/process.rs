@@ -1,7 +1,7 @@
 //! The real `kumo-server` binary: configuration, JSON logs with request ids,
 //! no token in any output, graceful shutdown.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::process::{Child, Command, Stdio};
 
 use crate::harness::{on_both_backends, TestServer};

@@ -6,7 +6,7 @@
 //! e-mail domain outside the provider's rule.
 
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use kumo_server::config::OidcProvider;
 use reqwest::header::{LOCATION, SET_COOKIE};
