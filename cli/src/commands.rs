@@ -1954,28 +1954,26 @@ async fn wait_vm(
 const TEN_MINUTES: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Runs ssh with `args`, in place of this process where it can (its exit
-/// code is then kumo's).
+/// code is then kumo's). Only the Unix path is built and tested: the CLI is
+/// shipped for Linux.
 fn exec_ssh(args: &[String]) -> anyhow::Result<()> {
     let mut cmd = std::process::Command::new("ssh");
     cmd.args(args);
+    let cannot = |e: std::io::Error| {
+        crate::hints::Hinted::error(
+            format!("cannot run ssh: {e}"),
+            "install an OpenSSH client (ssh on PATH), or run the SSH line of kumo vm show yourself",
+        )
+    };
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
         // Only returns if ssh could not be run.
-        let e = cmd.exec();
-        Err(crate::hints::Hinted::error(
-            format!("cannot run ssh: {e}"),
-            "install an OpenSSH client (ssh on PATH), or run the SSH line of kumo vm show yourself",
-        ))
+        Err(cannot(cmd.exec()))
     }
     #[cfg(not(unix))]
     {
-        let status = cmd.status().map_err(|e| {
-            crate::hints::Hinted::error(
-                format!("cannot run ssh: {e}"),
-                "install an OpenSSH client (ssh on PATH), or run the SSH line of kumo vm show yourself",
-            )
-        })?;
+        let status = cmd.status().map_err(cannot)?;
         std::process::exit(status.code().unwrap_or(255));
     }
 }

@@ -1,9 +1,14 @@
 // Every portal page, in Japanese and English, at desktop and phone width:
 //   node pages.mjs KUMO_URL ADMIN_TOKEN OUT_DIR PAGES_JSON
-// PAGES_JSON is [[name, path], …]. Signs in with the token, then for each
-// language and width: a full-page screenshot (OUT_DIR/NAME-LANG-WIDTH.png),
-// axe-core's violations, whether the page is wider than the window, and
-// whether the first Tab stop shows where the focus is. Prints a JSON report.
+// PAGES_JSON is [[name, path, fill?], …]: with `fill` ({field: value}) the
+// page's form that has those fields is filled in and sent, and what is
+// checked is the page that comes back (a refused form). Signs in with the
+// token, then for each language and width: a full-page screenshot
+// (OUT_DIR/NAME-LANG-WIDTH.png), axe-core's violations, whether the page is
+// wider than the window, whether the first Tab stop shows where the focus
+// is, and where each form row's label, field and help/error sit (one line
+// on a wide window; stacked in that order on a phone), and the errors
+// shown beside fields. Prints a JSON report.
 import { chromium } from 'playwright-core';
 import { createRequire } from 'node:module';
 
@@ -30,8 +35,21 @@ try {
     await page.goto(`${kumo}/lang/${lang}`);
     for (const width of [1280, 390]) {
       await page.setViewportSize({ width, height: width > 600 ? 900 : 844 });
-      for (const [name, path] of pages) {
-        const r = await page.goto(`${kumo}${path}`);
+      for (const [name, path, fill] of pages) {
+        let r = await page.goto(`${kumo}${path}`);
+        if (fill) {
+          const names = Object.keys(fill);
+          const form = page.locator('form.create').filter({
+            has: page.locator(`[name="${names[0]}"]`),
+          });
+          for (const [k, v] of Object.entries(fill)) {
+            await form.locator(`[name="${k}"]`).fill(v);
+          }
+          [r] = await Promise.all([
+            page.waitForNavigation(),
+            form.locator('button[type="submit"]').click(),
+          ]);
+        }
         await page.waitForLoadState('networkidle').catch(() => {});
         const shot = `${name}-${lang}-${width}.png`;
         await page.screenshot({ path: `${out}/${shot}`, fullPage: true });
@@ -46,6 +64,27 @@ try {
             nodes: v.nodes.slice(0, 3).map((n) => n.target.join(' ')),
           }));
         });
+        const rows = await page.evaluate(() =>
+          [...document.querySelectorAll('form.create .row:not(.submit)')].map((row) => {
+            const box = (sel) => row.querySelector(sel)?.getBoundingClientRect();
+            const [label, field, aside] = [box('label'), box('.field'), box('.aside')];
+            const err = row.querySelector('.field-error');
+            const input = row.querySelector('.field [name]');
+            return {
+              name: input?.getAttribute('name'),
+              label: label && { top: label.top, bottom: label.bottom },
+              field: field && { top: field.top, bottom: field.bottom },
+              aside: aside && { top: aside.top },
+              error: err ? err.textContent : null,
+              invalid: input?.getAttribute('aria-invalid') === 'true',
+              described: (input?.getAttribute('aria-describedby') || '')
+                .split(' ')
+                .filter((id) => id && document.getElementById(id)).length,
+              has_help: !!row.querySelector('.help'),
+            };
+          }));
+        const summary = await page.$$eval('div.error[role="alert"] a[href^="#"]', (as) =>
+          as.map((a) => a.getAttribute('href')));
         const overflow = await page.evaluate(
           () => document.documentElement.scrollWidth - window.innerWidth,
         );
@@ -64,6 +103,9 @@ try {
           lang,
           width,
           status: r ? r.status() : 0,
+          filled: !!fill,
+          rows,
+          summary,
           html_lang: await page.getAttribute('html', 'lang'),
           shot,
           axe,

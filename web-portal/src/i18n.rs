@@ -100,6 +100,10 @@ pub fn word(lang: Lang, w: &str) -> String {
         "How to reach it" => "接続方法",
         "Actions" => "操作",
         "When" => "日時",
+        "Spot VM" => "スポット VM",
+        "member" => "メンバー",
+        "viewer" => "閲覧者",
+        "owner" => "オーナー",
         "This month" => "今月の利用額",
         "Resource" => "リソース",
         "Duration" => "時間",
@@ -121,6 +125,146 @@ pub fn word(lang: Lang, w: &str) -> String {
             _ => w.to_owned(),
         },
         Lang::Ja => ja.to_owned(),
+    }
+}
+
+/// A field's refusal in the page's language: the messages the portal and
+/// the API give most; any other stays as the API said it.
+pub fn field_message(lang: Lang, m: &str) -> String {
+    if lang == Lang::En {
+        return match m {
+            "required" => "Enter a value",
+            "a whole number" => "Enter a whole number",
+            other => other,
+        }
+        .to_owned();
+    }
+    let ja = match m {
+        "required" => "入力してください",
+        "a whole number" => "整数で入力してください",
+        "must not be blank" => "空にはできません",
+        "must be in the future" => "未来の日時を指定してください",
+        "must not contain control characters" => "制御文字は使えません",
+        "1 to 3650" => "1〜3650 の範囲で指定してください",
+        _ if m.starts_with("must match [a-z][a-z0-9-]{2,62}") => {
+            "英小文字・数字・ハイフンで 3〜63 文字、先頭は英小文字にしてください"
+        }
+        _ if m.starts_with("must match [a-z][a-z0-9._-]{1,62}") => {
+            "英小文字・数字・ドット・下線・ハイフンで 2〜63 文字、先頭は英小文字にしてください"
+        }
+        _ => return m.to_owned(),
+    };
+    ja.to_owned()
+}
+
+/// What to enter in a form field, by the field's key.
+pub fn help(lang: Lang, key: &str) -> &'static str {
+    let (en, ja) = match key {
+        "name" => (
+            "3–63 lowercase letters, digits and dashes, starting with a letter",
+            "英小文字・数字・ハイフンで 3〜63 文字、先頭は英小文字",
+        ),
+        "gpus" => (
+            "Whole GPUs on one host, 0 to 8 (0: a CPU-only VM)",
+            "1 台のホスト上の GPU 数、0〜8（0 は CPU のみの VM）",
+        ),
+        "gpu_model" => (
+            "Any: whichever model has free GPUs; rates differ by model",
+            "指定なし：空きのある機種。料金は機種ごとに異なります",
+        ),
+        "vcpus" => (
+            "Empty: the default for its GPUs",
+            "空欄：GPU 数に応じた既定値",
+        ),
+        "memory_gib" => (
+            "GiB; empty: the default for its GPUs",
+            "GiB 単位。空欄：GPU 数に応じた既定値",
+        ),
+        "template" => (
+            "The OS image; empty: the platform's default",
+            "OS イメージ。空欄：標準のもの",
+        ),
+        "spot" => (
+            "Cheaper, but stopped when guaranteed VMs need its GPUs (with notice)",
+            "安価ですが、保証 VM が GPU を必要とすると予告のうえ停止されます",
+        ),
+        "network" => (
+            "Gives it an address; needed for SSH and public addresses",
+            "アドレスが付きます。SSH や公開アドレスに必要です",
+        ),
+        "ssh_key" => (
+            "A public key (ssh-ed25519 AAAA…), written into the guest",
+            "公開鍵（ssh-ed25519 AAAA…）。ゲストに書き込まれます",
+        ),
+        "cluster_size" => ("How many VMs, placed together", "VM の台数（まとめて配置）"),
+        "cluster_gpus" => ("GPUs in each VM", "各 VM の GPU 数"),
+        "kind" => (
+            "RoCE: RDMA between GPU VMs (NCCL); Ethernet for the rest",
+            "RoCE：GPU VM 間の RDMA（NCCL）。その他は Ethernet",
+        ),
+        "cidr" => (
+            "A private IPv4 range, /8 to /29",
+            "プライベート IPv4 の範囲、/8〜/29",
+        ),
+        "mtu" => (
+            "Empty: the largest the underlay allows",
+            "空欄：下位ネットワークで可能な最大値",
+        ),
+        "ingress" => (
+            "Allowed from outside, one rule per line: PROTOCOL:PORTS:SOURCE",
+            "外部から許可する通信、1 行に 1 つ：PROTOCOL:PORTS:SOURCE",
+        ),
+        "size_gib" => (
+            "GiB, kept when VMs are deleted",
+            "GiB 単位。VM を削除しても残ります",
+        ),
+        "volume_vm" => ("Empty: make it detached", "空欄：どの VM にも接続しない"),
+        "attach_vm" => (
+            "A stopped or running VM of this project",
+            "このプロジェクトの VM",
+        ),
+        "user" => (
+            "Their user name, as shown after they sign in",
+            "サインイン後に表示されるユーザー名",
+        ),
+        "role" => (
+            "Owners also manage members and policies",
+            "オーナーはメンバーとポリシーも管理できます",
+        ),
+        "token_description" => (
+            "What it is for, to tell tokens apart",
+            "用途（トークンの区別に使います）",
+        ),
+        "days" => (
+            "Days until it stops working, 1 to 3650 (default 90)",
+            "有効日数、1〜3650（既定 90）",
+        ),
+        "display_name" => (
+            "Shown in the portal; empty: the name",
+            "ポータルでの表示名。空欄：名前",
+        ),
+        "description" => ("Optional, up to 500 characters", "任意、500 文字まで"),
+        "class" => (
+            "gpu:MODEL, or vcpu, memory_gib, disk_gib",
+            "gpu:機種名、または vcpu・memory_gib・disk_gib",
+        ),
+        "rate" => (
+            "Points per hour, a decimal number",
+            "1 時間あたりのポイント（小数可）",
+        ),
+        "ttl" => (
+            "Seconds it may be used for (default 3600)",
+            "有効な秒数（既定 3600）",
+        ),
+        "uses" => (
+            "How many hosts may join with it (default 1)",
+            "参加できるホスト数（既定 1）",
+        ),
+        _ => ("", ""),
+    };
+    match lang {
+        Lang::En => en,
+        Lang::Ja => ja,
     }
 }
 
@@ -470,6 +614,8 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, CarrierChanges) => "キャリア変化",
         (Lang::En, ShowingFirst) => "Showing the first {shown} of {total}: filter by host or state to see the rest.",
         (Lang::Ja, ShowingFirst) => "{total} 件中、最初の {shown} 件を表示しています。残りはホストか状態で絞り込んでください。",
+        (Lang::En, CheckFields) => "Nothing was done: correct the fields below and send the form again.",
+        (Lang::Ja, CheckFields) => "実行されませんでした。下の項目を直してもう一度送信してください。",
     }
 }
 
@@ -626,6 +772,7 @@ pub enum Msg {
     OutOfSequence,
     CarrierChanges,
     ShowingFirst,
+    CheckFields,
 }
 
 #[cfg(test)]

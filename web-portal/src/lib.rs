@@ -315,20 +315,77 @@ pub struct VmChoices {
 #[template(path = "vms.html")]
 struct Vms<'a> {
     tenant: &'a str,
-    choices: &'a VmChoices,
-    l_any: &'a str,
     heading: &'a str,
-    error: Option<&'a str>,
+    error: Option<listing::ErrorSummary>,
     vms: &'a [VmRow],
     csrf: &'a str,
     l_name: &'a str,
     l_state: &'a str,
     l_host: &'a str,
     l_create: &'a str,
-    l_memory: &'a str,
-    l_segment: &'a str,
-    l_template: &'a str,
     l_no_vms: String,
+    form: String,
+}
+
+/// The VM create form: what a VM is made of, each with what to enter.
+pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
+    use listing::{Field, Input};
+    let any = || (String::new(), t(lang, Msg::Any).to_owned());
+    let options = |list: &[String], first: (String, String)| {
+        Input::Select(
+            std::iter::once(first)
+                .chain(list.iter().map(|m| (m.clone(), m.clone())))
+                .collect(),
+        )
+    };
+    let help = |k| i18n::help(lang, k);
+    listing::Form {
+        action: format!("/t/{tenant}/vms"),
+        submit: t(lang, Msg::Create).to_owned(),
+        fields: vec![
+            Field::new("name", t(lang, Msg::Name), Input::Text)
+                .required()
+                .pattern("[a-z][a-z0-9-]{2,62}")
+                .help(help("name")),
+            Field::new(
+                "gpus",
+                "GPUs",
+                Input::Number {
+                    min: 0,
+                    max: Some(8),
+                },
+            )
+            .help(help("gpus")),
+            Field::new("gpu_model", "GPU", options(&choices.gpu_models, any()))
+                .help(help("gpu_model")),
+            Field::new("vcpus", "vCPUs", Input::Number { min: 1, max: None }).help(help("vcpus")),
+            Field::new(
+                "memory_gib",
+                t(lang, Msg::Memory),
+                Input::Number { min: 1, max: None },
+            )
+            .help(help("memory_gib")),
+            Field::new(
+                "template",
+                t(lang, Msg::Template),
+                options(&choices.templates, any()),
+            )
+            .help(help("template")),
+            Field::new("spot", &i18n::word(lang, "Spot VM"), Input::Checkbox)
+                .answers(&["service_level"])
+                .help(help("spot")),
+            Field::new(
+                "network",
+                t(lang, Msg::Segment),
+                options(&choices.segments, (String::new(), "—".into())),
+            )
+            .answers(&["networks"])
+            .help(help("network")),
+            Field::new("ssh_key", "SSH", Input::TextArea)
+                .answers(&["ssh_keys"])
+                .help(help("ssh_key")),
+        ],
+    }
 }
 
 /// A tenant's VMs, their actions and the create form.
@@ -338,8 +395,13 @@ pub fn vms_page(
     tenant: &str,
     vms: &[VmRow],
     choices: &VmChoices,
-    error: Option<&str>,
+    refusal: Option<&listing::Refusal>,
 ) -> String {
+    let mut form = vm_form(lang, tenant, choices);
+    let error = refusal.map(|r| {
+        let unplaced = form.refused(lang, r);
+        listing::error_summary(lang, &form, "vm", r, &unplaced)
+    });
     let vms: Vec<VmRow> = vms
         .iter()
         .map(|v| VmRow {
@@ -354,8 +416,6 @@ pub fn vms_page(
         .collect();
     let body = Vms {
         tenant,
-        choices,
-        l_any: t(lang, Msg::Any),
         heading: t(lang, Msg::VmsTitle),
         error,
         vms: &vms,
@@ -364,9 +424,7 @@ pub fn vms_page(
         l_state: t(lang, Msg::State),
         l_host: t(lang, Msg::Host),
         l_create: t(lang, Msg::Create),
-        l_memory: t(lang, Msg::Memory),
-        l_segment: t(lang, Msg::Segment),
-        l_template: t(lang, Msg::Template),
+        form: listing::form_html(&form, "vm", &viewer.csrf),
         l_no_vms: i18n::word(lang, "no-vms").replace("TENANT", tenant),
     }
     .render()

@@ -11,7 +11,7 @@ use reqwest::Method;
 use sea_orm::{ActiveModelTrait, EntityTrait, Set};
 use serde_json::{json, Value};
 
-use crate::harness::{on_both_backends, TestServer};
+use crate::harness::{on_both_backends, Heartbeats, SimAgent, TestServer};
 
 /// The callers, in the column order of the expectations below.
 const CALLERS: [&str; 8] = [
@@ -23,6 +23,7 @@ struct World {
     serial: std::sync::atomic::AtomicU32,
     /// The public address the last call was given.
     last_ip: std::sync::Mutex<String>,
+    _hosts: Heartbeats,
 }
 
 impl World {
@@ -54,9 +55,9 @@ impl World {
         row.update(s.db()).await.unwrap();
 
         // A host, and a VM in alpha that stays `scheduled` (no agent acts).
-        let _ = s.sim_agent("host-1", "hgx-h100").await;
+        let host_1 = s.sim_agent("host-1", "hgx-h100").await;
         // Drained and undrained by the matrix; VMs land on host-1 meanwhile.
-        let _ = s.sim_agent("host-2", "hgx-h100").await;
+        let host_2 = s.sim_agent("host-2", "hgx-h100").await;
         let _: kumo_api_types::Vm = s
             .admin
             .post(
@@ -75,7 +76,7 @@ impl World {
             .unwrap();
         // A VM with a NIC, a pool and an address of alpha's, for the
         // public networking operations.
-        let _ = s.sim_agent_at("host-3", "cpu-only", "192.0.2.3").await;
+        let host_3 = s.sim_agent_at("host-3", "cpu-only", "192.0.2.3").await;
         let _: kumo_api_types::Vm = s
             .admin
             .post(
@@ -125,6 +126,10 @@ impl World {
             ],
             serial: Default::default(),
             last_ip: Default::default(),
+            // The matrix runs longer than the lost-host timeout on a loaded
+            // machine; a host marked unreachable midway refused a volume
+            // move with 409 (the agents act on nothing: VMs stay put).
+            _hosts: SimAgent::keep_beating(vec![host_1, host_2, host_3]),
         }
     }
 

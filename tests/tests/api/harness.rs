@@ -371,6 +371,15 @@ impl TestServer {
 /// a simulated destination reports an import whole at once).
 pub const SIM_TRANSFER_URL: &str = "http://127.0.0.1:9";
 
+/// Heartbeats sent for hosts until dropped ([`SimAgent::keep_beating`]).
+pub struct Heartbeats(tokio::task::JoinHandle<()>);
+
+impl Drop for Heartbeats {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl SimAgent {
     pub async fn register(
         url: &str,
@@ -467,6 +476,20 @@ impl SimAgent {
             .await
             .unwrap()
             .status()
+    }
+
+    /// Keeps `agents`' hosts reachable while a long test runs (slower on a
+    /// loaded machine than the lost-host detector's 30 s): each heartbeats
+    /// every 5 s, and nothing else, until the handle is dropped.
+    pub fn keep_beating(agents: Vec<SimAgent>) -> Heartbeats {
+        Heartbeats(tokio::spawn(async move {
+            loop {
+                for a in &agents {
+                    a.heartbeat().await;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }))
     }
 
     /// One reconcile pass: everything desired is made so, everything no

@@ -70,6 +70,10 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
         ["admin-rates", "/admin/rates"],
         ["admin-join-tokens", "/admin/join-tokens"],
         ["admin-devices", "/admin/devices"],
+        // Refused forms: the API's field error beside its field, and every
+        // empty required field at once (the portal's own check).
+        ["vms-refused", "/t/lab/vms", {"name": "Bad_Name"}],
+        ["segments-refused", "/t/lab/segments", {"name": "", "cidr": ""}],
     ]);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
     crate::sso::install_node_modules(&dir);
@@ -116,7 +120,8 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
     let mut problems = Vec::new();
     for p in seen {
         let at = format!("{} ({}, {} px)", p["path"], p["lang"], p["width"]);
-        if p["status"] != 200 {
+        // A refused form is answered with the API's status (checked below).
+        if p["status"] != 200 && p["filled"] != true {
             problems.push(format!("{at}: HTTP {}", p["status"]));
         }
         if p["html_lang"] != p["lang"] {
@@ -130,6 +135,7 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
                 ));
             }
         }
+        problems.extend(form_rows(&at, p));
         if p["overflow"].as_f64().unwrap_or(0.0) > 1.0 {
             problems.push(format!("{at}: {} px wider than the window", p["overflow"]));
         }
@@ -144,6 +150,43 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
             "{at}: screenshot"
         );
     }
+    // The refused forms came back refused, each error in its field's row,
+    // flagged for screen readers and linked from the top.
+    for p in seen.iter().filter(|p| p["filled"] == true) {
+        let at = format!("{} ({}, {} px)", p["path"], p["lang"], p["width"]);
+        let errors: Vec<(&str, &str)> = p["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["error"].is_string())
+            .map(|r| (r["name"].as_str().unwrap(), r["error"].as_str().unwrap()))
+            .collect();
+        let names: Vec<&str> = errors.iter().map(|e| e.0).collect();
+        let summary: Vec<&str> = p["summary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(p["status"], 400, "{at}");
+        if p["path"] == "/t/lab/vms" {
+            assert_eq!(names, ["name"], "{at}: {errors:?}");
+            assert!(
+                errors[0].1.contains("[a-z]") || errors[0].1.contains("英小文字"),
+                "{at}: {errors:?}"
+            );
+            assert_eq!(summary, ["#vm-name"], "{at}");
+        } else {
+            assert_eq!(names, ["name", "cidr"], "{at}: {errors:?}");
+            let required = if p["lang"] == "ja" {
+                "入力してください"
+            } else {
+                "Enter a value"
+            };
+            assert!(errors.iter().all(|e| e.1 == required), "{at}: {errors:?}");
+            assert_eq!(summary, ["#f0-name", "#f0-cidr"], "{at}");
+        }
+    }
     assert!(
         problems.is_empty(),
         "{} problems:\n{}",
@@ -151,4 +194,41 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
         problems.join("\n")
     );
     s.stop().await;
+}
+
+/// A page's form rows: on a wide window label, field and help/error start
+/// on one line; on a phone they stack in that order; help and error are
+/// tied to the field (`aria-describedby` names elements that exist, and an
+/// error marks it invalid); only a refused form shows errors; the VM form
+/// says what to enter in every row.
+fn form_rows(at: &str, p: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let wide = p["width"].as_u64().unwrap_or(0) > 600;
+    for r in p["rows"].as_array().into_iter().flatten() {
+        let name = &r["name"];
+        let top = |k: &str| r[k]["top"].as_f64().unwrap_or(f64::NAN);
+        let bottom = |k: &str| r[k]["bottom"].as_f64().unwrap_or(f64::NAN);
+        let lined_up = if wide {
+            (top("label") - top("field")).abs() < 1.0 && (top("label") - top("aside")).abs() < 1.0
+        } else {
+            bottom("label") <= top("field") + 1.0 && bottom("field") <= top("aside") + 1.0
+        };
+        if !lined_up {
+            problems.push(format!("{at}: form row {name} is out of line: {r}"));
+        }
+        let has_error = r["error"].is_string();
+        let expected = usize::from(r["has_help"] == true) + usize::from(has_error);
+        if r["described"].as_u64() != Some(expected as u64) || r["invalid"] != has_error {
+            problems.push(format!(
+                "{at}: form row {name}: help/error not tied to the field: {r}"
+            ));
+        }
+        if has_error && p["filled"] != true {
+            problems.push(format!("{at}: form row {name} shows an error unasked"));
+        }
+        if p["path"] == "/t/lab/vms" && r["has_help"] != true {
+            problems.push(format!("{at}: the VM form's {name} has no help"));
+        }
+    }
+    problems
 }

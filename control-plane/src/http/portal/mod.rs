@@ -401,44 +401,83 @@ async fn vms_page(
     )))
 }
 
-#[derive(Deserialize)]
-struct CreateForm {
-    csrf: String,
-    name: String,
-    #[serde(default)]
-    gpus: Option<String>,
-    #[serde(default)]
-    vcpus: Option<String>,
-    #[serde(default)]
-    memory_gib: Option<String>,
-    #[serde(default)]
-    gpu_model: Option<String>,
-    #[serde(default)]
-    template: Option<String>,
-    #[serde(default)]
-    spot: Option<String>,
-    #[serde(default)]
-    network: Option<String>,
-    #[serde(default)]
-    ssh_key: Option<String>,
-}
+/// A posted form's fields by name.
+pub(super) type Fields = std::collections::HashMap<String, String>;
 
-/// A select's choice; the empty first option is no choice.
-fn chosen(v: &Option<String>) -> Option<String> {
-    v.as_deref()
-        .map(str::trim)
+/// A field's value, trimmed; empty (a select's "any") is none.
+pub(super) fn text(f: &Fields, k: &str) -> Option<String> {
+    f.get(k)
+        .map(|v| v.trim().to_owned())
         .filter(|v| !v.is_empty())
-        .map(str::to_owned)
 }
 
-fn number(field: &str, v: &Option<String>) -> Result<Option<u32>, ApiError> {
-    match v.as_deref().map(str::trim) {
-        None | Some("") => Ok(None),
-        Some(s) => s
-            .parse()
-            .map(Some)
-            .map_err(|_| ApiError::field(field, "a whole number")),
+pub(super) fn number<T: std::str::FromStr>(f: &Fields, k: &str) -> Result<Option<T>, ApiError> {
+    text(f, k)
+        .map(|v| v.parse().map_err(|_| ApiError::field(k, "a whole number")))
+        .transpose()
+}
+
+/// A form's refusal as the page shows it: the API's message, its field
+/// errors, and what was entered (so the form comes back filled in).
+pub(super) fn refusal(e: &ApiError, submitted: &Fields) -> kumo_web_portal::listing::Refusal {
+    let p = e.to_problem();
+    let mut submitted = submitted.clone();
+    submitted.remove("csrf");
+    kumo_web_portal::listing::Refusal {
+        message: p.detail.unwrap_or(p.title),
+        fields: p.errors.into_iter().map(|f| (f.field, f.message)).collect(),
+        submitted,
     }
+}
+
+/// The required fields a form left empty, all at once (the API would
+/// name only the first).
+pub(super) fn missing(form: &kumo_web_portal::listing::Form, f: &Fields) -> Result<(), ApiError> {
+    let missing = form.missing(f);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::Validation {
+        detail: missing
+            .iter()
+            .map(|(k, m)| format!("{k}: {m}"))
+            .collect::<Vec<_>>()
+            .join("; "),
+        errors: missing
+            .into_iter()
+            .map(|(field, message)| kumo_api_types::FieldError { field, message })
+            .collect(),
+    })
+}
+
+/// The page's status for a refusal (the API's).
+pub(super) fn refused_status(e: &ApiError) -> StatusCode {
+    StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST)
+}
+
+/// The VM the create form asks for.
+fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
+    Ok(kumo_api_types::VmCreate {
+        name: text(f, "name").unwrap_or_default(),
+        gpus: number(f, "gpus")?.unwrap_or(0),
+        gpu_model: text(f, "gpu_model"),
+        vcpus: number(f, "vcpus")?,
+        memory_gib: number(f, "memory_gib")?,
+        disk_gib: None,
+        template: text(f, "template"),
+        service_level: if text(f, "spot").is_some() {
+            kumo_api_types::ServiceLevel::Spot
+        } else {
+            kumo_api_types::ServiceLevel::Guaranteed
+        },
+        ssh_keys: text(f, "ssh_key").into_iter().collect(),
+        networks: text(f, "network")
+            .map(|segment| kumo_api_types::NetworkRequest { segment, ip: None })
+            .into_iter()
+            .collect(),
+        volumes: Vec::new(),
+        on_reclaim: None,
+    })
 }
 
 async fn create_vm(
@@ -446,52 +485,27 @@ async fn create_vm(
     headers: HeaderMap,
     origin: Origin,
     Path(tenant): Path<String>,
-    axum::Form(f): axum::Form<CreateForm>,
+    axum::Form(f): axum::Form<Fields>,
 ) -> Result<Response, ApiError> {
     let (viewer, user) = match signed_in(&st, &headers, &format!("/t/{tenant}/vms")).await? {
         Ok(v) => v,
         Err(r) => return Ok(r),
     };
-    check_csrf(&viewer.csrf, &f.csrf)?;
+    check_csrf(
+        &viewer.csrf,
+        f.get("csrf").map(String::as_str).unwrap_or(""),
+    )?;
     let ctx = ctx_of(&user, origin);
-    let body = number("gpus", &f.gpus).and_then(|gpus| {
-        Ok(kumo_api_types::VmCreate {
-            name: f.name.trim().to_owned(),
-            gpus: gpus.unwrap_or(0),
-            gpu_model: chosen(&f.gpu_model),
-            vcpus: number("vcpus", &f.vcpus)?,
-            memory_gib: number("memory_gib", &f.memory_gib)?,
-            disk_gib: None,
-            template: chosen(&f.template),
-            service_level: if f.spot.is_some() {
-                kumo_api_types::ServiceLevel::Spot
-            } else {
-                kumo_api_types::ServiceLevel::Guaranteed
-            },
-            ssh_keys: f
-                .ssh_key
-                .iter()
-                .map(|k| k.trim().to_owned())
-                .filter(|k| !k.is_empty())
-                .collect(),
-            networks: f
-                .network
-                .iter()
-                .map(|n| n.trim())
-                .filter(|n| !n.is_empty())
-                .map(|n| kumo_api_types::NetworkRequest {
-                    segment: n.to_owned(),
-                    ip: None,
-                })
-                .collect(),
-            volumes: Vec::new(),
-            on_reclaim: None,
-        })
-    });
-    let made = match body {
-        Ok(b) => crate::app::vms::create(&st, &ctx, &tenant, &b).await,
-        Err(e) => Err(e),
-    };
+    let lang = lang(&headers);
+    let made = async {
+        // The choices are the tenant's: reading them first keeps a foreign
+        // tenant a 404 before any field is judged.
+        let choices = vm_choices(&st, &ctx, &tenant).await?;
+        missing(&kumo_web_portal::vm_form(lang, &tenant, &choices), &f)?;
+        let body = vm_create(&f)?;
+        crate::app::vms::create(&st, &ctx, &tenant, &body).await
+    }
+    .await;
     match made {
         Ok((_, vm)) => Ok((
             StatusCode::SEE_OTHER,
@@ -504,15 +518,14 @@ async fn create_vm(
             let rows = vm_rows(&st, &ctx, &tenant).await?;
             let choices = vm_choices(&st, &ctx, &tenant).await?;
             let mut r = html(kumo_web_portal::vms_page(
-                lang(&headers),
+                lang,
                 &viewer,
                 &tenant,
                 &rows,
                 &choices,
-                Some(&e.to_string()),
+                Some(&refusal(&e, &f)),
             ));
-            *r.status_mut() =
-                StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST);
+            *r.status_mut() = refused_status(&e);
             Ok(r)
         }
     }

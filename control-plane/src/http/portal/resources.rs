@@ -5,8 +5,6 @@
 //! exactly what the API allows that user; a refused form comes back as
 //! the page with the API's reason.
 
-use std::collections::HashMap;
-
 use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
 use axum::http::StatusCode;
@@ -14,11 +12,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use kumo_api_types as api;
-use kumo_web_portal::i18n::{t, word, Lang, Msg};
+use kumo_web_portal::i18n::{help, t, word, Lang, Msg};
 use kumo_web_portal::listing::{heatmap_svg, Cell, Field, Form, Input, Listing, Section};
 use kumo_web_portal::Viewer;
 
-use super::{ctx_of, html, lang, signed_in, Browser};
+use super::{ctx_of, html, lang, number, signed_in, text, Browser, Fields};
 use crate::context::AppState;
 use crate::error::ApiError;
 use crate::http::sso::check_csrf;
@@ -131,6 +129,36 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     })
 }
 
+/// A name field: the rule for names, said beside it.
+fn name_field(l: Lang) -> Field {
+    Field::new("name", t(l, Msg::Name), Input::Text)
+        .required()
+        .pattern("[a-z][a-z0-9-]{2,62}")
+        .help(help(l, "name"))
+}
+
+/// The project's segments to choose from ("—": none).
+async fn segment_choice(v: &Visit, tenant: &str) -> Result<Input, ApiError> {
+    let segments = crate::app::segments::list(&v.st, &v.ctx, tenant, &first()).await?;
+    Ok(Input::Select(
+        std::iter::once((String::new(), "—".to_owned()))
+            .chain(segments.items.into_iter().map(|s| (s.name.clone(), s.name)))
+            .collect(),
+    ))
+}
+
+/// The project's VMs to choose from, after `none` when it is not empty.
+async fn vm_choice(v: &Visit, tenant: &str, none: &str) -> Result<Input, ApiError> {
+    let vms = crate::app::vms::list(&v.st, &v.ctx, tenant, &first()).await?;
+    Ok(Input::Select(
+        (!none.is_empty())
+            .then(|| (String::new(), none.to_owned()))
+            .into_iter()
+            .chain(vms.items.into_iter().map(|vm| (vm.name.clone(), vm.name)))
+            .collect(),
+    ))
+}
+
 async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
@@ -179,11 +207,21 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
         page,
         tx(Msg::Create),
         vec![
-            Field::new("name", t(l, Msg::Name), Input::Text).required(),
-            Field::new("size", t(l, Msg::Size), Input::Number).required(),
-            Field::new("gpus", t(l, Msg::GpusEach), Input::Number),
-            Field::new("network", t(l, Msg::Segment), Input::Text),
-            Field::new("spot", "spot", Input::Checkbox),
+            name_field(l),
+            Field::new("size", t(l, Msg::Size), Input::NUMBER)
+                .required()
+                .help(help(l, "cluster_size")),
+            Field::new("gpus", t(l, Msg::GpusEach), Input::NUMBER).help(help(l, "cluster_gpus")),
+            Field::new(
+                "network",
+                t(l, Msg::Segment),
+                segment_choice(v, tenant).await?,
+            )
+            .answers(&["networks"])
+            .help(help(l, "network")),
+            Field::new("spot", &word(l, "Spot VM"), Input::Checkbox)
+                .answers(&["service_level"])
+                .help(help(l, "spot")),
         ],
     ))
 }
@@ -248,7 +286,7 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
         page,
         tx(Msg::Create),
         vec![
-            Field::new("name", t(l, Msg::Name), Input::Text).required(),
+            name_field(l),
             Field::new(
                 "kind",
                 t(l, Msg::Kind),
@@ -259,10 +297,12 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
             ),
             Field::new("cidr", "CIDR", Input::Text)
                 .required()
-                .placeholder("10.0.0.0/24"),
-            Field::new("mtu", "MTU", Input::Number),
+                .placeholder("10.0.0.0/24")
+                .help(help(l, "cidr")),
+            Field::new("mtu", "MTU", Input::NUMBER).help(help(l, "mtu")),
             Field::new("ingress", t(l, Msg::Ingress), Input::TextArea)
-                .placeholder("tcp:22:0.0.0.0/0"),
+                .placeholder("tcp:22:0.0.0.0/0")
+                .help(help(l, "ingress")),
         ],
     );
     page.sections.extend(public_ways_in(v, tenant).await?);
@@ -379,9 +419,11 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
         page,
         tx(Msg::Create),
         vec![
-            Field::new("name", t(l, Msg::Name), Input::Text).required(),
-            Field::new("size_gib", t(l, Msg::SizeGib), Input::Number).required(),
-            Field::new("vm", "VM", Input::Text),
+            name_field(l),
+            Field::new("size_gib", t(l, Msg::SizeGib), Input::NUMBER)
+                .required()
+                .help(help(l, "size_gib")),
+            Field::new("vm", "VM", vm_choice(v, tenant, "—").await?).help(help(l, "volume_vm")),
         ],
     );
     let detached: Vec<(String, String)> = items
@@ -397,7 +439,9 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
                 submit: tx(Msg::Attach),
                 fields: vec![
                     Field::new("attach", t(l, Msg::Volumes), Input::Select(detached)),
-                    Field::new("vm", "VM", Input::Text).required(),
+                    Field::new("vm", "VM", vm_choice(v, tenant, "").await?)
+                        .required()
+                        .help(help(l, "attach_vm")),
                 ],
             }),
             ..Default::default()
@@ -429,7 +473,7 @@ async fn members_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
         .collect();
     let roles = ["member", "viewer", "owner"]
         .iter()
-        .map(|r| (r.to_string(), r.to_string()))
+        .map(|r| (r.to_string(), word(l, r)))
         .collect();
     Ok(table_page(
         format!("{tenant} — {}", t(l, Msg::Members)),
@@ -444,8 +488,10 @@ async fn members_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
         page,
         tx(Msg::AddMember),
         vec![
-            Field::new("user", t(l, Msg::User), Input::Text).required(),
-            Field::new("role", t(l, Msg::Role), Input::Select(roles)),
+            Field::new("user", t(l, Msg::User), Input::Text)
+                .required()
+                .help(help(l, "user")),
+            Field::new("role", t(l, Msg::Role), Input::Select(roles)).help(help(l, "role")),
         ],
     ))
 }
@@ -486,8 +532,13 @@ async fn tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         page,
         tx(Msg::Create),
         vec![
-            Field::new("description", t(l, Msg::Description), Input::Text).required(),
-            Field::new("days", t(l, Msg::Expires), Input::Number).placeholder("90"),
+            Field::new("description", t(l, Msg::Description), Input::Text)
+                .required()
+                .help(help(l, "token_description")),
+            Field::new("days", t(l, Msg::Expires), Input::NUMBER)
+                .placeholder("90")
+                .answers(&["expires_at"])
+                .help(help(l, "days")),
         ],
     ))
 }
@@ -664,9 +715,11 @@ async fn tenants_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         page,
         tx(Msg::Create),
         vec![
-            Field::new("name", t(l, Msg::Name), Input::Text).required(),
-            Field::new("display_name", t(l, Msg::DisplayName), Input::Text),
-            Field::new("description", t(l, Msg::Description), Input::Text),
+            name_field(l),
+            Field::new("display_name", t(l, Msg::DisplayName), Input::Text)
+                .help(help(l, "display_name")),
+            Field::new("description", t(l, Msg::Description), Input::Text)
+                .help(help(l, "description")),
         ],
     ))
 }
@@ -709,9 +762,15 @@ async fn rates_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         vec![
             Field::new("class", t(l, Msg::Class), Input::Text)
                 .required()
-                .placeholder("gpu:H100-SXM5-80GB"),
-            Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text).required(),
-            Field::new("spot", t(l, Msg::Spot), Input::Text).required(),
+                .placeholder("gpu:H100-SXM5-80GB")
+                .answers(&["prices"])
+                .help(help(l, "class")),
+            Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text)
+                .required()
+                .help(help(l, "rate")),
+            Field::new("spot", t(l, Msg::Spot), Input::Text)
+                .required()
+                .help(help(l, "rate")),
         ],
     ))
 }
@@ -770,9 +829,15 @@ async fn join_tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError
         page,
         tx(Msg::Create),
         vec![
-            Field::new("description", t(l, Msg::Description), Input::Text),
-            Field::new("ttl", t(l, Msg::ValidFor), Input::Number).placeholder("3600"),
-            Field::new("uses", &word(l, "uses"), Input::Number).placeholder("1"),
+            Field::new("description", t(l, Msg::Description), Input::Text)
+                .help(help(l, "description")),
+            Field::new("ttl", t(l, Msg::ValidFor), Input::NUMBER)
+                .placeholder("3600")
+                .answers(&["ttl_seconds"])
+                .help(help(l, "ttl")),
+            Field::new("uses", &word(l, "uses"), Input::NUMBER)
+                .placeholder("1")
+                .help(help(l, "uses")),
         ],
     ))
 }
@@ -812,11 +877,14 @@ async fn show(st: &AppState, b: &Browser, page: Page) -> Result<Response, ApiErr
 }
 
 /// A form's outcome: back to the page (303) when done, the page with a
-/// secret shown once, or the page with the API's refusal and its status.
-/// A foreign or missing tenant stays a 404 whatever the form said.
+/// secret shown once, or the page with the API's refusal and its status —
+/// the posted form filled in as it was sent, each error in its field's
+/// row. A foreign or missing tenant stays a 404 whatever the form said.
 async fn answer(
     v: &Visit,
     page: &Page,
+    action: &str,
+    submitted: &Fields,
     outcome: Result<Option<String>, ApiError>,
 ) -> Result<Response, ApiError> {
     match outcome {
@@ -829,27 +897,12 @@ async fn answer(
         Err(e @ ApiError::NotFound(_)) => Err(e),
         Err(e) => {
             let mut l = listing(v, page).await?;
-            l.error = Some(e.to_string());
+            l.refused(v.lang, action, &super::refusal(&e, submitted));
             let mut r = render(v, page, &l);
-            *r.status_mut() =
-                StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST);
+            *r.status_mut() = super::refused_status(&e);
             Ok(r)
         }
     }
-}
-
-type Fields = HashMap<String, String>;
-
-fn text(f: &Fields, k: &str) -> Option<String> {
-    f.get(k)
-        .map(|v| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
-}
-
-fn number<T: std::str::FromStr>(f: &Fields, k: &str) -> Result<Option<T>, ApiError> {
-    text(f, k)
-        .map(|v| v.parse().map_err(|_| ApiError::field(k, "a whole number")))
-        .transpose()
 }
 
 /// What a form asks for, done through the API as the session's user.
@@ -1016,8 +1069,24 @@ async fn post_form(
         &v.viewer.csrf,
         f.get("csrf").map(String::as_str).unwrap_or(""),
     )?;
-    let outcome = act(&v, &page, op, &f).await;
-    answer(&v, &page, outcome).await
+    let action = match &op {
+        Op::Create => page.href(),
+        // A row's button: no form fields to judge or fill in.
+        Op::Delete(_) | Op::Detach(_) => String::new(),
+    };
+    let outcome = async {
+        if matches!(op, Op::Create) {
+            // Every empty required field at once, before the API names
+            // the first.
+            let l = listing(&v, &page).await?;
+            if let Some(form) = l.form_posted(&action, &f) {
+                super::missing(form, &f)?;
+            }
+        }
+        act(&v, &page, op, &f).await
+    }
+    .await;
+    answer(&v, &page, &action, &f, outcome).await
 }
 
 fn tenant_page(kind: &str, tenant: String) -> Result<Page, ApiError> {
