@@ -149,7 +149,11 @@ fn human_field(
     value: &dyn std::fmt::Debug,
 ) -> std::fmt::Result {
     match field.name() {
-        "message" => write!(w, "{value:?}"),
+        "message" => write!(
+            w,
+            "{}",
+            kumo_server::dev::human_words(&format!("{value:?}"))
+        ),
         "actor" | "action" | "target" | "tenant" | "request_id" | "client_request_id" => Ok(()),
         name => write!(w, " {name}={value:?}"),
     }

@@ -517,6 +517,35 @@ pub async fn dev(
     Ok((server, fleet))
 }
 
+/// A log line's words as a person at an 80-column terminal reads them: a
+/// UUID by its first 8 hex digits (`join-token:01a21454`), a timestamp to
+/// the second. The JSON logs keep them whole.
+pub fn human_words(line: &str) -> String {
+    line.split(' ')
+        .map(|word| {
+            let (prefix, rest) = match word.rsplit_once(':') {
+                Some((p, r)) if uuid::Uuid::parse_str(r).is_ok() => (Some(p), r),
+                _ => (None, word),
+            };
+            if uuid::Uuid::parse_str(rest).is_ok() {
+                let short = rest.get(..8).unwrap_or(rest);
+                return match prefix {
+                    Some(p) => format!("{p}:{short}"),
+                    None => short.to_owned(),
+                };
+            }
+            match chrono::DateTime::parse_from_rfc3339(word) {
+                Ok(t) => t
+                    .with_timezone(&chrono::Utc)
+                    .format("%Y-%m-%dT%H:%M:%SZ")
+                    .to_string(),
+                Err(_) => word.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod banner_tests {
     use super::*;
@@ -571,5 +600,25 @@ mod banner_tests {
             assert!(b.contains("ip netns exec kumo-dev-12345-wan"), "{b}");
             assert_eq!(b.contains("-v: every request"), !verbose);
         }
+    }
+
+    #[test]
+    fn log_lines_shorten_ids_and_times_for_a_terminal() {
+        assert_eq!(
+            human_words("join-token:01a21454-149a-70dd-9fee-d7e520c2c1f4 host.register host-001"),
+            "join-token:01a21454 host.register host-001"
+        );
+        assert_eq!(
+            human_words("admin host.join_token.create 01a21454-149a-70dd-9fee-d7e520c2c1f4"),
+            "admin host.join_token.create 01a21454"
+        );
+        assert_eq!(
+            human_words("admin rates.set 2026-11-25T20:09:44.286575481+00:00"),
+            "admin rates.set 2026-11-25T20:09:44Z"
+        );
+        assert_eq!(
+            human_words("aiko vm.create a:b demo"),
+            "aiko vm.create a:b demo"
+        );
     }
 }

@@ -372,3 +372,80 @@ fn is_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// `./x start`'s terminal at its defaults (human lines, no `-v`): the
+/// start-up, the banner, a user's action and 10 s of a running fleet fit an
+/// 80×24 terminal — no line over 80 columns, at most 24 lines before the
+/// action, heartbeats and polls not shown, the action's one line shown.
+#[tokio::test]
+async fn the_dev_terminal_fits_80_by_24() {
+    let data = scratch();
+    let log_path = data.path().join("terminal.txt");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut server = crate::harness::KillOnDrop(
+        Command::new(bin("kumo-server"))
+            .args(["dev", "--hosts", "4", "--listen", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(data.path().join("kumo"))
+            .env_remove("KUMO_LOG")
+            .env_remove("KUMO_LOG_FORMAT")
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap(),
+    );
+    let read = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !read().contains("Ctrl-C stops.") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no banner: {}",
+            read()
+        );
+        assert!(
+            server.0.try_wait().unwrap().is_none(),
+            "dev exited: {}",
+            read()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let started = read();
+    let url = started
+        .lines()
+        .find_map(|l| l.split("listening on ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address: {started}"))
+        .to_owned();
+    let token = std::fs::read_to_string(data.path().join("kumo/admin-token")).unwrap();
+    let made = reqwest::Client::new()
+        .post(format!("{url}/api/v1/tenants/demo/vms"))
+        .bearer_auth(token.trim())
+        .json(&serde_json::json!({"name": "seen", "gpus": 1}))
+        .send()
+        .await
+        .unwrap();
+    let status = made.status();
+    assert_eq!(status, 201, "{}", made.text().await.unwrap_or_default());
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    let all = read();
+    let before_action = started.lines().count();
+    assert!(
+        before_action <= 24,
+        "{before_action} lines before the first action:\n{started}"
+    );
+    let wide: Vec<&str> = all.lines().filter(|l| l.chars().count() > 80).collect();
+    assert!(wide.is_empty(), "lines over 80 columns: {wide:#?}");
+    let after: Vec<&str> = all.lines().skip(before_action).collect();
+    assert!(
+        after.iter().any(|l| l.contains("admin vm.create seen")),
+        "the action's line: {after:#?}"
+    );
+    assert!(
+        after.len() <= 3,
+        "10 s of a running fleet and one action should say little: {after:#?}"
+    );
+    assert!(
+        !all.contains("heartbeat") && !all.contains("/agent/v1/"),
+        "heartbeats and polls only with -v: {all}"
+    );
+}
