@@ -213,14 +213,24 @@ async fn churn(
             Ok(r) if r.status().is_client_error() => t.refused_4xx += 1,
             // The server died under the request: its outcome is unknown,
             // and nothing is asserted of it but that it settles.
+            // The client keeps the name either way, as a user would look
+            // again: a VM or cluster made or kept unbeknown to it would
+            // otherwise hold its GPUs for good, until every create is
+            // refused for capacity and the churn stops (100 kills left
+            // 131 answers 2xx of 6240, and "too little churn" on a loaded
+            // machine).
             _ => {
                 t.failed += 1;
                 match what.0 {
+                    "create" => mine.push(what.1),
                     "delete" => {
-                        t.maybe_deleted.insert(what.1);
+                        t.maybe_deleted.insert(what.1.clone());
+                        mine.push(what.1);
                     }
+                    "cluster-create" => clusters.push(what.1),
                     "cluster-delete" => {
-                        t.clusters_maybe_deleted.insert(what.1);
+                        t.clusters_maybe_deleted.insert(what.1.clone());
+                        clusters.push(what.1);
                     }
                     _ => {}
                 }
