@@ -76,6 +76,7 @@ try {
               field: field && { top: field.top, bottom: field.bottom },
               aside: aside && { top: aside.top },
               error: err ? err.textContent : null,
+              value: input && input.type !== 'checkbox' ? input.value : null,
               invalid: input?.getAttribute('aria-invalid') === 'true',
               described: (input?.getAttribute('aria-describedby') || '')
                 .split(' ')

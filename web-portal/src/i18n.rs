@@ -211,8 +211,8 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
             "空欄：下位ネットワークで可能な最大値",
         ),
         "ingress" => (
-            "Allowed from outside, one rule per line: PROTOCOL:PORTS:SOURCE",
-            "外部から許可する通信、1 行に 1 つ：PROTOCOL:PORTS:SOURCE",
+            "Allowed from outside, one rule per line: PROTOCOL[:PORTS]:SOURCE",
+            "外部から許可する通信、1 行に 1 つ：PROTOCOL[:PORTS]:SOURCE",
         ),
         "size_gib" => (
             "GiB, kept when VMs are deleted",
@@ -220,8 +220,12 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
         ),
         "volume_vm" => ("Empty: make it detached", "空欄：どの VM にも接続しない"),
         "attach_vm" => (
-            "A stopped or running VM of this project",
-            "このプロジェクトの VM",
+            "A VM of this project on the volume's host",
+            "ボリュームと同じホスト上の、このプロジェクトの VM",
+        ),
+        "attach" => (
+            "A volume attached to no VM",
+            "どの VM にも接続していないボリューム",
         ),
         "user" => (
             "Their user name, as shown after they sign in",
@@ -243,7 +247,8 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
             "Shown in the portal; empty: the name",
             "ポータルでの表示名。空欄：名前",
         ),
-        "description" => ("Optional, up to 500 characters", "任意、500 文字まで"),
+        "tenant_description" => ("Optional, up to 4000 characters", "任意、4000 文字まで"),
+        "join_description" => ("Optional, up to 255 characters", "任意、255 文字まで"),
         "class" => (
             "gpu:MODEL, or vcpu, memory_gib, disk_gib",
             "gpu:機種名、または vcpu・memory_gib・disk_gib",
@@ -253,8 +258,8 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
             "1 時間あたりのポイント（小数可）",
         ),
         "ttl" => (
-            "Seconds it may be used for (default 3600)",
-            "有効な秒数（既定 3600）",
+            "Seconds it may be used for, 60 to 2592000 (default 86400: a day)",
+            "有効な秒数、60〜2592000（既定 86400：1 日）",
         ),
         "uses" => (
             "How many hosts may join with it (default 1)",

@@ -330,23 +330,13 @@ struct Vms<'a> {
 /// The VM create form: what a VM is made of, each with what to enter.
 pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
     use listing::{Field, Input};
-    let any = || (String::new(), t(lang, Msg::Any).to_owned());
-    let options = |list: &[String], first: (String, String)| {
-        Input::Select(
-            std::iter::once(first)
-                .chain(list.iter().map(|m| (m.clone(), m.clone())))
-                .collect(),
-        )
-    };
+    let any = t(lang, Msg::Any);
     let help = |k| i18n::help(lang, k);
     listing::Form {
         action: format!("/t/{tenant}/vms"),
         submit: t(lang, Msg::Create).to_owned(),
         fields: vec![
-            Field::new("name", t(lang, Msg::Name), Input::Text)
-                .required()
-                .pattern("[a-z][a-z0-9-]{2,62}")
-                .help(help("name")),
+            listing::name_field(lang),
             Field::new(
                 "gpus",
                 "GPUs",
@@ -356,8 +346,12 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
                 },
             )
             .help(help("gpus")),
-            Field::new("gpu_model", "GPU", options(&choices.gpu_models, any()))
-                .help(help("gpu_model")),
+            Field::new(
+                "gpu_model",
+                "GPU",
+                Input::choices(any, choices.gpu_models.clone()),
+            )
+            .help(help("gpu_model")),
             Field::new("vcpus", "vCPUs", Input::Number { min: 1, max: None }).help(help("vcpus")),
             Field::new(
                 "memory_gib",
@@ -368,7 +362,7 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
             Field::new(
                 "template",
                 t(lang, Msg::Template),
-                options(&choices.templates, any()),
+                Input::choices(any, choices.templates.clone()),
             )
             .help(help("template")),
             Field::new("spot", &i18n::word(lang, "Spot VM"), Input::Checkbox)
@@ -377,7 +371,7 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
             Field::new(
                 "network",
                 t(lang, Msg::Segment),
-                options(&choices.segments, (String::new(), "—".into())),
+                Input::choices("—", choices.segments.clone()),
             )
             .answers(&["networks"])
             .help(help("network")),

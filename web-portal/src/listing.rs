@@ -58,6 +58,27 @@ pub enum Input {
 impl Input {
     /// A whole number from 0.
     pub const NUMBER: Input = Input::Number { min: 0, max: None };
+
+    /// A choice of `items`, after `none` (the empty value: no choice).
+    pub fn choices(none: &str, items: Vec<String>) -> Input {
+        Input::Select(
+            std::iter::once((String::new(), none.to_owned()))
+                .chain(items.into_iter().map(|i| (i.clone(), i)))
+                .collect(),
+        )
+    }
+}
+
+/// A name field: the rule for names, said beside it.
+pub fn name_field(lang: Lang) -> Field {
+    Field::new(
+        "name",
+        crate::i18n::t(lang, crate::i18n::Msg::Name),
+        Input::Text,
+    )
+    .required()
+    .pattern("[a-z][a-z0-9-]{2,62}")
+    .help(crate::i18n::help(lang, "name"))
 }
 
 /// One row of a form: its label, the field, what to enter (help) and,
@@ -69,7 +90,9 @@ pub struct Field {
     pub input: Input,
     pub required: bool,
     pub placeholder: String,
-    /// A browser-side check (`pattern`); the server checks again.
+    /// The rule as a `pattern` attribute, for assistive technology and
+    /// as a hint: the form is `novalidate`, the server checks and says
+    /// what is wrong in the field's row.
     pub pattern: String,
     pub help: String,
     /// What was entered, kept when the form comes back refused.
@@ -191,6 +214,13 @@ impl Form {
         for f in &mut self.fields {
             f.value = r.submitted.get(&f.name).cloned().unwrap_or_default();
             f.error = None;
+            // A choice that is no longer offered (a VM deleted meanwhile)
+            // comes back as sent, not as another option preselected.
+            if let Input::Select(opts) = &mut f.input {
+                if !f.value.is_empty() && !opts.iter().any(|(v, _)| *v == f.value) {
+                    opts.push((f.value.clone(), f.value.clone()));
+                }
+            }
         }
         let mut unplaced = Vec::new();
         for (api_field, message) in &r.fields {
@@ -209,8 +239,8 @@ impl Form {
     }
 
     /// The field a refusal of the API's field `api_field` belongs to: the
-    /// one of that name, else of its last part (`prices.gpu:H100.spot`),
-    /// else of its first (`networks[0].ip`, `ingress.source`).
+    /// one of that name, else of its first part (`networks[0].ip`,
+    /// `ingress.source`), else of its last (`prices.gpu:H100.spot`).
     fn field_for(&mut self, api_field: &str) -> Option<&mut Field> {
         let parts: Vec<&str> = api_field
             .split('.')
@@ -218,7 +248,7 @@ impl Form {
             .collect();
         let tail = parts.last().copied().unwrap_or(api_field);
         let head = parts.first().copied().unwrap_or(api_field);
-        let i = [api_field, tail, head]
+        let i = [api_field, head, tail]
             .iter()
             .find_map(|n| self.fields.iter().position(|f| f.answers_to(n)))?;
         self.fields.get_mut(i)
@@ -251,7 +281,7 @@ pub fn error_summary(
     unplaced: &[(String, String)],
 ) -> ErrorSummary {
     let fields = form.summary(key);
-    let message = if fields.is_empty() || !unplaced.is_empty() || r.fields.is_empty() {
+    let message = if fields.is_empty() || !unplaced.is_empty() {
         r.message.clone()
     } else {
         crate::i18n::t(lang, crate::i18n::Msg::CheckFields).to_owned()

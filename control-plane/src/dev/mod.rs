@@ -518,8 +518,10 @@ pub async fn dev(
 }
 
 /// A log line's words as a person at an 80-column terminal reads them: a
-/// UUID by its first 8 hex digits (`join-token:01a21454`), a timestamp to
-/// the second. The JSON logs keep them whole.
+/// UUID by its last 8 hex digits (`join-token:20c2c1f4`: ids are UUIDv7,
+/// whose first digits are the time and alike for ids minted together), a
+/// timestamp to the second. Every human (text) log line is written so;
+/// JSON logs keep them whole.
 pub fn human_words(line: &str) -> String {
     line.split(' ')
         .map(|word| {
@@ -528,7 +530,7 @@ pub fn human_words(line: &str) -> String {
                 _ => (None, word),
             };
             if uuid::Uuid::parse_str(rest).is_ok() {
-                let short = rest.get(..8).unwrap_or(rest);
+                let short = rest.get(rest.len().saturating_sub(8)..).unwrap_or(rest);
                 return match prefix {
                     Some(p) => format!("{p}:{short}"),
                     None => short.to_owned(),
@@ -606,11 +608,11 @@ mod banner_tests {
     fn log_lines_shorten_ids_and_times_for_a_terminal() {
         assert_eq!(
             human_words("join-token:01a21454-149a-70dd-9fee-d7e520c2c1f4 host.register host-001"),
-            "join-token:01a21454 host.register host-001"
+            "join-token:20c2c1f4 host.register host-001"
         );
         assert_eq!(
             human_words("admin host.join_token.create 01a21454-149a-70dd-9fee-d7e520c2c1f4"),
-            "admin host.join_token.create 01a21454"
+            "admin host.join_token.create 20c2c1f4"
         );
         assert_eq!(
             human_words("admin rates.set 2026-11-25T20:09:44.286575481+00:00"),

@@ -73,7 +73,7 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
         // Refused forms: the API's field error beside its field, and every
         // empty required field at once (the portal's own check).
         ["vms-refused", "/t/lab/vms", {"name": "Bad_Name"}],
-        ["segments-refused", "/t/lab/segments", {"name": "", "cidr": ""}],
+        ["segments-refused", "/t/lab/segments", {"name": "", "cidr": "", "mtu": "1400"}],
     ]);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oidc");
     crate::sso::install_node_modules(&dir);
@@ -162,6 +162,14 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
             .map(|r| (r["name"].as_str().unwrap(), r["error"].as_str().unwrap()))
             .collect();
         let names: Vec<&str> = errors.iter().map(|e| e.0).collect();
+        let value = |name: &str| {
+            p["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == name)
+                .map(|r| r["value"].clone())
+        };
         let summary: Vec<&str> = p["summary"]
             .as_array()
             .unwrap()
@@ -176,6 +184,7 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
                 "{at}: {errors:?}"
             );
             assert_eq!(summary, ["#vm-name"], "{at}");
+            assert_eq!(value("name"), Some(Value::from("Bad_Name")), "{at}: kept");
         } else {
             assert_eq!(names, ["name", "cidr"], "{at}: {errors:?}");
             let required = if p["lang"] == "ja" {
@@ -185,6 +194,7 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
             };
             assert!(errors.iter().all(|e| e.1 == required), "{at}: {errors:?}");
             assert_eq!(summary, ["#f0-name", "#f0-cidr"], "{at}");
+            assert_eq!(value("mtu"), Some(Value::from("1400")), "{at}: kept");
         }
     }
     assert!(

@@ -887,8 +887,13 @@ async fn portal_pages_act_through_the_api() {
     .await;
     assert_eq!(status, 400, "{page}");
     assert!(
-        page.contains("class=\"error\"") && page.contains("cidr"),
-        "{page}"
+        page.contains("class=\"error\"") && page.contains(r#"id="f0-cidr-error""#),
+        "the refusal in the CIDR row: {page}"
+    );
+    assert!(
+        page.contains(r#"name="cidr" value="10.5.0.0/33""#)
+            && page.contains(r#"name="name" value="bad""#),
+        "what was entered is kept: {page}"
     );
     let (status, _, page) = post(
         &a,
@@ -958,6 +963,13 @@ async fn portal_pages_act_through_the_api() {
                 ("cidr", "10.9.0.0/24"),
             ],
         ),
+        // An empty required field is judged only after the project is
+        // found to be hers: still a 404, not a 400 naming the field.
+        (
+            "/t/vision/segments",
+            vec![("csrf", cb.as_str()), ("name", "")],
+        ),
+        ("/t/vision/vms", vec![("csrf", cb.as_str()), ("name", "")]),
         ("/t/vision/segments/lan/delete", vec![("csrf", cb.as_str())]),
         (
             "/t/vision/clusters/train/delete",

@@ -308,7 +308,7 @@ async fn signed_in(
 }
 
 async fn vm_rows(st: &AppState, ctx: &Actor, tenant: &str) -> Result<Vec<VmRow>, ApiError> {
-    let page = crate::app::vms::list(st, ctx, tenant, &all()).await?;
+    let page = crate::app::vms::list(st, ctx, tenant, &first_page()).await?;
     Ok(page
         .items
         .into_iter()
@@ -337,7 +337,7 @@ fn offered(v: &kumo_api_types::Vm) -> Vec<&'static str> {
 }
 
 /// The first 200 of a list: what a page shows.
-fn all() -> kumo_api_types::PageParams {
+pub(super) fn first_page() -> kumo_api_types::PageParams {
     kumo_api_types::PageParams {
         limit: Some(200),
         page_token: None,
@@ -359,13 +359,13 @@ async fn vm_choices(
         .filter_map(|class| class.strip_prefix("gpu:"))
         .map(str::to_owned)
         .collect();
-    let templates = crate::app::templates::list(st, ctx, &all())
+    let templates = crate::app::templates::list(st, ctx, &first_page())
         .await?
         .items
         .into_iter()
         .map(|t| t.name)
         .collect();
-    let segments = crate::app::segments::list(st, ctx, tenant, &all())
+    let segments = crate::app::segments::list(st, ctx, tenant, &first_page())
         .await?
         .items
         .into_iter()

@@ -16,7 +16,7 @@ use kumo_web_portal::i18n::{help, t, word, Lang, Msg};
 use kumo_web_portal::listing::{heatmap_svg, Cell, Field, Form, Input, Listing, Section};
 use kumo_web_portal::Viewer;
 
-use super::{ctx_of, html, lang, number, signed_in, text, Browser, Fields};
+use super::{ctx_of, first_page, html, lang, number, signed_in, text, Browser, Fields};
 use crate::context::AppState;
 use crate::error::ApiError;
 use crate::http::sso::check_csrf;
@@ -69,13 +69,6 @@ struct Visit {
 }
 
 /// The first 200 of a list: what a page shows.
-fn first() -> api::PageParams {
-    api::PageParams {
-        limit: Some(200),
-        page_token: None,
-    }
-}
-
 fn when(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%d %H:%M").to_string()
 }
@@ -129,33 +122,21 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     })
 }
 
-/// A name field: the rule for names, said beside it.
-fn name_field(l: Lang) -> Field {
-    Field::new("name", t(l, Msg::Name), Input::Text)
-        .required()
-        .pattern("[a-z][a-z0-9-]{2,62}")
-        .help(help(l, "name"))
-}
-
 /// The project's segments to choose from ("—": none).
 async fn segment_choice(v: &Visit, tenant: &str) -> Result<Input, ApiError> {
-    let segments = crate::app::segments::list(&v.st, &v.ctx, tenant, &first()).await?;
-    Ok(Input::Select(
-        std::iter::once((String::new(), "—".to_owned()))
-            .chain(segments.items.into_iter().map(|s| (s.name.clone(), s.name)))
-            .collect(),
+    let segments = crate::app::segments::list(&v.st, &v.ctx, tenant, &first_page()).await?;
+    Ok(Input::choices(
+        "—",
+        segments.items.into_iter().map(|s| s.name).collect(),
     ))
 }
 
-/// The project's VMs to choose from, after `none` when it is not empty.
-async fn vm_choice(v: &Visit, tenant: &str, none: &str) -> Result<Input, ApiError> {
-    let vms = crate::app::vms::list(&v.st, &v.ctx, tenant, &first()).await?;
-    Ok(Input::Select(
-        (!none.is_empty())
-            .then(|| (String::new(), none.to_owned()))
-            .into_iter()
-            .chain(vms.items.into_iter().map(|vm| (vm.name.clone(), vm.name)))
-            .collect(),
+/// The project's VMs to choose from ("—": none).
+async fn vm_choice(v: &Visit, tenant: &str) -> Result<Input, ApiError> {
+    let vms = crate::app::vms::list(&v.st, &v.ctx, tenant, &first_page()).await?;
+    Ok(Input::choices(
+        "—",
+        vms.items.into_iter().map(|vm| vm.name).collect(),
     ))
 }
 
@@ -163,7 +144,7 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
     let tx = |m| t(l, m).to_owned();
-    let items = crate::app::clusters::list(&v.st, &v.ctx, tenant, &first())
+    let items = crate::app::clusters::list(&v.st, &v.ctx, tenant, &first_page())
         .await?
         .items;
     let rows = items
@@ -207,7 +188,7 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
         page,
         tx(Msg::Create),
         vec![
-            name_field(l),
+            kumo_web_portal::listing::name_field(l),
             Field::new("size", t(l, Msg::Size), Input::NUMBER)
                 .required()
                 .help(help(l, "cluster_size")),
@@ -230,7 +211,7 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
     let tx = |m| t(l, m).to_owned();
-    let items = crate::app::segments::list(&v.st, &v.ctx, tenant, &first())
+    let items = crate::app::segments::list(&v.st, &v.ctx, tenant, &first_page())
         .await?
         .items;
     let rows = items
@@ -286,7 +267,7 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
         page,
         tx(Msg::Create),
         vec![
-            name_field(l),
+            kumo_web_portal::listing::name_field(l),
             Field::new(
                 "kind",
                 t(l, Msg::Kind),
@@ -294,7 +275,8 @@ async fn segments_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
                     ("ethernet".into(), "Ethernet".into()),
                     ("roce".into(), "RoCE".into()),
                 ]),
-            ),
+            )
+            .help(help(l, "kind")),
             Field::new("cidr", "CIDR", Input::Text)
                 .required()
                 .placeholder("10.0.0.0/24")
@@ -315,10 +297,10 @@ async fn public_ways_in(v: &Visit, tenant: &str) -> Result<[Section; 2], ApiErro
     let l = v.lang;
     let tx = |m| t(l, m).to_owned();
     let nic = |n: &api::NicRef| format!("{} ({} on {})", n.vm, n.ip, n.segment);
-    let ips = crate::app::public_net::list(&v.st, &v.ctx, tenant, &first())
+    let ips = crate::app::public_net::list(&v.st, &v.ctx, tenant, &first_page())
         .await?
         .items;
-    let forwards = crate::app::public_net::list_forwards(&v.st, &v.ctx, tenant, &first())
+    let forwards = crate::app::public_net::list_forwards(&v.st, &v.ctx, tenant, &first_page())
         .await?
         .items;
     Ok([
@@ -365,7 +347,7 @@ async fn public_ways_in(v: &Visit, tenant: &str) -> Result<[Section; 2], ApiErro
 async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
     let l = v.lang;
     let tx = |m| t(l, m).to_owned();
-    let items = crate::app::volumes::list(&v.st, &v.ctx, tenant, &first())
+    let items = crate::app::volumes::list(&v.st, &v.ctx, tenant, &first_page())
         .await?
         .items;
     let rows = items
@@ -419,11 +401,11 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
         page,
         tx(Msg::Create),
         vec![
-            name_field(l),
+            kumo_web_portal::listing::name_field(l),
             Field::new("size_gib", t(l, Msg::SizeGib), Input::NUMBER)
                 .required()
                 .help(help(l, "size_gib")),
-            Field::new("vm", "VM", vm_choice(v, tenant, "—").await?).help(help(l, "volume_vm")),
+            Field::new("vm", "VM", vm_choice(v, tenant).await?).help(help(l, "volume_vm")),
         ],
     );
     let detached: Vec<(String, String)> = items
@@ -438,8 +420,9 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
                 action: page.href(),
                 submit: tx(Msg::Attach),
                 fields: vec![
-                    Field::new("attach", t(l, Msg::Volumes), Input::Select(detached)),
-                    Field::new("vm", "VM", vm_choice(v, tenant, "").await?)
+                    Field::new("attach", t(l, Msg::Volumes), Input::Select(detached))
+                        .help(help(l, "attach")),
+                    Field::new("vm", "VM", vm_choice(v, tenant).await?)
                         .required()
                         .help(help(l, "attach_vm")),
                 ],
@@ -454,7 +437,7 @@ async fn members_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
     let tx = |m| t(l, m).to_owned();
-    let items = crate::app::members::list(&v.st, &v.ctx, tenant, &first())
+    let items = crate::app::members::list(&v.st, &v.ctx, tenant, &first_page())
         .await?
         .items;
     let rows = items
@@ -462,7 +445,7 @@ async fn members_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
         .map(|m| {
             vec![
                 Cell::text(&m.user),
-                Cell::text(m.role.as_str()),
+                Cell::text(word(l, m.role.as_str())),
                 Cell::text(when(m.since)),
                 Cell::Button {
                     action: format!("/t/{tenant}/members/{}/remove", m.user),
@@ -500,7 +483,7 @@ async fn tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
     let tx = |m| t(l, m).to_owned();
-    let items = crate::app::tokens::list(&v.st, &v.ctx, &first())
+    let items = crate::app::tokens::list(&v.st, &v.ctx, &first_page())
         .await?
         .items;
     let rows = items
@@ -547,7 +530,7 @@ async fn hosts_listing(v: &Visit) -> Result<Listing, ApiError> {
     let l = v.lang;
     let empty = t(l, Msg::Empty).to_owned();
     let tx = |m| t(l, m).to_owned();
-    let items = crate::app::fleet::list(&v.st, &v.ctx, &first())
+    let items = crate::app::fleet::list(&v.st, &v.ctx, &first_page())
         .await?
         .items;
     let rows = items
@@ -685,7 +668,7 @@ async fn tenants_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     let tx = |m| t(l, m).to_owned();
     // Everyone may list their own projects; this page is the admin's.
     crate::app::access::require_admin(&v.ctx.caller, "managing projects")?;
-    let items = crate::app::tenants::list(&v.st, &v.ctx, &first())
+    let items = crate::app::tenants::list(&v.st, &v.ctx, &first_page())
         .await?
         .items;
     let rows = items
@@ -715,11 +698,11 @@ async fn tenants_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         page,
         tx(Msg::Create),
         vec![
-            name_field(l),
+            kumo_web_portal::listing::name_field(l),
             Field::new("display_name", t(l, Msg::DisplayName), Input::Text)
                 .help(help(l, "display_name")),
             Field::new("description", t(l, Msg::Description), Input::Text)
-                .help(help(l, "description")),
+                .help(help(l, "tenant_description")),
         ],
     ))
 }
@@ -763,7 +746,6 @@ async fn rates_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
             Field::new("class", t(l, Msg::Class), Input::Text)
                 .required()
                 .placeholder("gpu:H100-SXM5-80GB")
-                .answers(&["prices"])
                 .help(help(l, "class")),
             Field::new("guaranteed", t(l, Msg::Guaranteed), Input::Text)
                 .required()
@@ -778,7 +760,7 @@ async fn rates_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
 async fn join_tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
     let l = v.lang;
     let tx = |m| t(l, m).to_owned();
-    let items = crate::app::hosts::list_join_tokens(&v.st, &v.ctx, &first())
+    let items = crate::app::hosts::list_join_tokens(&v.st, &v.ctx, &first_page())
         .await?
         .items;
     let rows = items
@@ -830,9 +812,9 @@ async fn join_tokens_listing(v: &Visit, page: &Page) -> Result<Listing, ApiError
         tx(Msg::Create),
         vec![
             Field::new("description", t(l, Msg::Description), Input::Text)
-                .help(help(l, "description")),
+                .help(help(l, "join_description")),
             Field::new("ttl", t(l, Msg::ValidFor), Input::NUMBER)
-                .placeholder("3600")
+                .placeholder("86400")
                 .answers(&["ttl_seconds"])
                 .help(help(l, "ttl")),
             Field::new("uses", &word(l, "uses"), Input::NUMBER)
