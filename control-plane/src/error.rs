@@ -75,14 +75,27 @@ impl ApiError {
     }
 
     pub fn field(field: &str, message: impl Into<String>) -> Self {
-        let message = message.into();
+        ApiError::fields(vec![FieldError {
+            field: field.to_owned(),
+            message: message.into(),
+        }])
+    }
+
+    /// Several fields refused at once (`a: …; b: …`).
+    pub fn fields(errors: Vec<FieldError>) -> Self {
         ApiError::Validation {
-            detail: format!("{field}: {message}"),
-            errors: vec![FieldError {
-                field: field.to_owned(),
-                message,
-            }],
+            detail: errors
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            errors,
         }
+    }
+
+    /// The HTTP status its problem carries.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.to_problem().status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     pub fn not_found(what: impl Into<String>) -> Self {

@@ -781,6 +781,14 @@ pub fn listing_page(
 mod tests {
     use super::*;
 
+    fn viewer(name: &str) -> Viewer {
+        Viewer {
+            display_name: name.into(),
+            csrf: "tok".into(),
+            is_admin: false,
+        }
+    }
+
     fn card(name: &str) -> TenantCard {
         TenantCard {
             name: name.into(),
@@ -795,11 +803,7 @@ mod tests {
 
     #[test]
     fn pages_speak_both_languages_and_escape_data() {
-        let v = Viewer {
-            display_name: "Aiko <script>".into(),
-            csrf: "tok".into(),
-            is_admin: false,
-        };
+        let v = viewer("Aiko <script>");
         let en = dashboard_page(
             Lang::En,
             &v,
@@ -846,11 +850,7 @@ mod tests {
 
     #[test]
     fn the_vm_page_shows_the_ways_in() {
-        let v = Viewer {
-            display_name: "Aiko".into(),
-            csrf: "tok".into(),
-            is_admin: false,
-        };
+        let v = viewer("Aiko");
         let vm = VmDetail {
             tenant: "vision".into(),
             name: "train".into(),
@@ -951,11 +951,7 @@ mod tests {
 
     #[test]
     fn the_billing_page_heads_every_column_and_says_what_to_do_without_points() {
-        let v = Viewer {
-            display_name: "Aiko".into(),
-            csrf: "tok".into(),
-            is_admin: false,
-        };
+        let v = viewer("Aiko");
         let b = BillingView {
             tenant: "lab".into(),
             balance: "0".into(),

@@ -375,10 +375,7 @@ pub async fn vm_cost_this_month(
     let (y, m) = statement::month_of(now);
     let from = statement::month_bounds(y, m).map(|b| b.0).unwrap_or(now);
     let list = charges_between(&st.db, &tenant, Some(vm), from, now).await?;
-    let total: Decimal = statement::usage(&list, statement::GroupBy::Vm)
-        .iter()
-        .map(|r| r.amount)
-        .sum();
+    let total: Decimal = list.iter().map(|c| c.amount).sum();
     Ok(total.normalize().to_string())
 }
 

@@ -325,8 +325,7 @@ async fn device_step(
             let mut view = gather(&st, &ctx, l, &Filter { done: None, ..f }).await?;
             view.error = Some(format!("{host} {bdf}: {e}"));
             let mut r = html(fleet_health_page(l, &viewer, &view));
-            *r.status_mut() =
-                StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST);
+            *r.status_mut() = e.status();
             Ok(r)
         }
     }

@@ -437,22 +437,12 @@ pub(super) fn missing(form: &kumo_web_portal::listing::Form, f: &Fields) -> Resu
     if missing.is_empty() {
         return Ok(());
     }
-    Err(ApiError::Validation {
-        detail: missing
-            .iter()
-            .map(|(k, m)| format!("{k}: {m}"))
-            .collect::<Vec<_>>()
-            .join("; "),
-        errors: missing
+    Err(ApiError::fields(
+        missing
             .into_iter()
             .map(|(field, message)| kumo_api_types::FieldError { field, message })
             .collect(),
-    })
-}
-
-/// The page's status for a refusal (the API's).
-pub(super) fn refused_status(e: &ApiError) -> StatusCode {
-    StatusCode::from_u16(e.to_problem().status).unwrap_or(StatusCode::BAD_REQUEST)
+    ))
 }
 
 /// The VM the create form asks for.
@@ -497,10 +487,10 @@ async fn create_vm(
     )?;
     let ctx = ctx_of(&user, origin);
     let lang = lang(&headers);
+    // The choices are the tenant's: reading them first keeps a foreign
+    // tenant a 404 before any field is judged; a refusal shows them again.
+    let choices = vm_choices(&st, &ctx, &tenant).await?;
     let made = async {
-        // The choices are the tenant's: reading them first keeps a foreign
-        // tenant a 404 before any field is judged.
-        let choices = vm_choices(&st, &ctx, &tenant).await?;
         missing(&kumo_web_portal::vm_form(lang, &tenant, &choices), &f)?;
         let body = vm_create(&f)?;
         crate::app::vms::create(&st, &ctx, &tenant, &body).await
@@ -516,7 +506,6 @@ async fn create_vm(
         Err(e @ ApiError::NotFound(_)) => Err(e),
         Err(e) => {
             let rows = vm_rows(&st, &ctx, &tenant).await?;
-            let choices = vm_choices(&st, &ctx, &tenant).await?;
             let mut r = html(kumo_web_portal::vms_page(
                 lang,
                 &viewer,
@@ -525,7 +514,7 @@ async fn create_vm(
                 &choices,
                 Some(&refusal(&e, &f)),
             ));
-            *r.status_mut() = refused_status(&e);
+            *r.status_mut() = e.status();
             Ok(r)
         }
     }

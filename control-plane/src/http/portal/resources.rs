@@ -350,6 +350,8 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
     let items = crate::app::volumes::list(&v.st, &v.ctx, tenant, &first_page())
         .await?
         .items;
+    // Both forms (create, attach) choose among the project's VMs.
+    let vms = vm_choice(v, tenant).await?;
     let rows = items
         .iter()
         .map(|vol| {
@@ -405,7 +407,7 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
             Field::new("size_gib", t(l, Msg::SizeGib), Input::NUMBER)
                 .required()
                 .help(help(l, "size_gib")),
-            Field::new("vm", "VM", vm_choice(v, tenant).await?).help(help(l, "volume_vm")),
+            Field::new("vm", "VM", vms.clone()).help(help(l, "volume_vm")),
         ],
     );
     let detached: Vec<(String, String)> = items
@@ -422,7 +424,7 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
                 fields: vec![
                     Field::new("attach", t(l, Msg::Volumes), Input::Select(detached))
                         .help(help(l, "attach")),
-                    Field::new("vm", "VM", vm_choice(v, tenant).await?)
+                    Field::new("vm", "VM", vms)
                         .required()
                         .help(help(l, "attach_vm")),
                 ],
@@ -861,12 +863,15 @@ async fn show(st: &AppState, b: &Browser, page: Page) -> Result<Response, ApiErr
 /// A form's outcome: back to the page (303) when done, the page with a
 /// secret shown once, or the page with the API's refusal and its status —
 /// the posted form filled in as it was sent, each error in its field's
-/// row. A foreign or missing tenant stays a 404 whatever the form said.
+/// row (on `before`, the page as it was, when it was read: a refusal
+/// changed nothing). A foreign or missing tenant stays a 404 whatever the
+/// form said.
 async fn answer(
     v: &Visit,
     page: &Page,
     action: &str,
     submitted: &Fields,
+    before: Option<Listing>,
     outcome: Result<Option<String>, ApiError>,
 ) -> Result<Response, ApiError> {
     match outcome {
@@ -878,10 +883,13 @@ async fn answer(
         }
         Err(e @ ApiError::NotFound(_)) => Err(e),
         Err(e) => {
-            let mut l = listing(v, page).await?;
+            let mut l = match before {
+                Some(l) => l,
+                None => listing(v, page).await?,
+            };
             l.refused(v.lang, action, &super::refusal(&e, submitted));
             let mut r = render(v, page, &l);
-            *r.status_mut() = super::refused_status(&e);
+            *r.status_mut() = e.status();
             Ok(r)
         }
     }
@@ -1056,19 +1064,21 @@ async fn post_form(
         // A row's button: no form fields to judge or fill in.
         Op::Delete(_) | Op::Detach(_) => String::new(),
     };
-    let outcome = async {
-        if matches!(op, Op::Create) {
-            // Every empty required field at once, before the API names
-            // the first.
-            let l = listing(&v, &page).await?;
-            if let Some(form) = l.form_posted(&action, &f) {
-                super::missing(form, &f)?;
-            }
-        }
-        act(&v, &page, op, &f).await
-    }
-    .await;
-    answer(&v, &page, &action, &f, outcome).await
+    // A create's page as it stands: its form names the required fields,
+    // all judged at once before the API names the first.
+    let before = match op {
+        Op::Create => Some(listing(&v, &page).await?),
+        Op::Delete(_) | Op::Detach(_) => None,
+    };
+    let outcome = match before.as_ref().and_then(|l| l.form_posted(&action, &f)) {
+        Some(form) => super::missing(form, &f),
+        None => Ok(()),
+    };
+    let outcome = match outcome {
+        Ok(()) => act(&v, &page, op, &f).await,
+        Err(e) => Err(e),
+    };
+    answer(&v, &page, &action, &f, before, outcome).await
 }
 
 fn tenant_page(kind: &str, tenant: String) -> Result<Page, ApiError> {
