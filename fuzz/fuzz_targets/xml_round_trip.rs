@@ -94,6 +94,7 @@ fuzz_target!(|input: Input| {
         volumes: Vec::new(),
         // Any text the disk path can be, as the console log's path too.
         console_log: Some(format!("{}.console.log", input.disk)),
+        nvram_path: None,
     };
     let xml = domain_xml(&spec, &layout);
     let doc = kumo_fuzz::well_formed(&xml);

@@ -81,6 +81,7 @@ pub fn exercise_topology(topo: &HostTopology) {
         interfaces: Vec::new(),
         volumes: Vec::new(),
         console_log: None,
+        nvram_path: None,
     };
     well_formed(&domain_xml(&spec, &layout));
 }

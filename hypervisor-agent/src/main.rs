@@ -286,6 +286,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 interfaces: Vec::new(),
                 volumes: Vec::new(),
                 console_log: Some(format!("{dir}/console.log")),
+                nvram_path: Some(format!("{dir}/nvram.fd")),
             };
             let r = render::render(&topo, &gpus, vcpus, memory_gib, &spec)?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

@@ -30,6 +30,8 @@ const AFFECT_LIVE: u32 = 1;
 const XML_INACTIVE: u32 = 2;
 /// Serials of volume disks start so (the API makes them).
 const VOLUME_SERIAL: &str = "kumo";
+/// A UEFI guest's variable store, in the VM's directory beside its disk.
+pub const NVRAM_FILE: &str = "nvram.fd";
 
 /// The volumes the host's storage holds ready, by id: what a VM's disks
 /// point at. A VM's volume not (yet) among them is left out of it.
@@ -419,6 +421,7 @@ impl Reconciler {
         ready: &ReadyVolumes,
     ) -> Result<String, String> {
         let layout = guest_layout(&self.topology, &vm.placement).map_err(|e| e.to_string())?;
+        layout.bootable().map_err(|e| e.to_string())?;
         let spec = DomainSpec {
             name: Self::domain_name(vm),
             uuid: vm.id.to_string(),
@@ -439,6 +442,9 @@ impl Reconciler {
                     .display()
                     .to_string(),
             ),
+            // Beside the disk, so it goes wherever the VM's directory goes
+            // and is removed with it.
+            nvram_path: Some(self.vm_dir(vm.id).join(NVRAM_FILE).display().to_string()),
         };
         Ok(domain_xml(&spec, &layout))
     }
@@ -627,7 +633,10 @@ impl Reconciler {
             dom.destroy().map_err(err)?;
         }
         self.changes += 1;
-        dom.undefine().map_err(err)
+        // A UEFI domain's variable store is the VM's own file, removed
+        // with its directory: libvirt refuses to undefine it otherwise.
+        dom.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_KEEP_NVRAM)
+            .map_err(err)
     }
 
     /// A VM's files (root disk, seed), once it has no domain.

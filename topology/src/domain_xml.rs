@@ -5,7 +5,7 @@
 //! cloud-init seed slot.
 
 use crate::fixtures::cpumap;
-use crate::guest_layout::GuestLayout;
+use crate::guest_layout::{Firmware, GuestLayout};
 use crate::sysfs::format_cpulist;
 use crate::xml::{el, Element};
 use crate::Bdf;
@@ -35,7 +35,17 @@ pub struct DomainSpec {
     /// console's scrollback; libvirt hands it to virtlogd, which rotates
     /// it).
     pub console_log: Option<String>,
+    /// A UEFI guest's variable store, kept beside its disk (libvirt makes
+    /// it from [`OVMF_VARS`] on first start); libvirt's own directory
+    /// when `None`.
+    pub nvram_path: Option<String>,
 }
+
+/// Debian's `ovmf`: the 4 MiB firmware and its empty variable store.
+pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// The fw_cfg file OVMF reads its 64-bit aperture size from, in MiB.
+pub const OVMF_MMIO64_FW_CFG: &str = "opt/ovmf/X-PciMmio64Mb";
 
 /// A volume as a guest disk, found in the guest by its serial
 /// (`/dev/disk/by-id/virtio-<serial>`).
@@ -314,12 +324,26 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
                 })),
         );
     }
+    let space = &layout.address_space;
+    let efi = space.firmware == Firmware::Efi;
     let mut os = el("os").child(
         el("type")
             .attr("arch", "x86_64")
             .attr("machine", "q35")
             .text("hvm"),
     );
+    if efi {
+        os = os.child(
+            el("loader")
+                .attr("readonly", "yes")
+                .attr("type", "pflash")
+                .text(OVMF_CODE),
+        );
+        os = os.child(match &spec.nvram_path {
+            Some(path) => el("nvram").attr("template", OVMF_VARS).text(path),
+            None => el("nvram").attr("template", OVMF_VARS),
+        });
+    }
     os = match &spec.kernel {
         Some(k) => {
             os = os.child(el("kernel").text(&k.kernel));
@@ -330,10 +354,26 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
         }
         None => os.child(el("boot").attr("dev", "hd")),
     };
-    // TCG has no host CPU to pass through or model: QEMU's default model.
+    // TCG has no host CPU to pass through: QEMU's default model, or for a
+    // UEFI guest its `max` model, whose 1 GiB pages OVMF needs to map a
+    // large address space in reasonable time (qemu64 took minutes).
     let mut cpu = el("cpu");
     if spec.virt_type == "kvm" {
         cpu = cpu.attr("mode", "host-passthrough");
+    } else if efi {
+        cpu = cpu.attr("mode", "maximum");
+    }
+    if let (true, Some(bits)) = (efi, space.phys_bits) {
+        cpu = cpu.child(el("maxphysaddr").attr("mode", "emulate").attr("bits", bits));
+    }
+    if let (true, Some(bytes)) = (efi, space.mmio64_bytes) {
+        domain = domain.child(
+            el("sysinfo").attr("type", "fwcfg").child(
+                el("entry")
+                    .attr("name", OVMF_MMIO64_FW_CFG)
+                    .text(bytes.div_ceil(1 << 20)),
+            ),
+        );
     }
     domain = domain
         .child(os)
@@ -396,6 +436,7 @@ mod tests {
                 })
                 .collect(),
             console_log: Some("/vms/a/console.log".into()),
+            nvram_path: None,
         }
     }
 
@@ -417,6 +458,44 @@ mod tests {
                 .into_iter()
                 .collect(),
             vcpu_pins: Vec::new(),
+            address_space: crate::guest_layout::AddressSpace {
+                firmware: if expander_bus.is_some() {
+                    Firmware::Efi
+                } else {
+                    Firmware::Bios
+                },
+                mmio64_bytes: expander_bus.map(|_| 513 << 30),
+                phys_bits: expander_bus.map(|_| 41),
+                host_phys_bits: Some(46),
+                unknown_bars: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_gpu_guest_boots_uefi_with_its_aperture_and_address_width() {
+        let compact = |xml: String| xml.lines().map(str::trim).collect::<String>();
+        let mut s = spec(0, 0);
+        s.nvram_path = Some("/vms/a/nvram.fd".into());
+        let xml = compact(domain_xml(&s, &layout(Some(16))));
+        for want in [
+            "<loader readonly=\"yes\" type=\"pflash\">/usr/share/OVMF/OVMF_CODE_4M.fd</loader>",
+            "<nvram template=\"/usr/share/OVMF/OVMF_VARS_4M.fd\">/vms/a/nvram.fd</nvram>",
+            "<sysinfo type=\"fwcfg\"><entry name=\"opt/ovmf/X-PciMmio64Mb\">525312</entry></sysinfo>",
+            "<cpu mode=\"maximum\"><maxphysaddr mode=\"emulate\" bits=\"41\"/>",
+        ] {
+            assert!(xml.contains(want), "{want} in {xml}");
+        }
+        // A CPU-only guest stays on SeaBIOS with QEMU's defaults.
+        let xml = compact(domain_xml(&s, &layout(None)));
+        for absent in [
+            "<loader",
+            "<nvram",
+            "<sysinfo",
+            "maxphysaddr",
+            "mode=\"maximum\"",
+        ] {
+            assert!(!xml.contains(absent), "{absent} in {xml}");
         }
     }
 

@@ -21,6 +21,7 @@ pub const MACHINES: &[&str] = &[
     "hgx-h100",
     "hgx-h100-2nic",
     "hgx-h100-roce",
+    "hgx-h200",
     "l40s-pcie",
     "cpu-only",
 ];
@@ -32,6 +33,8 @@ pub struct Machine {
     pub numa: Vec<NumaSpec>,
     pub complexes: Vec<Complex>,
     pub nvlinks: BTreeMap<Bdf, Vec<NvLinkHint>>,
+    /// `address sizes` of the CPU, in bits physical.
+    pub phys_bits: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -70,7 +73,45 @@ pub struct Function {
     pub link_width: u32,
     pub driver: &'static str,
     pub rdma: Option<Rdma>,
+    /// Memory BARs as `resource` lists them: (index, size, Linux flags).
+    pub bars: &'static [(u8, u64, u64)],
 }
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// Linux resource flags of a 64-bit prefetchable, a 64-bit and a 32-bit
+/// memory BAR (`IORESOURCE_MEM | _PREFETCH | _MEM_64 | _SIZEALIGN` …).
+const PREF64: u64 = 0x0014_220c;
+const MEM64: u64 = 0x0014_0204;
+const MEM32: u64 = 0x0004_0200;
+/// Ampere cards (A100 40 GB, L40S 48 GB): registers in a 32-bit BAR0, the
+/// framebuffer BAR1 (memory rounded up to a power of two) and BAR3, both
+/// 64-bit prefetchable (`lspci -vv` of A100 40GB PCIe and SXM4 in
+/// kata-containers#4358 and triton-inference-server#4154; L40S alike).
+const AMPERE_64G_BARS: &[(u8, u64, u64)] = &[
+    (0, 16 * MIB, MEM32),
+    (1, 64 * GIB, PREF64),
+    (3, 32 * MIB, PREF64),
+];
+/// Hopper SXM5: three 64-bit prefetchable BARs at 0, 2 and 4; BAR2 is
+/// 128 GiB on H100 80 GB (`lspci -vv` in NVIDIA/nvtrust#128 and
+/// fastfetch#1658), 256 GiB on H200 141 GB.
+const H100_BARS: &[(u8, u64, u64)] = &[
+    (0, 16 * MIB, PREF64),
+    (2, 128 * GIB, PREF64),
+    (4, 32 * MIB, PREF64),
+];
+const H200_BARS: &[(u8, u64, u64)] = &[
+    (0, 16 * MIB, PREF64),
+    (2, 256 * GIB, PREF64),
+    (4, 32 * MIB, PREF64),
+];
+/// ConnectX-6/7 physical functions: one 32 MiB 64-bit prefetchable BAR0;
+/// their VFs a 1 MiB one.
+const CONNECTX_BARS: &[(u8, u64, u64)] = &[(0, 32 * MIB, PREF64)];
+const CONNECTX_VF_BARS: &[(u8, u64, u64)] = &[(0, MIB, PREF64)];
+const NVSWITCH_BARS: &[(u8, u64, u64)] = &[(0, 32 * MIB, MEM32)];
+const SMALL_BARS: &[(u8, u64, u64)] = &[(0, 16 << 10, MEM64)];
 
 #[derive(Debug, Clone)]
 pub struct Rdma {
@@ -102,6 +143,7 @@ fn bridge(at: Bdf, vendor: u16, device: u16, speed: &'static str, children: Vec<
             link_width: 16,
             driver: "pcieport",
             rdma: None,
+            bars: &[],
         },
         children,
     }
@@ -130,7 +172,13 @@ fn switch(up: Bdf, vendor: u16, device: u16, speed: &'static str, children: Vec<
 }
 
 fn gpu(at: Bdf, device: u16, class: u32, speed: &'static str) -> Node {
+    let bars = match device {
+        0x2330 => H100_BARS,
+        0x2335 => H200_BARS,
+        _ => AMPERE_64G_BARS,
+    };
     Node::Endpoint(Function {
+        bars,
         bdf: at,
         class,
         vendor: VENDOR_NVIDIA,
@@ -154,6 +202,7 @@ fn nvswitch(at: Bdf, device: u16) -> Node {
         link_width: 2,
         driver: "nvidia",
         rdma: None,
+        bars: NVSWITCH_BARS,
     })
 }
 
@@ -177,6 +226,7 @@ fn mlx(
         link_speed: speed,
         link_width: 16,
         driver: "mlx5_core",
+        bars: CONNECTX_BARS,
         rdma: Some(Rdma {
             name: name.to_owned(),
             netdev: netdev.to_owned(),
@@ -231,6 +281,7 @@ fn plain(at: Bdf, class: u32, vendor: u16, device: u16, driver: &'static str) ->
         link_width: 4,
         driver,
         rdma: None,
+        bars: SMALL_BARS,
     })
 }
 
@@ -361,6 +412,7 @@ pub fn dgx_a100() -> Machine {
             storage,
         ],
         nvlinks,
+        phys_bits: 43,
     }
 }
 
@@ -373,13 +425,23 @@ pub fn dgx_a100() -> Machine {
 /// Sources: NVIDIA/nccl issues #1264 and #1182 (`nvidia-smi nvlink -R`),
 /// aliyun/SimAI issue #128; the DGX H100 `nvidia-smi topo -m`.
 fn hgx_h100(name: &'static str, nic_on: &[usize]) -> Machine {
+    hgx_hopper(name, 0x2330, nic_on)
+}
+
+/// HGX H200 8-GPU: the HGX H100 board with H200-SXM5-141GB (`10de:2335`)
+/// GPUs, whose framebuffer BAR is 256 GiB.
+fn hgx_h200() -> Machine {
+    hgx_hopper("hgx-h200", 0x2335, &[0, 1, 2, 3, 4, 5, 6, 7])
+}
+
+fn hgx_hopper(name: &'static str, gpu_device: u16, nic_on: &[usize]) -> Machine {
     const SW: (u16, u16) = (0x1000, 0xc030);
     let gpu_buses = [0x18u8, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
     let mut complexes = Vec::new();
     let mut nic_index = 0;
     for (i, g) in gpu_buses.iter().enumerate() {
         let rc = g - 3;
-        let mut below = vec![gpu(bdf(*g, 0, 0), 0x2330, CLASS_3D_CONTROLLER, GEN5)];
+        let mut below = vec![gpu(bdf(*g, 0, 0), gpu_device, CLASS_3D_CONTROLLER, GEN5)];
         if nic_on.contains(&i) {
             let bus = g + 1;
             // The RoCE variant: the same ConnectX-7s as 400GbE ports.
@@ -446,6 +508,7 @@ fn hgx_h100(name: &'static str, nic_on: &[usize]) -> Machine {
         numa: smt_nodes(2, 56, 112, 1_056_000_000),
         complexes,
         nvlinks,
+        phys_bits: 46,
     }
 }
 
@@ -509,6 +572,7 @@ fn l40s_pcie() -> Machine {
         numa: smt_nodes(2, 32, 64, 528_000_000),
         complexes: vec![socket(0x00, 0, true), socket(0x80, 1, false)],
         nvlinks: BTreeMap::new(),
+        phys_bits: 46,
     }
 }
 
@@ -543,6 +607,7 @@ fn cpu_only() -> Machine {
             ],
         }],
         nvlinks: BTreeMap::new(),
+        phys_bits: 52,
     }
 }
 
@@ -552,6 +617,7 @@ pub fn machine(name: &str) -> Option<Machine> {
         "hgx-h100" => hgx_h100("hgx-h100", &[0, 1, 2, 3, 4, 5, 6, 7]),
         "hgx-h100-2nic" => hgx_h100("hgx-h100-2nic", &[0, 4]),
         "hgx-h100-roce" => hgx_h100("hgx-h100-roce", &[0, 1, 2, 3, 4, 5, 6, 7]),
+        "hgx-h200" => hgx_h200(),
         "l40s-pcie" => l40s_pcie(),
         "cpu-only" => cpu_only(),
         _ => return None,
@@ -577,6 +643,10 @@ pub fn cpumap(cpus: &[u32], total: u32) -> String {
 struct Writer<'a> {
     root: &'a Path,
     next_group: u32,
+    /// Where the next BAR goes, above and below 4 GiB (any addresses
+    /// will do: discovery reads sizes, not places).
+    next_high: u64,
+    next_low: u64,
 }
 
 fn up(depth: usize) -> String {
@@ -598,6 +668,26 @@ impl Writer<'_> {
             std::fs::create_dir_all(d)?;
         }
         std::os::unix::fs::symlink(target, p)
+    }
+
+    /// A `resource` file as Linux writes it: 13 lines (six BARs, the ROM,
+    /// six bridge or SR-IOV windows), `start end flags`, unused all zero.
+    fn resource(&mut self, bars: &[(u8, u64, u64)]) -> String {
+        let mut lines = vec![(0u64, 0u64, 0u64); 13];
+        for (index, size, flags) in bars {
+            let next = if flags & 0x10_0000 != 0 {
+                &mut self.next_high
+            } else {
+                &mut self.next_low
+            };
+            let start = next.div_ceil(*size) * size;
+            *next = start + size;
+            lines[usize::from(*index)] = (start, start + size - 1, *flags);
+        }
+        lines
+            .iter()
+            .map(|(a, b, f)| format!("0x{a:016x} 0x{b:016x} 0x{f:016x}\n"))
+            .collect()
     }
 
     fn node(&mut self, parent: &Path, numa: Option<u32>, node: &Node) -> io::Result<()> {
@@ -653,6 +743,8 @@ impl Writer<'_> {
             let body: String = names.iter().map(|n| format!("{n} 0\n")).collect();
             self.file(&dir.join(file), &format!("{body}{total} 0\n"))?;
         }
+        let resource = self.resource(f.bars);
+        self.file(&dir.join("resource"), &resource)?;
         let group = self.next_group;
         self.next_group += 1;
         std::fs::create_dir_all(
@@ -680,6 +772,7 @@ impl Writer<'_> {
                     bdf: Bdf::new(f.bdf.domain, f.bdf.bus, 0, 2 + i as u8),
                     device: f.device + 1,
                     rdma: None,
+                    bars: CONNECTX_VF_BARS,
                     ..f.clone()
                 };
                 let vf_dir = parent.join(vf.bdf.to_string());
@@ -715,6 +808,8 @@ pub fn write(m: &Machine, root: &Path) -> io::Result<()> {
     let mut w = Writer {
         root,
         next_group: 0,
+        next_high: 1 << 44,
+        next_low: 0xc000_0000,
     };
     let total: u32 = m.numa.iter().map(|n| n.cpus.len() as u32).sum();
     for n in &m.numa {
@@ -749,6 +844,7 @@ pub fn write(m: &Machine, root: &Path) -> io::Result<()> {
     let hints = Hints {
         cpu: Some(m.cpu.clone()),
         nvlinks: m.nvlinks.clone(),
+        phys_bits: Some(m.phys_bits),
     };
     let json = serde_json::to_string_pretty(&hints).map_err(io::Error::other)?;
     std::fs::write(root.join(HINTS_FILE), json + "\n")

@@ -50,6 +50,17 @@ pub enum LayoutError {
         "{0} devices behind one switch exceed the {MAX_PORTS_PER_GROUP} root ports of an expander"
     )]
     TooManyPorts(usize),
+    #[error("the BARs of {} are unknown (sysfs resource unreadable, or an agent that predates BAR discovery): the guest's 64-bit aperture cannot be sized", list(.0))]
+    UnknownBars(Vec<Bdf>),
+    #[error("the guest needs {needed} physical address bits for its memory and its devices' 64-bit BARs; this host's CPU has {host}")]
+    AddressSpaceTooWide { needed: u8, host: u8 },
+}
+
+fn list(bdfs: &[Bdf]) -> String {
+    bdfs.iter()
+        .map(Bdf::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A VM's share of a host: GPUs with their NICs, pinned CPUs, memory.
@@ -344,6 +355,139 @@ pub struct GuestLayout {
     pub expanders: Vec<Expander>,
     /// `(vcpu, host cpu)`.
     pub vcpu_pins: Vec<(u32, u32)>,
+    /// The guest's firmware and address space (see [`AddressSpace`]).
+    #[serde(flatten)]
+    pub address_space: AddressSpace,
+}
+
+/// Which firmware boots the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Firmware {
+    /// SeaBIOS, QEMU's default: what CPU-only VMs keep.
+    Bios,
+    /// OVMF (UEFI): it maps 64-bit BARs in an aperture whose size the host
+    /// sets (`opt/ovmf/X-PciMmio64Mb`); SeaBIOS cannot place 128–256 GiB
+    /// BARs at all.
+    Efi,
+}
+
+/// What a guest with passed-through devices needs to boot: UEFI, a 64-bit
+/// MMIO aperture that holds every 64-bit BAR of its devices as the
+/// firmware lays them out, and a CPU that can address RAM plus that
+/// aperture. Too small an aperture leaves GPUs without BARs (missing in
+/// the guest, or a hung boot: kubevirt#11093, lxd#14381).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AddressSpace {
+    pub firmware: Firmware,
+    /// The 64-bit MMIO aperture in bytes; `None` without devices, or when
+    /// a device's BARs are unknown (`unknown_bars`).
+    pub mmio64_bytes: Option<u64>,
+    /// The guest CPU's physical address width; `None` as for the aperture.
+    pub phys_bits: Option<u8>,
+    /// The host CPU's width, the most the guest may be given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_phys_bits: Option<u8>,
+    /// Passed-through functions whose BARs the host could not read: such
+    /// a VM is refused at start rather than given a guessed aperture.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unknown_bars: Vec<Bdf>,
+}
+
+/// The root bus's own 64-bit needs beside the expanders': virtio BARs and
+/// the firmware's reservations behind empty hot-plug root ports.
+pub const ROOT_BUS_RESERVE: u64 = 1 << 30;
+/// QEMU's default guest width; a guest is never given less.
+pub const MIN_PHYS_BITS: u8 = 40;
+const GIB: u64 = 1 << 30;
+
+/// A range firmware must find room for: a BAR (aligned to its size) or a
+/// bridge's window (aligned to its largest child's alignment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub size: u64,
+    pub align: u64,
+}
+
+impl Window {
+    pub fn bar(size: u64) -> Window {
+        Window {
+            size,
+            align: size.checked_next_power_of_two().unwrap_or(size),
+        }
+    }
+}
+
+/// A bridge's prefetchable window over what sits below it, as EDK2's PCI
+/// bus driver lays it out: children largest alignment first, the window
+/// rounded up to its own alignment (the largest child's). Every child's
+/// size is a multiple of its alignment (BARs are powers of two, windows
+/// are rounded), so in that order they pack without gaps.
+pub fn bridge_window(children: impl IntoIterator<Item = Window>) -> Window {
+    let mut ws: Vec<Window> = children.into_iter().filter(|w| w.size > 0).collect();
+    ws.sort_unstable_by(|a, b| b.align.cmp(&a.align));
+    let Some(align) = ws.first().map(|w| w.align) else {
+        return Window { size: 0, align: 1 };
+    };
+    let sum = ws.iter().fold(0u64, |a, w| a.saturating_add(w.size));
+    Window {
+        size: sum.div_ceil(align).saturating_mul(align),
+        align,
+    }
+}
+
+/// The aperture for these expanders (each a list of root ports, each the
+/// 64-bit prefetchable BAR sizes of its device and IOMMU-group peers):
+/// each root port's window over its BARs, each expander's over its
+/// ports', the expanders side by side, plus [`ROOT_BUS_RESERVE`]; in
+/// whole GiB (OVMF takes MiB).
+pub fn aperture(expander_ports: &[Vec<Vec<u64>>]) -> u64 {
+    let expanders = expander_ports.iter().map(|ports| {
+        bridge_window(
+            ports
+                .iter()
+                .map(|bars| bridge_window(bars.iter().map(|b| Window::bar(*b)))),
+        )
+    });
+    let total = bridge_window(expanders)
+        .size
+        .saturating_add(ROOT_BUS_RESERVE);
+    total.div_ceil(GIB).saturating_mul(GIB)
+}
+
+/// The physical address width that reaches RAM and the aperture: q35
+/// puts RAM above 4 GiB (counted whole here, an upper bound), OVMF aligns
+/// the aperture to the largest power of two not above its size.
+pub fn phys_bits_for(memory_bytes: u64, aperture: u64) -> u8 {
+    let ram_top = (4 * GIB).saturating_add(memory_bytes);
+    let align = if aperture == 0 {
+        1
+    } else {
+        1u64 << (63 - aperture.leading_zeros())
+    };
+    let end = ram_top
+        .div_ceil(align)
+        .saturating_mul(align)
+        .saturating_add(aperture);
+    let bits = 64 - end.saturating_sub(1).leading_zeros();
+    (bits as u8).max(MIN_PHYS_BITS)
+}
+
+impl GuestLayout {
+    /// Whether a domain can be started from this layout: every device's
+    /// BARs known, and the address space within the host CPU's.
+    pub fn bootable(&self) -> Result<(), LayoutError> {
+        let a = &self.address_space;
+        if !a.unknown_bars.is_empty() {
+            return Err(LayoutError::UnknownBars(a.unknown_bars.clone()));
+        }
+        if let (Some(needed), Some(host)) = (a.phys_bits, a.host_phys_bits) {
+            if needed > host {
+                return Err(LayoutError::AddressSpaceTooWide { needed, host });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -550,16 +694,116 @@ pub fn guest_layout(
             ports,
         });
     }
+    let address_space = address_space(topo, &cells, &expanders);
     Ok(GuestLayout {
         cells,
         expanders,
         vcpu_pins,
+        address_space,
     })
+}
+
+/// Firmware, aperture and address width for the devices of `expanders`.
+fn address_space(topo: &HostTopology, cells: &[GuestCell], expanders: &[Expander]) -> AddressSpace {
+    if expanders.is_empty() {
+        return AddressSpace {
+            firmware: Firmware::Bios,
+            mmio64_bytes: None,
+            phys_bits: None,
+            host_phys_bits: topo.phys_bits,
+            unknown_bars: Vec::new(),
+        };
+    }
+    let mut unknown_bars = Vec::new();
+    let ports: Vec<Vec<Vec<u64>>> = expanders
+        .iter()
+        .map(|e| {
+            e.ports
+                .iter()
+                .map(|p| {
+                    let functions = std::iter::once(p.device.host_bdf)
+                        .chain(p.device.group_peers.iter().copied());
+                    let mut sizes = Vec::new();
+                    for f in functions {
+                        match topo.pci(f).and_then(|d| d.bars.as_ref()) {
+                            Some(bars) => {
+                                sizes.extend(bars.iter().filter(|b| b.above_4g()).map(|b| b.size))
+                            }
+                            None => unknown_bars.push(f),
+                        }
+                    }
+                    sizes
+                })
+                .collect()
+        })
+        .collect();
+    let (mmio64_bytes, phys_bits) = if unknown_bars.is_empty() {
+        let memory: u64 = cells.iter().map(|c| c.memory_mib << 20).sum();
+        let bytes = aperture(&ports);
+        (Some(bytes), Some(phys_bits_for(memory, bytes)))
+    } else {
+        (None, None)
+    };
+    AddressSpace {
+        firmware: Firmware::Efi,
+        mmio64_bytes,
+        phys_bits,
+        host_phys_bits: topo.phys_bits,
+        unknown_bars,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bridge_windows_round_to_their_largest_alignment() {
+        let bars = |s: &[u64]| bridge_window(s.iter().map(|b| Window::bar(*b)));
+        // An H100 on its root port: 128 GiB + 32 MiB + 16 MiB takes
+        // 256 GiB, as the next 128 GiB-aligned window starts there.
+        let h100 = bars(&[128 * GIB, 32 << 20, 16 << 20]);
+        assert_eq!(
+            h100,
+            Window {
+                size: 256 * GIB,
+                align: 128 * GIB
+            }
+        );
+        assert_eq!(bars(&[128 * GIB]).size, 128 * GIB);
+        assert_eq!(bars(&[128 * GIB, 128 * GIB]).size, 256 * GIB);
+        assert_eq!(bars(&[]).size, 0);
+        // An expander with that GPU's port and its NIC's (32 MiB): the
+        // window aligns to 128 GiB, not to its 256 GiB child's size.
+        let nic = bars(&[32 << 20]);
+        assert_eq!(bridge_window([h100, nic]).size, 384 * GIB);
+    }
+
+    #[test]
+    fn the_aperture_holds_every_expander_and_the_root_bus() {
+        let h100 = vec![128 * GIB, 32 << 20, 16 << 20];
+        // Four H100s, each behind its own expander: 4 × 256 GiB + 1 GiB.
+        // (Four windows of 256 GiB aligned to 128 GiB pack without gaps.)
+        let four: Vec<Vec<Vec<u64>>> = (0..4).map(|_| vec![h100.clone()]).collect();
+        assert_eq!(aperture(&four), 1025 * GIB);
+        // Four bare 128 GiB BARs (the boot test's stand-ins).
+        let bare: Vec<Vec<Vec<u64>>> = (0..4).map(|_| vec![vec![128 * GIB]]).collect();
+        assert_eq!(aperture(&bare), 513 * GIB);
+        assert_eq!(aperture(&[]), GIB);
+    }
+
+    #[test]
+    fn the_address_width_reaches_ram_and_the_aligned_aperture() {
+        // 1 GiB of RAM: the 513 GiB aperture aligns to 512 GiB, ends at
+        // 1025 GiB: 41 bits.
+        assert_eq!(phys_bits_for(GIB, 513 * GIB), 41);
+        // 2 TiB of RAM and 8 H200s (8 × 512 GiB + 1 GiB): the RAM top at
+        // 2 TiB + 4 GiB aligns to 4 TiB, plus 4 TiB + 1 GiB: past 8 TiB,
+        // 44 bits.
+        assert_eq!(phys_bits_for(2048 * GIB, 4097 * GIB), 44);
+        // Small guests keep QEMU's 40.
+        assert_eq!(phys_bits_for(GIB, GIB), MIN_PHYS_BITS);
+    }
 
     #[test]
     fn splits_are_proportional_and_exact() {

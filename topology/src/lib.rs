@@ -46,6 +46,10 @@ pub struct HostTopology {
     pub gpus: Vec<Gpu>,
     pub nics: Vec<Nic>,
     pub nvswitches: Vec<NvSwitch>,
+    /// The host CPU's physical address width (`address sizes` in
+    /// `/proc/cpuinfo`): the most a guest's address space may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phys_bits: Option<u8>,
     /// What could not be read or made sense of, in words. Never fatal.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -99,6 +103,29 @@ pub struct PciDevice {
     pub iommu_group: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
+    /// Memory BARs from sysfs `resource`; `None` when that file could not
+    /// be read (a topology from an agent that predates BAR discovery, or
+    /// an unreadable file): never guessed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bars: Option<Vec<Bar>>,
+}
+
+/// One memory BAR of a PCI function (`resource` line `index`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bar {
+    pub index: u8,
+    pub size: u64,
+    /// A 64-bit BAR (`IORESOURCE_MEM_64`): firmware may place it above 4 GiB.
+    pub mem64: bool,
+    pub prefetchable: bool,
+}
+
+impl Bar {
+    /// Goes into the guest's 64-bit aperture: bridges forward 64-bit
+    /// addresses only through their prefetchable window.
+    pub fn above_4g(&self) -> bool {
+        self.mem64 && self.prefetchable
+    }
 }
 
 impl PciDevice {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::domain_xml::{domain_xml, DomainSpec};
-use crate::guest_layout::{guest_layout, place, GuestLayout, LayoutError, Placement};
+use crate::guest_layout::{guest_layout, place, Firmware, GuestLayout, LayoutError, Placement};
 use crate::nccl_xml::{nccl_topology_xml, NcclXmlError};
 use crate::sysfs::format_cpulist;
 use crate::{Bdf, HostTopology};
@@ -23,6 +23,12 @@ pub enum RenderError {
 /// or a test reads first.
 #[derive(Debug, Clone, Serialize)]
 pub struct LayoutReport {
+    /// `efi` for a VM with passed-through devices, `bios` otherwise.
+    pub firmware: Firmware,
+    /// The guest's 64-bit MMIO aperture, sized from its devices' BARs.
+    pub mmio64_bytes: Option<u64>,
+    /// The guest CPU's physical address width.
+    pub phys_bits: Option<u8>,
     /// Host BDF → guest BDF, for every passed-through function.
     pub bdf_map: BTreeMap<Bdf, Bdf>,
     /// Guest NUMA cell → host NUMA node.
@@ -84,6 +90,9 @@ pub fn render(
         domain_xml,
         nccl_xml,
         report: LayoutReport {
+            firmware: layout.address_space.firmware,
+            mmio64_bytes: layout.address_space.mmio64_bytes,
+            phys_bits: layout.address_space.phys_bits,
             bdf_map,
             numa_map,
             cpus,

@@ -36,6 +36,10 @@ pub struct Hints {
     /// NVLinks per GPU bus id.
     #[serde(default)]
     pub nvlinks: BTreeMap<Bdf, Vec<NvLinkHint>>,
+    /// The CPU's physical address width, where `/proc/cpuinfo` is not
+    /// beside the sysfs root (fixtures).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phys_bits: Option<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
@@ -74,6 +78,21 @@ pub fn discover(root: &Path, hints: Option<&Path>) -> Result<HostTopology, Disco
     let warnings = &mut topo.warnings;
     topo.numa_nodes = read_numa(root, warnings);
     topo.cpu = hints.cpu.clone().or_else(|| read_cpuinfo(root));
+    topo.phys_bits = hints.phys_bits.or_else(|| read_phys_bits(root));
+    match topo.phys_bits {
+        Some(b) if !(32..=64).contains(&b) => {
+            topo.warnings.push(format!(
+                "a physical address width of {b} bits is implausible; unknown"
+            ));
+            topo.phys_bits = None;
+        }
+        None => topo.warnings.push(
+            "the CPU's physical address width is unknown (no address sizes in /proc/cpuinfo)"
+                .into(),
+        ),
+        Some(_) => {}
+    }
+    let warnings = &mut topo.warnings;
     topo.pci_devices = read_pci(root, warnings);
 
     let rdma = read_rdma(root, warnings);
@@ -263,6 +282,63 @@ fn read_cpuinfo(root: &Path) -> Option<CpuIdentity> {
     })
 }
 
+/// `address sizes : 46 bits physical, 57 bits virtual` in `/proc/cpuinfo`
+/// beside the sysfs root.
+fn read_phys_bits(root: &Path) -> Option<u8> {
+    let text = fs::read_to_string(root.parent()?.join("proc/cpuinfo")).ok()?;
+    parse_address_sizes(&text)
+}
+
+pub fn parse_address_sizes(cpuinfo: &str) -> Option<u8> {
+    let line = cpuinfo.lines().find(|l| {
+        l.split(':')
+            .next()
+            .is_some_and(|k| k.trim() == "address sizes")
+    })?;
+    let (_, v) = line.split_once(':')?;
+    let physical = v.split(',').find(|p| p.contains("physical"))?;
+    physical.split_whitespace().next()?.parse().ok()
+}
+
+/// Linux's resource flags (`include/linux/ioport.h`).
+const IORESOURCE_MEM: u64 = 0x200;
+const IORESOURCE_PREFETCH: u64 = 0x2000;
+const IORESOURCE_MEM_64: u64 = 0x10_0000;
+/// Lines 0–5 of `resource` are the BARs; 6 the expansion ROM, then
+/// SR-IOV and bridge windows.
+const BAR_LINES: usize = 6;
+
+/// A function's memory BARs from its sysfs `resource` file: one
+/// `start end flags` line (hex) per resource, size `end − start + 1`
+/// (Linux `Documentation/PCI/sysfs-pci.rst`). I/O-port BARs and empty
+/// lines are left out; a malformed line is an error, never a guess.
+pub fn parse_resource(text: &str) -> Result<Vec<crate::Bar>, String> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16);
+    let mut bars = Vec::new();
+    for (i, line) in text.lines().take(BAR_LINES).enumerate() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [start, end, flags] = f[..] else {
+            return Err(format!("line {} has {} fields, not 3", i + 1, f.len()));
+        };
+        let (Ok(start), Ok(end), Ok(flags)) = (hex(start), hex(end), hex(flags)) else {
+            return Err(format!("line {} is not three hex numbers", i + 1));
+        };
+        if flags & IORESOURCE_MEM == 0 || (start == 0 && end == 0) {
+            continue;
+        }
+        let Some(size) = end.checked_sub(start).and_then(|d| d.checked_add(1)) else {
+            return Err(format!("line {} ends before it starts", i + 1));
+        };
+        bars.push(crate::Bar {
+            index: i as u8,
+            size,
+            mem64: flags & IORESOURCE_MEM_64 != 0,
+            prefetchable: flags & IORESOURCE_PREFETCH != 0,
+        });
+    }
+    Ok(bars)
+}
+
 /// Joins a symlink's target to the link's directory and folds `..`
 /// without touching the filesystem, so fixture trees resolve wherever
 /// they are.
@@ -351,6 +427,17 @@ fn read_pci(root: &Path, warnings: &mut Vec<String>) -> Vec<PciDevice> {
             None => None,
         };
         let id16 = |f: &str| read_hex(&path.join(f)).and_then(|v| u16::try_from(v).ok());
+        let bars = match fs::read_to_string(path.join("resource")) {
+            Ok(text) => parse_resource(&text).map_err(|e| format!("resource {e}")),
+            Err(e) => Err(format!("resource: {e}")),
+        };
+        let bars = bars
+            .map_err(|e| {
+                warnings.push(format!(
+                    "{bdf}: BARs unreadable ({e}); a VM cannot be given it"
+                ))
+            })
+            .ok();
         let (Some(vendor), Some(device)) = (id16("vendor"), id16("device")) else {
             warnings.push(format!("{bdf}: vendor or device id unreadable; skipped"));
             continue;
@@ -372,6 +459,7 @@ fn read_pci(root: &Path, warnings: &mut Vec<String>) -> Vec<PciDevice> {
             link_width: read_u32(&path.join("max_link_width")),
             iommu_group: link_basename(&path.join("iommu_group")).and_then(|g| g.parse().ok()),
             driver: link_basename(&path.join("driver")),
+            bars,
         });
     }
     devices.sort_by_key(|d| d.location.bdf);
@@ -484,6 +572,45 @@ mod tests {
         assert!(parse_cpulist("3-1").is_none());
         assert!(parse_cpulist("a-b").is_none());
         assert!(parse_cpulist("0-4294967295").is_none());
+    }
+
+    #[test]
+    fn address_sizes_from_cpuinfo() {
+        let info = "processor\t: 0\naddress sizes\t: 46 bits physical, 57 bits virtual\n";
+        assert_eq!(parse_address_sizes(info), Some(46));
+        assert_eq!(parse_address_sizes("address sizes : many"), None);
+        assert_eq!(parse_address_sizes("model : 1"), None);
+    }
+
+    #[test]
+    fn bars_from_a_resource_file() {
+        // An H100 SXM5 as Linux prints it: BAR0 16 MiB, BAR2 128 GiB, BAR4
+        // 32 MiB, all 64-bit prefetchable; the ROM line is not a BAR.
+        let text = "\
+0x000000c002000000 0x000000c002ffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x000000a000000000 0x000000bfffffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x000000c000000000 0x000000c001ffffff 0x000000000014220c
+0x0000000000000000 0x0000000000000000 0x0000000000000000
+0x00000000fa000000 0x00000000fa07ffff 0x0000000000046200
+";
+        let bars = parse_resource(text).unwrap();
+        assert_eq!(
+            bars.iter().map(|b| (b.index, b.size)).collect::<Vec<_>>(),
+            [(0, 16 << 20), (2, 128 << 30), (4, 32 << 20)]
+        );
+        assert!(bars.iter().all(|b| b.above_4g()));
+        // A 32-bit non-prefetchable register BAR and an I/O BAR.
+        let bars = parse_resource(
+            "0x00000000f6000000 0x00000000f6ffffff 0x0000000000040200\n0x0000000000005000 0x000000000000507f 0x0000000000040101\n",
+        )
+        .unwrap();
+        assert_eq!(bars.len(), 1);
+        assert!(!bars[0].mem64 && !bars[0].prefetchable);
+        assert!(parse_resource("0x1 0x2\n").is_err());
+        assert!(parse_resource("0x10 0x1 0x200\n").is_err());
+        assert!(parse_resource("zz 0x1 0x200\n").is_err());
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use kumo_topology::domain_xml::DomainSpec;
-use kumo_topology::guest_layout::{place_avoiding, switch_group, DeviceKind, InUse, LayoutError};
+use kumo_topology::guest_layout::{
+    place_avoiding, switch_group, DeviceKind, Firmware, InUse, LayoutError, ROOT_BUS_RESERVE,
+};
 use kumo_topology::relation::pci_relation;
 use kumo_topology::render::{render, Rendered};
 use kumo_topology::{pairing, Bdf, HostTopology, Relation};
@@ -14,7 +16,13 @@ use proptest::prelude::*;
 
 use crate::common::discover_fixture;
 
-const GPU_MACHINES: [&str; 4] = ["dgx-a100", "hgx-h100", "hgx-h100-2nic", "l40s-pcie"];
+const GPU_MACHINES: [&str; 5] = [
+    "dgx-a100",
+    "hgx-h100",
+    "hgx-h100-2nic",
+    "hgx-h200",
+    "l40s-pcie",
+];
 
 pub fn spec() -> DomainSpec {
     DomainSpec {
@@ -29,7 +37,48 @@ pub fn spec() -> DomainSpec {
         interfaces: Vec::new(),
         volumes: Vec::new(),
         console_log: None,
+        nvram_path: None,
     }
+}
+
+/// A GPU guest boots UEFI with an aperture at least as large as every
+/// 64-bit prefetchable BAR it is given (and the root bus's reserve), and a
+/// CPU width that reaches its RAM and that aperture, within the host's.
+fn check_address_space(topo: &HostTopology, r: &Rendered) {
+    let layout = &r.report.layout;
+    let space = &layout.address_space;
+    assert_eq!(space.firmware, Firmware::Efi);
+    layout.bootable().unwrap();
+    let bars: u64 = layout
+        .devices()
+        .flat_map(|(_, p)| std::iter::once(p.device.host_bdf).chain(p.device.group_peers.clone()))
+        .flat_map(|f| {
+            topo.pci(f)
+                .and_then(|d| d.bars.clone())
+                .expect("fixture BARs are known")
+        })
+        .filter(|b| b.above_4g())
+        .map(|b| b.size)
+        .sum();
+    let aperture = space.mmio64_bytes.unwrap();
+    assert!(aperture >= bars + ROOT_BUS_RESERVE, "{aperture} < {bars}");
+    let memory: u64 = layout.cells.iter().map(|c| c.memory_mib << 20).sum();
+    let bits = space.phys_bits.unwrap();
+    assert!(
+        1u128 << bits >= u128::from(aperture) + u128::from(memory) + (4u128 << 30),
+        "{bits} bits for {aperture} + {memory}"
+    );
+    assert!(bits <= topo.phys_bits.unwrap());
+    assert_eq!(r.report.firmware, Firmware::Efi);
+    assert_eq!(r.report.mmio64_bytes, Some(aperture));
+    assert_eq!(r.report.phys_bits, Some(bits));
+    let mib = aperture.div_ceil(1 << 20);
+    assert!(r.domain_xml.contains(&format!(
+        "<entry name=\"opt/ovmf/X-PciMmio64Mb\">{mib}</entry>"
+    )));
+    assert!(r
+        .domain_xml
+        .contains(&format!("<maxphysaddr mode=\"emulate\" bits=\"{bits}\"/>")));
 }
 
 /// Topologies of the GPU machines, discovered once.
@@ -47,6 +96,7 @@ fn machines() -> &'static BTreeMap<&'static str, HostTopology> {
 pub fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
     let layout = &r.report.layout;
     let pairs = pairing(topo);
+    check_address_space(topo, r);
 
     // Every GPU is placed once, with a guest address no other device has.
     let guest: BTreeSet<Bdf> = r.report.bdf_map.values().copied().collect();
@@ -303,10 +353,73 @@ fn bad_requests_are_errors() {
 }
 
 #[test]
+fn a_gpu_whose_bars_cannot_be_read_is_reported_not_guessed() {
+    let dir = crate::common::scratch();
+    let root = dir.path().join("hgx-h100");
+    kumo_topology::fixtures::write(
+        &kumo_topology::fixtures::machine("hgx-h100").unwrap(),
+        &root,
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("bus/pci/devices/0000:2a:00.0/resource"),
+        "garbage\n",
+    )
+    .unwrap();
+    let topo = kumo_topology::sysfs::discover(&root, None).unwrap();
+    assert!(
+        topo.warnings
+            .iter()
+            .any(|w| w.starts_with("0000:2a:00.0: BARs unreadable")),
+        "{:?}",
+        topo.warnings
+    );
+    let gpu = |b: &str| b.parse::<Bdf>().unwrap();
+    // A VM without that GPU is unaffected.
+    let ok = render(&topo, &[gpu("0000:18:00.0")], 8, 64, &spec()).unwrap();
+    ok.report.layout.bootable().unwrap();
+    // One with it lays out (the API can still show it) but cannot boot.
+    let r = render(
+        &topo,
+        &[gpu("0000:18:00.0"), gpu("0000:2a:00.0")],
+        8,
+        64,
+        &spec(),
+    )
+    .unwrap();
+    assert_eq!(r.report.mmio64_bytes, None);
+    let err = r.report.layout.bootable().unwrap_err();
+    assert_eq!(err, LayoutError::UnknownBars(vec![gpu("0000:2a:00.0")]));
+    assert!(err.to_string().contains("0000:2a:00.0"), "{err}");
+}
+
+#[test]
+fn a_guest_wider_than_the_host_cpu_cannot_boot() {
+    let mut topo = machines()["hgx-h200"].clone();
+    let gpus: Vec<Bdf> = topo.gpus.iter().map(|g| g.location.bdf).collect();
+    // Eight H200s (8 × 512 GiB windows) need 44 bits with 2 TiB of RAM;
+    // a CPU with 43 cannot hold them.
+    topo.phys_bits = Some(43);
+    let r = render(&topo, &gpus, 64, 2048, &spec()).unwrap();
+    assert_eq!(r.report.phys_bits, Some(44));
+    assert_eq!(
+        r.report.layout.bootable(),
+        Err(LayoutError::AddressSpaceTooWide {
+            needed: 44,
+            host: 43
+        })
+    );
+}
+
+#[test]
 fn cpu_only_vm_has_a_cell_and_no_expanders() {
     let (_d, topo) = discover_fixture("cpu-only");
     let r = render(&topo, &[], 4, 8, &spec()).unwrap();
     assert!(r.report.layout.expanders.is_empty());
+    // CPU-only VMs keep SeaBIOS and QEMU's address space.
+    assert_eq!(r.report.firmware, Firmware::Bios);
+    assert_eq!((r.report.mmio64_bytes, r.report.phys_bits), (None, None));
+    assert!(!r.domain_xml.contains("<loader"));
     assert_eq!(r.report.layout.cells.len(), 1);
     assert!(r.domain_xml.contains("<vcpu placement=\"static\">4</vcpu>"));
     assert!(!r.domain_xml.contains("<interface"));

@@ -64,6 +64,12 @@ fn function(bdf: Bdf, class: u32, vendor: u16, device: u16, rdma: Option<Rdma>) 
             "vfio-pci"
         },
         rdma,
+        // A GPU-sized framebuffer BAR beside the registers.
+        bars: if class == CLASS_BRIDGE_PCI {
+            &[]
+        } else {
+            &[(0, 16 << 20, 0x0004_0200), (1, 64 << 30, 0x0014_220c)]
+        },
     }
 }
 
@@ -160,6 +166,7 @@ fn build(nodes: u32, complexes: &[(u32, Vec<Port>)]) -> Machine {
     }
     Machine {
         name: "random",
+        phys_bits: 46,
         cpu: CpuIdentity {
             arch: "x86_64".into(),
             vendor: "GenuineIntel".into(),
