@@ -44,6 +44,10 @@ pub struct DomainSpec {
 /// Debian's `ovmf`: the 4 MiB firmware and its empty variable store.
 pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// QEMU's root ports ask the firmware to reserve no I/O space.
+pub const ROOT_PORT_NO_IO: &str = "pcie-root-port.io-reserve=0";
+/// libvirt's namespace for QEMU command-line additions.
+pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
 /// The fw_cfg file OVMF reads its 64-bit aperture size from, in MiB.
 pub const OVMF_MMIO64_FW_CFG: &str = "opt/ovmf/X-PciMmio64Mb";
 
@@ -366,15 +370,6 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
     if let (true, Some(bits)) = (efi, space.phys_bits) {
         cpu = cpu.child(el("maxphysaddr").attr("mode", "emulate").attr("bits", bits));
     }
-    if let (true, Some(bytes)) = (efi, space.mmio64_bytes) {
-        domain = domain.child(
-            el("sysinfo").attr("type", "fwcfg").child(
-                el("entry")
-                    .attr("name", OVMF_MMIO64_FW_CFG)
-                    .text(bytes.div_ceil(1 << 20)),
-            ),
-        );
-    }
     domain = domain
         .child(os)
         .child(el("features").child(el("acpi")).child(el("apic")))
@@ -390,6 +385,29 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
         .child(el("on_reboot").text("restart"))
         .child(el("on_crash").text("destroy"))
         .child(devices);
+    // libvirt reserves `opt/ovmf/` names in `<sysinfo type='fwcfg'>`, so
+    // the aperture goes on QEMU's command line (which libvirt marks as a
+    // custom argument: the domain reads "tainted" in its log).
+    if let (true, Some(bytes)) = (efi, space.mmio64_bytes) {
+        domain = domain.attr("xmlns:qemu", QEMU_NS).child(
+            el("qemu:commandline")
+                .child(el("qemu:arg").attr("value", "-fw_cfg"))
+                .child(el("qemu:arg").attr(
+                    "value",
+                    format!(
+                        "name={OVMF_MMIO64_FW_CFG},string={}",
+                        bytes.div_ceil(1 << 20)
+                    ),
+                ))
+                // OVMF gives every hot-plug root port 4 KiB of the 64 KiB
+                // I/O space unless told otherwise; the expanders' ports and
+                // the spares ran out of it (11 spares beside 4 expanders:
+                // OVMF assigned no BAR at all). Nothing passed through or
+                // hot-plugged here has I/O BARs.
+                .child(el("qemu:arg").attr("value", "-global"))
+                .child(el("qemu:arg").attr("value", ROOT_PORT_NO_IO)),
+        );
+    }
     domain.render()
 }
 
@@ -481,7 +499,8 @@ mod tests {
         for want in [
             "<loader readonly=\"yes\" type=\"pflash\">/usr/share/OVMF/OVMF_CODE_4M.fd</loader>",
             "<nvram template=\"/usr/share/OVMF/OVMF_VARS_4M.fd\">/vms/a/nvram.fd</nvram>",
-            "<sysinfo type=\"fwcfg\"><entry name=\"opt/ovmf/X-PciMmio64Mb\">525312</entry></sysinfo>",
+            "<qemu:commandline><qemu:arg value=\"-fw_cfg\"/><qemu:arg value=\"name=opt/ovmf/X-PciMmio64Mb,string=525312\"/><qemu:arg value=\"-global\"/><qemu:arg value=\"pcie-root-port.io-reserve=0\"/></qemu:commandline>",
+            "xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\"",
             "<cpu mode=\"maximum\"><maxphysaddr mode=\"emulate\" bits=\"41\"/>",
         ] {
             assert!(xml.contains(want), "{want} in {xml}");
@@ -491,7 +510,7 @@ mod tests {
         for absent in [
             "<loader",
             "<nvram",
-            "<sysinfo",
+            "qemu:commandline",
             "maxphysaddr",
             "mode=\"maximum\"",
         ] {

@@ -67,7 +67,7 @@ pub(crate) fn qga(dom: &virt::domain::Domain, cmd: Value) -> Result<Value, Strin
     Ok(v["return"].clone())
 }
 
-fn guest_read(dom: &virt::domain::Domain, path: &str) -> Option<String> {
+pub(crate) fn guest_read(dom: &virt::domain::Domain, path: &str) -> Option<String> {
     let h = qga(
         dom,
         json!({"execute": "guest-file-open", "arguments": {"path": path, "mode": "r"}}),
