@@ -328,6 +328,27 @@ pub struct Health {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_placement_says_how_its_guest_boots() {
+        let mut p = VmPlacement {
+            gpus: vec![],
+            numa: vec![],
+            firmware: "efi".into(),
+            mmio64_bytes: Some(1025 << 30),
+            phys_bits: Some(42),
+        };
+        assert_eq!(
+            p.boot_line(),
+            "UEFI (OVMF), 64-bit MMIO aperture 1025 GiB, 42-bit guest addresses"
+        );
+        p.mmio64_bytes = None;
+        assert!(p.boot_line().contains("aperture unknown"));
+        // A placement from a server before firmware was shown reads BIOS.
+        let old: VmPlacement = serde_json::from_str(r#"{"gpus": [], "numa": []}"#).unwrap();
+        assert_eq!(old.boot_line(), "BIOS");
+    }
+
     use super::*;
 
     #[test]
@@ -1447,6 +1468,38 @@ pub struct GuestNuma {
 pub struct VmPlacement {
     pub gpus: Vec<PlacedGpu>,
     pub numa: Vec<GuestNuma>,
+    /// `efi` (OVMF) for a VM with devices passed through, whose 64-bit
+    /// BARs need an aperture only UEFI firmware maps; `bios` otherwise.
+    #[serde(default = "bios")]
+    pub firmware: String,
+    /// The guest's 64-bit PCI MMIO aperture, sized from its devices' BARs
+    /// (an H100's framebuffer BAR alone is 128 GiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmio64_bytes: Option<u64>,
+    /// The guest CPU's physical address width: reaches its memory and
+    /// that aperture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phys_bits: Option<u8>,
+}
+
+fn bios() -> String {
+    "bios".into()
+}
+
+impl VmPlacement {
+    /// How the guest boots, in a line: firmware, aperture, address width.
+    pub fn boot_line(&self) -> String {
+        match (self.firmware.as_str(), self.mmio64_bytes, self.phys_bits) {
+            ("efi", Some(bytes), Some(bits)) => format!(
+                "UEFI (OVMF), 64-bit MMIO aperture {} GiB, {bits}-bit guest addresses",
+                bytes.div_ceil(1 << 30)
+            ),
+            ("efi", _, _) => {
+                "UEFI (OVMF), aperture unknown: the host could not read its devices' BARs".into()
+            }
+            _ => "BIOS".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -1793,6 +1793,7 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
                 format!("{} MiB", c.memory_mib),
             ]);
         }
+        s.push_str(&format!("Boot: {}\n", p.boot_line()));
         if !p.gpus.is_empty() {
             s.push('\n');
             s.push_str(&t.render());

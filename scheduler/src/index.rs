@@ -187,20 +187,23 @@ impl HostCap {
         Some(hold)
     }
 
-    /// The hold as the `Placement` the agents and the API use; with
-    /// `roce`, each NIC is passed through as its RoCE VF.
-    pub fn placement(&self, h: &Hold, roce: bool) -> Placement {
+    /// The hold as the `Placement` the agents and the API use: each NIC it
+    /// holds passed through as its RoCE VF, never as the physical function
+    /// (holds take NICs only for RoCE VMs, and only NICs with a VF).
+    pub fn placement(&self, h: &Hold) -> Placement {
         let p = &self.profile;
         let gpus: Vec<_> = bits(h.gpus).map(|i| p.gpus[i].bdf).collect();
         let nics = bits(h.nics)
-            .map(|j| PlacedNic {
-                host_bdf: p.nics[j].roce_vf.filter(|_| roce).unwrap_or(p.nics[j].bdf),
-                pf: p.nics[j].roce_vf.filter(|_| roce).map(|_| p.nics[j].bdf),
-                rdma_device: p.nics[j].rdma_device.clone(),
-                for_gpus: bits(h.gpus)
-                    .filter(|i| p.gpus[*i].nic == Some(j))
-                    .map(|i| p.gpus[i].bdf)
-                    .collect(),
+            .filter_map(|j| {
+                Some(PlacedNic {
+                    host_bdf: p.nics[j].roce_vf?,
+                    pf: Some(p.nics[j].bdf),
+                    rdma_device: p.nics[j].rdma_device.clone(),
+                    for_gpus: bits(h.gpus)
+                        .filter(|i| p.gpus[*i].nic == Some(j))
+                        .map(|i| p.gpus[i].bdf)
+                        .collect(),
+                })
             })
             .collect();
         let cpus: BTreeMap<u32, Vec<u32>> = h

@@ -252,11 +252,17 @@ fn cpu_only_nodes(
 /// CPUs and memory for the chosen devices; `None` when their nodes lack room.
 fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Option<(Hold, u8)> {
     let p = &h.profile;
+    // Fabric NICs only for a VM on a RoCE segment, and then only as VFs
+    // (the host sets their VLAN, spoof check and trust): a tenant given a
+    // physical function could tag any VLAN on the leaf, make VFs of its
+    // own and change the NIC's persistent firmware settings.
     let mut nics = 0u64;
-    for i in bits(gpus) {
-        if let Some(n) = p.gpus[i].nic {
-            if h.nic_free & (1 << n) != 0 {
-                nics |= 1 << n;
+    if req.roce {
+        for i in bits(gpus) {
+            if let Some(n) = p.gpus[i].nic.filter(|n| p.nics[*n].roce_vf.is_some()) {
+                if h.nic_free & (1 << n) != 0 {
+                    nics |= 1 << n;
+                }
             }
         }
     }

@@ -122,14 +122,24 @@ fn check_invariants(h: &HostCap) {
 
 #[test]
 fn an_8_gpu_vm_gets_a_whole_host_with_every_nic_and_local_cpus() {
-    let mut index = fleet(&[("hgx-h100", None)]);
-    let req = gpu_req(&index, 8, H100);
+    // Off RoCE, no NIC at all: never a physical function.
+    let ib = fleet(&[("hgx-h100", None)]);
+    let c = place(&ib, &gpu_req(&ib, 8, H100), Strategy::BestFit).unwrap();
+    assert_eq!(c.hold.nics, 0);
+    assert!(ib.hosts[0].placement(&c.hold).nics.is_empty());
+    let mut index = fleet(&[("hgx-h100-roce", None)]);
+    let mut req = gpu_req(&index, 8, H100);
+    req.roce = true;
     let c = place(&index, &req, Strategy::BestFit).unwrap();
     assert_eq!(c.hold.gpus.count_ones(), 8);
-    assert_eq!(c.hold.nics.count_ones(), 8, "each GPU with its PIX NIC");
+    assert_eq!(
+        c.hold.nics.count_ones(),
+        8,
+        "each GPU with its PIX NIC's VF"
+    );
     assert_eq!(c.near_nic_gpus, 8);
     let h = &index.hosts[0];
-    let placement = h.placement(&c.hold, false);
+    let placement = h.placement(&c.hold);
     // CPUs only on the GPUs' NUMA nodes, split evenly, memory too.
     for (node, list) in &placement.cpus {
         let n = h.profile.nodes.iter().find(|n| n.id == *node).unwrap();
@@ -199,20 +209,20 @@ fn small_vms_share_a_numa_node_so_the_other_stays_whole() {
 }
 
 #[test]
-fn one_gpu_vms_take_gpus_whose_nic_is_free_on_a_reduced_nic_host() {
-    // Two NICs for eight GPUs: a NIC passed through to one VM serves none
-    // other, so the second 1-GPU VM goes to the other NIC's GPUs.
+fn infiniband_physical_functions_go_to_no_vm() {
+    // Two InfiniBand HCAs for eight GPUs, without VFs: a VM was once given
+    // a GPU's HCA as a whole physical function; now no VM gets either, on
+    // RoCE or not (a RoCE VM goes to hosts whose NICs have VFs).
     let mut index = fleet(&[("hgx-h100-2nic", None)]);
     let req = gpu_req(&index, 1, H100);
-    let (_, a) = take(&mut index, &req).unwrap();
-    let c = place(&index, &req, Strategy::BestFit).unwrap();
-    assert_eq!(c.hold.nics.count_ones(), 1, "the second VM has a NIC too");
-    assert_eq!(c.near_nic_gpus, 1);
-    let first = index.hosts[0].holds.iter().find(|x| x.vm == a).unwrap();
-    assert_eq!(first.nics & c.hold.nics, 0);
-    // First fit takes the next GPU and leaves it without a NIC.
-    let ff = place(&index, &req, Strategy::FirstFit).unwrap();
-    assert_eq!(ff.hold.nics, 0);
+    for _ in 0..2 {
+        let (h, vm) = take(&mut index, &req).unwrap();
+        let hold = index.hosts[h].holds.iter().find(|x| x.vm == vm).unwrap();
+        assert_eq!(hold.nics, 0);
+    }
+    let mut roce = req.clone();
+    roce.roce = true;
+    assert!(place(&index, &roce, Strategy::BestFit).is_none());
 }
 
 #[test]
@@ -463,7 +473,7 @@ fn holds_read_back_from_placements_match() {
     .unwrap();
     let h = index.hosts[0].clone();
     let hold = h.holds.iter().find(|x| x.vm == vm).unwrap().clone();
-    let placement = h.placement(&hold, false);
+    let placement = h.placement(&hold);
     // A fresh index from the stored placement holds exactly the same.
     let mut fresh = Index::new();
     let p = fresh
@@ -504,7 +514,7 @@ fn holds_read_back_from_placements_match() {
 /// it holds.
 fn block(index: &mut Index, i: usize, blocked: Vec<kumo_topology::Bdf>) {
     let h = index.hosts[i].clone();
-    let placements: Vec<_> = h.holds.iter().map(|x| (x, h.placement(x, false))).collect();
+    let placements: Vec<_> = h.holds.iter().map(|x| (x, h.placement(x))).collect();
     let vms: Vec<VmInput> = placements
         .iter()
         .map(|(x, p)| VmInput {
@@ -574,7 +584,7 @@ fn roce_vms_go_to_hosts_whose_gpu_nics_have_vfs_and_get_the_vfs() {
     let c = place(&index, &req, Strategy::BestFit).unwrap();
     let h = &index.hosts[c.host];
     assert_eq!(h.name, "h1");
-    let p = h.placement(&c.hold, true);
+    let p = h.placement(&c.hold);
     assert_eq!(p.nics.len(), 2);
     for n in &p.nics {
         let pf = n.pf.unwrap();
@@ -604,14 +614,14 @@ proptest! {
     /// after every step, and every placed VM's CPUs sit on its devices'
     /// NUMA nodes.
     #[test]
-    fn random_arrivals_never_double_book(ops in prop::collection::vec((0u32..5, 0u32..3, any::<bool>()), 1..60)) {
+    fn random_arrivals_never_double_book(ops in prop::collection::vec((0u32..5, 0u32..3, any::<bool>(), any::<bool>()), 1..60)) {
         let mut index = fleet(&[
-            ("dgx-a100", Some("a")), ("hgx-h100", Some("a")),
+            ("dgx-a100", Some("a")), ("hgx-h100", Some("a")), ("hgx-h100-roce", Some("a")),
             ("hgx-h100-2nic", Some("b")), ("l40s-pcie", Some("b")), ("cpu-only", None),
         ]);
         let models = [H100, A100, "L40S"];
         let mut live: Vec<(usize, Uuid)> = Vec::new();
-        for (size, model, leave) in ops {
+        for (size, model, leave, roce) in ops {
             if leave && !live.is_empty() {
                 let (h, vm) = live.remove(0);
                 prop_assert!(index.release(h, vm).is_some());
@@ -621,9 +631,22 @@ proptest! {
             if gpus == 0 {
                 req.model = None;
             }
+            req.roce = roce && gpus > 0;
             if let Some((h, vm)) = take(&mut index, &req) {
                 let host = &index.hosts[h];
                 let hold = host.holds.iter().find(|x| x.vm == vm).unwrap();
+                // No placement ever holds a NIC's physical function: a VM
+                // off RoCE gets no NIC, one on RoCE only VFs of its GPUs' NICs.
+                let placement = host.placement(hold);
+                if !req.roce {
+                    prop_assert!(placement.nics.is_empty(), "{:?}", placement.nics);
+                }
+                for n in &placement.nics {
+                    let pf = n.pf.expect("a VF names its PF");
+                    prop_assert_ne!(n.host_bdf, pf);
+                    let nic = host.profile.nics.iter().find(|x| x.bdf == pf).unwrap();
+                    prop_assert_eq!(Some(n.host_bdf), nic.roce_vf);
+                }
                 prop_assert_eq!(hold.gpus.count_ones(), gpus);
                 let device_nodes: BTreeSet<usize> = bits(hold.gpus)
                     .map(|i| host.profile.gpus[i].node)

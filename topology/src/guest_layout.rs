@@ -94,6 +94,26 @@ impl PlacedNic {
     }
 }
 
+impl Placement {
+    /// The placement without NICs passed through as physical functions
+    /// (placements made before Kumo gave tenants VFs only), and the PFs
+    /// it let go; `None` when it holds none.
+    pub fn without_physical_functions(&self) -> Option<(Placement, Vec<Bdf>)> {
+        let pfs: Vec<Bdf> = self
+            .nics
+            .iter()
+            .filter(|n| n.pf.is_none())
+            .map(|n| n.host_bdf)
+            .collect();
+        if pfs.is_empty() {
+            return None;
+        }
+        let mut kept = self.clone();
+        kept.nics.retain(|n| n.pf.is_some());
+        Some((kept, pfs))
+    }
+}
+
 /// `total` split in proportion to `weights`, remainders to the first parts.
 pub fn split(total: u64, weights: &[u64]) -> Vec<u64> {
     let sum: u64 = weights.iter().sum::<u64>().max(1);
@@ -803,6 +823,32 @@ mod tests {
         assert_eq!(phys_bits_for(2048 * GIB, 4097 * GIB), 44);
         // Small guests keep QEMU's 40.
         assert_eq!(phys_bits_for(GIB, GIB), MIN_PHYS_BITS);
+    }
+
+    #[test]
+    fn a_placement_lets_its_physical_functions_go() {
+        let b = |s: &str| s.parse::<Bdf>().unwrap();
+        let nic = |host: &str, pf: Option<&str>| PlacedNic {
+            host_bdf: b(host),
+            pf: pf.map(b),
+            rdma_device: "mlx5_0".into(),
+            for_gpus: vec![b("0000:18:00.0")],
+        };
+        let mut p = Placement {
+            gpus: vec![b("0000:18:00.0")],
+            nics: vec![
+                nic("0000:19:00.0", None),
+                nic("0000:1a:00.2", Some("0000:1a:00.0")),
+            ],
+            cpus: BTreeMap::new(),
+            memory_mib: BTreeMap::new(),
+        };
+        let (kept, pfs) = p.without_physical_functions().unwrap();
+        assert_eq!(pfs, vec![b("0000:19:00.0")]);
+        assert_eq!(kept.nics.len(), 1);
+        assert_eq!(kept.nics[0].pf, Some(b("0000:1a:00.0")));
+        p.nics.remove(0);
+        assert!(p.without_physical_functions().is_none());
     }
 
     #[test]

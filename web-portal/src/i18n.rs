@@ -275,6 +275,20 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
 
 /// What the idle policy says of a VM: idle for how long, and what comes
 /// when (or until when it is exempt).
+/// How a GPU VM boots: UEFI, its 64-bit aperture and address width.
+pub fn boot_sentence(lang: Lang, b: &crate::Boot) -> String {
+    match (lang, b.aperture_gib, b.phys_bits) {
+        (Lang::En, Some(gib), Some(bits)) => format!(
+            "Boots UEFI (OVMF) with a {gib} GiB 64-bit MMIO aperture for its devices' BARs and {bits}-bit guest addresses."
+        ),
+        (Lang::Ja, Some(gib), Some(bits)) => format!(
+            "UEFI (OVMF) で起動します。デバイスの BAR 用 64 ビット MMIO 領域は {gib} GiB、ゲストのアドレス幅は {bits} ビットです。"
+        ),
+        (Lang::En, _, _) => "Boots UEFI (OVMF); its devices' BARs are unknown to the host, so it cannot start there.".into(),
+        (Lang::Ja, _, _) => "UEFI (OVMF) で起動しますが、ホストがデバイスの BAR を読めないため、このホストでは起動できません。".into(),
+    }
+}
+
 pub fn idle_sentence(lang: Lang, n: &IdleNote) -> String {
     let h = n.minutes / 60;
     let m = n.minutes % 60;

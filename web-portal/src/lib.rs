@@ -455,6 +455,15 @@ pub struct VmDetail {
     pub gpu_figures: Option<GpuFigures>,
     /// The idle policy's word on it, while its GPUs are idle.
     pub idle: Option<i18n::IdleNote>,
+    /// How it boots, for a VM with devices passed through.
+    pub boot: Option<Boot>,
+}
+
+/// A UEFI guest's aperture and address width (`None`: BARs unknown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boot {
+    pub aperture_gib: Option<u64>,
+    pub phys_bits: Option<u8>,
 }
 
 /// A GPU VM's figures for its charts.
@@ -507,6 +516,7 @@ struct VmPage<'a> {
     charts: Option<String>,
     l_gpu_figures: &'a str,
     idle: Option<String>,
+    boot: Option<String>,
     l_state: &'a str,
     l_host: &'a str,
     l_topology: &'a str,
@@ -580,6 +590,7 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         charts: vm.gpu_figures.as_ref().map(|f| gpu_charts(lang, f)),
         l_gpu_figures: t(lang, Msg::GpuFigures),
         idle: vm.idle.as_ref().map(|n| i18n::idle_sentence(lang, n)),
+        boot: vm.boot.as_ref().map(|b| i18n::boot_sentence(lang, b)),
         l_state: t(lang, Msg::State),
         l_host: t(lang, Msg::Host),
         l_topology: t(lang, Msg::Topology),
@@ -895,8 +906,16 @@ mod tests {
             }),
             actions: vec!["stop".into(), "reboot".into(), "delete".into()],
             cost_this_month: "1234.5 JPY".into(),
+            boot: Some(Boot {
+                aperture_gib: Some(1025),
+                phys_bits: Some(42),
+            }),
         };
         let page = vm_page(Lang::Ja, &v, &vm);
+        assert!(
+            page.contains("64 ビット MMIO 領域は 1025 GiB、ゲストのアドレス幅は 42 ビット"),
+            "{page}"
+        );
         assert!(
             page.contains("接続方法") && page.contains("<th>公開アドレス</th>"),
             "{page}"
@@ -941,10 +960,12 @@ mod tests {
                 volumes: vec![],
                 gpu_figures: None,
                 idle: None,
+                boot: None,
                 ..vm
             },
         );
         assert!(!none.contains("Networks") && !none.contains("GPUs over"));
+        assert!(!none.contains("class=\"boot\""), "{none}");
         assert!(none.contains("only its console reaches it"), "{none}");
         assert!(!none.contains("<h2>Volumes</h2>"));
     }

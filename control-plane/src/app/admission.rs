@@ -102,7 +102,6 @@ fn reserve(
     let mut index = st.capacity.lock();
     let req = request(&index, first)?;
     let spot = first.spec.service_level == ServiceLevel::Spot;
-    let roce = first.roce;
     let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
     let choices = if members.len() == 1 {
         match kumo_scheduler::place::place(&index, &req, Strategy::BestFit) {
@@ -139,7 +138,7 @@ fn reserve(
             host: h.id,
             revision: h.revision,
             host_name: h.name.clone(),
-            placement: h.placement(&c.hold, roce),
+            placement: h.placement(&c.hold),
             model: model.and_then(|m| index.model_name(m)).map(str::to_owned),
         });
     }

@@ -201,6 +201,9 @@ pub async fn apply_action(
         active.reason = Set((action == Action::Unshelve)
             .then(|| "waiting for room on the host holding its disks".to_owned()));
     }
+    if action == Action::Start {
+        replan_without_physical_functions(txn, vm, &mut active, now).await?;
+    }
     active.state = Set(effect.state.as_str().to_owned());
     active.desired_power = Set(effect.desired_power.to_text().to_owned());
     if effect.bump_generation {
@@ -224,6 +227,44 @@ pub async fn apply_action(
         bump_revision(txn, h).await?;
     }
     Ok(updated)
+}
+
+/// A VM placed before tenants got VFs only holds its NICs' physical
+/// functions: it keeps them while it runs, and lets them go when it next
+/// starts (a guest owning a PF can tag any VLAN on the leaf, make its own
+/// VFs and change the NIC's persistent firmware). The NICs' allocations
+/// go with them.
+async fn replan_without_physical_functions(
+    txn: &DatabaseTransaction,
+    vm: &vms::Model,
+    active: &mut vms::ActiveModel,
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let Some((kept, pfs)) = stored_placement(vm)?.and_then(|p| p.without_physical_functions())
+    else {
+        return Ok(());
+    };
+    let json = serde_json::to_string(&kept).map_err(|e| ApiError::Internal(e.to_string()))?;
+    active.placement = Set(Some(json));
+    let keys: Vec<String> = pfs.iter().map(ToString::to_string).collect();
+    crate::store::allocations::release_some(
+        txn,
+        vm.id,
+        crate::domain::states::AllocationKind::Nic,
+        &keys,
+    )
+    .await?;
+    event(
+        txn,
+        vm,
+        now,
+        "re-planned",
+        format!(
+            "its NICs' physical functions ({}) are no longer given to tenants; RDMA NICs come as VFs on RoCE segments",
+            keys.join(", ")
+        ),
+    )
+    .await
 }
 
 /// Deletes a VM row with what goes with it, in the caller's transaction:
@@ -521,7 +562,18 @@ pub fn api_placement(topo: &HostTopology, p: &Placement) -> Option<VmPlacement> 
             memory_mib: c.memory_mib,
         })
         .collect();
-    Some(VmPlacement { gpus, numa })
+    let space = &layout.address_space;
+    Some(VmPlacement {
+        gpus,
+        numa,
+        firmware: match space.firmware {
+            kumo_topology::guest_layout::Firmware::Efi => "efi",
+            kumo_topology::guest_layout::Firmware::Bios => "bios",
+        }
+        .into(),
+        mmio64_bytes: space.mmio64_bytes,
+        phys_bits: space.phys_bits,
+    })
 }
 
 /// The VM as the API shows it, given its host and the host's topology. A

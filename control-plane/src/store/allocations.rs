@@ -42,3 +42,21 @@ pub fn rows(host: Uuid, vm: Uuid, p: &Placement) -> Vec<allocations::ActiveModel
         })
         .collect()
 }
+
+/// Lets go of some of a VM's devices of one kind (by key), in the
+/// caller's transaction.
+pub async fn release_some(
+    db: &impl sea_orm::ConnectionTrait,
+    vm: Uuid,
+    kind: AllocationKind,
+    keys: &[String],
+) -> Result<(), crate::error::ApiError> {
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    allocations::Entity::delete_many()
+        .filter(allocations::Column::VmId.eq(vm))
+        .filter(allocations::Column::Kind.eq(kind.to_text()))
+        .filter(allocations::Column::Key.is_in(keys.iter().cloned()))
+        .exec(db)
+        .await?;
+    Ok(())
+}

@@ -51,7 +51,11 @@ fn forget(conn: &virt::connect::Connect, ids: &[uuid::Uuid]) {
     for id in ids {
         if let Ok(d) = conn.lookup_domain_by_uuid_string(&id.to_string()) {
             let _ = d.destroy();
-            let _ = d.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM);
+            if d.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM)
+                .is_err()
+            {
+                let _ = d.undefine();
+            }
         }
     }
 }

@@ -110,7 +110,11 @@ impl Drop for Cleanup {
             for uuid in &self.0 {
                 if let Ok(d) = conn.lookup_domain_by_uuid_string(uuid) {
                     let _ = d.destroy();
-                    let _ = d.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM);
+                    if d.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM)
+                        .is_err()
+                    {
+                        let _ = d.undefine();
+                    }
                 }
             }
         }

@@ -74,8 +74,11 @@ fn check_address_space(topo: &HostTopology, r: &Rendered) {
     assert_eq!(r.report.phys_bits, Some(bits));
     let mib = aperture.div_ceil(1 << 20);
     assert!(r.domain_xml.contains(&format!(
-        "<entry name=\"opt/ovmf/X-PciMmio64Mb\">{mib}</entry>"
+        "<qemu:arg value=\"name=opt/ovmf/X-PciMmio64Mb,string={mib}\"/>"
     )));
+    assert!(r
+        .domain_xml
+        .contains("<qemu:arg value=\"pcie-root-port.io-reserve=0\"/>"));
     assert!(r
         .domain_xml
         .contains(&format!("<maxphysaddr mode=\"emulate\" bits=\"{bits}\"/>")));

@@ -729,6 +729,9 @@ async fn vm_page(
     let placement = vm.placement.clone().unwrap_or(kumo_api_types::VmPlacement {
         gpus: vec![],
         numa: vec![],
+        firmware: "bios".into(),
+        mmio64_bytes: None,
+        phys_bits: None,
     });
     let host = match &vm.host {
         Some(h) => host_topology(&st, h).await?,
@@ -758,6 +761,10 @@ async fn vm_page(
         actions: offered(&vm).into_iter().map(str::to_owned).collect(),
         gpu_figures,
         idle,
+        boot: (placement.firmware == "efi").then(|| kumo_web_portal::Boot {
+            aperture_gib: placement.mmio64_bytes.map(|b| b.div_ceil(1 << 30)),
+            phys_bits: placement.phys_bits,
+        }),
         tenant: tenant.clone(),
         name: vm.name.clone(),
         state: vm.state.as_str().to_owned(),
