@@ -635,14 +635,11 @@ impl Reconciler {
         self.changes += 1;
         // A UEFI domain's variable store is the VM's own file, removed
         // with its directory: libvirt refuses to undefine such a domain
-        // without a word on it (and its test driver knows no such word).
-        let uefi = dom.xml_desc(0).map_err(err)?.contains("<nvram");
-        if uefi {
-            dom.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_KEEP_NVRAM)
-                .map_err(err)
-        } else {
-            dom.undefine().map_err(err)
-        }
+        // without a word on it. Its test driver knows no such word, and
+        // has no variable store to keep: plain undefine there.
+        dom.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_KEEP_NVRAM)
+            .or_else(|_| dom.undefine())
+            .map_err(err)
     }
 
     /// A VM's files (root disk, seed), once it has no domain.

@@ -445,7 +445,7 @@ impl Window {
 /// are rounded), so in that order they pack without gaps.
 pub fn bridge_window(children: impl IntoIterator<Item = Window>) -> Window {
     let mut ws: Vec<Window> = children.into_iter().filter(|w| w.size > 0).collect();
-    ws.sort_unstable_by(|a, b| b.align.cmp(&a.align));
+    ws.sort_unstable_by_key(|w| std::cmp::Reverse(w.align));
     let Some(align) = ws.first().map(|w| w.align) else {
         return Window { size: 0, align: 1 };
     };

@@ -124,12 +124,15 @@ pub async fn view(
         let rails = match (host, stored_placement(v)?) {
             (Some(h), Some(p)) => {
                 let profile = profiles.get(&h.id);
+                // The rail of each GPU's paired NIC, as placement aligned
+                // them, whether or not the VM is given the NIC (only RoCE
+                // VMs are, as VFs).
                 p.gpus
                     .iter()
                     .map(|g| {
-                        let nic = p.nics.iter().find(|n| n.for_gpus.contains(g))?;
                         let profile = profile?;
-                        profile.nics[profile.nic_index(&nic.physical())?].rail
+                        let nic = profile.gpus[profile.gpu_index(g)?].nic?;
+                        profile.nics[nic].rail
                     })
                     .collect()
             }

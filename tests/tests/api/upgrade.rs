@@ -739,3 +739,79 @@ async fn adjacent_releases_serve_one_postgres_database() {
     );
     scratch.drop().await;
 }
+
+/// Release 0.2.0 gave GPU VMs their NICs' physical functions. Such a VM
+/// keeps them while it runs and lets them go, with their allocations, at
+/// its next start; its GPUs stay where they are.
+#[tokio::test]
+async fn a_vm_holding_nic_physical_functions_lets_them_go_at_its_next_start() {
+    use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+    let release = releases()
+        .into_iter()
+        .find(|r| r.expect.version == "0.2.0")
+        .expect("the 0.2.0 fixture");
+    let scratch = Scratch::of(&release, Backend::Sqlite).await;
+    let (server, client) = serve(&scratch).await;
+    let db = &server.state.db;
+    let placement_of = async |name: &str| {
+        let row = kumo_server::entity::vms::Entity::find()
+            .filter(kumo_server::entity::vms::Column::Name.eq(name))
+            .one(db)
+            .await
+            .unwrap()
+            .unwrap();
+        let p: kumo_topology::guest_layout::Placement =
+            serde_json::from_str(row.placement.as_deref().unwrap()).unwrap();
+        (row.id, p)
+    };
+    let nic_rows = async |vm: uuid::Uuid| {
+        kumo_server::entity::allocations::Entity::find()
+            .filter(kumo_server::entity::allocations::Column::VmId.eq(vm))
+            .filter(kumo_server::entity::allocations::Column::Kind.eq("nic"))
+            .all(db)
+            .await
+            .unwrap()
+            .len()
+    };
+    let (id, before) = placement_of("notebook").await;
+    assert!(
+        !before.nics.is_empty() && before.nics.iter().all(|n| n.pf.is_none()),
+        "the fixture's notebook holds a PF: {:?}",
+        before.nics
+    );
+    assert_eq!(nic_rows(id).await, before.nics.len());
+    // Its host reported it stopped (the fixture's hosts are silent).
+    let stopped = db
+        .execute_unprepared(
+            "UPDATE vms SET state = 'stopped', desired_power = 'stopped' WHERE name = 'notebook'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(stopped.rows_affected(), 1);
+    let _: Vm = client
+        .post(
+            "/api/v1/tenants/lab/vms/notebook/start",
+            &serde_json::json!({}),
+        )
+        .await
+        .unwrap();
+    let (_, after) = placement_of("notebook").await;
+    assert!(after.nics.is_empty(), "{:?}", after.nics);
+    assert_eq!(after.gpus, before.gpus, "its GPUs stay");
+    assert_eq!(nic_rows(id).await, 0, "the PFs' allocations went with them");
+    let events: kumo_api_types::Page<kumo_api_types::VmEvent> =
+        client.get("/api/v1/tenants/lab/events").await.unwrap();
+    assert!(
+        events.items.iter().any(|e| e.vm_id == id
+            && e.kind == "re-planned"
+            && e.message.contains("physical functions")),
+        "{:?}",
+        events.items
+    );
+    // A VM that keeps running keeps what it has until its own next start.
+    let (train, kept) = placement_of("train").await;
+    assert!(kept.nics.iter().all(|n| n.pf.is_none()) && !kept.nics.is_empty());
+    assert_eq!(nic_rows(train).await, kept.nics.len());
+    server.stop().await.unwrap();
+    scratch.drop().await;
+}

@@ -204,7 +204,12 @@ on_both_backends! {
         assert_eq!(v.host.as_deref(), Some("gpu-001"));
         let p = v.placement.clone().unwrap();
         assert_eq!(p.gpus.len(), 8);
-        assert!(p.gpus.iter().all(|g| g.nic.is_some() && g.nic_guest_bdf.is_some()), "each GPU has its PIX NIC");
+        // On no RoCE segment, no RDMA NIC: never a NIC's physical function.
+        assert!(p.gpus.iter().all(|g| g.nic.is_none() && g.nic_guest_bdf.is_none()), "no NIC off RoCE: {p:?}");
+        // An H100 guest boots UEFI with an aperture for 8 × 128 GiB BARs.
+        assert_eq!(p.firmware, "efi");
+        assert!(p.mmio64_bytes.unwrap() >= 8 * (128u64 << 30), "{p:?}");
+        assert!(p.phys_bits.unwrap() <= 46, "within the Sapphire Rapids host's width");
         assert_eq!(p.numa.len(), 2);
 
         agent.converge().await;
