@@ -92,7 +92,7 @@ install -m 0600 "$here/agent.env" "$d/etc/kumo/agent.env"
 install -m 0755 "$here/kumo-agent.postinst" "$d/DEBIAN/postinst"
 install -m 0755 "$here/kumo-agent.prerm" "$d/DEBIAN/prerm"
 echo /etc/kumo/agent.env >"$d/DEBIAN/conffiles"
-control kumo-agent "$(shlibs -e"$bin/kumo-agent"), libvirt-daemon-system, libvirt-daemon-driver-qemu, qemu-system-x86, qemu-utils, iproute2, nftables, dnsmasq-base, genisoimage" \
+control kumo-agent "$(shlibs -e"$bin/kumo-agent"), libvirt-daemon-system, libvirt-daemon-driver-qemu, qemu-system-x86, qemu-utils, ovmf, iproute2, nftables, dnsmasq-base, genisoimage" \
   "Kumo host agent: VMs on libvirt, tenant networks, passed-through devices" \
   "Registers a GPU host with the Kumo control plane and reconciles its VMs" \
   "(libvirt/KVM with GPUs and RDMA NICs passed through), tenant VXLAN" \

@@ -63,6 +63,8 @@ const PACKAGES: &[(&str, &str)] = &[
         "libvirt-daemon-driver-qemu",
     ),
     ("busybox", "busybox-static"),
+    // GPU VMs boot UEFI: the firmware test boots OVMF.
+    ("/usr/share/OVMF/OVMF_CODE_4M.fd", "ovmf"),
     // The README's dev walk-through reads network.json with jq.
     ("jq", "jq"),
     ("cpio", "cpio"),

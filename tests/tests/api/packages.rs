@@ -85,6 +85,8 @@ async fn debian_packages_install_into_a_fresh_debian_and_their_units_verify() {
         "libvirt-daemon-system",
         "qemu-system-x86",
         "qemu-utils",
+        // GPU VMs boot UEFI.
+        "ovmf",
         "nftables",
         "iproute2",
         "dnsmasq-base",
