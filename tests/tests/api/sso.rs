@@ -453,10 +453,15 @@ async fn federated_login_with_two_institutions() {
     let vm_page = get(&a, &format!("{kumo}/t/vision/vms/train")).await.1;
     assert!(vm_page.contains("data-state=\"running\""), "{vm_page}");
     assert_eq!(vm_page.matches("class=\"gpu\"").count(), 8, "a box per GPU");
+    // On no RoCE segment, no NIC: a tenant never gets a physical function.
     assert_eq!(
         vm_page.matches("class=\"nic\"").count(),
-        8,
-        "each beside its NIC"
+        0,
+        "no NIC off RoCE"
+    );
+    assert!(
+        vm_page.contains("class=\"boot\""),
+        "how it boots: {vm_page}"
     );
     assert_eq!(
         vm_page.matches("class=\"switch\"").count(),
@@ -759,7 +764,8 @@ async fn the_portal_in_a_browser() {
     assert_eq!(seen["vm_state"], "running", "{seen}");
     assert_eq!(
         (seen["gpu_boxes"].as_u64(), seen["nic_boxes"].as_u64()),
-        (Some(8), Some(8))
+        (Some(8), Some(0)),
+        "no NIC off RoCE"
     );
     assert_eq!(seen["billing_bars"], 30, "{seen}");
     assert_eq!(seen["segment_listed"], true, "{seen}");
