@@ -102,19 +102,18 @@ async fn boot(xml: &str, uuid: &str, layout: &GuestLayout) -> (f64, Vec<Option<B
             guest_read(&dom, &path)
         })
         .await;
-        let parsed = kumo_topology::sysfs::parse_resource(&text).unwrap();
-        bars.push(parsed.into_iter().find(|b| b.index == 2));
-        // The start address: 0 when the firmware found no room.
+        let bar2 = kumo_topology::sysfs::parse_resource(&text)
+            .unwrap()
+            .into_iter()
+            .find(|b| b.index == 2);
+        // BAR 2's start address (line 3): 0 when the firmware found no room.
         let start = text
             .lines()
             .nth(2)
             .and_then(|l| l.split_whitespace().next())
             .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
             .unwrap_or(0);
-        if start == 0 {
-            bars.pop();
-            bars.push(None);
-        }
+        bars.push(bar2.filter(|_| start != 0));
     }
     let _ = dom.destroy();
     (secs, bars)
