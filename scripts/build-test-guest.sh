@@ -18,12 +18,18 @@
 # `sh -c 'echo "NVRM: Xid (PCI:0000:11:00): 79, GPU has fallen off the bus." > /dev/kmsg'`
 # through guest-exec, and busybox `dmesg` shows the line as dmesg shows
 # the driver's.
+#
+# RoCE without a ConnectX VF: `kumo-soft-roce NETDEV` loads the kernel's
+# software RoCE (rdma_rxe, a stand-in for a VF's mlx5 device) and adds an
+# RDMA device `rxe0` over NETDEV with iproute2's `rdma`. The kernel then
+# keeps its GID table (RoCE v1 and v2 entries for each address of NETDEV)
+# in sysfs exactly as it does for a VF, which is what the host agent reads.
 set -euo pipefail
 out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Bump when the guest changes, so a cached guest is rebuilt.
-version=6
+version=8
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
 # In dependency order (the package has no modules.dep; see each module's
 # `depends=` in its .modinfo). The seed is a SATA cdrom on q35's AHCI.
@@ -54,6 +60,26 @@ for m in $modules; do
   f=$(find x/lib/modules -name "$m.ko" | head -n 1)
   [ -n "$f" ] && cp "$f" "$root/lib/modules/"
 done
+# Loaded on demand (kumo-soft-roce), not at boot.
+roce_modules="crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe"
+for m in $roce_modules; do
+  f=$(find x/lib/modules -name "$m.ko" | head -n 1)
+  [ -n "$f" ] || { echo "build-test-guest: $m.ko is not in $kernel_pkg" >&2; exit 1; }
+  cp "$f" "$root/lib/modules/"
+done
+command -v rdma >/dev/null || { echo "build-test-guest: rdma is missing (iproute2)" >&2; exit 1; }
+cp "$(command -v rdma)" "$root/usr/bin/rdma"
+ldd "$(command -v rdma)" | awk '/=> \// {print $3} /^\s*\/lib64/ {print $1}' | while read -r lib; do
+  cp -L "$lib" "$root$lib"
+done
+cat > "$root/bin/kumo-soft-roce" <<SH
+#!/bin/sh
+for m in $roce_modules; do
+  [ -d /sys/module/\$m ] || insmod /lib/modules/\$m.ko || exit 1
+done
+rdma link add rxe0 type rxe netdev "\${1:?usage: kumo-soft-roce NETDEV}"
+SH
+chmod +x "$root/bin/kumo-soft-roce"
 # qemu-ga's guest-shutdown runs /sbin/shutdown; busybox has reboot/poweroff.
 # Like a real distribution's, it schedules the action and returns, so that
 # qemu-ga can answer before the guest goes down.

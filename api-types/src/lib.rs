@@ -512,6 +512,18 @@ pub struct Host {
     pub gpus_out_of_service: u32,
     pub rdma_nics: u32,
     pub cpus: u32,
+    /// Whether the host may pass its GPUs and NICs through: an IOMMU on,
+    /// IOMMU groups holding only what goes with each device, ACS on the
+    /// ports above them, hugepages on KVM hosts. One that is not takes
+    /// CPU-only VMs only.
+    #[serde(default = "ready")]
+    pub passthrough_ready: bool,
+    /// Why not, one problem per entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passthrough_problems: Vec<String>,
+    /// Hugepage memory free for guests.
+    #[serde(default)]
+    pub hugepages_free_bytes: u64,
     /// The host's VXLAN tunnel endpoint; without one it takes no VMs
     /// with networks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -523,6 +535,10 @@ pub struct Host {
     pub edge_uplink: Option<String>,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat_at: DateTime<Utc>,
+}
+
+fn ready() -> bool {
+    true
 }
 
 /// A passed-through device's health (see the README's "Device health").
@@ -2195,6 +2211,22 @@ pub struct StatusReport {
     /// Root disks being imported (by VM id), and those dropped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub root_disks: Vec<VolumeStatus>,
+    /// Devices a VM let go of that failed their check (reset, config
+    /// space, driver, AER) before going back to the pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unfit: Vec<UnfitDevice>,
+}
+
+/// A device that did not come back after a VM let it go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UnfitDevice {
+    /// The VM that held it.
+    pub vm: Uuid,
+    /// Its host PCI address.
+    pub bdf: String,
+    /// What the check found, in words.
+    pub problem: String,
 }
 
 /// What a host's storage holds of a volume.

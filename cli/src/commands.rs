@@ -1553,8 +1553,19 @@ async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
         HostCmd::Show { host } => {
             let h = c.host(host).await?;
             print_one(out, fmt, &h, || {
+                let passthrough = if h.host.passthrough_ready {
+                    format!(
+                        "ready ({} GiB hugepages free)",
+                        h.host.hugepages_free_bytes >> 30
+                    )
+                } else {
+                    format!(
+                        "NOT READY, CPU-only VMs only:\n        - {}",
+                        h.host.passthrough_problems.join("\n        - ")
+                    )
+                };
                 format!(
-                    "Name:   {}\nState:  {}\nGPUs:   {} ({} free) {}\nCPUs:   {}\nVirt:   {}\n\n{}\nAllocations: {}\n",
+                    "Name:   {}\nState:  {}\nGPUs:   {} ({} free) {}\nCPUs:   {}\nVirt:   {}\nPassthrough: {}\n\n{}\nAllocations: {}\n",
                     h.host.name,
                     h.host.state.as_str(),
                     h.host.gpus,
@@ -1562,6 +1573,7 @@ async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
                     h.host.gpu_models.join(","),
                     h.host.cpus,
                     h.host.virt_type,
+                    passthrough,
                     h.matrix,
                     h.allocations.len()
                 )

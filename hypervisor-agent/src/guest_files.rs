@@ -170,30 +170,76 @@ fn mkdir_p(agent: &impl GuestAgent, dir: &str) -> Result<(), String> {
     }
 }
 
-/// `/etc/nccl.conf` with its `NCCL_TOPO_FILE` line pointing at our file,
-/// every other line kept.
-pub fn nccl_conf(existing: Option<&[u8]>) -> Vec<u8> {
+/// `/etc/nccl.conf` with its `NCCL_TOPO_FILE` line pointing at our file
+/// and our `managed` settings, every other line kept (a tenant's own
+/// `NCCL_DEBUG`, say; a line setting one of our keys is replaced).
+pub fn nccl_conf(existing: Option<&[u8]>, managed: &[(String, String)]) -> Vec<u8> {
     let text = existing
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default();
+    let ours = |line: &str| {
+        let line = line.trim_start();
+        line.starts_with(NCCL_TOPO_KEY)
+            || managed.iter().any(|(k, _)| {
+                line.strip_prefix(k.as_str())
+                    .is_some_and(|r| r.starts_with('='))
+            })
+    };
     let mut lines: Vec<String> = text
         .lines()
-        .filter(|l| !l.trim_start().starts_with(NCCL_TOPO_KEY))
+        .filter(|l| !ours(l))
         .map(str::to_owned)
         .collect();
     lines.push(format!("{NCCL_TOPO_KEY}{NCCL_TOPO_PATH}"));
+    lines.extend(managed.iter().map(|(k, v)| format!("{k}={v}")));
     (lines.join("\n") + "\n").into_bytes()
 }
 
-/// Keeps the NCCL topology file, `/etc/nccl.conf` and, for a cluster
-/// member, the cluster's hostfile in the guest.
-pub fn sync(agent: &impl GuestAgent, topology_xml: &str, hostfile: Option<&str>) -> Outcome {
+/// The RoCE settings for `plan`, from what the guest shows (see
+/// [`crate::nccl_net`]), and what is still missing.
+fn roce_settings(
+    agent: &impl GuestAgent,
+    plan: &crate::nccl_net::RocePlan,
+) -> Result<(crate::nccl_net::Lines, Option<String>), String> {
+    let shown = exec(
+        agent,
+        "/bin/sh",
+        &["-c".to_owned(), crate::nccl_net::PROBE.to_owned()],
+        std::time::Duration::from_secs(10),
+    )?;
+    // Bounded: the output is the guest's.
+    let out = String::from_utf8_lossy(&shown.stdout[..shown.stdout.len().min(1 << 20)]);
+    Ok(crate::nccl_net::settings(
+        plan,
+        &crate::nccl_net::parse(&out),
+    ))
+}
+
+/// Keeps the NCCL topology file, `/etc/nccl.conf` (with the RoCE
+/// settings for a VM on a RoCE segment) and, for a cluster member, the
+/// cluster's hostfile in the guest. Also returns what of the RoCE
+/// settings the guest could not show yet.
+pub fn sync(
+    agent: &impl GuestAgent,
+    topology_xml: &str,
+    hostfile: Option<&str>,
+    roce: Option<&crate::nccl_net::RocePlan>,
+) -> (Outcome, Option<String>) {
     if let Err(e) = agent.command(&json!({"execute": "guest-ping"}), 2) {
-        return Outcome::AgentMissing(e);
+        return (Outcome::AgentMissing(e), None);
     }
-    let run = || -> Result<Outcome, String> {
+    let mut pending = None;
+    let mut run = || -> Result<Outcome, String> {
+        let managed = match roce {
+            Some(plan) => {
+                let (lines, note) = roce_settings(agent, plan)?;
+                pending = note;
+                lines
+            }
+            None => Vec::new(),
+        };
         let conf = read(agent, NCCL_CONF_PATH)?;
-        let wanted_conf = nccl_conf(conf.as_deref());
+        let wanted_conf = nccl_conf(conf.as_deref(), &managed);
         let mut stale: Vec<(&str, &[u8])> = Vec::new();
         for (path, content) in [
             (NCCL_TOPO_PATH, Some(topology_xml)),
@@ -218,7 +264,8 @@ pub fn sync(agent: &impl GuestAgent, topology_xml: &str, hostfile: Option<&str>)
         }
         Ok(Outcome::Written)
     };
-    run().unwrap_or_else(Outcome::Failed)
+    let outcome = run().unwrap_or_else(Outcome::Failed);
+    (outcome, pending)
 }
 
 /// Where a reclaimed spot VM's guest finds its notice.
@@ -258,6 +305,8 @@ mod tests {
         open: RefCell<BTreeMap<i64, OpenFile>>,
         blocked: bool,
         down: bool,
+        /// What `sh -c` prints (the RoCE probe).
+        shell: RefCell<String>,
     }
 
     impl GuestAgent for FakeGuest {
@@ -272,12 +321,16 @@ mod tests {
             }
             match name {
                 "guest-ping" => Ok(json!({})),
+                "guest-exec" if a["arg"][0] == "-c" => Ok(json!({"pid": 8})),
                 "guest-exec" => {
                     self.dirs
                         .borrow_mut()
                         .push(a["arg"][1].as_str().unwrap_or("").to_owned());
                     Ok(json!({"pid": 7}))
                 }
+                "guest-exec-status" if a["pid"] == 8 => Ok(
+                    json!({"exited": true, "exitcode": 0, "out-data": B64.encode(self.shell.borrow().as_bytes())}),
+                ),
                 "guest-exec-status" => Ok(json!({"exited": true, "exitcode": 0})),
                 "guest-file-open" => {
                     let path = a["path"].as_str().unwrap_or("").to_owned();
@@ -363,18 +416,27 @@ mod tests {
     fn a_cluster_member_gets_its_hostfile_and_keeps_it() {
         let g = FakeGuest::default();
         let hosts = "train-0 slots=8\ntrain-1 slots=8\n";
-        assert_eq!(sync(&g, "<system/>\n", Some(hosts)), Outcome::Written);
+        assert_eq!(
+            sync(&g, "<system/>\n", Some(hosts), None).0,
+            Outcome::Written
+        );
         assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
-        assert_eq!(sync(&g, "<system/>\n", Some(hosts)), Outcome::AlreadyThere);
+        assert_eq!(
+            sync(&g, "<system/>\n", Some(hosts), None).0,
+            Outcome::AlreadyThere
+        );
         // Lost (reinstalled guest, edited by hand): written again.
         g.files
             .borrow_mut()
             .insert(HOSTFILE_PATH.into(), b"mine\n".to_vec());
-        assert_eq!(sync(&g, "<system/>\n", Some(hosts)), Outcome::Written);
+        assert_eq!(
+            sync(&g, "<system/>\n", Some(hosts), None).0,
+            Outcome::Written
+        );
         assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
         // A VM outside any cluster is not given one.
         let lone = FakeGuest::default();
-        assert_eq!(sync(&lone, "<system/>\n", None), Outcome::Written);
+        assert_eq!(sync(&lone, "<system/>\n", None, None).0, Outcome::Written);
         assert!(!lone.files.borrow().contains_key(HOSTFILE_PATH));
     }
 
@@ -386,7 +448,7 @@ mod tests {
             b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/old.xml\n".to_vec(),
         );
         assert_eq!(
-            sync(&g, "<system version=\"1\"/>\n", None),
+            sync(&g, "<system version=\"1\"/>\n", None, None).0,
             Outcome::Written
         );
         assert_eq!(
@@ -398,14 +460,54 @@ mod tests {
             "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
         );
         assert_eq!(
-            sync(&g, "<system version=\"1\"/>\n", None),
+            sync(&g, "<system version=\"1\"/>\n", None, None).0,
             Outcome::AlreadyThere
         );
         // A changed topology is rewritten; a large one crosses chunk borders.
         let big = "x".repeat(3 * CHUNK + 5);
-        assert_eq!(sync(&g, &big, None), Outcome::Written);
+        assert_eq!(sync(&g, &big, None, None).0, Outcome::Written);
         assert_eq!(g.files.borrow()[NCCL_TOPO_PATH].len(), big.len());
-        assert_eq!(sync(&g, &big, None), Outcome::AlreadyThere);
+        assert_eq!(sync(&g, &big, None, None).0, Outcome::AlreadyThere);
+    }
+
+    #[test]
+    fn a_roce_vm_gets_nccl_ib_settings_once_its_vf_shows_up() {
+        let g = FakeGuest::default();
+        g.files
+            .borrow_mut()
+            .insert(NCCL_CONF_PATH.into(), b"NCCL_DEBUG=INFO\n".to_vec());
+        let plan = crate::nccl_net::RocePlan {
+            rails: vec![("02:6b:00:00:00:07".into(), "10.2.0.7".parse().unwrap())],
+            traffic_class: 104,
+            socket_mac: Some("02:6b:00:00:00:01".into()),
+        };
+        // Booting: the VF's driver is not up yet.
+        *g.shell.borrow_mut() = "--\neth0/address:02:6b:00:00:00:01\n".into();
+        let (o, pending) = sync(&g, "<system/>\n", None, Some(&plan));
+        assert_eq!(o, Outcome::Written);
+        assert_eq!(
+            pending.as_deref(),
+            Some("nccl-roce pending: no NIC with MAC 02:6b:00:00:00:07")
+        );
+        let conf = || String::from_utf8(g.files.borrow()[NCCL_CONF_PATH].clone()).unwrap();
+        assert_eq!(
+            conf(),
+            "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\nNCCL_IB_TC=104\nNCCL_SOCKET_IFNAME==eth0\n"
+        );
+        // Up, with its address: the HCA and its RoCEv2 GID join.
+        *g.shell.borrow_mut() = "mlx5_0/ports/1/gid_attrs/ndevs/3:ens6\nmlx5_0/ports/1/gid_attrs/types/3:RoCE v2\nmlx5_0/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:0a02:0007\n--\neth0/address:02:6b:00:00:00:01\nens6/address:02:6b:00:00:00:07\n".into();
+        assert_eq!(
+            sync(&g, "<system/>\n", None, Some(&plan)),
+            (Outcome::Written, None)
+        );
+        assert_eq!(
+            conf(),
+            "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\nNCCL_IB_TC=104\nNCCL_IB_HCA==mlx5_0:1\nNCCL_IB_GID_INDEX=3\nNCCL_SOCKET_IFNAME==eth0\n"
+        );
+        assert_eq!(
+            sync(&g, "<system/>\n", None, Some(&plan)),
+            (Outcome::AlreadyThere, None)
+        );
     }
 
     #[test]
@@ -414,14 +516,15 @@ mod tests {
             down: true,
             ..FakeGuest::default()
         };
-        assert!(sync(&down, "x", None)
+        assert!(sync(&down, "x", None, None)
+            .0
             .condition()
             .starts_with("nccl-topology pending: guest agent not available"));
         let blocked = FakeGuest {
             blocked: true,
             ..FakeGuest::default()
         };
-        let c = sync(&blocked, "x", None).condition();
+        let c = sync(&blocked, "x", None, None).0.condition();
         assert!(
             c.starts_with("nccl-topology failed:") && c.contains("disabled"),
             "{c}"
@@ -430,10 +533,24 @@ mod tests {
 
     #[test]
     fn conf_keeps_other_settings() {
-        assert_eq!(nccl_conf(None), b"NCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n");
         assert_eq!(
-            nccl_conf(Some(b"A=1\n  NCCL_TOPO_FILE=/x\nB=2")),
+            nccl_conf(None, &[]),
+            b"NCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
+        );
+        assert_eq!(
+            nccl_conf(Some(b"A=1\n  NCCL_TOPO_FILE=/x\nB=2"), &[]),
             b"A=1\nB=2\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
+        );
+        // Our RoCE keys replace the tenant's; a key that merely starts
+        // like one of ours (`NCCL_IB_TC_X`) is the tenant's.
+        let managed = [("NCCL_IB_TC".to_owned(), "104".to_owned())];
+        assert_eq!(
+            String::from_utf8(nccl_conf(
+                Some(b"NCCL_IB_TC=0\nNCCL_IB_TC_X=1\nNCCL_DEBUG=WARN\n"),
+                &managed
+            ))
+            .unwrap(),
+            "NCCL_IB_TC_X=1\nNCCL_DEBUG=WARN\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\nNCCL_IB_TC=104\n"
         );
     }
 }

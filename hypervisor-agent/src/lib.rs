@@ -8,6 +8,7 @@ pub mod client;
 pub mod console;
 pub mod credential;
 pub mod guest_files;
+pub mod nccl_net;
 pub mod reconcile;
 pub mod roce_ports;
 pub mod run;

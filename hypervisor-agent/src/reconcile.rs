@@ -9,7 +9,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use kumo_api_types::{ActualState, DesiredState, DesiredVm, Power, SegmentKind, VmStatus};
+use kumo_api_types::{
+    ActualState, DesiredState, DesiredVm, Power, SegmentKind, UnfitDevice, VmStatus,
+};
 use kumo_topology::domain_xml::{
     domain_xml, volume_disk, volume_target, BridgeNic, DiskSource, DomainSpec, KernelBoot,
     VolumeDisk, METADATA_NS,
@@ -118,6 +120,11 @@ pub struct Reconciler {
     topology: HostTopology,
     virt_type: String,
     state_dir: PathBuf,
+    /// `/sys`, or a fixture: where released devices are checked.
+    sysfs_root: PathBuf,
+    /// Devices that failed their check after a VM let them go, for the
+    /// next report (see [`kumo_topology::health::release_check`]).
+    pub unfit: Vec<UnfitDevice>,
     /// Reboot requests applied, by VM: survives restarts in `reboots.json`.
     reboots: BTreeMap<Uuid, i64>,
     /// Preemption notices given, by VM: the deadline each was for.
@@ -255,6 +262,7 @@ impl Reconciler {
         topology: HostTopology,
         virt_type: &str,
         state_dir: &Path,
+        sysfs_root: &Path,
     ) -> Reconciler {
         let reboots = std::fs::read_to_string(state_dir.join("reboots.json"))
             .ok()
@@ -267,6 +275,8 @@ impl Reconciler {
             topology,
             virt_type: virt_type.to_owned(),
             state_dir: state_dir.to_path_buf(),
+            sysfs_root: sysfs_root.to_path_buf(),
+            unfit: Vec::new(),
             reboots,
             noticed: BTreeMap::new(),
             changes: 0,
@@ -453,11 +463,16 @@ impl Reconciler {
     fn sync_guest(&self, vm: &DesiredVm, dom: &Domain) -> Option<String> {
         let layout = guest_layout(&self.topology, &vm.placement).ok()?;
         let xml = kumo_topology::nccl_xml::nccl_topology_xml(&self.topology, &layout).ok()?;
-        let outcome = crate::guest_files::sync(dom, &xml, vm.hostfile.as_deref());
+        let roce = crate::nccl_net::plan(vm, &vxlan_manager::roce::LOSSLESS);
+        let (outcome, pending) =
+            crate::guest_files::sync(dom, &xml, vm.hostfile.as_deref(), roce.as_ref());
         if outcome == crate::guest_files::Outcome::Written {
             tracing::info!(vm = %vm.id, "wrote the NCCL topology file into the guest");
         }
-        Some(outcome.condition())
+        Some(match pending {
+            Some(p) => format!("{}; {p}", outcome.condition()),
+            None => outcome.condition(),
+        })
     }
 
     /// A VM's volume disks brought in line with what it should have: its
@@ -626,8 +641,19 @@ impl Reconciler {
         Some(said)
     }
 
-    /// Shuts a domain down and undefines it; its files stay.
-    fn undefine(&mut self, dom: &Domain) -> Result<(), String> {
+    /// Shuts a domain down and undefines it; its files stay. The devices
+    /// it passed through are checked once it let them go: one that fails
+    /// goes to [`Reconciler::unfit`] (and from there into quarantine)
+    /// instead of back to the pool.
+    fn undefine(&mut self, id: Uuid, dom: &Domain) -> Result<(), String> {
+        let released = dom
+            .xml_desc(XML_INACTIVE)
+            .map(|x| kumo_topology::domain_xml::passed_through(&x))
+            .unwrap_or_default();
+        let fatal_before: Vec<Option<u64>> = released
+            .iter()
+            .map(|b| kumo_topology::health::fatal_aer(&self.sysfs_root, &b.to_string()))
+            .collect();
         if dom.is_active().map_err(err)? {
             self.changes += 1;
             dom.destroy().map_err(err)?;
@@ -639,7 +665,29 @@ impl Reconciler {
         // has no variable store to keep: plain undefine there.
         dom.undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_KEEP_NVRAM)
             .or_else(|_| dom.undefine())
-            .map_err(err)
+            .map_err(err)?;
+        for (bdf, before) in released.iter().zip(fatal_before) {
+            let host_driver = self
+                .topology
+                .pci_devices
+                .iter()
+                .find(|d| d.location.bdf == *bdf)
+                .and_then(|d| d.driver.as_deref());
+            let bdf = bdf.to_string();
+            match kumo_topology::health::release_check(&self.sysfs_root, &bdf, host_driver, before)
+            {
+                Ok(()) => tracing::debug!(vm = %id, %bdf, "released device checked"),
+                Err(problem) => {
+                    tracing::warn!(vm = %id, %bdf, %problem, "a released device did not come back after reset");
+                    self.unfit.push(UnfitDevice {
+                        vm: id,
+                        bdf,
+                        problem,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A VM's files (root disk, seed), once it has no domain.
@@ -655,7 +703,7 @@ impl Reconciler {
     }
 
     fn remove(&mut self, id: Uuid, dom: &Domain) -> Result<(), String> {
-        self.undefine(dom)?;
+        self.undefine(id, dom)?;
         self.remove_files(id)
     }
 
@@ -674,7 +722,7 @@ impl Reconciler {
         // Shelved: no domain, the files kept for when it comes back.
         for id in &desired.shelve {
             let gone = match owned.remove(id) {
-                Some(dom) => self.undefine(&dom),
+                Some(dom) => self.undefine(*id, &dom),
                 None => Ok(()),
             };
             report.push(match gone {

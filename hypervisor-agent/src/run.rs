@@ -220,6 +220,7 @@ impl Agent {
             topo.clone(),
             &config.virt_type,
             &config.state_dir,
+            &config.sysfs_root,
         );
         let consoles = crate::console::Consoles::new(
             &config.server,
@@ -254,6 +255,18 @@ impl Agent {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(desired.clone());
         self.apply(desired.clone()).await?;
         Ok(desired.revision)
+    }
+
+    /// Sends the host's inventory now (the run loop's first heartbeat
+    /// carries it).
+    pub async fn report_inventory(&self) -> Result<(), ClientError> {
+        self.client
+            .heartbeat(&AgentHeartbeat {
+                topology: Some(self.topology.clone()),
+                underlay_ip: self.config.underlay_ip,
+                ..Default::default()
+            })
+            .await
     }
 
     /// Reads the passed-through devices' health now and reports it (the
@@ -596,19 +609,32 @@ impl Agent {
         let report = tokio::task::spawn_blocking(move || {
             let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
             r.reconcile(&d, &unconverged, &ready)
+                .map(|vms| (vms, std::mem::take(&mut r.unfit)))
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
         tracing::debug!("pass: status");
         match report {
-            Ok(vms) => {
-                self.client
+            Ok((vms, unfit)) => {
+                let sent = self
+                    .client
                     .status(&kumo_api_types::StatusReport {
                         vms,
                         volumes,
                         root_disks,
+                        unfit: unfit.clone(),
                     })
-                    .await?
+                    .await;
+                if sent.is_err() {
+                    // Said again with the next report: the devices stay out
+                    // of the pool only once the server has heard of them.
+                    self.reconciler
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .unfit
+                        .extend(unfit);
+                }
+                sent?
             }
             Err(e) => tracing::warn!(error = %e, "reconcile pass failed; retrying"),
         }
@@ -647,6 +673,11 @@ impl Agent {
         let heartbeat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             let mut health_at: Option<tokio::time::Instant> = None;
+            // The inventory goes along until the server has it once per
+            // start: a host fixed and restarted (its IOMMU turned on,
+            // hugepages reserved, a card changed) is then judged anew
+            // without registering again.
+            let mut inventory_sent = false;
             loop {
                 tick.tick().await;
                 let report = {
@@ -664,7 +695,7 @@ impl Agent {
                         kumo_topology::health::read(&sysfs, &topo)
                     });
                 let body = AgentHeartbeat {
-                    topology: None,
+                    topology: (!inventory_sent).then(|| topo.clone()),
                     underlay_ip: underlay,
                     fabric: report.clone(),
                     segment_faults: Some(segment_faults),
@@ -673,6 +704,7 @@ impl Agent {
                 };
                 match hb_client.heartbeat(&body).await {
                     Ok(()) => {
+                        inventory_sent = true;
                         let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
                         if report.as_ref() == Some(&f.report) {
                             f.unsent = false;

@@ -412,6 +412,32 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
 }
 
 /// Each guest cell's CPUs as the hex words NCCL's `affinity` expects.
+/// The host PCI functions a domain's XML passes through (its `hostdev`
+/// sources), to check once the domain lets them go. XML that does not
+/// parse, or an address that does not, yields nothing for it.
+pub fn passed_through(xml: &str) -> Vec<Bdf> {
+    let Ok(doc) = roxmltree::Document::parse(xml) else {
+        return Vec::new();
+    };
+    let hex = |n: &roxmltree::Node, a: &str| {
+        let v = n.attribute(a)?;
+        u16::from_str_radix(v.trim_start_matches("0x"), 16).ok()
+    };
+    doc.descendants()
+        .filter(|n| n.has_tag_name("hostdev") && n.attribute("type") == Some("pci"))
+        .filter_map(|h| {
+            let source = h.children().find(|c| c.has_tag_name("source"))?;
+            let a = source.children().find(|c| c.has_tag_name("address"))?;
+            Some(Bdf::new(
+                hex(&a, "domain")?,
+                u8::try_from(hex(&a, "bus")?).ok()?,
+                u8::try_from(hex(&a, "slot")?).ok()?,
+                u8::try_from(hex(&a, "function")?).ok()?,
+            ))
+        })
+        .collect()
+}
+
 pub fn cell_affinity(layout: &GuestLayout, cell: u32) -> String {
     let total: u32 = layout.cells.iter().map(|c| c.vcpus.len() as u32).sum();
     layout

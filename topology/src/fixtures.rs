@@ -655,6 +655,10 @@ fn up(depth: usize) -> String {
 
 impl Writer<'_> {
     fn file(&self, rel: &Path, content: &str) -> io::Result<()> {
+        self.bytes(rel, content.as_bytes())
+    }
+
+    fn bytes(&self, rel: &Path, content: &[u8]) -> io::Result<()> {
         let p = self.root.join(rel);
         if let Some(d) = p.parent() {
             std::fs::create_dir_all(d)?;
@@ -743,6 +747,30 @@ impl Writer<'_> {
             let body: String = names.iter().map(|n| format!("{n} 0\n")).collect();
             self.file(&dir.join(file), &format!("{body}{total} 0\n"))?;
         }
+        // The first bytes of config space (vendor, device), as the kernel
+        // serves them live, and a reset method (the kernel's file takes a
+        // write of `1`).
+        let config = match node {
+            // Under the root complex: root ports; below them switches,
+            // upstream then downstream ports, alternating.
+            Node::Bridge { .. } => {
+                // `devices/pciDDDD:BB/<bdf>…`: 3 components for a root port.
+                let port_type = match depth.saturating_sub(3) {
+                    0 => crate::PORT_ROOT,
+                    l if l % 2 == 1 => crate::PORT_UPSTREAM,
+                    _ => crate::PORT_DOWNSTREAM,
+                };
+                bridge_config(f.vendor, f.device, port_type, Some(crate::ACS_REQUIRED))
+            }
+            Node::Endpoint(_) => {
+                let mut c = vec![0u8; 64];
+                c[..2].copy_from_slice(&f.vendor.to_le_bytes());
+                c[2..4].copy_from_slice(&f.device.to_le_bytes());
+                c
+            }
+        };
+        self.bytes(&dir.join("config"), &config)?;
+        self.file(&dir.join("reset"), "")?;
         let resource = self.resource(f.bars);
         self.file(&dir.join("resource"), &resource)?;
         let group = self.next_group;
@@ -802,6 +830,29 @@ impl Writer<'_> {
     }
 }
 
+/// A PCIe bridge's config space as root reads it (4096 bytes): its ids,
+/// a PCIe capability of `port_type` at 0x40 and, with `acs_control`, an
+/// ACS extended capability at 0x100 offering every control the
+/// readiness check asks for, with `acs_control` on.
+pub fn bridge_config(vendor: u16, device: u16, port_type: u8, acs_control: Option<u16>) -> Vec<u8> {
+    let mut c = vec![0u8; 4096];
+    c[..2].copy_from_slice(&vendor.to_le_bytes());
+    c[2..4].copy_from_slice(&device.to_le_bytes());
+    // Status: a capability list; header type 1 (a bridge).
+    c[0x06] = 0x10;
+    c[0x0e] = 0x01;
+    c[0x34] = 0x40;
+    c[0x40] = 0x10;
+    c[0x41] = 0x00;
+    c[0x42..0x44].copy_from_slice(&(2u16 | (u16::from(port_type) << 4)).to_le_bytes());
+    if let Some(control) = acs_control {
+        c[0x100..0x104].copy_from_slice(&(0x000du32 | (1 << 16)).to_le_bytes());
+        c[0x104..0x106].copy_from_slice(&crate::ACS_REQUIRED.to_le_bytes());
+        c[0x106..0x108].copy_from_slice(&control.to_le_bytes());
+    }
+    c
+}
+
 /// Lays the machine out under `root` (which must be empty or absent).
 pub fn write(m: &Machine, root: &Path) -> io::Result<()> {
     std::fs::create_dir_all(root)?;
@@ -831,6 +882,16 @@ pub fn write(m: &Machine, root: &Path) -> io::Result<()> {
                 n.id,
                 n.memory_kib / 2
             ),
+        )?;
+    }
+    // Hugepages reserved for guest memory: 1 GiB pages for nine tenths
+    // of the host's memory, all free.
+    let gib: u64 = m.numa.iter().map(|n| n.memory_kib).sum::<u64>() >> 20;
+    let pages = gib * 9 / 10;
+    for (file, n) in [("nr_hugepages", pages), ("free_hugepages", pages)] {
+        w.file(
+            &PathBuf::from("kernel/mm/hugepages/hugepages-1048576kB").join(file),
+            &format!("{n}\n"),
         )?;
     }
     std::fs::create_dir_all(root.join("bus/pci/devices"))?;

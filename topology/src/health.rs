@@ -169,6 +169,76 @@ pub fn read(root: &Path, topo: &HostTopology) -> HostSignals {
     HostSignals { devices, ports }
 }
 
+/// The fatal AER count of a device now (`None`: no such device or no AER
+/// statistics), to compare a later [`release_check`] with.
+pub fn fatal_aer(root: &Path, bdf: &str) -> Option<u64> {
+    aer(&root.join("bus/pci/devices").join(bdf)).map(|a| a.fatal)
+}
+
+/// The driver that holds devices between VMs.
+pub const VFIO_DRIVER: &str = "vfio-pci";
+
+/// Checks a device a VM has just let go, before it goes to the next
+/// tenant: it is reset (FLR or a bus reset, whichever the kernel has for
+/// it: its sysfs `reset`), its config space answers (the vendor ID read
+/// live from `config`, not the cached `vendor`: a device that did not
+/// come back reads all ones), it is bound to `vfio-pci` or to the driver
+/// the host had it on (`host_driver`: libvirt's managed hostdevs give a
+/// device back to that one), and it raised no fatal AER since
+/// `fatal_before`. Returns every problem, in words.
+pub fn release_check(
+    root: &Path,
+    bdf: &str,
+    host_driver: Option<&str>,
+    fatal_before: Option<u64>,
+) -> Result<(), String> {
+    let dir = root.join("bus/pci/devices").join(bdf);
+    if !dir.join("vendor").is_file() {
+        return Err("gone from the PCIe bus".into());
+    }
+    let mut problems = Vec::new();
+    let reset = dir.join("reset");
+    if reset.exists() {
+        if let Err(e) = fs::write(&reset, "1") {
+            problems.push(format!("reset failed: {e}"));
+        }
+    } else {
+        problems.push("no reset method (neither FLR nor a bus reset)".into());
+    }
+    let vendor = fs::read(dir.join("config"))
+        .ok()
+        .filter(|c| c.len() >= 2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .or_else(|| {
+            let text = fs::read_to_string(dir.join("vendor")).ok()?;
+            u16::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
+        });
+    match vendor {
+        Some(0xffff) => problems.push("config space reads 0xffff".into()),
+        Some(_) => {}
+        None => problems.push("config space unreadable".into()),
+    }
+    let driver = fs::read_link(dir.join("driver"))
+        .ok()
+        .and_then(|l| Some(l.file_name()?.to_string_lossy().into_owned()));
+    match driver.as_deref() {
+        Some(d) if d == VFIO_DRIVER || Some(d) == host_driver => {}
+        Some(d) => problems.push(format!("bound to {d}, not {VFIO_DRIVER}")),
+        None => problems.push("bound to no driver".into()),
+    }
+    let fatal_after = aer(&dir).map(|a| a.fatal);
+    if let (Some(before), Some(after)) = (fatal_before, fatal_after) {
+        if after > before {
+            problems.push(format!("{} new fatal PCIe (AER) error(s)", after - before));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
 /// `4: ACTIVE` → `ACTIVE`.
 fn state_word(s: &str) -> String {
     let s = s.trim();
@@ -242,6 +312,53 @@ mod tests {
 
     /// As Linux prints them (Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats).
     const CORRECTABLE: &str = "RxErr 0\nBadTLP 2\nBadDLLP 1\nRollover 0\nTimeout 0\nNonFatalErr 0\nCorrIntErr 0\nHeaderOF 0\nTOTAL_ERR_COR 3\n";
+
+    #[test]
+    fn a_released_device_passes_only_when_it_came_back() {
+        #![allow(clippy::unwrap_used)]
+        let dir = tempfile::tempdir().unwrap();
+        let m = crate::fixtures::machine("hgx-h100").unwrap();
+        crate::fixtures::write(&m, dir.path()).unwrap();
+        let topo = crate::sysfs::discover(dir.path(), None).unwrap();
+        let gpu = topo.gpus[0].location.bdf.to_string();
+        let host_driver = topo
+            .pci_devices
+            .iter()
+            .find(|d| d.location.bdf == topo.gpus[0].location.bdf)
+            .and_then(|d| d.driver.clone());
+        let root = dir.path();
+        let before = fatal_aer(root, &gpu);
+        assert_eq!(before, Some(0));
+        assert_eq!(
+            release_check(root, &gpu, host_driver.as_deref(), before),
+            Ok(())
+        );
+        let dev = root.join("bus/pci/devices").join(&gpu);
+        // A device on another driver than the host's and vfio-pci.
+        assert_eq!(
+            release_check(root, &gpu, Some("vfio-pci"), before),
+            Err("bound to nvidia, not vfio-pci".into())
+        );
+        // Config space reads all ones: it did not come back from reset.
+        let mut config = fs::read(dev.join("config")).unwrap();
+        config[..2].copy_from_slice(&[0xff, 0xff]);
+        fs::write(dev.join("config"), &config).unwrap();
+        // A fatal AER during the release.
+        fs::write(dev.join("aer_dev_fatal"), "TOTAL_ERR_FATAL 1\n").unwrap();
+        assert_eq!(
+            release_check(root, &gpu, host_driver.as_deref(), before),
+            Err("config space reads 0xffff; 1 new fatal PCIe (AER) error(s)".into())
+        );
+        // No reset method: never handed on un-reset.
+        fs::remove_file(dev.join("reset")).unwrap();
+        assert!(release_check(root, &gpu, host_driver.as_deref(), Some(1))
+            .unwrap_err()
+            .starts_with("no reset method"));
+        assert_eq!(
+            release_check(root, "0000:ee:00.0", None, None),
+            Err("gone from the PCIe bus".into())
+        );
+    }
 
     #[test]
     fn aer_files_read_as_their_totals() {

@@ -16,6 +16,7 @@ pub mod guest_layout;
 pub mod health;
 pub mod matrix;
 pub mod nccl_xml;
+pub mod readiness;
 pub mod relation;
 pub mod render;
 pub mod sysfs;
@@ -50,6 +51,12 @@ pub struct HostTopology {
     /// `/proc/cpuinfo`): the most a guest's address space may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phys_bits: Option<u8>,
+    /// Whether an IOMMU groups the host's devices (`None`: not read, a
+    /// topology from an older agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu: Option<bool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hugepages: Vec<HugePages>,
     /// What could not be read or made sense of, in words. Never fatal.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -108,6 +115,56 @@ pub struct PciDevice {
     /// an unreadable file): never guessed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bars: Option<Vec<Bar>>,
+    /// A PCIe bridge's port type and ACS, from its config space; `None`
+    /// for endpoints, and where config space could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<PciePort>,
+}
+
+/// A PCIe port (a bridge function): what kind, and its Access Control
+/// Services, which keep peer-to-peer traffic below it going through the
+/// IOMMU rather than straight to a neighbour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PciePort {
+    /// The PCIe capability's device/port type: 4 root port, 5 switch
+    /// upstream port, 6 switch downstream port.
+    pub port_type: u8,
+    pub acs: Acs,
+}
+
+pub const PORT_ROOT: u8 = 4;
+pub const PORT_UPSTREAM: u8 = 5;
+pub const PORT_DOWNSTREAM: u8 = 6;
+
+/// A port's ACS extended capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Acs {
+    /// Config space past 256 bytes was not readable (not root).
+    Unreadable,
+    Absent,
+    /// The capability and control registers.
+    Present {
+        capable: u16,
+        control: u16,
+    },
+}
+
+/// ACS controls a passthrough port must have on (what Linux enables):
+/// source validation, P2P request and completion redirect, upstream
+/// forwarding.
+pub const ACS_SV: u16 = 1 << 0;
+pub const ACS_RR: u16 = 1 << 2;
+pub const ACS_CR: u16 = 1 << 3;
+pub const ACS_UF: u16 = 1 << 4;
+pub const ACS_REQUIRED: u16 = ACS_SV | ACS_RR | ACS_CR | ACS_UF;
+
+/// One hugepage pool of the host (`/sys/kernel/mm/hugepages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HugePages {
+    pub size_kib: u64,
+    pub total: u64,
+    pub free: u64,
 }
 
 /// One memory BAR of a PCI function (`resource` line `index`).

@@ -94,6 +94,13 @@ pub fn discover(root: &Path, hints: Option<&Path>) -> Result<HostTopology, Disco
     }
     let warnings = &mut topo.warnings;
     topo.pci_devices = read_pci(root, warnings);
+    // With the IOMMU off the kernel makes no groups at all.
+    topo.iommu = Some(
+        fs::read_dir(root.join("kernel/iommu_groups"))
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false),
+    );
+    topo.hugepages = read_hugepages(root);
 
     let rdma = read_rdma(root, warnings);
     let netdevs = read_netdevs(root);
@@ -284,6 +291,96 @@ fn read_cpuinfo(root: &Path) -> Option<CpuIdentity> {
 
 /// `address sizes : 46 bits physical, 57 bits virtual` in `/proc/cpuinfo`
 /// beside the sysfs root.
+/// `kernel/mm/hugepages/hugepages-1048576kB/{nr,free}_hugepages`, …
+fn read_hugepages(root: &Path) -> Vec<crate::HugePages> {
+    let Ok(dir) = fs::read_dir(root.join("kernel/mm/hugepages")) else {
+        return Vec::new();
+    };
+    let mut pools: Vec<crate::HugePages> = dir
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let size_kib = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            let number = |f: &str| read_trimmed(&e.path().join(f))?.parse::<u64>().ok();
+            Some(crate::HugePages {
+                size_kib,
+                total: number("nr_hugepages")?,
+                free: number("free_hugepages")?,
+            })
+        })
+        .collect();
+    pools.sort_by_key(|p| p.size_kib);
+    pools
+}
+
+/// A bridge's PCIe port type (the PCIe capability) and its ACS extended
+/// capability, from the bytes of its sysfs `config` (PCI Express Base
+/// Specification §7.5.3 and §7.7.8). `None` when the bytes show no PCIe
+/// capability. Only root reads past byte 64 (the kernel hides the rest
+/// from others) and past 256 on a PCIe device: fewer bytes than that
+/// read as [`crate::Acs::Unreadable`], never as absent.
+pub fn parse_pcie_port(config: &[u8]) -> Option<crate::PciePort> {
+    let u16_at = |at: usize| Some(u16::from_le_bytes([*config.get(at)?, *config.get(at + 1)?]));
+    let u32_at = |at: usize| {
+        Some(u32::from_le_bytes([
+            *config.get(at)?,
+            *config.get(at + 1)?,
+            *config.get(at + 2)?,
+            *config.get(at + 3)?,
+        ]))
+    };
+    const STATUS_CAP_LIST: u16 = 1 << 4;
+    const CAP_PCIE: u8 = 0x10;
+    const EXT_CAP_ACS: u32 = 0x000d;
+    if u16_at(0x06)? & STATUS_CAP_LIST == 0 {
+        return None;
+    }
+    // The capability list; bounded, since a broken device can loop it.
+    let mut at = usize::from(*config.get(0x34)? & 0xfc);
+    let mut port_type = None;
+    for _ in 0..48 {
+        if at < 0x40 {
+            break;
+        }
+        let (id, next) = (*config.get(at)?, *config.get(at + 1)?);
+        if id == CAP_PCIE {
+            port_type = Some(((u16_at(at + 2)? >> 4) & 0xf) as u8);
+            break;
+        }
+        at = usize::from(next & 0xfc);
+    }
+    let port_type = port_type?;
+    let mut acs = crate::Acs::Absent;
+    if config.len() <= 0x100 {
+        acs = crate::Acs::Unreadable;
+    } else {
+        let mut at = 0x100;
+        for _ in 0..512 {
+            let Some(header) = u32_at(at) else { break };
+            if header == 0 || header == u32::MAX {
+                break;
+            }
+            if header & 0xffff == EXT_CAP_ACS {
+                acs = crate::Acs::Present {
+                    capable: u16_at(at + 4).unwrap_or(0),
+                    control: u16_at(at + 6).unwrap_or(0),
+                };
+                break;
+            }
+            let next = ((header >> 20) & 0xffc) as usize;
+            if next < 0x100 {
+                break;
+            }
+            at = next;
+        }
+    }
+    Some(crate::PciePort { port_type, acs })
+}
+
 fn read_phys_bits(root: &Path) -> Option<u8> {
     let text = fs::read_to_string(root.parent()?.join("proc/cpuinfo")).ok()?;
     parse_address_sizes(&text)
@@ -460,6 +557,19 @@ fn read_pci(root: &Path, warnings: &mut Vec<String>) -> Vec<PciDevice> {
             iommu_group: link_basename(&path.join("iommu_group")).and_then(|g| g.parse().ok()),
             driver: link_basename(&path.join("driver")),
             bars,
+            port: if class >> 8 == crate::CLASS_BRIDGE_PCI >> 8 {
+                let port = fs::read(path.join("config"))
+                    .ok()
+                    .and_then(|c| parse_pcie_port(&c));
+                if port.is_none() {
+                    warnings.push(format!(
+                        "{bdf}: a bridge whose config space shows no PCIe port; its ACS is unknown"
+                    ));
+                }
+                port
+            } else {
+                None
+            },
         });
     }
     devices.sort_by_key(|d| d.location.bdf);

@@ -58,6 +58,15 @@ pub const LOSSLESS: Qos = Qos {
     cnp_priority: 6,
 };
 
+impl Qos {
+    /// The IP traffic class a RoCE sender puts on its packets (what
+    /// `NCCL_IB_TC` takes): the RoCE DSCP in its upper six bits, ECN bits
+    /// clear (the NIC marks ECN itself).
+    pub fn roce_traffic_class(&self) -> u8 {
+        self.roce_dscp << 2
+    }
+}
+
 /// The `dcb(8)` invocations that apply `qos` to a port: PFC on the RoCE
 /// priority only, and DSCP → priority entries (mlx5 switches a port to
 /// trust DSCP with its first DSCP entry). `replace` makes them idempotent.
@@ -132,6 +141,9 @@ mod tests {
 
     #[test]
     fn the_lossless_plan_as_dcb_commands() {
+        // DSCP 26 (AF31) is traffic class 104 (0x68), as NVIDIA's RoCE
+        // guides configure it.
+        assert_eq!(LOSSLESS.roce_traffic_class(), 104);
         let c = dcb_commands("ens25np0", &LOSSLESS);
         assert_eq!(c[0].join(" "), "pfc set dev ens25np0 prio-pfc all:off 3:on");
         assert_eq!(

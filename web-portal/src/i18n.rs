@@ -289,6 +289,18 @@ pub fn boot_sentence(lang: Lang, b: &crate::Boot) -> String {
     }
 }
 
+/// A host page's word on passthrough when nothing stands in its way.
+pub fn passthrough_ready(lang: Lang, hugepages_free_gib: u64) -> String {
+    match lang {
+        Lang::En => format!(
+            "Ready: the IOMMU is on, each device's IOMMU group and the ACS above it keep it apart; {hugepages_free_gib} GiB of hugepages free."
+        ),
+        Lang::Ja => format!(
+            "準備完了: IOMMU が有効で、各デバイスは IOMMU グループと上流の ACS で分離されています。空きヒュージページは {hugepages_free_gib} GiB です。"
+        ),
+    }
+}
+
 pub fn idle_sentence(lang: Lang, n: &IdleNote) -> String {
     let h = n.minutes / 60;
     let m = n.minutes % 60;
@@ -543,6 +555,10 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, Attach) => "接続",
         (Lang::En, ForwardTo) => "To",
         (Lang::Ja, ForwardTo) => "転送先",
+        (Lang::En, Passthrough) => "Passthrough",
+        (Lang::Ja, Passthrough) => "パススルー",
+        (Lang::En, PassthroughProblem) => "Why it takes CPU-only VMs only",
+        (Lang::Ja, PassthroughProblem) => "CPU のみの VM しか受け付けない理由",
         (Lang::En, Fabric) => "RoCE ports",
         (Lang::Ja, Fabric) => "RoCE ポート",
         (Lang::En, SignInToken) => "Administrators: sign in with an API token",
@@ -747,6 +763,8 @@ pub enum Msg {
     AttachVolume,
     Attach,
     Fabric,
+    Passthrough,
+    PassthroughProblem,
     SignInToken,
     Token,
     Any,

@@ -68,6 +68,7 @@ const PACKAGES: &[(&str, &str)] = &[
     // The README's dev walk-through reads network.json with jq.
     ("jq", "jq"),
     ("cpio", "cpio"),
+    ("rdma", "iproute2"),
     // cloud-init seeds, and the tests that look inside them.
     ("genisoimage", "genisoimage"),
     ("isoinfo", "genisoimage"),

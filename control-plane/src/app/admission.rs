@@ -644,15 +644,20 @@ fn no_room(members: &[Member]) -> ApiError {
     ))
 }
 
-/// The spot VMs whose reclaim would make room for the members.
-fn reclaim_plan(st: &AppState, members: &[Member]) -> Result<Option<Plan>, ApiError> {
+/// The spot VMs whose reclaim would make room for the members, and the GPU
+/// model the members wait for: the one they name, or else that of the host
+/// the plan makes room on (read under the lock that made the plan).
+fn reclaim_plan(
+    st: &AppState,
+    members: &[Member],
+) -> Result<Option<(Plan, Option<String>)>, ApiError> {
     let Some(first) = members.first() else {
         return Ok(None);
     };
     let index = st.capacity.lock();
     let req = request(&index, first)?;
     let now = st.config.clock.now().timestamp();
-    Ok(if members.len() == 1 {
+    let plan = if members.len() == 1 {
         reclaim::plan(&index, &req, now)
     } else {
         let cluster = ClusterRequest {
@@ -660,7 +665,29 @@ fn reclaim_plan(st: &AppState, members: &[Member]) -> Result<Option<Plan>, ApiEr
             member: req,
         };
         reclaim::plan_cluster(&index, &cluster, now)
-    })
+    };
+    Ok(plan.map(|p| {
+        let model = planned_model(&index, &first.spec, &p);
+        (p, model)
+    }))
+}
+
+/// A waiting request's GPU model: the one it names, or that of the host
+/// its plan frees GPUs on. Quotas are per model: a GPU VM waiting without
+/// one would be counted under no model, which no quota allows.
+fn planned_model(index: &Index, spec: &VmSpec, plan: &Plan) -> Option<String> {
+    if spec.gpus == 0 || spec.gpu_model.is_some() {
+        return spec.gpu_model.clone();
+    }
+    let (h, _) = plan.victims.first().or(plan.waiting_on.first())?;
+    let (m, _) = index
+        .hosts
+        .get(*h)?
+        .profile
+        .model_masks
+        .iter()
+        .find(|(_, mask)| mask.count_ones() >= spec.gpus)?;
+    index.model_name(*m).map(str::to_owned)
 }
 
 /// Places the admission's members now, or for a guaranteed request that
@@ -676,8 +703,32 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
     if first.spec.service_level == ServiceLevel::Spot {
         return Err(no_room(job.members));
     }
-    let Some(plan) = reclaim_plan(st, job.members)? else {
+    let Some((plan, model)) = reclaim_plan(st, job.members)? else {
         return Err(no_room(job.members));
+    };
+    // Waiting, a GPU request naming no model is held to (and counted
+    // against) the model its plan makes room for; the pending row keeps it,
+    // so the reaper places it on that model.
+    let pinned: Vec<Member>;
+    let job = if first.spec.gpus > 0 && first.spec.gpu_model.is_none() {
+        let Some(model) = model else {
+            return Err(no_room(job.members));
+        };
+        pinned = job
+            .members
+            .iter()
+            .cloned()
+            .map(|mut m| {
+                m.spec.gpu_model = Some(model.clone());
+                m
+            })
+            .collect();
+        Admission {
+            members: &pinned,
+            ..job
+        }
+    } else {
+        job
     };
     let reclaiming = plan.victims.len();
     if matches!(job.rows, Rows::Pending { .. }) && reclaiming == 0 {

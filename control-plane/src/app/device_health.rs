@@ -6,7 +6,10 @@
 
 use std::collections::HashMap;
 
-use kumo_api_types::{Device, DeviceAction, DeviceList, DeviceQuery, DeviceState, ServiceLevel};
+use kumo_api_types::{
+    Device, DeviceAction, DeviceList, DeviceQuery, DeviceState, ServiceLevel, UnfitDevice,
+    REPORT_TEXT_MAX,
+};
 use kumo_topology::health::{AerCounts, DeviceSignals, HostSignals};
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
@@ -18,7 +21,7 @@ use crate::app::audit;
 use crate::context::{Actor, AppState, Origin};
 use crate::domain::device_health::{
     findings, next, quarantine_cap, Finding, OperatorAction, Policy, PortFacts, Record, Transition,
-    FLEET_FULL, GUEST_QUARANTINES_PER_TENANT, PROJECT_FULL,
+    FLEET_FULL, GUEST_QUARANTINES_PER_TENANT, PROJECT_FULL, UNFIT,
 };
 use crate::entity::{device_health, hosts, vms};
 use crate::error::ApiError;
@@ -182,6 +185,87 @@ async fn settle(
         st.signals.notify(host.id);
     }
     Ok(())
+}
+
+/// Devices a VM let go that failed their host's check (see
+/// `kumo_topology::health::release_check`): quarantined at once, whatever
+/// the fleet's automatic limit, since handing a device that did not come
+/// back to the next tenant is worse than any number out of service. A
+/// VF stands for its NIC (the pool knows NICs by their PF); a function the
+/// inventory does not know (a GPU's audio function) is only logged.
+pub async fn released_unfit(
+    st: &AppState,
+    host: &hosts::Model,
+    unfit: &[UnfitDevice],
+    origin: &Origin,
+) -> Result<(), ApiError> {
+    if unfit.is_empty() {
+        return Ok(());
+    }
+    if unfit.len() > MAX_DEVICES
+        || unfit
+            .iter()
+            .any(|u| u.bdf.len() > 64 || u.problem.chars().count() > REPORT_TEXT_MAX)
+    {
+        return Err(ApiError::field(
+            "unfit",
+            format!("at most {MAX_DEVICES} devices, addresses of 64 bytes, problems of {REPORT_TEXT_MAX} characters"),
+        ));
+    }
+    let topo = stored_topology(host)?;
+    let kinds = inventory(host)?;
+    let now = st.config.clock.now();
+    let txn = st.db.begin().await?;
+    let rows = store::of_host(&txn, host.id).await?;
+    let mut changes: Vec<Change> = Vec::new();
+    for u in unfit {
+        let (bdf, via) = if kinds.contains_key(&u.bdf) {
+            (u.bdf.clone(), String::new())
+        } else if let Some(n) = topo
+            .nics
+            .iter()
+            .find(|n| n.vfs.iter().any(|v| v.to_string() == u.bdf))
+        {
+            (n.location.bdf.to_string(), format!("its VF {}: ", u.bdf))
+        } else {
+            tracing::warn!(host = %host.name, bdf = %u.bdf, problem = %u.problem,
+                "a released function the inventory does not know did not come back after reset");
+            continue;
+        };
+        let Some(kind) = kinds.get(&bdf) else {
+            continue;
+        };
+        let row = rows.get(&bdf);
+        let rec = row.map(store::record).transpose()?.unwrap_or_default();
+        let done = changes.iter().any(|c| c.bdf == bdf);
+        if done || matches!(rec.state, DeviceState::Quarantined | DeviceState::Repairing) {
+            continue;
+        }
+        let t = Transition {
+            to: DeviceState::Quarantined,
+            reason: format!("{UNFIT}: {via}{}", u.problem),
+            withheld: false,
+        };
+        tracing::warn!(host = %host.name, %bdf, reason = %t.reason, vm = %u.vm, "quarantined on release");
+        put(
+            &txn,
+            Put {
+                host: host.id,
+                bdf: &bdf,
+                kind,
+                rec: row.is_some().then_some(&rec),
+                to: Some(&t),
+                found: true,
+                counters: None,
+                reading: None,
+                guest: None,
+                now,
+            },
+        )
+        .await?;
+        changes.push(Change::of(&bdf, rec.state, t));
+    }
+    settle(st, txn, host, &changes, origin, now).await
 }
 
 /// A finding about a GPU from inside its guest (an XID): judged like a

@@ -36,6 +36,7 @@ fn to_api(
         .iter()
         .map(|g| g.location.bdf.to_string())
         .collect();
+    let problems = crate::store::hosts::passthrough_problems(h, topo);
     let mut models: Vec<String> = topo.gpus.iter().map(|g| g.model.clone()).collect();
     models.sort();
     models.dedup();
@@ -47,16 +48,20 @@ fn to_api(
         virt_type: h.virt_type.clone(),
         gpu_models: models,
         gpus: topo.gpus.len() as u32,
+        // A host not ready for passthrough gives no GPU to anyone.
         gpus_free: topo
             .gpus
             .iter()
-            .filter(|g| !used.contains(g.location.bdf.to_string().as_str()))
+            .filter(|g| problems.is_empty() && !used.contains(g.location.bdf.to_string().as_str()))
             .count() as u32,
         gpus_out_of_service: blocked.iter().filter(|b| gpu_bdfs.contains(*b)).count() as u32,
         rdma_nics: topo.nics.len() as u32,
         underlay_ip: crate::app::host_network::underlay_of(h),
         edge_uplink: h.edge_uplink.clone(),
         cpus: topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum(),
+        passthrough_ready: problems.is_empty(),
+        passthrough_problems: problems,
+        hugepages_free_bytes: kumo_topology::readiness::hugepages_free_bytes(topo),
         registered_at: h.registered_at,
         last_heartbeat_at: h.last_heartbeat_at,
     })

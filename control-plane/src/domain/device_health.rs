@@ -235,6 +235,9 @@ pub const FLEET_FULL: &str = "the fleet's automatic quarantine limit is reached"
 /// that one project's guests neither take devices out of the pool without
 /// end nor spend the fleet's limit.
 pub const PROJECT_FULL: &str = "the project's guests have quarantined as many devices as they may";
+/// Why a device a VM let go is quarantined: its host's check after the
+/// release (reset, config space, driver, AER) failed.
+pub const UNFIT: &str = "did not come back after reset";
 /// Devices one project's guests may hold in quarantine at once.
 pub const GUEST_QUARANTINES_PER_TENANT: u64 = 2;
 

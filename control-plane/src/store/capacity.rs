@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::entity::{hosts, vms};
 use crate::error::ApiError;
-use crate::store::hosts::{host_state, stored_topology};
+use crate::store::hosts::{host_state, passthrough_problems, stored_topology};
 use crate::store::vms::{stored_placement, stored_spec, stored_state};
 
 /// How often the whole index is re-read.
@@ -31,8 +31,15 @@ const REFRESH_PAGE: u64 = 100;
 pub struct Capacity {
     index: Mutex<Index>,
     /// Profiles by topology and rails, so an unchanged host is not
-    /// re-derived on every refresh.
-    profiles: Mutex<HashMap<u64, Arc<HostProfile>>>,
+    /// re-derived on every refresh; with them the devices a host that is
+    /// not ready for passthrough keeps out of placements.
+    profiles: Mutex<HashMap<u64, Derived>>,
+}
+
+#[derive(Clone)]
+struct Derived {
+    profile: Arc<HostProfile>,
+    unready: Arc<[kumo_topology::Bdf]>,
 }
 
 pub fn host_use(h: &hosts::Model) -> Result<HostUse, ApiError> {
@@ -73,29 +80,38 @@ fn profile_key(h: &hosts::Model) -> u64 {
         None => h.topology.hash(&mut hasher),
     }
     h.rails.hash(&mut hasher);
+    h.virt_type.hash(&mut hasher);
     hasher.finish()
 }
 
 impl Capacity {
-    fn cached_profile(&self, h: &hosts::Model) -> Option<Arc<HostProfile>> {
+    fn cached_profile(&self, h: &hosts::Model) -> Option<Derived> {
         let profiles = self.profiles.lock().unwrap_or_else(|e| e.into_inner());
         profiles.get(&profile_key(h)).cloned()
     }
 
-    fn profile(&self, h: &hosts::Model) -> Result<Arc<HostProfile>, ApiError> {
+    fn profile(&self, h: &hosts::Model) -> Result<Derived, ApiError> {
         if let Some(p) = self.cached_profile(h) {
             return Ok(p);
         }
         let topo = stored_topology(h)?;
-        let p = self
+        let profile = self
             .lock()
             .profile(&topo, &stored_rails(h))
             .map_err(|e| ApiError::Internal(format!("host {}: {e}", h.name)))?;
+        // Not ready for passthrough: every GPU and NIC stays out of
+        // placements, as a quarantined one does; CPU-only VMs still go.
+        let unready: Arc<[kumo_topology::Bdf]> = if passthrough_problems(h, &topo).is_empty() {
+            Arc::new([])
+        } else {
+            kumo_topology::readiness::passthrough_devices(&topo).into()
+        };
+        let d = Derived { profile, unready };
         self.profiles
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(profile_key(h), p.clone());
-        Ok(p)
+            .insert(profile_key(h), d.clone());
+        Ok(d)
     }
 
     fn upsert(
@@ -104,7 +120,7 @@ impl Capacity {
         rows: &[vms::Model],
         blocked: &[String],
     ) -> Result<(), ApiError> {
-        let profile = self.profile(h)?;
+        let Derived { profile, unready } = self.profile(h)?;
         let mut placed: Vec<(&vms::Model, Placement, bool, bool)> = Vec::new();
         for v in rows {
             let state = stored_state(v)?;
@@ -137,7 +153,11 @@ impl Capacity {
                 revision: h.revision,
                 profile,
                 networked: h.underlay_ip.is_some(),
-                blocked: blocked.iter().filter_map(|b| b.parse().ok()).collect(),
+                blocked: blocked
+                    .iter()
+                    .filter_map(|b| b.parse().ok())
+                    .chain(unready.iter().copied())
+                    .collect(),
             },
             &inputs,
         );

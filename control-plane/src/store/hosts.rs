@@ -34,6 +34,12 @@ pub fn stored_topology(h: &hosts::Model) -> Result<HostTopology, ApiError> {
         .map_err(|e| ApiError::Internal(format!("host {} topology: {e}", h.name)))
 }
 
+/// What keeps a host from passing devices through (empty: ready). KVM
+/// hosts back guest memory with hugepages; TCG and test hosts do not.
+pub fn passthrough_problems(h: &hosts::Model, topo: &HostTopology) -> Vec<String> {
+    kumo_topology::readiness::problems(topo, h.virt_type == "kvm")
+}
+
 pub fn host_state(h: &hosts::Model) -> Result<HostState, ApiError> {
     decode("hosts", &h.name, &h.state)
 }

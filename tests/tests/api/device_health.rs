@@ -431,3 +431,196 @@ on_both_backends! {
         assert!(gone >= 3, "{gone}");
     }
 }
+
+/// Devices checked on release: the real agent on an HGX fixture stops a
+/// 2-GPU VM, one of its GPUs then reads all ones from config space (as a
+/// GPU that did not come back from its reset does), and deleting the VM
+/// quarantines that GPU, not the other, before anyone else is placed on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_that_does_not_come_back_after_its_vm_lets_it_go_is_quarantined() {
+    let s = TestServer::start(crate::harness::Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    let dir = scratch();
+    let (agent, sysfs) = hgx_agent(&s, dir.path()).await;
+    agent.report_health().await.unwrap();
+    let pair: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &vm("pair", 2, ServiceLevel::Guaranteed),
+        )
+        .await
+        .unwrap();
+    agent.sync_once(None).await.unwrap();
+    let gpus: Vec<String> = pair
+        .placement
+        .as_ref()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.host_bdf.clone())
+        .collect();
+    let (bad, good) = (gpus[0].clone(), gpus[1].clone());
+    let action = |verb: reqwest::Method, path: String| {
+        s.http()
+            .request(verb, format!("{}{path}", s.url))
+            .bearer_auth(&s.admin_token)
+            .send()
+    };
+    let stop = action(
+        reqwest::Method::POST,
+        "/api/v1/tenants/lab/vms/pair/stop".into(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stop.status(), 202);
+    agent.sync_once(None).await.unwrap();
+    let stopped: Vm = s.admin.get("/api/v1/tenants/lab/vms/pair").await.unwrap();
+    assert_eq!(stopped.state, VmState::Stopped);
+
+    // The VM is stopped; its first GPU now answers config reads with ones.
+    let config = dev(&sysfs, &bad).join("config");
+    let mut bytes = std::fs::read(&config).unwrap();
+    bytes[..2].copy_from_slice(&[0xff, 0xff]);
+    std::fs::write(&config, &bytes).unwrap();
+    let gone = action(
+        reqwest::Method::DELETE,
+        "/api/v1/tenants/lab/vms/pair".into(),
+    )
+    .await
+    .unwrap();
+    assert!(gone.status().is_success(), "{}", gone.status());
+    agent.sync_once(None).await.unwrap();
+
+    let q = device(&s, &bad).await;
+    assert_eq!(q.state, DeviceState::Quarantined, "{q:?}");
+    assert_eq!(
+        q.reason.as_deref(),
+        Some("did not come back after reset: config space reads 0xffff")
+    );
+    assert_eq!(device(&s, &good).await.state, DeviceState::Healthy);
+    // Never handed on: the whole host is no longer free for 8 GPUs, and
+    // each single-GPU VM gets another GPU.
+    let whole = s
+        .admin
+        .post::<_, Vm>(
+            "/api/v1/tenants/lab/vms",
+            &vm("whole", 8, ServiceLevel::Guaranteed),
+        )
+        .await;
+    assert!(whole.is_err(), "an 8-GPU VM placed over a quarantined GPU");
+    for i in 0..7 {
+        let one: Vm = s
+            .admin
+            .post(
+                "/api/v1/tenants/lab/vms",
+                &vm(&format!("one-{i}"), 1, ServiceLevel::Guaranteed),
+            )
+            .await
+            .unwrap();
+        assert_ne!(one.placement.unwrap().gpus[0].host_bdf, bad);
+    }
+    let audit: serde_json::Value = s.admin.get("/api/v1/audit?limit=50").await.unwrap();
+    assert!(
+        audit
+            .to_string()
+            .contains(&format!("gpu-001 {bad}: did not come back after reset")),
+        "{audit}"
+    );
+}
+
+/// Host readiness: a real agent on an HGX fixture whose kernel made no
+/// IOMMU groups (the IOMMU off) registers a host that says why it is not
+/// ready for passthrough, gives no GPU VM a place, and still takes a
+/// CPU-only VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_its_iommu_off_takes_cpu_only_vms_and_says_why() {
+    let s = TestServer::start(crate::harness::Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    let dir = scratch();
+    let sysfs = dir.path().join("sysfs");
+    kumo_topology::fixtures::write(
+        &kumo_topology::fixtures::machine("hgx-h100").unwrap(),
+        &sysfs,
+    )
+    .unwrap();
+    std::fs::remove_dir_all(sysfs.join("kernel/iommu_groups")).unwrap();
+    std::fs::create_dir_all(sysfs.join("kernel/iommu_groups")).unwrap();
+    let config = crate::harness::agent_config(
+        &s,
+        Some(s.join_token().await),
+        &sysfs,
+        &dir.path().join("state"),
+        "gpu-001",
+    );
+    let agent = Agent::start(config).await.unwrap();
+    let h: kumo_api_types::HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+    assert!(!h.host.passthrough_ready);
+    assert_eq!(h.host.gpus_free, 0, "{:?}", h.host);
+    assert!(
+        h.host.passthrough_problems[0].starts_with("the IOMMU is off"),
+        "{:?}",
+        h.host.passthrough_problems
+    );
+    let gpu = s
+        .admin
+        .post::<_, Vm>(
+            "/api/v1/tenants/lab/vms",
+            &vm("gpu", 1, ServiceLevel::Guaranteed),
+        )
+        .await;
+    assert!(gpu.is_err(), "a GPU VM placed on a host without an IOMMU");
+    let cpu: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &vm("cpu", 0, ServiceLevel::Guaranteed),
+        )
+        .await
+        .unwrap();
+    assert_eq!(cpu.host.as_deref(), Some("gpu-001"));
+    agent.sync_once(None).await.unwrap();
+
+    // The IOMMU on again (the host rebooted with it): the next
+    // registration's topology makes it ready, GPUs free.
+    kumo_topology::fixtures::write(
+        &kumo_topology::fixtures::machine("hgx-h100").unwrap(),
+        &dir.path().join("sysfs-fixed"),
+    )
+    .unwrap();
+    std::fs::remove_dir_all(sysfs.join("kernel/iommu_groups")).unwrap();
+    std::fs::rename(
+        dir.path().join("sysfs-fixed/kernel/iommu_groups"),
+        sysfs.join("kernel/iommu_groups"),
+    )
+    .unwrap();
+    drop(agent);
+    let config =
+        crate::harness::agent_config(&s, None, &sysfs, &dir.path().join("state"), "gpu-001");
+    let agent = Agent::start(config).await.unwrap();
+    agent.report_inventory().await.unwrap();
+    // The scheduler's index follows the stored inventory.
+    s.server
+        .state
+        .capacity
+        .refresh_all(&s.server.state.db)
+        .await
+        .unwrap();
+    let h: kumo_api_types::HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
+    assert!(
+        h.host.passthrough_ready,
+        "{:?}",
+        h.host.passthrough_problems
+    );
+    assert_eq!(h.host.gpus_free, 8);
+    let _: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &vm("gpu", 1, ServiceLevel::Guaranteed),
+        )
+        .await
+        .unwrap();
+}

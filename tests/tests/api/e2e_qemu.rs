@@ -264,6 +264,81 @@ pub(crate) async fn guest_exec(
     }
 }
 
+/// NCCL's RoCE settings, as the agent keeps them, in a real guest whose
+/// RDMA device is the kernel's software RoCE over its NIC (`rxe0`, a
+/// stand-in for a ConnectX VF, which QEMU cannot give it here): the agent
+/// finds the device by its NIC's MAC and the RoCEv2 GID of its address in
+/// the guest's sysfs, and `/etc/nccl.conf` says so, the tenant's own line
+/// kept.
+async fn roce_settings_reach_nccl_conf(
+    dom: &virt::domain::Domain,
+    topology_xml: &str,
+    mac: &str,
+    ip: &str,
+) {
+    use kumo_agent::guest_files::{sync, Outcome};
+    guest_exec(dom, "/bin/kumo-soft-roce", &["eth0"]).await;
+    assert!(
+        guest_read(dom, "/sys/class/infiniband/rxe0/ports/1/state").is_some(),
+        "soft RoCE is up in the guest: {}",
+        guest_exec(dom, "/bin/sh", &["-c", "dmesg | tail -n 5"])
+            .await
+            .unwrap_or_default()
+    );
+    // The tenant's own setting, which the agent must keep.
+    guest_exec(
+        dom,
+        "/bin/sh",
+        &["-c", "echo NCCL_DEBUG=INFO >> /etc/nccl.conf"],
+    )
+    .await;
+    let plan = kumo_agent::nccl_net::RocePlan {
+        rails: vec![(mac.to_ascii_lowercase(), ip.parse().unwrap())],
+        traffic_class: vxlan_manager::roce::LOSSLESS.roce_traffic_class(),
+        socket_mac: Some(mac.to_ascii_lowercase()),
+    };
+    let (outcome, pending) = until(
+        "the RoCE settings in the guest",
+        Duration::from_secs(30),
+        async || {
+            let r = sync(dom, topology_xml, None, Some(&plan));
+            (r.1.is_none()).then_some(r)
+        },
+    )
+    .await;
+    assert_eq!((outcome, pending), (Outcome::Written, None));
+    // The test's own reading of the GID table: the RoCE v2 entry of the
+    // guest's IPv4 address.
+    let mapped = ip.parse::<std::net::Ipv4Addr>().unwrap().to_ipv6_mapped();
+    let index = (0..16)
+        .find(|i| {
+            let gid = guest_read(dom, &format!("/sys/class/infiniband/rxe0/ports/1/gids/{i}"));
+            let kind = guest_read(
+                dom,
+                &format!("/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/{i}"),
+            );
+            gid.and_then(|g| g.trim().parse::<std::net::Ipv6Addr>().ok()) == Some(mapped)
+                && kind.as_deref().map(str::trim) == Some("RoCE v2")
+        })
+        .expect("the guest has a RoCE v2 GID for its address");
+    let conf = guest_read(dom, "/etc/nccl.conf").unwrap();
+    let lines: Vec<&str> = conf.lines().collect();
+    for want in [
+        "NCCL_DEBUG=INFO",
+        "NCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml",
+        "NCCL_IB_HCA==rxe0:1",
+        "NCCL_IB_TC=104",
+        &format!("NCCL_IB_GID_INDEX={index}"),
+        "NCCL_SOCKET_IFNAME==eth0",
+    ] {
+        assert!(lines.contains(&want), "{want} in {conf}");
+    }
+    assert_eq!(
+        sync(dom, topology_xml, None, Some(&plan)),
+        (Outcome::AlreadyThere, None)
+    );
+}
+
 /// The address the outside sees the guest's connection come from.
 async fn guest_egress(dom: &virt::domain::Domain) -> Option<String> {
     let port = ECHO_PORT.to_string();
@@ -534,6 +609,8 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         route.contains(&format!("default via {} dev eth0", lan.gateway)),
         "{route}"
     );
+
+    roce_settings_reach_nccl_conf(&dom, &served, &nic.mac, &nic.ip).await;
 
     // Egress: its edge is placed on this host with an egress address, and
     // the outside sees the guest's connections come from it.

@@ -597,6 +597,8 @@ impl SimAgent {
                         token_sha256: None,
                     })
                     .collect(),
+                // Simulated devices always come back.
+                unfit: Vec::new(),
             })
             .send()
             .await

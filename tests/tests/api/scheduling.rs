@@ -365,3 +365,30 @@ on_both_backends! {
         }
     }
 }
+/// A guaranteed GPU VM that names no model and must wait for a reclaim is
+/// pending, counted against (and held to) the model of the host it waits
+/// for; never refused as over a quota of no model. (It was, and made the
+/// README walk flaky whenever deleted spot VMs were still on their host.)
+#[tokio::test]
+async fn a_guaranteed_vm_naming_no_model_waits_for_a_reclaim() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("gpu-1", "hgx-h100").await;
+    let _: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &vm("spot", 8, ServiceLevel::Spot),
+        )
+        .await
+        .unwrap();
+    agent.converge().await;
+    let mut req = vm("big", 2, ServiceLevel::Guaranteed);
+    req.gpu_model = None;
+    let big: Vm = s.admin.post("/api/v1/tenants/lab/vms", &req).await.unwrap();
+    assert_eq!(big.state, VmState::Pending);
+    assert_eq!(
+        get_vm(&s, "big").await.spec.gpu_model.as_deref(),
+        Some(H100)
+    );
+}

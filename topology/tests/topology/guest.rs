@@ -224,27 +224,9 @@ pub fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
 
     // The domain XML parses and passes every placed function through.
     let dom = roxmltree::Document::parse(&r.domain_xml).unwrap();
-    let sources: BTreeSet<String> = dom
-        .descendants()
-        .filter(|n| n.has_tag_name("hostdev"))
-        .filter_map(|h| {
-            h.descendants().find(|n| {
-                n.has_tag_name("address")
-                    && n.parent_element().is_some_and(|p| p.has_tag_name("source"))
-            })
-        })
-        .map(|a| {
-            let hex = |k: &str| {
-                u32::from_str_radix(a.attribute(k).unwrap().trim_start_matches("0x"), 16).unwrap()
-            };
-            Bdf::new(
-                hex("domain") as u16,
-                hex("bus") as u8,
-                hex("slot") as u8,
-                hex("function") as u8,
-            )
-            .to_string()
-        })
+    let sources: BTreeSet<String> = kumo_topology::domain_xml::passed_through(&r.domain_xml)
+        .iter()
+        .map(Bdf::to_string)
         .collect();
     let placed: BTreeSet<String> = r.report.bdf_map.keys().map(Bdf::to_string).collect();
     assert_eq!(sources, placed);

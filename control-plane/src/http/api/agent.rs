@@ -153,8 +153,12 @@ pub async fn desired(
 pub async fn status(
     State(st): State<AppState>,
     HostCaller(host): HostCaller,
+    origin: crate::context::Origin,
     Json(report): Json<StatusReport>,
 ) -> Result<StatusCode, ApiError> {
+    // Before the VMs' states: a device leaves the pool before the VM that
+    // let it go releases it.
+    crate::app::device_health::released_unfit(&st, &host, &report.unfit, &origin).await?;
     crate::app::agents::apply_status(&st, &host, &report).await?;
     Ok(StatusCode::NO_CONTENT)
 }

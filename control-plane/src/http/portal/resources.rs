@@ -653,6 +653,21 @@ async fn host_listing(v: &Visit, name: &str) -> Result<Listing, ApiError> {
                 ..Default::default()
             },
             Section {
+                heading: tx(Msg::Passthrough),
+                columns: vec![tx(Msg::PassthroughProblem)],
+                rows: h
+                    .host
+                    .passthrough_problems
+                    .iter()
+                    .map(|p| vec![Cell::text(p)])
+                    .collect(),
+                empty: kumo_web_portal::i18n::passthrough_ready(
+                    l,
+                    h.host.hugepages_free_bytes >> 30,
+                ),
+                ..Default::default()
+            },
+            Section {
                 heading: tx(Msg::Fabric),
                 columns: vec!["netdev".into(), "QoS".into(), "VF".into()],
                 rows: fabric,
