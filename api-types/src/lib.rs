@@ -524,6 +524,14 @@ pub struct Host {
     /// Hugepage memory free for guests.
     #[serde(default)]
     pub hugepages_free_bytes: u64,
+    /// On an NVSwitch host in shared NVSwitch mode, the partitions its
+    /// Fabric Manager supports: a multi-GPU VM gets exactly one of these
+    /// GPU sets, activated before it starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<NvSwitchPartition>,
+    /// Why the host takes 1-GPU VMs only (its Fabric Manager does not answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_manager_problem: Option<String>,
     /// The host's VXLAN tunnel endpoint; without one it takes no VMs
     /// with networks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -539,6 +547,13 @@ pub struct Host {
 
 fn ready() -> bool {
     true
+}
+
+/// An NVSwitch partition: Fabric Manager's id and its GPUs' host addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NvSwitchPartition {
+    pub id: u32,
+    pub gpus: Vec<String>,
 }
 
 /// A passed-through device's health (see the README's "Device health").

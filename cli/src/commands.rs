@@ -1564,8 +1564,22 @@ async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
                         h.host.passthrough_problems.join("\n        - ")
                     )
                 };
+                let mut nvswitch = String::new();
+                if let Some(p) = &h.host.fabric_manager_problem {
+                    nvswitch = format!("NVSwitch: {p}\n");
+                } else if !h.host.partitions.is_empty() {
+                    nvswitch = format!(
+                        "NVSwitch partitions: {}\n",
+                        h.host
+                            .partitions
+                            .iter()
+                            .map(|p| format!("{}={}", p.id, p.gpus.len()))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    );
+                }
                 format!(
-                    "Name:   {}\nState:  {}\nGPUs:   {} ({} free) {}\nCPUs:   {}\nVirt:   {}\nPassthrough: {}\n\n{}\nAllocations: {}\n",
+                    "Name:   {}\nState:  {}\nGPUs:   {} ({} free) {}\nCPUs:   {}\nVirt:   {}\nPassthrough: {}\n{nvswitch}\n{}\nAllocations: {}\n",
                     h.host.name,
                     h.host.state.as_str(),
                     h.host.gpus,

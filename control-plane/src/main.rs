@@ -91,6 +91,10 @@ enum Bench {
         requests: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// NVSwitch hosts in Fabric Manager's shared mode: multi-GPU VMs
+        /// on their default partitions only.
+        #[arg(long)]
+        partitions: bool,
     },
     /// Rating a month of synthetic lifecycle events and building every
     /// tenant's statement.
@@ -276,11 +280,13 @@ fn main() -> ExitCode {
             fill,
             requests,
             seed,
+            partitions,
         }) => kumo_scheduler::bench::run(&kumo_scheduler::bench::BenchConfig {
             hosts,
             fill,
             requests,
             seed,
+            partitions,
         })
         .map_err(anyhow::Error::msg)
         .and_then(|r| {

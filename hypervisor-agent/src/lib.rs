@@ -7,6 +7,7 @@
 pub mod client;
 pub mod console;
 pub mod credential;
+pub mod fabric_manager;
 pub mod guest_files;
 pub mod nccl_net;
 pub mod reconcile;

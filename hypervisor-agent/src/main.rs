@@ -142,6 +142,26 @@ enum Command {
         /// of `kumo-server dev` end with it, even when it is killed).
         #[arg(long)]
         parent_pid: Option<u32>,
+        /// On an NVSwitch host in shared NVSwitch mode: the Fabric Manager
+        /// client and its arguments, e.g. `fmpm --hostname 10.0.0.5`. The
+        /// agent lists the partitions with it, activates a multi-GPU VM's
+        /// before the VM starts and deactivates it after.
+        #[arg(long)]
+        fabric_manager: Option<String>,
+    },
+    /// A stand-in for NVIDIA Fabric Manager and its `fmpm` client on hosts
+    /// without NVSwitch hardware (tests, the dev fleet): answers fmpm's
+    /// arguments from a state file, in fmpm's format.
+    FabricManagerStandin {
+        #[arg(long)]
+        state: PathBuf,
+        /// First write an 8-GPU HGX baseboard's default partition table,
+        /// nothing active.
+        #[arg(long)]
+        init: bool,
+        /// fmpm's arguments: `-l`, `-a ID`, `-d ID`, `--set-activated-list IDS`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Write the sysfs tree of a known machine design, for tests and simulated hosts.
     Fixture {
@@ -193,6 +213,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             telemetry_secs,
             thin_pool,
             parent_pid,
+            fabric_manager,
         } => {
             if let Some(parent) = parent_pid {
                 die_with_parent(parent);
@@ -235,6 +256,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 transfer_listen,
                 transfer_url,
                 telemetry: std::time::Duration::from_secs(telemetry_secs.max(1)),
+                fabric_manager,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -296,6 +318,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 out.join("layout.json"),
                 serde_json::to_string_pretty(&r.report)? + "\n",
             )?;
+        }
+        Command::FabricManagerStandin { state, init, args } => {
+            use kumo_agent::fabric_manager::standin;
+            if init {
+                standin::State::hgx()
+                    .save(&state)
+                    .map_err(anyhow::Error::msg)?;
+            }
+            if !args.is_empty() {
+                let (out, code) = standin::run(&state, &args);
+                print!("{out}");
+                std::process::exit(code);
+            }
         }
         Command::Fixture { name, out } => {
             let m = fixtures::machine(&name).with_context(|| {

@@ -17,7 +17,9 @@ use kumo_topology::domain_xml::{
     VolumeDisk, METADATA_NS,
 };
 use kumo_topology::guest_layout::guest_layout;
-use kumo_topology::HostTopology;
+use kumo_topology::{Bdf, FabricManager, HostTopology};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use uuid::Uuid;
 use virt::connect::Connect;
 use virt::domain::Domain;
@@ -125,6 +127,17 @@ pub struct Reconciler {
     /// Devices that failed their check after a VM let them go, for the
     /// next report (see [`kumo_topology::health::release_check`]).
     pub unfit: Vec<UnfitDevice>,
+    /// The host's Fabric Manager (shared NVSwitch mode), when it has one.
+    fabric: Option<crate::fabric_manager::Fmpm>,
+    /// What Fabric Manager last said (its partitions, or why it did not
+    /// answer), shared with the heartbeat that tells the server.
+    pub fabric_view: Arc<Mutex<Option<FabricManager>>>,
+    /// Partitions Fabric Manager last listed as active.
+    fabric_active: BTreeSet<u32>,
+    /// Whether this agent has told Fabric Manager its activated list
+    /// since it started (it re-sets it then and after Fabric Manager
+    /// restarts).
+    fabric_told: bool,
     /// Reboot requests applied, by VM: survives restarts in `reboots.json`.
     reboots: BTreeMap<Uuid, i64>,
     /// Preemption notices given, by VM: the deadline each was for.
@@ -268,6 +281,7 @@ impl Reconciler {
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or_default();
+        let fabric_view = Arc::new(Mutex::new(topology.fabric_manager.clone()));
         Reconciler {
             conn: Some(conn),
             uri: uri.to_owned(),
@@ -277,6 +291,10 @@ impl Reconciler {
             state_dir: state_dir.to_path_buf(),
             sysfs_root: sysfs_root.to_path_buf(),
             unfit: Vec::new(),
+            fabric: None,
+            fabric_view,
+            fabric_active: BTreeSet::new(),
+            fabric_told: false,
             reboots,
             noticed: BTreeMap::new(),
             changes: 0,
@@ -569,6 +587,7 @@ impl Reconciler {
         match vm.power {
             // A VM being reclaimed that shut down on its notice stays down.
             Power::Running if !active && vm.preemption.is_none() => {
+                self.activate_partition(vm)?;
                 self.changes += 1;
                 // Restores a managed-save image when there is one.
                 dom.create().map_err(err)?;
@@ -639,6 +658,180 @@ impl Reconciler {
         }
         tracing::info!(vm = %vm.id, outcome = %said, "preemption notice");
         Some(said)
+    }
+
+    /// Talks to this Fabric Manager from now on.
+    pub fn with_fabric_manager(mut self, fm: crate::fabric_manager::Fmpm) -> Reconciler {
+        self.fabric = Some(fm);
+        self
+    }
+
+    /// The GPU sets of this host's running domains (from their XML, so a
+    /// VM the server no longer lists still counts while it runs).
+    fn running_gpu_sets(&mut self) -> Result<Vec<Vec<Bdf>>, String> {
+        let gpus: BTreeSet<Bdf> = self.topology.gpus.iter().map(|g| g.location.bdf).collect();
+        let mut out = Vec::new();
+        for dom in self.owned()?.values() {
+            if dom.is_active().unwrap_or(false) {
+                let xml = dom.xml_desc(0).map_err(err)?;
+                let set: Vec<Bdf> = kumo_topology::domain_xml::passed_through(&xml)
+                    .into_iter()
+                    .filter(|b| gpus.contains(b))
+                    .collect();
+                if !set.is_empty() {
+                    out.push(set);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The partitions as last listed (or as at start).
+    fn known_partitions(&self) -> Option<Vec<kumo_topology::Partition>> {
+        let view = self
+            .fabric_view
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        [view, self.topology.fabric_manager.clone()]
+            .into_iter()
+            .find_map(|v| match v {
+                Some(FabricManager::Partitions(ps)) => Some(ps),
+                _ => None,
+            })
+    }
+
+    /// Brings Fabric Manager in line with the running domains: after this
+    /// agent or Fabric Manager (re)started it re-sets the activated list
+    /// to the partitions the running VMs hold, and it deactivates every
+    /// active partition no running VM holds (and whose GPUs none uses).
+    /// Fabric Manager not answering is recorded (the server then places
+    /// 1-GPU VMs only) and retried on the next pass.
+    fn converge_fabric(&mut self) {
+        let Some(fm) = self.fabric.clone() else {
+            return;
+        };
+        let sets = match self.running_gpu_sets() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the running domains; Fabric Manager left as it is");
+                return;
+            }
+        };
+        let running: BTreeSet<Bdf> = sets.iter().flatten().copied().collect();
+        let mut listed = if self.fabric_told {
+            fm.list()
+        } else {
+            Err(crate::fabric_manager::FmError {
+                status: Some(-8),
+                message: "not told since this agent started".into(),
+            })
+        };
+        if matches!(&listed, Err(e) if e.status == Some(-8)) {
+            // Each running VM's own partition: disjoint, since they run.
+            let held: Option<Vec<u32>> = match self.known_partitions() {
+                Some(ps) => sets
+                    .iter()
+                    .filter(|s| s.len() > 1 || ps.iter().any(|p| p.gpus == **s))
+                    .map(|s| kumo_topology::partitions::partition_of(&ps, s).map(|p| p.id))
+                    .collect(),
+                // Single GPUs started while it did not answer hold none.
+                None if sets.iter().all(|s| s.len() == 1) => Some(Vec::new()),
+                None => None,
+            };
+            listed = match held {
+                Some(held) => fm.set_activated(&held).and_then(|()| {
+                    self.fabric_told = true;
+                    tracing::info!(partitions = ?held, "told Fabric Manager the activated partitions");
+                    fm.list()
+                }),
+                None => Err(crate::fabric_manager::FmError {
+                    status: None,
+                    message: "the running VMs' partitions are unknown (Fabric Manager never listed them)".into(),
+                }),
+            };
+        }
+        let view = match listed {
+            Ok(list) => {
+                self.fabric_active = list
+                    .iter()
+                    .filter(|(_, on)| *on)
+                    .map(|(p, _)| p.id)
+                    .collect();
+                for (p, _) in list.iter().filter(|(_, on)| *on) {
+                    let held = sets
+                        .iter()
+                        .any(|s| s.len() == p.gpus.len() && p.gpus.iter().all(|g| s.contains(g)));
+                    if held || p.gpus.iter().any(|g| running.contains(g)) {
+                        continue;
+                    }
+                    match fm.deactivate(p.id) {
+                        Ok(()) => {
+                            self.changes += 1;
+                            self.fabric_active.remove(&p.id);
+                            tracing::info!(partition = p.id, "NVSwitch partition deactivated");
+                        }
+                        Err(e) => {
+                            tracing::warn!(partition = p.id, error = %e, "could not deactivate an NVSwitch partition")
+                        }
+                    }
+                }
+                FabricManager::Partitions(list.into_iter().map(|(p, _)| p).collect())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Fabric Manager does not answer");
+                FabricManager::Unreachable(format!("Fabric Manager does not answer: {e}"))
+            }
+        };
+        *self.fabric_view.lock().unwrap_or_else(|e| e.into_inner()) = Some(view);
+    }
+
+    /// Activates the NVSwitch partition that is exactly the VM's GPUs
+    /// before it starts. A VM whose GPUs are no partition, or whose
+    /// activation Fabric Manager refuses, fails alone with the reason.
+    fn activate_partition(&mut self, vm: &DesiredVm) -> Result<(), String> {
+        let Some(fm) = self.fabric.clone() else {
+            return Ok(());
+        };
+        let gpus = &vm.placement.gpus;
+        if gpus.is_empty() {
+            return Ok(());
+        }
+        let view = self
+            .fabric_view
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let partitions = match view.or_else(|| self.topology.fabric_manager.clone()) {
+            None => return Ok(()),
+            Some(FabricManager::Unreachable(why)) if gpus.len() > 1 => {
+                return Err(format!("no NVLink partition can be activated: {why}"))
+            }
+            Some(FabricManager::Unreachable(_)) => return Ok(()),
+            Some(FabricManager::Partitions(ps)) => ps,
+        };
+        let Some(p) = kumo_topology::partitions::partition_of(&partitions, gpus) else {
+            return Err(format!(
+                "its GPUs ({}) are no NVSwitch partition Fabric Manager supports",
+                gpus.iter()
+                    .map(Bdf::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        };
+        if self.fabric_active.contains(&p.id) {
+            return Ok(());
+        }
+        fm.activate(p.id).map_err(|e| {
+            format!(
+                "Fabric Manager did not activate NVSwitch partition {}: {e}",
+                p.id
+            )
+        })?;
+        self.changes += 1;
+        self.fabric_active.insert(p.id);
+        tracing::info!(vm = %vm.id, partition = p.id, "NVSwitch partition activated");
+        Ok(())
     }
 
     /// Shuts a domain down and undefines it; its files stay. The devices
@@ -717,6 +910,7 @@ impl Reconciler {
         unconverged: &Unconverged,
         ready: &ReadyVolumes,
     ) -> Result<Vec<VmStatus>, String> {
+        self.converge_fabric();
         let mut owned = self.owned()?;
         let mut report = Vec::new();
         // Shelved: no domain, the files kept for when it comes back.
@@ -808,6 +1002,8 @@ impl Reconciler {
                 });
             }
         }
+        // Stopped and removed VMs' partitions go now.
+        self.converge_fabric();
         let reboots = serde_json::to_string(&self.reboots).unwrap_or_default();
         if let Err(e) = std::fs::write(self.state_dir.join("reboots.json"), reboots) {
             tracing::warn!(error = %e, "could not record applied reboots");

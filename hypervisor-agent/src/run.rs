@@ -50,6 +50,9 @@ pub struct AgentConfig {
     /// How often the agent reads its devices' health and asks its GPU
     /// guests for their GPUs' figures.
     pub telemetry: Duration,
+    /// The Fabric Manager client and its arguments (`fmpm --hostname
+    /// ADDR`) of an NVSwitch host in shared NVSwitch mode.
+    pub fabric_manager: Option<String>,
 }
 
 /// A host's storage pool for volumes.
@@ -95,6 +98,9 @@ pub struct Agent {
     /// Netlink changes made to tenant networks, for tests and logs.
     pub network_changes: std::sync::atomic::AtomicU64,
     topology: kumo_topology::HostTopology,
+    /// Fabric Manager's partitions as the reconciler last read them: the
+    /// inventory goes to the server again when they change.
+    fabric_view: Arc<Mutex<Option<kumo_topology::FabricManager>>>,
     fabric: Arc<Mutex<FabricState>>,
     /// The segments the last pass could not set up, for the heartbeat.
     faults: Arc<Mutex<BTreeMap<u32, String>>>,
@@ -185,10 +191,42 @@ impl Agent {
         // Paths handed to libvirt and to tools run elsewhere must not
         // depend on this process's working directory.
         config.state_dir = std::path::absolute(&config.state_dir)?;
-        let topo = sysfs::discover(&config.sysfs_root, None)?;
+        let mut topo = sysfs::discover(&config.sysfs_root, None)?;
         for w in &topo.warnings {
             tracing::warn!(warning = %w, "topology");
         }
+        // The partitions go into the inventory the server places by.
+        let fabric = match (&config.fabric_manager, topo.nvswitches.is_empty()) {
+            (Some(cmd), false) => {
+                let fm = crate::fabric_manager::Fmpm::new(
+                    crate::fabric_manager::argv(cmd),
+                    kumo_topology::partitions::module_order(&topo),
+                );
+                let probe = fm.clone();
+                let listed = tokio::task::spawn_blocking(move || probe.list()).await?;
+                topo.fabric_manager = Some(match listed {
+                    Ok(list) => kumo_topology::FabricManager::Partitions(
+                        list.into_iter().map(|(p, _)| p).collect(),
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Fabric Manager does not answer: 1-GPU VMs only");
+                        kumo_topology::FabricManager::Unreachable(format!(
+                            "Fabric Manager does not answer: {e}"
+                        ))
+                    }
+                });
+                Some(fm)
+            }
+            (Some(_), true) => {
+                tracing::warn!("--fabric-manager given, but this host has no NVSwitch: ignored");
+                None
+            }
+            (None, false) => {
+                tracing::warn!("an NVSwitch host without --fabric-manager: multi-GPU VMs get NVLink only if the host activates partitions itself");
+                None
+            }
+            (None, true) => None,
+        };
         let storage = config.storage_backend();
         let transfers = crate::transfer::Transfers::new(storage.clone(), config.root_disks());
         let listener = tokio::net::TcpListener::bind(config.transfer_listen)
@@ -222,6 +260,11 @@ impl Agent {
             &config.state_dir,
             &config.sysfs_root,
         );
+        let reconciler = match fabric {
+            Some(fm) => reconciler.with_fabric_manager(fm),
+            None => reconciler,
+        };
+        let fabric_view = reconciler.fabric_view.clone();
         let consoles = crate::console::Consoles::new(
             &config.server,
             &cred.credential,
@@ -244,6 +287,7 @@ impl Agent {
             network_changes: Default::default(),
             telemetry,
             topology: topo,
+            fabric_view,
             fabric: Arc::default(),
             faults: Arc::default(),
         })
@@ -260,9 +304,15 @@ impl Agent {
     /// Sends the host's inventory now (the run loop's first heartbeat
     /// carries it).
     pub async fn report_inventory(&self) -> Result<(), ClientError> {
+        let mut inventory = self.topology.clone();
+        inventory.fabric_manager = self
+            .fabric_view
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         self.client
             .heartbeat(&AgentHeartbeat {
-                topology: Some(self.topology.clone()),
+                topology: Some(inventory),
                 underlay_ip: self.config.underlay_ip,
                 ..Default::default()
             })
@@ -652,6 +702,7 @@ impl Agent {
         let health_every = self.config.telemetry;
         let sysfs = self.config.sysfs_root.clone();
         let topo = self.topology.clone();
+        let fabric_view = self.fabric_view.clone();
         let telemetry = {
             let (t, last, client, every) = (
                 self.telemetry.clone(),
@@ -677,9 +728,15 @@ impl Agent {
             // start: a host fixed and restarted (its IOMMU turned on,
             // hugepages reserved, a card changed) is then judged anew
             // without registering again.
-            let mut inventory_sent = false;
+            let mut inventory_sent: Option<kumo_topology::HostTopology> = None;
             loop {
                 tick.tick().await;
+                let mut inventory = topo.clone();
+                inventory.fabric_manager = fabric_view
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let inventory = (inventory_sent.as_ref() != Some(&inventory)).then_some(inventory);
                 let report = {
                     let f = fabric.lock().unwrap_or_else(|e| e.into_inner());
                     f.unsent.then(|| f.report.clone())
@@ -695,7 +752,7 @@ impl Agent {
                         kumo_topology::health::read(&sysfs, &topo)
                     });
                 let body = AgentHeartbeat {
-                    topology: (!inventory_sent).then(|| topo.clone()),
+                    topology: inventory.clone(),
                     underlay_ip: underlay,
                     fabric: report.clone(),
                     segment_faults: Some(segment_faults),
@@ -704,7 +761,9 @@ impl Agent {
                 };
                 match hb_client.heartbeat(&body).await {
                     Ok(()) => {
-                        inventory_sent = true;
+                        if inventory.is_some() {
+                            inventory_sent = inventory;
+                        }
                         let mut f = fabric.lock().unwrap_or_else(|e| e.into_inner());
                         if report.as_ref() == Some(&f.report) {
                             f.unsent = false;

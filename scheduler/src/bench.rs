@@ -30,6 +30,9 @@ pub struct BenchConfig {
     pub fill: f64,
     pub requests: usize,
     pub seed: u64,
+    /// NVSwitch hosts in Fabric Manager's shared mode: multi-GPU VMs on
+    /// their default partitions only.
+    pub partitions: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,19 +65,25 @@ pub struct Report {
     pub fill: f64,
     pub requests: usize,
     pub seed: u64,
+    pub partitions: bool,
     #[serde(flatten)]
     pub kumo: Figures,
     pub first_fit: Figures,
 }
 
 /// The fixture machines the fleet is made of, as profiles interned in `index`.
-fn profiles(index: &mut Index) -> Result<Vec<Arc<HostProfile>>, String> {
+fn profiles(index: &mut Index, partitions: bool) -> Result<Vec<Arc<HostProfile>>, String> {
     let mut out = Vec::new();
     for name in ["hgx-h100", "dgx-a100", "hgx-h100-2nic"] {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let m = fixtures::machine(name).ok_or_else(|| format!("no fixture {name}"))?;
         fixtures::write(&m, dir.path()).map_err(|e| e.to_string())?;
-        let topo = sysfs::discover(dir.path(), None).map_err(|e| e.to_string())?;
+        let mut topo = sysfs::discover(dir.path(), None).map_err(|e| e.to_string())?;
+        if partitions {
+            let table = kumo_topology::partitions::default_partitions(&topo)
+                .ok_or_else(|| format!("{name} has no NVSwitch partition table"))?;
+            topo.fabric_manager = Some(kumo_topology::FabricManager::Partitions(table));
+        }
         out.push(
             index
                 .profile(&topo, &Default::default())
@@ -84,9 +93,9 @@ fn profiles(index: &mut Index) -> Result<Vec<Arc<HostProfile>>, String> {
     Ok(out)
 }
 
-fn fleet(n: usize) -> Result<Index, String> {
+fn fleet(n: usize, partitions: bool) -> Result<Index, String> {
     let mut index = Index::new();
-    let profiles = profiles(&mut index)?;
+    let profiles = profiles(&mut index, partitions)?;
     for i in 0..n {
         let unit = i / UNIT_SIZE;
         index.upsert(
@@ -135,7 +144,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn run_one(cfg: &BenchConfig, strategy: Strategy) -> Result<(Figures, u32), String> {
-    let mut index = fleet(cfg.hosts)?;
+    let mut index = fleet(cfg.hosts, cfg.partitions)?;
     let models: Vec<u16> = ["H100-SXM5-80GB", "A100-SXM4-40GB"]
         .iter()
         .filter_map(|m| index.model_id(m))
@@ -298,6 +307,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Report, String> {
         fill: cfg.fill,
         requests: cfg.requests,
         seed: cfg.seed,
+        partitions: cfg.partitions,
         kumo,
         first_fit,
     })
@@ -317,6 +327,7 @@ mod tests {
             fill: 0.6,
             requests: 1000,
             seed: 7,
+            partitions: false,
         })
         .unwrap();
         assert!(r.kumo.cluster_single_su_possible >= 10, "{r:?}");
@@ -327,6 +338,29 @@ mod tests {
         assert!(
             r.first_fit.cluster_single_su < r.first_fit.cluster_single_su_possible,
             "{r:?}"
+        );
+    }
+
+    /// On partitioned NVSwitch hosts best fit still packs: stranded GPUs
+    /// within 5 % of the unpartitioned fleet's, and every multi-GPU VM on
+    /// a partition (checked by the scheduler's own tests).
+    #[test]
+    fn partitions_keep_best_fits_packing() {
+        let cfg = |partitions| BenchConfig {
+            hosts: 256,
+            fill: 0.6,
+            requests: 1000,
+            seed: 7,
+            partitions,
+        };
+        let free = run(&cfg(false)).unwrap();
+        let parted = run(&cfg(true)).unwrap();
+        assert!(parted.kumo.vms_placed > 0, "{parted:?}");
+        assert!(
+            f64::from(parted.kumo.stranded_gpus) <= f64::from(free.kumo.stranded_gpus) * 1.05,
+            "stranded: {} partitioned, {} not",
+            parted.kumo.stranded_gpus,
+            free.kumo.stranded_gpus
         );
     }
 }

@@ -129,11 +129,58 @@ fn pick_from(h: &HostCap, pool: u64, n: usize) -> u64 {
     order.into_iter().take(n).fold(0, |m, i| m | (1 << i))
 }
 
+/// On a partitioned host: a free partition of `n` GPUs out of `free`.
+/// Best fit takes the one inside the enclosing partitions with the fewest
+/// free GPUs (smallest enclosing first), so that broken blocks fill up
+/// and whole ones stay whole for larger VMs; then GPUs whose NICs are free.
+fn pick_partition(
+    h: &HostCap,
+    parts: &[u64],
+    free: u64,
+    n: usize,
+    strategy: Strategy,
+    rails: Option<&Vec<Option<u32>>>,
+) -> Option<u64> {
+    let mut fits = parts.iter().copied().filter(|m| {
+        m.count_ones() as usize == n
+            && m & free == *m
+            && rails.is_none_or(|r| &rails_of(h, *m) == r)
+    });
+    if strategy == Strategy::FirstFit {
+        return fits.next();
+    }
+    fits.min_by_key(|m| {
+        let mut enclosing: Vec<u64> = parts
+            .iter()
+            .copied()
+            .filter(|b| b.count_ones() > m.count_ones() && b & m == *m)
+            .collect();
+        enclosing.sort_by_key(|b| b.count_ones());
+        let free_around: Vec<u32> = enclosing.iter().map(|b| (b & free).count_ones()).collect();
+        let nic_taken = bits(*m)
+            .filter(|i| {
+                h.profile.gpus[*i]
+                    .nic
+                    .is_some_and(|x| h.nic_free & (1 << x) == 0)
+            })
+            .count();
+        (free_around, nic_taken, m.trailing_zeros())
+    })
+}
+
 /// The GPUs for the request on this host and whether they span NVLink
 /// domains needlessly.
 fn choose_gpus(h: &HostCap, req: &Request, strategy: Strategy) -> Option<(u64, bool)> {
     let n = req.gpus as usize;
     let p = &h.profile;
+    if let Some(parts) = &p.partitions {
+        // Only a partition has NVLink (and only a partition can be
+        // activated): any other set is no choice at all.
+        return model_pools(h, req)
+            .filter_map(|free| pick_partition(h, parts, free, n, strategy, req.rails.as_ref()))
+            .next()
+            .map(|m| (m, false));
+    }
     let mut best: Option<(u64, bool)> = None;
     for free in model_pools(h, req) {
         if (free.count_ones() as usize) < n {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use kumo_topology::guest_layout::switch_group;
 use kumo_topology::relation::pci_relation;
-use kumo_topology::{pairing, Bdf, HostTopology, Relation};
+use kumo_topology::{pairing, Bdf, FabricManager, HostTopology, Relation};
 
 /// Devices of one kind a host may have: one bit each in a `u64`.
 pub const MAX_SLOTS: usize = 64;
@@ -61,6 +61,10 @@ pub struct HostProfile {
     pub max_domain: u32,
     /// Every GPU's paired NIC has a RoCE VF: GPU VMs on RoCE segments fit.
     pub roce: bool,
+    /// On an NVSwitch host in Fabric Manager's shared mode, the GPU sets
+    /// a VM may have (its partitions, as GPU masks); while Fabric Manager
+    /// does not answer, single GPUs only. `None`: any set.
+    pub partitions: Option<Vec<u64>>,
     gpu_by_bdf: HashMap<Bdf, usize>,
     nic_by_bdf: HashMap<Bdf, usize>,
     cpu_pos: HashMap<u32, (usize, usize)>,
@@ -231,9 +235,30 @@ impl HostProfile {
             && gpus
                 .iter()
                 .all(|g| g.nic.is_some_and(|n| nics[n].roce_vf.is_some()));
+        let index_of: HashMap<Bdf, usize> =
+            gpus.iter().enumerate().map(|(i, g)| (g.bdf, i)).collect();
+        let partitions = match &topo.fabric_manager {
+            None => None,
+            // A partition naming a GPU the host does not list is left out.
+            Some(FabricManager::Partitions(ps)) => Some(
+                ps.iter()
+                    .filter_map(|p| {
+                        p.gpus
+                            .iter()
+                            .map(|b| index_of.get(b).map(|i| 1u64 << i))
+                            .try_fold(0u64, |m, b| Some(m | b?))
+                    })
+                    .filter(|m| *m != 0)
+                    .collect(),
+            ),
+            Some(FabricManager::Unreachable(_)) => {
+                Some((0..gpus.len()).map(|i| 1u64 << i).collect())
+            }
+        };
         Ok(HostProfile {
             max_domain: domain_size.values().copied().max().unwrap_or(0),
             roce,
+            partitions,
             gpus,
             nics,
             nodes,

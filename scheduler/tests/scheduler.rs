@@ -737,3 +737,74 @@ fn a_request_tied_to_a_host_goes_there_or_nowhere() {
     assert!(place(&index, &tied, Strategy::BestFit).is_none());
     assert!(place(&index, &gpu_req(&index, 8, H100), Strategy::BestFit).is_some());
 }
+
+/// An index of one host of `name` with Fabric Manager's view `fm`.
+fn partitioned(name: &str, fm: kumo_topology::FabricManager) -> Index {
+    let mut t = topo(name);
+    t.fabric_manager = Some(fm);
+    let mut index = Index::new();
+    let p = index.profile(&t, &Default::default()).unwrap();
+    index.upsert(
+        HostInput {
+            id: Uuid::from_u128(1),
+            name: "h0".into(),
+            scalable_unit: None,
+            state: HostUse::Ready,
+            revision: 1,
+            profile: p,
+            networked: true,
+            blocked: Vec::new(),
+        },
+        &[],
+    );
+    index
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// On a partitioned NVSwitch host every VM, whatever came and went
+    /// before it, holds exactly one of Fabric Manager's partitions; and
+    /// whenever a free partition of the size asked for exists, it is placed.
+    #[test]
+    fn every_placement_on_an_nvswitch_host_is_one_partition(ops in prop::collection::vec((0u32..4, any::<bool>()), 1..40)) {
+        let table = kumo_topology::partitions::default_partitions(&topo("hgx-h100")).unwrap();
+        let mut index = partitioned("hgx-h100", kumo_topology::FabricManager::Partitions(table.clone()));
+        let masks: Vec<u64> = index.hosts[0].profile.partitions.clone().unwrap();
+        prop_assert_eq!(masks.len(), 15);
+        let mut live: Vec<Uuid> = Vec::new();
+        for (size, leave) in ops {
+            if leave && !live.is_empty() {
+                let vm = live.remove(0);
+                prop_assert!(index.release(0, vm).is_some());
+            }
+            let gpus = [1, 2, 4, 8][size as usize];
+            let free = index.hosts[0].gpu_free;
+            let fits = masks.iter().any(|m| m.count_ones() == gpus && m & free == *m);
+            let req = gpu_req(&index, gpus, H100);
+            match take(&mut index, &req) {
+                Some((_, vm)) => {
+                    let hold = index.hosts[0].holds.iter().find(|x| x.vm == vm).unwrap();
+                    prop_assert!(masks.contains(&hold.gpus), "{:b} is no partition", hold.gpus);
+                    live.push(vm);
+                }
+                None => prop_assert!(!fits, "a free {}-GPU partition was refused", gpus),
+            }
+            check_invariants(&index.hosts[0]);
+        }
+    }
+}
+
+/// Fabric Manager not answering: the host takes 1-GPU VMs only.
+#[test]
+fn an_nvswitch_host_without_its_fabric_manager_takes_single_gpus_only() {
+    let mut index = partitioned(
+        "hgx-h100",
+        kumo_topology::FabricManager::Unreachable("connection refused".into()),
+    );
+    let (two, one) = (gpu_req(&index, 2, H100), gpu_req(&index, 1, H100));
+    assert!(take(&mut index, &two).is_none());
+    for _ in 0..8 {
+        assert!(take(&mut index, &one).is_some());
+    }
+}

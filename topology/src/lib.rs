@@ -16,6 +16,7 @@ pub mod guest_layout;
 pub mod health;
 pub mod matrix;
 pub mod nccl_xml;
+pub mod partitions;
 pub mod readiness;
 pub mod relation;
 pub mod render;
@@ -57,6 +58,11 @@ pub struct HostTopology {
     pub iommu: Option<bool>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hugepages: Vec<HugePages>,
+    /// NVSwitch partitions as NVIDIA Fabric Manager (shared NVSwitch
+    /// mode) supports them, or why they are unknown; `None` on a host
+    /// whose agent talks to no Fabric Manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_manager: Option<FabricManager>,
     /// What could not be read or made sense of, in words. Never fatal.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -158,6 +164,24 @@ pub const ACS_RR: u16 = 1 << 2;
 pub const ACS_CR: u16 = 1 << 3;
 pub const ACS_UF: u16 = 1 << 4;
 pub const ACS_REQUIRED: u16 = ACS_SV | ACS_RR | ACS_CR | ACS_UF;
+
+/// What a host's Fabric Manager says of its NVSwitch partitions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FabricManager {
+    /// The partitions it supports: a multi-GPU VM gets NVLink only on a
+    /// GPU set that is one of them, activated.
+    Partitions(Vec<Partition>),
+    /// It did not answer: the host takes 1-GPU VMs only.
+    Unreachable(String),
+}
+
+/// One supported NVSwitch partition: its Fabric Manager id and its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    pub id: u32,
+    pub gpus: Vec<Bdf>,
+}
 
 /// One hugepage pool of the host (`/sys/kernel/mm/hugepages`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

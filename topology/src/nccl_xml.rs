@@ -46,6 +46,14 @@ pub fn nccl_topology_xml(
     layout: &GuestLayout,
 ) -> Result<String, NcclXmlError> {
     let names = guest_rdma_names(layout);
+    // NVLinks are claimed only where they hold: on a partitioned NVSwitch
+    // host, for a VM whose GPUs are one (activated) partition.
+    let vm_gpus: Vec<Bdf> = layout
+        .devices()
+        .filter(|(_, p)| matches!(p.device.kind, DeviceKind::Gpu))
+        .map(|(_, p)| p.device.host_bdf)
+        .collect();
+    let nvlinked = crate::partitions::nvlinks_hold(topo, &vm_gpus);
     let mut system = el("system").attr("version", 1);
     for cell in &layout.cells {
         let mut cpu = el("cpu")
@@ -106,6 +114,7 @@ pub fn nccl_topology_xml(
                     DeviceKind::Gpu => {
                         let links: Vec<Element> = topo
                             .gpu(d.host_bdf)
+                            .filter(|_| nvlinked)
                             .map(|g| {
                                 g.nvlinks
                                     .iter()

@@ -4,8 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use kumo_api_types::{Allocation, Host, HostDetail, HostState, Page, PageParams, ServiceLevel};
-use kumo_topology::HostTopology;
+use kumo_api_types::{
+    Allocation, Host, HostDetail, HostState, NvSwitchPartition, Page, PageParams, ServiceLevel,
+};
+use kumo_topology::{FabricManager, HostTopology};
 use sea_orm::{ActiveModelTrait, Set, TransactionTrait};
 
 use crate::app::access::require_admin;
@@ -62,6 +64,22 @@ fn to_api(
         passthrough_ready: problems.is_empty(),
         passthrough_problems: problems,
         hugepages_free_bytes: kumo_topology::readiness::hugepages_free_bytes(topo),
+        partitions: match &topo.fabric_manager {
+            Some(FabricManager::Partitions(ps)) => ps
+                .iter()
+                .map(|p| NvSwitchPartition {
+                    id: p.id,
+                    gpus: p.gpus.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        },
+        fabric_manager_problem: match &topo.fabric_manager {
+            Some(FabricManager::Unreachable(why)) => {
+                Some(format!("{why}; 1-GPU VMs only until it answers"))
+            }
+            _ => None,
+        },
         registered_at: h.registered_at,
         last_heartbeat_at: h.last_heartbeat_at,
     })

@@ -286,11 +286,36 @@ pub async fn start_fleet(
         let design = FLEET[i % FLEET.len()];
         let dir = data_dir.join("fleet").join(&h.name);
         let sysfs = dir.join("sysfs");
+        let m = kumo_topology::fixtures::machine(design).context("fixture")?;
         if !sysfs.exists() {
-            let m = kumo_topology::fixtures::machine(design).context("fixture")?;
             kumo_topology::fixtures::write(&m, &sysfs)
                 .with_context(|| format!("writing {}", sysfs.display()))?;
         }
+        // NVSwitch baseboards run Fabric Manager in shared NVSwitch mode;
+        // here its stand-in (kumo-agent's), with the baseboard's default
+        // partitions, so multi-GPU VMs are placed and activated as on a
+        // real one.
+        let fabric_manager = (!m.nvlinks.is_empty())
+            .then(|| -> anyhow::Result<String> {
+                std::fs::create_dir_all(&dir)?;
+                let state = dir.join("fabric-manager-standin.json");
+                if !state.exists() {
+                    let made = Command::new(&bin)
+                        .arg("fabric-manager-standin")
+                        .arg("--state")
+                        .arg(&state)
+                        .arg("--init")
+                        .status()
+                        .context("starting the Fabric Manager stand-in")?;
+                    anyhow::ensure!(made.success(), "the Fabric Manager stand-in failed");
+                }
+                Ok(format!(
+                    "{} fabric-manager-standin --state {}",
+                    bin.display(),
+                    state.display()
+                ))
+            })
+            .transpose()?;
         let mut cmd = Command::new(&bin);
         cmd.args([
             "run",
@@ -310,6 +335,9 @@ pub async fn start_fleet(
         .arg("--state-dir")
         .arg(dir.join("state"))
         .env("KUMO_JOIN_TOKEN", &join.token);
+        if let Some(fm) = &fabric_manager {
+            cmd.arg("--fabric-manager").arg(fm);
+        }
         if let (Some(ns), Some(addr)) = (&h.namespace, h.underlay_ip) {
             cmd.arg("--netns")
                 .arg(ns)

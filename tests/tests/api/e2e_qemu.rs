@@ -438,6 +438,7 @@ pub(crate) async fn qemu_host(
         transfer_listen: ([127, 0, 0, 1], 0).into(),
         transfer_url: None,
         telemetry: Duration::from_secs(1),
+        fabric_manager: None,
     };
     (work, config)
 }

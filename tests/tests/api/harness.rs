@@ -683,6 +683,7 @@ pub fn agent_config(
         transfer_listen: ([127, 0, 0, 1], 0).into(),
         transfer_url: None,
         telemetry: std::time::Duration::from_secs(1),
+        fabric_manager: None,
     }
 }
 

@@ -21,6 +21,7 @@ mod idempotency;
 mod idle_gpus;
 mod isolation;
 mod networks;
+mod nvswitch;
 mod openapi;
 mod packages;
 mod portal_devices;

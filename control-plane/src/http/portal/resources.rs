@@ -668,6 +668,23 @@ async fn host_listing(v: &Visit, name: &str) -> Result<Listing, ApiError> {
                 ..Default::default()
             },
             Section {
+                heading: tx(Msg::NvSwitchPartitions),
+                columns: vec!["ID".into(), "GPU".into()],
+                rows: h
+                    .host
+                    .fabric_manager_problem
+                    .iter()
+                    .map(|p| vec![Cell::text("—"), Cell::text(p)])
+                    .chain(
+                        h.host.partitions.iter().map(|p| {
+                            vec![Cell::text(p.id.to_string()), Cell::Code(p.gpus.join(" "))]
+                        }),
+                    )
+                    .collect(),
+                empty: tx(Msg::NoNvSwitchPartitions),
+                ..Default::default()
+            },
+            Section {
                 heading: tx(Msg::Fabric),
                 columns: vec!["netdev".into(), "QoS".into(), "VF".into()],
                 rows: fabric,
