@@ -2232,6 +2232,9 @@ pub struct StatusReport {
     pub unfit: Vec<UnfitDevice>,
 }
 
+/// The most unfit devices one status report may carry.
+pub const UNFIT_MAX: usize = 128;
+
 /// A device that did not come back after a VM let it go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -93,6 +93,32 @@ impl Fmpm {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| fail(format!("cannot run {program}: {e}")))?;
+        // Read as it comes: a client that prints more than a pipe holds
+        // would otherwise block until the timeout.
+        let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(p) = pipe {
+                    use std::io::Read;
+                    // Bounded: a misbehaving client must not fill the
+                    // agent's memory.
+                    let _ = p.take(1 << 20).read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let stdout = drain(
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        );
+        let stderr = drain(
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        );
         let started = Instant::now();
         let status = loop {
             match child.try_wait() {
@@ -111,13 +137,11 @@ impl Fmpm {
                 Err(e) => return Err(fail(format!("waiting for {program}: {e}"))),
             }
         };
-        let out = child
-            .wait_with_output()
-            .map_err(|e| fail(format!("reading {program}: {e}")))?;
-        // Bounded: a misbehaving client must not fill the agent's memory.
-        let text = |b: &[u8]| String::from_utf8_lossy(&b[..b.len().min(1 << 20)]).into_owned();
-        let stdout = text(&out.stdout);
-        let said = format!("{}{}", stdout.trim(), text(&out.stderr).trim());
+        let text = |t: std::thread::JoinHandle<Vec<u8>>| {
+            String::from_utf8_lossy(&t.join().unwrap_or_default()).into_owned()
+        };
+        let stdout = text(stdout);
+        let said = format!("{}{}", stdout.trim(), text(stderr).trim());
         // fmpm exits with the status it got; it also prints failures on
         // stdout with a zero exit in some versions.
         match (status.success(), fm_return(&said)) {

@@ -83,6 +83,11 @@ fn read(agent: &impl GuestAgent, path: &str) -> Result<Option<Vec<u8>>, String> 
         if r.get("eof").and_then(Value::as_bool).unwrap_or(true) || data.len() > 16 << 20 {
             return Ok(());
         }
+        // An agent that answers "more to come" with nothing would keep the
+        // host's pass here for ever.
+        if chunk.is_empty() {
+            return Err(format!("guest-file-read of {path}: no data and no end"));
+        }
     })();
     let _ = agent.command(
         &json!({"execute": "guest-file-close", "arguments": {"handle": handle}}),
@@ -205,7 +210,8 @@ fn roce_settings(
         agent,
         "/bin/sh",
         &["-c".to_owned(), crate::nccl_net::PROBE.to_owned()],
-        std::time::Duration::from_secs(10),
+        // A guest whose shell stalls costs its host's pass this at most.
+        std::time::Duration::from_secs(3),
     )?;
     // Bounded: the output is the guest's.
     let out = String::from_utf8_lossy(&shown.stdout[..shown.stdout.len().min(1 << 20)]);

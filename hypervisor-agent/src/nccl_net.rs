@@ -104,8 +104,18 @@ pub struct GuestNet {
     pub macs: BTreeMap<String, String>,
 }
 
-/// Reads [`PROBE`]'s output. Lines that do not parse are skipped: the
-/// output is the guest's, and a tenant can make it say anything.
+/// A device or interface name as Linux allows it (and as it may go into
+/// `/etc/nccl.conf`: no spaces, `=`, `,` or line breaks).
+fn plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Reads [`PROBE`]'s output. Lines that do not parse, and names that are
+/// not plain, are skipped: the output is the guest's, and a tenant can
+/// make it say anything (though only into its own guest's file).
 pub fn parse(output: &str) -> GuestNet {
     let mut net = GuestNet::default();
     let mut lines = output.lines();
@@ -124,6 +134,9 @@ pub fn parse(output: &str) -> GuestNet {
         let (Ok(port), Ok(index)) = (port.parse::<u32>(), index.parse::<u32>()) else {
             continue;
         };
+        if !plain_name(dev) {
+            continue;
+        }
         let entry = net
             .ports
             .entry((dev.to_owned(), port))
@@ -134,13 +147,14 @@ pub fn parse(output: &str) -> GuestNet {
         match what {
             "gid" => entry.gid = value.parse().ok(),
             "types" => entry.kind = Some(value.to_owned()),
-            _ => entry.netdev = Some(value.to_owned()),
+            _ => entry.netdev = plain_name(value).then(|| value.to_owned()),
         }
     }
     for line in lines {
         if let Some((dev, mac)) = line
             .split_once(':')
             .and_then(|(p, mac)| Some((p.strip_suffix("/address")?, mac)))
+            .filter(|(dev, _)| plain_name(dev))
         {
             net.macs
                 .insert(dev.to_owned(), mac.trim().to_ascii_lowercase());
@@ -371,6 +385,16 @@ lo/address:00:00:00:00:00:00
     fn garbage_from_the_guest_is_skipped() {
         let net = parse("x\n:::\nrocep6s0/ports/one/gids/0:fe80::1\nrocep6s0/ports/1/gids/x:1\na/b/c/d/e/f/g:1\n--\nnoaddress\n/address:\n");
         assert!(net.ports.is_empty(), "{net:?}");
-        assert!(net.macs.values().all(|m| m.is_empty()), "{net:?}");
+        assert!(net.macs.is_empty(), "{net:?}");
+        // Names that would break the file's lines are not taken.
+        let net = parse("evil\nNCCL_X/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:0a02:0007\nmlx5_0/ports/1/gid_attrs/ndevs/3:a=b,c\n--\nx y/address:02:00:00:00:00:01\n");
+        assert!(
+            net.ports
+                .values()
+                .flat_map(|g| g.values())
+                .all(|g| g.netdev.is_none()),
+            "{net:?}"
+        );
+        assert!(net.macs.is_empty());
     }
 }

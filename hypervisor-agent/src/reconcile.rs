@@ -719,37 +719,46 @@ impl Reconciler {
             }
         };
         let running: BTreeSet<Bdf> = sets.iter().flatten().copied().collect();
-        let mut listed = if self.fabric_told {
-            fm.list()
-        } else {
-            Err(crate::fabric_manager::FmError {
-                status: Some(-8),
-                message: "not told since this agent started".into(),
-            })
-        };
-        if matches!(&listed, Err(e) if e.status == Some(-8)) {
-            // Each running VM's own partition: disjoint, since they run.
-            let held: Option<Vec<u32>> = match self.known_partitions() {
-                Some(ps) => sets
-                    .iter()
-                    .filter(|s| s.len() > 1 || ps.iter().any(|p| p.gpus == **s))
-                    .map(|s| kumo_topology::partitions::partition_of(&ps, s).map(|p| p.id))
+        // Each running VM's own partition (disjoint, since they run); a VM
+        // whose GPUs are none (placed before partitions were known) holds
+        // none and is left to run without NVLink.
+        let held: Option<Vec<u32>> = match self.known_partitions() {
+            Some(ps) => Some(
+                sets.iter()
+                    .filter_map(|s| kumo_topology::partitions::partition_of(&ps, s).map(|p| p.id))
                     .collect(),
-                // Single GPUs started while it did not answer hold none.
-                None if sets.iter().all(|s| s.len() == 1) => Some(Vec::new()),
-                None => None,
-            };
-            listed = match held {
-                Some(held) => fm.set_activated(&held).and_then(|()| {
-                    self.fabric_told = true;
-                    tracing::info!(partitions = ?held, "told Fabric Manager the activated partitions");
-                    fm.list()
-                }),
-                None => Err(crate::fabric_manager::FmError {
-                    status: None,
-                    message: "the running VMs' partitions are unknown (Fabric Manager never listed them)".into(),
-                }),
-            };
+            ),
+            // Single GPUs started while it did not answer hold none.
+            None if sets.iter().all(|s| s.len() == 1) => Some(Vec::new()),
+            None => None,
+        };
+        let tell = |why: &str| -> Result<(), crate::fabric_manager::FmError> {
+            let held = held.clone().ok_or_else(|| crate::fabric_manager::FmError {
+                status: None,
+                message:
+                    "the running VMs' partitions are unknown (Fabric Manager never listed them)"
+                        .into(),
+            })?;
+            fm.set_activated(&held)?;
+            tracing::info!(partitions = ?held, %why, "told Fabric Manager the activated partitions");
+            Ok(())
+        };
+        if !self.fabric_told {
+            // This agent (re)started: the list as it knows it. A Fabric
+            // Manager that is not waiting for one may refuse it; its own
+            // list then stands and is brought in line below.
+            match tell("the agent started") {
+                Ok(()) => self.fabric_told = true,
+                Err(e) => tracing::debug!(error = %e, "Fabric Manager took no activated list"),
+            }
+        }
+        let mut listed = fm.list();
+        if matches!(&listed, Err(e) if e.status == Some(-8)) {
+            // Fabric Manager restarted: it takes nothing before the list.
+            listed = tell("Fabric Manager restarted").and_then(|()| fm.list());
+        }
+        if listed.is_ok() {
+            self.fabric_told = true;
         }
         let view = match listed {
             Ok(list) => {
@@ -776,7 +785,12 @@ impl Reconciler {
                         }
                     }
                 }
-                FabricManager::Partitions(list.into_iter().map(|(p, _)| p).collect())
+                let view = FabricManager::Partitions(list.into_iter().map(|(p, _)| p).collect());
+                // What the NCCL files are rendered from (kept over a spell
+                // in which Fabric Manager does not answer: what was
+                // activated stays so).
+                self.topology.fabric_manager = Some(view.clone());
+                view
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Fabric Manager does not answer");

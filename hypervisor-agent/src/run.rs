@@ -678,11 +678,15 @@ impl Agent {
                 if sent.is_err() {
                     // Said again with the next report: the devices stay out
                     // of the pool only once the server has heard of them.
-                    self.reconciler
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .unfit
-                        .extend(unfit);
+                    // Once each, and no more than a report may carry.
+                    let mut r = self.reconciler.lock().unwrap_or_else(|e| e.into_inner());
+                    for u in unfit {
+                        if !r.unfit.iter().any(|x| x.vm == u.vm && x.bdf == u.bdf) {
+                            r.unfit.push(u);
+                        }
+                    }
+                    let keep = r.unfit.len().saturating_sub(kumo_api_types::UNFIT_MAX);
+                    r.unfit.drain(..keep);
                 }
                 sent?
             }

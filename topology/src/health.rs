@@ -197,15 +197,28 @@ pub fn release_check(
         return Err("gone from the PCIe bus".into());
     }
     let mut problems = Vec::new();
+    let driver = fs::read_link(dir.join("driver"))
+        .ok()
+        .and_then(|l| Some(l.file_name()?.to_string_lossy().into_owned()));
+    // Reset here only while vfio-pci holds it: under its host driver
+    // (libvirt hands a managed hostdev back, after resetting it itself) a
+    // reset behind that driver's back would break the driver's state.
     let reset = dir.join("reset");
-    if reset.exists() {
+    if !reset.exists() {
+        problems.push("no reset method (neither FLR nor a bus reset)".into());
+    } else if driver.as_deref() == Some(VFIO_DRIVER) {
         if let Err(e) = fs::write(&reset, "1") {
             problems.push(format!("reset failed: {e}"));
         }
-    } else {
-        problems.push("no reset method (neither FLR nor a bus reset)".into());
     }
-    let vendor = fs::read(dir.join("config"))
+    // A VF's own vendor register reads all ones by design (SR-IOV): its
+    // PF's tells whether the card answers.
+    let live = if dir.join("physfn").exists() {
+        dir.join("physfn").join("config")
+    } else {
+        dir.join("config")
+    };
+    let vendor = fs::read(&live)
         .ok()
         .filter(|c| c.len() >= 2)
         .map(|c| u16::from_le_bytes([c[0], c[1]]))
@@ -218,13 +231,13 @@ pub fn release_check(
         Some(_) => {}
         None => problems.push("config space unreadable".into()),
     }
-    let driver = fs::read_link(dir.join("driver"))
-        .ok()
-        .and_then(|l| Some(l.file_name()?.to_string_lossy().into_owned()));
-    match driver.as_deref() {
-        Some(d) if d == VFIO_DRIVER || Some(d) == host_driver => {}
-        Some(d) => problems.push(format!("bound to {d}, not {VFIO_DRIVER}")),
-        None => problems.push("bound to no driver".into()),
+    // Back on vfio-pci (a host that keeps its devices there) or on the
+    // driver libvirt gave it back to; on none, it is nobody's.
+    if driver.is_none() {
+        problems.push(format!(
+            "bound to no driver (neither {VFIO_DRIVER} nor {})",
+            host_driver.unwrap_or("its host driver")
+        ));
     }
     let fatal_after = aer(&dir).map(|a| a.fatal);
     if let (Some(before), Some(after)) = (fatal_before, fatal_after) {
@@ -317,7 +330,7 @@ mod tests {
     fn a_released_device_passes_only_when_it_came_back() {
         #![allow(clippy::unwrap_used)]
         let dir = tempfile::tempdir().unwrap();
-        let m = crate::fixtures::machine("hgx-h100").unwrap();
+        let m = crate::fixtures::machine("hgx-h100-roce").unwrap();
         crate::fixtures::write(&m, dir.path()).unwrap();
         let topo = crate::sysfs::discover(dir.path(), None).unwrap();
         let gpu = topo.gpus[0].location.bdf.to_string();
@@ -334,11 +347,20 @@ mod tests {
             Ok(())
         );
         let dev = root.join("bus/pci/devices").join(&gpu);
-        // A device on another driver than the host's and vfio-pci.
-        assert_eq!(
-            release_check(root, &gpu, Some("vfio-pci"), before),
-            Err("bound to nvidia, not vfio-pci".into())
-        );
+        // A VF: its own vendor register reads ones by design; its PF's counts.
+        let vf = topo.nics.iter().find_map(|n| n.vfs.first()).unwrap();
+        let vf_dir = root.join("bus/pci/devices").join(vf.to_string());
+        let mut c = fs::read(vf_dir.join("config")).unwrap();
+        c[..2].copy_from_slice(&[0xff, 0xff]);
+        fs::write(vf_dir.join("config"), &c).unwrap();
+        assert_eq!(release_check(root, &vf.to_string(), None, None), Ok(()));
+        // Given back to no driver.
+        let driver = fs::read_link(dev.join("driver")).unwrap();
+        fs::remove_file(dev.join("driver")).unwrap();
+        assert!(release_check(root, &gpu, host_driver.as_deref(), before)
+            .unwrap_err()
+            .starts_with("bound to no driver"));
+        std::os::unix::fs::symlink(&driver, dev.join("driver")).unwrap();
         // Config space reads all ones: it did not come back from reset.
         let mut config = fs::read(dev.join("config")).unwrap();
         config[..2].copy_from_slice(&[0xff, 0xff]);

@@ -318,6 +318,22 @@ impl HostTopology {
                 self.numa_nodes.len()
             ));
         }
+        // Fabric Manager supports at most 64 partitions (fmpm takes ids
+        // below 64); each holds at most the host's GPUs.
+        if let Some(FabricManager::Partitions(ps)) = &self.fabric_manager {
+            if ps.len() > 64 || ps.iter().any(|p| p.gpus.len() > self.gpus.len().max(1)) {
+                return Err(format!(
+                    "implausible NVSwitch partitions: {} (at most 64, each of at most the host's {} GPUs)",
+                    ps.len(),
+                    self.gpus.len()
+                ));
+            }
+        }
+        if let Some(FabricManager::Unreachable(why)) = &self.fabric_manager {
+            if why.len() > 1000 {
+                return Err("Fabric Manager's reason is longer than 1,000 bytes".into());
+            }
+        }
         Ok(())
     }
 

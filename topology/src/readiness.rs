@@ -99,7 +99,10 @@ pub fn problems(topo: &HostTopology, hugepage_backed: bool) -> Vec<String> {
             let Some(port) = by_bdf.get(b).and_then(|p| p.port) else {
                 continue;
             };
-            let checked = matches!(port.port_type, crate::PORT_DOWNSTREAM | crate::PORT_ROOT);
+            let checked = matches!(
+                (port.port_type, port.acs),
+                (crate::PORT_DOWNSTREAM | crate::PORT_ROOT, _) | (_, Acs::Unreadable)
+            );
             if !checked || !seen.insert(*b) {
                 continue;
             }
@@ -121,7 +124,9 @@ pub fn problems(topo: &HostTopology, hugepage_backed: bool) -> Vec<String> {
             out.extend(problem);
         }
     }
-    if hugepage_backed && topo.hugepages.iter().all(|p| p.total == 0) {
+    // Not reported (an older agent): unknown, not none.
+    if hugepage_backed && !topo.hugepages.is_empty() && topo.hugepages.iter().all(|p| p.total == 0)
+    {
         out.push(
             "no hugepages reserved: GPU VMs' memory is pinned for DMA and backed by hugepages"
                 .to_owned(),
@@ -226,7 +231,16 @@ mod tests {
         )
         .unwrap();
         assert!(problems(&discovered(dir.path()), false)[0].contains("has no ACS"));
-        // Not root: the extended config space reads short.
+        // Not root: config space past 64 bytes is hidden.
+        std::fs::write(
+            &config,
+            &fixtures::bridge_config(port.vendor, port.device, crate::PORT_DOWNSTREAM, None)[..64],
+        )
+        .unwrap();
+        assert!(problems(&discovered(dir.path()), false)
+            .iter()
+            .any(|l| l.contains("unreadable")));
+        // Root, but the extended config space reads short.
         std::fs::write(
             &config,
             &fixtures::bridge_config(port.vendor, port.device, crate::PORT_DOWNSTREAM, None)[..256],
@@ -255,6 +269,17 @@ mod tests {
         // Hugepages matter where guests are backed by them.
         let mut none = discovered(dir.path());
         none.hugepages.clear();
+        assert!(
+            problems(&none, true)
+                .iter()
+                .all(|l| !l.starts_with("no hugepages")),
+            "not reported (an older agent) is unknown"
+        );
+        none.hugepages = vec![crate::HugePages {
+            size_kib: 1 << 20,
+            total: 0,
+            free: 0,
+        }];
         assert!(problems(&none, true)
             .iter()
             .any(|l| l.starts_with("no hugepages")));

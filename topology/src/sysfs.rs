@@ -336,6 +336,13 @@ pub fn parse_pcie_port(config: &[u8]) -> Option<crate::PciePort> {
     const STATUS_CAP_LIST: u16 = 1 << 4;
     const CAP_PCIE: u8 = 0x10;
     const EXT_CAP_ACS: u32 = 0x000d;
+    // Not root: the kernel shows the first 64 bytes only, no capability.
+    if config.len() <= 0x40 {
+        return Some(crate::PciePort {
+            port_type: 0,
+            acs: crate::Acs::Unreadable,
+        });
+    }
     if u16_at(0x06)? & STATUS_CAP_LIST == 0 {
         return None;
     }

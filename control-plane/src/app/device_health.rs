@@ -202,14 +202,17 @@ pub async fn released_unfit(
     if unfit.is_empty() {
         return Ok(());
     }
-    if unfit.len() > MAX_DEVICES
+    if unfit.len() > kumo_api_types::UNFIT_MAX
         || unfit
             .iter()
             .any(|u| u.bdf.len() > 64 || u.problem.chars().count() > REPORT_TEXT_MAX)
     {
         return Err(ApiError::field(
             "unfit",
-            format!("at most {MAX_DEVICES} devices, addresses of 64 bytes, problems of {REPORT_TEXT_MAX} characters"),
+            format!(
+                "at most {} devices, addresses of 64 bytes, problems of {REPORT_TEXT_MAX} characters",
+                kumo_api_types::UNFIT_MAX
+            ),
         ));
     }
     let topo = stored_topology(host)?;
@@ -219,6 +222,25 @@ pub async fn released_unfit(
     let rows = store::of_host(&txn, host.id).await?;
     let mut changes: Vec<Change> = Vec::new();
     for u in unfit {
+        // A host speaks only of what one of its VMs held: the VM's
+        // allocations are still there (the report that frees them is
+        // applied after this).
+        let held = store::holders(&txn, host.id, &u.bdf).await?;
+        let pf_held = match topo
+            .nics
+            .iter()
+            .find(|n| n.vfs.iter().any(|v| v.to_string() == u.bdf))
+        {
+            Some(n) => store::holders(&txn, host.id, &n.location.bdf.to_string())
+                .await?
+                .contains(&u.vm),
+            None => false,
+        };
+        if !held.contains(&u.vm) && !pf_held {
+            tracing::warn!(host = %host.name, bdf = %u.bdf, vm = %u.vm,
+                "an unfit device its VM did not hold on this host: ignored");
+            continue;
+        }
         let (bdf, via) = if kinds.contains_key(&u.bdf) {
             (u.bdf.clone(), String::new())
         } else if let Some(n) = topo

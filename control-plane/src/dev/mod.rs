@@ -287,6 +287,12 @@ pub async fn start_fleet(
         let dir = data_dir.join("fleet").join(&h.name);
         let sysfs = dir.join("sysfs");
         let m = kumo_topology::fixtures::machine(design).context("fixture")?;
+        // A tree from before hugepages, reset methods and ports' ACS were
+        // written: made again, or every device would fail its checks.
+        if sysfs.exists() && !sysfs.join("kernel/mm/hugepages").exists() {
+            std::fs::remove_dir_all(&sysfs)
+                .with_context(|| format!("removing {}", sysfs.display()))?;
+        }
         if !sysfs.exists() {
             kumo_topology::fixtures::write(&m, &sysfs)
                 .with_context(|| format!("writing {}", sysfs.display()))?;
