@@ -341,26 +341,38 @@ mod tests {
         );
     }
 
-    /// On partitioned NVSwitch hosts best fit still packs: stranded GPUs
-    /// within 5 % of the unpartitioned fleet's, and every multi-GPU VM on
-    /// a partition (checked by the scheduler's own tests).
+    /// On partitioned NVSwitch hosts best fit still packs. One end-of-run
+    /// reading of stranded GPUs swings by ±50 % between seeds, so the
+    /// 5 % comparison is the benchmark's (BENCHMARKS.md: 1,000 hosts, 8
+    /// seeds, 8 % fewer stranded with partitions); here, on 256 hosts and
+    /// four seeds, only a bound loose enough for that noise: a guard
+    /// against packing that falls apart, not a measure of the heuristics
+    /// (which partition inside a host matters little here: the host choice
+    /// dominates). That every multi-GPU VM is on a partition, and that a
+    /// free partition of the size asked is always taken, the scheduler's
+    /// own tests hold.
     #[test]
     fn partitions_keep_best_fits_packing() {
-        let cfg = |partitions| BenchConfig {
-            hosts: 256,
-            fill: 0.6,
-            requests: 1000,
-            seed: 7,
-            partitions,
+        let stranded = |partitions| -> u32 {
+            (1..=4)
+                .map(|seed| {
+                    let r = run(&BenchConfig {
+                        hosts: 256,
+                        fill: 0.6,
+                        requests: 1000,
+                        seed,
+                        partitions,
+                    })
+                    .unwrap();
+                    assert!(r.kumo.vms_placed > 0, "{r:?}");
+                    r.kumo.stranded_gpus
+                })
+                .sum()
         };
-        let free = run(&cfg(false)).unwrap();
-        let parted = run(&cfg(true)).unwrap();
-        assert!(parted.kumo.vms_placed > 0, "{parted:?}");
+        let (free, parted) = (stranded(false), stranded(true));
         assert!(
-            f64::from(parted.kumo.stranded_gpus) <= f64::from(free.kumo.stranded_gpus) * 1.05,
-            "stranded: {} partitioned, {} not",
-            parted.kumo.stranded_gpus,
-            free.kumo.stranded_gpus
+            f64::from(parted) <= f64::from(free) * 1.25,
+            "stranded: {parted} partitioned, {free} not"
         );
     }
 }

@@ -418,8 +418,19 @@ pub fn place_on(h: &HostCap, req: &Request, strategy: Strategy) -> Option<(Choic
         .min()
         .unwrap_or(0);
     let cpu_left = h.cpus_free_total - req.vcpus;
+    let broken = match &p.partitions {
+        Some(parts) if gpus != 0 => {
+            let free = h.gpu_free;
+            parts
+                .iter()
+                .filter(|m| m.count_ones() > req.gpus && *m & free == **m && *m & gpus != 0)
+                .count() as u32
+        }
+        _ => 0,
+    };
     let score = Score {
         split,
+        broken,
         class: class + u8::from(req.gpus == 0 && !p.gpus.is_empty()),
         gpus_left: left,
         far_nics: possible.saturating_sub(near),
@@ -441,6 +452,10 @@ pub fn place_on(h: &HostCap, req: &Request, strategy: Strategy) -> Option<(Choic
 pub struct Score {
     split: bool,
     class: u8,
+    /// On a partitioned host: the wholly free partitions larger than the
+    /// request that this placement breaks (a host whose free GPUs are no
+    /// partition anyway is the better home for a small VM).
+    broken: u32,
     gpus_left: u32,
     far_nics: u32,
     cpus_left: u32,
