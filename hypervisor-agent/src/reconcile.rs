@@ -924,7 +924,6 @@ impl Reconciler {
         unconverged: &Unconverged,
         ready: &ReadyVolumes,
     ) -> Result<Vec<VmStatus>, String> {
-        self.converge_fabric();
         let mut owned = self.owned()?;
         let mut report = Vec::new();
         // Shelved: no domain, the files kept for when it comes back.
@@ -953,6 +952,32 @@ impl Reconciler {
                 }
             });
         }
+        // Ours, but not wanted (being deleted, or unknown to the server):
+        // gone before any VM starts, so that the devices and NVSwitch
+        // partitions they free are free for VMs placed on them.
+        let wanted: std::collections::HashSet<Uuid> = desired.vms.iter().map(|v| v.id).collect();
+        let unwanted: Vec<Uuid> = owned
+            .keys()
+            .filter(|id| !wanted.contains(id))
+            .copied()
+            .collect();
+        for id in unwanted {
+            let Some(dom) = owned.remove(&id) else {
+                continue;
+            };
+            if let Err(reason) = self.remove(id, &dom) {
+                tracing::warn!(vm = %id, %reason, "could not remove a domain");
+                continue;
+            }
+            report.push(VmStatus {
+                id,
+                state: ActualState::Absent,
+                reason: None,
+                guest: None,
+                notice: None,
+            });
+        }
+        self.converge_fabric();
         for vm in &desired.vms {
             let dom = owned.remove(&vm.id);
             let notice = match (&dom, &vm.preemption) {
@@ -985,20 +1010,6 @@ impl Reconciler {
                 }
             };
             report.push(status.bounded());
-        }
-        // Ours, but not wanted: being deleted, or unknown to the server.
-        for (id, dom) in owned {
-            if let Err(reason) = self.remove(id, &dom) {
-                tracing::warn!(vm = %id, %reason, "could not remove a domain");
-                continue;
-            }
-            report.push(VmStatus {
-                id,
-                state: ActualState::Absent,
-                reason: None,
-                guest: None,
-                notice: None,
-            });
         }
         for id in &desired.remove {
             if !report.iter().any(|s| s.id == *id) {
