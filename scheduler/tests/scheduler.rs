@@ -41,21 +41,23 @@ fn fleet(hosts: &[(&str, Option<&str>)]) -> Index {
                 p
             }
         };
-        index.upsert(
-            HostInput {
-                id: Uuid::from_u128(i as u128 + 1),
-                name: format!("h{i}"),
-                scalable_unit: unit.map(str::to_owned),
-                state: HostUse::Ready,
-                revision: 1,
-                profile: p,
-                networked: true,
-                blocked: Vec::new(),
-            },
-            &[],
-        );
+        index.upsert(ready_host(i, *unit, p), &[]);
     }
     index
+}
+
+/// Host `h{i}`, ready, networked, nothing blocked.
+fn ready_host(i: usize, unit: Option<&str>, profile: Arc<HostProfile>) -> HostInput {
+    HostInput {
+        id: Uuid::from_u128(i as u128 + 1),
+        name: format!("h{i}"),
+        scalable_unit: unit.map(str::to_owned),
+        state: HostUse::Ready,
+        revision: 1,
+        profile,
+        networked: true,
+        blocked: Vec::new(),
+    }
 }
 
 fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
@@ -744,19 +746,7 @@ fn partitioned(name: &str, fm: kumo_topology::FabricManager) -> Index {
     t.fabric_manager = Some(fm);
     let mut index = Index::new();
     let p = index.profile(&t, &Default::default()).unwrap();
-    index.upsert(
-        HostInput {
-            id: Uuid::from_u128(1),
-            name: "h0".into(),
-            scalable_unit: None,
-            state: HostUse::Ready,
-            revision: 1,
-            profile: p,
-            networked: true,
-            blocked: Vec::new(),
-        },
-        &[],
-    );
+    index.upsert(ready_host(0, None, p), &[]);
     index
 }
 

@@ -453,14 +453,7 @@ async fn a_gpu_that_does_not_come_back_after_its_vm_lets_it_go_is_quarantined() 
         .await
         .unwrap();
     agent.sync_once(None).await.unwrap();
-    let gpus: Vec<String> = pair
-        .placement
-        .as_ref()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.host_bdf.clone())
-        .collect();
+    let gpus = crate::harness::gpus_of(&pair);
     let (bad, good) = (gpus[0].clone(), gpus[1].clone());
     let action = |verb: reqwest::Method, path: String| {
         s.http()
@@ -602,12 +595,7 @@ async fn a_host_with_its_iommu_off_takes_cpu_only_vms_and_says_why() {
     let agent = Agent::start(config).await.unwrap();
     agent.report_inventory().await.unwrap();
     // The scheduler's index follows the stored inventory.
-    s.server
-        .state
-        .capacity
-        .refresh_all(&s.server.state.db)
-        .await
-        .unwrap();
+    s.refresh_capacity().await;
     let h: kumo_api_types::HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
     assert!(
         h.host.passthrough_ready,

@@ -538,19 +538,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         "request → NCCL file in the guest: {:?} ({condition:?})",
         started.elapsed()
     );
-    let served = s
-        .http()
-        .get(format!(
-            "{}/api/v1/tenants/lab/vms/tiny-vm/nccl-topology",
-            s.url
-        ))
-        .bearer_auth(&s.admin_token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let served = s.nccl_topology("lab", "tiny-vm").await;
     assert_eq!(
         guest_read(&dom, "/etc/kumo/nccl-topo.xml").as_deref(),
         Some(served.as_str()),

@@ -161,6 +161,33 @@ impl TestServer {
         reqwest::Client::new()
     }
 
+    /// The scheduler's index re-read now (it follows the database every
+    /// few seconds by itself), after an inventory changed.
+    pub async fn refresh_capacity(&self) {
+        self.server
+            .state
+            .capacity
+            .refresh_all(&self.server.state.db)
+            .await
+            .unwrap();
+    }
+
+    /// A VM's NCCL topology file as the API serves it (the admin asking).
+    pub async fn nccl_topology(&self, tenant: &str, vm: &str) -> String {
+        self.http()
+            .get(format!(
+                "{}/api/v1/tenants/{tenant}/vms/{vm}/nccl-topology",
+                self.url
+            ))
+            .bearer_auth(&self.admin_token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// A browser signed in to the portal as the platform admin (the
     /// chooser's "sign in with an API token", its CSRF token
     /// double-submitted).
@@ -723,4 +750,12 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The host addresses of a VM's GPUs, in its placement's order.
+pub fn gpus_of(vm: &kumo_api_types::Vm) -> Vec<String> {
+    vm.placement
+        .iter()
+        .flat_map(|p| p.gpus.iter().map(|g| g.host_bdf.clone()))
+        .collect()
 }

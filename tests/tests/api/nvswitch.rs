@@ -12,7 +12,7 @@ use kumo_agent::run::Agent;
 use kumo_api_types::{HostDetail, ServiceLevel, Vm, VmState};
 
 use crate::device_health::vm;
-use crate::harness::{bin, scratch, Backend, TestServer};
+use crate::harness::{bin, gpus_of, scratch, Backend, TestServer};
 
 struct Host {
     agent: Agent,
@@ -61,18 +61,7 @@ async fn host(s: &TestServer, dir: &Path, fm_state: State) -> Host {
 }
 
 async fn nccl(s: &TestServer, name: &str) -> String {
-    s.http()
-        .get(format!(
-            "{}/api/v1/tenants/lab/vms/{name}/nccl-topology",
-            s.url
-        ))
-        .bearer_auth(&s.admin_token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    s.nccl_topology("lab", name).await
 }
 
 async fn get(s: &TestServer, name: &str) -> Vm {
@@ -107,14 +96,7 @@ async fn multi_gpu_vms_get_an_activated_partition_and_give_it_back() {
 
     // A 2-GPU VM: placed on a pair partition, activated before it starts.
     let pair = create(&s, "pair", 2).await.unwrap();
-    let gpus: Vec<String> = pair
-        .placement
-        .as_ref()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.host_bdf.clone())
-        .collect();
+    let gpus = gpus_of(&pair);
     let id = d
         .host
         .partitions
@@ -139,13 +121,7 @@ async fn multi_gpu_vms_get_an_activated_partition_and_give_it_back() {
     // Another VM whose partition Fabric Manager refuses: that VM fails, with
     // Fabric Manager's reason; the first runs on.
     let other = create(&s, "other", 2).await.unwrap();
-    let other_gpus: Vec<String> = other
-        .placement
-        .unwrap()
-        .gpus
-        .into_iter()
-        .map(|g| g.host_bdf)
-        .collect();
+    let other_gpus = gpus_of(&other);
     let other_id = d
         .host
         .partitions
@@ -269,12 +245,7 @@ async fn without_its_fabric_manager_a_host_takes_single_gpu_vms_only() {
     edit(&h.fm, |s| s.down = false);
     h.agent.resync().await.unwrap();
     h.agent.report_inventory().await.unwrap();
-    s.server
-        .state
-        .capacity
-        .refresh_all(&s.server.state.db)
-        .await
-        .unwrap();
+    s.refresh_capacity().await;
     let d: HostDetail = s.admin.get("/api/v1/hosts/gpu-001").await.unwrap();
     assert_eq!(d.host.fabric_manager_problem, None);
     assert_eq!(d.host.partitions.len(), 15);

@@ -216,7 +216,7 @@ on_both_backends! {
         assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Running);
 
         // The NCCL file names the guest addresses the placement shows.
-        let xml = s.http().get(format!("{}/api/v1/tenants/lab/vms/train/nccl-topology", s.url)).bearer_auth(&s.admin_token).send().await.unwrap().text().await.unwrap();
+        let xml = s.nccl_topology("lab", "train").await;
         assert!(xml.starts_with("<system version=\"1\">"));
         for g in &p.gpus {
             assert!(xml.contains(&format!("busid=\"{}\"", g.guest_bdf)), "{xml}");
