@@ -313,6 +313,8 @@ mod tests {
         down: bool,
         /// What `sh -c` prints (the RoCE probe).
         shell: RefCell<String>,
+        /// Reads answer "more to come" with nothing, for ever.
+        stalling: bool,
     }
 
     impl GuestAgent for FakeGuest {
@@ -360,6 +362,9 @@ mod tests {
                     let h = 1000 + self.open.borrow().len() as i64;
                     self.open.borrow_mut().insert(h, (path, data, write, 0));
                     Ok(json!(h))
+                }
+                "guest-file-read" if self.stalling => {
+                    Ok(json!({"count": 0, "buf-b64": "", "eof": false}))
                 }
                 "guest-file-read" => {
                     let mut open = self.open.borrow_mut();
@@ -514,6 +519,19 @@ mod tests {
             sync(&g, "<system/>\n", None, Some(&plan)),
             (Outcome::AlreadyThere, None)
         );
+    }
+
+    #[test]
+    fn a_guest_agent_that_never_ends_a_read_fails_the_pass_instead_of_holding_it() {
+        let g = FakeGuest {
+            stalling: true,
+            ..FakeGuest::default()
+        };
+        g.files
+            .borrow_mut()
+            .insert(NCCL_CONF_PATH.into(), b"x".to_vec());
+        let c = sync(&g, "<system/>\n", None, None).0.condition();
+        assert!(c.contains("no data and no end"), "{c}");
     }
 
     #[test]

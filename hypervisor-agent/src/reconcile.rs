@@ -816,7 +816,8 @@ impl Reconciler {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let partitions = match view.or_else(|| self.topology.fabric_manager.clone()) {
+        // Made from the topology's at start, then only ever replaced.
+        let partitions = match view {
             None => return Ok(()),
             Some(FabricManager::Unreachable(why)) if gpus.len() > 1 => {
                 return Err(format!("no NVLink partition can be activated: {why}"))
@@ -874,12 +875,7 @@ impl Reconciler {
             .or_else(|_| dom.undefine())
             .map_err(err)?;
         for (bdf, before) in released.iter().zip(fatal_before) {
-            let host_driver = self
-                .topology
-                .pci_devices
-                .iter()
-                .find(|d| d.location.bdf == *bdf)
-                .and_then(|d| d.driver.as_deref());
+            let host_driver = self.topology.pci(*bdf).and_then(|d| d.driver.as_deref());
             let bdf = bdf.to_string();
             match kumo_topology::health::release_check(&self.sysfs_root, &bdf, host_driver, before)
             {
@@ -933,13 +929,7 @@ impl Reconciler {
                 None => Ok(()),
             };
             report.push(match gone {
-                Ok(()) => VmStatus {
-                    id: *id,
-                    state: ActualState::Absent,
-                    reason: None,
-                    guest: None,
-                    notice: None,
-                },
+                Ok(()) => absent(*id),
                 Err(reason) => {
                     tracing::warn!(vm = %id, %reason, "could not shelve a VM");
                     VmStatus {
@@ -969,13 +959,7 @@ impl Reconciler {
                 tracing::warn!(vm = %id, %reason, "could not remove a domain");
                 continue;
             }
-            report.push(VmStatus {
-                id,
-                state: ActualState::Absent,
-                reason: None,
-                guest: None,
-                notice: None,
-            });
+            report.push(absent(id));
         }
         self.converge_fabric();
         for vm in &desired.vms {
@@ -1018,13 +1002,7 @@ impl Reconciler {
                     tracing::warn!(vm = %id, %reason, "could not remove a VM's files");
                     continue;
                 }
-                report.push(VmStatus {
-                    id: *id,
-                    state: ActualState::Absent,
-                    reason: None,
-                    guest: None,
-                    notice: None,
-                });
+                report.push(absent(*id));
             }
         }
         // Stopped and removed VMs' partitions go now.
@@ -1034,6 +1012,17 @@ impl Reconciler {
             tracing::warn!(error = %e, "could not record applied reboots");
         }
         Ok(report)
+    }
+}
+
+/// What a VM without a domain here is reported as.
+fn absent(id: Uuid) -> VmStatus {
+    VmStatus {
+        id,
+        state: ActualState::Absent,
+        reason: None,
+        guest: None,
+        notice: None,
     }
 }
 

@@ -222,25 +222,8 @@ pub async fn released_unfit(
     let rows = store::of_host(&txn, host.id).await?;
     let mut changes: Vec<Change> = Vec::new();
     for u in unfit {
-        // A host speaks only of what one of its VMs held: the VM's
-        // allocations are still there (the report that frees them is
-        // applied after this).
-        let held = store::holders(&txn, host.id, &u.bdf).await?;
-        let pf_held = match topo
-            .nics
-            .iter()
-            .find(|n| n.vfs.iter().any(|v| v.to_string() == u.bdf))
-        {
-            Some(n) => store::holders(&txn, host.id, &n.location.bdf.to_string())
-                .await?
-                .contains(&u.vm),
-            None => false,
-        };
-        if !held.contains(&u.vm) && !pf_held {
-            tracing::warn!(host = %host.name, bdf = %u.bdf, vm = %u.vm,
-                "an unfit device its VM did not hold on this host: ignored");
-            continue;
-        }
+        // The device the pool knows: the function itself, or for a VF its
+        // NIC (the pool knows NICs by their PF).
         let (bdf, via) = if kinds.contains_key(&u.bdf) {
             (u.bdf.clone(), String::new())
         } else if let Some(n) = topo
@@ -254,6 +237,14 @@ pub async fn released_unfit(
                 "a released function the inventory does not know did not come back after reset");
             continue;
         };
+        // A host speaks only of what one of its VMs held: the VM's
+        // allocations (keyed by that device) are still there, since the
+        // report that frees them is applied after this.
+        if !store::holders(&txn, host.id, &bdf).await?.contains(&u.vm) {
+            tracing::warn!(host = %host.name, bdf = %u.bdf, vm = %u.vm,
+                "an unfit device its VM did not hold on this host: ignored");
+            continue;
+        }
         let Some(kind) = kinds.get(&bdf) else {
             continue;
         };

@@ -612,3 +612,45 @@ async fn a_host_with_its_iommu_off_takes_cpu_only_vms_and_says_why() {
         .await
         .unwrap();
 }
+
+/// A release report speaks only for devices its VM held on that host: one
+/// naming a GPU the VM never had changes nothing (a buggy or hostile agent
+/// cannot empty the pool through it); the held one is quarantined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfit_report_counts_only_for_a_device_its_vm_held() {
+    let s = TestServer::start(crate::harness::Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
+    let dir = scratch();
+    let (agent, _sysfs) = hgx_agent(&s, dir.path()).await;
+    agent.report_health().await.unwrap();
+    let one: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &vm("one", 1, ServiceLevel::Guaranteed),
+        )
+        .await
+        .unwrap();
+    let held = crate::harness::gpus_of(&one)[0].clone();
+    let all: Vec<String> = devices(&s)
+        .await
+        .items
+        .into_iter()
+        .filter(|d| d.kind == "gpu")
+        .map(|d| d.bdf)
+        .collect();
+    let other = all.iter().find(|b| **b != held).unwrap().clone();
+    let report = |bdf: &str| kumo_api_types::StatusReport {
+        unfit: vec![kumo_api_types::UnfitDevice {
+            vm: one.id,
+            bdf: bdf.into(),
+            problem: "config space reads 0xffff".into(),
+        }],
+        ..Default::default()
+    };
+    agent.client.status(&report(&other)).await.unwrap();
+    assert_eq!(device(&s, &other).await.state, DeviceState::Healthy);
+    agent.client.status(&report(&held)).await.unwrap();
+    assert_eq!(device(&s, &held).await.state, DeviceState::Quarantined);
+}
