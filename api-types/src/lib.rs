@@ -1882,6 +1882,29 @@ pub struct AgentHeartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub health: Option<kumo_topology::health::HostSignals>,
+    /// The host's storage: what its pool may hold (less the agent's
+    /// reserve) and what is free in it. Absent from agents before it:
+    /// the server then does not count that host's disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageCapacity>,
+}
+
+/// A host's storage as its agent measures it (`statvfs` of the pool's
+/// directory, or the LVM thin pool's size), in whole GiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StorageCapacity {
+    /// What volumes and snapshots (and root disks, when they share the
+    /// pool's filesystem) may be provisioned on: the pool's size less
+    /// the agent's reserve (`--storage-reserve-gib`).
+    pub capacity_gib: u64,
+    /// Free in the pool now (written data counts, holes do not).
+    pub free_gib: u64,
+    /// Where VMs' root disks live when that is another filesystem than
+    /// the pool's (an LVM pool): its size less the reserve. `None`: the
+    /// root disks share the pool's capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_disks_gib: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1931,6 +1954,10 @@ pub struct DesiredDisk {
 pub struct DesiredVolume {
     pub id: Uuid,
     pub size_gib: u32,
+    /// Its tenant: long work on it (a snapshot merged, a copy made) is
+    /// bounded per tenant on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Uuid>,
     /// Made as a copy of this snapshot `(volume, snapshot)` of this host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<(Uuid, Uuid)>,
@@ -1968,6 +1995,10 @@ pub struct DesiredExport {
     pub token_sha256: String,
     #[serde(default, skip_serializing_if = "TransferKind::is_volume")]
     pub kind: TransferKind,
+    /// Its tenant: long work on it (sending, fetching) is bounded per
+    /// tenant on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Uuid>,
 }
 
 /// A volume (or root disk) being moved to this host: fetch it from
@@ -1980,6 +2011,10 @@ pub struct DesiredImport {
     pub from: String,
     #[serde(default, skip_serializing_if = "TransferKind::is_volume")]
     pub kind: TransferKind,
+    /// Its tenant: long work on it (sending, fetching) is bounded per
+    /// tenant on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Uuid>,
 }
 
 /// One NIC of a VM: on an Ethernet segment, a virtio NIC on the host's
@@ -2143,6 +2178,9 @@ pub enum ConsoleEvent {
     TookOver { from: String },
     /// `by` took writing over: this session is read-only now.
     TakenOver { by: String },
+    /// This session is read-only now, and why (its holder's role in the
+    /// project no longer allows writing).
+    ReadOnly { reason: String },
     /// The session ended, and why.
     Closed { reason: String },
 }

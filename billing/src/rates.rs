@@ -26,6 +26,16 @@ pub const PUBLIC_IP: &str = "public_ip";
 pub const VOLUME_GIB: &str = "volume_gib";
 pub const SNAPSHOT_GIB: &str = "snapshot_gib";
 
+/// Every class but the GPUs' (`gpu:<model>`, one per model).
+pub const FLAT_CLASSES: [&str; 6] = [
+    VCPU,
+    MEMORY_GIB,
+    DISK_GIB,
+    PUBLIC_IP,
+    VOLUME_GIB,
+    SNAPSHOT_GIB,
+];
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Price {
     pub guaranteed: Decimal,
@@ -60,15 +70,7 @@ pub enum RateError {
 impl RateCard {
     pub fn validate(&self) -> Result<(), RateError> {
         for (class, p) in &self.prices {
-            let known = [
-                VCPU,
-                MEMORY_GIB,
-                DISK_GIB,
-                PUBLIC_IP,
-                VOLUME_GIB,
-                SNAPSHOT_GIB,
-            ]
-            .contains(&class.as_str())
+            let known = FLAT_CLASSES.contains(&class.as_str())
                 || class
                     .strip_prefix("gpu:")
                     .is_some_and(|m| !m.is_empty() && m.len() <= 64);

@@ -177,7 +177,7 @@ impl Client {
         self.send(self.request(Method::PUT, path).json(body)).await
     }
 
-    async fn patch<B: Serialize, T: DeserializeOwned>(
+    pub async fn patch<B: Serialize, T: DeserializeOwned>(
         &self,
         path: &str,
         body: &B,

@@ -142,6 +142,7 @@ pub async fn run(
                     Ok(ConsoleEvent::Live) if log => break "end of the log".to_owned(),
                     Ok(ConsoleEvent::TookOver { from }) => eprint!("[kumo: took the console over from {from}]\r\n"),
                     Ok(ConsoleEvent::TakenOver { by }) => eprint!("\r\n[kumo: {by} took the console over; read-only now]\r\n"),
+                    Ok(ConsoleEvent::ReadOnly { reason }) => eprint!("\r\n[kumo: read-only now: {reason}]\r\n"),
                     Ok(ConsoleEvent::Closed { reason }) => break reason,
                     _ => {}
                 },

@@ -68,6 +68,42 @@ pub struct FileConfig {
     pub health: HealthFileConfig,
     #[serde(default)]
     pub idle: IdleFileConfig,
+    #[serde(default)]
+    pub storage: StorageFileConfig,
+}
+
+/// Hosts' storage (README, "Volumes").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageFileConfig {
+    /// How many times its storage's capacity a host may provision (thin
+    /// volumes, snapshots, root disks, copies): 1.0, the default, counts
+    /// every GiB promised; more lets promises outrun the disks.
+    pub overcommit: Option<f64>,
+}
+
+/// Hosts' storage, resolved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StorageConfig {
+    /// See [`StorageFileConfig::overcommit`].
+    pub overcommit: f64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig { overcommit: 1.0 }
+    }
+}
+
+fn storage(file: &StorageFileConfig) -> Result<StorageConfig, ConfigError> {
+    let overcommit = file.overcommit.unwrap_or(1.0);
+    if !(overcommit.is_finite() && overcommit > 0.0 && overcommit <= 1000.0) {
+        return Err(ConfigError::Invalid {
+            key: "storage.overcommit",
+            message: "a ratio above 0 and at most 1000 (1.0: no overcommit)".into(),
+        });
+    }
+    Ok(StorageConfig { overcommit })
 }
 
 /// The platform's idle-GPU policy (README, "Idle GPUs").
@@ -84,6 +120,9 @@ pub struct IdleFileConfig {
     /// The longest exemption a project owner may give a VM, in days
     /// [default: 14].
     pub max_exemption_days: Option<u32>,
+    /// The most exempt time one VM may have in all, renewals included, in
+    /// days [default: 30].
+    pub max_exempt_days_total: Option<u32>,
     /// Seconds between the idle passes [default: 60].
     pub check_every_secs: Option<u64>,
     /// The key webhooks' addresses are sealed with (32 bytes, hex); every
@@ -100,6 +139,9 @@ pub struct IdleFileConfig {
 pub struct IdleConfig {
     pub policy: kumo_api_types::IdlePolicy,
     pub max_exemption_days: u32,
+    /// The most exempt time one VM may have in all (owners' exemptions
+    /// and renewals; administrators may go past it).
+    pub max_exempt_days_total: u32,
     pub check_every: Duration,
     /// `None`: `<data-dir>/webhook.key`.
     pub webhook_key_file: Option<PathBuf>,
@@ -111,6 +153,7 @@ impl Default for IdleConfig {
         IdleConfig {
             policy: crate::domain::idle_gpus::PLATFORM_DEFAULT,
             max_exemption_days: 14,
+            max_exempt_days_total: 30,
             check_every: Duration::from_secs(60),
             webhook_key_file: None,
             allow_loopback_webhooks: false,
@@ -186,6 +229,14 @@ pub struct NetworkFileConfig {
     pub underlay_mtu: Option<u32>,
     /// How long a deleted segment's VNI rests before it is handed out again.
     pub vni_quarantine_secs: Option<u64>,
+    /// How long a released public address (a tenant's, or a segment's
+    /// egress address) rests before it is handed out again.
+    pub public_ip_quarantine_secs: Option<u64>,
+    /// Changes to shared hosts (edges, addresses attached, segments'
+    /// egress, ingress and forwards) one tenant may make a minute …
+    pub tenant_changes_per_minute: Option<u32>,
+    /// … and at once.
+    pub tenant_changes_burst: Option<u32>,
     /// VLANs RoCE segments are given (`"FIRST-LAST"`): the leaf switches
     /// map each to its segment's VNI.
     pub roce_vlans: Option<String>,
@@ -198,6 +249,9 @@ pub struct NetworkFileConfig {
 pub const FIRST_TENANT_VNI: u32 = 4096;
 pub const DEFAULT_UNDERLAY_MTU: u32 = 9000;
 pub const DEFAULT_VNI_QUARANTINE_SECS: u64 = 600;
+/// A day: DNS records, allowlists and connections aimed at a released
+/// address's last holder fade before anyone else gets it.
+pub const DEFAULT_PUBLIC_IP_QUARANTINE_SECS: u64 = 86_400;
 pub const DEFAULT_ROCE_VLANS: std::ops::RangeInclusive<u16> = 100..=3999;
 
 /// Tenant networks, resolved.
@@ -206,6 +260,9 @@ pub struct NetworkConfig {
     pub vni_ranges: Vec<std::ops::RangeInclusive<u32>>,
     pub underlay_mtu: u32,
     pub vni_quarantine: Duration,
+    pub public_ip_quarantine: Duration,
+    /// Each tenant's allowance of changes that reprogram shared hosts.
+    pub tenant_changes: crate::domain::churn::Allowance,
     pub roce_vlans: std::ops::RangeInclusive<u16>,
     pub tenant_ranges: Vec<crate::domain::ipam::Cidr>,
 }
@@ -216,6 +273,8 @@ impl Default for NetworkConfig {
             vni_ranges: vec![FIRST_TENANT_VNI..=MAX_VNI],
             underlay_mtu: DEFAULT_UNDERLAY_MTU,
             vni_quarantine: Duration::from_secs(DEFAULT_VNI_QUARANTINE_SECS),
+            public_ip_quarantine: Duration::from_secs(DEFAULT_PUBLIC_IP_QUARANTINE_SECS),
+            tenant_changes: crate::domain::churn::Allowance::default(),
             roce_vlans: DEFAULT_ROCE_VLANS,
             tenant_ranges: crate::domain::ipam::default_tenant_ranges(),
         }
@@ -268,6 +327,21 @@ fn network(file: &NetworkFileConfig) -> Result<NetworkConfig, ConfigError> {
     }
     if let Some(q) = file.vni_quarantine_secs {
         out.vni_quarantine = Duration::from_secs(q);
+    }
+    if let Some(n) = file.tenant_changes_per_minute {
+        out.tenant_changes.per_minute = n;
+    }
+    if let Some(n) = file.tenant_changes_burst {
+        if n == 0 {
+            return Err(ConfigError::Invalid {
+                key: "network.tenant_changes_burst",
+                message: "at least 1".into(),
+            });
+        }
+        out.tenant_changes.burst = n;
+    }
+    if let Some(q) = file.public_ip_quarantine_secs {
+        out.public_ip_quarantine = Duration::from_secs(q);
     }
     if let Some(r) = &file.roce_vlans {
         let range = r
@@ -339,6 +413,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub device_health: crate::domain::device_health::Policy,
     pub idle: IdleConfig,
+    pub storage: StorageConfig,
     /// What metering and charging take as now.
     pub clock: crate::clock::Clock,
 }
@@ -506,6 +581,7 @@ impl Config {
             auth: AuthConfig::default(),
             device_health: Default::default(),
             idle: IdleConfig::default(),
+            storage: StorageConfig::default(),
             clock: crate::clock::Clock::default(),
         }
     }
@@ -613,6 +689,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         auth: auth(&file.auth)?,
         device_health: device_health(&file.health)?,
         idle: idle(&file.idle)?,
+        storage: storage(&file.storage)?,
         clock: crate::clock::Clock::default(),
     })
 }
@@ -635,9 +712,19 @@ fn idle(file: &IdleFileConfig) -> Result<IdleConfig, ConfigError> {
             message: "1 to 3600".into(),
         });
     }
+    let total = file
+        .max_exempt_days_total
+        .unwrap_or(d.max_exempt_days_total);
+    if total > 3650 {
+        return Err(ConfigError::Invalid {
+            key: "idle.max_exempt_days_total",
+            message: "0 to 3650 days".into(),
+        });
+    }
     Ok(IdleConfig {
         policy,
         max_exemption_days: file.max_exemption_days.unwrap_or(d.max_exemption_days),
+        max_exempt_days_total: total,
         check_every: Duration::from_secs(check),
         webhook_key_file: file.webhook_key_file.clone(),
         allow_loopback_webhooks: file.allow_loopback_webhooks.unwrap_or(false),
@@ -756,6 +843,23 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("./.kumo"));
         assert_eq!(c.database_url, "sqlite://./.kumo/kumo.db?mode=rwc");
         assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn storage_overcommit_is_a_sane_ratio() {
+        let parse = |t: &str| resolve(&ServeArgs::default(), &toml::from_str(t).unwrap());
+        assert_eq!(parse("").unwrap().storage.overcommit, 1.0);
+        assert_eq!(
+            parse("[storage]\novercommit = 2.5")
+                .unwrap()
+                .storage
+                .overcommit,
+            2.5
+        );
+        for bad in ["0.0", "-1.0", "1001.0", "nan", "inf"] {
+            let e = parse(&format!("[storage]\novercommit = {bad}")).unwrap_err();
+            assert!(e.to_string().contains("storage.overcommit"), "{bad}: {e}");
+        }
     }
 
     #[test]

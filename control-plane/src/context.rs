@@ -21,6 +21,37 @@ pub struct AppState {
     pub consoles: Arc<crate::consoles::ConsoleHub>,
     pub capacity: Arc<crate::store::capacity::Capacity>,
     pub sso: Arc<crate::oidc::Sso>,
+    /// Each tenant's allowance of changes to shared hosts, on this replica.
+    pub churn: Arc<SharedHostChanges>,
+}
+
+/// Per tenant, what is left of its allowance of changes that reprogram
+/// shared hosts (see `domain::churn`). Kept by each replica for the
+/// requests it serves: behind N replicas a tenant gets up to N times the
+/// allowance, still bounded.
+#[derive(Default)]
+pub struct SharedHostChanges {
+    buckets: std::sync::Mutex<std::collections::HashMap<uuid::Uuid, crate::domain::churn::Bucket>>,
+}
+
+impl SharedHostChanges {
+    /// One change for `tenant` now, or the seconds to wait.
+    pub fn take(
+        &self,
+        tenant: uuid::Uuid,
+        allowance: &crate::domain::churn::Allowance,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), u64> {
+        use crate::domain::churn::Bucket;
+        let mut all = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let b = all
+            .get(&tenant)
+            .copied()
+            .unwrap_or_else(|| Bucket::full(allowance, now));
+        let after = b.take(allowance, now)?;
+        all.insert(tenant, after);
+        Ok(())
+    }
 }
 
 /// Where and when a request came from, as the audit log records it: the

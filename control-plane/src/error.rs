@@ -21,6 +21,7 @@ pub const PROBLEM_KINDS: &[(&str, &str, u16)] = &[
     ("quota-exceeded", "Quota exceeded", 409),
     ("insufficient-capacity", "Insufficient capacity", 409),
     ("points-exhausted", "Points exhausted", 402),
+    ("too-many-requests", "Too many requests", 429),
     ("internal", "Internal server error", 500),
     ("unavailable", "Service unavailable", 503),
 ];
@@ -48,6 +49,12 @@ pub enum ApiError {
     InsufficientCapacity(String),
     #[error("{0}")]
     PointsExhausted(String),
+    /// Too many changes too fast; `Retry-After` says when to try again.
+    #[error("{detail}")]
+    TooManyRequests {
+        detail: String,
+        retry_after_secs: u64,
+    },
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -113,6 +120,7 @@ impl ApiError {
             ApiError::QuotaExceeded { .. } => "quota-exceeded",
             ApiError::InsufficientCapacity(_) => "insufficient-capacity",
             ApiError::PointsExhausted(_) => "points-exhausted",
+            ApiError::TooManyRequests { .. } => "too-many-requests",
             ApiError::PayloadTooLarge(_) => "payload-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::Unavailable | ApiError::Unreachable(_) | ApiError::Contention => {
@@ -203,7 +211,15 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(msg) = &self {
             tracing::error!(error = %msg, "internal error");
         }
-        problem_response(&self.to_problem())
+        let mut r = problem_response(&self.to_problem());
+        if let ApiError::TooManyRequests {
+            retry_after_secs, ..
+        } = &self
+        {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+        }
+        r
     }
 }
 

@@ -65,14 +65,18 @@ impl RunningServer {
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
         let addr = listener.local_addr()?;
+        let overcommit = config.storage.overcommit;
         let state = AppState {
             db,
             metrics: Arc::new(Metrics::new()),
             config: Arc::new(config),
             signals: Arc::default(),
             consoles: Arc::default(),
-            capacity: Arc::default(),
+            capacity: Arc::new(crate::store::capacity::Capacity::with_overcommit(
+                overcommit,
+            )),
             sso: Arc::default(),
+            churn: Arc::default(),
         };
         state.capacity.refresh_all(&state.db).await?;
         let detector = tokio::spawn(crate::app::jobs::lost_hosts::run(state.clone()));

@@ -122,6 +122,18 @@ enum Command {
         /// The thin pool of --storage-vg.
         #[arg(long, requires = "storage_vg")]
         thin_pool: Option<String>,
+        /// GiB of the storage pool (and of the root disks' filesystem)
+        /// never offered to the server for volumes and disks.
+        #[arg(long, default_value_t = kumo_agent::run::DEFAULT_RESERVE_GIB)]
+        storage_reserve_gib: u64,
+        /// Long storage jobs (snapshot merges, copies, imports) one tenant
+        /// runs at once on this host; the rest wait their turn.
+        #[arg(long, default_value_t = 1)]
+        storage_jobs_per_tenant: usize,
+        /// Long storage jobs running at once on this host, every tenant
+        /// together (and volume sends to other hosts at once).
+        #[arg(long, default_value_t = 2)]
+        storage_jobs_per_host: usize,
         /// Serve volumes being moved to other hosts here. The default
         /// reaches agents on this machine only (simulated fleets): on a
         /// real fleet give the host's storage-network address, e.g.
@@ -212,6 +224,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             transfer_url,
             telemetry_secs,
             thin_pool,
+            storage_reserve_gib,
+            storage_jobs_per_tenant,
+            storage_jobs_per_host,
             parent_pid,
             fabric_manager,
         } => {
@@ -257,6 +272,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 transfer_url,
                 telemetry: std::time::Duration::from_secs(telemetry_secs.max(1)),
                 fabric_manager,
+                storage_policy: kumo_agent::run::StoragePolicy {
+                    jobs: kumo_agent::storage::jobs::Limits {
+                        per_tenant: storage_jobs_per_tenant,
+                        per_host: storage_jobs_per_host,
+                    },
+                    reserve_gib: storage_reserve_gib,
+                },
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -53,6 +53,61 @@ pub struct AgentConfig {
     /// The Fabric Manager client and its arguments (`fmpm --hostname
     /// ADDR`) of an NVSwitch host in shared NVSwitch mode.
     pub fabric_manager: Option<String>,
+    /// How much long storage work runs at once, and the space kept back.
+    pub storage_policy: StoragePolicy,
+}
+
+/// The host's storage limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoragePolicy {
+    /// Long storage work (snapshot merges, copies, imports) running at
+    /// once, per tenant and per host ([`crate::storage::jobs`]).
+    pub jobs: crate::storage::jobs::Limits,
+    /// GiB of the pool (and of the root disks' filesystem) never offered
+    /// to the server: the host's own headroom.
+    pub reserve_gib: u64,
+}
+
+/// The space kept back on a host's storage by default.
+pub const DEFAULT_RESERVE_GIB: u64 = 10;
+
+impl Default for StoragePolicy {
+    fn default() -> Self {
+        StoragePolicy {
+            jobs: Default::default(),
+            reserve_gib: DEFAULT_RESERVE_GIB,
+        }
+    }
+}
+
+/// The host's storage as the server counts it: the pool's size less the
+/// reserve, what is free in it, and the root disks' filesystem when it
+/// is another. `None` (and logged) when the pool cannot be read.
+pub fn measure_storage(
+    storage: &dyn crate::storage::Backend,
+    root_disks: &std::path::Path,
+    reserve_gib: u64,
+) -> Option<kumo_api_types::StorageCapacity> {
+    use crate::storage::GIB;
+    let pool = match storage.capacity() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "the storage pool's size is unknown");
+            return None;
+        }
+    };
+    let offered = |total: u64| (total / GIB).saturating_sub(reserve_gib);
+    let root = crate::storage::filesystem_space(root_disks).ok();
+    let root_disks_gib = match (pool.device, root) {
+        (Some(d), Some(r)) if r.device == Some(d) => None,
+        (_, Some(r)) => Some(offered(r.total_bytes)),
+        (_, None) => None,
+    };
+    Some(kumo_api_types::StorageCapacity {
+        capacity_gib: offered(pool.total_bytes),
+        free_gib: pool.free_bytes / GIB,
+        root_disks_gib,
+    })
 }
 
 /// A host's storage pool for volumes.
@@ -106,6 +161,8 @@ pub struct Agent {
     faults: Arc<Mutex<BTreeMap<u32, String>>>,
     /// The host's volumes.
     storage: Arc<dyn crate::storage::Backend>,
+    /// Long storage work, off the pass.
+    pub jobs: Arc<crate::storage::jobs::Jobs>,
     /// Volumes moving to and from this host.
     pub transfers: Arc<crate::transfer::Transfers>,
     /// Serial consoles dialled out to the server.
@@ -228,7 +285,11 @@ impl Agent {
             (None, true) => None,
         };
         let storage = config.storage_backend();
-        let transfers = crate::transfer::Transfers::new(storage.clone(), config.root_disks());
+        let slots = crate::storage::jobs::Slots::new(config.storage_policy.jobs);
+        let jobs =
+            crate::storage::jobs::Jobs::new(slots.clone(), tokio::runtime::Handle::current());
+        let transfers =
+            crate::transfer::Transfers::with_slots(storage.clone(), config.root_disks(), slots);
         let listener = tokio::net::TcpListener::bind(config.transfer_listen)
             .await
             .map_err(|e| {
@@ -279,6 +340,7 @@ impl Agent {
             client: AgentClient::new(&config.server, &cred.credential),
             consoles,
             storage,
+            jobs,
             transfers,
             config,
             reconciler: Arc::new(Mutex::new(reconciler)),
@@ -310,10 +372,20 @@ impl Agent {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let storage = self.storage.clone();
+        let (root, reserve) = (
+            self.config.root_disks().dir_path().to_path_buf(),
+            self.config.storage_policy.reserve_gib,
+        );
+        let storage =
+            tokio::task::spawn_blocking(move || measure_storage(&*storage, &root, reserve))
+                .await
+                .unwrap_or_default();
         self.client
             .heartbeat(&AgentHeartbeat {
                 topology: Some(inventory),
                 underlay_ip: self.config.underlay_ip,
+                storage,
                 ..Default::default()
             })
             .await
@@ -331,6 +403,7 @@ impl Agent {
                 segment_faults: None,
                 transfer_url: None,
                 health: Some(health),
+                storage: None,
             })
             .await
     }
@@ -497,6 +570,7 @@ impl Agent {
             .map(|v| WantedVolume {
                 id: v.id,
                 size_gib: u64::from(v.size_gib),
+                tenant: v.tenant,
                 source: v.source,
                 snapshots: v.snapshots.clone(),
             })
@@ -554,14 +628,23 @@ impl Agent {
                 .converge_imports(TransferKind::Volume, &[], &|_| None);
         }
         if want.is_empty() && delete.is_empty() && !moving_volumes {
+            // Jobs of volumes no longer wanted are called off.
+            self.jobs.begin_pass();
+            self.jobs.end_pass();
             return (Default::default(), Vec::new(), root_disks);
         }
         let backend = self.storage.clone();
         let transfers = self.transfers.clone();
+        let jobs = self.jobs.clone();
         let imports = desired.imports.clone();
         let runtime = tokio::runtime::Handle::current();
         let done = tokio::task::spawn_blocking(move || {
-            let done = crate::storage::converge(&*backend, &want, &delete);
+            // Long work (merging snapshots, copies) is started here and
+            // goes on after the pass, on the host's storage slots.
+            let done = {
+                let _guard = runtime.enter();
+                crate::storage::converge_in_background(&backend, &want, &delete, &jobs)
+            };
             let mut ready = crate::reconcile::ReadyVolumes::new();
             let mut report = Vec::new();
             let status = |id, state, reason: Option<String>| VolumeStatus {
@@ -580,9 +663,15 @@ impl Agent {
                 let Some(o) = done.volumes.iter().find(|o| o.id == w.id) else {
                     continue;
                 };
-                if let Err(e) = backend.prepare(w.id) {
-                    report.push(status(w.id, VolumeActual::Failed, Some(e.to_string())));
-                    continue;
+                // Busy (a snapshot being merged into it): not reported, so
+                // the server keeps it as it is until the work is done; a
+                // VM keeps it as a disk meanwhile (it is the same file).
+                let busy = done.busy.contains(&w.id);
+                if !busy {
+                    if let Err(e) = backend.prepare(w.id) {
+                        report.push(status(w.id, VolumeActual::Failed, Some(e.to_string())));
+                        continue;
+                    }
                 }
                 let source = match backend.disk(w.id) {
                     DiskSource::File { path, format } => {
@@ -596,6 +685,9 @@ impl Agent {
                     },
                 };
                 ready.insert(w.id, source);
+                if busy {
+                    continue;
+                }
                 report.push(VolumeStatus {
                     size_gib: Some(u32::try_from(o.size_bytes / GIB).unwrap_or(u32::MAX)),
                     snapshots: o.snapshots.clone(),
@@ -707,6 +799,12 @@ impl Agent {
         let sysfs = self.config.sysfs_root.clone();
         let topo = self.topology.clone();
         let fabric_view = self.fabric_view.clone();
+        let storage = self.storage.clone();
+        let (root_disks, reserve) = (
+            self.config.root_disks().dir_path().to_path_buf(),
+            self.config.storage_policy.reserve_gib,
+        );
+        let jobs_done = self.jobs.finished();
         let telemetry = {
             let (t, last, client, every) = (
                 self.telemetry.clone(),
@@ -755,6 +853,14 @@ impl Agent {
                         health_at = Some(tokio::time::Instant::now());
                         kumo_topology::health::read(&sysfs, &topo)
                     });
+                // The pool's size and free space, every heartbeat: what
+                // the server places disks by.
+                let space = {
+                    let (storage, root) = (storage.clone(), root_disks.clone());
+                    tokio::task::spawn_blocking(move || measure_storage(&*storage, &root, reserve))
+                        .await
+                        .unwrap_or_default()
+                };
                 let body = AgentHeartbeat {
                     topology: inventory.clone(),
                     underlay_ip: underlay,
@@ -762,6 +868,7 @@ impl Agent {
                     segment_faults: Some(segment_faults),
                     transfer_url: transfer_url.clone(),
                     health,
+                    storage: space,
                 };
                 match hb_client.heartbeat(&body).await {
                     Ok(()) => {
@@ -793,6 +900,12 @@ impl Agent {
                     tokio::select! {
                         r = &mut poll => break r,
                         _ = resync.tick() => {
+                            if let Err(e) = self.resync().await {
+                                tracing::warn!(error = %e, "resync failed");
+                            }
+                        }
+                        // Long storage work done: reported at once.
+                        _ = jobs_done.notified() => {
                             if let Err(e) = self.resync().await {
                                 tracing::warn!(error = %e, "resync failed");
                             }

@@ -20,7 +20,16 @@
 //! runs in its own task: a large copy never holds up the pass, and one
 //! volume's failure (a source that is gone, a checksum that does not
 //! match) is reported for that volume and retried every
-//! [`RETRY`].
+//! [`RETRY`]. Imports take the host's slots for long storage work
+//! ([`crate::storage::jobs::Slots`]: so many per tenant, so many per
+//! host); exports are bounded per host on their own (an import waiting
+//! for an export on the other host must not hold the slot that export
+//! would need).
+//!
+//! What travels is the data only: a destination that asks for
+//! [`extents::CONTENT_TYPE`] gets the volume's data extents (holes and
+//! zeros left out, checked by the stream's own SHA-256); one that does
+//! not (an agent from before) gets every byte, raw, as before.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -35,8 +44,9 @@ use kumo_api_types::{DesiredExport, DesiredImport, TransferKind, VolumeActual, V
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::storage::jobs::{Limits, Slots};
 use crate::storage::root_disks::RootDisks;
-use crate::storage::{copy_hashing, Backend, StorageError, GIB};
+use crate::storage::{copy_hashing, extents, Backend, Incoming, StorageError, GIB};
 
 /// The response header with the SHA-256 (hex) of the volume's contents.
 pub const SHA256_HEADER: &str = "x-kumo-sha256";
@@ -83,17 +93,38 @@ pub struct Transfers {
     /// What is being served right now (one fetch at a time each).
     serving: Mutex<BTreeSet<Key>>,
     imports: Mutex<BTreeMap<Key, Import>>,
+    /// Slots imports run in (shared with the host's other long work).
+    slots: Arc<Slots>,
+    /// Exports sent at once.
+    sending: Arc<tokio::sync::Semaphore>,
+    /// Bytes sent by exports and received by imports, in all (tests,
+    /// logs).
+    pub bytes_sent: std::sync::atomic::AtomicU64,
     http: reqwest::Client,
 }
 
 impl Transfers {
+    /// Transfers with slots of their own (the default limits).
     pub fn new(storage: Arc<dyn Backend>, disks: RootDisks) -> Arc<Transfers> {
+        Self::with_slots(storage, disks, Slots::new(Limits::default()))
+    }
+
+    /// Transfers whose imports run in `slots`; as many exports at once as
+    /// the slots' host limit.
+    pub fn with_slots(
+        storage: Arc<dyn Backend>,
+        disks: RootDisks,
+        slots: Arc<Slots>,
+    ) -> Arc<Transfers> {
         Arc::new(Transfers {
             storage,
             disks,
             exports: Mutex::default(),
             serving: Mutex::default(),
             imports: Mutex::default(),
+            sending: Arc::new(tokio::sync::Semaphore::new(slots.limits().per_host)),
+            slots,
+            bytes_sent: Default::default(),
             // No overall timeout: a volume takes as long as it takes; a
             // source that stops sending is caught by the read timeout.
             http: reqwest::Client::builder()
@@ -167,6 +198,9 @@ impl Transfers {
                     (self.clone(), w.clone(), i.token.clone(), i.generation);
                 i.task = Some(
                     tokio::spawn(async move {
+                        // Its turn among the host's long storage work
+                        // (reported `importing` meanwhile).
+                        let _slot = me.slots.acquire(w.tenant).await;
                         let outcome = me.fetch(&w, &token).await;
                         if let Err(e) = &outcome {
                             tracing::warn!(volume = %w.volume, from = %w.from, error = %e, "volume import failed; retrying");
@@ -221,6 +255,7 @@ impl Transfers {
             .http
             .get(&url)
             .bearer_auth(token)
+            .header(header::ACCEPT, extents::CONTENT_TYPE)
             .send()
             .await
             .map_err(|e| format!("cannot reach the source at {}: {e}", w.from))?;
@@ -230,22 +265,36 @@ impl Transfers {
             let body: String = body.chars().take(200).collect();
             return Err(format!("the source answered {status}: {}", body.trim()));
         }
-        let size = resp
-            .content_length()
-            .ok_or("the source sent no Content-Length")?;
+        let header_of = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        // Extents from a source that knows them; every byte, raw, from one
+        // from before them.
+        let sparse =
+            header_of(header::CONTENT_TYPE.as_str()).as_deref() == Some(extents::CONTENT_TYPE);
+        let (size, sha) = if sparse {
+            let size = header_of(extents::SIZE_HEADER)
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or(format!("the source sent no {}", extents::SIZE_HEADER))?;
+            (size, None)
+        } else {
+            let size = resp
+                .content_length()
+                .ok_or("the source sent no Content-Length")?;
+            let sha = header_of(SHA256_HEADER)
+                .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+                .ok_or(format!("the source sent no {SHA256_HEADER}"))?;
+            (size, Some(sha))
+        };
         if size > u64::from(w.size_gib).saturating_mul(GIB) {
             return Err(format!(
                 "the source sent {size} bytes for a volume of {} GiB",
                 w.size_gib
             ));
         }
-        let sha = resp
-            .headers()
-            .get(SHA256_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or(format!("the source sent no {SHA256_HEADER}"))?
-            .to_owned();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(CHANNEL);
         let (storage, disks) = (self.storage.clone(), self.disks.clone());
         let (id, kind) = (w.volume, w.kind);
@@ -254,9 +303,16 @@ impl Transfers {
                 rx,
                 chunk: Bytes::new(),
             };
+            let incoming = match &sha {
+                Some(sha256) => Incoming::Raw {
+                    reader: &mut reader,
+                    sha256,
+                },
+                None => Incoming::Extents(&mut reader),
+            };
             match kind {
-                TransferKind::Volume => storage.import(id, size, &mut reader, &sha),
-                TransferKind::RootDisk => disks.import(id, size, &mut reader, &sha),
+                TransferKind::Volume => storage.receive(id, size, incoming),
+                TransferKind::RootDisk => disks.receive(id, size, incoming),
             }
         });
         // An abort of this task drops `tx`: the import sees a short stream
@@ -308,6 +364,7 @@ impl Read for ChannelReader {
 /// Blocking `Write` into chunks for an async response body.
 struct ChannelWriter {
     tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    sent: Arc<Transfers>,
 }
 
 impl Write for ChannelWriter {
@@ -315,6 +372,9 @@ impl Write for ChannelWriter {
         self.tx
             .blocking_send(Ok(Bytes::copy_from_slice(buf)))
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "fetch ended"))?;
+        self.sent
+            .bytes_sent
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(buf.len())
     }
 
@@ -400,16 +460,46 @@ async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response 
         return refuse(StatusCode::CONFLICT, "the volume is being sent already");
     }
     let serving = Serving(t.clone(), key);
-    // One pass over the contents for the header's size and checksum, a
-    // second (after rewinding) to send them: one qcow2 conversion.
+    // Bounded per host; the fetch waits for its turn.
+    let Ok(sending) = t.sending.clone().acquire_owned().await else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "not sending volumes");
+    };
+    let sparse = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|m| m.trim() == extents::CONTENT_TYPE));
+    // Raw (a destination from before extents): one pass over the contents
+    // for the header's size and checksum, a second (after rewinding) to
+    // send them: one qcow2 conversion. Extents: the size, then the data
+    // as it is read, with the stream's own checksum at its end.
     let (head_tx, head_rx) = tokio::sync::oneshot::channel::<Result<(u64, String), String>>();
     let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL);
-    let (storage, disks) = (t.storage.clone(), t.disks.clone());
+    let (storage, disks, counter) = (t.storage.clone(), t.disks.clone(), t.clone());
     tokio::task::spawn_blocking(move || {
         let _serving = serving;
+        let _sending = sending;
         let mut head = Some(head_tx);
         let mut send = |f: &mut std::fs::File| {
             let io = StorageError::io;
+            let mut w = std::io::BufWriter::with_capacity(
+                1 << 20,
+                ChannelWriter {
+                    tx: tx.clone(),
+                    sent: counter.clone(),
+                },
+            );
+            if sparse {
+                // A block device's length is where its end is.
+                let size = f
+                    .seek(SeekFrom::End(0))
+                    .map_err(io("measuring the volume"))?;
+                if let Some(h) = head.take() {
+                    let _ = h.send(Ok((size, String::new())));
+                }
+                let data = extents::send(f, size, &mut w).map_err(io("sending the volume"))?;
+                tracing::info!(volume = %id, size, data, "volume sent as extents");
+                return Ok(());
+            }
             let measured =
                 copy_hashing(f, &mut std::io::sink()).map_err(io("hashing the volume"))?;
             f.seek(SeekFrom::Start(0))
@@ -417,8 +507,6 @@ async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response 
             if let Some(h) = head.take() {
                 let _ = h.send(Ok(measured));
             }
-            let mut w =
-                std::io::BufWriter::with_capacity(1 << 20, ChannelWriter { tx: tx.clone() });
             std::io::copy(f, &mut w)
                 .and_then(|_| w.flush())
                 .map_err(io("sending the volume"))
@@ -445,6 +533,20 @@ async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response 
         Err(_) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, "the export stopped"),
     };
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if sparse {
+        return (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, extents::CONTENT_TYPE.to_owned()),
+                (
+                    header::HeaderName::from_static(extents::SIZE_HEADER),
+                    size.to_string(),
+                ),
+            ],
+            body,
+        )
+            .into_response();
+    }
     (
         StatusCode::OK,
         [

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kumo_agent::storage::lvm::LvmThin;
 use kumo_agent::storage::qcow2::Qcow2Dir;
@@ -208,12 +208,14 @@ fn exercise<P: Pool>(pool: &P) {
         WantedVolume {
             id: vol,
             size_gib: 3,
+            tenant: None,
             source: None,
             snapshots: vec![s3],
         },
         WantedVolume {
             id: fresh,
             size_gib: 1,
+            tenant: None,
             source: None,
             snapshots: vec![sf],
         },
@@ -221,6 +223,7 @@ fn exercise<P: Pool>(pool: &P) {
         WantedVolume {
             id: from,
             size_gib: 1,
+            tenant: None,
             source: Some((fresh, sf)),
             snapshots: vec![],
         },
@@ -387,6 +390,88 @@ fn qcow2_files_are_private_and_a_snapshot_cut_short_is_undone() {
     assert_eq!(b.observe().unwrap().len(), 1);
     b.delete(vol).unwrap();
     assert_eq!(std::fs::read_dir(&b.dir).unwrap().count(), 1);
+}
+
+/// Long work is a job, off the pass: the pass that asks for a snapshot's
+/// deletion (a merge, which copies the snapshot's data into the volume)
+/// starts it and comes back, leaving the volume out while it runs
+/// (`busy`: not made, not failed); a later pass finds it done. A merge
+/// that cannot be done is that volume's failure, not the pass's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_merge_runs_off_the_pass_and_fails_as_its_volume() {
+    use kumo_agent::storage::converge_in_background;
+    use kumo_agent::storage::jobs::{Jobs, Limits, Slots};
+    use std::sync::Arc;
+    let pool = Qcow2Pool::new();
+    let b: Arc<dyn Backend> = Arc::new(Qcow2Dir::new(&pool.backend.dir));
+    let jobs = Jobs::new(
+        Slots::new(Limits::default()),
+        tokio::runtime::Handle::current(),
+    );
+    let (vol, snap, tenant) = (Uuid::new_v4(), Uuid::new_v4(), Some(Uuid::new_v4()));
+    b.create(vol, 1).unwrap();
+    pool.write(vol, 0x5a, 0, 256 * MIB);
+    b.snapshot(vol, snap).unwrap();
+    pool.write(vol, 0xa5, 0, MIB);
+    let sum = b.checksum(vol).unwrap();
+    let want = |snapshots: Vec<Uuid>| {
+        vec![WantedVolume {
+            id: vol,
+            size_gib: 1,
+            tenant,
+            source: None,
+            snapshots,
+        }]
+    };
+    let pass = |want: Vec<WantedVolume>| {
+        let (b, jobs) = (b.clone(), jobs.clone());
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            let c = converge_in_background(&b, &want, &[], &jobs);
+            (c, t.elapsed())
+        })
+    };
+    let (c, took) = pass(want(vec![])).await.unwrap();
+    assert!(c.busy.contains(&vol), "the merge is a job: {c:?}");
+    assert!(c.failed.is_empty(), "{:?}", c.failed);
+    let t = Instant::now();
+    while jobs.busy(vol) {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the merge never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "pass {took:?}; the merge went on {:?} after it",
+        t.elapsed()
+    );
+    let (c, _) = pass(want(vec![])).await.unwrap();
+    assert!(c.busy.is_empty() && c.failed.is_empty(), "{c:?}");
+    assert_eq!(find(&*b, vol).unwrap().snapshots, Vec::<Uuid>::new());
+    assert_eq!(b.checksum(vol).unwrap(), sum, "merged, not lost");
+
+    // A snapshot another volume was made from cannot be merged away: the
+    // job fails, and that is the volume's failure.
+    let (s2, clone) = (Uuid::new_v4(), Uuid::new_v4());
+    b.snapshot(vol, s2).unwrap();
+    b.create_from_snapshot(clone, vol, s2, 1).unwrap();
+    let (c, _) = pass(want(vec![])).await.unwrap();
+    assert!(c.busy.contains(&vol), "{c:?}");
+    let t = Instant::now();
+    let why = loop {
+        let (c, _) = pass(want(vec![])).await.unwrap();
+        if let Some(why) = c.failed.get(&vol) {
+            break why.clone();
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no failure: {c:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        why.contains("deleting snapshots") && why.contains(&clone.to_string()),
+        "{why}"
+    );
+    assert_eq!(find(&*b, vol).unwrap().snapshots, vec![s2], "nothing lost");
 }
 
 // ---- LVM thin ---------------------------------------------------------------
@@ -582,6 +667,7 @@ mod transfer {
             size_gib: 1,
             from,
             kind,
+            tenant: None,
         }
     }
 
@@ -652,6 +738,7 @@ mod transfer {
             volume: id,
             token_sha256: hash.clone(),
             kind: TransferKind::Volume,
+            tenant: None,
         }]);
         let path = format!("/v1/volumes/{id}");
         assert_eq!(get(path.clone(), None).await.unwrap().status(), 401);
@@ -672,6 +759,97 @@ mod transfer {
         // Once the move is over the source serves nobody, token or not.
         source.set_exports(&[]);
         assert_eq!(get(path, Some("anything")).await.unwrap().status(), 404);
+    }
+
+    /// A TCP relay to `upstream` that counts the bytes coming back.
+    async fn counting_relay(upstream: &str) -> (String, Arc<std::sync::atomic::AtomicU64>) {
+        let target = upstream.trim_start_matches("http://").to_owned();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let c = count.clone();
+        tokio::spawn(async move {
+            while let Ok((mut down, _)) = l.accept().await {
+                let (target, c) = (target.clone(), c.clone());
+                tokio::spawn(async move {
+                    let mut up = tokio::net::TcpStream::connect(&target).await.unwrap();
+                    let (mut dr, mut dw) = down.split();
+                    let (mut ur, mut uw) = up.split();
+                    let back = async {
+                        let mut buf = vec![0u8; 1 << 16];
+                        loop {
+                            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                            let n = match ur.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            c.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+                            if dw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = tokio::io::AsyncWriteExt::shutdown(&mut dw).await;
+                    };
+                    let _ = tokio::join!(tokio::io::copy(&mut dr, &mut uw), back);
+                });
+            }
+        });
+        (url, count)
+    }
+
+    /// A thin volume moves as the data it holds: 4 GiB provisioned with
+    /// 10 MiB written sends about 10 MiB, not 4 GiB, and arrives the same
+    /// (and sparse).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sparse_volume_moves_as_its_data_only() {
+        let (a, b) = (Qcow2Pool::new(), Qcow2Pool::new());
+        let (src, dst) = (backend(&a), backend(&b));
+        let id = Uuid::new_v4();
+        src.create(id, 4).unwrap();
+        a.write(id, 0x5a, 0, 4 * MIB);
+        a.write(id, 0xa5, 2 * GIB + 512, 3 * MIB);
+        a.write(id, 0x33, 4 * GIB - 3 * MIB, 3 * MIB);
+        let source = transfers(&src, a.scratch.path());
+        let (url, wire) = counting_relay(&serve(source.clone()).await).await;
+        let dest = transfers(&dst, b.scratch.path());
+        let want = DesiredImport {
+            volume: id,
+            size_gib: 4,
+            from: url,
+            kind: TransferKind::Volume,
+            tenant: None,
+        };
+        let r = dest.converge_imports(want.kind, std::slice::from_ref(&want), &|_| None);
+        source.set_exports(&[DesiredExport {
+            volume: id,
+            token_sha256: r[0].token_sha256.clone().unwrap(),
+            kind: TransferKind::Volume,
+            tenant: None,
+        }]);
+        let t = Instant::now();
+        let r = converge_until(&dest, &*dst, &want, VolumeActual::Ready).await;
+        assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
+        let sent = wire.load(std::sync::atomic::Ordering::SeqCst);
+        eprintln!(
+            "4 GiB volume, 10 MiB written: {sent} bytes on the wire, {:?}",
+            t.elapsed()
+        );
+        assert!(
+            sent >= 10 * MIB && sent < 12 * MIB,
+            "{sent} bytes sent for 10 MiB of data"
+        );
+        assert_eq!(find(&*dst, id).unwrap().size_bytes, 4 * GIB);
+        sh(Command::new("qemu-img")
+            .args(["compare", "-q", "-f", "qcow2", "-F", "qcow2"])
+            .arg(a.backend.volume_path(id))
+            .arg(b.backend.volume_path(id)));
+        let on_disk = std::fs::metadata(b.backend.volume_path(id)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert!(
+            on_disk.blocks() * 512 < 64 * MIB,
+            "kept sparse: {} bytes",
+            on_disk.blocks() * 512
+        );
     }
 
     /// A root disk as the agent makes one: a qcow2 overlay on a template
@@ -735,6 +913,7 @@ mod transfer {
             volume: vm,
             token_sha256: hash.clone(),
             kind: TransferKind::Volume,
+            tenant: None,
         }]);
         let r = converge_until_with(&dest, &want, &|_| None, VolumeActual::Failed).await;
         assert!(r.reason.as_deref().unwrap().contains("404"), "{r:?}");
@@ -744,6 +923,7 @@ mod transfer {
             volume: vm,
             token_sha256: hash.clone(),
             kind: TransferKind::RootDisk,
+            tenant: None,
         }]);
         let present = |id| here.present(id).then_some(None);
         let r = converge_until_with(&dest, &want, &present, VolumeActual::Ready).await;

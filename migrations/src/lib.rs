@@ -29,6 +29,8 @@ mod m0023_vms_by_disk_host;
 mod m0024_device_health;
 mod m0025_gpu_telemetry;
 mod m0026_idle_gpus;
+mod m0027_public_ip_rest_and_exempt_total;
+mod m0028_host_storage;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -99,6 +101,8 @@ impl MigratorTrait for Migrator {
             Box::new(m0024_device_health::Migration),
             Box::new(m0025_gpu_telemetry::Migration),
             Box::new(m0026_idle_gpus::Migration),
+            Box::new(m0027_public_ip_rest_and_exempt_total::Migration),
+            Box::new(m0028_host_storage::Migration),
         ]
     }
 }

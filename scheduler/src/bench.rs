@@ -108,6 +108,9 @@ fn fleet(n: usize, partitions: bool) -> Result<Index, String> {
                 profile: profiles[unit % profiles.len()].clone(),
                 networked: true,
                 blocked: Vec::new(),
+                // Room for every request: the disk dimension is checked
+                // on every host, never the one that refuses.
+                disk_free_gib: Some(1 << 40),
             },
             &[],
         );
@@ -127,6 +130,7 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         networked: false,
         roce: false,
         host: None,
+        disk_gib: 100 * u64::from(gpus),
     }
 }
 

@@ -40,6 +40,8 @@ pub struct Hold {
     pub cpus: Vec<(usize, Vec<usize>)>,
     /// `(node index, MiB)`.
     pub memory: Vec<(usize, u64)>,
+    /// Its root disk, provisioned GiB, on the host's storage.
+    pub disk_gib: u64,
 }
 
 /// What the scheduler is told of a host.
@@ -58,6 +60,11 @@ pub struct HostInput {
     /// in repair): they take no new VMs, and a VM leaving one does not
     /// free it.
     pub blocked: Vec<Bdf>,
+    /// GiB left for root disks on its storage before its VMs' own (see
+    /// [`crate::disk`]): what its volumes, snapshots and the disks of VMs
+    /// holding nothing (shelved, suspended, moving) leave of what it may
+    /// provision. `None`: its agent does not say (not counted).
+    pub disk_free_gib: Option<i64>,
 }
 
 /// A VM as the database knows it, to be turned into a [`Hold`].
@@ -68,6 +75,9 @@ pub struct VmInput<'a> {
     pub reclaiming: bool,
     pub since: i64,
     pub placement: &'a Placement,
+    /// Its root disk, GiB (0 where [`HostInput::disk_free_gib`] counts it
+    /// already).
+    pub disk_gib: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +100,9 @@ pub struct HostCap {
     pub mem_free: Vec<u64>,
     pub cpus_free_total: u32,
     pub mem_free_total: u64,
+    /// GiB of root disk it may still take (negative: over); `None`: not
+    /// counted.
+    pub disk_free: Option<i64>,
     pub holds: Vec<Hold>,
 }
 
@@ -127,6 +140,7 @@ impl HostCap {
             cpu_free,
             cpu_free_n,
             mem_free,
+            disk_free: h.disk_free_gib,
             profile: p,
             holds: Vec::new(),
         }
@@ -140,12 +154,15 @@ impl HostCap {
 
     /// Marks a hold's share as used (`take`) or free again.
     fn account(&mut self, h: &Hold, take: bool) {
+        let disk = i64::try_from(h.disk_gib).unwrap_or(i64::MAX);
         if take {
             self.gpu_free &= !h.gpus;
             self.nic_free &= !h.nics;
+            self.disk_free = self.disk_free.map(|f| f.saturating_sub(disk));
         } else {
             self.gpu_free |= h.gpus & !self.gpu_blocked;
             self.nic_free |= h.nics & !self.nic_blocked;
+            self.disk_free = self.disk_free.map(|f| f.saturating_add(disk));
         }
         for (node, positions) in &h.cpus {
             for p in positions {
@@ -262,7 +279,17 @@ impl HostCap {
             nics,
             cpus: cpus.into_iter().collect(),
             memory,
+            disk_gib: v.disk_gib,
         }
+    }
+
+    /// Whether a root disk of `gib` fits on the host's storage (nothing
+    /// always does: a disk that is there already).
+    pub fn disk_fits(&self, gib: u64) -> bool {
+        gib == 0
+            || self
+                .disk_free
+                .is_none_or(|f| i64::try_from(gib).is_ok_and(|g| g <= f))
     }
 }
 
@@ -394,7 +421,8 @@ impl Index {
     }
 
     /// Whether every device, CPU and MiB of `hold` is free on the host
-    /// (a suspended VM resumes only on exactly what it had).
+    /// (a suspended VM resumes only on exactly what it had; its disk
+    /// never left).
     pub fn is_free(&self, host: usize, hold: &Hold) -> bool {
         let Some(h) = self.hosts.get(host) else {
             return false;

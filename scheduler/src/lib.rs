@@ -5,12 +5,14 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod disk;
 pub mod index;
 pub mod place;
 pub mod profile;
 pub mod reclaim;
 
 pub use cluster::{place_cluster, ClusterRequest};
+pub use disk::{DiskUse, HostDisk, Pool};
 pub use index::{Hold, HostInput, HostUse, Index};
 pub use place::{Choice, Request, Strategy};
 pub use profile::HostProfile;

@@ -42,6 +42,9 @@ pub struct Request {
     pub roce: bool,
     /// Only this host (where the VM's volumes or disks are).
     pub host: Option<Uuid>,
+    /// Its root disk, provisioned GiB: only hosts whose storage has room
+    /// (0 for a disk that is there already).
+    pub disk_gib: u64,
 }
 
 /// A proposed placement: not yet applied to the index.
@@ -79,6 +82,7 @@ fn host_takes(h: &HostCap, req: &Request) -> bool {
         && (h.profile.roce || !req.roce)
         && h.cpus_free_total >= req.vcpus
         && (h.mem_free_total >= req.memory_mib || h.profile.nodes.iter().all(|n| n.memory_mib == 0))
+        && h.disk_fits(req.disk_gib)
 }
 
 /// Free GPUs of the request's model(s): `(model mask, free)` per model.
@@ -383,6 +387,7 @@ fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Opti
             nics,
             cpus,
             memory,
+            disk_gib: req.disk_gib,
         },
         class,
     ))

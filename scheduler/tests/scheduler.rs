@@ -57,6 +57,7 @@ fn ready_host(i: usize, unit: Option<&str>, profile: Arc<HostProfile>) -> HostIn
         profile,
         networked: true,
         blocked: Vec::new(),
+        disk_free_gib: None,
     }
 }
 
@@ -71,6 +72,7 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         networked: false,
         roce: false,
         host: None,
+        disk_gib: 0,
     }
 }
 
@@ -491,6 +493,7 @@ fn holds_read_back_from_placements_match() {
             profile: p,
             networked: false,
             blocked: Vec::new(),
+            disk_free_gib: None,
         },
         &[VmInput {
             vm,
@@ -499,6 +502,7 @@ fn holds_read_back_from_placements_match() {
             reclaiming: false,
             since: 0,
             placement: &placement,
+            disk_gib: 0,
         }],
     );
     let f = &fresh.hosts[0];
@@ -526,6 +530,7 @@ fn block(index: &mut Index, i: usize, blocked: Vec<kumo_topology::Bdf>) {
             reclaiming: x.reclaiming,
             since: x.since,
             placement: p,
+            disk_gib: 0,
         })
         .collect();
     index.upsert(
@@ -538,6 +543,7 @@ fn block(index: &mut Index, i: usize, blocked: Vec<kumo_topology::Bdf>) {
             profile: h.profile.clone(),
             networked: h.networked,
             blocked,
+            disk_free_gib: None,
         },
         &vms,
     );
@@ -602,6 +608,7 @@ fn roce_vms_go_to_hosts_whose_gpu_nics_have_vfs_and_get_the_vfs() {
         reclaiming: false,
         since: 0,
         placement: &p,
+        disk_gib: 0,
     });
     assert_eq!(hold.nics, c.hold.nics);
     // Without VFs anywhere, nowhere.
@@ -738,6 +745,100 @@ fn a_request_tied_to_a_host_goes_there_or_nowhere() {
     // The second host is full: the first has room, but the VM is tied.
     assert!(place(&index, &tied, Strategy::BestFit).is_none());
     assert!(place(&index, &gpu_req(&index, 8, H100), Strategy::BestFit).is_some());
+}
+
+/// The disk dimension: a VM whose root disk does not fit a host's
+/// storage goes to a host where it does, or nowhere; what a VM holds
+/// comes back when it goes; a host whose agent says nothing of its disk
+/// is not counted.
+#[test]
+fn a_root_disk_that_does_not_fit_goes_elsewhere_or_nowhere() {
+    let mut index = Index::new();
+    let p = index
+        .profile(&topo("hgx-h100"), &Default::default())
+        .unwrap();
+    for (i, free) in [Some(65), Some(1000), None].into_iter().enumerate() {
+        index.upsert(
+            HostInput {
+                disk_free_gib: free,
+                ..ready_host(i, None, p.clone())
+            },
+            &[],
+        );
+    }
+    let one = gpu_req(&index, 1, H100);
+    let req = |disk_gib: u64, host: Option<usize>| Request {
+        disk_gib,
+        host: host.map(|h| Uuid::from_u128(h as u128 + 1)),
+        ..one.clone()
+    };
+    // Best fit takes the first of equal hosts when the disk fits there.
+    assert_eq!(
+        place(&index, &req(50, None), Strategy::BestFit)
+            .unwrap()
+            .host,
+        0
+    );
+    assert_eq!(
+        place(&index, &req(65, None), Strategy::FirstFit)
+            .unwrap()
+            .host,
+        0
+    );
+    // 100 GiB does not fit in host 0's 65: host 1 (FirstFit too).
+    let c = place(&index, &req(100, None), Strategy::BestFit).unwrap();
+    assert_eq!(c.host, 1);
+    assert_eq!(
+        place(&index, &req(100, None), Strategy::FirstFit)
+            .unwrap()
+            .host,
+        1
+    );
+    let vm = Uuid::now_v7();
+    let mut hold = c.hold.clone();
+    hold.vm = vm;
+    index.apply(1, hold);
+    assert_eq!(index.hosts[1].disk_free, Some(900));
+    // Tied to host 0: nowhere. Host 2 does not count its disk.
+    assert!(place(&index, &req(100, Some(0)), Strategy::BestFit).is_none());
+    assert_eq!(
+        place(&index, &req(5000, None), Strategy::BestFit)
+            .unwrap()
+            .host,
+        2
+    );
+    // A VM read back from the database holds its disk; released, it is
+    // free again.
+    let placement = index.hosts[1].placement(&index.hosts[1].holds[0]);
+    let mut fresh = Index::new();
+    fresh.upsert(
+        HostInput {
+            disk_free_gib: Some(1000),
+            ..ready_host(1, None, p.clone())
+        },
+        &[VmInput {
+            vm,
+            tenant: Uuid::nil(),
+            spot: false,
+            reclaiming: false,
+            since: 0,
+            placement: &placement,
+            disk_gib: 100,
+        }],
+    );
+    assert_eq!(fresh.hosts[0].disk_free, Some(900));
+    index.release(1, vm);
+    assert_eq!(index.hosts[1].disk_free, Some(1000));
+    // A host already over (its storage shrank) takes nothing with a disk.
+    index.upsert(
+        HostInput {
+            disk_free_gib: Some(-5),
+            ..ready_host(0, None, p.clone())
+        },
+        &[],
+    );
+    assert!(place(&index, &req(1, Some(0)), Strategy::BestFit).is_none());
+    assert!(place(&index, &req(0, Some(0)), Strategy::BestFit).is_some());
 }
 
 /// An index of one host of `name` with Fabric Manager's view `fm`.

@@ -96,6 +96,29 @@ impl GpuSample {
         self.bus_id.parse().ok()
     }
 
+    /// The sample with every figure within what a GPU can report, or
+    /// dropped (unknown): a guest prints what it likes, and its figures are
+    /// summed, stored and exported (a reading of `1e308` would otherwise
+    /// turn into `+Inf` in the fleet's Prometheus series). The bounds are
+    /// far past any real GPU: 100 %, −100..300 °C, 10 kW, 16 TiB of memory,
+    /// 2^40 ECC errors; throttle bits NVML does not document are dropped.
+    pub fn bounded(&self) -> GpuSample {
+        let within =
+            |v: Option<f64>, lo: f64, hi: f64| v.filter(|v| v.is_finite() && *v >= lo && *v <= hi);
+        const MAX_MIB: u64 = 16 << 20;
+        GpuSample {
+            bus_id: self.bus_id.clone(),
+            utilization_pct: within(self.utilization_pct, 0.0, 100.0),
+            memory_used_mib: self.memory_used_mib.filter(|m| *m <= MAX_MIB),
+            memory_total_mib: self.memory_total_mib.filter(|m| *m <= MAX_MIB),
+            temperature_c: within(self.temperature_c, -100.0, 300.0),
+            memory_temperature_c: within(self.memory_temperature_c, -100.0, 300.0),
+            power_w: within(self.power_w, 0.0, 10_000.0),
+            ecc_uncorrected: self.ecc_uncorrected.filter(|e| *e <= 1 << 40),
+            throttle_reasons: self.throttle_reasons.map(|m| m & KNOWN_THROTTLE_REASONS),
+        }
+    }
+
     /// The named throttle reasons, if the bitmask is known.
     pub fn throttle_reason_names(&self) -> Vec<&'static str> {
         self.throttle_reasons
@@ -612,6 +635,29 @@ pub fn xids_to_host(layout: &GuestLayout, host_gpus: &[Bdf], xids: Vec<Xid>) -> 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_guests_figures_are_bounded_and_finite() {
+        let wild = GpuSample {
+            bus_id: "0000:01:00.0".into(),
+            utilization_pct: Some(1e308),
+            memory_used_mib: Some(u64::MAX),
+            memory_total_mib: Some(81_559),
+            temperature_c: Some(-1e308),
+            memory_temperature_c: Some(f64::NAN),
+            power_w: Some(699.5),
+            ecc_uncorrected: Some(u64::MAX),
+            throttle_reasons: Some(u64::MAX),
+        };
+        let b = wild.bounded();
+        assert_eq!(b.utilization_pct, None);
+        assert_eq!(b.memory_used_mib, None);
+        assert_eq!(b.memory_total_mib, Some(81_559));
+        assert_eq!((b.temperature_c, b.memory_temperature_c), (None, None));
+        assert_eq!(b.power_w, Some(699.5), "a real figure stays");
+        assert_eq!(b.ecc_uncorrected, None);
+        assert_eq!(b.throttle_reasons, Some(KNOWN_THROTTLE_REASONS));
+    }
+
     use super::*;
 
     #[test]

@@ -2,9 +2,10 @@
 //! namespace (`kedge<VNI>`, prefixed with a simulated host's own
 //! namespace) with a veth leg `lan` on the segment's bridge (the gateway's
 //! address and MAC), a macvlan leg `wan` on the uplink (the public
-//! addresses, the default route) and the table of `edge_rules`, and a
-//! `dnsmasq` answering at the gateway for the segment's VM names and
-//! forwarding the rest to the edge host's resolvers.
+//! addresses, the default route) and the table of `edge_rules`, strict
+//! reverse-path filtering on both legs, and a `dnsmasq` answering the
+//! segment at the gateway for its VM names and forwarding the rest to the
+//! edge host's resolvers (the table keeps the outside from it).
 //! Level-triggered: each pass reads what is there and changes only what
 //! differs; namespaces of edges no longer wanted are removed. One edge's
 //! failure is reported for it alone.
@@ -104,9 +105,10 @@ fn default_via(ns: &str) -> Result<Option<Ipv4Addr>, NetError> {
         .and_then(|g| g.parse().ok()))
 }
 
-/// The edge table's comment as the kernel has it. Read from nft's text
-/// listing: its JSON leaves table comments out (nft 1.0.6).
-fn table_comment(ns: &str) -> Result<Option<String>, NetError> {
+/// The edge table as the kernel has it: its comment, and its `spoofed`
+/// counter (packets, bytes). Read from nft's text listing: its JSON
+/// leaves table comments out (nft 1.0.6).
+fn table_state(ns: &str) -> Result<(Option<String>, (u64, u64)), NetError> {
     let (ok, out, _) = tool(
         Some(ns),
         "nft",
@@ -115,14 +117,33 @@ fn table_comment(ns: &str) -> Result<Option<String>, NetError> {
         None,
     )?;
     if !ok {
-        return Ok(None);
+        return Ok((None, (0, 0)));
     }
-    Ok(out.lines().find_map(|l| {
+    let comment = out.lines().find_map(|l| {
         l.trim()
             .strip_prefix("comment \"")
             .and_then(|c| c.strip_suffix('"'))
             .map(str::to_owned)
-    }))
+    });
+    Ok((
+        comment,
+        crate::edge_rules::listed_spoofed(&out).unwrap_or((0, 0)),
+    ))
+}
+
+/// What the edge's guard has dropped so far: packets from the segment
+/// with an address not its own (`None`: no such edge table).
+pub fn spoofed(ns: &str) -> Result<Option<u64>, NetError> {
+    let (ok, out, _) = tool(
+        Some(ns),
+        "nft",
+        "nftables",
+        &["list", "counter", "ip", crate::edge_rules::TABLE, "spoofed"],
+        None,
+    )?;
+    Ok(ok
+        .then(|| crate::edge_rules::listed_spoofed(&out).map(|c| c.0))
+        .flatten())
 }
 
 /// Where an edge's DNS keeps its names and pid (tmpfs; readable by the
@@ -230,7 +251,8 @@ fn converge_one(host: Option<&str>, uplink: &str, e: &Edge) -> Result<usize, Net
         n += 1;
     }
     let mtu = e.mtu.to_string();
-    let (lan_host, lan_peer) = (format!("kgl{}", e.vni), format!("kgp{}", e.vni));
+    // The host's end is named as the host's bridge filter knows it.
+    let (lan_host, lan_peer) = (crate::filter::edge_leg(e.vni), format!("kgp{}", e.vni));
     if !link_exists(&ns, "lan")? {
         // A half-made leg of an earlier pass goes first.
         let _ = tool(host, "ip", "iproute2", &["link", "del", &lan_host], None);
@@ -311,19 +333,29 @@ fn converge_one(host: Option<&str>, uplink: &str, e: &Edge) -> Result<usize, Net
     // A router that forwards, and that never tells a VM to go around it:
     // a redirect for hairpinned traffic would send the VM to its
     // neighbour's private address with the public one as destination.
+    // Strict reverse-path filtering on both legs: a packet is taken only
+    // on the leg its source is routed through, so the outside cannot pass
+    // for the segment either. (The table's guard is what holds the
+    // segment to its own addresses, and counts: exact on the CIDR
+    // whatever the routes, and before routing, where rp_filter's drops
+    // would go uncounted.)
     within(Some(&ns), || {
         for (knob, value) in [
             ("/proc/sys/net/ipv4/ip_forward", "1"),
             ("/proc/sys/net/ipv4/conf/all/send_redirects", "0"),
             ("/proc/sys/net/ipv4/conf/lan/send_redirects", "0"),
+            ("/proc/sys/net/ipv4/conf/all/rp_filter", "1"),
+            ("/proc/sys/net/ipv4/conf/lan/rp_filter", "1"),
+            ("/proc/sys/net/ipv4/conf/wan/rp_filter", "1"),
         ] {
             std::fs::write(knob, value)
                 .map_err(|e| NetError::Tool(format!("setting {knob}: {e}")))?;
         }
         Ok(())
     })?;
-    if table_comment(&ns)?.as_deref() != Some(crate::edge_rules::comment(e).as_str()) {
-        let script = crate::edge_rules::script(e);
+    let (comment, spoofed) = table_state(&ns)?;
+    if comment.as_deref() != Some(crate::edge_rules::comment(e).as_str()) {
+        let script = crate::edge_rules::script(e, spoofed);
         let (ok, _, err) = tool(Some(&ns), "nft", "nftables", &["-f", "-"], Some(&script))?;
         if !ok {
             return Err(NetError::Tool(format!("edge rules: {}", err.trim())));

@@ -13,6 +13,18 @@
 //!   out when egress is on (its floating VMs always); hairpin; from
 //!   outside only what was DNATed and the segment's ingress rules allow,
 //!   matched on the VM's own address and port.
+//! - guard (prerouting, before NAT and routing): from the segment, only
+//!   the segment's own addresses; anything else (a guest forging another
+//!   tenant's public address, or any address outside its network) is
+//!   dropped and counted in the named counter `spoofed`, which is carried
+//!   over when the table is replaced. Before routing, so what goes to the
+//!   edge itself (its DNS, which would answer the forged address from the
+//!   egress address) is held to it as well as what would be forwarded.
+//! - input: from the outside only answers to the edge's own traffic (its
+//!   DNS's upstream queries) and pings; its DNS answers the segment only.
+//!   A socket bound to the gateway's address would take a query for that
+//!   address arriving on `wan` (Linux accepts a local address on any
+//!   interface), so binding is not enough: the rule is the kernel's.
 //!
 //! The table carries a comment with a fingerprint of itself, so whether
 //! the kernel's table is the wanted one is read back without parsing nft's
@@ -90,13 +102,26 @@ fn body(e: &Edge) -> String {
             e.cidr
         ));
     }
+    let guard = vec![format!(
+        "iifname \"lan\" ip saddr != {} counter name \"spoofed\" drop",
+        e.cidr
+    )];
+    let input = [
+        "iifname \"wan\" ct state established,related accept",
+        "iifname \"wan\" icmp type echo-request accept",
+        "iifname \"wan\" drop",
+    ]
+    .map(str::to_owned);
     let mut fwd = vec![
         "ct state established,related accept".to_owned(),
         "ct state invalid drop".to_owned(),
         "iifname \"lan\" oifname \"lan\" accept".to_owned(),
     ];
     if e.snat.is_some() {
-        fwd.push("iifname \"lan\" oifname \"wan\" accept".to_owned());
+        fwd.push(format!(
+            "iifname \"lan\" oifname \"wan\" ip saddr {} accept",
+            e.cidr
+        ));
     } else {
         for f in &e.floating {
             fwd.push(format!(
@@ -106,10 +131,9 @@ fn body(e: &Edge) -> String {
         }
     }
     fwd.extend(e.allow.iter().map(allow_rule));
-    let chain = |name: &str, hook: &str, prio: &str, policy: &str, rules: &[String]| {
+    let chain = |name: &str, kind: &str, hook: &str, prio: &str, policy: &str, rules: &[String]| {
         let mut c = format!(
-            "  chain {name} {{\n    type {} hook {hook} priority {prio}; policy {policy};\n",
-            if hook == "forward" { "filter" } else { "nat" }
+            "  chain {name} {{\n    type {kind} hook {hook} priority {prio}; policy {policy};\n"
         );
         for r in rules {
             let _ = writeln!(c, "    {r}");
@@ -118,15 +142,36 @@ fn body(e: &Edge) -> String {
         c
     };
     let mut out = String::new();
-    out.push_str(&chain("prerouting", "prerouting", "dstnat", "accept", &pre));
+    out.push_str(&chain(
+        "guard",
+        "filter",
+        "prerouting",
+        "raw",
+        "accept",
+        &guard,
+    ));
+    out.push_str(&chain(
+        "prerouting",
+        "nat",
+        "prerouting",
+        "dstnat",
+        "accept",
+        &pre,
+    ));
+    out.push_str(&chain(
+        "input", "filter", "input", "filter", "accept", &input,
+    ));
     out.push_str(&chain(
         "postrouting",
+        "nat",
         "postrouting",
         "srcnat",
         "accept",
         &post,
     ));
-    out.push_str(&chain("forward", "forward", "filter", "drop", &fwd));
+    out.push_str(&chain(
+        "forward", "filter", "forward", "filter", "drop", &fwd,
+    ));
     out
 }
 
@@ -136,13 +181,30 @@ pub fn comment(e: &Edge) -> String {
 }
 
 /// An nft script that replaces the table whole, in one transaction (the
-/// empty declaration first, so the delete always has a table to delete).
-pub fn script(e: &Edge) -> String {
+/// empty declaration first, so the delete always has a table to delete);
+/// the `spoofed` counter starts from `spoofed` (packets, bytes), what the
+/// table it replaces had counted.
+pub fn script(e: &Edge, spoofed: (u64, u64)) -> String {
     format!(
-        "table ip {TABLE} {{}}\ndelete table ip {TABLE}\ntable ip {TABLE} {{\n  comment \"{}\"\n{}}}\n",
+        "table ip {TABLE} {{}}\ndelete table ip {TABLE}\ntable ip {TABLE} {{\n  comment \"{}\"\n  counter spoofed {{ packets {} bytes {} }}\n{}}}\n",
         comment(e),
+        spoofed.0,
+        spoofed.1,
         body(e)
     )
+}
+
+/// The `spoofed` counter's (packets, bytes) in `nft list table`'s text.
+pub fn listed_spoofed(listing: &str) -> Option<(u64, u64)> {
+    let mut lines = listing
+        .lines()
+        .skip_while(|l| l.trim() != "counter spoofed {");
+    lines.next()?;
+    let mut words = lines.next()?.split_whitespace();
+    match (words.next()?, words.next()?, words.next()?, words.next()?) {
+        ("packets", p, "bytes", b) => Some((p.parse().ok()?, b.parse().ok()?)),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -192,7 +254,7 @@ mod tests {
 
     #[test]
     fn the_table_says_what_the_edge_does() {
-        let s = script(&edge());
+        let s = script(&edge(), (0, 0));
         for line in [
             "ip daddr 203.0.113.11 dnat to 10.1.0.5",
             "ip daddr 203.0.113.10 meta l4proto tcp th dport 2222 dnat to 10.1.0.6:22",
@@ -212,10 +274,45 @@ mod tests {
     fn without_egress_only_floating_vms_go_out() {
         let mut e = edge();
         e.snat = None;
-        let s = script(&e);
+        let s = script(&e, (0, 0));
         assert!(!s.contains("fully-random"));
-        assert!(!s.contains("iifname \"lan\" oifname \"wan\" accept"));
+        assert!(!s.contains("iifname \"lan\" oifname \"wan\" ip saddr 10.1.0.0/24 accept"));
         assert!(s.contains("iifname \"lan\" oifname \"wan\" ip saddr 10.1.0.5 accept"));
+    }
+
+    #[test]
+    fn from_the_segment_only_its_own_addresses_and_the_outside_gets_no_dns() {
+        let s = script(&edge(), (12, 720));
+        // Before NAT and routing, counted; carried over a replacement.
+        for line in [
+            "counter spoofed { packets 12 bytes 720 }",
+            "type filter hook prerouting priority raw; policy accept;",
+            "iifname \"lan\" ip saddr != 10.1.0.0/24 counter name \"spoofed\" drop",
+            "type filter hook input priority filter; policy accept;",
+            "iifname \"wan\" ct state established,related accept",
+            "iifname \"wan\" icmp type echo-request accept",
+            "iifname \"wan\" drop",
+        ] {
+            assert!(s.contains(line), "{line}\n{s}");
+        }
+        // The guard comes before the NAT that would rewrite a forged
+        // source of the segment's own range, and a forged one is never
+        // accepted on the way out: only the CIDR's sources are.
+        assert!(s.find("hook prerouting priority raw").unwrap() < s.find("dstnat").unwrap());
+        for l in s
+            .lines()
+            .filter(|l| l.contains("oifname \"wan\"") && l.contains("accept"))
+        {
+            assert!(l.contains("ip saddr 10.1.0."), "{l}");
+        }
+        // The counts are not part of the rules.
+        assert_eq!(
+            script(&edge(), (0, 0)).replace("packets 0 bytes 0", "packets 12 bytes 720"),
+            s
+        );
+        let listing = "table ip kumo_edge {\n\tcomment \"kumo 1\"\n\tcounter spoofed {\n\t\tpackets 3 bytes 252\n\t}\n}\n";
+        assert_eq!(listed_spoofed(listing), Some((3, 252)));
+        assert_eq!(listed_spoofed("table ip kumo_edge {\n}\n"), None);
     }
 
     #[test]

@@ -101,6 +101,21 @@ pub struct Filter {
     /// it come from outside through the edge, which filtered them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edge_mac: Option<Mac>,
+    /// Each local VM NIC's MAC and its own address: the only IPv4 source
+    /// and ARP sender a frame from that MAC may carry. A local MAC not
+    /// named here (other than the segment's gateway on its edge host)
+    /// sends no IPv4 or ARP at all: an address the document does not
+    /// give is no VM's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_ports: Vec<LocalPort>,
+}
+
+/// A VM's NIC on this host: its MAC and the address it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalPort {
+    pub mac: Mac,
+    pub ip: Ipv4Addr,
 }
 
 /// One ingress rule: from `source`, this protocol (and ports).
@@ -647,6 +662,25 @@ impl Segment {
                     return Err(err(
                         at(&format!("local_macs[{j}]")),
                         format!("{m} is not a unicast MAC named once"),
+                    ));
+                }
+            }
+            let mut seen = BTreeSet::new();
+            for (j, p) in f.local_ports.iter().enumerate() {
+                if !local.contains(&p.mac) || !seen.insert(p.mac) {
+                    return Err(err(
+                        at(&format!("local_ports[{j}].mac")),
+                        format!("{} is not one of local_macs, named once", p.mac),
+                    ));
+                }
+                if p.ip.is_unspecified()
+                    || p.ip.is_multicast()
+                    || p.ip.is_broadcast()
+                    || p.ip.is_loopback()
+                {
+                    return Err(err(
+                        at(&format!("local_ports[{j}].ip")),
+                        format!("{} is not a unicast address", p.ip),
                     ));
                 }
             }

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 
 use vxlan_manager::plan::{Fdb, Neigh};
-use vxlan_manager::state::{Allow, Filter, Protocol};
+use vxlan_manager::state::{Allow, Filter, LocalPort, Protocol};
 use vxlan_manager::testbed::{ip, ping, tcp_hello, Fabric};
 use vxlan_manager::{
     converge, converge_each, DesiredState, Endpoint, Kernel, Mac, NetError, Segment,
@@ -124,6 +124,14 @@ impl World {
                     .collect(),
                 filter: self.filters.get(&vni).map(|f| Filter {
                     local_macs: vms.iter().filter(|v| v.host == h).map(|v| v.mac).collect(),
+                    local_ports: vms
+                        .iter()
+                        .filter(|v| v.host == h)
+                        .map(|v| LocalPort {
+                            mac: v.mac,
+                            ip: v.ip,
+                        })
+                        .collect(),
                     ..f.clone()
                 }),
             });
@@ -474,6 +482,7 @@ async fn segment_ingress_filters() {
             local_macs: vec![],
             allow: vec![],
             edge_mac: None,
+            local_ports: vec![],
         },
     );
     let plan = [vm("a1", 0, 1001, 1), vm("a2", 1, 1001, 2)];
@@ -541,6 +550,343 @@ async fn segment_ingress_filters() {
     let tables = nft_in(&h0, "list tables\n");
     assert!(tables.contains("table bridge other"), "{tables}");
     assert!(!tables.contains("table bridge kumo"), "{tables}");
+}
+
+/// The provider network for the edge tests: a namespace `wan` with the
+/// router's address, a leg `up0` into host `h`, and a UDP listener on
+/// [`SINK_PORT`] that keeps what it receives (source address, payload).
+const SINK_PORT: u16 = 7002;
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(IpAddr, String)>>>;
+
+fn provider_network(fab: &Fabric, h: usize) -> (String, Received) {
+    let wan = fab.ns("wan");
+    ip(&["netns", "add", &wan]);
+    ip(&["-n", &wan, "link", "set", "lo", "up"]);
+    ip(&["-n", &wan, "link", "add", "pn", "type", "bridge"]);
+    ip(&["-n", &wan, "link", "set", "pn", "up"]);
+    ip(&["-n", &wan, "addr", "add", "203.0.113.1/24", "dev", "pn"]);
+    let host = fab.host_ns(h);
+    ip(&[
+        "link", "add", "up0", "netns", &host, "type", "veth", "peer", "name", "u0", "netns", &wan,
+    ]);
+    ip(&["-n", &wan, "link", "set", "u0", "master", "pn", "up"]);
+    ip(&["-n", &host, "link", "set", "up0", "up"]);
+    let got: Received = Default::default();
+    let keep = got.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    vxlan_manager::testbed::in_ns(&wan, move || {
+        let sock = std::net::UdpSocket::bind(("0.0.0.0", SINK_PORT)).unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            keep.lock().unwrap().push((from.ip(), text));
+        }
+    });
+    rx.recv().unwrap();
+    (wan, got)
+}
+
+/// Sends one UDP datagram `text` from namespace `ns`, from address `src`.
+fn send_udp(ns: &str, src: Ipv4Addr, to: std::net::SocketAddr, text: &str) {
+    let text = text.to_owned();
+    vxlan_manager::testbed::in_ns(ns, move || {
+        let sock = std::net::UdpSocket::bind((src, 0)).unwrap();
+        let _ = sock.send_to(text.as_bytes(), to);
+    })
+    .join()
+    .unwrap();
+}
+
+/// Sends `text` until the outside has it (answering the source it saw),
+/// or for `wait` (answering `None`).
+fn reaches_outside(
+    ns: &str,
+    src: Ipv4Addr,
+    got: &Received,
+    text: &str,
+    wait: std::time::Duration,
+) -> Option<IpAddr> {
+    let to = std::net::SocketAddr::from(([203, 0, 113, 1], SINK_PORT));
+    let start = std::time::Instant::now();
+    loop {
+        send_udp(ns, src, to, text);
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        if let Some((from, _)) = got.lock().unwrap().iter().find(|(_, t)| t == text) {
+            return Some(*from);
+        }
+        if start.elapsed() > wait {
+            return None;
+        }
+    }
+}
+
+/// Asks `server` for the A record of `name` from namespace `ns`: the
+/// answer's addresses, or `None` without an answer within a second.
+fn dns_a(ns: &str, server: Ipv4Addr, name: &str) -> Option<Vec<Ipv4Addr>> {
+    let mut q = vec![0x4b, 0x55, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let qlen = q.len();
+    vxlan_manager::testbed::in_ns(ns, move || {
+        let sock = std::net::UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+            .unwrap();
+        sock.send_to(&q, (server, 53)).ok()?;
+        let mut buf = [0u8; 512];
+        let n = sock.recv(&mut buf).ok()?;
+        let a = &buf[..n];
+        if n < qlen || a[..2] != q[..2] {
+            return None;
+        }
+        // Answers follow the question: name (a pointer), type, class,
+        // TTL, length 4 and the address.
+        let mut out = Vec::new();
+        let mut at = qlen;
+        while at + 16 <= n {
+            if a[at + 2..at + 4] == [0, 1] && a[at + 10..at + 12] == [0, 4] {
+                out.push(Ipv4Addr::new(
+                    a[at + 12],
+                    a[at + 13],
+                    a[at + 14],
+                    a[at + 15],
+                ));
+            }
+            at += 12 + usize::from(u16::from_be_bytes([a[at + 10], a[at + 11]]));
+        }
+        Some(out)
+    })
+    .join()
+    .unwrap()
+}
+
+fn sysctl_in(ns: &str, knob: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "sysctl", "-n", knob])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A guest forging another tenant's public address, or any address or
+/// MAC not its own: the edge forwards to the outside only what comes from
+/// the segment's own addresses, the host's bridge lets a VM's port send
+/// only its own MAC and address, and both count what they drop. The
+/// edge's DNS answers the segment, never the provider network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_forges_no_address_through_its_host_or_its_edge() {
+    use vxlan_manager::state::{gateway_mac, DnsHost, Edge, PublicAddr};
+    let fab = Fabric::new(1);
+    let h0 = fab.host_ns(0);
+    let (wan, got) = provider_network(&fab, 0);
+    let vni = 1001;
+    let a1_mac: Mac = "02:a0:00:00:00:05".parse().unwrap();
+    let a1_ip = Ipv4Addr::new(10, 1, 0, 5);
+    let filter = Filter {
+        cidr: "10.1.0.0/24".parse().unwrap(),
+        local_macs: vec![a1_mac],
+        allow: vec![],
+        edge_mac: Some(gateway_mac(vni)),
+        local_ports: vec![LocalPort {
+            mac: a1_mac,
+            ip: a1_ip,
+        }],
+    };
+    let state = |filter: Option<Filter>| DesiredState {
+        underlay_ip: Fabric::underlay(0),
+        segments: vec![Segment {
+            vni,
+            mtu: 1450,
+            remote_vteps: vec![],
+            remote_endpoints: vec![],
+            filter,
+        }],
+        edges: Vec::new(),
+    };
+    let edge = Edge {
+        vni,
+        cidr: "10.1.0.0/24".parse().unwrap(),
+        gateway: Ipv4Addr::new(10, 1, 0, 1),
+        mtu: 1450,
+        uplink_gateway: Some(Ipv4Addr::new(203, 0, 113, 1)),
+        public: vec![PublicAddr {
+            addr: Ipv4Addr::new(203, 0, 113, 10),
+            prefix: 24,
+        }],
+        snat: Some(Ipv4Addr::new(203, 0, 113, 10)),
+        floating: vec![],
+        forwards: vec![],
+        allow: vec![],
+        hosts: vec![DnsHost {
+            name: "a1".into(),
+            addr: a1_ip,
+        }],
+    };
+    // First the edge alone: no filter on the host's bridge.
+    let k = Kernel::connect(Some(&h0)).unwrap();
+    converge(&k, &state(None)).await.unwrap();
+    let done = vxlan_manager::edge::converge(Some(&h0), "up0", std::slice::from_ref(&edge));
+    assert!(done.failed.is_empty(), "{:?}", done.failed);
+    let edge_ns = vxlan_manager::edge::namespace(Some(&h0), vni);
+    fab.add_vm("a1", 0, &a1_mac.to_string(), "10.1.0.5/24", 1450, "kbr1001");
+    let a1 = fab.ns("a1");
+    ip(&["-n", &a1, "route", "add", "default", "via", "10.1.0.1"]);
+    let secs = std::time::Duration::from_secs;
+    let egress: IpAddr = "203.0.113.10".parse().unwrap();
+    assert_eq!(
+        reaches_outside(&a1, a1_ip, &got, "genuine 1", secs(10)),
+        Some(egress),
+        "the VM's own address goes out, from the egress address"
+    );
+    // Another tenant's floating address, as the guest's own.
+    let forged = Ipv4Addr::new(203, 0, 113, 77);
+    ip(&["-n", &a1, "addr", "add", "203.0.113.77/32", "dev", "eth0"]);
+    assert_eq!(
+        reaches_outside(&a1, forged, &got, "forged at the edge", secs(1)),
+        None,
+        "a forged source never leaves the edge"
+    );
+    let at_edge = vxlan_manager::edge::spoofed(&edge_ns).unwrap().unwrap();
+    assert!(at_edge > 0, "the edge counts what it drops");
+    for knob in ["all", "lan", "wan"] {
+        assert_eq!(
+            sysctl_in(&edge_ns, &format!("net.ipv4.conf.{knob}.rp_filter")),
+            "1",
+            "{knob}"
+        );
+    }
+
+    // The edge's DNS answers the segment, never the provider network:
+    // neither at the edge's public address nor at the gateway's, routed
+    // to the edge over the provider network.
+    assert_eq!(
+        dns_a(&a1, Ipv4Addr::new(10, 1, 0, 1), "a1"),
+        Some(vec![a1_ip]),
+        "the segment asks its gateway"
+    );
+    assert_eq!(dns_a(&wan, Ipv4Addr::new(203, 0, 113, 10), "a1"), None);
+    ip(&[
+        "-n",
+        &wan,
+        "route",
+        "add",
+        "10.1.0.0/24",
+        "via",
+        "203.0.113.10",
+    ]);
+    assert_eq!(
+        dns_a(&wan, Ipv4Addr::new(10, 1, 0, 1), "a1"),
+        None,
+        "no open resolver on the provider network"
+    );
+
+    // The host's bridge: a VM's port sends only its own MAC and address.
+    assert!(
+        vxlan_manager::nft::converge_filters(Some(&h0), &state(Some(filter.clone()))).unwrap() > 0
+    );
+    assert_eq!(
+        vxlan_manager::nft::spoofed(Some(&h0), vni).unwrap(),
+        Some(0)
+    );
+    assert_eq!(
+        reaches_outside(&a1, a1_ip, &got, "genuine 2", secs(10)),
+        Some(egress)
+    );
+    assert_eq!(
+        reaches_outside(&a1, forged, &got, "forged at the host", secs(1)),
+        None
+    );
+    let at_host = vxlan_manager::nft::spoofed(Some(&h0), vni)
+        .unwrap()
+        .unwrap();
+    assert!(at_host > 0, "the host counts what it drops");
+    assert_eq!(
+        vxlan_manager::edge::spoofed(&edge_ns).unwrap(),
+        Some(at_edge),
+        "dropped at the host, it never reached the edge"
+    );
+    // An ARP claiming another address: the edge never learns it.
+    ip(&["-n", &a1, "addr", "add", "10.1.0.66/32", "dev", "eth0"]);
+    ip(&["-n", &a1, "neigh", "flush", "dev", "eth0"]);
+    assert!(!Command::new("ip")
+        .args(["netns", "exec", &a1, "ping", "-c1", "-W1", "-q", "-I"])
+        .args(["10.1.0.66", "10.1.0.1"])
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let neigh = Command::new("ip")
+        .args(["-n", &edge_ns, "neigh", "show", "10.1.0.66"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&neigh.stdout).trim(),
+        "",
+        "forged ARP reached the edge"
+    );
+    // The gateway's MAC, or one no VM has, with the VM's own address.
+    for (mac, what) in [
+        (gateway_mac(vni).to_string(), "the gateway's MAC"),
+        ("02:a0:00:00:00:99".to_owned(), "a MAC no VM has"),
+    ] {
+        let before = vxlan_manager::nft::spoofed(Some(&h0), vni)
+            .unwrap()
+            .unwrap();
+        ip(&["-n", &a1, "link", "set", "eth0", "address", &mac]);
+        assert_eq!(
+            reaches_outside(&a1, a1_ip, &got, what, secs(1)),
+            None,
+            "{what}"
+        );
+        assert!(
+            vxlan_manager::nft::spoofed(Some(&h0), vni)
+                .unwrap()
+                .unwrap()
+                > before,
+            "{what} is counted"
+        );
+    }
+    ip(&[
+        "-n",
+        &a1,
+        "link",
+        "set",
+        "eth0",
+        "address",
+        &a1_mac.to_string(),
+    ]);
+    assert_eq!(
+        reaches_outside(&a1, a1_ip, &got, "genuine 3", secs(10)),
+        Some(egress),
+        "its own MAC and address still go out"
+    );
+    assert_eq!(
+        dns_a(&a1, Ipv4Addr::new(10, 1, 0, 1), "a1"),
+        Some(vec![a1_ip])
+    );
+    // The counts outlive a change of the filter (the table is replaced).
+    let counted = vxlan_manager::nft::spoofed(Some(&h0), vni)
+        .unwrap()
+        .unwrap();
+    let mut wider = filter;
+    wider.allow = vec![Allow {
+        protocol: Protocol::Tcp,
+        ports: Some("22".parse().unwrap()),
+        source: "0.0.0.0/0".parse().unwrap(),
+    }];
+    assert!(vxlan_manager::nft::converge_filters(Some(&h0), &state(Some(wider))).unwrap() > 0);
+    assert!(
+        vxlan_manager::nft::spoofed(Some(&h0), vni)
+            .unwrap()
+            .unwrap()
+            >= counted
+    );
+    // Nothing of the provider network's reaches the host's namespaces
+    // either way: the genuine answers came from the egress address only.
+    assert!(got.lock().unwrap().iter().all(|(from, _)| *from == egress));
 }
 
 /// The leaf-VLAN RoCE fabric on ports that cannot do it (a veth has no VFs

@@ -2,7 +2,7 @@
 // ticket (the session's cookie and CSRF token), opens the ticket's
 // websocket, and shows it in xterm.js (or, without it, as plain text).
 // Binary messages are the terminal's bytes; text messages from the server
-// are events (live, took_over, taken_over, closed); text messages to it
+// are events (live, took_over, taken_over, read_only, closed); text messages to it
 // are controls (resize, keys). A viewer, or a writer who was taken over,
 // reads only; "take over" opens it again to type.
 (function () {
@@ -38,6 +38,9 @@
       writing = false;
       say(e.by + ' ' + d.lTakenOver);
       takeOver.hidden = false;
+    } else if (e.event === 'read_only') {
+      writing = false;
+      say(d.lReadOnly + ' ' + e.reason);
     } else if (e.event === 'closed') {
       writing = false;
       say(d.lClosed + ' ' + e.reason);

@@ -87,20 +87,27 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
         networked: member.networked,
         roce: member.roce,
         host: member.on_host,
+        disk_gib: u64::from(spec.disk_gib),
     })
 }
 
 /// Places every member (all or nothing) and applies them to the index.
+/// `disk_here`: the (one) member's root disk is on the host it is tied to
+/// already (a VM unshelved where it was shelved), so it takes no room.
 fn reserve(
     st: &AppState,
     tenant: Uuid,
     members: &[Member],
+    disk_here: bool,
 ) -> Result<Option<Vec<Reserved>>, ApiError> {
     let Some(first) = members.first() else {
         return Ok(Some(Vec::new()));
     };
     let mut index = st.capacity.lock();
-    let req = request(&index, first)?;
+    let mut req = request(&index, first)?;
+    if disk_here {
+        req.disk_gib = 0;
+    }
     let spot = first.spec.service_level == ServiceLevel::Spot;
     let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
     let choices = if members.len() == 1 {
@@ -584,8 +591,9 @@ fn settle(st: &AppState, reserved: &[Reserved]) {
 /// Rounds of reserve → commit; a lost race re-reads the hosts it touched
 /// and tries again. `Ok(false)` when the members fit nowhere.
 async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
+    let disk_here = disk_already_there(st, job).await?;
     for round in 0..ROUNDS {
-        let Some(reserved) = reserve(st, job.tenant.id, job.members)? else {
+        let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_here)? else {
             if round == 0 {
                 // The index may lag other replicas' frees: look again.
                 st.capacity.refresh_all(&st.db).await?;
@@ -613,13 +621,26 @@ async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
     Ok(false)
 }
 
+/// Whether a pending VM goes back to the host that keeps its root disk
+/// (unshelved in place): its disk is counted there already.
+async fn disk_already_there(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
+    let ([m], Rows::Pending { .. }) = (job.members, job.rows) else {
+        return Ok(false);
+    };
+    let Some(host) = m.on_host else {
+        return Ok(false);
+    };
+    let vm = vms::Entity::find_by_id(m.id).one(&st.db).await?;
+    Ok(vm.is_some_and(|v| v.disk_host_id == Some(host)))
+}
+
 fn no_room(members: &[Member]) -> ApiError {
     let Some(first) = members.first() else {
         return ApiError::InsufficientCapacity("nothing to place".into());
     };
     let spec = &first.spec;
     let what = format!(
-        "{} VM(s) of {} {}GPU(s), {} vCPUs and {} GiB",
+        "{} VM(s) of {} {}GPU(s), {} vCPUs, {} GiB of memory and a {} GiB disk",
         members.len(),
         spec.gpus,
         spec.gpu_model
@@ -627,7 +648,8 @@ fn no_room(members: &[Member]) -> ApiError {
             .map(|m| format!("{m} "))
             .unwrap_or_default(),
         spec.vcpus,
-        spec.memory_gib
+        spec.memory_gib,
+        spec.disk_gib
     );
     if first.on_host.is_some() {
         return ApiError::InsufficientCapacity(format!(

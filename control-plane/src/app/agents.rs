@@ -34,6 +34,7 @@ pub async fn heartbeat(
     let underlay = host.underlay_ip.clone();
     let host_url = host.transfer_url.clone();
     let drained = host.drained;
+    let disk_before = (host.disk_capacity_gib, host.root_disk_capacity_gib);
     let mut a: hosts::ActiveModel = host.into();
     a.last_heartbeat_at = Set(st.config.clock.now());
     if back {
@@ -66,6 +67,17 @@ pub async fn heartbeat(
         crate::domain::names::transfer_url("transfer_url", url)?;
         a.transfer_url = Set(Some(url.clone()));
     }
+    // The host's storage: what it may hold is what disks are placed by;
+    // a change of it is re-read into the capacity index.
+    let mut disk_changed = false;
+    if let Some(d) = &body.storage {
+        let gib = |g: u64| i64::try_from(g).unwrap_or(i64::MAX);
+        let now = (Some(gib(d.capacity_gib)), d.root_disks_gib.map(gib));
+        disk_changed = now != disk_before;
+        a.disk_capacity_gib = Set(now.0);
+        a.root_disk_capacity_gib = Set(now.1);
+        a.disk_free_gib = Set(Some(gib(d.free_gib)));
+    }
     let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
     if moved {
         crate::app::hosts::check_underlay(body.underlay_ip)?;
@@ -82,6 +94,9 @@ pub async fn heartbeat(
         crate::app::hosts::underlay_moved(&st.db).await?;
         st.capacity.refresh_host(&st.db, id).await?;
         tracing::info!(host = %name, underlay = ?body.underlay_ip, "underlay address changed");
+    } else if disk_changed {
+        st.capacity.refresh_host(&st.db, id).await?;
+        tracing::info!(host = %name, storage = ?body.storage, "storage capacity changed");
     }
     if new_url.is_some() {
         // Hosts fetching volumes from here fetch from the new address.
@@ -218,6 +233,7 @@ async fn imports_of(st: &AppState, host: &hosts::Model) -> Result<Vec<DesiredImp
                 size_gib: u32::try_from(v.size_gib).unwrap_or(u32::MAX),
                 from: from.transfer_url.clone()?,
                 kind: Default::default(),
+                tenant: Some(v.tenant_id),
             })
         })
         .collect())
@@ -252,12 +268,14 @@ async fn volumes_of(
                 volume: v.id,
                 token_sha256: token.clone(),
                 kind: Default::default(),
+                tenant: Some(v.tenant_id),
             });
         }
         let (snapshots, source) = snaps.remove(&v.id).unwrap_or_default();
         kept.push(DesiredVolume {
             id: v.id,
             size_gib: u32::try_from(v.size_gib).unwrap_or(u32::MAX),
+            tenant: Some(v.tenant_id),
             source,
             snapshots,
         });
@@ -363,7 +381,7 @@ async fn apply_entry(
     if state == VmState::Preempted && s.state == ActualState::Absent {
         // Gone from the host: its devices are free; the row stays so
         // the tenant sees what happened.
-        release(txn, &vm).await?;
+        release(txn, &vm, now).await?;
         let peers = crate::app::host_network::touch_peers(txn, vm.id).await?;
         let mut a: vms::ActiveModel = vm.into();
         a.host_id = Set(None);
@@ -385,14 +403,14 @@ async fn apply_entry(
         .unwrap_or_else(|| format!("reported by {}", host.name));
     event(txn, &vm, now, next.as_str(), message).await?;
     if next == VmState::Deleted {
-        release(txn, &vm).await?;
+        release(txn, &vm, now).await?;
         let peers = crate::app::vms::delete_row(txn, &vm, now).await?;
         return Ok(Applied { freed: true, peers });
     }
     if next == VmState::Shelved {
         // Off its host but for its disk: devices, CPUs and memory go to
         // others; the host keeps its disk for when it is unshelved.
-        release(txn, &vm).await?;
+        release(txn, &vm, now).await?;
         let peers = crate::app::host_network::touch_peers(txn, vm.id).await?;
         crate::app::metering::transition(txn, &vm, state, next, None, now).await?;
         let mut a: vms::ActiveModel = vm.clone().into();
@@ -408,7 +426,7 @@ async fn apply_entry(
     let mut applied = Applied::default();
     if next == VmState::Suspended {
         // Saved to disk: its CPUs and memory go to others meanwhile.
-        release(txn, &vm).await?;
+        release(txn, &vm, now).await?;
         applied.freed = true;
     }
     let model = crate::app::metering::billable(next)
@@ -427,7 +445,16 @@ async fn apply_entry(
     Ok(applied)
 }
 
-async fn release(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+/// A VM's devices, CPUs and memory go back to the pool (its devices
+/// passed their host's check, or were quarantined by the report's `unfit`).
+async fn release(
+    txn: &DatabaseTransaction,
+    vm: &vms::Model,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), ApiError> {
+    if let Some(host) = vm.host_id {
+        crate::app::device_health::released(txn, host, vm.id, now).await?;
+    }
     allocations::Entity::delete_many()
         .filter(allocations::Column::VmId.eq(vm.id))
         .exec(txn)

@@ -23,19 +23,68 @@ use crate::error::{is_unique_violation, ApiError};
 use crate::store::billing::{balance_of, grants_of, ledger_of};
 use crate::store::vms::{stored_spec, stored_state};
 
-/// Refuses new VMs and starts for a tenant out of points. Usually one
-/// sum in the database: points of grants in force less every charge ever
-/// is a lower bound of the balance (charges paid by since-expired grants
-/// only make it higher); only when that bound is not positive is the
-/// ledger replayed.
-pub async fn check(st: &AppState, tenant: &tenants::Model) -> Result<(), ApiError> {
-    let now = st.config.clock.now();
+/// Any GPU model's class: a VM that names no model may get any of them.
+pub const ANY_GPU: &str = "gpu:*";
+
+/// The rate classes a VM charges while it runs (its GPUs' class, or
+/// [`ANY_GPU`] when it names no model).
+pub fn vm_classes(spec: &kumo_api_types::VmSpec) -> Vec<String> {
+    let mut out = vec![
+        kumo_billing::rates::VCPU.to_owned(),
+        kumo_billing::rates::MEMORY_GIB.to_owned(),
+        kumo_billing::rates::DISK_GIB.to_owned(),
+    ];
+    if spec.gpus > 0 {
+        out.push(
+            spec.gpu_model
+                .as_deref()
+                .map_or(ANY_GPU.to_owned(), kumo_billing::rates::gpu_class),
+        );
+    }
+    out
+}
+
+/// Refuses an operation that would start or grow something chargeable
+/// (`classes`: the rate classes it would be charged under, at `level`) for
+/// a tenant without points: one never granted any, or one whose grants
+/// are spent. What no rate card prices is free and always allowed. Run in
+/// the operation's transaction (`db`). Usually one sum in the database:
+/// points of grants in force less every charge ever is a lower bound of
+/// the balance (charges paid by since-expired grants only make it higher);
+/// only when that bound is not positive is the ledger replayed.
+pub async fn check(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    classes: &[String],
+    level: kumo_billing::Level,
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let book = crate::app::metering::rate_book(db).await?;
+    let priced = |class: &str| book.price(now, class, level) > kumo_billing::Decimal::ZERO;
+    let chargeable = classes.iter().any(|c| {
+        if c == ANY_GPU {
+            book.at(now).is_some_and(|card| {
+                card.prices
+                    .keys()
+                    .any(|k| k.starts_with("gpu:") && priced(k))
+            })
+        } else {
+            priced(c)
+        }
+    });
+    if !chargeable {
+        return Ok(());
+    }
     let grant_rows = point_grants::Entity::find()
         .filter(point_grants::Column::TenantId.eq(tenant.id))
-        .all(&st.db)
+        .all(db)
         .await?;
     if grant_rows.is_empty() {
-        return Ok(());
+        return Err(ApiError::PointsExhausted(format!(
+            "tenant {:?} has never been granted points: nothing chargeable ({}) can be started until points are granted",
+            tenant.name,
+            classes.join(", ")
+        )));
     }
     let in_force: kumo_billing::Decimal = grants_of(&grant_rows)?
         .iter()
@@ -47,21 +96,35 @@ pub async fn check(st: &AppState, tenant: &tenants::Model) -> Result<(), ApiErro
         .column_as(Expr::cust("CAST(SUM(amount_micro) AS BIGINT)"), "charged")
         .filter(charges::Column::TenantId.eq(tenant.id))
         .into_tuple()
-        .one(&st.db)
+        .one(db)
         .await?
         .flatten();
     if in_force - kumo_billing::from_micro(charged.unwrap_or(0)) > kumo_billing::Decimal::ZERO {
         return Ok(());
     }
-    let (grants, charged) = ledger_of(&st.db, tenant).await?;
-    let b = balance_of(&grants, &charged, st.config.clock.now())?;
+    let (grants, charged) = ledger_of(db, tenant).await?;
+    let b = balance_of(&grants, &charged, now)?;
     if budget::exhausted(&grants_of(&grants)?, &b) {
         return Err(ApiError::PointsExhausted(format!(
-            "tenant {:?} has no points left (balance {}): new VMs and starts are refused until points are granted",
-            tenant.name, b.balance
+            "tenant {:?} has no points left (balance {}): nothing chargeable ({}) can be started or grown until points are granted",
+            tenant.name,
+            b.balance,
+            classes.join(", ")
         )));
     }
     Ok(())
+}
+
+/// [`check`] for something a tenant holds (an address, a volume, a
+/// snapshot), charged per unit-hour under `class` at the guaranteed level.
+pub async fn check_held(
+    db: &impl ConnectionTrait,
+    tenant: &tenants::Model,
+    class: &str,
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let classes = [class.to_owned()];
+    check(db, tenant, &classes, kumo_billing::Level::Guaranteed, now).await
 }
 
 async fn standing_row(

@@ -34,7 +34,6 @@ pub async fn create(
 ) -> Result<(tenants::Model, clusters::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating clusters")?;
-    crate::app::budget::check(st, &tenant).await?;
     crate::domain::names::tenant_name("name", &body.name)?;
     if !(1..=MAX_CLUSTER_SIZE).contains(&body.size) {
         return Err(ApiError::field(
@@ -51,6 +50,7 @@ pub async fn create(
         ));
     }
     let prepared = prepare(st, &tenant, &last, "networks", "the members'").await?;
+    crate::app::vms::budget_allows(st, &tenant, &prepared.spec, actor.at).await?;
     let names: Vec<String> = (0..body.size).map(|i| body.member(i).name).collect();
     if let Some(v) = crate::store::vms::named(&st.db, tenant.id, &names).await? {
         return Err(ApiError::Conflict(format!(

@@ -1,7 +1,8 @@
 //! Serial consoles: a person's ticket (access, audit), attaching them to
 //! the VM's console (dialling its agent when no one is on it yet), the
-//! agent's answer, and whether the credential a console was opened with
-//! still holds (a console ends with it). The relay itself is
+//! agent's answer, and what its holder may still do (a console ends with
+//! the credential it was opened with, and with its holder's membership; it
+//! turns read-only when their role no longer allows writing). The relay itself is
 //! [`crate::consoles`].
 
 use std::time::Duration;
@@ -11,13 +12,13 @@ use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::app::access::tenant_access;
+use crate::app::access::{stored_role, tenant_access, Access};
 use crate::app::{audit, auth};
 use crate::consoles::{
     Attached, Credential, FromAgent, Ticket, ToAgent, MAX_OPEN, MAX_WAITING, TICKET_TTL,
 };
 use crate::context::{Actor, AppState};
-use crate::entity::{api_tokens, hosts, sessions, users};
+use crate::entity::{api_tokens, hosts, memberships, sessions, users};
 use crate::error::ApiError;
 use crate::store::vms::{find_vm, stored_state};
 
@@ -98,10 +99,17 @@ pub async fn attach(st: &AppState, secret: &str) -> Result<(Ticket, Attached), A
         .consoles
         .redeem(secret)
         .ok_or_else(|| ApiError::not_found("console session (tickets open once, within 60 s)"))?;
-    if !still_valid(&st.db, &t.credential, st.config.clock.now()).await? {
-        return Err(ApiError::Unauthenticated(
-            "the credential this console was opened with has ended".into(),
-        ));
+    // The ticket's holder is checked again: their credential, membership
+    // or role may have changed in the ticket's minute.
+    let mut t = t;
+    match standing(&st.db, &t.credential, t.tenant, st.config.clock.now()).await? {
+        Standing::Ended(why) => {
+            return Err(ApiError::Unauthenticated(format!(
+                "this console can no longer be opened: {why}"
+            )))
+        }
+        Standing::Watch => t.write = false,
+        Standing::Write => {}
     }
     let seat = st.consoles.seat(t.tenant).map_err(|_| {
         ApiError::Conflict(format!(
@@ -145,35 +153,51 @@ pub fn answer(
     })
 }
 
-/// Whether the token or portal session a console was opened with still
-/// holds (not revoked, expired or signed out; its user not disabled). A
-/// console in use is use of its session: only the session's absolute
-/// lifetime ends it, not its idle limit.
-pub async fn still_valid(
+/// What a console's holder may do on it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// The console must close, and why.
+    Ended(&'static str),
+    /// Watch only: a viewer (or a writer demoted to one).
+    Watch,
+    /// Type and send controls.
+    Write,
+}
+
+/// The standing of a console's holder now: the token or portal session
+/// it was opened with still holds (not revoked, expired or signed out; its
+/// user not disabled), and the user is still an admin or a member of the
+/// console's tenant, with the role that writing needs. A console in use is
+/// use of its session: only the session's absolute lifetime ends it, not
+/// its idle limit. Re-read on every check, so a removal or demotion acts
+/// on consoles opened before it.
+pub async fn standing(
     db: &impl ConnectionTrait,
     credential: &Credential,
+    tenant: Uuid,
     now: chrono::DateTime<chrono::Utc>,
-) -> Result<bool, ApiError> {
+) -> Result<Standing, ApiError> {
+    const ENDED: Standing = Standing::Ended("your session or token ended");
     let token_alive =
         |t: &api_tokens::Model| t.revoked_at.is_none() && t.expires_at.is_none_or(|e| e > now);
     let (user, token) = match credential {
         Credential::Token(id) => {
             let Some(t) = api_tokens::Entity::find_by_id(*id).one(db).await? else {
-                return Ok(false);
+                return Ok(ENDED);
             };
             (t.user_id, Some(t))
         }
         Credential::Session(id) => {
             let Some(s) = sessions::Entity::find_by_id(id.clone()).one(db).await? else {
-                return Ok(false);
+                return Ok(ENDED);
             };
             if crate::domain::sessions::outlived(s.created_at, now) {
-                return Ok(false);
+                return Ok(ENDED);
             }
             let token = match s.token_id {
                 Some(t) => match api_tokens::Entity::find_by_id(t).one(db).await? {
                     Some(t) => Some(t),
-                    None => return Ok(false),
+                    None => return Ok(ENDED),
                 },
                 None => None,
             };
@@ -181,10 +205,34 @@ pub async fn still_valid(
         }
     };
     if token.as_ref().is_some_and(|t| !token_alive(t)) {
-        return Ok(false);
+        return Ok(ENDED);
     }
-    Ok(users::Entity::find_by_id(user)
-        .one(db)
-        .await?
-        .is_some_and(|u| !u.disabled))
+    let Some(user) = users::Entity::find_by_id(user).one(db).await? else {
+        return Ok(ENDED);
+    };
+    if user.disabled {
+        return Ok(ENDED);
+    }
+    let access = if user.is_admin {
+        Access::Admin
+    } else {
+        match memberships::Entity::find_by_id((tenant, user.id))
+            .one(db)
+            .await?
+        {
+            Some(m) => Access::Member(stored_role(&m.role)?),
+            None => {
+                return Ok(Standing::Ended(
+                    "you are no longer a member of this project",
+                ))
+            }
+        }
+    };
+    Ok(if access.allows(Role::Member) {
+        Standing::Write
+    } else if access.allows(Role::Viewer) {
+        Standing::Watch
+    } else {
+        Standing::Ended("your role in this project no longer allows its consoles")
+    })
 }

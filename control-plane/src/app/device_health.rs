@@ -20,8 +20,8 @@ use crate::app::access::require_admin;
 use crate::app::audit;
 use crate::context::{Actor, AppState, Origin};
 use crate::domain::device_health::{
-    findings, next, quarantine_cap, Finding, OperatorAction, Policy, PortFacts, Record, Transition,
-    FLEET_FULL, GUEST_QUARANTINES_PER_TENANT, PROJECT_FULL, UNFIT,
+    findings, guest_says, next, quarantine_cap, released_clean, takes_out, Finding, OperatorAction,
+    Policy, PortFacts, Record, Transition, FLEET_FULL, UNFIT,
 };
 use crate::entity::{device_health, hosts, vms};
 use crate::error::ApiError;
@@ -281,8 +281,61 @@ pub async fn released_unfit(
     settle(st, txn, host, &changes, origin, now).await
 }
 
-/// A finding about a GPU from inside its guest (an XID): judged like a
-/// host reading's, against the same quarantine limit.
+/// The devices `vm` let go on `host` are back in the pool: one suspect on
+/// its guest's word alone passed its host's check (a device that failed it
+/// was quarantined by [`released_unfit`] before this report is applied),
+/// so it is healthy again. Runs in the status report's transaction.
+pub async fn released(
+    txn: &DatabaseTransaction,
+    host: Uuid,
+    vm: Uuid,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), ApiError> {
+    let held = store::held_by(txn, host, vm).await?;
+    if held.is_empty() {
+        return Ok(());
+    }
+    let rows = store::of_host(txn, host).await?;
+    for bdf in held {
+        let Some(row) = rows.get(&bdf) else { continue };
+        let rec = store::record(row)?;
+        let Some(t) = released_clean(&rec) else {
+            continue;
+        };
+        tracing::info!(%host, %bdf, reason = %t.reason, "device health");
+        put(
+            txn,
+            Put {
+                host,
+                bdf: &bdf,
+                kind: &row.kind,
+                rec: Some(&rec),
+                to: Some(&t),
+                found: false,
+                counters: None,
+                reading: None,
+                guest: None,
+                now,
+            },
+        )
+        .await?;
+        let who = audit::Who {
+            name: "device-health".into(),
+            source_ip: "",
+            request_id: "",
+            client_request_id: None,
+            at: now,
+            tenant: None,
+        };
+        let action = format!("device.{}", t.to.as_str());
+        audit::record_by(txn, &who, &action, &format!("{bdf}: {}", t.reason)).await?;
+    }
+    Ok(())
+}
+
+/// A finding about a GPU from inside its guest (an XID): evidence about
+/// that guest's VM, so at most it makes the GPU suspect (and its holders
+/// are told); its host's signals decide the rest.
 pub async fn guest_finding(
     st: &AppState,
     host: &hosts::Model,
@@ -295,7 +348,6 @@ pub async fn guest_finding(
         return Ok(());
     }
     let now = st.config.clock.now();
-    let policy = st.config.device_health;
     let txn = st.db.begin().await?;
     let row = store::find(&txn, host.id, bdf).await?;
     let rec = row
@@ -303,10 +355,7 @@ pub async fn guest_finding(
         .map(store::record)
         .transpose()?
         .unwrap_or_default();
-    let found = [finding];
-    let t = Room::guest(tenant)
-        .judge(&txn, &rec, &found, now, &policy)
-        .await?;
+    let t = guest_says(&rec, &finding);
     put(
         &txn,
         Put {
@@ -332,32 +381,19 @@ pub async fn guest_finding(
 
 /// The room for one more automatic quarantine, counted once per
 /// operation and only when a finding would quarantine (a clean reading
-/// costs no count): the fleet's share for what hosts see, a per-project
-/// bound for what a project's guests say.
+/// costs no count): the fleet's share, for every automatic quarantine
+/// (a guest's report takes a device out only with its host's signal, so
+/// those count here too).
 struct Room {
     /// Devices of the host not recorded yet, counted into the fleet.
     unseen: usize,
-    /// The project whose guest speaks; `None`: the host.
-    tenant: Option<Uuid>,
     /// `(cap, out of service)`, once counted.
     load: Option<(u64, u64)>,
 }
 
 impl Room {
     fn host(unseen: usize) -> Room {
-        Room {
-            unseen,
-            tenant: None,
-            load: None,
-        }
-    }
-
-    fn guest(tenant: Uuid) -> Room {
-        Room {
-            unseen: 0,
-            tenant: Some(tenant),
-            load: None,
-        }
+        Room { unseen, load: None }
     }
 
     /// The device's next state under the rules, keeping the count of
@@ -370,24 +406,14 @@ impl Room {
         now: chrono::DateTime<chrono::Utc>,
         policy: &Policy,
     ) -> Result<Option<Transition>, ApiError> {
-        let full = if self.tenant.is_some() {
-            PROJECT_FULL
-        } else {
-            FLEET_FULL
-        };
-        let room = match (found.iter().any(Finding::breaks), self.load) {
+        let full = FLEET_FULL;
+        let room = match (takes_out(rec, found), self.load) {
             (false, _) => Ok(()), // the room only matters to what breaks
             (true, Some((cap, out))) => (out < cap).then_some(()).ok_or(full),
             (true, None) => {
-                let out = store::out_of_service(db, self.tenant).await?;
-                let cap = match self.tenant {
-                    Some(_) => GUEST_QUARANTINES_PER_TENANT,
-                    None => {
-                        let total =
-                            store::counts(db).await?.values().sum::<u64>() + self.unseen as u64;
-                        quarantine_cap(total as usize, policy) as u64
-                    }
-                };
+                let out = store::out_of_service(db).await?;
+                let total = store::counts(db).await?.values().sum::<u64>() + self.unseen as u64;
+                let cap = quarantine_cap(total as usize, policy) as u64;
                 self.load = Some((cap, out));
                 (out < cap).then_some(()).ok_or(full)
             }

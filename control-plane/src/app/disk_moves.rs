@@ -110,6 +110,7 @@ pub async fn of_host(
             size_gib: stored_spec(&v)?.disk_gib,
             from,
             kind: TransferKind::RootDisk,
+            tenant: Some(v.tenant_id),
         });
     }
     for v in crate::store::vms::disks_leaving(db, host.id).await? {
@@ -118,6 +119,7 @@ pub async fn of_host(
                 volume: v.id,
                 token_sha256: token,
                 kind: TransferKind::RootDisk,
+                tenant: Some(v.tenant_id),
             });
         }
     }

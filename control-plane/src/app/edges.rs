@@ -6,19 +6,28 @@
 //! idempotent; the API's operations call it in their transaction, and the
 //! edge keeper runs it over every segment to follow hosts coming and
 //! going.
+//!
+//! A segment's egress address is one of its tenant's public addresses: it
+//! counts against the tenant's `public_ips` quota, so no tenant takes a
+//! pool's last addresses with segments. Where none can be had (the pools
+//! are out of addresses, or the quota is used up) the segment's create or
+//! egress switch is refused with the reason; a segment whose address the
+//! keeper gives later (one made before a pool existed) shows the reason in
+//! its `faults` until it has one, so it never sits silently addressless.
 
 use std::collections::BTreeMap;
 
 use kumo_api_types::{HostState, SegmentKind};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, NotSet, QueryFilter, Set,
-    TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
+    QueryFilter, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
+use crate::app::public_net::{pick, Pick};
 use crate::context::AppState;
 use crate::domain::states::StoredText;
-use crate::entity::{hosts, public_ips, segments};
+use crate::entity::{hosts, public_ips, segments, tenants};
 use crate::error::ApiError;
 
 /// Hosts that may carry edges now: ready (or draining: an edge does not
@@ -70,41 +79,132 @@ async fn needs_edge(db: &impl ConnectionTrait, s: &segments::Model) -> Result<bo
     Ok(!rules.floating.is_empty() || !rules.forwards.is_empty())
 }
 
-/// Gives the segment an egress address from the first pool with a free
-/// one; `None` when every pool is full (or there is none).
-async fn give_snat(
+/// Why a segment with egress on holds no egress address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoEgress {
+    /// The platform has no public IP pool: it offers no egress at all.
+    NoPool,
+    /// Every pool is out of addresses (in words, naming them).
+    PoolsFull(String),
+    /// The tenant holds `have` public addresses of its `limit`.
+    Quota { have: u64, limit: u32 },
+}
+
+impl NoEgress {
+    /// What the segment's `faults` say (none where the platform has no
+    /// pool: that is how it was set up, not this segment's trouble).
+    pub fn fault(&self) -> Option<String> {
+        match self {
+            NoEgress::NoPool => None,
+            NoEgress::PoolsFull(why) => Some(format!(
+                "egress has no public address: {why}; its VMs cannot reach the outside until one is free"
+            )),
+            NoEgress::Quota { have, limit } => Some(format!(
+                "egress has no public address: the project holds {have} public IPs (its segments' egress addresses count) and its public_ips quota is {limit}"
+            )),
+        }
+    }
+
+    /// The refusal of a create or egress switch that would leave the
+    /// segment without an address (none where there is no pool).
+    pub fn refusal(&self, tenant: &tenants::Model) -> Option<ApiError> {
+        match self {
+            NoEgress::NoPool => None,
+            NoEgress::PoolsFull(why) => Some(ApiError::InsufficientCapacity(format!(
+                "{why}: a segment with egress needs one; create it with egress off or try later"
+            ))),
+            NoEgress::Quota { have, limit } => {
+                Some(crate::app::public_net::over_quota(tenant, *have, *limit))
+            }
+        }
+    }
+}
+
+/// Why the segment cannot be given an egress address now (with the
+/// tenant's quota read as it stands); `None` when it can (the keeper gives
+/// it within a second).
+pub async fn why_no_egress(
     db: &impl ConnectionTrait,
     s: &segments::Model,
     now: chrono::DateTime<chrono::Utc>,
-) -> Result<Option<public_ips::Model>, ApiError> {
-    for pool in crate::store::public_net::pools(db).await? {
-        let rules = crate::store::public_net::stored_pool(&pool)?;
-        let taken = crate::store::public_net::taken(db, pool.id).await?;
-        let Some(ip) = rules.free(&taken) else {
-            continue;
-        };
-        let row = public_ips::ActiveModel {
-            id: Set(Uuid::now_v7()),
-            pool_id: Set(pool.id),
-            address: Set(ip.to_string()),
-            tenant_id: Set(None),
-            segment_id: Set(Some(s.id)),
-            attachment_id: NotSet,
-            created_at: Set(now),
-        };
-        return Ok(Some(row.insert(db).await?));
+    rest: chrono::Duration,
+) -> Result<Option<NoEgress>, ApiError> {
+    let pools = crate::store::public_net::pools(db).await?;
+    if pools.is_empty() {
+        return Ok(Some(NoEgress::NoPool));
     }
-    Ok(None)
+    let limit = crate::store::tenancy::load(db, s.tenant_id)
+        .await?
+        .public_ips;
+    let have = crate::store::public_net::count_of_tenant(db, s.tenant_id).await?;
+    if have >= u64::from(limit) {
+        return Ok(Some(NoEgress::Quota { have, limit }));
+    }
+    Ok(match pick(db, pools, now, rest).await? {
+        Pick::Full(why) => Some(NoEgress::PoolsFull(why)),
+        Pick::NoPool => Some(NoEgress::NoPool),
+        Pick::Free(..) => None,
+    })
+}
+
+/// Gives the segment an egress address from the first pool with one
+/// free, within its tenant's `public_ips` quota (counted with the tenant's
+/// row held); else why not.
+async fn give_snat(
+    txn: &DatabaseTransaction,
+    s: &segments::Model,
+    now: chrono::DateTime<chrono::Utc>,
+    rest: chrono::Duration,
+) -> Result<Result<public_ips::Model, NoEgress>, ApiError> {
+    let pools = crate::store::public_net::pools(txn).await?;
+    if pools.is_empty() {
+        return Ok(Err(NoEgress::NoPool));
+    }
+    crate::store::tenancy::lock_for_quota(txn, s.tenant_id).await?;
+    let limit = crate::store::tenancy::load(txn, s.tenant_id)
+        .await?
+        .public_ips;
+    let have = crate::store::public_net::count_of_tenant(txn, s.tenant_id).await?;
+    if have >= u64::from(limit) {
+        return Ok(Err(NoEgress::Quota { have, limit }));
+    }
+    let (pool, ip) = match pick(txn, pools, now, rest).await? {
+        Pick::Free(pool, ip) => (pool, ip),
+        Pick::Full(why) => return Ok(Err(NoEgress::PoolsFull(why))),
+        Pick::NoPool => return Ok(Err(NoEgress::NoPool)),
+    };
+    let row = public_ips::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        pool_id: Set(pool.id),
+        address: Set(ip.to_string()),
+        tenant_id: Set(None),
+        segment_id: Set(Some(s.id)),
+        attachment_id: NotSet,
+        created_at: Set(now),
+    };
+    Ok(Ok(row.insert(txn).await?))
+}
+
+/// What [`ensure`] did.
+#[derive(Debug, Default)]
+pub struct Ensured {
+    /// The hosts to wake once committed.
+    pub woken: Vec<Uuid>,
+    /// Egress is on but the segment holds no address, and why.
+    pub no_egress: Option<NoEgress>,
 }
 
 /// Brings one segment's edge to what it needs, in the caller's
 /// transaction; answers the hosts whose networks changed (the old and new
-/// edge hosts and the hosts of the segment's VMs), to wake once committed.
+/// edge hosts and the hosts of the segment's VMs), to wake once committed,
+/// and why egress has no address if it has none. An egress address given
+/// back rests `rest` before anyone gets it again.
 pub async fn ensure(
-    db: &impl ConnectionTrait,
+    db: &DatabaseTransaction,
     s: &segments::Model,
     now: chrono::DateTime<chrono::Utc>,
-) -> Result<Vec<Uuid>, ApiError> {
+    rest: chrono::Duration,
+) -> Result<Ensured, ApiError> {
     let needs = needs_edge(db, s).await?;
     let want = if needs {
         choose(s.edge_host_id, &edge_hosts(db).await?)
@@ -112,11 +212,15 @@ pub async fn ensure(
         None
     };
     let mut changed = false;
+    let mut no_egress = None;
     let snat = crate::store::public_net::snat_of(db, s.id).await?;
     match (needs && s.egress, snat) {
-        (true, None) => changed |= give_snat(db, s, now).await?.is_some(),
+        (true, None) => match give_snat(db, s, now, rest).await? {
+            Ok(_) => changed = true,
+            Err(why) => no_egress = Some(why),
+        },
         (false, Some(old)) => {
-            public_ips::Entity::delete_by_id(old.id).exec(db).await?;
+            crate::store::public_net::give_back(db, &old, now).await?;
             changed = true;
         }
         _ => {}
@@ -129,7 +233,10 @@ pub async fn ensure(
         changed = true;
     }
     if !changed {
-        return Ok(Vec::new());
+        return Ok(Ensured {
+            woken: Vec::new(),
+            no_egress,
+        });
     }
     let mut woken = crate::app::host_network::touch_segments(db, vec![s.id]).await?;
     for h in [old_host, want].into_iter().flatten() {
@@ -138,7 +245,7 @@ pub async fn ensure(
             woken.push(h);
         }
     }
-    Ok(woken)
+    Ok(Ensured { woken, no_egress })
 }
 
 /// Whether a segment is already as [`ensure`] would leave it, from what
@@ -174,17 +281,21 @@ pub async fn keep(st: &AppState) -> Result<(), ApiError> {
         .filter_map(|p| p.segment_id)
         .collect();
     let up = edge_hosts(&st.db).await?;
+    let mut due = Vec::new();
     for s in all {
         let ethernet = crate::store::segments::stored_kind(&s)? == SegmentKind::Ethernet;
-        if settled(
+        if !settled(
             &s,
             ethernet,
             published.contains(&s.id),
             snat.contains(&s.id),
             &up,
         ) {
-            continue;
+            due.push((s.tenant_id, s));
         }
+    }
+    // Tenants in turns: one tenant's many edges never hold back the others'.
+    for s in crate::domain::churn::in_turns(due) {
         let outcome = async {
             let txn = st.db.begin().await?;
             // Read again under the transaction: an operation may have
@@ -192,9 +303,12 @@ pub async fn keep(st: &AppState) -> Result<(), ApiError> {
             let Some(s) = segments::Entity::find_by_id(s.id).one(&txn).await? else {
                 return Ok(Vec::new());
             };
-            let woken = ensure(&txn, &s, st.config.clock.now()).await?;
+            let rest = crate::app::public_net::address_rest(st);
+            let done = ensure(&txn, &s, st.config.clock.now(), rest).await?;
             txn.commit().await?;
-            Ok::<_, ApiError>(woken)
+            // A segment still without its egress address shows why in
+            // its `faults`; the keeper tries again on its next pass.
+            Ok::<_, ApiError>(done.woken)
         }
         .await;
         match outcome {

@@ -68,7 +68,9 @@ pub async fn ingest(
         store::set_status(&txn, vm.id, vm.tenant_id, unknown.as_deref(), now).await?;
         for r in t.gpus.iter().filter(|r| gpus.contains(&r.host_bdf)) {
             let old = store::minute_of(&txn, vm.id, &r.host_bdf, at).await?;
-            let m = old.clone().unwrap_or_default().with(&r.sample);
+            // What a guest prints is bounded before it is summed, stored or
+            // exported.
+            let m = old.clone().unwrap_or_default().with(&r.sample.bounded());
             store::put_minute(
                 &txn,
                 (vm.id, vm.tenant_id, &r.host_bdf, at),

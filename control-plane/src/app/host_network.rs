@@ -11,7 +11,8 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 use vxlan_manager::state::{
-    gateway_mac, Allow, DnsHost, Edge, Filter, Floating, Forward, Net, Protocol, PublicAddr,
+    gateway_mac, Allow, DnsHost, Edge, Filter, Floating, Forward, LocalPort, Net, Protocol,
+    PublicAddr,
 };
 use vxlan_manager::{DesiredState, Endpoint, Mac, Segment};
 
@@ -86,6 +87,19 @@ pub fn network(
             .collect();
         local_macs.sort();
         local_macs.dedup();
+        // Each VM NIC here with its own address, the only one its port
+        // may send from (the edge's gateway port is no VM's: it forwards
+        // the outside's addresses).
+        let mut local_ports: Vec<LocalPort> = ports
+            .iter()
+            .filter(|p| p.segment == *id && p.host == host && !p.vm.is_nil())
+            .map(|p| LocalPort {
+                mac: p.mac,
+                ip: p.ip,
+            })
+            .collect();
+        local_ports.sort();
+        local_ports.dedup_by_key(|p| p.mac);
         out.push(Segment {
             vni: info.vni,
             mtu: info.mtu,
@@ -96,6 +110,7 @@ pub fn network(
                 local_macs,
                 allow: info.allow.clone(),
                 edge_mac: info.edge_mac,
+                local_ports,
             }),
         });
     }
@@ -589,6 +604,42 @@ mod tests {
         };
         assert_eq!(local(a), Some(vec!["02:6b:00:00:00:05".to_owned()]));
         assert_eq!(local(b), Some(vec!["02:6b:00:00:00:01".to_owned()]));
+        // Each with the one address its port may send from.
+        let own = |s: &Segment| {
+            s.filter.as_ref().map(|f| {
+                f.local_ports
+                    .iter()
+                    .map(|p| format!("{} {}", p.mac, p.ip))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(own(a), Some(vec!["02:6b:00:00:00:05 10.1.0.5".to_owned()]));
+        assert_eq!(own(b), Some(vec!["02:6b:00:00:00:01 10.1.0.1".to_owned()]));
+        n.validate().unwrap();
+        // The edge's gateway port on its edge host (no VM's) is a local
+        // port of the segment, but none with an address of its own: it
+        // forwards the outside's.
+        let mut with_edge = ports.to_vec();
+        with_edge.push(Port {
+            vm: Uuid::nil(),
+            mac: gateway_mac(4096),
+            ..port(0, 2, 10, Some("192.0.2.10"), 1)
+        });
+        let n = network(
+            Uuid::from_u128(10),
+            "192.0.2.10".parse().unwrap(),
+            &segs,
+            &with_edge,
+        );
+        let a = &n.segments[0];
+        assert_eq!(
+            local(a),
+            Some(vec![
+                "02:67:77:00:10:00".to_owned(),
+                "02:6b:00:00:00:05".to_owned()
+            ])
+        );
+        assert_eq!(own(a), Some(vec!["02:6b:00:00:00:05 10.1.0.5".to_owned()]));
         n.validate().unwrap();
     }
 }

@@ -392,6 +392,10 @@ async fn insert_row(
         segment_faults: Set(None),
         edge_uplink: Set(reg.edge_uplink),
         transfer_url: Set(reg.transfer_url),
+        // Known from the agent's first heartbeat with them.
+        disk_capacity_gib: Set(None),
+        disk_free_gib: Set(None),
+        root_disk_capacity_gib: Set(None),
     }
     .insert(txn)
     .await

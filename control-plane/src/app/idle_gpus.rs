@@ -21,8 +21,8 @@ use crate::app::access::tenant_access;
 use crate::app::audit;
 use crate::context::{Actor, AppState};
 use crate::domain::idle_gpus::{
-    action_at, counted_from, due, exemption, idle_since, no_laxer, validate, webhook_target,
-    webhook_url, Step, MAX_GAP_MINUTES,
+    action_at, counted_from, due, exempt_total, exemption, idle_since, no_laxer, validate,
+    webhook_target, webhook_url, Step, MAX_GAP_MINUTES,
 };
 use crate::domain::lifecycle::Action;
 use crate::entity::{idle_policies, tenants, vm_idle, vms};
@@ -65,6 +65,7 @@ fn blank(vm: &vms::Model) -> vm_idle::Model {
         exempt_until: None,
         exempt_reason: None,
         exempt_by: None,
+        exempt_secs: 0,
     }
 }
 
@@ -444,6 +445,9 @@ fn idle_vm(
 
 /// An owner exempts a VM until a date, with a reason (administrators past
 /// the platform's longest exemption). Notices start over when it ends.
+/// A VM's exemptions, renewals included, add up to at most `[idle]
+/// max_exempt_days_total` (administrators may go past it; theirs count
+/// too), so an owner cannot keep idle GPUs from the pool by renewing.
 pub async fn exempt(
     st: &AppState,
     actor: &Actor,
@@ -458,11 +462,22 @@ pub async fn exempt(
     let max = (!actor.caller.is_admin()).then_some(st.config.idle.max_exemption_days);
     exemption(&req.reason, req.until, now, max).map_err(|e| ApiError::field("until", e))?;
     let reason = req.reason.trim().to_owned();
+    let cap = (!actor.caller.is_admin())
+        .then(|| Duration::days(i64::from(st.config.idle.max_exempt_days_total)));
     exemption_change(st, actor, &tenant, &vm, |row| {
+        let total = exempt_total(
+            Duration::seconds(row.exempt_secs),
+            row.exempt_until,
+            Some(req.until),
+            now,
+            cap,
+        )
+        .map_err(|e| ApiError::field("until", e))?;
+        row.exempt_secs = total.num_seconds();
         row.exempt_until = Some(req.until);
         row.exempt_reason = Some(reason.clone());
         row.exempt_by = Some(actor.caller.user.name.clone());
-        (
+        Ok((
             "idle.exempted",
             format!(
                 "exempted from the idle policy until {} by {}: {reason}",
@@ -470,7 +485,7 @@ pub async fn exempt(
                 actor.caller.user.name
             ),
             "vm.idle_exempt",
-        )
+        ))
     })
     .await
 }
@@ -487,14 +502,24 @@ pub async fn unexempt(
     let vm = find_vm(&st.db, &tenant, vm).await?;
     let now = actor.at;
     exemption_change(st, actor, &tenant, &vm, |row| {
+        // What was left of it no longer counts against the VM's total.
+        let total = exempt_total(
+            Duration::seconds(row.exempt_secs),
+            row.exempt_until,
+            None,
+            now,
+            None,
+        )
+        .map_err(ApiError::validation)?;
+        row.exempt_secs = total.num_seconds();
         row.exempt_until = Some(now);
         row.exempt_reason = None;
         row.exempt_by = None;
-        (
+        Ok((
             "idle.exemption_ended",
             format!("exemption ended by {}", actor.caller.user.name),
             "vm.idle_unexempt",
-        )
+        ))
     })
     .await
 }
@@ -504,7 +529,7 @@ async fn exemption_change(
     actor: &Actor,
     tenant: &tenants::Model,
     vm: &vms::Model,
-    change: impl Fn(&mut vm_idle::Model) -> (&'static str, String, &'static str),
+    change: impl Fn(&mut vm_idle::Model) -> Result<(&'static str, String, &'static str), ApiError>,
 ) -> Result<IdleVm, ApiError> {
     let gpus = stored_spec(vm)?.gpus;
     if gpus == 0 {
@@ -519,7 +544,7 @@ async fn exemption_change(
     for _ in 0..3 {
         let old = store::vm(&st.db, vm.id).await?;
         let mut row = old.clone().unwrap_or_else(|| blank(vm));
-        let (kind, message, action) = change(&mut row);
+        let (kind, message, action) = change(&mut row)?;
         row.notices = 0;
         row.noticed_at = None;
         let txn = st.db.begin().await?;

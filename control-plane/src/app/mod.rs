@@ -11,6 +11,7 @@ pub mod auth;
 pub mod billing;
 pub mod bootstrap;
 pub mod budget;
+pub mod churn;
 pub mod clusters;
 pub mod consoles;
 pub mod dashboard;

@@ -1,7 +1,11 @@
 //! Public addressing use cases: pools (platform admins), a tenant's public
-//! addresses within its `public_ips` quota, a NIC's 1:1 floating address,
-//! and port forwards. Rules name NICs (attachments), never bare addresses,
-//! so a VM's deletion takes its mappings with it in the same transaction.
+//! addresses within its `public_ips` quota (its segments' egress addresses
+//! count too), a NIC's 1:1 floating address, and port forwards. Rules name
+//! NICs (attachments), never bare addresses, so a VM's deletion takes its
+//! mappings with it in the same transaction. A released address rests
+//! (`[network] public_ip_quarantine_secs`) and then the least recently
+//! used goes first, so what was aimed at its last holder fades before
+//! anyone else gets it.
 
 use std::net::Ipv4Addr;
 
@@ -128,6 +132,66 @@ pub async fn delete_pool(st: &AppState, actor: &Actor, pool: &str) -> Result<(),
     Ok(())
 }
 
+// ------------------------------------------------------------- handing out
+
+/// How long a released address rests before it is handed out again.
+pub fn address_rest(st: &AppState) -> chrono::Duration {
+    chrono::Duration::from_std(st.config.network.public_ip_quarantine)
+        .unwrap_or_else(|_| chrono::Duration::days(1))
+}
+
+/// What the pools can hand out now.
+pub enum Pick {
+    /// The next address, and its pool.
+    Free(public_ip_pools::Model, Ipv4Addr),
+    /// Every pool is out of addresses: in words, naming them.
+    Full(String),
+    /// The platform has no pool.
+    NoPool,
+}
+
+/// The next address of `pools` (in order: the first with one free), by
+/// the domain's rule: never-used first, else the one released longest
+/// ago and rested.
+pub async fn pick(
+    db: &impl ConnectionTrait,
+    pools: Vec<public_ip_pools::Model>,
+    now: chrono::DateTime<chrono::Utc>,
+    rest: chrono::Duration,
+) -> Result<Pick, ApiError> {
+    if pools.is_empty() {
+        return Ok(Pick::NoPool);
+    }
+    let released = store::released(db).await?;
+    let mut full = Vec::with_capacity(pools.len());
+    for p in pools {
+        let rules = store::stored_pool(&p)?;
+        let taken = store::taken(db, p.id).await?;
+        if let Some(ip) = rules.next_free(&taken, &released, now, rest) {
+            return Ok(Pick::Free(p, ip));
+        }
+        let resting = rules
+            .size()
+            .saturating_sub(u32::try_from(taken.len()).unwrap_or(u32::MAX));
+        full.push(if resting > 0 {
+            format!(
+                "{:?} ({} in use, {resting} resting after release)",
+                p.name,
+                taken.len()
+            )
+        } else {
+            format!("{:?} ({} in use)", p.name, taken.len())
+        });
+    }
+    Ok(Pick::Full(match full.as_slice() {
+        [one] => format!("public IP pool {one} is out of addresses"),
+        all => format!(
+            "public IP pools {} are all out of addresses",
+            all.join(", ")
+        ),
+    }))
+}
+
 // ------------------------------------------------------------------ NICs
 
 /// A tenant's VM's NIC: the VM's only Ethernet one, or the one on the
@@ -199,13 +263,14 @@ async fn edge_changed(
     txn: &DatabaseTransaction,
     segment: Uuid,
     now: chrono::DateTime<chrono::Utc>,
+    rest: chrono::Duration,
 ) -> Result<Vec<Uuid>, ApiError> {
     let Some(s) = segments::Entity::find_by_id(segment).one(txn).await? else {
         return Ok(Vec::new());
     };
     // A placement change already bumped every host of the segment; else
     // only the rules changed, and those hosts are told here.
-    let woken = crate::app::edges::ensure(txn, &s, now).await?;
+    let woken = crate::app::edges::ensure(txn, &s, now, rest).await?.woken;
     if !woken.is_empty() {
         return Ok(woken);
     }
@@ -243,6 +308,19 @@ async fn ip_view(
     })
 }
 
+/// The refusal of one more public address to a tenant holding `have`
+/// (its own and its segments' egress addresses) of `limit`.
+pub fn over_quota(tenant: &tenants::Model, have: u64, limit: u32) -> ApiError {
+    ApiError::QuotaExceeded {
+        resource: "public_ips".into(),
+        detail: format!(
+            "tenant {:?} would hold {} public IPs with this request (its segments' egress addresses count); its quota is {limit}",
+            tenant.name,
+            have + 1
+        ),
+    }
+}
+
 /// A member takes a public address for the tenant, within its
 /// `public_ips` quota (checked with the tenant row held).
 pub async fn allocate(
@@ -255,36 +333,26 @@ pub async fn allocate(
     access.require(Role::Member, "allocating public IPs")?;
     let txn = st.db.begin().await?;
     crate::store::tenancy::lock_for_quota(&txn, tenant.id).await?;
+    crate::app::budget::check_held(&txn, &tenant, kumo_billing::rates::PUBLIC_IP, actor.at).await?;
     let limit = crate::store::tenancy::load(&txn, tenant.id)
         .await?
         .public_ips;
     let have = store::count_of_tenant(&txn, tenant.id).await?;
     if have >= u64::from(limit) {
-        return Err(ApiError::QuotaExceeded {
-            resource: "public_ips".into(),
-            detail: format!(
-                "tenant {:?} would hold {} public IPs with this request; its quota is {limit}",
-                tenant.name,
-                have + 1
-            ),
-        });
+        return Err(over_quota(&tenant, have, limit));
     }
     let pools = match &body.pool {
         Some(p) => vec![store::pool_named(&txn, p).await?],
         None => store::pools(&txn).await?,
     };
-    let mut picked = None;
-    for p in pools {
-        let rules = store::stored_pool(&p)?;
-        if let Some(ip) = rules.free(&store::taken(&txn, p.id).await?) {
-            picked = Some((p, ip));
-            break;
+    let (pool, ip) = match pick(&txn, pools, actor.at, address_rest(st)).await? {
+        Pick::Free(pool, ip) => (pool, ip),
+        Pick::Full(why) => return Err(ApiError::InsufficientCapacity(why)),
+        Pick::NoPool => {
+            return Err(ApiError::InsufficientCapacity(
+                "there is no public IP pool".into(),
+            ))
         }
-    }
-    let Some((pool, ip)) = picked else {
-        return Err(ApiError::InsufficientCapacity(
-            "no public IP pool has a free address".into(),
-        ));
     };
     let row = public_ips::ActiveModel {
         id: Set(Uuid::now_v7()),
@@ -355,6 +423,7 @@ pub async fn attach(
 ) -> Result<PublicIp, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "attaching public IPs")?;
+    crate::app::churn::take(st, &tenant, "attaching public IPs")?;
     let txn = st.db.begin().await?;
     let ip = store::tenant_address(&txn, tenant.id, address).await?;
     if let Some(a) = ip.attachment_id {
@@ -381,7 +450,7 @@ pub async fn attach(
             )
         })
     })?;
-    let woken = edge_changed(&txn, seg.id, actor.at).await?;
+    let woken = edge_changed(&txn, seg.id, actor.at, address_rest(st)).await?;
     audit::record(&txn, actor, "public-ip.attach", Some(&tenant), &ip.address).await?;
     txn.commit().await?;
     wake(st, woken);
@@ -396,6 +465,7 @@ pub async fn detach(
 ) -> Result<PublicIp, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "detaching public IPs")?;
+    crate::app::churn::take(st, &tenant, "detaching public IPs")?;
     let txn = st.db.begin().await?;
     let ip = store::tenant_address(&txn, tenant.id, address).await?;
     let Some(nic) = ip.attachment_id else {
@@ -409,7 +479,7 @@ pub async fn detach(
     a.attachment_id = Set(None);
     let ip = a.update(&txn).await?;
     let woken = match segment {
-        Some(s) => edge_changed(&txn, s, actor.at).await?,
+        Some(s) => edge_changed(&txn, s, actor.at, address_rest(st)).await?,
         None => Vec::new(),
     };
     audit::record(&txn, actor, "public-ip.detach", Some(&tenant), &ip.address).await?;
@@ -428,6 +498,7 @@ pub async fn release(
 ) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "releasing public IPs")?;
+    crate::app::churn::take(st, &tenant, "releasing public IPs")?;
     let txn = st.db.begin().await?;
     let ip = store::tenant_address(&txn, tenant.id, address).await?;
     let forwards = store::forwards_of_address(&txn, ip.id).await?;
@@ -437,7 +508,7 @@ pub async fn release(
         .filter(port_forwards::Column::PublicIpId.eq(ip.id))
         .exec(&txn)
         .await?;
-    public_ips::Entity::delete_by_id(ip.id).exec(&txn).await?;
+    store::give_back(&txn, &ip, actor.at).await?;
     crate::app::metering::public_ip_released(&txn, &ip, actor.at).await?;
     let segs: std::collections::BTreeSet<Uuid> = attachments::Entity::find()
         .filter(attachments::Column::Id.is_in(nics))
@@ -448,7 +519,7 @@ pub async fn release(
         .collect();
     let mut woken = Vec::new();
     for s in segs {
-        woken.extend(edge_changed(&txn, s, actor.at).await?);
+        woken.extend(edge_changed(&txn, s, actor.at, address_rest(st)).await?);
     }
     audit::record(&txn, actor, "public-ip.release", Some(&tenant), &ip.address).await?;
     txn.commit().await?;
@@ -499,6 +570,7 @@ pub async fn create_forward(
 ) -> Result<PortForward, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating port forwards")?;
+    crate::app::churn::take(st, &tenant, "creating port forwards")?;
     for (field, port) in [
         ("public_port", body.public_port),
         ("private_port", body.private_port),
@@ -555,7 +627,7 @@ pub async fn create_forward(
             )
         })
     })?;
-    let woken = edge_changed(&txn, seg.id, actor.at).await?;
+    let woken = edge_changed(&txn, seg.id, actor.at, address_rest(st)).await?;
     let target = format!(
         "{}:{}/{}",
         ip.address,
@@ -596,6 +668,7 @@ pub async fn delete_forward(
 ) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "deleting port forwards")?;
+    crate::app::churn::take(st, &tenant, "deleting port forwards")?;
     let not_found = || ApiError::not_found(format!("port forward {id:?}"));
     let id: Uuid = id.parse().map_err(|_| not_found())?;
     let txn = st.db.begin().await?;
@@ -610,7 +683,7 @@ pub async fn delete_forward(
         .await?
         .map(|a| a.segment_id);
     let woken = match segment {
-        Some(s) => edge_changed(&txn, s, actor.at).await?,
+        Some(s) => edge_changed(&txn, s, actor.at, address_rest(st)).await?,
         None => Vec::new(),
     };
     audit::record(

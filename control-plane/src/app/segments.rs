@@ -37,10 +37,12 @@ pub fn view(
     tenant: &str,
     attached: u64,
     faults: &Faults,
-    edge: Option<SegmentEdge>,
+    edge: Edge,
 ) -> Result<Segment, ApiError> {
     let kind = stored_kind(s)?;
     let mtu = u32::try_from(s.mtu).unwrap_or(0);
+    let mut faults = faults.of(s.vni);
+    faults.extend(edge.fault);
     Ok(Segment {
         id: s.id,
         name: s.name.clone(),
@@ -56,29 +58,52 @@ pub fn view(
         vlan: s.vlan.and_then(|v| u16::try_from(v).ok()),
         attachments: u32::try_from(attached).unwrap_or(u32::MAX),
         ingress: stored_rules(s),
-        faults: faults.of(s.vni),
+        faults,
         egress: s.egress,
-        edge,
+        edge: edge.edge,
         created_at: s.created_at,
     })
 }
 
-/// Where the segment's edge is, as the API shows it.
+/// A segment's edge as the API shows it, and the fault of an egress
+/// without an address.
+#[derive(Default)]
+pub struct Edge {
+    edge: Option<SegmentEdge>,
+    fault: Option<SegmentFault>,
+}
+
+/// Where the segment's edge is, and, where its egress is on but it holds
+/// no address, why (a fault, named by its edge host if it has one).
 pub async fn edge_of(
+    st: &AppState,
     db: &impl ConnectionTrait,
     s: &segments::Model,
-) -> Result<Option<SegmentEdge>, ApiError> {
-    let Some(h) = s.edge_host_id else {
-        return Ok(None);
-    };
-    let Some(host) = crate::store::hosts::by_id(db, h).await? else {
-        return Ok(None);
+) -> Result<Edge, ApiError> {
+    let host = match s.edge_host_id {
+        Some(h) => crate::store::hosts::by_id(db, h).await?.map(|h| h.name),
+        None => None,
     };
     let snat = crate::store::public_net::snat_of(db, s.id).await?;
-    Ok(Some(SegmentEdge {
-        host: host.name,
-        snat_address: snat.map(|a| a.address),
-    }))
+    let fault = if s.egress && snat.is_none() && stored_kind(s)? == SegmentKind::Ethernet {
+        let rest = crate::app::public_net::address_rest(st);
+        crate::app::edges::why_no_egress(db, s, st.config.clock.now(), rest)
+            .await?
+            .and_then(|why| why.fault())
+            .map(|message| SegmentFault {
+                host: host.clone().unwrap_or_default(),
+                message,
+            })
+    } else {
+        None
+    };
+    Ok(Edge {
+        edge: host.map(|host| SegmentEdge {
+            host,
+            snat_address: snat.map(|a| a.address),
+        }),
+        fault,
+    })
 }
 
 /// The segment's gateway: the one asked for, a host address of its CIDR,
@@ -185,6 +210,7 @@ pub async fn create(
 ) -> Result<Segment, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating segments")?;
+    crate::app::churn::take(st, &tenant, "creating segments")?;
     let net = &st.config.network;
     names::tenant_name("name", &body.name)?;
     let cidr = Cidr::for_tenant("cidr", &body.cidr, &net.tenant_ranges)?;
@@ -211,6 +237,12 @@ pub async fn create(
         }
         let txn = st.db.begin().await?;
         check_quota(&txn, &tenant, body.kind).await?;
+        if egress {
+            // Egress holds a public address (the segment's source address).
+            let now = st.config.clock.now();
+            crate::app::budget::check_held(&txn, &tenant, kumo_billing::rates::PUBLIC_IP, now)
+                .await?;
+        }
         let leased = crate::store::segments::lease_vni(
             &txn,
             &net.vni_ranges,
@@ -257,14 +289,22 @@ pub async fn create(
             }
             Err(e) => return Err(e.into()),
         };
-        let woken = crate::app::edges::ensure(&txn, &row, st.config.clock.now()).await?;
+        let rest = crate::app::public_net::address_rest(st);
+        let done = crate::app::edges::ensure(&txn, &row, st.config.clock.now(), rest).await?;
+        // Egress without an address is refused, with the reason (the
+        // pools are out of addresses, or the quota is used up): the
+        // transaction goes, VNI lease included.
+        if let Some(e) = done.no_egress.and_then(|why| why.refusal(&tenant)) {
+            return Err(e);
+        }
+        let woken = done.woken;
         audit::record(&txn, actor, "segment.create", Some(&tenant), &body.name).await?;
         txn.commit().await?;
         for h in woken {
             st.signals.notify(h);
         }
         let row = crate::store::segments::find(&st.db, &tenant, &row.id.to_string()).await?;
-        let edge = edge_of(&st.db, &row).await?;
+        let edge = edge_of(st, &st.db, &row).await?;
         return view(&row, &tenant.name, 0, &Faults::default(), edge);
     }
     Err(ApiError::Conflict(
@@ -292,7 +332,7 @@ pub async fn list(
             &tenant.name,
             n,
             &faults,
-            edge_of(&st.db, s).await?,
+            edge_of(st, &st.db, s).await?,
         )?);
     }
     Ok(Page {
@@ -311,7 +351,7 @@ pub async fn show(
     let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
     let s = crate::store::segments::find(&st.db, &tenant, segment).await?;
     let n = count_attached(&st.db, s.id).await?;
-    let edge = edge_of(&st.db, &s).await?;
+    let edge = edge_of(st, &st.db, &s).await?;
     view(&s, &tenant.name, n, &Faults::load(&st.db).await?, edge)
 }
 
@@ -326,6 +366,7 @@ pub async fn update(
 ) -> Result<Segment, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "changing segments")?;
+    crate::app::churn::take(st, &tenant, "changing segments")?;
     let txn = st.db.begin().await?;
     let mut s = crate::store::segments::find(&txn, &tenant, segment).await?;
     let mut woken = Vec::new();
@@ -336,10 +377,21 @@ pub async fn update(
                 "RoCE segments carry only the GPUs' traffic among themselves",
             ));
         }
+        if egress {
+            let class = kumo_billing::rates::PUBLIC_IP;
+            crate::app::budget::check_held(&txn, &tenant, class, actor.at).await?;
+        }
         let mut a: segments::ActiveModel = s.into();
         a.egress = Set(egress);
         s = a.update(&txn).await?;
-        woken = crate::app::edges::ensure(&txn, &s, actor.at).await?;
+        let rest = crate::app::public_net::address_rest(st);
+        let done = crate::app::edges::ensure(&txn, &s, actor.at, rest).await?;
+        // Egress switched on without an address is refused with the
+        // reason, and nothing changes.
+        if let Some(e) = done.no_egress.and_then(|why| why.refusal(&tenant)) {
+            return Err(e);
+        }
+        woken = done.woken;
         audit::record(&txn, actor, "segment.update", Some(&tenant), &s.name).await?;
     }
     let s = segments::Entity::find_by_id(s.id)
@@ -347,7 +399,7 @@ pub async fn update(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("segment {segment:?}")))?;
     let n = count_attached(&txn, s.id).await?;
-    let edge = edge_of(&txn, &s).await?;
+    let edge = edge_of(st, &txn, &s).await?;
     txn.commit().await?;
     for h in woken {
         st.signals.notify(h);
@@ -366,6 +418,7 @@ pub async fn set_ingress(
 ) -> Result<Segment, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "changing segment rules")?;
+    crate::app::churn::take(st, &tenant, "changing segment rules")?;
     let rules = crate::domain::ingress::rules_json("rules", &body.rules)?;
     let txn = st.db.begin().await?;
     let s = crate::store::segments::find(&txn, &tenant, segment).await?;
@@ -375,7 +428,7 @@ pub async fn set_ingress(
     let hosts = crate::app::host_network::touch_segments(&txn, vec![s.id]).await?;
     audit::record(&txn, actor, "segment.ingress", Some(&tenant), &s.name).await?;
     let n = count_attached(&txn, s.id).await?;
-    let edge = edge_of(&txn, &s).await?;
+    let edge = edge_of(st, &txn, &s).await?;
     txn.commit().await?;
     for h in hosts {
         st.signals.notify(h);
@@ -393,6 +446,7 @@ pub async fn delete(
 ) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "deleting segments")?;
+    crate::app::churn::take(st, &tenant, "deleting segments")?;
     let txn = st.db.begin().await?;
     let s = crate::store::segments::find(&txn, &tenant, segment).await?;
     let n = count_attached(&txn, s.id).await?;
@@ -403,12 +457,10 @@ pub async fn delete(
         )));
     }
     // The attachment FK (RESTRICT) makes a concurrent attach fail rather
-    // than dangle. Its egress address goes back to the pool and its edge
-    // host drops the edge.
+    // than dangle. Its egress address goes back to the pool (to rest
+    // there) and its edge host drops the edge.
     if let Some(snat) = crate::store::public_net::snat_of(&txn, s.id).await? {
-        crate::entity::public_ips::Entity::delete_by_id(snat.id)
-            .exec(&txn)
-            .await?;
+        crate::store::public_net::give_back(&txn, &snat, actor.at).await?;
     }
     if let Some(h) = s.edge_host_id {
         crate::app::host_network::touch_hosts(&txn, &[h]).await?;

@@ -70,9 +70,6 @@ async fn act_as(
 ) -> Result<(tenants::Model, vms::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
-    if matches!(action, Action::Start | Action::Unshelve) {
-        crate::app::budget::check(st, &tenant).await?;
-    }
     // A VM's row is locked here while its host's agent may hold the host
     // and lock the VM in its status report: PostgreSQL then gives one of
     // the two up, which is tried again rather than answered with an error.
@@ -100,6 +97,12 @@ async fn act_once(
 ) -> Result<(vms::Model, vms::Model), ApiError> {
     let txn = st.db.begin().await?;
     let vm = find_vm_to_change(&txn, tenant, vm).await?;
+    if matches!(action, Action::Start | Action::Unshelve) {
+        let spec = stored_spec(&vm)?;
+        let level = crate::app::metering::level_of(&spec);
+        let classes = crate::app::budget::vm_classes(&spec);
+        crate::app::budget::check(&txn, tenant, &classes, level, actor.at).await?;
+    }
     let mut updated = act_on(&txn, actor, tenant, &vm, action, st.config.clock.now()).await?;
     if anywhere {
         check_movable(&txn, &vm).await?;
@@ -473,6 +476,19 @@ impl Prepared {
     }
 }
 
+/// Refuses a VM of `spec` to a tenant without points, where the rate card
+/// prices what it runs on.
+pub async fn budget_allows(
+    st: &AppState,
+    tenant: &tenants::Model,
+    spec: &VmSpec,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), ApiError> {
+    let classes = crate::app::budget::vm_classes(spec);
+    let level = crate::app::metering::level_of(spec);
+    crate::app::budget::check(&st.db, tenant, &classes, level, now).await
+}
+
 /// A member creates a VM: access, budget, the spec and NICs, a free name,
 /// then admission (placement, quota, the rows, the wake-ups). Answers the
 /// tenant and the new VM.
@@ -484,8 +500,8 @@ pub async fn create(
 ) -> Result<(tenants::Model, vms::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating VMs")?;
-    crate::app::budget::check(st, &tenant).await?;
     let prepared = prepare(st, &tenant, body, "networks.segment", "the VM's").await?;
+    budget_allows(st, &tenant, &prepared.spec, actor.at).await?;
     let name_taken = || {
         ApiError::Conflict(format!(
             "tenant {:?} already has a VM named {:?}",

@@ -8,6 +8,7 @@ use kumo_api_types::{
     HostState, Page, PageParams, Role, VmState, Volume, VolumeActual, VolumeAttach, VolumeCreate,
     VolumeMove, VolumeResize, VolumeSnapshot, VolumeSnapshotCreate, VolumeState, VolumeStatus,
 };
+use kumo_billing::rates::{SNAPSHOT_GIB, VOLUME_GIB};
 use sea_orm::{
     ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
 };
@@ -97,6 +98,75 @@ async fn check_quota(
     Ok(())
 }
 
+/// Refuses `gib` more GiB of volumes on `host` (a volume, a snapshot, a
+/// volume's growth, a copy moving in) where its storage has no room for
+/// them: 409 naming the host, what is needed and what is free. Counted
+/// at provisioned sizes (`[storage] overcommit` times what the host may
+/// hold), in the caller's transaction, after the host's row is taken
+/// (its revision moves: on PostgreSQL two requests wait for each other
+/// instead of both taking the same room, and placements the capacity
+/// index made against the old figures lose their commit). A host whose
+/// agent does not report its storage is not counted.
+async fn check_room(
+    st: &AppState,
+    txn: &DatabaseTransaction,
+    host: Uuid,
+    gib: u64,
+    what: &str,
+) -> Result<(), ApiError> {
+    bump_revision(txn, host).await?;
+    let h = crate::store::hosts::by_id(txn, host)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("volume on a missing host {host}")))?;
+    let used = crate::store::capacity::disk_use(txn, host).await?;
+    let overcommit = st.capacity.overcommit();
+    let Some(free) =
+        crate::store::capacity::disk_free(&h, &used, kumo_scheduler::Pool::Volumes, overcommit)
+    else {
+        return Ok(());
+    };
+    if i64::try_from(gib).map_or(true, |g| g > free) {
+        return Err(no_room(&h, gib, free, what));
+    }
+    Ok(())
+}
+
+fn no_room(h: &hosts::Model, gib: u64, free: i64, what: &str) -> ApiError {
+    ApiError::InsufficientCapacity(format!(
+        "host {:?} has no room for {what}: it needs {gib} GiB and the host's storage has {} GiB free",
+        h.name,
+        free.max(0)
+    ))
+}
+
+/// Where a volume goes when nothing ties it to a host: the ready host
+/// with the fewest volumes among those with room for it; refused (naming
+/// the roomiest) when none has.
+async fn host_with_room(
+    st: &AppState,
+    txn: &DatabaseTransaction,
+    gib: u64,
+) -> Result<hosts::Model, ApiError> {
+    let hosts = crate::store::capacity::ready_hosts_by_volumes(txn).await?;
+    let used = crate::store::capacity::disk_use_all(txn).await?;
+    let overcommit = st.capacity.overcommit();
+    let free = |h: &hosts::Model| {
+        let u = used.get(&h.id).copied().unwrap_or_default();
+        crate::store::capacity::disk_free(h, &u, kumo_scheduler::Pool::Volumes, overcommit)
+            .unwrap_or(i64::MAX)
+    };
+    let need = i64::try_from(gib).unwrap_or(i64::MAX);
+    if let Some(h) = hosts.iter().find(|h| free(h) >= need) {
+        return Ok(h.clone());
+    }
+    match hosts.iter().max_by_key(|h| free(h)) {
+        Some(h) => Err(no_room(h, gib, free(h), &format!("a volume of {gib} GiB"))),
+        None => Err(ApiError::InsufficientCapacity(
+            "no ready host to keep a volume".into(),
+        )),
+    }
+}
+
 /// A disk serial (virtio-blk carries at most 20 bytes): random, so it
 /// says nothing about the tenant, and unique (the database checks).
 fn new_serial() -> String {
@@ -132,6 +202,7 @@ pub async fn create(
         _ => size("size_gib", body.size_gib)?,
     };
     check_quota(&txn, &tenant, u64::try_from(gib).unwrap_or(0)).await?;
+    crate::app::budget::check_held(&txn, &tenant, VOLUME_GIB, actor.at).await?;
     let host = match (&body.vm, &source) {
         (_, Some((from, _))) => crate::store::hosts::by_id(&txn, from.host_id)
             .await?
@@ -148,10 +219,16 @@ pub async fn create(
                 .await?
                 .ok_or_else(|| ApiError::Internal(format!("VM {} on a missing host", vm.id)))?
         }
-        (None, None) => store::roomiest_host(&txn).await?.ok_or_else(|| {
-            ApiError::InsufficientCapacity("no ready host to keep a volume".into())
-        })?,
+        (None, None) => host_with_room(st, &txn, u64::try_from(gib).unwrap_or(0)).await?,
     };
+    let what = match &source {
+        Some((from, snap)) => format!(
+            "a copy of {:?}'s snapshot {:?} ({gib} GiB)",
+            from.name, snap.name
+        ),
+        None => format!("a volume of {gib} GiB"),
+    };
+    check_room(st, &txn, host.id, u64::try_from(gib).unwrap_or(0), &what).await?;
     let row = volumes::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(tenant.id),
@@ -326,6 +403,10 @@ pub async fn resize(
                 ));
             }
             check_quota(txn, tenant, u64::try_from(gib - v.size_gib).unwrap_or(0)).await?;
+            let more = u64::try_from(gib - v.size_gib).unwrap_or(0);
+            let what = format!("{:?} to grow by {more} GiB", v.name);
+            check_room(st, txn, v.host_id, more, &what).await?;
+            crate::app::budget::check_held(txn, tenant, VOLUME_GIB, actor.at).await?;
             let mut grown = v.clone();
             grown.size_gib = gib;
             crate::app::metering::volume_released(txn, v.id, actor.at).await?;
@@ -529,6 +610,11 @@ pub async fn move_to(
             detached_only(&v, "moving")?;
         }
         check_move(&txn, &v, &target).await?;
+        // The copy takes room there until the move is over (and the
+        // original here until its host removes it).
+        let gib = u64::try_from(v.size_gib).unwrap_or(0);
+        let what = format!("a copy of {:?} ({gib} GiB)", v.name);
+        check_room(st, &txn, target.id, gib, &what).await?;
         a.state = Set(VolumeState::Moving.to_text().to_owned());
         wake.push(target.id);
     }
@@ -760,6 +846,11 @@ pub async fn create_snapshot(
     let v = store::find_to_change(&txn, &tenant, volume).await?;
     detached_only(&v, "snapshotting")?;
     check_quota(&txn, &tenant, u64::try_from(v.size_gib).unwrap_or(0)).await?;
+    // A snapshot may come to hold all of its volume's blocks.
+    let snap_gib = u64::try_from(v.size_gib).unwrap_or(0);
+    let what = format!("a snapshot of {:?} ({snap_gib} GiB)", v.name);
+    check_room(st, &txn, v.host_id, snap_gib, &what).await?;
+    crate::app::budget::check_held(&txn, &tenant, SNAPSHOT_GIB, actor.at).await?;
     let row = volume_snapshots::ActiveModel {
         id: Set(Uuid::now_v7()),
         volume_id: Set(v.id),

@@ -14,7 +14,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use uuid::Uuid;
 
 use crate::context::AppState;
-use crate::domain::idle_gpus::{acceptable, webhook_url};
+use crate::domain::idle_gpus::{unacceptable_among, webhook_url};
 use crate::error::ApiError;
 use crate::store::idle_gpus as store;
 
@@ -156,11 +156,10 @@ async fn deliver(
     let Some(first) = addrs.first().copied() else {
         return Err(format!("{host} has no address"));
     };
-    if let Some(bad) = addrs.iter().find(|a| !acceptable(a.ip(), allow_loopback)) {
-        return Err(format!(
-            "{host} resolves to {}, not a public address",
-            bad.ip()
-        ));
+    // IPv6 answers that carry an IPv4 address (mapped, 6to4, Teredo,
+    // NAT64, …) are judged by the one they carry.
+    if let Some(bad) = unacceptable_among(addrs.iter().map(|a| a.ip()), allow_loopback) {
+        return Err(format!("{host} resolves to {bad}, not a public address"));
     }
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

@@ -138,25 +138,7 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
     client.set_quota("demo", &quota).await?;
     // Prices and points, so the demo's usage and statements fill up.
     if client.rates().await?.cards.is_empty() {
-        let price = |g: &str, s: &str| ClassPrice {
-            guaranteed: g.into(),
-            spot: s.into(),
-        };
-        let mut prices: std::collections::BTreeMap<String, ClassPrice> = [
-            ("vcpu", price("2", "0.6")),
-            ("memory_gib", price("0.2", "0.06")),
-            ("disk_gib", price("0.01", "0.01")),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-        for (model, g, s) in [
-            ("H100-SXM5-80GB", "400", "120"),
-            ("A100-SXM4-40GB", "250", "75"),
-            ("L40S", "150", "45"),
-        ] {
-            prices.insert(format!("gpu:{model}"), price(g, s));
-        }
+        let prices = demo_prices();
         client
             .set_rates(&RateCardPut {
                 effective_from: None,
@@ -582,9 +564,56 @@ pub fn human_words(line: &str) -> String {
         .join(" ")
 }
 
+/// The demo's rate card: a price for every rate class (each GPU model the
+/// dev fleet has among them), so that whatever the demo runs or holds is
+/// charged and budgeted.
+fn demo_prices() -> std::collections::BTreeMap<String, ClassPrice> {
+    use kumo_billing::rates::{DISK_GIB, MEMORY_GIB, PUBLIC_IP, SNAPSHOT_GIB, VCPU, VOLUME_GIB};
+    let price = |g: &str, s: &str| ClassPrice {
+        guaranteed: g.into(),
+        spot: s.into(),
+    };
+    let mut prices: std::collections::BTreeMap<String, ClassPrice> = [
+        (VCPU, price("2", "0.6")),
+        (MEMORY_GIB, price("0.2", "0.06")),
+        (DISK_GIB, price("0.01", "0.01")),
+        (PUBLIC_IP, price("0.7", "0.7")),
+        (VOLUME_GIB, price("0.01", "0.01")),
+        (SNAPSHOT_GIB, price("0.005", "0.005")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (model, g, s) in [
+        ("H100-SXM5-80GB", "400", "120"),
+        ("A100-SXM4-40GB", "250", "75"),
+        ("L40S", "150", "45"),
+    ] {
+        prices.insert(kumo_billing::rates::gpu_class(model), price(g, s));
+    }
+    prices
+}
+
 #[cfg(test)]
 mod banner_tests {
     use super::*;
+
+    #[test]
+    fn the_demo_prices_every_rate_class() {
+        let prices = demo_prices();
+        for class in kumo_billing::rates::FLAT_CLASSES {
+            let p = prices
+                .get(class)
+                .unwrap_or_else(|| panic!("{class} has no price"));
+            assert!(p.guaranteed.parse::<f64>().unwrap() > 0.0, "{class}");
+        }
+        for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {
+            assert!(
+                prices.contains_key(&kumo_billing::rates::gpu_class(m)),
+                "{m}"
+            );
+        }
+    }
 
     /// `./x start`'s banner fits an 80×24 terminal with room for log lines
     /// below it, says where the portal is and how to sign in, and starts

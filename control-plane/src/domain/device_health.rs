@@ -8,14 +8,21 @@
 //!                                                                                     └─(any finding)─▶ quarantined
 //! ```
 //!
-//! *Broken* (quarantines): the device left the bus, its fatal AER count
-//! rose, or its guest reported XID 79 (fallen off the bus). *Degraded*
-//! (suspect): its link trained to fewer lanes than it has, correctable
-//! errors arrive faster than the policy's rate, or (a NIC) its RDMA port
-//! is down or its carrier flaps. Quarantined, repairing and validating
-//! devices take no new placements. Automatic quarantine stops at a share
-//! of the fleet: past it a broken device turns suspect, flagged as
-//! withheld, and an operator decides.
+//! *Broken* (quarantines): the device left the bus or its fatal AER count
+//! rose. *Degraded* (suspect): its link trained to fewer lanes than it
+//! has, correctable errors arrive faster than the policy's rate, or (a
+//! NIC) its RDMA port is down or its carrier flaps. Quarantined, repairing
+//! and validating devices take no new placements. Automatic quarantine
+//! stops at a share of the fleet: past it a broken device turns suspect,
+//! flagged as withheld, and an operator decides.
+//!
+//! What a guest says (an XID in its kernel log, even 79) is evidence about
+//! that guest's VM, never a verdict on shared hardware: it makes the GPU
+//! suspect at most ([`guest_says`]). Such a device is quarantined only when
+//! a host-side signal agrees (any finding of its host's readings, or the
+//! check after its VM lets it go), or an operator decides; it is healthy
+//! again once it passes that check ([`released_clean`]) or stays clean for
+//! the suspect period.
 
 use chrono::{DateTime, Utc};
 use kumo_topology::health::{AerCounts, DeviceSignals};
@@ -59,6 +66,8 @@ pub struct Record {
     pub aer: Option<AerCounts>,
     pub carrier_changes: Option<u64>,
     pub read_at: Option<DateTime<Utc>>,
+    /// Suspect on a guest's word alone (no host signal yet).
+    pub guest_reported: bool,
 }
 
 impl Record {
@@ -70,6 +79,7 @@ impl Record {
             aer: None,
             carrier_changes: None,
             read_at: None,
+            guest_reported: false,
         }
     }
 }
@@ -107,12 +117,10 @@ pub enum Finding {
 }
 
 impl Finding {
-    /// Whether it quarantines (else it makes suspect).
+    /// Whether a host seeing it quarantines (else it makes suspect). A
+    /// guest's XID never does by itself: see [`guest_says`].
     pub fn breaks(&self) -> bool {
-        matches!(
-            self,
-            Finding::Vanished | Finding::FatalAer { .. } | Finding::Xid { code: 79 }
-        )
+        matches!(self, Finding::Vanished | Finding::FatalAer { .. })
     }
 
     pub fn words(&self) -> String {
@@ -137,8 +145,8 @@ impl Finding {
     }
 }
 
-/// XIDs that speak of the hardware: 79 (fallen off the bus) quarantines;
-/// these make a GPU suspect. The rest (13 graphics engine exception, 31
+/// XIDs that speak of the hardware: 79 (fallen off the bus) and these
+/// make a GPU suspect (until its host agrees, see [`guest_says`]). The rest (13 graphics engine exception, 31
 /// MMU fault, 43 reset channel, …) are usually the program's own faults
 /// and say nothing of the GPU.
 pub const SUSPECT_XIDS: &[u32] = &[48, 63, 64, 74, 92, 94, 95, 119, 120];
@@ -231,15 +239,40 @@ pub struct Transition {
 /// Why a broken device may not be quarantined automatically now: what
 /// hosts see is bounded by the fleet's share ([`quarantine_cap`]) …
 pub const FLEET_FULL: &str = "the fleet's automatic quarantine limit is reached";
-/// … and what guests say (any guest can print an XID) by project, so
-/// that one project's guests neither take devices out of the pool without
-/// end nor spend the fleet's limit.
-pub const PROJECT_FULL: &str = "the project's guests have quarantined as many devices as they may";
 /// Why a device a VM let go is quarantined: its host's check after the
 /// release (reset, config space, driver, AER) failed.
 pub const UNFIT: &str = "did not come back after reset";
-/// Devices one project's guests may hold in quarantine at once.
-pub const GUEST_QUARANTINES_PER_TENANT: u64 = 2;
+/// What a guest's reported finding does to its GPU: a healthy one turns
+/// suspect, said to be on the guest's word; anything else stays as it is
+/// (a guest cannot take a device out of service, nor bring one back).
+pub fn guest_says(rec: &Record, f: &Finding) -> Option<Transition> {
+    (rec.state == DeviceState::Healthy).then(|| Transition {
+        to: DeviceState::Suspect,
+        reason: format!(
+            "{} (said by its guest: suspect until its host's checks agree)",
+            f.words()
+        ),
+        withheld: false,
+    })
+}
+
+/// A device whose VM let it go and that passed its host's check then: one
+/// suspect on its guest's word alone is healthy again.
+pub fn released_clean(rec: &Record) -> Option<Transition> {
+    (rec.state == DeviceState::Suspect && rec.guest_reported).then(|| Transition {
+        to: DeviceState::Healthy,
+        reason: "passed its host's check after its VM let it go (a guest's report alone never takes a device out)".into(),
+        withheld: false,
+    })
+}
+
+/// Whether a host's findings may take a device out of service: one that
+/// breaks, or any finding at all on a device its guest already spoke of
+/// (the host agrees with the guest).
+pub fn takes_out(rec: &Record, found: &[Finding]) -> bool {
+    found.iter().any(Finding::breaks)
+        || (rec.state == DeviceState::Suspect && rec.guest_reported && !found.is_empty())
+}
 
 /// The next state after a reading's findings; `room` says whether one
 /// more device may be quarantined automatically, or why not.
@@ -256,7 +289,16 @@ pub fn next(
         .map(Finding::words)
         .collect::<Vec<_>>()
         .join("; ");
-    let broken = found.iter().any(Finding::breaks);
+    let broken = takes_out(rec, found);
+    let confirms = broken && !found.iter().any(Finding::breaks);
+    let words = if confirms {
+        format!(
+            "{words}, agreeing with its guest: {}",
+            rec.reason.as_deref().unwrap_or_default()
+        )
+    } else {
+        words
+    };
     match rec.state {
         // An operator is at it: readings wait for their word.
         Repairing | Quarantined => None,
@@ -448,6 +490,56 @@ mod tests {
             ..Record::new()
         };
         assert!(read(&after, &s, 60).is_empty());
+    }
+
+    #[test]
+    fn a_guests_word_makes_suspect_and_only_a_host_signal_takes_out() {
+        let p = Policy::default();
+        let xid79 = xid(79).unwrap();
+        assert!(!xid79.breaks(), "a guest's XID 79 alone breaks nothing");
+        let t = guest_says(&Record::new(), &xid79).unwrap();
+        assert_eq!(t.to, DeviceState::Suspect);
+        assert!(t.reason.contains("said by its guest"), "{}", t.reason);
+        // A guest neither quarantines nor clears what is out already.
+        for state in [
+            DeviceState::Suspect,
+            DeviceState::Quarantined,
+            DeviceState::Repairing,
+        ] {
+            let rec = Record {
+                state,
+                ..Record::new()
+            };
+            assert_eq!(guest_says(&rec, &xid79), None, "{state:?}");
+        }
+        let on_its_word = Record {
+            state: DeviceState::Suspect,
+            reason: Some(t.reason.clone()),
+            last_finding_at: Some(at(0)),
+            guest_reported: true,
+            ..Record::new()
+        };
+        // Its host agrees (even a degraded reading): quarantined, within
+        // the fleet's cap.
+        let narrow = [Finding::NarrowLink { width: 8, max: 16 }];
+        let t = next(&on_its_word, &narrow, at(10), &p, Ok(())).unwrap();
+        assert_eq!(t.to, DeviceState::Quarantined);
+        assert!(t.reason.contains("agreeing with its guest"), "{}", t.reason);
+        let t = next(&on_its_word, &narrow, at(10), &p, Err(FLEET_FULL)).unwrap();
+        assert_eq!((t.to, t.withheld), (DeviceState::Suspect, true));
+        // A host-suspect device is not taken out by more of the same.
+        let host_suspect = Record {
+            guest_reported: false,
+            ..on_its_word.clone()
+        };
+        assert_eq!(next(&host_suspect, &narrow, at(10), &p, Ok(())), None);
+        // Clean after its VM left: back by itself; a host's suspect is not.
+        assert_eq!(
+            released_clean(&on_its_word).map(|t| t.to),
+            Some(DeviceState::Healthy)
+        );
+        assert_eq!(released_clean(&host_suspect), None);
+        assert_eq!(released_clean(&Record::new()), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! was breaks an idle spell, and so does a silence of more than
 //! [`MAX_GAP_MINUTES`]: unknown is never idle.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use chrono::{DateTime, Duration, Utc};
 use kumo_api_types::{IdleAction, IdlePolicy};
@@ -195,46 +195,143 @@ pub fn exemption(
     Ok(())
 }
 
-/// Whether a webhook may be sent to this address: one on the public
-/// internet (a project must not make the control plane reach into its own
-/// network, a host's metadata service or another project's segment).
-pub fn public_address(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            !(v4.is_private()
-                || v4.is_loopback()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
-                || (a == 192 && b == 0 && v4.octets()[2] == 0) // IETF protocol assignments
-                || (a == 198 && (18..20).contains(&b)) // benchmarking
-                || a >= 240)
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return public_address(IpAddr::V4(v4));
-            }
-            let first = v6.segments()[0];
-            !(v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00 // unique local
-                || (first & 0xffc0) == 0xfe80 // link local
-                || first == 0x2001 && v6.segments()[1] == 0x0db8 // documentation
-                || first == 0x0064 && v6.segments()[1] == 0xff9b) // NAT64
+/// A duration as a person reads a span of days: `3 days 4 h`, `5 h`,
+/// `20 min`.
+fn days_text(d: Duration) -> String {
+    let h = d.num_hours().max(0);
+    match (h / 24, h % 24) {
+        (0, 0) => format!("{} min", d.num_minutes().max(0)),
+        (0, h) => format!("{h} h"),
+        (1, 0) => "1 day".into(),
+        (d, 0) => format!("{d} days"),
+        (1, h) => format!("1 day {h} h"),
+        (d, h) => format!("{d} days {h} h"),
+    }
+}
+
+/// The exempt time a VM has had in all once its exemption is set to run
+/// to `until` (`None`: it ends now), from `total`, what it had so far
+/// counting an exemption in force to its end. A renewal or change
+/// replaces the rest of the one in force, so only time actually exempt,
+/// or still held, counts. Past `cap` (owners; `None` for administrators)
+/// it is refused, saying how much is left.
+pub fn exempt_total(
+    total: Duration,
+    in_force_until: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    cap: Option<Duration>,
+) -> Result<Duration, String> {
+    let unused = in_force_until.map_or(Duration::zero(), |u| (u - now).max(Duration::zero()));
+    // At least zero: rows from before totals were kept hold none.
+    let had = (total - unused).max(Duration::zero());
+    let new = until.map_or(Duration::zero(), |u| (u - now).max(Duration::zero()));
+    if let Some(cap) = cap {
+        if had + new > cap {
+            let left = (cap - had).max(Duration::zero());
+            return Err(format!(
+                "a VM may be exempt for at most {} in all, renewals included; this one has {} left",
+                days_text(cap),
+                days_text(left)
+            ));
         }
     }
+    Ok(had + new)
+}
+
+/// Whether a webhook may be sent to this address: one on the public
+/// internet (a project must not make the control plane reach into its own
+/// network, a host's metadata service or another project's segment). An
+/// IPv6 address that carries an IPv4 one (mapped, compatible, translated,
+/// NAT64, 6to4, Teredo) is judged by the IPv4 it carries: a host or relay
+/// that speaks both would deliver it there.
+pub fn public_address(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => public_v4(v4),
+        IpAddr::V6(v6) => public_v6(v6),
+    }
+}
+
+fn public_v4(v4: Ipv4Addr) -> bool {
+    let [a, b, c, _] = v4.octets();
+    !(v4.is_private()
+        || v4.is_loopback()
+        || v4.is_link_local()
+        || v4.is_unspecified()
+        || v4.is_broadcast()
+        || v4.is_multicast()
+        || v4.is_documentation()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 88 && c == 99) // 6to4 relay anycast (deprecated)
+        || (a == 198 && (18..20).contains(&b)) // benchmarking
+        || a >= 240)
+}
+
+/// The 32 bits of `v6` from bit `at` on, as an IPv4 address.
+fn v4_at(v6: Ipv6Addr, at: usize) -> Ipv4Addr {
+    let o = v6.octets();
+    Ipv4Addr::new(o[at / 8], o[at / 8 + 1], o[at / 8 + 2], o[at / 8 + 3])
+}
+
+fn public_v6(v6: Ipv6Addr) -> bool {
+    let seg = v6.segments();
+    // ::/96 (IPv4-compatible, `::` and `::1` among them), ::ffff:0:0/96
+    // (IPv4-mapped) and ::ffff:0:0:0/96 (IPv4-translated): the last 32
+    // bits. The rest of ::/8 is reserved.
+    if seg[..4] == [0, 0, 0, 0] {
+        return match (seg[4], seg[5]) {
+            (0, 0) | (0, 0xffff) | (0xffff, 0) => public_v4(v4_at(v6, 96)),
+            _ => false,
+        };
+    }
+    // NAT64's well-known prefix 64:ff9b::/96: the IPv4 in its last 32
+    // bits. The rest of 64:ff9b::/32 (local-use 64:ff9b:1::/48) is never.
+    if seg[0] == 0x0064 && seg[1] == 0xff9b {
+        return seg[2..6] == [0, 0, 0, 0] && public_v4(v4_at(v6, 96));
+    }
+    if seg[0] & 0xff00 == 0 {
+        return false;
+    }
+    // 6to4 (2002::/16): the IPv4 in bits 16..48.
+    if seg[0] == 0x2002 {
+        return public_v4(v4_at(v6, 16));
+    }
+    // Teredo (2001:0::/32): the server in bits 32..64 and the client,
+    // inverted, in the last 32; both must be public.
+    if seg[0] == 0x2001 && seg[1] == 0 {
+        let server = v4_at(v6, 32);
+        let client = Ipv4Addr::from(!u32::from(v4_at(v6, 96)));
+        return public_v4(server) && public_v4(client);
+    }
+    !(v6.is_multicast()
+        || (seg[0] & 0xfe00) == 0xfc00 // unique local
+        || (seg[0] & 0xffc0) == 0xfe80 // link local
+        || (seg[0] & 0xffc0) == 0xfec0 // site local (deprecated, still routed inside sites)
+        || seg[0] == 0x0100 && seg[1..4] == [0, 0, 0] // discard only (100::/64)
+        || seg[0] == 0x2001 && seg[1] == 0x0db8 // documentation
+        || seg[0] == 0x2001 && (0x0010..0x0020).contains(&seg[1]) // ORCHID
+        || seg[0] == 0x2001 && seg[1] == 0x0002 && seg[2] == 0 // benchmarking
+        || seg[0] == 0x3fff && seg[1] < 0x1000) // documentation (3fff::/20)
 }
 
 /// Whether a webhook may go to `ip`: a public address, or loopback where
 /// the configuration allows it (development and tests).
 pub fn acceptable(ip: IpAddr, allow_loopback: bool) -> bool {
     public_address(ip) || (allow_loopback && ip.is_loopback())
+}
+
+/// Of the addresses a webhook's name resolved to when it is posted (A and
+/// AAAA answers alike), the first that is not acceptable: the post goes
+/// nowhere if any is, since the name could be made to answer it next.
+pub fn unacceptable_among(
+    addrs: impl IntoIterator<Item = IpAddr>,
+    allow_loopback: bool,
+) -> Option<IpAddr> {
+    addrs
+        .into_iter()
+        .find(|ip| !acceptable(*ip, allow_loopback))
 }
 
 /// A webhook address as given: `https://` to a public host, without user
@@ -437,6 +534,68 @@ mod tests {
     }
 
     #[test]
+    fn exempt_time_adds_up_to_a_cap_renewals_included() {
+        let now = t(0);
+        let d = Duration::days;
+        let cap = Some(d(30));
+        // A first exemption of 14 days.
+        assert_eq!(
+            exempt_total(d(0), None, Some(now + d(14)), now, cap),
+            Ok(d(14))
+        );
+        // Renewed with 4 of its days left: those 4 are replaced, not added.
+        assert_eq!(
+            exempt_total(d(14), Some(now + d(4)), Some(now + d(14)), now, cap),
+            Ok(d(24))
+        );
+        // 20 used and 4 held: 14 more is past 30, and the refusal says
+        // how much is left (10 days, counting the 4 held as given back).
+        let e = exempt_total(d(24), Some(now + d(4)), Some(now + d(14)), now, cap).unwrap_err();
+        assert!(
+            e.contains("30 days in all") && e.contains("10 days left"),
+            "{e}"
+        );
+        assert_eq!(
+            exempt_total(d(24), Some(now + d(4)), Some(now + d(10)), now, cap),
+            Ok(d(30)),
+            "exactly the cap"
+        );
+        // Ended early: what it did not use is given back.
+        assert_eq!(
+            exempt_total(d(30), Some(now + d(8)), None, now, None),
+            Ok(d(22))
+        );
+        // An exemption that already ran out is all used.
+        assert_eq!(
+            exempt_total(d(30), Some(now - d(1)), Some(now + d(1)), now, cap).unwrap_err(),
+            "a VM may be exempt for at most 30 days in all, renewals included; this one has 0 min left"
+        );
+        // Administrators (no cap) go past it; the total still counts.
+        assert_eq!(
+            exempt_total(d(30), None, Some(now + d(20)), now, None),
+            Ok(d(50))
+        );
+        // Rows from before totals were kept: never below zero.
+        assert_eq!(
+            exempt_total(d(0), Some(now + d(5)), Some(now + d(3)), now, cap),
+            Ok(d(3))
+        );
+        // Hours and minutes where days are too coarse.
+        let e =
+            exempt_total(d(30) - Duration::hours(5), None, Some(now + d(1)), now, cap).unwrap_err();
+        assert!(e.ends_with("has 5 h left"), "{e}");
+        let e = exempt_total(
+            d(30) - Duration::minutes(20),
+            None,
+            Some(now + d(1)),
+            now,
+            cap,
+        )
+        .unwrap_err();
+        assert!(e.ends_with("has 20 min left"), "{e}");
+    }
+
+    #[test]
     fn webhooks_go_only_to_public_https_addresses() {
         for bad in [
             "http://hooks.example.org/x",
@@ -472,5 +631,83 @@ mod tests {
         assert!(webhook_url("https://10.0.0.1/x", true).is_err());
         assert!(public_address("2606:4700::1111".parse().unwrap()));
         assert!(!public_address("0.1.2.3".parse().unwrap()));
+    }
+
+    #[test]
+    fn ipv6_forms_that_carry_an_ipv4_address_are_judged_by_it() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        // Each form carrying an internal address (10.0.0.1 = 0a00:0001,
+        // 127.0.0.1, 169.254.169.254 = a9fe:a9fe, 192.168.1.1 =
+        // c0a8:0101), and the same form carrying a public one (8.8.8.8 =
+        // 0808:0808).
+        for (bad, good) in [
+            ("::ffff:10.0.0.1", "::ffff:8.8.8.8"),          // IPv4-mapped
+            ("::ffff:127.0.0.1", "::ffff:8.8.4.4"),         // mapped loopback
+            ("::10.0.0.1", "::8.8.8.8"),                    // IPv4-compatible
+            ("::169.254.169.254", "::1.1.1.1"),             // compatible metadata service
+            ("::ffff:0:192.168.1.1", "::ffff:0:8.8.8.8"),   // IPv4-translated
+            ("64:ff9b::10.0.0.1", "64:ff9b::8.8.8.8"),      // NAT64 well-known
+            ("64:ff9b::a9fe:a9fe", "64:ff9b::808:808"),     // NAT64, hex
+            ("2002:0a00:0001::1", "2002:0808:0808::1"),     // 6to4
+            ("2002:a9fe:a9fe:1::2", "2002:0101:0101:1::2"), // 6to4 to the metadata service
+            ("2002:7f00:0001::", "2002:0808:0404::"),       // 6to4 to loopback
+            // Teredo: server 65.54.227.120 (4136:e378) with client
+            // 10.0.0.1 inverted (f5ff:fffe); server 10.0.0.1 with a
+            // public client (8.8.8.8 inverted: f7f7:f7f7).
+            (
+                "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+                "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
+            ),
+            (
+                "2001:0:0a00:0001:8000:63bf:f7f7:f7f7",
+                "2001:0:4136:e378::f7f7:f7f7",
+            ),
+        ] {
+            assert!(!public_address(ip(bad)), "{bad} carries an internal IPv4");
+            assert!(public_address(ip(good)), "{good} carries a public IPv4");
+            for allow_loopback in [false, true] {
+                assert!(
+                    webhook_url(&format!("https://[{bad}]/hook"), allow_loopback).is_err(),
+                    "{bad} as a webhook address"
+                );
+            }
+            assert!(
+                webhook_url(&format!("https://[{good}]/hook"), false).is_ok(),
+                "{good}"
+            );
+        }
+        // Site-local is never acceptable, whatever it carries; nor the
+        // rest of NAT64's prefix, nor the reserved rest of ::/8.
+        for bad in [
+            "fec0::1",
+            "fec0::808:808",
+            "feff:ffff::1",
+            "64:ff9b:1::808:808",
+            "::1:0:0:808:808",
+            "100::1",
+            "2001:db8::1",
+            "2001:2::1",
+        ] {
+            assert!(!public_address(ip(bad)), "{bad}");
+        }
+        assert!(
+            !acceptable(ip("::ffff:127.0.0.1"), true),
+            "loopback only as ::1 or 127/8"
+        );
+        assert!(acceptable(ip("::1"), true) && !acceptable(ip("::1"), false));
+        // When a webhook is posted, every address its name resolves to is
+        // checked the same way: an AAAA answer in such a form stops it.
+        assert_eq!(
+            unacceptable_among([ip("8.8.8.8"), ip("2002:0a00:0001::1")], false),
+            Some(ip("2002:0a00:0001::1"))
+        );
+        assert_eq!(
+            unacceptable_among([ip("2606:4700::1111"), ip("::ffff:169.254.169.254")], true),
+            Some(ip("::ffff:169.254.169.254"))
+        );
+        assert_eq!(
+            unacceptable_among([ip("8.8.8.8"), ip("64:ff9b::808:808")], false),
+            None
+        );
     }
 }

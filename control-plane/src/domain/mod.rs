@@ -1,5 +1,6 @@
 //! Pure rules over plain data: no database, no HTTP, no clock of their own.
 
+pub mod churn;
 pub mod device_health;
 pub mod faults;
 pub mod gpu_telemetry;

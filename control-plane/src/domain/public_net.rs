@@ -1,8 +1,10 @@
 //! Public addressing rules (pure): a pool's network, gateway and range,
-//! and which address of a pool is free.
+//! and which address of a pool is handed out next.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+
+use chrono::{DateTime, Duration, Utc};
 
 use crate::domain::ipam::Cidr;
 use crate::error::ApiError;
@@ -92,11 +94,51 @@ impl Pool {
         self.holds(ip) && ip != self.gateway
     }
 
-    /// The lowest address of the pool not in `taken`.
-    pub fn free(&self, taken: &BTreeSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+    /// The address handed out next: one not in `taken` that has either
+    /// never been held (the lowest of those) or was released (`released`:
+    /// when) at least `rest` before `now` (the one released longest ago).
+    /// An address released more recently rests: traffic, DNS records and
+    /// allowlists still aimed at its last holder must not reach the next
+    /// one, and handing out the least recently used lets them fade first.
+    pub fn next_free(
+        &self,
+        taken: &BTreeSet<Ipv4Addr>,
+        released: &BTreeMap<Ipv4Addr, DateTime<Utc>>,
+        now: DateTime<Utc>,
+        rest: Duration,
+    ) -> Option<Ipv4Addr> {
+        let mut oldest: Option<(DateTime<Utc>, Ipv4Addr)> = None;
+        for ip in (u32::from(self.first)..=u32::from(self.last)).map(Ipv4Addr::from) {
+            if ip == self.gateway || taken.contains(&ip) {
+                continue;
+            }
+            match released.get(&ip) {
+                None => return Some(ip),
+                Some(at) if *at + rest <= now => {
+                    // Addresses go in order, so on a tie the lower stays.
+                    if oldest.is_none_or(|(o, _)| *at < o) {
+                        oldest = Some((*at, ip));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        oldest.map(|(_, ip)| ip)
+    }
+
+    /// Addresses free now (not taken and not resting).
+    pub fn free_count(
+        &self,
+        taken: &BTreeSet<Ipv4Addr>,
+        released: &BTreeMap<Ipv4Addr, DateTime<Utc>>,
+        now: DateTime<Utc>,
+        rest: Duration,
+    ) -> u32 {
         (u32::from(self.first)..=u32::from(self.last))
             .map(Ipv4Addr::from)
-            .find(|ip| *ip != self.gateway && !taken.contains(ip))
+            .filter(|ip| *ip != self.gateway && !taken.contains(ip))
+            .filter(|ip| released.get(ip).is_none_or(|at| *at + rest <= now))
+            .count() as u32
     }
 }
 
@@ -126,13 +168,18 @@ mod tests {
         assert_eq!(p.size(), 3);
         assert!(p.offers("203.0.113.11".parse().unwrap()));
         assert!(!p.offers("203.0.113.1".parse().unwrap()));
+        let now = DateTime::UNIX_EPOCH + Duration::days(1000);
+        let none = BTreeMap::new();
         let taken = ["203.0.113.10".parse().unwrap()].into();
-        assert_eq!(p.free(&taken), Some("203.0.113.11".parse().unwrap()));
+        assert_eq!(
+            p.next_free(&taken, &none, now, Duration::zero()),
+            Some("203.0.113.11".parse().unwrap())
+        );
         let all = ["203.0.113.10", "203.0.113.11", "203.0.113.12"]
             .iter()
             .map(|a| a.parse().unwrap())
             .collect();
-        assert_eq!(p.free(&all), None);
+        assert_eq!(p.next_free(&all, &none, now, Duration::zero()), None);
         for (cidr, gw, range) in [
             ("10.0.0.0/24", "10.0.0.1", None),        // a tenant range
             ("100.64.0.0/24", "100.64.0.1", None),    // shared space, a tenant range too
@@ -160,5 +207,82 @@ mod tests {
                 "{cidr} {gw} {range:?}"
             );
         }
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn released_addresses_rest_then_go_least_recently_used() {
+        let t = default_tenant_ranges();
+        let p = Pool::check(
+            "203.0.113.0/24",
+            "203.0.113.1",
+            Some("203.0.113.10-203.0.113.13"),
+            &t,
+        )
+        .unwrap();
+        let now = DateTime::UNIX_EPOCH + Duration::days(1000);
+        let day = Duration::hours(24);
+        let taken: BTreeSet<Ipv4Addr> = [ip("203.0.113.11")].into();
+        // .10 was released an hour ago: it rests, and a never-used
+        // address goes first, the lowest of them.
+        let released: BTreeMap<Ipv4Addr, DateTime<Utc>> =
+            [(ip("203.0.113.10"), now - Duration::hours(1))].into();
+        assert_eq!(
+            p.next_free(&taken, &released, now, day),
+            Some(ip("203.0.113.12"))
+        );
+        assert_eq!(p.free_count(&taken, &released, now, day), 2);
+        // Even with no rest, never-used addresses go before reused ones.
+        assert_eq!(
+            p.next_free(&taken, &released, now, Duration::zero()),
+            Some(ip("203.0.113.12"))
+        );
+        // Every address has been used: the one released longest ago goes,
+        // whatever its place in the range.
+        let released: BTreeMap<Ipv4Addr, DateTime<Utc>> = [
+            (ip("203.0.113.10"), now - Duration::hours(30)),
+            (ip("203.0.113.12"), now - Duration::hours(50)),
+            (ip("203.0.113.13"), now - Duration::hours(40)),
+        ]
+        .into();
+        assert_eq!(
+            p.next_free(&taken, &released, now, day),
+            Some(ip("203.0.113.12"))
+        );
+        // A held address is never handed out, however long ago it was
+        // last released.
+        let held: BTreeSet<Ipv4Addr> = [ip("203.0.113.11"), ip("203.0.113.12")].into();
+        assert_eq!(
+            p.next_free(&held, &released, now, day),
+            Some(ip("203.0.113.13"))
+        );
+        // All resting: nothing, until the rest is over.
+        let resting: BTreeMap<Ipv4Addr, DateTime<Utc>> = [
+            (ip("203.0.113.10"), now - Duration::hours(2)),
+            (ip("203.0.113.12"), now - Duration::hours(1)),
+            (ip("203.0.113.13"), now - Duration::hours(3)),
+        ]
+        .into();
+        assert_eq!(p.next_free(&taken, &resting, now, day), None);
+        assert_eq!(p.free_count(&taken, &resting, now, day), 0);
+        assert_eq!(
+            p.next_free(&taken, &resting, now + Duration::hours(21), day),
+            Some(ip("203.0.113.13")),
+            "the first to have rested a whole day"
+        );
+        // Equal release times: the lower address.
+        let tie: BTreeMap<Ipv4Addr, DateTime<Utc>> = [
+            (ip("203.0.113.13"), now - Duration::hours(30)),
+            (ip("203.0.113.12"), now - Duration::hours(30)),
+            (ip("203.0.113.10"), now - Duration::hours(30)),
+        ]
+        .into();
+        assert_eq!(
+            p.next_free(&taken, &tie, now, day),
+            Some(ip("203.0.113.10"))
+        );
     }
 }

@@ -47,6 +47,11 @@ pub struct Model {
     pub edge_uplink: Option<String>,
     /// Where the agent serves volumes being moved (`http://ADDR:PORT`).
     pub transfer_url: Option<String>,
+    /// What the host's storage pool may hold, GiB (its agent's report).
+    pub disk_capacity_gib: Option<i64>,
+    pub disk_free_gib: Option<i64>,
+    /// The root disks' filesystem when it is not the pool's.
+    pub root_disk_capacity_gib: Option<i64>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

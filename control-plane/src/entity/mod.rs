@@ -20,6 +20,7 @@ pub mod meter_runs;
 pub mod point_grants;
 pub mod port_forwards;
 pub mod public_ip_pools;
+pub mod public_ip_releases;
 pub mod public_ips;
 pub mod rate_cards;
 pub mod segments;

@@ -14,6 +14,9 @@ pub struct Model {
     pub exempt_until: Option<DateTimeUtc>,
     pub exempt_reason: Option<String>,
     pub exempt_by: Option<String>,
+    /// Seconds of exemption the VM has used or holds, renewals included:
+    /// capped by `[idle] max_exempt_days_total`.
+    pub exempt_secs: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use kumo_api_types::{HostState, VmState};
 use kumo_scheduler::index::VmInput;
-use kumo_scheduler::{HostInput, HostProfile, HostUse, Index};
+use kumo_scheduler::{DiskUse, HostDisk, HostInput, HostProfile, HostUse, Index, Pool};
 use kumo_topology::guest_layout::Placement;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QuerySelect};
 use uuid::Uuid;
 
-use crate::entity::{hosts, vms};
+use crate::entity::{hosts, vms, volume_snapshots, volumes};
 use crate::error::ApiError;
 use crate::store::hosts::{host_state, passthrough_problems, stored_topology};
 use crate::store::vms::{stored_placement, stored_spec, stored_state};
@@ -27,13 +27,21 @@ pub const REFRESH: Duration = Duration::from_secs(5);
 /// Hosts read per query by [`Capacity::refresh_all`].
 const REFRESH_PAGE: u64 = 100;
 
-#[derive(Default)]
 pub struct Capacity {
     index: Mutex<Index>,
     /// Profiles by topology and rails, so an unchanged host is not
     /// re-derived on every refresh; with them the devices a host that is
     /// not ready for passthrough keeps out of placements.
     profiles: Mutex<HashMap<u64, Derived>>,
+    /// `[storage] overcommit`: how many times its storage a host may
+    /// provision.
+    overcommit: f64,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self::with_overcommit(1.0)
+    }
 }
 
 #[derive(Clone)]
@@ -66,9 +74,222 @@ pub fn stored_rails(h: &hosts::Model) -> BTreeMap<String, u32> {
 }
 
 impl Capacity {
+    /// An empty index whose hosts may provision `overcommit` times their
+    /// storage.
+    pub fn with_overcommit(overcommit: f64) -> Capacity {
+        Capacity {
+            index: Mutex::default(),
+            profiles: Mutex::default(),
+            overcommit,
+        }
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    pub fn overcommit(&self) -> f64 {
+        self.overcommit
+    }
+}
+
+// ---- disks ----------------------------------------------------------------
+
+/// What a host's storage may hold, as its agent last said; `None` for an
+/// agent that does not say (its disk is not counted).
+pub fn host_disk(h: &hosts::Model) -> Option<HostDisk> {
+    let gib = |g: i64| u64::try_from(g).unwrap_or(0);
+    Some(HostDisk {
+        capacity_gib: gib(h.disk_capacity_gib?),
+        root_capacity_gib: h.root_disk_capacity_gib.map(gib),
+    })
+}
+
+/// A VM's root disk, GiB.
+fn root_disk_gib(v: &vms::Model) -> Result<u64, ApiError> {
+    Ok(u64::from(stored_spec(v)?.disk_gib))
+}
+
+/// The root disks on `host` among `rows` (VMs placed there, or whose disk
+/// is there): `(those of VMs holding a share of the host, the others)`.
+/// A VM placed there holds its disk there in every state (suspended, or
+/// being deleted); one shelved there, or moving away, holds it there too.
+fn root_disks_on(rows: &[vms::Model], host: Uuid) -> Result<(u64, u64), ApiError> {
+    let (mut holding, mut other) = (0u64, 0u64);
+    for v in rows {
+        let placed_here = v.host_id == Some(host);
+        if !placed_here && v.disk_host_id != Some(host) {
+            continue;
+        }
+        let gib = root_disk_gib(v)?;
+        if placed_here && holds(stored_state(v)?) && v.placement.is_some() {
+            holding += gib;
+        } else {
+            other += gib;
+        }
+    }
+    Ok((holding, other))
+}
+
+/// Provisioned GiB of volumes and snapshots per host: volumes there,
+/// volumes moving there (a move holds room at both ends), old copies not
+/// removed yet, and every snapshot at its volume's size. Of one host, or
+/// of all.
+async fn volume_gib(
+    db: &impl ConnectionTrait,
+    host: Option<Uuid>,
+) -> Result<HashMap<Uuid, u64>, ApiError> {
+    use sea_orm::Condition;
+    let mut q = volumes::Entity::find().select_only().columns([
+        volumes::Column::Id,
+        volumes::Column::SizeGib,
+        volumes::Column::HostId,
+        volumes::Column::MoveToHostId,
+        volumes::Column::MovedFromHostId,
+    ]);
+    if let Some(h) = host {
+        q = q.filter(
+            Condition::any()
+                .add(volumes::Column::HostId.eq(h))
+                .add(volumes::Column::MoveToHostId.eq(h))
+                .add(volumes::Column::MovedFromHostId.eq(h)),
+        );
+    }
+    let rows: Vec<(Uuid, i64, Uuid, Option<Uuid>, Option<Uuid>)> = q.into_tuple().all(db).await?;
+    let mut out: HashMap<Uuid, u64> = HashMap::new();
+    let mut home: HashMap<Uuid, Uuid> = HashMap::with_capacity(rows.len());
+    for (id, size, on, to, from) in &rows {
+        let gib = u64::try_from(*size).unwrap_or(0);
+        let mut at = vec![*on];
+        at.extend(to.iter().chain(from.iter()).filter(|h| *h != on));
+        for h in at {
+            *out.entry(h).or_default() += gib;
+        }
+        home.insert(*id, *on);
+    }
+    let mut snaps = volume_snapshots::Entity::find().select_only().columns([
+        volume_snapshots::Column::VolumeId,
+        volume_snapshots::Column::SizeGib,
+    ]);
+    if host.is_some() {
+        snaps = snaps.filter(volume_snapshots::Column::VolumeId.is_in(home.keys().copied()));
+    }
+    let snaps: Vec<(Uuid, i64)> = snaps.into_tuple().all(db).await?;
+    for (volume, size) in snaps {
+        if let Some(h) = home.get(&volume) {
+            *out.entry(*h).or_default() += u64::try_from(size).unwrap_or(0);
+        }
+    }
+    if let Some(h) = host {
+        out.retain(|k, _| *k == h);
+    }
+    Ok(out)
+}
+
+/// The VMs with a root disk on `host`: placed there, shelved there or
+/// moving away from it.
+async fn vms_with_disks_on(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+) -> Result<Vec<vms::Model>, ApiError> {
+    use sea_orm::Condition;
+    Ok(vms::Entity::find()
+        .filter(
+            Condition::any()
+                .add(vms::Column::HostId.eq(host))
+                .add(vms::Column::DiskHostId.eq(host)),
+        )
+        .all(db)
+        .await?)
+}
+
+/// What is provisioned on one host's storage, read in the caller's
+/// transaction.
+pub async fn disk_use(db: &impl ConnectionTrait, host: Uuid) -> Result<DiskUse, ApiError> {
+    let volumes_gib = volume_gib(db, Some(host))
+        .await?
+        .get(&host)
+        .copied()
+        .unwrap_or(0);
+    let (holding, other) = root_disks_on(&vms_with_disks_on(db, host).await?, host)?;
+    Ok(DiskUse {
+        volumes_gib,
+        root_gib: holding + other,
+    })
+}
+
+/// The ready hosts, those with the fewest volumes first (ties by name):
+/// where a volume goes when nothing ties it to a host.
+pub async fn ready_hosts_by_volumes(
+    db: &impl ConnectionTrait,
+) -> Result<Vec<hosts::Model>, ApiError> {
+    use sea_orm::QueryOrder;
+    let mut hosts = hosts::Entity::find()
+        .filter(hosts::Column::State.eq(HostState::Ready.as_str()))
+        .order_by_asc(hosts::Column::Name)
+        .all(db)
+        .await?;
+    let mut count: HashMap<Uuid, usize> = HashMap::new();
+    for v in volumes::Entity::find()
+        .select_only()
+        .column(volumes::Column::HostId)
+        .into_tuple::<Uuid>()
+        .all(db)
+        .await?
+    {
+        *count.entry(v).or_default() += 1;
+    }
+    // Stable: names stay in order among equals.
+    hosts.sort_by_key(|h| count.get(&h.id).copied().unwrap_or(0));
+    Ok(hosts)
+}
+
+/// What is provisioned on every host's storage (hosts with nothing on
+/// them are absent).
+pub async fn disk_use_all(db: &impl ConnectionTrait) -> Result<HashMap<Uuid, DiskUse>, ApiError> {
+    let mut out: HashMap<Uuid, DiskUse> = HashMap::new();
+    for (h, gib) in volume_gib(db, None).await? {
+        out.entry(h).or_default().volumes_gib = gib;
+    }
+    let rows = vms::Entity::find()
+        .filter(
+            sea_orm::Condition::any()
+                .add(vms::Column::HostId.is_not_null())
+                .add(vms::Column::DiskHostId.is_not_null()),
+        )
+        .all(db)
+        .await?;
+    for v in &rows {
+        let gib = root_disk_gib(v)?;
+        let mut at: Vec<Uuid> = v.host_id.into_iter().collect();
+        at.extend(v.disk_host_id.filter(|d| Some(*d) != v.host_id));
+        for h in at {
+            out.entry(h).or_default().root_gib += gib;
+        }
+    }
+    Ok(out)
+}
+
+/// GiB free for `pool` on `h` with `used` provisioned; `None` when its
+/// agent did not say what its storage holds.
+pub fn disk_free(h: &hosts::Model, used: &DiskUse, pool: Pool, overcommit: f64) -> Option<i64> {
+    host_disk(h).map(|d| d.free_gib(used, pool, overcommit))
+}
+
+/// What the index is told of a host's disk: room for root disks before
+/// the disks of the VMs it holds (those are the holds' own).
+fn index_disk_free(
+    h: &hosts::Model,
+    volumes_gib: u64,
+    rows: &[vms::Model],
+    overcommit: f64,
+) -> Result<Option<i64>, ApiError> {
+    let (_, other) = root_disks_on(rows, h.id)?;
+    let used = DiskUse {
+        volumes_gib,
+        root_gib: other,
+    };
+    Ok(disk_free(h, &used, Pool::RootDisks, overcommit))
 }
 
 /// What a host's profile is derived from: its topology (by digest, or by
@@ -114,15 +335,22 @@ impl Capacity {
         Ok(d)
     }
 
+    /// A host read anew: `rows` are the VMs placed on it or with their
+    /// disk on it, `volumes_gib` what its volumes and snapshots hold.
     fn upsert(
         &self,
         h: &hosts::Model,
         rows: &[vms::Model],
         blocked: &[String],
+        volumes_gib: u64,
     ) -> Result<(), ApiError> {
         let Derived { profile, unready } = self.profile(h)?;
+        let disk_free_gib = index_disk_free(h, volumes_gib, rows, self.overcommit)?;
         let mut placed: Vec<(&vms::Model, Placement, bool, bool)> = Vec::new();
         for v in rows {
+            if v.host_id != Some(h.id) {
+                continue; // only its disk is here
+            }
             let state = stored_state(v)?;
             if !holds(state) {
                 continue;
@@ -135,15 +363,18 @@ impl Capacity {
         }
         let inputs: Vec<VmInput> = placed
             .iter()
-            .map(|(v, p, spot, reclaiming)| VmInput {
-                vm: v.id,
-                tenant: v.tenant_id,
-                spot: *spot,
-                reclaiming: *reclaiming,
-                since: v.created_at.timestamp(),
-                placement: p,
+            .map(|(v, p, spot, reclaiming)| {
+                Ok(VmInput {
+                    vm: v.id,
+                    tenant: v.tenant_id,
+                    spot: *spot,
+                    reclaiming: *reclaiming,
+                    since: v.created_at.timestamp(),
+                    placement: p,
+                    disk_gib: root_disk_gib(v)?,
+                })
             })
-            .collect();
+            .collect::<Result<_, ApiError>>()?;
         self.lock().upsert(
             HostInput {
                 id: h.id,
@@ -158,6 +389,7 @@ impl Capacity {
                     .filter_map(|b| b.parse().ok())
                     .chain(unready.iter().copied())
                     .collect(),
+                disk_free_gib,
             },
             &inputs,
         );
@@ -172,15 +404,14 @@ impl Capacity {
             self.lock().remove(id);
             return Ok(());
         };
-        let rows = vms::Entity::find()
-            .filter(vms::Column::HostId.eq(id))
-            .all(db)
-            .await?;
+        let rows = vms_with_disks_on(db, id).await?;
         let blocked = crate::store::device_health::blocked(db, Some(id)).await?;
+        let volumes = volume_gib(db, Some(id)).await?;
         self.upsert(
             &h,
             &rows,
             blocked.get(&id).map(Vec::as_slice).unwrap_or(&[]),
+            volumes.get(&id).copied().unwrap_or(0),
         )
     }
 
@@ -222,16 +453,26 @@ impl Capacity {
                 break;
             }
         }
+        // Each VM under the host it is placed on and, when its disk is
+        // elsewhere (shelved, moving), under that host too.
         let mut by_host: HashMap<Uuid, Vec<vms::Model>> = HashMap::new();
         for v in vms::Entity::find()
-            .filter(vms::Column::HostId.is_not_null())
+            .filter(
+                sea_orm::Condition::any()
+                    .add(vms::Column::HostId.is_not_null())
+                    .add(vms::Column::DiskHostId.is_not_null()),
+            )
             .all(db)
             .await?
         {
+            if let Some(d) = v.disk_host_id.filter(|d| Some(*d) != v.host_id) {
+                by_host.entry(d).or_default().push(v.clone());
+            }
             if let Some(h) = v.host_id {
                 by_host.entry(h).or_default().push(v);
             }
         }
+        let volumes = volume_gib(db, None).await?;
         let blocked = crate::store::device_health::blocked(db, None).await?;
         let mut known = std::collections::HashSet::with_capacity(hosts.len());
         for h in hosts {
@@ -249,6 +490,7 @@ impl Capacity {
                 &h,
                 by_host.get(&h.id).map(Vec::as_slice).unwrap_or(&[]),
                 blocked.get(&h.id).map(Vec::as_slice).unwrap_or(&[]),
+                volumes.get(&h.id).copied().unwrap_or(0),
             )?;
         }
         let mut index = self.lock();

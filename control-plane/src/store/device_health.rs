@@ -49,6 +49,7 @@ pub fn record(row: &device_health::Model) -> Result<Record, ApiError> {
         },
         carrier_changes: row.carrier_changes.map(n),
         read_at: row.read_at,
+        guest_reported: row.reported_by.is_some(),
     })
 }
 
@@ -96,19 +97,12 @@ pub async fn blocked(
     Ok(out)
 }
 
-/// Devices out of service that a project's guests put there (`Some`), or
-/// that hosts' readings and operators did (`None`).
-pub async fn out_of_service(
-    db: &impl ConnectionTrait,
-    reported_by: Option<Uuid>,
-) -> Result<u64, ApiError> {
-    let q = device_health::Entity::find()
-        .filter(device_health::Column::State.is_in(out_of_service_states()));
-    let q = match reported_by {
-        Some(t) => q.filter(device_health::Column::ReportedBy.eq(t)),
-        None => q.filter(device_health::Column::ReportedBy.is_null()),
-    };
-    Ok(q.count(db).await?)
+/// Devices out of service over the fleet, whoever put them there.
+pub async fn out_of_service(db: &impl ConnectionTrait) -> Result<u64, ApiError> {
+    Ok(device_health::Entity::find()
+        .filter(device_health::Column::State.is_in(out_of_service_states()))
+        .count(db)
+        .await?)
 }
 
 /// Devices per state over the fleet.
@@ -148,6 +142,23 @@ pub async fn list(
 
 /// The VMs holding a device (a NIC's RoCE VF counts as the NIC: its
 /// allocation row is keyed by the physical function).
+/// The devices (GPUs, NICs) a VM holds on a host, by address.
+pub async fn held_by(
+    db: &impl ConnectionTrait,
+    host: Uuid,
+    vm: Uuid,
+) -> Result<Vec<String>, ApiError> {
+    Ok(allocations::Entity::find()
+        .select_only()
+        .column(allocations::Column::Key)
+        .filter(allocations::Column::HostId.eq(host))
+        .filter(allocations::Column::VmId.eq(vm))
+        .filter(allocations::Column::Kind.is_in(["gpu", "nic"]))
+        .into_tuple::<String>()
+        .all(db)
+        .await?)
+}
+
 pub async fn holders(
     db: &impl ConnectionTrait,
     host: Uuid,

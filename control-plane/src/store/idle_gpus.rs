@@ -150,6 +150,7 @@ pub async fn put_vm(
             vm_idle::Column::ExemptBy,
             Expr::value(new.exempt_by.clone()),
         )
+        .col_expr(vm_idle::Column::ExemptSecs, Expr::value(new.exempt_secs))
         .filter(vm_idle::Column::VmId.eq(old.vm_id))
         .filter(vm_idle::Column::Notices.eq(old.notices));
     q = match old.idle_since {

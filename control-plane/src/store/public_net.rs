@@ -1,17 +1,22 @@
 //! Queries of public addressing: pools, the addresses in use, port
 //! forwards, and what goes with a NIC when it goes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::OnConflict;
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
+    ColumnTrait, ConnectionTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set,
 };
 use uuid::Uuid;
 
 use crate::domain::paging::Paging;
 use crate::domain::public_net::Pool;
-use crate::entity::{attachments, port_forwards, public_ip_pools, public_ips, segments};
+use crate::entity::{
+    attachments, port_forwards, public_ip_pools, public_ip_releases, public_ips, segments,
+};
 use crate::error::ApiError;
 
 /// A forward's protocol, as stored.
@@ -83,6 +88,42 @@ pub async fn taken(db: &impl ConnectionTrait, pool: Uuid) -> Result<BTreeSet<Ipv
         .collect())
 }
 
+/// When each address was last given back (every pool's: addresses are
+/// unique across pools).
+pub async fn released(
+    db: &impl ConnectionTrait,
+) -> Result<BTreeMap<Ipv4Addr, DateTime<Utc>>, ApiError> {
+    Ok(public_ip_releases::Entity::find()
+        .all(db)
+        .await?
+        .into_iter()
+        .filter_map(|r| Some((r.address.parse().ok()?, r.released_at)))
+        .collect())
+}
+
+/// An address in use goes back to its pool at `at`, in the caller's
+/// transaction: its row goes and the time is kept, so it rests before
+/// anyone gets it again.
+pub async fn give_back(
+    db: &impl ConnectionTrait,
+    ip: &public_ips::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    public_ips::Entity::delete_by_id(ip.id).exec(db).await?;
+    public_ip_releases::Entity::insert(public_ip_releases::ActiveModel {
+        address: Set(ip.address.clone()),
+        released_at: Set(at),
+    })
+    .on_conflict(
+        OnConflict::column(public_ip_releases::Column::Address)
+            .update_column(public_ip_releases::Column::ReleasedAt)
+            .to_owned(),
+    )
+    .exec(db)
+    .await?;
+    Ok(())
+}
+
 pub async fn used_in(db: &impl ConnectionTrait, pool: Uuid) -> Result<u64, ApiError> {
     Ok(public_ips::Entity::find()
         .filter(public_ips::Column::PoolId.eq(pool))
@@ -90,12 +131,29 @@ pub async fn used_in(db: &impl ConnectionTrait, pool: Uuid) -> Result<u64, ApiEr
         .await?)
 }
 
-/// A tenant's addresses (not segment edges').
+/// The public addresses a tenant holds, against its `public_ips` quota:
+/// those it allocated and its segments' egress addresses.
 pub async fn count_of_tenant(db: &impl ConnectionTrait, tenant: Uuid) -> Result<u64, ApiError> {
-    Ok(public_ips::Entity::find()
+    let own = public_ips::Entity::find()
         .filter(public_ips::Column::TenantId.eq(tenant))
         .count(db)
-        .await?)
+        .await?;
+    let segments: Vec<Uuid> = segments::Entity::find()
+        .select_only()
+        .column(segments::Column::Id)
+        .filter(segments::Column::TenantId.eq(tenant))
+        .into_tuple()
+        .all(db)
+        .await?;
+    let egress = if segments.is_empty() {
+        0
+    } else {
+        public_ips::Entity::find()
+            .filter(public_ips::Column::SegmentId.is_in(segments))
+            .count(db)
+            .await?
+    };
+    Ok(own + egress)
 }
 
 pub async fn tenant_page(

@@ -22,7 +22,6 @@
 //! Sizes are rounded up by LVM to the VG's extent size (4 MiB by
 //! default); whole-GiB volumes are not affected.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -30,8 +29,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{
-    check_import, check_import_size, in_flight, run, write_sparse_hashing, Backend, Claim,
-    DiskSource, Observed, StorageError, GIB,
+    check_import_size, in_flight, run, Backend, Claim, DiskSource, Incoming, Observed, Space,
+    StorageError, GIB,
 };
 
 const LVM_PKG: &str = "lvm2 (and thin-provisioning-tools)";
@@ -117,6 +116,36 @@ pub fn parse_lvs(json: &[u8]) -> Result<Vec<Lv>, StorageError> {
         }
     }
     Ok(out)
+}
+
+/// Parses `lvs -o lv_size,data_percent` of a thin pool: its size and
+/// what its data leaves free.
+pub fn parse_pool_space(json: &[u8]) -> Result<Space, StorageError> {
+    let bad = |why: &str| StorageError::Invalid(format!("lvs answered {why}"));
+    let v: Value = serde_json::from_slice(json).map_err(|e| bad(&format!("garbage: {e}")))?;
+    let lv = v
+        .get("report")
+        .and_then(|r| r.get(0))
+        .and_then(|r| r.get("lv"))
+        .and_then(|l| l.get(0))
+        .ok_or_else(|| bad("no thin pool"))?;
+    let field = |k: &str| lv.get(k).and_then(Value::as_str).unwrap_or("").trim();
+    let size = field("lv_size").trim_end_matches(['B', 'b']);
+    let total: u64 = size
+        .parse()
+        .map_err(|_| bad(&format!("the size {size:?}")))?;
+    let pct: f64 = match field("data_percent") {
+        "" => 0.0,
+        p => p
+            .parse()
+            .map_err(|_| bad(&format!("the data percentage {p:?}")))?,
+    };
+    let used = ((total as f64) * pct.clamp(0.0, 100.0) / 100.0) as u64;
+    Ok(Space {
+        total_bytes: total,
+        free_bytes: total.saturating_sub(used),
+        device: None,
+    })
 }
 
 impl LvmThin {
@@ -462,12 +491,28 @@ impl Backend for LvmThin {
         read(&mut f)
     }
 
-    fn import(
+    fn capacity(&self) -> Result<Space, StorageError> {
+        let out = self.lvm(
+            "lvs",
+            &[
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "lv_size,data_percent",
+                &self.full(&self.thin_pool),
+            ],
+        )?;
+        parse_pool_space(&out)
+    }
+
+    fn receive(
         &self,
         id: Uuid,
         size_bytes: u64,
-        reader: &mut dyn Read,
-        expected_sha256: &str,
+        incoming: Incoming<'_>,
     ) -> Result<(), StorageError> {
         check_import_size(size_bytes)?;
         let _claim = self.claim(id)?;
@@ -498,9 +543,7 @@ impl Backend for LvmThin {
                 .open(&dev)
                 .map_err(StorageError::io(format!("opening {}", dev.display())))?;
             // A new thin LV reads as zeros: zero chunks need no writing.
-            let (got, sum) = write_sparse_hashing(reader, &mut f, size_bytes)
-                .map_err(StorageError::io(format!("receiving volume {id}")))?;
-            check_import(size_bytes, got, expected_sha256, sum)
+            incoming.write_into(&mut f, size_bytes)
         })();
         if let Err(e) = written {
             if let Err(e2) = self.remove(&[partial]) {
@@ -545,6 +588,14 @@ mod tests {
         assert_eq!(parse_name("pool"), None);
         assert_eq!(parse_name(&format!("kumo-vol-{}", a.simple())), None);
         assert!(LvmThin::snapshot_lv(a, b).len() <= 127);
+    }
+
+    #[test]
+    fn parses_a_thin_pools_space() {
+        let json = br#"{"report":[{"lv":[{"lv_size":"10737418240", "data_percent":"25.00"}]}]}"#;
+        let s = parse_pool_space(json).unwrap();
+        assert_eq!((s.total_bytes, s.free_bytes), (10 << 30, 30 << 28));
+        assert!(parse_pool_space(br#"{"report":[{"lv":[]}]}"#).is_err());
     }
 
     #[test]

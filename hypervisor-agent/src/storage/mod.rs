@@ -32,6 +32,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+pub mod extents;
+pub mod jobs;
 pub mod lvm;
 pub mod qcow2;
 pub mod root_disks;
@@ -94,6 +96,71 @@ impl StorageError {
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StorageError {
         let what = what.into();
         move |source| StorageError::Io { what, source }
+    }
+}
+
+/// A pool's space, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// The filesystem it is on (`st_dev`), when it is a directory: root
+    /// disks on the same one share its space.
+    pub device: Option<u64>,
+}
+
+/// The space of the filesystem holding `path` (or, while `path` does not
+/// exist yet, its nearest ancestor that does).
+pub fn filesystem_space(path: &std::path::Path) -> Result<Space, StorageError> {
+    use std::os::unix::fs::MetadataExt;
+    let mut at = path;
+    let meta = loop {
+        match std::fs::metadata(at) {
+            Ok(m) => break m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match at.parent() {
+                Some(p) => at = p,
+                None => return Err(StorageError::io(format!("reading {}", path.display()))(e)),
+            },
+            Err(e) => return Err(StorageError::io(format!("reading {}", path.display()))(e)),
+        }
+    };
+    let v = nix::sys::statvfs::statvfs(at).map_err(|e| StorageError::Io {
+        what: format!("statvfs {}", at.display()),
+        source: e.into(),
+    })?;
+    let frag = v.fragment_size() as u64;
+    Ok(Space {
+        total_bytes: (v.blocks() as u64).saturating_mul(frag),
+        free_bytes: (v.blocks_available() as u64).saturating_mul(frag),
+        device: Some(meta.dev()),
+    })
+}
+
+/// What an import receives.
+pub enum Incoming<'a> {
+    /// The raw contents, exactly the size announced, whose SHA-256 is
+    /// `sha256` (hex).
+    Raw {
+        reader: &'a mut dyn Read,
+        sha256: &'a str,
+    },
+    /// An extent stream ([`extents`]): only the data, checked by its own
+    /// trailer.
+    Extents(&'a mut dyn Read),
+}
+
+impl Incoming<'_> {
+    /// Writes the contents into `out` (fresh: it reads as zeros) and
+    /// checks them. A regular file's length is the caller's to set.
+    pub(crate) fn write_into(self, out: &mut std::fs::File, size: u64) -> Result<(), StorageError> {
+        match self {
+            Incoming::Raw { reader, sha256 } => {
+                let (got, sum) = write_sparse_hashing(reader, out, size)
+                    .map_err(StorageError::io("receiving the volume"))?;
+                check_import(size, got, sha256, sum)
+            }
+            Incoming::Extents(reader) => extents::receive(reader, out, size).map(|_| ()),
+        }
     }
 }
 
@@ -172,7 +239,27 @@ pub trait Backend: Send + Sync {
         size_bytes: u64,
         reader: &mut dyn Read,
         expected_sha256: &str,
+    ) -> Result<(), StorageError> {
+        self.receive(
+            id,
+            size_bytes,
+            Incoming::Raw {
+                reader,
+                sha256: expected_sha256,
+            },
+        )
+    }
+    /// A new volume of `size_bytes` (a multiple of 512) from what
+    /// `incoming` carries; kept only when all of it arrived and checked
+    /// (see [`Backend::import`]).
+    fn receive(
+        &self,
+        id: Uuid,
+        size_bytes: u64,
+        incoming: Incoming<'_>,
     ) -> Result<(), StorageError>;
+    /// The pool's size and what is free in it.
+    fn capacity(&self) -> Result<Space, StorageError>;
     /// Removes partials no operation of this process is working on;
     /// how many.
     fn remove_stale_partials(&self) -> Result<usize, StorageError>;
@@ -183,6 +270,10 @@ pub trait Backend: Send + Sync {
 pub struct WantedVolume {
     pub id: Uuid,
     pub size_gib: u64,
+    /// Whose it is: its long work counts against that tenant's share of
+    /// the host ([`jobs`]).
+    #[serde(default)]
+    pub tenant: Option<Uuid>,
     /// `(volume, snapshot)` it is made from, if not empty.
     pub source: Option<(Uuid, Uuid)>,
     /// The snapshots it should have; others are deleted.
@@ -200,13 +291,53 @@ pub struct Converged {
     pub volumes: Vec<Observed>,
     /// A failure of the pool itself (unreadable, tool missing), if any.
     pub error: Option<String>,
+    /// Volumes with long work waiting or running ([`converge_in_background`]):
+    /// neither made nor failed yet, so not to be reported.
+    pub busy: BTreeSet<Uuid>,
+}
+
+/// Where [`converge`]'s long work runs.
+#[derive(Clone, Copy)]
+enum Long<'a> {
+    /// In the call itself.
+    Inline,
+    /// As jobs, outside the call ([`jobs`]).
+    Jobs(&'a jobs::Jobs, &'a std::sync::Arc<dyn Backend>),
 }
 
 /// Drives the pool towards `want`, deleting the volumes in `delete`.
 /// Volumes in neither list are left alone. One volume's failure is
 /// recorded in `failed` and does not stop the others. A second call with
-/// the same input changes nothing.
+/// the same input changes nothing. Everything is done before it returns,
+/// long work too: the agent's pass uses [`converge_in_background`].
 pub fn converge(backend: &dyn Backend, want: &[WantedVolume], delete: &[Uuid]) -> Converged {
+    converge_with(backend, want, delete, Long::Inline)
+}
+
+/// [`converge`] as the agent's pass runs it: what is quick is done here;
+/// long work (merging deleted snapshots into their volume, making a
+/// volume from a snapshot) is started as a job of `jobs` and goes on
+/// after the call, bounded per tenant and per host. A volume with a job
+/// waiting or running is left alone and listed in `busy`; one whose job
+/// failed is in `failed`, with the job's reason, until it is tried again.
+pub fn converge_in_background(
+    backend: &std::sync::Arc<dyn Backend>,
+    want: &[WantedVolume],
+    delete: &[Uuid],
+    jobs: &jobs::Jobs,
+) -> Converged {
+    jobs.begin_pass();
+    let out = converge_with(&**backend, want, delete, Long::Jobs(jobs, backend));
+    jobs.end_pass();
+    out
+}
+
+fn converge_with(
+    backend: &dyn Backend,
+    want: &[WantedVolume],
+    delete: &[Uuid],
+    long: Long<'_>,
+) -> Converged {
     let mut out = Converged::default();
     match backend.remove_stale_partials() {
         Ok(n) => out.changes += n,
@@ -228,7 +359,8 @@ pub fn converge(backend: &dyn Backend, want: &[WantedVolume], delete: &[Uuid]) -
 
     // Deleted before anything is made, to free space. A volume made from
     // another's snapshot must go before that one (qcow2): retried while
-    // others go.
+    // others go. One whose job is running waits for it; one whose job is
+    // still waiting for its turn calls it off.
     let mut pending: Vec<Uuid> = Vec::new();
     for &id in delete {
         if wanted.contains(&id) {
@@ -236,6 +368,12 @@ pub fn converge(backend: &dyn Backend, want: &[WantedVolume], delete: &[Uuid]) -
                 id,
                 "volume is both wanted and to be deleted; left alone".into(),
             );
+        } else if let Long::Jobs(jobs, _) = long {
+            if jobs.progress(id) == jobs::Progress::Busy && !jobs.call_off(id) {
+                out.busy.insert(id);
+            } else if have.contains_key(&id) && !pending.contains(&id) {
+                pending.push(id);
+            }
         } else if have.contains_key(&id) && !pending.contains(&id) {
             pending.push(id);
         }
@@ -264,8 +402,31 @@ pub fn converge(backend: &dyn Backend, want: &[WantedVolume], delete: &[Uuid]) -
     let mut order: Vec<&WantedVolume> = want.iter().collect();
     order.sort_by_key(|w| w.source.is_some());
     for w in order {
+        if let Long::Jobs(jobs, _) = long {
+            match jobs.progress(w.id) {
+                jobs::Progress::Idle => {}
+                jobs::Progress::Busy => {
+                    out.busy.insert(w.id);
+                    continue;
+                }
+                jobs::Progress::Failed(why) => {
+                    out.failed.insert(w.id, why);
+                    continue;
+                }
+            }
+        }
         let mut errors = Vec::new();
-        converge_one(backend, w, have.get(&w.id), &mut out.changes, &mut errors);
+        let started = converge_one(
+            backend,
+            w,
+            have.get(&w.id),
+            long,
+            &mut out.changes,
+            &mut errors,
+        );
+        if started {
+            out.busy.insert(w.id);
+        }
         if !errors.is_empty() {
             out.failed.insert(w.id, errors.join("; "));
         }
@@ -278,13 +439,15 @@ pub fn converge(backend: &dyn Backend, want: &[WantedVolume], delete: &[Uuid]) -
     out
 }
 
+/// Brings one volume to what is wanted; whether it started a job.
 fn converge_one(
     backend: &dyn Backend,
     w: &WantedVolume,
     have: Option<&Observed>,
+    long: Long<'_>,
     changes: &mut usize,
     errors: &mut Vec<String>,
-) {
+) -> bool {
     let want_bytes = w.size_gib.saturating_mul(GIB);
     let existing: Vec<Uuid> = match have {
         Some(o) => {
@@ -297,15 +460,26 @@ fn converge_one(
             o.snapshots.clone()
         }
         None => {
-            let made = match w.source {
-                None => backend.create(w.id, w.size_gib),
-                Some((vol, snap)) => backend.create_from_snapshot(w.id, vol, snap, w.size_gib),
+            let made = match (w.source, long) {
+                (None, _) => backend.create(w.id, w.size_gib),
+                (Some((vol, snap)), Long::Inline) => {
+                    backend.create_from_snapshot(w.id, vol, snap, w.size_gib)
+                }
+                (Some((vol, snap)), Long::Jobs(jobs, b)) => {
+                    let (b, id, size) = (b.clone(), w.id, w.size_gib);
+                    return jobs.start(
+                        w.id,
+                        w.tenant,
+                        "making it from a snapshot",
+                        Box::new(move || b.create_from_snapshot(id, vol, snap, size)),
+                    );
+                }
             };
             match made {
                 Ok(()) => *changes += 1,
                 Err(e) => {
                     errors.push(format!("creating: {e}"));
-                    return;
+                    return false;
                 }
             }
             Vec::new()
@@ -317,10 +491,38 @@ fn converge_one(
             Err(e) => errors.push(format!("snapshot {snap}: {e}")),
         }
     }
-    for &snap in existing.iter().filter(|s| !w.snapshots.contains(s)) {
-        match backend.delete_snapshot(w.id, snap) {
-            Ok(()) => *changes += 1,
-            Err(e) => errors.push(format!("deleting snapshot {snap}: {e}")),
+    let gone: Vec<Uuid> = existing
+        .iter()
+        .filter(|s| !w.snapshots.contains(s))
+        .copied()
+        .collect();
+    if !gone.is_empty() {
+        match long {
+            Long::Inline => {
+                for snap in gone {
+                    match backend.delete_snapshot(w.id, snap) {
+                        Ok(()) => *changes += 1,
+                        Err(e) => errors.push(format!("deleting snapshot {snap}: {e}")),
+                    }
+                }
+            }
+            // Merging a snapshot into its volume copies its data: a job.
+            Long::Jobs(jobs, b) => {
+                let (b, id) = (b.clone(), w.id);
+                return jobs.start(
+                    w.id,
+                    w.tenant,
+                    "deleting snapshots",
+                    Box::new(move || {
+                        for snap in gone {
+                            b.delete_snapshot(id, snap).map_err(|e| {
+                                StorageError::Refused(format!("snapshot {snap}: {e}"))
+                            })?;
+                        }
+                        Ok(())
+                    }),
+                );
+            }
         }
     }
     match backend.prepare(w.id) {
@@ -328,6 +530,7 @@ fn converge_one(
         Ok(false) => {}
         Err(e) => errors.push(format!("preparing: {e}")),
     }
+    false
 }
 
 // ---- shared helpers -------------------------------------------------------

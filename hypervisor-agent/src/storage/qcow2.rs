@@ -33,8 +33,8 @@ use std::process::Command;
 use uuid::Uuid;
 
 use super::{
-    check_import, check_import_size, in_flight, run, write_sparse_hashing, Backend, Claim,
-    DiskSource, Observed, StorageError, GIB,
+    check_import_size, in_flight, run, Backend, Claim, DiskSource, Incoming, Observed, Space,
+    StorageError, GIB,
 };
 
 const QEMU_PKG: &str = "qemu-utils";
@@ -336,17 +336,16 @@ pub(crate) fn read_as_raw<T>(
     f(&mut file)
 }
 
-/// Receives raw contents (exactly `size_bytes`, with SHA-256
-/// `expected_sha256`) into the sparse file `raw`, converts them into a
-/// flat qcow2 image at `partial` and renames that to `dest` (0600) only
-/// when all of it matched; leaves neither `raw` nor `partial` behind.
+/// Receives the contents (`size_bytes` of them, checked as `incoming`
+/// says) into the sparse file `raw`, converts them into a flat qcow2
+/// image at `partial` and renames that to `dest` (0600) only when all of
+/// it matched; leaves neither `raw` nor `partial` behind.
 pub(crate) fn receive_as_qcow2(
     raw: &Path,
     partial: &Path,
     dest: &Path,
     size_bytes: u64,
-    reader: &mut dyn Read,
-    expected_sha256: &str,
+    incoming: Incoming<'_>,
 ) -> Result<(), StorageError> {
     remove_if_there(partial)?;
     let _raw_tmp = TempFile(raw.to_path_buf());
@@ -357,11 +356,10 @@ pub(crate) fn receive_as_qcow2(
         .mode(0o600)
         .open(raw)
         .map_err(StorageError::io(format!("creating {}", raw.display())))?;
-    let (got, sum) = write_sparse_hashing(reader, &mut file, size_bytes)
-        .and_then(|r| file.set_len(r.0).map(|()| r))
+    incoming.write_into(&mut file, size_bytes)?;
+    file.set_len(size_bytes)
         .map_err(StorageError::io(format!("receiving {}", dest.display())))?;
     drop(file);
-    check_import(size_bytes, got, expected_sha256, sum)?;
     run(
         Command::new("qemu-img")
             .args(["convert", "-q", "-f", "raw", "-O", "qcow2"])
@@ -618,12 +616,15 @@ impl Backend for Qcow2Dir {
         self.with_raw(id, read)
     }
 
-    fn import(
+    fn capacity(&self) -> Result<Space, StorageError> {
+        super::filesystem_space(&self.dir)
+    }
+
+    fn receive(
         &self,
         id: Uuid,
         size_bytes: u64,
-        reader: &mut dyn Read,
-        expected_sha256: &str,
+        incoming: Incoming<'_>,
     ) -> Result<(), StorageError> {
         check_import_size(size_bytes)?;
         self.ensure_dir()?;
@@ -634,14 +635,7 @@ impl Backend for Qcow2Dir {
         if vol.exists() {
             return Err(StorageError::Refused(format!("volume {id} already exists")));
         }
-        receive_as_qcow2(
-            &raw,
-            &self.partial_path(id),
-            &vol,
-            size_bytes,
-            reader,
-            expected_sha256,
-        )
+        receive_as_qcow2(&raw, &self.partial_path(id), &vol, size_bytes, incoming)
     }
 
     fn remove_stale_partials(&self) -> Result<usize, StorageError> {

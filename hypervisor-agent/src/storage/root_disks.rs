@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use uuid::Uuid;
 
 use super::qcow2::{read_as_raw, receive_as_qcow2};
-use super::{check_import_size, Claim, StorageError};
+use super::{check_import_size, Claim, Incoming, StorageError};
 
 /// The root disks under an agent's state directory.
 #[derive(Debug, Clone)]
@@ -67,6 +67,29 @@ impl RootDisks {
         reader: &mut dyn Read,
         expected_sha256: &str,
     ) -> Result<(), StorageError> {
+        self.receive(
+            vm,
+            size_bytes,
+            Incoming::Raw {
+                reader,
+                sha256: expected_sha256,
+            },
+        )
+    }
+
+    /// Where root disks live (for the space they have).
+    pub fn dir_path(&self) -> &std::path::Path {
+        &self.vms_dir
+    }
+
+    /// A root disk from what `incoming` carries (see
+    /// [`super::Backend::receive`]).
+    pub fn receive(
+        &self,
+        vm: Uuid,
+        size_bytes: u64,
+        incoming: Incoming<'_>,
+    ) -> Result<(), StorageError> {
         check_import_size(size_bytes)?;
         let dir = self.dir(vm);
         std::fs::create_dir_all(&dir)
@@ -87,8 +110,7 @@ impl RootDisks {
             &dir.join("disk.import.qcow2"),
             &disk,
             size_bytes,
-            reader,
-            expected_sha256,
+            incoming,
         )
     }
 

@@ -413,6 +413,145 @@ async fn exhaustion_postgres() {
     exhaustion(Backend::Postgres).await;
 }
 
+/// Every operation that starts or grows something chargeable checks the
+/// budget: a tenant never granted points starts nothing priced (VMs,
+/// public addresses, egress, volumes), only what is free; once granted it
+/// may; out of points, nothing is started or grown (a volume's growth, a
+/// snapshot, an address, egress switched on).
+async fn everything_chargeable_is_budgeted(backend: Backend) {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap();
+    let clock = Clock::manual(t0);
+    let s = TestServer::start_with(backend, |c| c.clock = clock.clone()).await;
+    let state = &s.server.state;
+    let pass = || async {
+        kumo_server::app::metering::post_due(state).await.unwrap();
+        kumo_server::app::budget::enforce(state).await.unwrap();
+    };
+    let p = |price: &str| json!({"guaranteed": price, "spot": price});
+    let _: Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"prices": {"vcpu": p("3600"), "public_ip": p("1"), "volume_gib": p("0.01"),
+                               "snapshot_gib": p("0.01")}}),
+        )
+        .await
+        .unwrap();
+    let _: kumo_api_types::PublicIpPool = s
+        .admin
+        .post(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1",
+                    "range": "203.0.113.10-203.0.113.99"}),
+        )
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    let mut agent = s.sim_agent("cpu-1", "cpu-only").await;
+    let refused = |e: kumo_cli::client::ClientError, what: &str| {
+        assert_eq!(e.status(), Some(402), "{what}: {e}");
+        assert_eq!(
+            e.problem().unwrap().kind,
+            "/problems/points-exhausted",
+            "{what}"
+        );
+    };
+    let vm = |name: &str| json!({"name": name, "vcpus": 1, "memory_gib": 1});
+    let seg = |name: &str, cidr: &str, egress: bool| json!({"name": name, "kind": "ethernet", "cidr": cidr, "egress": egress});
+    let post = async |path: &str, body: serde_json::Value| {
+        s.admin
+            .post::<_, serde_json::Value>(&format!("/api/v1/tenants/lab/{path}"), &body)
+            .await
+    };
+
+    // Never granted points: a quota alone starts nothing priced.
+    refused(post("vms", vm("vm-a")).await.unwrap_err(), "a VM");
+    refused(
+        post("public-ips", json!({})).await.unwrap_err(),
+        "an address",
+    );
+    refused(
+        post("volumes", json!({"name": "data", "size_gib": 10}))
+            .await
+            .unwrap_err(),
+        "a volume",
+    );
+    refused(
+        post("segments", seg("out", "10.8.0.0/24", true))
+            .await
+            .unwrap_err(),
+        "egress",
+    );
+    post("segments", seg("lan", "10.9.0.0/24", false))
+        .await
+        .expect("a segment without egress is free");
+
+    // Granted: all of it may start.
+    let _: kumo_api_types::PointGrant = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/points/grants",
+            &json!({"amount": "50", "expires_at": t0 + Duration::days(300)}),
+        )
+        .await
+        .unwrap();
+    post("vms", vm("vm-a")).await.unwrap();
+    post("volumes", json!({"name": "data", "size_gib": 10}))
+        .await
+        .unwrap();
+    agent.converge().await;
+
+    // Spent (the VM's first minute is 60 points): nothing more starts or
+    // grows.
+    clock.advance(Duration::seconds(40));
+    pass().await;
+    pass().await;
+    assert!(points(&s).await.exhausted_since.is_some());
+    refused(post("vms", vm("vm-b")).await.unwrap_err(), "a VM");
+    refused(
+        post("public-ips", json!({})).await.unwrap_err(),
+        "an address",
+    );
+    refused(
+        post("volumes", json!({"name": "more", "size_gib": 10}))
+            .await
+            .unwrap_err(),
+        "a volume",
+    );
+    refused(
+        post("volumes/data/snapshots", json!({"name": "snap"}))
+            .await
+            .unwrap_err(),
+        "a snapshot",
+    );
+    let e = s
+        .admin
+        .post::<_, serde_json::Value>(
+            "/api/v1/tenants/lab/volumes/data/resize",
+            &json!({"size_gib": 20}),
+        )
+        .await
+        .unwrap_err();
+    refused(e, "a volume's growth");
+    let e = s
+        .admin
+        .patch::<_, serde_json::Value>("/api/v1/tenants/lab/segments/lan", &json!({"egress": true}))
+        .await
+        .unwrap_err();
+    refused(e, "egress switched on");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn everything_chargeable_is_budgeted_sqlite() {
+    everything_chargeable_is_budgeted(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn everything_chargeable_is_budgeted_postgres() {
+    everything_chargeable_is_budgeted(Backend::Postgres).await;
+}
+
 /// A card set for later applies from its time: the run's seconds before
 /// it keep the old price, those after pay the new one.
 #[tokio::test]

@@ -439,6 +439,7 @@ pub(crate) async fn qemu_host(
         transfer_url: None,
         telemetry: Duration::from_secs(1),
         fabric_manager: None,
+        storage_policy: Default::default(),
     };
     (work, config)
 }

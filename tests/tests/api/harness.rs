@@ -110,6 +110,11 @@ impl TestServer {
             }
         };
         let mut config = Config::for_data_dir(dir.path(), url);
+        // Real agents in tests keep their pools in scratch directories on
+        // tmpfs (a few GiB) while their VMs ask for 10–50 GiB disks: the
+        // disk is not what those tests are about. Tests of hosts' storage
+        // (`host_storage`) set `[storage] overcommit` back to 1.0.
+        config.storage.overcommit = 1000.0;
         adjust(&mut config);
         let server = RunningServer::start(config).await.unwrap();
         let token_file = server
@@ -711,6 +716,7 @@ pub fn agent_config(
         transfer_url: None,
         telemetry: std::time::Duration::from_secs(1),
         fabric_manager: None,
+        storage_policy: Default::default(),
     }
 }
 

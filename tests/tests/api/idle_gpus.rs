@@ -332,6 +332,59 @@ on_both_backends! {
     }
 }
 
+on_both_backends! {
+    config = manual_clock;
+
+    /// A VM's exemptions, renewals included, add up to at most `[idle]
+    /// max_exempt_days_total` (30 days): an owner cannot keep idle GPUs
+    /// from everyone by renewing, and a refusal says how much is left.
+    /// What an exemption ended early did not use does not count.
+    async fn idle_exemptions_are_capped_in_total_renewals_included(s: &TestServer) {
+        s.tenant("lab").await;
+        let (owner, _) = s.user("olga").await;
+        s.add("lab", "olga", Role::Owner).await;
+        let _agent = s.sim_agent("gpu-001", "hgx-h100").await;
+        let _: Vm = s
+            .admin
+            .post("/api/v1/tenants/lab/vms", &crate::device_health::vm("train", 1, ServiceLevel::Guaranteed))
+            .await
+            .unwrap();
+        let clock = s.server.state.config.clock.clone();
+        let days = Duration::days;
+        let path = "/api/v1/tenants/lab/vms/train/idle-exemption";
+        let exempt = |who: &kumo_cli::Client, d: i64| {
+            let body = json!({"reason": "a long run", "until": clock.now() + days(d)});
+            let who = who.clone();
+            async move { who.put::<_, IdleVm>(path, &body).await }
+        };
+        // 14 days, renewed after 10 for 14 more: 24 in all.
+        exempt(&owner, 14).await.unwrap();
+        clock.advance(days(10));
+        exempt(&owner, 14).await.unwrap();
+        // 10 days later (20 used, 4 held), another 14 would make 34.
+        clock.advance(days(10));
+        let e = exempt(&owner, 14).await.unwrap_err();
+        assert_eq!(e.status(), Some(400));
+        let detail = e.problem().unwrap().detail.clone().unwrap_or_default();
+        assert!(detail.contains("at most 30 days in all") && detail.contains("10 days left"), "{detail}");
+        // Up to the cap is fine.
+        let ex = exempt(&owner, 10).await.unwrap();
+        assert_eq!(ex.exempt_until, Some(clock.now() + days(10)));
+        // Ended after 2 days: the 8 not used are left.
+        clock.advance(days(2));
+        owner.delete(path).await.unwrap();
+        let e = exempt(&owner, 9).await.unwrap_err();
+        let detail = e.problem().unwrap().detail.clone().unwrap_or_default();
+        assert!(detail.contains("8 days left"), "{detail}");
+        exempt(&owner, 8).await.unwrap();
+        let e = exempt(&owner, 9).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "a renewal replaces, it does not add: 8 held, 9 asked");
+        // Administrators may go past it.
+        let ex = exempt(&s.admin, 20).await.unwrap();
+        assert_eq!(ex.exempt_by.as_deref(), Some("admin"));
+    }
+}
+
 async fn p_tenant(s: &TestServer) -> uuid::Uuid {
     let t: kumo_api_types::Tenant = s.admin.get("/api/v1/tenants/lab").await.unwrap();
     t.id

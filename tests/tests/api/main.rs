@@ -17,6 +17,7 @@ mod e2e_console;
 mod e2e_firmware;
 mod e2e_qemu;
 mod e2e_volumes;
+mod host_storage;
 mod idempotency;
 mod idle_gpus;
 mod isolation;

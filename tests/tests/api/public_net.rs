@@ -667,7 +667,8 @@ async fn public_addresses_hold_their_limits() {
     s.tenant("lab").await;
     s.tenant("other").await;
     let mut q = s.admin.quota("lab").await.unwrap();
-    q.public_ips = 2;
+    // The segment's egress address is one of the three.
+    q.public_ips = 3;
     s.quota("lab", &q).await;
     let _agent = s.sim_agent_at("net-1", "cpu-only", "192.0.2.1").await;
     let _: kumo_api_types::PublicIpPool = s
@@ -754,7 +755,8 @@ async fn public_addresses_hold_their_limits() {
         .await
         .unwrap_err();
     assert_eq!(e.status(), Some(404));
-    // Released addresses go back to the pool.
+    // Released addresses go back to the pool, where they rest: the next
+    // tenant gets another.
     s.admin
         .delete(&format!("/api/v1/tenants/lab/public-ips/{}", a.address))
         .await
@@ -764,6 +766,303 @@ async fn public_addresses_hold_their_limits() {
         .post("/api/v1/tenants/lab/public-ips", &json!({}))
         .await
         .unwrap();
-    assert_eq!(again.address, a.address);
+    assert_ne!(again.address, a.address);
     s.stop().await;
+}
+
+/// The test's clock, which the tests below move by hand.
+fn manual_clock(c: &mut kumo_server::config::Config) {
+    c.clock = kumo_server::clock::Clock::manual(
+        chrono::DateTime::from_timestamp(1_900_000_000, 0).unwrap(),
+    );
+}
+
+/// A simulated edge host, so segments' edges (and their egress
+/// addresses) show.
+async fn sim_edge_host(s: &TestServer) -> crate::harness::SimAgent {
+    let join = s.join_token().await;
+    crate::harness::SimAgent::register_with(
+        &s.url,
+        kumo_api_types::AgentRegister {
+            join_token: join,
+            name: "edge-1".into(),
+            topology: crate::harness::fixture_topology("cpu-only"),
+            virt_type: "qemu".into(),
+            scalable_unit: None,
+            rails: Default::default(),
+            underlay_ip: Some("192.0.2.9".parse().unwrap()),
+            edge_uplink: Some("up0".into()),
+            transfer_url: Some(crate::harness::SIM_TRANSFER_URL.into()),
+        },
+    )
+    .await
+}
+
+async fn allocate(s: &TestServer, tenant: &str) -> Result<String, kumo_cli::ClientError> {
+    s.admin
+        .post::<_, PublicIp>(&format!("/api/v1/tenants/{tenant}/public-ips"), &json!({}))
+        .await
+        .map(|ip| ip.address)
+}
+
+async fn release(s: &TestServer, tenant: &str, address: &str) {
+    s.admin
+        .delete(&format!("/api/v1/tenants/{tenant}/public-ips/{address}"))
+        .await
+        .unwrap();
+}
+
+fn segment(name: &str, cidr: &str, egress: bool) -> kumo_api_types::SegmentCreate {
+    kumo_api_types::SegmentCreate {
+        egress: Some(egress),
+        ..seg(name, kumo_api_types::SegmentKind::Ethernet, cidr)
+    }
+}
+
+/// A segment's egress address, once the edge shows it.
+async fn egress_address(s: &TestServer, tenant: &str, segment: &str) -> Option<String> {
+    let seg: Segment = s
+        .admin
+        .get(&format!("/api/v1/tenants/{tenant}/segments/{segment}"))
+        .await
+        .unwrap();
+    seg.edge.and_then(|e| e.snat_address)
+}
+
+crate::harness::on_both_backends! {
+    config = manual_clock;
+
+    /// A released public address (a tenant's, or a segment's egress
+    /// address) rests a day before anyone gets it again, and then the
+    /// least recently used goes first: traffic, DNS records and
+    /// allowlists meant for its last holder fade before the next.
+    async fn released_public_addresses_rest_and_go_least_recently_used(s: &TestServer) {
+        let clock = s.server.state.config.clock.clone();
+        let hour = chrono::Duration::hours(1);
+        s.tenant("lab").await;
+        s.tenant("next").await;
+        let _edge = sim_edge_host(s).await;
+        let _: kumo_api_types::PublicIpPool = s
+            .admin
+            .post(
+                "/api/v1/public-ip-pools",
+                &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1",
+                        "range": "203.0.113.10-203.0.113.13"}),
+            )
+            .await
+            .unwrap();
+        // A segment's egress address goes back when the segment goes, and
+        // rests: the next tenant's address is another.
+        let _: Segment = s
+            .admin
+            .post("/api/v1/tenants/lab/segments", &segment("lan", "10.1.0.0/24", true))
+            .await
+            .unwrap();
+        assert_eq!(egress_address(s, "lab", "lan").await.as_deref(), Some("203.0.113.10"));
+        s.admin.delete_segment("lab", "lan").await.unwrap();
+        assert_eq!(allocate(s, "next").await.unwrap(), "203.0.113.11");
+        // A tenant's address given back rests too (.10 went at 0 h, .11
+        // goes at 1 h).
+        clock.advance(hour);
+        release(s, "next", "203.0.113.11").await;
+        assert_eq!(allocate(s, "next").await.unwrap(), "203.0.113.12");
+        // So does one a segment's egress switch gives back.
+        let _: Segment = s
+            .admin
+            .post("/api/v1/tenants/lab/segments", &segment("wan", "10.2.0.0/24", true))
+            .await
+            .unwrap();
+        assert_eq!(egress_address(s, "lab", "wan").await.as_deref(), Some("203.0.113.13"));
+        clock.advance(hour);
+        let off: Segment = s
+            .admin
+            .patch("/api/v1/tenants/lab/segments/wan", &json!({"egress": false}))
+            .await
+            .unwrap();
+        assert!(!off.egress);
+        // Every address is held or resting: none to give, and the
+        // refusal says why.
+        let e = allocate(s, "next").await.unwrap_err();
+        let p = e.problem().unwrap();
+        assert_eq!((p.status, p.kind.as_str()), (409, "/problems/insufficient-capacity"));
+        let detail = p.detail.clone().unwrap_or_default();
+        assert!(detail.contains("\"dev\"") && detail.contains("3 resting"), "{detail}");
+
+        // A day after the first release (at 24 h) only .10 has rested;
+        // an hour later .11 too.
+        clock.advance(chrono::Duration::hours(22));
+        assert_eq!(allocate(s, "next").await.unwrap(), "203.0.113.10");
+        assert!(allocate(s, "next").await.is_err(), ".11 rests another hour");
+        clock.advance(hour);
+        assert_eq!(allocate(s, "next").await.unwrap(), "203.0.113.11");
+
+        // Least recently used, not lowest: given back in the order .12,
+        // .10, .11 (at 25, 26 and 27 h), they come back in that order
+        // once rested, after .13 (the egress address, given back at 2 h).
+        for a in ["203.0.113.12", "203.0.113.10", "203.0.113.11"] {
+            release(s, "next", a).await;
+            clock.advance(hour);
+        }
+        clock.advance(chrono::Duration::hours(24));
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            order.push(allocate(s, "lab").await.unwrap());
+        }
+        assert_eq!(
+            order,
+            ["203.0.113.13", "203.0.113.12", "203.0.113.10", "203.0.113.11"]
+        );
+    }
+
+    /// Egress addresses count against the tenant's `public_ips` quota, and
+    /// a segment never sits silently without one: where none can be had
+    /// its create or egress switch is refused with the reason, and one
+    /// whose address comes later says why in its `faults` until it has it.
+    async fn a_full_pool_or_quota_refuses_egress_and_says_why(s: &TestServer) {
+        let clock = s.server.state.config.clock.clone();
+        for t in ["alpha", "beta", "gamma"] {
+            s.tenant(t).await;
+        }
+        let mut q = s.admin.quota("alpha").await.unwrap();
+        q.public_ips = 2;
+        s.quota("alpha", &q).await;
+        q.public_ips = 0;
+        s.quota("gamma", &q).await;
+        let _edge = sim_edge_host(s).await;
+        // Before any pool exists the platform offers no egress: a segment
+        // is made (as ever), and gets an address once a pool comes,
+        // within its quota.
+        let _: Segment = s
+            .admin
+            .post("/api/v1/tenants/gamma/segments", &segment("net-c1", "10.3.0.0/24", true))
+            .await
+            .unwrap();
+        let _: kumo_api_types::PublicIpPool = s
+            .admin
+            .post(
+                "/api/v1/public-ip-pools",
+                &json!({"name": "small", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1",
+                        "range": "203.0.113.10-203.0.113.12"}),
+            )
+            .await
+            .unwrap();
+
+        // Tenant alpha, quota 2: a segment's egress address and a floating
+        // address, and nothing more of either kind.
+        let _: Segment = s
+            .admin
+            .post("/api/v1/tenants/alpha/segments", &segment("net-a1", "10.1.0.0/24", true))
+            .await
+            .unwrap();
+        assert!(egress_address(s, "alpha", "net-a1").await.is_some());
+        allocate(s, "alpha").await.unwrap();
+        let quota = |e: kumo_cli::ClientError| {
+            let p = e.problem().unwrap().clone();
+            assert_eq!(
+                (p.status, p.kind.as_str(), p.resource.as_deref()),
+                (409, "/problems/quota-exceeded", Some("public_ips")),
+                "{p:?}"
+            );
+        };
+        quota(allocate(s, "alpha").await.unwrap_err());
+        quota(
+            s.admin
+                .post::<_, Segment>("/api/v1/tenants/alpha/segments", &segment("net-a2", "10.1.1.0/24", true))
+                .await
+                .unwrap_err(),
+        );
+        let _: Segment = s
+            .admin
+            .post("/api/v1/tenants/alpha/segments", &segment("net-a2", "10.1.1.0/24", false))
+            .await
+            .unwrap();
+        quota(
+            s.admin
+                .patch::<_, Segment>("/api/v1/tenants/alpha/segments/net-a2", &json!({"egress": true}))
+                .await
+                .unwrap_err(),
+        );
+        let a2: Segment = s.admin.get("/api/v1/tenants/alpha/segments/net-a2").await.unwrap();
+        assert!(!a2.egress && a2.faults.is_empty(), "refused: nothing changed");
+        let held = kumo_server::store::public_net::count_of_tenant(s.db(), tenant_id(s, "alpha").await)
+            .await
+            .unwrap();
+        assert_eq!(held, 2, "never more than its quota");
+
+        // Tenant gamma, quota 0: its segment from before the pool has no
+        // address, and says why.
+        let c1: Segment = s.admin.get("/api/v1/tenants/gamma/segments/net-c1").await.unwrap();
+        assert_eq!(c1.edge.as_ref().and_then(|e| e.snat_address.clone()), None);
+        let fault = c1.faults.first().map(|f| f.message.clone()).unwrap_or_default();
+        assert!(fault.contains("egress has no public address") && fault.contains("quota is 0"), "{fault}");
+
+        // Tenant beta takes the pool's last address; then the pool is empty.
+        let _: Segment = s
+            .admin
+            .post("/api/v1/tenants/beta/segments", &segment("net-b1", "10.2.0.0/24", true))
+            .await
+            .unwrap();
+        assert_eq!(egress_address(s, "beta", "net-b1").await.as_deref(), Some("203.0.113.12"));
+        let full = |e: kumo_cli::ClientError| {
+            let p = e.problem().unwrap().clone();
+            assert_eq!((p.status, p.kind.as_str()), (409, "/problems/insufficient-capacity"), "{p:?}");
+            let detail = p.detail.unwrap_or_default();
+            assert!(detail.contains("\"small\"") && detail.contains("out of addresses"), "{detail}");
+        };
+        full(
+            s.admin
+                .post::<_, Segment>("/api/v1/tenants/beta/segments", &segment("net-b2", "10.2.1.0/24", true))
+                .await
+                .unwrap_err(),
+        );
+        let e = s.admin.segment("beta", "net-b2").await.unwrap_err();
+        assert_eq!(e.status(), Some(404), "a refused create leaves nothing");
+        let _: Segment = s
+            .admin
+            .post("/api/v1/tenants/beta/segments", &segment("net-b2", "10.2.1.0/24", false))
+            .await
+            .unwrap();
+        full(
+            s.admin
+                .patch::<_, Segment>("/api/v1/tenants/beta/segments/net-b2", &json!({"egress": true}))
+                .await
+                .unwrap_err(),
+        );
+        full(allocate(s, "beta").await.unwrap_err());
+
+        // With room in gamma's quota, c1's fault names the empty pool; an
+        // address alpha gives back rests, so it stays empty for a day.
+        q.public_ips = 5;
+        s.quota("gamma", &q).await;
+        let ip: kumo_api_types::Page<PublicIp> = s.admin.get("/api/v1/tenants/alpha/public-ips").await.unwrap();
+        release(s, "alpha", &ip.items[0].address).await;
+        let c1: Segment = s.admin.get("/api/v1/tenants/gamma/segments/net-c1").await.unwrap();
+        let fault = c1.faults.first().map(|f| f.message.clone()).unwrap_or_default();
+        assert!(
+            fault.contains("\"small\"") && fault.contains("out of addresses") && fault.contains("1 resting"),
+            "{fault}"
+        );
+        assert_eq!(c1.faults[0].host, "edge-1", "named by its edge host");
+        // Once rested, the edge keeper gives it to c1 and the fault goes.
+        clock.advance(chrono::Duration::hours(24));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let c1 = loop {
+            let c1: Segment = s.admin.get("/api/v1/tenants/gamma/segments/net-c1").await.unwrap();
+            if c1.edge.as_ref().is_some_and(|e| e.snat_address.is_some()) {
+                break c1;
+            }
+            assert!(std::time::Instant::now() < deadline, "c1 was never given its address: {c1:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(c1.faults.is_empty(), "{:?}", c1.faults);
+    }
+}
+
+async fn tenant_id(s: &TestServer, name: &str) -> uuid::Uuid {
+    let t: kumo_api_types::Tenant = s
+        .admin
+        .get(&format!("/api/v1/tenants/{name}"))
+        .await
+        .unwrap();
+    t.id
 }

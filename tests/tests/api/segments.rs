@@ -833,3 +833,68 @@ async fn a_freed_roce_vlan_rests_before_reuse() {
     );
     s.stop().await;
 }
+
+/// One tenant reprogramming shared hosts in a loop (rules replaced, egress
+/// flipped) runs out of its own allowance: 429 with `Retry-After`, while
+/// another tenant's changes go through; the allowance refills with time.
+#[tokio::test]
+async fn churn_on_shared_hosts_is_limited_per_tenant() {
+    let clock = kumo_server::clock::Clock::manual(chrono::Utc::now());
+    let s = TestServer::start_with(Backend::Sqlite, |c| {
+        c.clock = clock.clone();
+        c.network.tenant_changes = kumo_server::domain::churn::Allowance {
+            per_minute: 6,
+            burst: 5,
+        };
+    })
+    .await;
+    s.tenant("noisy").await;
+    s.tenant("quiet").await;
+    // Replacing a segment's ingress rules rewrites its hosts' tables.
+    let flip = async |tenant: &str, open: bool| {
+        let rules = if open {
+            json!([{"protocol": "tcp", "ports": "22", "source": "0.0.0.0/0"}])
+        } else {
+            json!([])
+        };
+        s.http()
+            .put(format!(
+                "{}/api/v1/tenants/{tenant}/segments/lan/ingress",
+                s.url
+            ))
+            .bearer_auth(&s.admin_token)
+            .json(&json!({ "rules": rules }))
+            .send()
+            .await
+            .unwrap()
+    };
+    for t in ["noisy", "quiet"] {
+        let _: Segment = s
+            .admin
+            .post(
+                &format!("/api/v1/tenants/{t}/segments"),
+                &SegmentCreate {
+                    egress: Some(false),
+                    ..seg("lan", SegmentKind::Ethernet, "10.3.0.0/24")
+                },
+            )
+            .await
+            .unwrap();
+    }
+    // The create was the first of five; four flips use the rest.
+    for i in 0..4 {
+        assert_eq!(flip("noisy", i % 2 == 0).await.status(), 200, "flip {i}");
+    }
+    let r = flip("noisy", true).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "10", "one change every 10 s");
+    let p: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(p["type"], "/problems/too-many-requests", "{p}");
+    // Another tenant is not held back by it.
+    assert_eq!(flip("quiet", false).await.status(), 200);
+    // Waiting refills it.
+    clock.advance(chrono::Duration::seconds(10));
+    assert_eq!(flip("noisy", true).await.status(), 200);
+    assert_eq!(flip("noisy", false).await.status(), 429);
+    s.stop().await;
+}

@@ -712,4 +712,116 @@ on_both_backends! {
         }
         assert_eq!(last, 409, "a tenant's waiting tickets are capped");
     }
+
+    /// An open console follows its holder's standing in the project, not
+    /// only their credential: demoted to viewer, it turns read-only (typing
+    /// and Ctrl-Alt-Del are dropped); removed, it closes.
+    async fn an_open_console_follows_membership_and_role(s: &TestServer) {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::Message;
+        s.tenant("lab").await;
+        let (_, mia) = s.user("mia").await;
+        s.add("lab", "mia", Role::Member).await;
+        let mut agent = s.sim_agent("con-002", "cpu-only").await;
+        s.admin.create_vm("lab", &vm("web", 0)).await.unwrap();
+        agent.converge().await;
+        let ws_url = s.url.replace("http://", "ws://");
+        let ticket = async |token: &str| -> kumo_api_types::ConsoleTicket {
+            let r = s
+                .http()
+                .post(format!("{}/api/v1/tenants/lab/vms/web/console?mode=write", s.url))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201);
+            r.json().await.unwrap()
+        };
+        let t = ticket(&mia).await;
+        let opening = tokio::spawn(tokio_tungstenite::connect_async(format!("{ws_url}{}", t.url)));
+        // The test stands in for the host's agent: it dials the session it
+        // is given and records what the person's side sends to the VM.
+        let asked = Instant::now();
+        let session = loop {
+            if let Some(c) = agent.desired(None).await.consoles.first() {
+                break c.session;
+            }
+            assert!(asked.elapsed() < Duration::from_secs(10), "the agent was never asked");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut req = format!("{ws_url}/agent/v1/console/{session}").into_client_request().unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {}", agent.credential).parse().unwrap());
+        let (host_end, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        let (_host_tx, mut host_rx) = host_end.split();
+        let (typed_tx, mut typed) = tokio::sync::mpsc::unbounded_channel::<String>();
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = host_rx.next().await {
+                let text = match m {
+                    Message::Binary(b) => String::from_utf8_lossy(&b).into_owned(),
+                    Message::Text(t) => t.to_string(),
+                    _ => continue,
+                };
+                if typed_tx.send(text).is_err() {
+                    break;
+                }
+            }
+        });
+        let (person, _) = opening.await.unwrap().unwrap();
+        let (mut to_vm, mut from_vm) = person.split();
+        let next_event = async |from_vm: &mut futures_util::stream::SplitStream<_>| -> serde_json::Value {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, from_vm.next()).await {
+                    Ok(Some(Ok(Message::Text(t)))) => {
+                        let v: serde_json::Value = serde_json::from_str(t.as_str()).unwrap();
+                        if v["event"] != "live" {
+                            return v;
+                        }
+                    }
+                    Ok(Some(Ok(_))) => {}
+                    other => panic!("no event within 5 s: {other:?}"),
+                }
+            }
+        };
+        let ctrl_alt_del = json!({"type": "keys", "keys": "ctrl-alt-del"}).to_string();
+
+        // A member types.
+        to_vm.send(Message::Binary(b"as-member".to_vec().into())).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), typed.recv()).await;
+        assert_eq!(got.ok().flatten().as_deref(), Some("as-member"));
+
+        // Demoted to viewer: told within the re-check, and what they send
+        // after never reaches the VM.
+        s.add("lab", "mia", Role::Viewer).await;
+        let demoted = Instant::now();
+        let ev = next_event(&mut from_vm).await;
+        println!("console: demoted → read-only {:?}", demoted.elapsed());
+        assert_eq!(ev["event"], "read_only", "{ev}");
+        to_vm.send(Message::Binary(b"as-viewer".to_vec().into())).await.unwrap();
+        to_vm.send(Message::Text(ctrl_alt_del.clone().into())).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(2), typed.recv()).await;
+        assert!(got.is_err(), "a viewer's keys reached the VM: {got:?}");
+
+        // Removed from the project: the console closes and says why.
+        s.admin.remove_member("lab", "mia").await.unwrap();
+        let removed = Instant::now();
+        let ev = next_event(&mut from_vm).await;
+        println!("console: removed → closed {:?}", removed.elapsed());
+        assert_eq!(ev["event"], "closed", "{ev}");
+        assert!(ev["reason"].as_str().unwrap_or("").contains("no longer a member"), "{ev}");
+
+        // A write ticket minted while a member opens read-only once its
+        // holder is a viewer.
+        s.add("lab", "mia", Role::Member).await;
+        let t = ticket(&mia).await;
+        s.add("lab", "mia", Role::Viewer).await;
+        let (person, _) = tokio_tungstenite::connect_async(format!("{ws_url}{}", t.url)).await.unwrap();
+        let (mut to_vm, _from_vm) = person.split();
+        to_vm.send(Message::Binary(b"late-writer".to_vec().into())).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(2), typed.recv()).await;
+        assert!(got.is_err(), "a demoted ticket typed: {got:?}");
+    }
 }

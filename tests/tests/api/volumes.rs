@@ -49,6 +49,23 @@ async fn sync_both(a: &Agent, b: &Agent) {
     b.sync_once(None).await.unwrap();
 }
 
+/// Passes of `agents` until `done` (long storage work, a copy made of a
+/// snapshot or a snapshot merged away, goes on after the pass that starts
+/// it), within 60 s.
+async fn passes_until<F: AsyncFn() -> bool>(agents: &[&Agent], what: &str, done: F) {
+    let t = std::time::Instant::now();
+    loop {
+        for a in agents {
+            a.sync_once(None).await.unwrap();
+        }
+        if done().await {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn small_vm(name: &str) -> VmCreate {
     VmCreate {
         name: name.into(),
@@ -579,8 +596,10 @@ on_both_backends! {
         }
         let copy = post(s, "", json!({"name": "copy", "from_snapshot": "src@snap1"})).await.unwrap();
         assert_eq!((copy.size_gib, copy.host.as_deref()), (1, Some("snap-a")));
-        a.sync_once(None).await.unwrap();
-        assert_eq!(volume(s, "copy").await.state, VolumeState::Available);
+        passes_until(&[&a], "the copy to be made", async || {
+            volume(s, "copy").await.state == VolumeState::Available
+        })
+        .await;
         let copy_file = pool.join(format!("vol-{}.qcow2", copy.id));
         assert!(qemu_io(&copy_file, "read", 0x5a), "the copy has the snapshot's contents");
         assert!(qemu_io(&src_file, "read", 0x33), "the volume kept its own");
@@ -594,10 +613,12 @@ on_both_backends! {
         a.sync_once(None).await.unwrap();
         assert!(!copy_file.exists());
         s.admin.delete("/api/v1/tenants/lab/volumes/src/snapshots/snap1").await.unwrap();
-        a.sync_once(None).await.unwrap();
-        let listed: Vec<kumo_api_types::VolumeSnapshot> =
-            s.admin.get("/api/v1/tenants/lab/volumes/src/snapshots").await.unwrap();
-        assert!(listed.is_empty(), "{listed:?}");
+        passes_until(&[&a], "the snapshot to be merged away", async || {
+            let listed: Vec<kumo_api_types::VolumeSnapshot> =
+                s.admin.get("/api/v1/tenants/lab/volumes/src/snapshots").await.unwrap();
+            listed.is_empty()
+        })
+        .await;
         assert!(qemu_io(&src_file, "read", 0x33), "the volume outlives its snapshot");
         let files: Vec<String> = std::fs::read_dir(&pool)
             .unwrap()
@@ -638,8 +659,10 @@ on_both_backends! {
             .unwrap();
         pass().await;
         let data = post(s, "", json!({"name": "data", "from_snapshot": "base@snap1"})).await.unwrap();
-        pass().await;
-        assert_eq!(volume(s, "data").await.state, VolumeState::Available);
+        passes_until(&[&a, &b], "the copy to be made", async || {
+            volume(s, "data").await.state == VolumeState::Available
+        })
+        .await;
         assert!(qemu_io(&file("mv-a", data.id), "read", 0x5a));
 
         // Refusals change nothing.

@@ -172,6 +172,8 @@ async fn resume(st: &AppState) -> Result<(), ApiError> {
                 reclaiming: false,
                 since: vm.created_at.timestamp(),
                 placement: &placement,
+                // Its disk never left the host: counted there already.
+                disk_gib: 0,
             });
             if !index.is_free(pos, &hold) {
                 continue;

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::agent::HostCaller;
 use super::Problems;
+use crate::app::consoles::Standing;
 use crate::consoles::{Attached, Credential, FromAgent, Ticket, ToAgent};
 use crate::context::{Actor, AppState};
 use crate::error::ApiError;
@@ -87,9 +88,10 @@ fn event(e: &ConsoleEvent) -> Message {
 }
 
 /// Relays between a person and the console until either ends, the
-/// person's credential ends (checked every second), or nothing happens
-/// for [`IDLE`].
-async fn relay_person(st: AppState, t: Ticket, mut a: Attached, socket: WebSocket) {
+/// person's credential or membership ends (checked every second; a
+/// demotion to viewer makes it read-only), or nothing happens for
+/// [`IDLE`].
+async fn relay_person(st: AppState, mut t: Ticket, mut a: Attached, socket: WebSocket) {
     let (mut tx, mut rx) = socket.split();
     if let Some(from) = a.took_over_from.take() {
         let _ = tx.send(event(&ConsoleEvent::TookOver { from })).await;
@@ -153,9 +155,18 @@ async fn relay_person(st: AppState, t: Ticket, mut a: Attached, socket: WebSocke
                     break "idle";
                 }
                 let now = st.config.clock.now();
-                match crate::app::consoles::still_valid(&st.db, &t.credential, now).await {
-                    Ok(true) => {}
-                    Ok(false) => break "your session or token ended",
+                match crate::app::consoles::standing(&st.db, &t.credential, t.tenant, now).await {
+                    Ok(Standing::Write) => {}
+                    Ok(Standing::Watch) if t.write => {
+                        // Demoted: the keyboard goes back, what they type
+                        // from now on is dropped.
+                        t.write = false;
+                        a.link.leave(a.id);
+                        let reason = "your role in this project is viewer now".to_owned();
+                        let _ = tx.send(event(&ConsoleEvent::ReadOnly { reason })).await;
+                    }
+                    Ok(Standing::Watch) => {}
+                    Ok(Standing::Ended(why)) => break why,
                     Err(_) => {} // the database is down: try again next tick
                 }
             },
