@@ -182,7 +182,14 @@ async fn give_snat(
         attachment_id: NotSet,
         created_at: Set(now),
     };
-    Ok(Ok(row.insert(txn).await?))
+    let row = row.insert(txn).await?;
+    // The segment's tenant holds it: charged like an allocated address.
+    let tenant = tenants::Entity::find_by_id(s.tenant_id)
+        .one(txn)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("segment {} of a missing tenant", s.id)))?;
+    crate::app::metering::public_ip_allocated(txn, &tenant, &row, now).await?;
+    Ok(Ok(row))
 }
 
 /// What [`ensure`] did.
@@ -221,6 +228,7 @@ pub async fn ensure(
         },
         (false, Some(old)) => {
             crate::store::public_net::give_back(db, &old, now).await?;
+            crate::app::metering::public_ip_released(db, &old, now).await?;
             changed = true;
         }
         _ => {}

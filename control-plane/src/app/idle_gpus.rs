@@ -466,7 +466,7 @@ pub async fn exempt(
         .then(|| Duration::days(i64::from(st.config.idle.max_exempt_days_total)));
     exemption_change(st, actor, &tenant, &vm, |row| {
         let total = exempt_total(
-            Duration::seconds(row.exempt_secs),
+            Duration::try_seconds(row.exempt_secs).unwrap_or(Duration::MAX),
             row.exempt_until,
             Some(req.until),
             now,
@@ -504,7 +504,7 @@ pub async fn unexempt(
     exemption_change(st, actor, &tenant, &vm, |row| {
         // What was left of it no longer counts against the VM's total.
         let total = exempt_total(
-            Duration::seconds(row.exempt_secs),
+            Duration::try_seconds(row.exempt_secs).unwrap_or(Duration::MAX),
             row.exempt_until,
             None,
             now,

@@ -461,6 +461,7 @@ pub async fn delete(
     // there) and its edge host drops the edge.
     if let Some(snat) = crate::store::public_net::snat_of(&txn, s.id).await? {
         crate::store::public_net::give_back(&txn, &snat, actor.at).await?;
+        crate::app::metering::public_ip_released(&txn, &snat, actor.at).await?;
     }
     if let Some(h) = s.edge_host_id {
         crate::app::host_network::touch_hosts(&txn, &[h]).await?;

@@ -129,7 +129,7 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
         disk_gib: 12_800,
         segments: 8,
         roce_segments: 4,
-        public_ips: 4,
+        public_ips: 12,
         ..Quota::default()
     };
     for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {
@@ -322,6 +322,9 @@ pub async fn start_fleet(
         .arg(&sysfs)
         .arg("--state-dir")
         .arg(dir.join("state"))
+        // Simulated hosts share this machine's one disk: each says it has
+        // its own 4 TiB, as a real host's NVMe pool would.
+        .args(["--storage-capacity-gib", "4096"])
         .env("KUMO_JOIN_TOKEN", &join.token);
         if let Some(fm) = &fabric_manager {
             cmd.arg("--fabric-manager").arg(fm);

@@ -17,8 +17,8 @@ pub struct Allowance {
 impl Default for Allowance {
     fn default() -> Allowance {
         Allowance {
-            per_minute: 60,
-            burst: 30,
+            per_minute: 120,
+            burst: 100,
         }
     }
 }

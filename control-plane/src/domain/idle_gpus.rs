@@ -226,8 +226,9 @@ pub fn exempt_total(
     // At least zero: rows from before totals were kept hold none.
     let had = (total - unused).max(Duration::zero());
     let new = until.map_or(Duration::zero(), |u| (u - now).max(Duration::zero()));
+    let sum = had.checked_add(&new).unwrap_or(Duration::MAX);
     if let Some(cap) = cap {
-        if had + new > cap {
+        if sum > cap {
             let left = (cap - had).max(Duration::zero());
             return Err(format!(
                 "a VM may be exempt for at most {} in all, renewals included; this one has {} left",
@@ -236,7 +237,7 @@ pub fn exempt_total(
             ));
         }
     }
-    Ok(had + new)
+    Ok(sum)
 }
 
 /// Whether a webhook may be sent to this address: one on the public

@@ -20,6 +20,18 @@ async fn points(s: &TestServer) -> Points {
     s.admin.get("/api/v1/tenants/lab/points").await.unwrap()
 }
 
+/// Points enough for any of these tests: a tenant without a grant starts
+/// nothing priced.
+async fn grant_plenty(admin: &kumo_cli::Client, tenant: &str, t0: chrono::DateTime<Utc>) {
+    let _: kumo_api_types::PointGrant = admin
+        .post(
+            &format!("/api/v1/tenants/{tenant}/points/grants"),
+            &json!({"amount": "1000000000", "expires_at": t0 + Duration::days(3650)}),
+        )
+        .await
+        .unwrap();
+}
+
 async fn month(s: &TestServer, m: &str) -> Statement {
     s.admin
         .get(&format!("/api/v1/tenants/lab/statements/{m}"))
@@ -566,6 +578,7 @@ async fn a_rate_change_mid_run_applies_from_its_time() {
         .await
         .unwrap();
     s.tenant("lab").await;
+    grant_plenty(&s.admin, "lab", t0).await;
     let mut agent = s.sim_agent("cpu-1", "cpu-only").await;
     let _: Vm = s
         .admin
@@ -647,6 +660,7 @@ async fn a_restart_mid_period_changes_no_total() {
         )
         .await
         .unwrap();
+    grant_plenty(&admin, "lab", t0).await;
     let join: kumo_api_types::JoinTokenCreated = admin
         .post("/api/v1/hosts/join-tokens", &json!({}))
         .await
@@ -703,6 +717,7 @@ async fn public_addresses_are_charged_while_held() {
         .await
         .unwrap();
     s.tenant("lab").await;
+    grant_plenty(&s.admin, "lab", t0).await;
     let _: kumo_api_types::PublicIpPool = s
         .admin
         .post(

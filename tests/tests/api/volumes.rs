@@ -143,6 +143,15 @@ async fn metered(
         .await
         .unwrap();
     s.tenant("lab").await;
+    // Priced volumes need points to be made.
+    let _: kumo_api_types::PointGrant = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/points/grants",
+            &json!({"amount": "1000000000", "expires_at": t0 + chrono::Duration::days(3650)}),
+        )
+        .await
+        .unwrap();
     (s, clock)
 }
 
