@@ -22,8 +22,11 @@ impl Table {
         }
     }
 
+    /// A row; control characters in a cell (what another person typed
+    /// may hold terminal escapes) are shown as `�`, never sent to the
+    /// terminal.
     pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows.push(cells.into_iter().map(|c| printable(&c)).collect());
     }
 
     pub fn render(&self) -> String {
@@ -51,6 +54,13 @@ impl Table {
         }
         out
     }
+}
+
+/// `s` with every control character replaced by `�`.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
 }
 
 pub fn json<T: Serialize>(value: &T) -> String {
@@ -83,5 +93,14 @@ mod tests {
         let mut t = Table::new(&["n", "x"]);
         t.row(vec!["雲".into(), "1".into()]);
         assert_eq!(t.render(), "N  X\n雲  1\n");
+    }
+
+    #[test]
+    fn a_cell_never_sends_a_terminal_escape() {
+        let mut t = Table::new(&["who", "why"]);
+        t.row(vec!["alice".into(), "\u{1b}[2Jgone\r".into()]);
+        let out = t.render();
+        assert!(!out.contains('\u{1b}') && !out.contains('\r'), "{out:?}");
+        assert!(out.contains("\u{fffd}[2Jgone\u{fffd}"), "{out:?}");
     }
 }

@@ -701,9 +701,9 @@ fn idle(file: &IdleFileConfig) -> Result<IdleConfig, ConfigError> {
         hours: file.hours.unwrap_or(d.policy.hours),
         action: file.action.unwrap_or(d.policy.action),
     };
-    crate::domain::idle_gpus::validate(&policy).map_err(|message| ConfigError::Invalid {
+    crate::domain::idle_gpus::validate(&policy).map_err(|(field, why)| ConfigError::Invalid {
         key: "idle",
-        message,
+        message: format!("{field}: {why}"),
     })?;
     let check = file.check_every_secs.unwrap_or(60);
     if !(1..=3600).contains(&check) {

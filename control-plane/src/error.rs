@@ -73,6 +73,20 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// A problem echoes what it was sent (an unknown field's name, a value)
+/// only this far: its answer is stored (idempotency keys) and logged.
+const MAX_DETAIL: usize = 1000;
+const MAX_FIELD: usize = 200;
+const MAX_FIELD_ERRORS: usize = 64;
+
+/// `s` cut to `max` characters, marked where it was cut.
+fn bounded(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((i, _)) => format!("{}…", &s[..i]),
+    }
+}
+
 impl ApiError {
     pub fn validation(detail: impl Into<String>) -> Self {
         ApiError::Validation {
@@ -136,10 +150,19 @@ impl ApiError {
         p.detail = match self {
             // Internal details go to the log, never to the client.
             ApiError::Internal(_) => None,
-            other => Some(other.to_string()),
+            other => Some(bounded(&other.to_string(), MAX_DETAIL)),
         };
         match self {
-            ApiError::Validation { errors, .. } => p.errors = errors.clone(),
+            ApiError::Validation { errors, .. } => {
+                p.errors = errors
+                    .iter()
+                    .take(MAX_FIELD_ERRORS)
+                    .map(|e| FieldError {
+                        field: bounded(&e.field, MAX_FIELD),
+                        message: bounded(&e.message, MAX_DETAIL),
+                    })
+                    .collect()
+            }
             ApiError::QuotaExceeded { resource, .. } => p.resource = Some(resource.clone()),
             _ => {}
         }
@@ -286,6 +309,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_problem_echoes_what_it_was_sent_only_so_far() {
+        let huge = "z".repeat(450_000);
+        let e = ApiError::fields(vec![FieldError {
+            field: huge.clone(),
+            message: format!("unknown field `{huge}`"),
+        }]);
+        let p = e.to_problem();
+        assert!(p.detail.unwrap().chars().count() <= MAX_DETAIL + 1);
+        assert!(p.errors[0].field.chars().count() <= MAX_FIELD + 1);
+        assert!(p.errors[0].message.chars().count() <= MAX_DETAIL + 1);
+        assert!(serde_json::to_vec(&e.to_problem()).unwrap().len() < 8 << 10);
+        assert_eq!(bounded("日本語", 2), "日本…");
+    }
+
+    #[test]
     fn every_error_maps_to_a_declared_kind() {
         let errors = [
             ApiError::validation("x"),
@@ -301,6 +339,10 @@ mod tests {
             ApiError::PayloadTooLarge("x".into()),
             ApiError::InsufficientCapacity("x".into()),
             ApiError::PointsExhausted("x".into()),
+            ApiError::TooManyRequests {
+                detail: "x".into(),
+                retry_after_secs: 1,
+            },
             ApiError::UnsupportedMediaType("x".into()),
             ApiError::Unavailable,
             ApiError::Contention,

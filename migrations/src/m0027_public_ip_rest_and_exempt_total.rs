@@ -1,7 +1,7 @@
 //! Released public addresses rest before they are handed out again, and
 //! the least recently used go first: `public_ip_releases` keeps when each
 //! address was last given back (by address, not by pool, so a pool
-//! deleted and made again does not forget). A GPU VM's idle exemptions
+//! deleted and made again does not forget) and by which tenant. A GPU VM's idle exemptions
 //! are capped in total: `vm_idle.exempt_secs` is the exempt time it has
 //! used or holds.
 
@@ -15,6 +15,7 @@ enum PublicIpReleases {
     Table,
     Address,
     ReleasedAt,
+    TenantId,
 }
 
 #[derive(DeriveIden, Clone, Copy)]
@@ -40,6 +41,9 @@ impl MigrationTrait for Migration {
                         .timestamp_with_time_zone()
                         .not_null(),
                 )
+                // Who gave it back (none for a segment's egress address):
+                // a tenant's resting addresses are bounded by its quota.
+                .col(ColumnDef::new(PublicIpReleases::TenantId).uuid().null())
                 .to_owned(),
         )
         .await?;

@@ -227,7 +227,7 @@ pub async fn ensure(
             Err(why) => no_egress = Some(why),
         },
         (false, Some(old)) => {
-            crate::store::public_net::give_back(db, &old, now).await?;
+            crate::store::public_net::give_back(db, &old, s.tenant_id, now, rest).await?;
             crate::app::metering::public_ip_released(db, &old, now).await?;
             changed = true;
         }

@@ -316,7 +316,7 @@ pub async fn set_policy(
         hours: u.hours.unwrap_or(platform.hours),
         action: u.action.unwrap_or(platform.action),
     };
-    validate(&wanted).map_err(|e| ApiError::field("hours", e))?;
+    validate(&wanted).map_err(|(field, e)| ApiError::field(field, e))?;
     if !actor.caller.is_admin() {
         no_laxer(&wanted, &platform).map_err(|e| ApiError::field("utilization_pct", e))?;
     }
@@ -460,7 +460,7 @@ pub async fn exempt(
     let vm = find_vm(&st.db, &tenant, vm).await?;
     let now = actor.at;
     let max = (!actor.caller.is_admin()).then_some(st.config.idle.max_exemption_days);
-    exemption(&req.reason, req.until, now, max).map_err(|e| ApiError::field("until", e))?;
+    exemption(&req.reason, req.until, now, max).map_err(|(field, e)| ApiError::field(field, e))?;
     let reason = req.reason.trim().to_owned();
     let cap = (!actor.caller.is_admin())
         .then(|| Duration::days(i64::from(st.config.idle.max_exempt_days_total)));

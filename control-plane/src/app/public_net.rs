@@ -508,7 +508,7 @@ pub async fn release(
         .filter(port_forwards::Column::PublicIpId.eq(ip.id))
         .exec(&txn)
         .await?;
-    store::give_back(&txn, &ip, actor.at).await?;
+    store::give_back(&txn, &ip, tenant.id, actor.at, address_rest(st)).await?;
     crate::app::metering::public_ip_released(&txn, &ip, actor.at).await?;
     let segs: std::collections::BTreeSet<Uuid> = attachments::Entity::find()
         .filter(attachments::Column::Id.is_in(nics))

@@ -460,7 +460,8 @@ pub async fn delete(
     // than dangle. Its egress address goes back to the pool (to rest
     // there) and its edge host drops the edge.
     if let Some(snat) = crate::store::public_net::snat_of(&txn, s.id).await? {
-        crate::store::public_net::give_back(&txn, &snat, actor.at).await?;
+        let rest = crate::app::public_net::address_rest(st);
+        crate::store::public_net::give_back(&txn, &snat, s.tenant_id, actor.at, rest).await?;
         crate::app::metering::public_ip_released(&txn, &snat, actor.at).await?;
     }
     if let Some(h) = s.edge_host_id {

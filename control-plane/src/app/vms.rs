@@ -70,6 +70,9 @@ async fn act_as(
 ) -> Result<(tenants::Model, vms::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
+    // Each action wakes its host's agent for a pass every tenant there
+    // shares: a reboot loop is churn like any other.
+    crate::app::churn::take(st, &tenant, &format!("{} of a VM", action.as_str()))?;
     // A VM's row is locked here while its host's agent may hold the host
     // and lock the VM in its status report: PostgreSQL then gives one of
     // the two up, which is tried again rather than answered with an error.

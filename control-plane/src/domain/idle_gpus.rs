@@ -138,13 +138,13 @@ pub fn counted_from(since: DateTime<Utc>, exempt_until: Option<DateTime<Utc>>) -
     exempt_until.map_or(since, |e| e.max(since))
 }
 
-/// A policy's values are in range.
-pub fn validate(p: &IdlePolicy) -> Result<(), String> {
+/// A policy's values are in range; else the field at fault and why.
+pub fn validate(p: &IdlePolicy) -> Result<(), (&'static str, String)> {
     if !(p.utilization_pct.is_finite() && p.utilization_pct > 0.0 && p.utilization_pct <= 100.0) {
-        return Err("utilization_pct is above 0 and at most 100".into());
+        return Err(("utilization_pct", "above 0 and at most 100".into()));
     }
     if !(1..=MAX_HOURS).contains(&p.hours) {
-        return Err(format!("hours is 1 to {MAX_HOURS}"));
+        return Err(("hours", format!("1 to {MAX_HOURS}")));
     }
     Ok(())
 }
@@ -171,24 +171,30 @@ pub fn no_laxer(own: &IdlePolicy, platform: &IdlePolicy) -> Result<(), String> {
     Ok(())
 }
 
-/// An exemption's reason and end.
+/// An exemption's reason and end; else the field at fault and why. The
+/// reason is shown to admins (audit log, terminals): no control
+/// characters.
 pub fn exemption(
     reason: &str,
     until: DateTime<Utc>,
     now: DateTime<Utc>,
     max_days: Option<u32>,
-) -> Result<(), String> {
+) -> Result<(), (&'static str, String)> {
     let reason = reason.trim();
     if reason.is_empty() || reason.chars().count() > 500 {
-        return Err("a reason of 1 to 500 characters".into());
+        return Err(("reason", "1 to 500 characters".into()));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(("reason", "no control characters".into()));
     }
     if until <= now {
-        return Err("`until` is in the future".into());
+        return Err(("until", "in the future".into()));
     }
     if let Some(d) = max_days {
         if until > now + Duration::days(i64::from(d)) {
-            return Err(format!(
-                "an exemption runs at most {d} days; ask an administrator for longer"
+            return Err((
+                "until",
+                format!("an exemption runs at most {d} days; ask an administrator for longer"),
             ));
         }
     }
@@ -529,6 +535,15 @@ mod tests {
         )
         .is_ok());
         assert!(exemption(" ", now + Duration::days(3), now, Some(14)).is_err());
+        assert_eq!(
+            exemption("\u{1b}[2J", now + Duration::days(3), now, Some(14)).map_err(|e| e.0),
+            Err("reason"),
+            "terminal escapes never reach an admin's audit log"
+        );
+        assert_eq!(
+            exemption("x", now, now, Some(14)).map_err(|e| e.0),
+            Err("until")
+        );
         assert!(exemption("x", now, now, Some(14)).is_err());
         assert!(exemption("x", now + Duration::days(15), now, Some(14)).is_err());
         assert!(exemption("x", now + Duration::days(15), now, None).is_ok());

@@ -9,6 +9,9 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub address: String,
     pub released_at: DateTimeUtc,
+    /// The tenant that gave it back; `None` for a segment's egress
+    /// address (its tenant is the segment's).
+    pub tenant_id: Option<Uuid>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

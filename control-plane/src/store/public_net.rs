@@ -101,26 +101,61 @@ pub async fn released(
         .collect())
 }
 
-/// An address in use goes back to its pool at `at`, in the caller's
-/// transaction: its row goes and the time is kept, so it rests before
-/// anyone gets it again.
+/// An address `tenant` held goes back to its pool at `at`, in the
+/// caller's transaction: its row goes and the time is kept, so it rests
+/// (`rest`) before anyone gets it again. A tenant keeps at most its
+/// `public_ips` quota of addresses resting: past it, its longest-resting
+/// ones are free at once — else allocating and releasing in a loop would
+/// put a whole pool to rest, out of every other tenant's reach.
 pub async fn give_back(
     db: &impl ConnectionTrait,
     ip: &public_ips::Model,
+    tenant: Uuid,
     at: DateTime<Utc>,
+    rest: chrono::Duration,
 ) -> Result<(), ApiError> {
     public_ips::Entity::delete_by_id(ip.id).exec(db).await?;
     public_ip_releases::Entity::insert(public_ip_releases::ActiveModel {
         address: Set(ip.address.clone()),
         released_at: Set(at),
+        tenant_id: Set(Some(tenant)),
     })
     .on_conflict(
         OnConflict::column(public_ip_releases::Column::Address)
-            .update_column(public_ip_releases::Column::ReleasedAt)
+            .update_columns([
+                public_ip_releases::Column::ReleasedAt,
+                public_ip_releases::Column::TenantId,
+            ])
             .to_owned(),
     )
     .exec(db)
     .await?;
+    let Some(rested) = at.checked_sub_signed(rest) else {
+        return Ok(());
+    };
+    let cap = crate::store::tenancy::load(db, tenant).await?.public_ips;
+    let resting = public_ip_releases::Entity::find()
+        .filter(public_ip_releases::Column::TenantId.eq(tenant))
+        .filter(public_ip_releases::Column::ReleasedAt.gt(rested))
+        .order_by_desc(public_ip_releases::Column::ReleasedAt)
+        .order_by_desc(public_ip_releases::Column::Address)
+        .all(db)
+        .await?;
+    let over: Vec<String> = resting
+        .into_iter()
+        .skip(cap.max(1) as usize)
+        .map(|r| r.address)
+        .collect();
+    if !over.is_empty() {
+        public_ip_releases::Entity::update_many()
+            .col_expr(
+                public_ip_releases::Column::ReleasedAt,
+                sea_orm::sea_query::Expr::value(rested),
+            )
+            .filter(public_ip_releases::Column::Address.is_in(over))
+            .exec(db)
+            .await?;
+    }
     Ok(())
 }
 

@@ -114,4 +114,41 @@ on_both_backends! {
         assert!(statuses.contains(&201));
         assert_eq!(s.admin.list_tenants().await.unwrap().len(), 1);
     }
+
+    /// One user cannot fill the shared database through kept answers: a
+    /// problem echoes at most a bounded part of what it was sent, and a
+    /// user has at most 1,000 keys kept at once (then 429; a retry of a
+    /// kept key still replays).
+    async fn kept_answers_are_bounded_per_user(s: &TestServer) {
+        let huge = format!(r#"{{"{}":1}}"#, "z".repeat(900_000));
+        let r = post(s, "/api/v1/tenants", "big", &huge).await;
+        assert_eq!(r.status(), 400, "not a 500");
+        let body = r.bytes().await.unwrap();
+        assert!(body.len() < 8 << 10, "{} bytes echoed", body.len());
+        let kept = kumo_server::entity::idempotency_keys::Entity::find()
+            .all(s.db())
+            .await
+            .unwrap();
+        let stored: usize = kept.iter().map(|k| k.body.as_deref().unwrap_or("").len()).sum();
+        assert!(stored < 8 << 10, "{stored} bytes kept");
+        for i in 1..1000 {
+            let r = post(s, "/api/v1/tenants", &format!("fill-{i}"), r#"{"name":"x y"}"#).await;
+            assert_eq!(r.status(), 400, "key {i}");
+        }
+        let r = post(s, "/api/v1/tenants", "one-too-many", r#"{"name":"x y"}"#).await;
+        assert_eq!(r.status(), 429);
+        assert!(r.headers().get("retry-after").is_some());
+        let again = post(s, "/api/v1/tenants", "fill-7", r#"{"name":"x y"}"#).await;
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        // Without a key, the request is simply served.
+        let r = s
+            .http()
+            .post(format!("{}/api/v1/tenants", s.url))
+            .bearer_auth(&s.admin_token)
+            .json(&serde_json::json!({"name": "fine"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
 }

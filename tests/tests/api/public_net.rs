@@ -577,6 +577,12 @@ async fn vms_reach_out_and_are_reached_through_their_edge() {
     for ns in edge_namespaces(&fab) {
         if ns.starts_with(&fab.host_ns(first)) {
             vxlan_manager::edge::stop_dns(&ns);
+            // Its legs go first: a namespace outlives `netns del` while
+            // any process is still inside (a command the killed agent
+            // started), and its `wan` would answer meanwhile.
+            let _ = std::process::Command::new("ip")
+                .args(["-n", &ns, "link", "del", "wan"])
+                .status();
             ip(&["netns", "del", &ns]);
         }
     }
@@ -831,6 +837,35 @@ async fn egress_address(s: &TestServer, tenant: &str, segment: &str) -> Option<S
 
 crate::harness::on_both_backends! {
     config = manual_clock;
+
+    /// Allocating and releasing in a loop cannot put a pool to rest: a
+    /// tenant keeps at most its `public_ips` quota of addresses resting,
+    /// its longest-resting ones are free again past that.
+    async fn a_tenant_puts_at_most_its_quota_of_addresses_to_rest(s: &TestServer) {
+        s.tenant("other").await;
+        s.bare_tenant("looper").await;
+        s.quota("looper", &kumo_api_types::Quota { public_ips: 2, ..Default::default() }).await;
+        let _: kumo_api_types::PublicIpPool = s
+            .admin
+            .post(
+                "/api/v1/public-ip-pools",
+                &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1",
+                        "range": "203.0.113.10-203.0.113.19"}),
+            )
+            .await
+            .unwrap();
+        for i in 0..25 {
+            let a = allocate(s, "looper").await.unwrap_or_else(|e| panic!("round {i}: {e}"));
+            release(s, "looper", &a).await;
+        }
+        // Ten addresses, two of them resting: the next tenant gets eight.
+        for i in 0..8 {
+            allocate(s, "other").await.unwrap_or_else(|e| panic!("address {i}: {e}"));
+        }
+        let e = allocate(s, "other").await.unwrap_err();
+        let detail = e.problem().unwrap().detail.clone().unwrap_or_default();
+        assert!(detail.contains("2 resting"), "{detail}");
+    }
 
     /// A released public address (a tenant's, or a segment's egress
     /// address) rests a day before anyone gets it again, and then the

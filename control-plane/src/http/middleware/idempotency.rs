@@ -20,7 +20,7 @@ use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::{Duration, Utc};
-use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, QueryFilter, Set};
+use sea_orm::{ActiveModelTrait, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, Set};
 use sha2::{Digest, Sha256};
 
 use crate::context::AppState;
@@ -34,7 +34,12 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub use crate::store::idempotency::RETENTION;
 /// A claim without an answer this old belongs to a request that died.
 const ABANDONED_AFTER: Duration = Duration::minutes(5);
-const MAX_STORED_RESPONSE: usize = 1 << 20;
+/// The largest answer kept: Kumo's answers to POSTs are one resource, a
+/// few KiB; a larger one is answered but not kept (its key is released).
+const MAX_STORED_RESPONSE: usize = 256 << 10;
+/// The most answers one user may have kept at once (within
+/// [`RETENTION`]): each key is a row in the shared database.
+pub const MAX_KEYS_PER_USER: u64 = 1000;
 
 pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match handle(&state, req, next).await {
@@ -70,6 +75,25 @@ async fn handle(state: &AppState, req: Request, next: Next) -> Result<Response, 
     let hash = request_hash(parts.method.as_str(), parts.uri.path(), &body);
 
     let now = Utc::now();
+    let kept = idempotency_keys::Entity::find()
+        .filter(idempotency_keys::Column::UserId.eq(user_id))
+        .filter(idempotency_keys::Column::CreatedAt.gt(now - RETENTION))
+        .count(&state.db)
+        .await?;
+    if kept >= MAX_KEYS_PER_USER {
+        let known = idempotency_keys::Entity::find_by_id((user_id, key.clone()))
+            .one(&state.db)
+            .await?
+            .is_some();
+        if !known {
+            return Err(ApiError::TooManyRequests {
+                detail: format!(
+                    "{MAX_KEYS_PER_USER} Idempotency-Keys of yours are kept (24 h each); retry this without a new key, or later"
+                ),
+                retry_after_secs: 3600,
+            });
+        }
+    }
     let claim = idempotency_keys::ActiveModel {
         user_id: Set(user_id),
         key: Set(key.clone()),
@@ -139,7 +163,7 @@ async fn handle(state: &AppState, req: Request, next: Next) -> Result<Response, 
 
     let resp = next.run(Request::from_parts(parts, Body::from(body))).await;
     let (resp_parts, resp_body) = resp.into_parts();
-    let bytes = match axum::body::to_bytes(resp_body, MAX_STORED_RESPONSE).await {
+    let bytes = match axum::body::to_bytes(resp_body, usize::MAX).await {
         Ok(b) => b,
         Err(e) => {
             release(state, user_id, &key).await;
@@ -148,7 +172,10 @@ async fn handle(state: &AppState, req: Request, next: Next) -> Result<Response, 
             )));
         }
     };
-    if resp_parts.status.is_server_error() {
+    if bytes.len() > MAX_STORED_RESPONSE {
+        tracing::warn!(bytes = bytes.len(), "an answer too large to keep for its Idempotency-Key; not kept");
+        release(state, user_id, &key).await;
+    } else if resp_parts.status.is_server_error() {
         release(state, user_id, &key).await;
     } else {
         let content_type = resp_parts
