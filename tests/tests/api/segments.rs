@@ -890,6 +890,16 @@ async fn churn_on_shared_hosts_is_limited_per_tenant() {
     assert_eq!(r.headers()["retry-after"], "10", "one change every 10 s");
     let p: serde_json::Value = r.json().await.unwrap();
     assert_eq!(p["type"], "/problems/too-many-requests", "{p}");
+    // VM actions (a reboot loop) take from the same allowance.
+    let reboot = s
+        .http()
+        .post(format!("{}/api/v1/tenants/noisy/vms/any/reboot", s.url))
+        .bearer_auth(&s.admin_token)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reboot.status(), 429);
     // Another tenant is not held back by it.
     assert_eq!(flip("quiet", false).await.status(), 200);
     // Waiting refills it.
