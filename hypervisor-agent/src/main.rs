@@ -126,6 +126,11 @@ enum Command {
         /// never offered to the server for volumes and disks.
         #[arg(long, default_value_t = kumo_agent::run::DEFAULT_RESERVE_GIB)]
         storage_reserve_gib: u64,
+        /// Offer the server this many GiB of storage instead of the pool's
+        /// measured size less the reserve: a pool on a filesystem shared
+        /// with other things, or simulated hosts sharing one disk.
+        #[arg(long)]
+        storage_capacity_gib: Option<u64>,
         /// Long storage jobs (snapshot merges, copies, imports) one tenant
         /// runs at once on this host; the rest wait their turn.
         #[arg(long, default_value_t = 1)]
@@ -225,6 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             telemetry_secs,
             thin_pool,
             storage_reserve_gib,
+            storage_capacity_gib,
             storage_jobs_per_tenant,
             storage_jobs_per_host,
             parent_pid,
@@ -278,6 +284,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         per_host: storage_jobs_per_host,
                     },
                     reserve_gib: storage_reserve_gib,
+                    capacity_gib: storage_capacity_gib,
                 },
             };
             let rt = tokio::runtime::Builder::new_multi_thread()

@@ -66,6 +66,10 @@ pub struct StoragePolicy {
     /// GiB of the pool (and of the root disks' filesystem) never offered
     /// to the server: the host's own headroom.
     pub reserve_gib: u64,
+    /// What to offer instead of the measured size less the reserve (a
+    /// pool sharing its filesystem with other things; simulated hosts
+    /// sharing one disk). Root disks then share it too.
+    pub capacity_gib: Option<u64>,
 }
 
 /// The space kept back on a host's storage by default.
@@ -76,6 +80,7 @@ impl Default for StoragePolicy {
         StoragePolicy {
             jobs: Default::default(),
             reserve_gib: DEFAULT_RESERVE_GIB,
+            capacity_gib: None,
         }
     }
 }
@@ -86,7 +91,7 @@ impl Default for StoragePolicy {
 pub fn measure_storage(
     storage: &dyn crate::storage::Backend,
     root_disks: &std::path::Path,
-    reserve_gib: u64,
+    policy: &StoragePolicy,
 ) -> Option<kumo_api_types::StorageCapacity> {
     use crate::storage::GIB;
     let pool = match storage.capacity() {
@@ -96,7 +101,14 @@ pub fn measure_storage(
             return None;
         }
     };
-    let offered = |total: u64| (total / GIB).saturating_sub(reserve_gib);
+    if let Some(gib) = policy.capacity_gib {
+        return Some(kumo_api_types::StorageCapacity {
+            capacity_gib: gib,
+            free_gib: (pool.free_bytes / GIB).min(gib),
+            root_disks_gib: None,
+        });
+    }
+    let offered = |total: u64| (total / GIB).saturating_sub(policy.reserve_gib);
     let root = crate::storage::filesystem_space(root_disks).ok();
     let root_disks_gib = match (pool.device, root) {
         (Some(d), Some(r)) if r.device == Some(d) => None,
@@ -373,12 +385,12 @@ impl Agent {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let storage = self.storage.clone();
-        let (root, reserve) = (
+        let (root, policy) = (
             self.config.root_disks().dir_path().to_path_buf(),
-            self.config.storage_policy.reserve_gib,
+            self.config.storage_policy,
         );
         let storage =
-            tokio::task::spawn_blocking(move || measure_storage(&*storage, &root, reserve))
+            tokio::task::spawn_blocking(move || measure_storage(&*storage, &root, &policy))
                 .await
                 .unwrap_or_default();
         self.client
@@ -800,9 +812,9 @@ impl Agent {
         let topo = self.topology.clone();
         let fabric_view = self.fabric_view.clone();
         let storage = self.storage.clone();
-        let (root_disks, reserve) = (
+        let (root_disks, policy) = (
             self.config.root_disks().dir_path().to_path_buf(),
-            self.config.storage_policy.reserve_gib,
+            self.config.storage_policy,
         );
         let jobs_done = self.jobs.finished();
         let telemetry = {
@@ -857,7 +869,7 @@ impl Agent {
                 // the server places disks by.
                 let space = {
                     let (storage, root) = (storage.clone(), root_disks.clone());
-                    tokio::task::spawn_blocking(move || measure_storage(&*storage, &root, reserve))
+                    tokio::task::spawn_blocking(move || measure_storage(&*storage, &root, &policy))
                         .await
                         .unwrap_or_default()
                 };

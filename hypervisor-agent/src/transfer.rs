@@ -310,10 +310,10 @@ impl Transfers {
                 },
                 None => Incoming::Extents(&mut reader),
             };
-            match kind {
+            crate::storage::in_background(|| match kind {
                 TransferKind::Volume => storage.receive(id, size, incoming),
                 TransferKind::RootDisk => disks.receive(id, size, incoming),
-            }
+            })
         });
         // An abort of this task drops `tx`: the import sees a short stream
         // and leaves nothing.
@@ -511,10 +511,10 @@ async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response 
                 .and_then(|_| w.flush())
                 .map_err(io("sending the volume"))
         };
-        let sent = match kind {
+        let sent = crate::storage::in_background(|| match kind {
             TransferKind::Volume => storage.with_contents(id, &mut send),
             TransferKind::RootDisk => disks.with_contents(id, &mut send),
-        };
+        });
         if let Err(e) = sent {
             match head.take() {
                 Some(h) => {

@@ -835,7 +835,7 @@ mod transfer {
             t.elapsed()
         );
         assert!(
-            sent >= 10 * MIB && sent < 12 * MIB,
+            (10 * MIB..12 * MIB).contains(&sent),
             "{sent} bytes sent for 10 MiB of data"
         );
         assert_eq!(find(&*dst, id).unwrap().size_bytes, 4 * GIB);

@@ -34,6 +34,7 @@ pub async fn create(
 ) -> Result<(tenants::Model, clusters::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating clusters")?;
+    crate::app::churn::take(st, &tenant, "creating clusters")?;
     crate::domain::names::tenant_name("name", &body.name)?;
     if !(1..=MAX_CLUSTER_SIZE).contains(&body.size) {
         return Err(ApiError::field(

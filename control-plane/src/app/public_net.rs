@@ -465,7 +465,6 @@ pub async fn detach(
 ) -> Result<PublicIp, ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "detaching public IPs")?;
-    crate::app::churn::take(st, &tenant, "detaching public IPs")?;
     let txn = st.db.begin().await?;
     let ip = store::tenant_address(&txn, tenant.id, address).await?;
     let Some(nic) = ip.attachment_id else {
@@ -498,7 +497,6 @@ pub async fn release(
 ) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "releasing public IPs")?;
-    crate::app::churn::take(st, &tenant, "releasing public IPs")?;
     let txn = st.db.begin().await?;
     let ip = store::tenant_address(&txn, tenant.id, address).await?;
     let forwards = store::forwards_of_address(&txn, ip.id).await?;
@@ -668,7 +666,6 @@ pub async fn delete_forward(
 ) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "deleting port forwards")?;
-    crate::app::churn::take(st, &tenant, "deleting port forwards")?;
     let not_found = || ApiError::not_found(format!("port forward {id:?}"));
     let id: Uuid = id.parse().map_err(|_| not_found())?;
     let txn = st.db.begin().await?;

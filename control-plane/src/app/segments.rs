@@ -446,7 +446,6 @@ pub async fn delete(
 ) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "deleting segments")?;
-    crate::app::churn::take(st, &tenant, "deleting segments")?;
     let txn = st.db.begin().await?;
     let s = crate::store::segments::find(&txn, &tenant, segment).await?;
     let n = count_attached(&txn, s.id).await?;

@@ -71,8 +71,11 @@ async fn act_as(
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, &format!("{} of a VM", action.as_str()))?;
     // Each action wakes its host's agent for a pass every tenant there
-    // shares: a reboot loop is churn like any other.
-    crate::app::churn::take(st, &tenant, &format!("{} of a VM", action.as_str()))?;
+    // shares: a reboot loop is churn like any other. What gives resources
+    // back (stop, shelve, delete) is never held back.
+    if matches!(action, Action::Start | Action::Reboot | Action::Unshelve) {
+        crate::app::churn::take(st, &tenant, &format!("{} of a VM", action.as_str()))?;
+    }
     // A VM's row is locked here while its host's agent may hold the host
     // and lock the VM in its status report: PostgreSQL then gives one of
     // the two up, which is tried again rather than answered with an error.
@@ -503,6 +506,7 @@ pub async fn create(
 ) -> Result<(tenants::Model, vms::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating VMs")?;
+    crate::app::churn::take(st, &tenant, "creating VMs")?;
     let prepared = prepare(st, &tenant, body, "networks.segment", "the VM's").await?;
     budget_allows(st, &tenant, &prepared.spec, actor.at).await?;
     let name_taken = || {

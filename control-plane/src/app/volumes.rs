@@ -611,7 +611,14 @@ pub async fn move_to(
         }
         check_move(&txn, &v, &target).await?;
         // The copy takes room there until the move is over (and the
-        // original here until its host removes it).
+        // original here until its host removes it). Both hosts' rows are
+        // taken in id order first: two moves in opposite directions must
+        // not each hold one and wait for the other.
+        let mut both = [v.host_id, target.id];
+        both.sort();
+        for h in both {
+            bump_revision(&txn, h).await?;
+        }
         let gib = u64::try_from(v.size_gib).unwrap_or(0);
         let what = format!("a copy of {:?} ({gib} GiB)", v.name);
         check_room(st, &txn, target.id, gib, &what).await?;

@@ -3,7 +3,9 @@
 //! that serve every tenant, so a tenant flipping them in a loop slows the
 //! others. A token bucket per tenant: `burst` changes at once, then
 //! `per_minute` a minute; past it the change is refused with how long to
-//! wait.
+//! wait. What gives resources back (deleting, releasing, detaching,
+//! stopping) never takes from it: a tenant must always be able to stop
+//! spending, and a loop needs its other half anyway.
 
 use chrono::{DateTime, Utc};
 

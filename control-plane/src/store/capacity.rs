@@ -131,6 +131,10 @@ fn root_disks_on(rows: &[vms::Model], host: Uuid) -> Result<(u64, u64), ApiError
     Ok((holding, other))
 }
 
+/// A volume's id, size and hosts: where it is, where it is moving, where
+/// its old copy still is.
+type VolumeAt = (Uuid, i64, Uuid, Option<Uuid>, Option<Uuid>);
+
 /// Provisioned GiB of volumes and snapshots per host: volumes there,
 /// volumes moving there (a move holds room at both ends), old copies not
 /// removed yet, and every snapshot at its volume's size. Of one host, or
@@ -155,7 +159,7 @@ async fn volume_gib(
                 .add(volumes::Column::MovedFromHostId.eq(h)),
         );
     }
-    let rows: Vec<(Uuid, i64, Uuid, Option<Uuid>, Option<Uuid>)> = q.into_tuple().all(db).await?;
+    let rows: Vec<VolumeAt> = q.into_tuple().all(db).await?;
     let mut out: HashMap<Uuid, u64> = HashMap::new();
     let mut home: HashMap<Uuid, Uuid> = HashMap::with_capacity(rows.len());
     for (id, size, on, to, from) in &rows {

@@ -182,7 +182,7 @@ pub fn receive(reader: &mut dyn Read, out: &File, size: u64) -> Result<u64, Stor
         if len > MAX_RECORD {
             return Err(invalid(format!("a record of {len} bytes")));
         }
-        let end = offset.checked_add(len as u64).unwrap_or(u64::MAX);
+        let end = offset.saturating_add(len as u64);
         if offset < next || end > size {
             return Err(invalid(format!(
                 "a record at {offset}..{end} out of order or past the {size} bytes announced"

@@ -349,7 +349,7 @@ impl Jobs {
             }
             tracing::info!(volume = %volume, what, "storage job started");
             let started = Instant::now();
-            let outcome = match tokio::task::spawn_blocking(work).await {
+            let outcome = match tokio::task::spawn_blocking(|| super::in_background(work)).await {
                 Ok(r) => r.map_err(|e| e.to_string()),
                 Err(e) => Err(format!("the job stopped: {e}")),
             };

@@ -571,6 +571,44 @@ pub(crate) fn in_flight(key: &str) -> bool {
         .contains(key)
 }
 
+thread_local! {
+    /// Set while this thread does long work ([`in_background`]).
+    static BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (long storage work: a merge, a copy, a conversion) with the
+/// tools it starts at the lowest CPU priority (`nice -n 19`): it yields
+/// to the host's passes, consoles and guests instead of competing with
+/// them.
+pub fn in_background<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            BACKGROUND.with(|b| b.set(self.0));
+        }
+    }
+    let _reset = Reset(BACKGROUND.with(|b| b.replace(true)));
+    f()
+}
+
+/// `cmd` run through `nice -n 19`, as [`in_background`] wants.
+fn niced(cmd: &Command) -> Command {
+    let mut low = Command::new("nice");
+    low.args(["-n", "19"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        low.current_dir(dir);
+    }
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => low.env(k, v),
+            None => low.env_remove(k),
+        };
+    }
+    low
+}
+
 /// Runs a tool, returns its stdout; errors name the tool, its arguments
 /// and its stderr, or the Debian package that brings a missing tool.
 pub(crate) fn run(
@@ -578,7 +616,13 @@ pub(crate) fn run(
     tool: &'static str,
     package: &'static str,
 ) -> Result<Vec<u8>, StorageError> {
-    let out = cmd.output().map_err(|e| {
+    let background = BACKGROUND.with(|b| b.get());
+    let out = if background {
+        niced(cmd).output()
+    } else {
+        cmd.output()
+    };
+    let out = out.map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             StorageError::MissingTool { tool, package }
         } else {
@@ -588,6 +632,10 @@ pub(crate) fn run(
             }
         }
     })?;
+    // `nice` says 127 for a tool it cannot find.
+    if background && out.status.code() == Some(127) {
+        return Err(StorageError::MissingTool { tool, package });
+    }
     if !out.status.success() {
         let args: Vec<String> = cmd
             .get_args()
@@ -728,6 +776,26 @@ mod tests {
         ));
         drop(c);
         assert!(!in_flight(&key));
+    }
+
+    /// Tools started by long work run at the lowest CPU priority; others
+    /// as the agent does; a missing tool is named either way.
+    #[test]
+    fn long_work_runs_its_tools_niced() {
+        let niceness = || {
+            let out = run(Command::new("nice").env("LC_ALL", "C"), "nice", "coreutils").unwrap();
+            String::from_utf8_lossy(&out).trim().parse::<i32>().unwrap()
+        };
+        let base = niceness();
+        assert_eq!(in_background(niceness), 19.max(base));
+        assert_eq!(niceness(), base, "only inside");
+        let mut missing = Command::new("no-such-kumo-tool");
+        for r in [
+            in_background(|| run(&mut missing, "no-such-kumo-tool", "x")),
+            run(&mut missing, "no-such-kumo-tool", "x"),
+        ] {
+            assert!(matches!(r, Err(StorageError::MissingTool { .. })), "{r:?}");
+        }
     }
 
     #[test]
