@@ -26,7 +26,8 @@ impl Table {
     /// may hold terminal escapes) are shown as `�`, never sent to the
     /// terminal.
     pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells.into_iter().map(|c| printable(&c)).collect());
+        self.rows
+            .push(cells.into_iter().map(|c| printable(&c)).collect());
     }
 
     pub fn render(&self) -> String {

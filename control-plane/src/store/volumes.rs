@@ -1,9 +1,7 @@
 //! Queries of volumes: a tenant's, a host's, a VM's, and the tenant's
 //! total against its `volume_gib` quota.
 
-use std::collections::BTreeMap;
-
-use kumo_api_types::{HostState, VolumeState};
+use kumo_api_types::VolumeState;
 use sea_orm::{
     ColumnTrait, Condition, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, Set,
@@ -12,7 +10,7 @@ use uuid::Uuid;
 
 use crate::domain::paging::Paging;
 use crate::domain::states::StoredText;
-use crate::entity::{hosts, tenants, volume_snapshots, volumes};
+use crate::entity::{tenants, volume_snapshots, volumes};
 use crate::error::ApiError;
 
 pub fn stored_state(v: &volumes::Model) -> Result<VolumeState, ApiError> {
@@ -262,29 +260,6 @@ pub async fn move_with_vm(
         .exec(txn)
         .await?;
     Ok(r.rows_affected)
-}
-
-/// Where a new volume goes when nothing ties it to a host: the ready host
-/// with the fewest volumes (ties by name), if any.
-pub async fn roomiest_host(db: &impl ConnectionTrait) -> Result<Option<hosts::Model>, ApiError> {
-    let hosts = hosts::Entity::find()
-        .filter(hosts::Column::State.eq(HostState::Ready.to_text()))
-        .order_by_asc(hosts::Column::Name)
-        .all(db)
-        .await?;
-    let mut count: BTreeMap<Uuid, usize> = BTreeMap::new();
-    for v in volumes::Entity::find()
-        .select_only()
-        .column(volumes::Column::HostId)
-        .into_tuple::<Uuid>()
-        .all(db)
-        .await?
-    {
-        *count.entry(v).or_default() += 1;
-    }
-    Ok(hosts
-        .into_iter()
-        .min_by_key(|h| count.get(&h.id).copied().unwrap_or(0)))
 }
 
 /// A volume's snapshots, oldest first.

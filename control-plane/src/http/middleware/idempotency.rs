@@ -173,7 +173,10 @@ async fn handle(state: &AppState, req: Request, next: Next) -> Result<Response, 
         }
     };
     if bytes.len() > MAX_STORED_RESPONSE {
-        tracing::warn!(bytes = bytes.len(), "an answer too large to keep for its Idempotency-Key; not kept");
+        tracing::warn!(
+            bytes = bytes.len(),
+            "an answer too large to keep for its Idempotency-Key; not kept"
+        );
         release(state, user_id, &key).await;
     } else if resp_parts.status.is_server_error() {
         release(state, user_id, &key).await;
