@@ -92,21 +92,21 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
 }
 
 /// Places every member (all or nothing) and applies them to the index.
-/// `disk_here`: the (one) member's root disk is on the host it is tied to
-/// already (a VM unshelved where it was shelved), so it takes no room.
+/// `disk_gib`: the disk the (one) member takes on its host where that is
+/// not its root disk (see [`disk_needed`]).
 fn reserve(
     st: &AppState,
     tenant: Uuid,
     members: &[Member],
-    disk_here: bool,
+    disk_gib: Option<u64>,
 ) -> Result<Option<Vec<Reserved>>, ApiError> {
     let Some(first) = members.first() else {
         return Ok(Some(Vec::new()));
     };
     let mut index = st.capacity.lock();
     let mut req = request(&index, first)?;
-    if disk_here {
-        req.disk_gib = 0;
+    if let Some(gib) = disk_gib {
+        req.disk_gib = gib;
     }
     let spot = first.spec.service_level == ServiceLevel::Spot;
     let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
@@ -591,9 +591,9 @@ fn settle(st: &AppState, reserved: &[Reserved]) {
 /// Rounds of reserve → commit; a lost race re-reads the hosts it touched
 /// and tries again. `Ok(false)` when the members fit nowhere.
 async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
-    let disk_here = disk_already_there(st, job).await?;
+    let disk_gib = disk_needed(st, job).await?;
     for round in 0..ROUNDS {
-        let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_here)? else {
+        let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_gib)? else {
             if round == 0 {
                 // The index may lag other replicas' frees: look again.
                 st.capacity.refresh_all(&st.db).await?;
@@ -623,15 +623,29 @@ async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
 
 /// Whether a pending VM goes back to the host that keeps its root disk
 /// (unshelved in place): its disk is counted there already.
-async fn disk_already_there(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
+/// The disk a pending VM takes on the host it goes to, where that is not
+/// its root disk's size: none where its disk is already (unshelved where
+/// it was shelved); its root disk and its volumes where it is unshelved
+/// anywhere, since its volumes travel with it.
+async fn disk_needed(st: &AppState, job: Admission<'_>) -> Result<Option<u64>, ApiError> {
     let ([m], Rows::Pending { .. }) = (job.members, job.rows) else {
-        return Ok(false);
+        return Ok(None);
     };
-    let Some(host) = m.on_host else {
-        return Ok(false);
+    let Some(vm) = vms::Entity::find_by_id(m.id).one(&st.db).await? else {
+        return Ok(None);
     };
-    let vm = vms::Entity::find_by_id(m.id).one(&st.db).await?;
-    Ok(vm.is_some_and(|v| v.disk_host_id == Some(host)))
+    if m.on_host.is_some() && vm.disk_host_id == m.on_host {
+        return Ok(Some(0));
+    }
+    if !vm.unshelve_anywhere {
+        return Ok(None);
+    }
+    let volumes = crate::store::volumes::of_vm(&st.db, vm.id).await?;
+    let travelling: u64 = volumes
+        .iter()
+        .map(|v| u64::try_from(v.size_gib).unwrap_or(0))
+        .sum();
+    Ok(Some(u64::from(m.spec.disk_gib) + travelling))
 }
 
 fn no_room(members: &[Member]) -> ApiError {

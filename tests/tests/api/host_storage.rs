@@ -181,6 +181,43 @@ on_both_backends! {
     }
 }
 
+on_both_backends! {
+    config = |c| c.storage.overcommit = 1.0;
+    /// A VM unshelved anywhere takes its volumes along: the host it goes
+    /// to needs room for its root disk and them.
+    async fn a_vm_unshelved_anywhere_needs_room_for_its_volumes_too(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut home = host(s, "home", Some(1000)).await;
+        let vm: Vm = s.admin.create_vm("lab", &small_vm("work", 10)).await.unwrap();
+        assert_eq!(vm.host.as_deref(), Some("home"));
+        let (status, body) = post(s, "/tenants/lab/volumes", json!({"name": "ckpt", "size_gib": 100, "vm": "work"})).await;
+        assert_eq!(status, 201, "{body}");
+        home.converge().await;
+        let (status, body) = post(s, "/tenants/lab/volumes/ckpt/attach", json!({"vm": "work"})).await;
+        assert!(status < 300, "{body}");
+        home.converge().await;
+        let (status, body) = post(s, "/tenants/lab/vms/work/shelve", json!({})).await;
+        assert!(status < 300, "{body}");
+        home.converge().await;
+        assert_eq!(vm_state(s, "lab", "work").await, Some(VmState::Shelved));
+        let _: serde_json::Value = s.admin.post("/api/v1/hosts/home/drain", &json!({})).await.unwrap();
+
+        // 50 GiB hold its 10 GiB root disk, not its 100 GiB volume too.
+        let _narrow = host(s, "narrow", Some(50)).await;
+        let (status, body) = post(s, "/tenants/lab/vms/work/unshelve?anywhere=true", json!({})).await;
+        assert!(status < 300, "{body}");
+        kumo_server::app::jobs::reclaimer::pass(&s.server.state).await.unwrap();
+        let v: Vm = s.admin.vm("lab", "work").await.unwrap();
+        assert_eq!(v.state, VmState::Pending, "placed on {:?}", v.host);
+        // A host with room takes it.
+        let _wide = host(s, "wide", Some(500)).await;
+        s.refresh_capacity().await;
+        kumo_server::app::jobs::reclaimer::pass(&s.server.state).await.unwrap();
+        let v: Vm = s.admin.vm("lab", "work").await.unwrap();
+        assert_eq!(v.host.as_deref(), Some("wide"), "{v:?}");
+    }
+}
+
 // ---- long storage work beside other tenants' VMs ----------------------
 
 fn fixture(dir: &Path) -> std::path::PathBuf {
