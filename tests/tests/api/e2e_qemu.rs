@@ -809,8 +809,8 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
 /// machine has no GPU, so the test guest's stand-in `nvidia-smi` prints
 /// what the test writes, and the VM's placement is read as if it held two
 /// GPUs of an HGX host, whose guest addresses the agent maps back to that
-/// host's. (The server's half, roll-ups and XID quarantine, is
-/// `device_health::guests_gpu_figures_roll_up_by_minute_and_an_xid_79_quarantines`.)
+/// host's. (The server's half, roll-ups and what an XID does, is
+/// `device_health::guests_gpu_figures_roll_up_by_minute_and_an_xid_only_makes_suspect`.)
 async fn gpu_telemetry_through_the_guest_agent(
     s: &TestServer,
     agent: &Agent,
@@ -961,10 +961,16 @@ async fn gpu_telemetry_through_the_guest_agent(
         .iter()
         .find(|d| d.bdf == gpus[1].to_string())
         .unwrap();
+    // A guest's word makes its GPU suspect, never takes it out of service.
     assert_eq!(
         d.state,
-        kumo_api_types::DeviceState::Quarantined,
+        kumo_api_types::DeviceState::Suspect,
         "the guest's XID 79: {:?}",
+        d.reason
+    );
+    assert!(
+        d.reason.as_deref().unwrap_or("").contains("XID 79"),
+        "{:?}",
         d.reason
     );
     // The kernel log is read whole each time; the XID is told once.
