@@ -18,6 +18,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub config: Arc<Config>,
     pub signals: Arc<crate::signals::HostSignals>,
+    /// Heartbeats not yet written (see [`crate::leases`]).
+    pub leases: Arc<crate::leases::HostLeases>,
     pub consoles: Arc<crate::consoles::ConsoleHub>,
     pub capacity: Arc<crate::store::capacity::Capacity>,
     pub sso: Arc<crate::oidc::Sso>,

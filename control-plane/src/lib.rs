@@ -27,6 +27,7 @@ pub mod domain;
 pub mod entity;
 pub mod error;
 pub mod http;
+pub mod leases;
 pub mod metrics;
 pub mod oidc;
 pub mod server;

@@ -34,6 +34,9 @@ pub struct Metrics {
     latency: HistogramFamily,
     db_pool_connections: Gauge,
     db_pool_idle: Gauge,
+    /// Heartbeats written by the lease keeper, and its batches.
+    lease_renewals: Counter,
+    lease_batches: Counter,
 }
 
 impl Default for Metrics {
@@ -49,6 +52,18 @@ impl Metrics {
         let latency: HistogramFamily = Family::new_with_constructor(latency_histogram);
         let db_pool_connections = Gauge::default();
         let db_pool_idle = Gauge::default();
+        let lease_renewals = Counter::default();
+        let lease_batches = Counter::default();
+        registry.register(
+            "host_lease_renewals",
+            "Host heartbeats written in batches by the lease keeper",
+            lease_renewals.clone(),
+        );
+        registry.register(
+            "host_lease_batches",
+            "Batches of host heartbeats written",
+            lease_batches.clone(),
+        );
         registry.register(
             "http_requests",
             "HTTP requests by route and status",
@@ -75,7 +90,15 @@ impl Metrics {
             latency,
             db_pool_connections,
             db_pool_idle,
+            lease_renewals,
+            lease_batches,
         }
+    }
+
+    /// One batch of `hosts` heartbeats written.
+    pub fn lease_batch(&self, hosts: usize) {
+        self.lease_renewals.inc_by(hosts as u64);
+        self.lease_batches.inc();
     }
 
     pub fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {

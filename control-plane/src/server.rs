@@ -71,6 +71,7 @@ impl RunningServer {
             metrics: Arc::new(Metrics::new()),
             config: Arc::new(config),
             signals: Arc::default(),
+            leases: Arc::default(),
             consoles: Arc::default(),
             capacity: Arc::new(crate::store::capacity::Capacity::with_overcommit(
                 overcommit,
@@ -78,14 +79,19 @@ impl RunningServer {
             sso: Arc::default(),
             churn: Arc::default(),
         };
+        // Marks first: a change landing during the full read is followed.
+        state.capacity.catch_up(&state.db, &state.signals).await?;
         state.capacity.refresh_all(&state.db).await?;
         let detector = tokio::spawn(crate::app::jobs::lost_hosts::run(state.clone()));
         let reaper = tokio::spawn(crate::app::jobs::reclaimer::run(state.clone()));
         let edge_keeper = tokio::spawn(crate::app::jobs::edge_keeper::run(state.clone()));
+        let lease_keeper = tokio::spawn(crate::app::jobs::lease_keeper::run(state.clone()));
+        let host_changes = tokio::spawn(crate::app::jobs::host_changes::run(state.clone()));
         let app = crate::http::router::router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let signals = state.signals.clone();
         let consoles = state.consoles.clone();
+        let last = state.clone();
         let task = tokio::spawn(async move {
             let served = axum::serve(
                 listener,
@@ -100,6 +106,13 @@ impl RunningServer {
             detector.abort();
             reaper.abort();
             edge_keeper.abort();
+            lease_keeper.abort();
+            host_changes.abort();
+            // Beats heard since the last batch, so a restarted or
+            // replaced replica loses none.
+            if let Err(e) = crate::app::jobs::lease_keeper::flush(&last).await {
+                tracing::warn!(error = %e, "host leases not written at shutdown");
+            }
             served
         });
         Ok(RunningServer {

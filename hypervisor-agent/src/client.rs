@@ -53,28 +53,36 @@ pub async fn register(
     current: Option<&str>,
     topology: &HostTopology,
 ) -> Result<AgentRegistered, ClientError> {
-    let server = &config.server;
-    let mut req = reqwest::Client::new().post(format!(
+    let body = AgentRegister {
+        join_token: join_token.to_owned(),
+        name: config.name.clone(),
+        topology: topology.clone(),
+        virt_type: config.virt_type.clone(),
+        scalable_unit: config.scalable_unit.clone(),
+        rails: config.rails.clone(),
+        underlay_ip: config.underlay_ip,
+        edge_uplink: config.edge_uplink.clone(),
+        transfer_url: config.transfer_url.clone(),
+    };
+    register_as(&reqwest::Client::new(), &config.server, &body, current).await
+}
+
+/// [`register`] with a registration already made up, on a given HTTP
+/// client (the fleet simulator registers thousands of hosts on one).
+pub async fn register_as(
+    http: &reqwest::Client,
+    server: &str,
+    body: &AgentRegister,
+    current: Option<&str>,
+) -> Result<AgentRegistered, ClientError> {
+    let mut req = http.post(format!(
         "{}/agent/v1/register",
         server.trim_end_matches('/')
     ));
     if let Some(c) = current {
         req = req.bearer_auth(c);
     }
-    let resp = req
-        .json(&AgentRegister {
-            join_token: join_token.to_owned(),
-            name: config.name.clone(),
-            topology: topology.clone(),
-            virt_type: config.virt_type.clone(),
-            scalable_unit: config.scalable_unit.clone(),
-            rails: config.rails.clone(),
-            underlay_ip: config.underlay_ip,
-            edge_uplink: config.edge_uplink.clone(),
-            transfer_url: config.transfer_url.clone(),
-        })
-        .send()
-        .await?;
+    let resp = req.json(body).send().await?;
     Ok(check(resp).await?.json().await?)
 }
 
@@ -92,13 +100,23 @@ impl AgentClient {
     }
 
     pub fn new(server: &str, credential: &str) -> AgentClient {
-        AgentClient {
-            server: server.trim_end_matches('/').to_owned(),
-            credential: std::sync::Arc::new(std::sync::RwLock::new(credential.to_owned())),
-            http: reqwest::Client::builder()
+        Self::sharing(
+            reqwest::Client::builder()
                 .timeout(std::time::Duration::from_secs(60))
                 .build()
                 .unwrap_or_default(),
+            server,
+            credential,
+        )
+    }
+
+    /// A client on a connection pool shared with others (many simulated
+    /// hosts in one process).
+    pub fn sharing(http: reqwest::Client, server: &str, credential: &str) -> AgentClient {
+        AgentClient {
+            server: server.trim_end_matches('/').to_owned(),
+            credential: std::sync::Arc::new(std::sync::RwLock::new(credential.to_owned())),
+            http,
         }
     }
 

@@ -2,7 +2,7 @@
 //! CPUs per NUMA node, memory per node) and the VMs holding the rest.
 //! Its owner keeps it in step with the database; nothing here does IO.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kumo_topology::guest_layout::{PlacedNic, Placement};
@@ -293,6 +293,10 @@ impl HostCap {
     }
 }
 
+/// Where best fit looks: a GPU model's free count on a host, under the
+/// whole fleet (`None`) and under the host's scalable unit.
+pub type ShapeKey = (Option<u32>, u16, u32);
+
 /// Every host's capacity. Host positions are stable until a host is
 /// removed.
 #[derive(Debug, Clone, Default)]
@@ -301,6 +305,11 @@ pub struct Index {
     by_id: HashMap<Uuid, usize>,
     models: Vec<String>,
     units: Vec<String>,
+    /// Host positions by how many GPUs of a model they have free (those
+    /// with none are not filed), fleet-wide and per scalable unit: best
+    /// fit reads the hosts that would be left fullest first without
+    /// walking the fleet. Kept by every change below.
+    shapes: HashMap<ShapeKey, BTreeSet<usize>>,
 }
 
 impl Index {
@@ -351,6 +360,61 @@ impl Index {
         Ok(Arc::new(p?))
     }
 
+    /// The keys host `i` is filed under now.
+    fn shape_keys(&self, i: usize) -> Vec<ShapeKey> {
+        let Some(h) = self.hosts.get(i) else {
+            return Vec::new();
+        };
+        let mut keys = Vec::new();
+        for (m, mask) in &h.profile.model_masks {
+            let free = (h.gpu_free & mask).count_ones();
+            if free > 0 {
+                keys.push((None, *m, free));
+                if h.scalable_unit.is_some() {
+                    keys.push((h.scalable_unit, *m, free));
+                }
+            }
+        }
+        keys
+    }
+
+    fn file(&mut self, i: usize) {
+        for k in self.shape_keys(i) {
+            self.shapes.entry(k).or_default().insert(i);
+        }
+    }
+
+    fn unfile(&mut self, i: usize) {
+        for k in self.shape_keys(i) {
+            if let Some(set) = self.shapes.get_mut(&k) {
+                set.remove(&i);
+                if set.is_empty() {
+                    self.shapes.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Host positions with exactly `free` GPUs of `model` free, in
+    /// position order: fleet-wide, or within one scalable unit.
+    pub fn with_free(
+        &self,
+        unit: Option<u32>,
+        model: u16,
+        free: u32,
+    ) -> impl Iterator<Item = usize> + '_ {
+        self.shapes
+            .get(&(unit, model, free))
+            .into_iter()
+            .flatten()
+            .copied()
+    }
+
+    /// Every interned model id.
+    pub fn model_ids(&self) -> impl Iterator<Item = u16> {
+        0..self.models.len() as u16
+    }
+
     pub fn position(&self, id: Uuid) -> Option<usize> {
         self.by_id.get(&id).copied()
     }
@@ -377,20 +441,32 @@ impl Index {
             cap.account(&hold, true);
             cap.holds.push(hold);
         }
-        match self.by_id.get(&cap.id) {
-            Some(i) => self.hosts[*i] = cap,
+        let i = match self.by_id.get(&cap.id).copied() {
+            Some(i) => {
+                self.unfile(i);
+                self.hosts[i] = cap;
+                i
+            }
             None => {
                 self.by_id.insert(cap.id, self.hosts.len());
                 self.hosts.push(cap);
+                self.hosts.len() - 1
             }
-        }
+        };
+        self.file(i);
     }
 
     pub fn remove(&mut self, id: Uuid) {
         if let Some(i) = self.by_id.remove(&id) {
+            let last = self.hosts.len() - 1;
+            self.unfile(i);
+            if i != last {
+                self.unfile(last);
+            }
             self.hosts.swap_remove(i);
             if let Some(moved) = self.hosts.get(i) {
                 self.by_id.insert(moved.id, i);
+                self.file(i);
             }
         }
     }
@@ -409,15 +485,20 @@ impl Index {
 
     /// Takes a hold's share on a host.
     pub fn apply(&mut self, host: usize, hold: Hold) {
+        self.unfile(host);
         if let Some(h) = self.hosts.get_mut(host) {
             h.account(&hold, true);
             h.holds.push(hold);
         }
+        self.file(host);
     }
 
     /// Frees a VM's share; returns what it held.
     pub fn release(&mut self, host: usize, vm: Uuid) -> Option<Hold> {
-        self.hosts.get_mut(host)?.release(vm)
+        self.unfile(host);
+        let out = self.hosts.get_mut(host).and_then(|h| h.release(vm));
+        self.file(host);
+        out
     }
 
     /// Whether every device, CPU and MiB of `hold` is free on the host

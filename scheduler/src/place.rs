@@ -493,9 +493,16 @@ pub fn place(index: &Index, req: &Request, strategy: Strategy) -> Option<Choice>
 }
 
 /// GPU VMs: hosts bucketed by the GPUs they would have left, the fullest
-/// bucket first; a few hosts of a bucket are scored in full.
+/// bucket first; in each, the first few hosts (by position) that can take
+/// the VM are scored in full. Buckets come from the index's filing by free
+/// GPUs per model ([`Index::with_free`]), so the cost follows the hosts
+/// looked at, not the fleet's size.
 fn best_fit_gpu(index: &Index, req: &Request) -> Option<(usize, Choice)> {
     let n = req.gpus;
+    if let Some(id) = req.host {
+        let i = index.position(id)?;
+        return place_on(&index.hosts[i], req, Strategy::BestFit).map(|(c, _)| (i, c));
+    }
     let left_of = |h: &HostCap| -> Option<u32> {
         if !host_takes(h, req) {
             return None;
@@ -506,31 +513,38 @@ fn best_fit_gpu(index: &Index, req: &Request) -> Option<(usize, Choice)> {
             .min()
             .map(|f| f - n)
     };
-    let mut buckets = [0u32; 65];
-    for h in &index.hosts {
-        if let Some(l) = left_of(h) {
-            buckets[l as usize] += 1;
-        }
-    }
+    let models: Vec<u16> = match req.model {
+        Some(m) => vec![m],
+        None => index.model_ids().collect(),
+    };
     let mut fallback: Option<(Score, usize, Choice)> = None;
-    for (left, count) in buckets.iter().enumerate() {
-        if *count == 0 {
-            continue;
-        }
-        let mut best: Option<(Score, usize, Choice)> = None;
-        let mut tried = 0;
-        for (i, h) in index.hosts.iter().enumerate() {
-            if left_of(h) != Some(left as u32) {
-                continue;
+    for left in 0..=(64u32.saturating_sub(n)) {
+        // The first hosts of the bucket by position: per model the first
+        // that place (a host files under each of its models, and belongs
+        // to the bucket of its fullest fitting one), then merged.
+        let mut tried: Vec<(usize, Score, Choice)> = Vec::new();
+        for m in &models {
+            let mut of_model = 0;
+            for i in index.with_free(req.unit, *m, n + left) {
+                let h = &index.hosts[i];
+                if left_of(h) != Some(left) || tried.iter().any(|t| t.0 == i) {
+                    continue;
+                }
+                if let Some((c, s)) = place_on(h, req, Strategy::BestFit) {
+                    tried.push((i, s, c));
+                    of_model += 1;
+                    if of_model == TRIES_PER_BUCKET {
+                        break;
+                    }
+                }
             }
-            if let Some((c, s)) = place_on(h, req, Strategy::BestFit) {
-                tried += 1;
-                if best.as_ref().is_none_or(|b| s < b.0) {
-                    best = Some((s, i, c));
-                }
-                if tried == TRIES_PER_BUCKET {
-                    break;
-                }
+        }
+        tried.sort_by_key(|t| t.0);
+        tried.truncate(TRIES_PER_BUCKET);
+        let mut best: Option<(Score, usize, Choice)> = None;
+        for (i, s, c) in tried {
+            if best.as_ref().is_none_or(|b| s < b.0) {
+                best = Some((s, i, c));
             }
         }
         match best {

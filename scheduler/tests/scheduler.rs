@@ -7,8 +7,8 @@ use kumo_scheduler::index::{HostCap, VmInput};
 use kumo_scheduler::profile::bits;
 use kumo_scheduler::reclaim;
 use kumo_scheduler::{
-    place::place, place_cluster, ClusterRequest, HostInput, HostProfile, HostUse, Index, Request,
-    Strategy,
+    place::{place, place_on},
+    place_cluster, ClusterRequest, HostInput, HostProfile, HostUse, Index, Request, Strategy,
 };
 use kumo_topology::{fixtures, sysfs, HostTopology};
 use proptest::prelude::*;
@@ -897,5 +897,167 @@ fn an_nvswitch_host_without_its_fabric_manager_takes_single_gpus_only() {
     assert!(take(&mut index, &two).is_none());
     for _ in 0..8 {
         assert!(take(&mut index, &one).is_some());
+    }
+}
+
+/// Best fit as it was before the index filed hosts by free GPUs: every
+/// host walked, bucketed by the GPUs it would have left, the first four
+/// that place of the fullest bucket scored. The reference the filed
+/// search must agree with.
+fn best_fit_by_walking(index: &Index, req: &Request) -> Option<(usize, kumo_scheduler::Hold)> {
+    let left_of = |i: usize| -> Option<u32> {
+        let h = &index.hosts[i];
+        place_on(h, req, Strategy::BestFit)?;
+        h.profile
+            .model_masks
+            .iter()
+            .filter(|(m, _)| req.model.is_none_or(|x| x == *m))
+            .map(|(_, mask)| (h.gpu_free & mask).count_ones())
+            .filter(|f| *f >= req.gpus)
+            .min()
+            .map(|f| f - req.gpus)
+    };
+    let mut fallback: Option<(kumo_scheduler::place::Score, usize, kumo_scheduler::Hold)> = None;
+    for left in 0..=64 {
+        let mut best: Option<(
+            kumo_scheduler::place::Score,
+            usize,
+            kumo_scheduler::Hold,
+            bool,
+        )> = None;
+        for i in (0..index.hosts.len())
+            .filter(|i| left_of(*i) == Some(left))
+            .take(4)
+        {
+            let (c, s) = place_on(&index.hosts[i], req, Strategy::BestFit).unwrap();
+            if best.as_ref().is_none_or(|b| s < b.0) {
+                best = Some((s, i, c.hold, c.split));
+            }
+        }
+        match best {
+            Some((_, i, hold, false)) => return Some((i, hold)),
+            Some((s, i, hold, true)) if fallback.as_ref().is_none_or(|f| s < f.0) => {
+                fallback = Some((s, i, hold))
+            }
+            _ => {}
+        }
+    }
+    fallback.map(|(_, i, h)| (i, h))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Random arrivals, departures, hosts leaving and coming back over a
+    /// mixed fleet in two units: every GPU placement through the index's
+    /// filing (fleet-wide and per unit, one model or any) is the one a
+    /// walk over every host makes.
+    #[test]
+    fn best_fit_through_the_filing_agrees_with_a_walk_of_the_fleet(
+        ops in prop::collection::vec((0u32..4, 0u32..4, any::<bool>(), 0u32..8), 1..80)
+    ) {
+        let mut index = fleet(&[
+            ("dgx-a100", Some("a")), ("hgx-h100", Some("a")), ("hgx-h100", Some("a")),
+            ("hgx-h100-2nic", Some("b")), ("l40s-pcie", Some("b")), ("hgx-h100", None),
+            ("dgx-a100", Some("b")), ("cpu-only", None),
+        ]);
+        let models = [Some(H100), Some(A100), Some("L40S"), None];
+        let mut live: Vec<(Uuid, Uuid)> = Vec::new(); // (host id, vm)
+        for (size, model, leave, other) in ops {
+            if leave && !live.is_empty() {
+                let (host, vm) = live.remove(other as usize % live.len());
+                let i = index.position(host).unwrap();
+                prop_assert!(index.release(i, vm).is_some());
+            }
+            if other == 7 {
+                // A host leaves (the last one moves into its position)
+                // and comes back empty.
+                let i = (size as usize) % index.hosts.len();
+                let h = index.hosts[i].clone();
+                index.remove(h.id);
+                live.retain(|(host, _)| *host != h.id);
+                let n: usize = h.name[1..].parse().unwrap();
+                index.upsert(ready_host(n, h.scalable_unit.and_then(|u| index.unit_name(u)).map(str::to_owned).as_deref(), h.profile.clone()), &[]);
+            }
+            let gpus = [1, 2, 4, 8][size as usize];
+            let mut req = gpu_req(&index, gpus, models[model as usize].unwrap_or(H100));
+            req.model = models[model as usize].and_then(|m| index.model_id(m));
+            if other % 3 == 0 {
+                req.unit = index.hosts.iter().find_map(|h| h.scalable_unit);
+            }
+            let want = best_fit_by_walking(&index, &req);
+            let got = place(&index, &req, Strategy::BestFit);
+            prop_assert_eq!(want.as_ref().map(|w| (w.0, w.1.gpus)), got.as_ref().map(|c| (c.host, c.hold.gpus)));
+            if let Some(c) = got {
+                let vm = Uuid::now_v7();
+                let mut hold = c.hold;
+                hold.vm = vm;
+                let host = index.hosts[c.host].id;
+                index.apply(c.host, hold);
+                live.push((host, vm));
+            }
+        }
+    }
+}
+
+/// A figure BENCHMARKS.md records for the guards, on a line
+/// `<!-- guard NAME: VALUE -->`.
+fn recorded(name: &str) -> f64 {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../BENCHMARKS.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let key = format!("<!-- guard {name}: ");
+    text.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix(&key)?
+                .strip_suffix(" -->")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("BENCHMARKS.md records no `{key}VALUE -->`"))
+}
+
+/// Guarded figures (`./x test --extended`): placement on this build, as
+/// ratios measured in one run so the machine's speed cancels out. Best
+/// fit's p50 over first fit's on 1,000 hosts, and best fit's p50 on 4,000
+/// hosts over its p50 on 500 (the cost per request must not grow with the
+/// fleet); each may be at most twice what BENCHMARKS.md records.
+#[test]
+fn placement_figures_stay_within_twice_the_recorded_ones() {
+    if std::env::var_os("KUMO_EXTENDED").is_none() {
+        eprintln!("skipped: set KUMO_EXTENDED=1 (./x test --extended)");
+        return;
+    }
+    use kumo_scheduler::bench::{run, BenchConfig};
+    let at = |hosts: usize| {
+        let r = run(&BenchConfig {
+            hosts,
+            fill: 0.6,
+            requests: 3000,
+            seed: 7,
+            partitions: false,
+        })
+        .unwrap();
+        assert_eq!(r.hosts, hosts, "the bench built a smaller fleet than asked");
+        assert!(r.kumo.vms_placed > 2000, "{r:?}");
+        r
+    };
+    let small = at(500);
+    let large = at(4000);
+    let best_over_first = large.kumo.p50_us / large.first_fit.p50_us;
+    let growth = large.kumo.p50_us / small.kumo.p50_us;
+    eprintln!(
+        "best fit / first fit p50 at 4,000 hosts: {best_over_first:.2}; best fit p50 4,000 / 500 hosts: {growth:.2} ({:.1} µs / {:.1} µs)",
+        large.kumo.p50_us, small.kumo.p50_us
+    );
+    for (name, v) in [
+        ("placement_best_over_first_p50", best_over_first),
+        ("placement_p50_4000_over_500_hosts", growth),
+    ] {
+        let r = recorded(name);
+        assert!(
+            v <= 2.0 * r,
+            "{name}: {v:.2}, more than twice the recorded {r}"
+        );
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! The layers, lowest first (see ARCHITECTURE.md, "Architecture
 //! invariants"): the foundation (`error`, `clock`, `config`, `entity`,
-//! `db`, `metrics`, `signals`, `oidc`, `consoles`), `domain/`, `store/`, `context`,
+//! `db`, `metrics`, `signals`, `leases`, `oidc`, `consoles`), `domain/`, `store/`, `context`,
 //! `app/`, `http/`, and the composition root (`server`, `dev`, `lib`,
 //! `main`), which may use everything.
 
@@ -24,7 +24,8 @@ pub enum Layer {
 }
 
 const FOUNDATION: &[&str] = &[
-    "error", "clock", "config", "entity", "db", "backup", "metrics", "signals", "oidc", "consoles",
+    "error", "clock", "config", "entity", "db", "backup", "metrics", "signals", "leases", "oidc",
+    "consoles",
 ];
 
 impl Layer {

@@ -595,8 +595,9 @@ async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
     for round in 0..ROUNDS {
         let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_gib)? else {
             if round == 0 {
-                // The index may lag other replicas' frees: look again.
-                st.capacity.refresh_all(&st.db).await?;
+                // The index may lag other replicas' frees (by a second):
+                // catch up and look again.
+                st.capacity.catch_up(&st.db, &st.signals).await?;
                 continue;
             }
             return Ok(false);

@@ -9,7 +9,7 @@ use kumo_api_types::{
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect, Set,
-    TransactionTrait,
+    TransactionTrait, TryIntoModel,
 };
 use uuid::Uuid;
 
@@ -35,8 +35,9 @@ pub async fn heartbeat(
     let host_url = host.transfer_url.clone();
     let drained = host.drained;
     let disk_before = (host.disk_capacity_gib, host.root_disk_capacity_gib);
+    let free_before = host.disk_free_gib;
+    let faults_before = host.segment_faults.clone();
     let mut a: hosts::ActiveModel = host.into();
-    a.last_heartbeat_at = Set(st.config.clock.now());
     if back {
         a.state = Set(crate::store::hosts::reachable_state(drained)
             .as_str()
@@ -56,8 +57,12 @@ pub async fn heartbeat(
             serde_json::to_string(f).map_err(|e| ApiError::Internal(e.to_string()))?,
         ));
     }
+    // What the agent repeats every beat is written only when it differs.
     if let Some(f) = &body.segment_faults {
-        a.segment_faults = Set(crate::domain::faults::stored(f));
+        let stored = crate::domain::faults::stored(f);
+        if stored != faults_before {
+            a.segment_faults = Set(stored);
+        }
     }
     let new_url = body
         .transfer_url
@@ -74,19 +79,32 @@ pub async fn heartbeat(
         let gib = |g: u64| i64::try_from(g).unwrap_or(i64::MAX);
         let now = (Some(gib(d.capacity_gib)), d.root_disks_gib.map(gib));
         disk_changed = now != disk_before;
-        a.disk_capacity_gib = Set(now.0);
-        a.root_disk_capacity_gib = Set(now.1);
-        a.disk_free_gib = Set(Some(gib(d.free_gib)));
+        if disk_changed {
+            a.disk_capacity_gib = Set(now.0);
+            a.root_disk_capacity_gib = Set(now.1);
+        }
+        if Some(gib(d.free_gib)) != free_before {
+            a.disk_free_gib = Set(Some(gib(d.free_gib)));
+        }
     }
     let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
     if moved {
         crate::app::hosts::check_underlay(body.underlay_ip)?;
         a.underlay_ip = Set(body.underlay_ip.map(|u| u.to_string()));
     }
-    let updated = a
-        .update(&st.db)
-        .await
-        .map_err(|e| crate::app::hosts::underlay_taken(e, body.underlay_ip))?;
+    let now = st.config.clock.now();
+    // A beat that says only "alive" renews the host's lease in memory;
+    // the lease keeper writes it with others (see `crate::leases`).
+    let updated = if a.is_changed() {
+        a.last_heartbeat_at = Set(now);
+        a.update(&st.db)
+            .await
+            .map_err(|e| crate::app::hosts::underlay_taken(e, body.underlay_ip))?
+    } else {
+        st.leases.renew(id, now);
+        a.try_into_model()
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+    };
     if let Some(h) = &body.health {
         crate::app::device_health::report(st, &updated, h, origin).await?;
     }
@@ -330,6 +348,11 @@ pub async fn apply_status(
     let now = st.config.clock.now();
     let mut moved = crate::app::volumes::apply_status(&txn, host.id, &report.volumes, now).await?;
     moved.extend(crate::app::disk_moves::apply_status(&txn, host, &report.root_disks, now).await?);
+    if applied.freed {
+        // Devices came free: the revision moves, so other replicas'
+        // indexes re-read the host (see `Capacity::catch_up`).
+        crate::store::hosts::bump_revision(&txn, host.id).await?;
+    }
     txn.commit().await?;
     for h in applied.peers.into_iter().chain(moved) {
         st.signals.notify(h);

@@ -1,9 +1,12 @@
 //! The server's copy of the scheduler's capacity index, kept in step with
-//! the database: a host is re-read after every change this server makes
-//! to it and after every commit it loses, and the whole fleet every few
-//! seconds (changes made by other replicas, devices freed by agents). The
-//! index may lag; it is never trusted over the database, whose commit
-//! checks the host's revision and the allocation rows.
+//! the database by changes: a host is re-read after every change this
+//! server makes to it and after every commit it loses, and, every second,
+//! the hosts whose change marks moved (changes made by other replicas:
+//! one narrow query over all hosts, then only the changed ones re-read,
+//! [`Capacity::catch_up`]). The whole fleet is re-read only as a rare
+//! consistency check ([`REFRESH`]). The index may lag; it is never trusted
+//! over the database, whose commit checks the host's revision and the
+//! allocation rows.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -22,8 +25,9 @@ use crate::error::ApiError;
 use crate::store::hosts::{host_state, passthrough_problems, stored_topology};
 use crate::store::vms::{stored_placement, stored_spec, stored_state};
 
-/// How often the whole index is re-read.
-pub const REFRESH: Duration = Duration::from_secs(5);
+/// How often the whole index is re-read, a consistency check: changes
+/// reach it through [`Capacity::catch_up`].
+pub const REFRESH: Duration = Duration::from_secs(300);
 /// Hosts read per query by [`Capacity::refresh_all`].
 const REFRESH_PAGE: u64 = 100;
 
@@ -36,6 +40,9 @@ pub struct Capacity {
     /// `[storage] overcommit`: how many times its storage a host may
     /// provision.
     overcommit: f64,
+    /// Each host's change mark when last caught up.
+    /// `None` until first read.
+    marks: Mutex<Option<HashMap<Uuid, crate::store::hosts::ChangeMark>>>,
 }
 
 impl Default for Capacity {
@@ -81,7 +88,45 @@ impl Capacity {
             index: Mutex::default(),
             profiles: Mutex::default(),
             overcommit,
+            marks: Mutex::default(),
         }
+    }
+
+    /// Follows changes made elsewhere (other replicas, jobs that change
+    /// rows without re-reading): reads every host's change mark, wakes the
+    /// long polls of hosts whose revision moved and re-reads the hosts
+    /// whose capacity inputs moved, new hosts included; hosts gone leave
+    /// the index. The first call only records the marks (the caller then
+    /// reads the whole index). Returns the hosts re-read.
+    pub async fn catch_up(
+        &self,
+        db: &impl ConnectionTrait,
+        signals: &crate::signals::HostSignals,
+    ) -> Result<usize, ApiError> {
+        let now = crate::store::hosts::change_marks(db).await?;
+        let before = self
+            .marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(now.clone());
+        let Some(before) = before else {
+            return Ok(0);
+        };
+        let moved = crate::store::hosts::moved_marks(&before, &now);
+        if moved != crate::store::hosts::MovedMarks::default() {
+            tracing::debug!(?moved, "hosts changed elsewhere");
+        }
+        for id in &moved.woken {
+            signals.notify(*id);
+        }
+        for id in &moved.reread {
+            self.refresh_host(db, *id).await?;
+        }
+        let mut index = self.lock();
+        for id in &moved.gone {
+            index.remove(*id);
+        }
+        Ok(moved.reread.len())
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Index> {

@@ -14,6 +14,136 @@ use crate::domain::states::decode;
 use crate::entity::{allocations, hosts};
 use crate::error::ApiError;
 
+/// What other replicas need to notice of a host, read for every host in
+/// one narrow query (no topology): the revision its agent long-polls on,
+/// and a digest of what the capacity index is built from. The
+/// allocations under a host change only with its revision (every commit
+/// and release bumps it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeMark {
+    pub seen_revision: i64,
+    pub capacity: u64,
+}
+
+pub async fn change_marks(
+    db: &impl ConnectionTrait,
+) -> Result<std::collections::HashMap<Uuid, ChangeMark>, ApiError> {
+    use std::hash::{Hash, Hasher};
+    type Row = (
+        Uuid,
+        i64,
+        i64,
+        String,
+        bool,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+    );
+    let rows: Vec<Row> = hosts::Entity::find()
+        .select_only()
+        .columns([
+            hosts::Column::Id,
+            hosts::Column::Revision,
+            hosts::Column::NetworkRevision,
+            hosts::Column::State,
+            hosts::Column::Drained,
+            hosts::Column::ScalableUnit,
+            hosts::Column::UnderlayIp,
+            hosts::Column::TopologyDigest,
+            hosts::Column::Rails,
+            hosts::Column::DiskCapacityGib,
+            hosts::Column::RootDiskCapacityGib,
+        ])
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (r.1, &r.3, r.4, &r.5, &r.6, &r.7, &r.8, r.9, r.10).hash(&mut h);
+            let mark = ChangeMark {
+                seen_revision: r.1.saturating_add(r.2),
+                capacity: h.finish(),
+            };
+            (r.0, mark)
+        })
+        .collect())
+}
+
+/// What moved between two readings of the change marks.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MovedMarks {
+    /// Their agents' desired state changed.
+    pub woken: Vec<Uuid>,
+    /// Their capacity inputs changed, or they are new.
+    pub reread: Vec<Uuid>,
+    /// No longer there.
+    pub gone: Vec<Uuid>,
+}
+
+pub fn moved_marks(
+    before: &std::collections::HashMap<Uuid, ChangeMark>,
+    now: &std::collections::HashMap<Uuid, ChangeMark>,
+) -> MovedMarks {
+    let mut out = MovedMarks::default();
+    for (id, m) in now {
+        let b = before.get(id);
+        if b.is_some_and(|b| b.seen_revision != m.seen_revision) {
+            out.woken.push(*id);
+        }
+        if b.is_none_or(|b| b.capacity != m.capacity) {
+            out.reread.push(*id);
+        }
+    }
+    out.gone = before
+        .keys()
+        .filter(|id| !now.contains_key(id))
+        .copied()
+        .collect();
+    for v in [&mut out.woken, &mut out.reread, &mut out.gone] {
+        v.sort_unstable();
+    }
+    out
+}
+
+/// Hosts per lease-renewal statement: 4 bound values each, well under
+/// SQLite's limit on variables.
+const LEASES_PER_STATEMENT: usize = 500;
+
+/// Writes heartbeats renewed in memory: one `UPDATE … CASE` per batch of
+/// hosts, each row moved only forward (another replica may have written
+/// a later beat of the same host). Returns the statements run.
+pub async fn write_leases(
+    db: &impl ConnectionTrait,
+    renewed: &[(Uuid, chrono::DateTime<chrono::Utc>)],
+) -> Result<usize, ApiError> {
+    use sea_orm::sea_query::{CaseStatement, Expr};
+    let mut statements = 0;
+    for batch in renewed.chunks(LEASES_PER_STATEMENT) {
+        let mut case = CaseStatement::new();
+        for (id, at) in batch {
+            case = case.case(
+                hosts::Column::Id
+                    .eq(*id)
+                    .and(hosts::Column::LastHeartbeatAt.lt(*at)),
+                Expr::value(*at),
+            );
+        }
+        let case = case.finally(Expr::col(hosts::Column::LastHeartbeatAt));
+        hosts::Entity::update_many()
+            .col_expr(hosts::Column::LastHeartbeatAt, case.into())
+            .filter(hosts::Column::Id.is_in(batch.iter().map(|(id, _)| *id)))
+            .exec(db)
+            .await?;
+        statements += 1;
+    }
+    Ok(statements)
+}
+
 /// Marks a host's desired state as changed, inside the caller's transaction.
 pub async fn bump_revision(txn: &DatabaseTransaction, host: Uuid) -> Result<(), ApiError> {
     use sea_orm::sea_query::Expr;

@@ -3,5 +3,7 @@
 //! the API.
 
 pub mod edge_keeper;
+pub mod host_changes;
+pub mod lease_keeper;
 pub mod lost_hosts;
 pub mod reclaimer;

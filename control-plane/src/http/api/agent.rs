@@ -124,19 +124,26 @@ pub async fn desired(
     Query(q): Query<DesiredParams>,
 ) -> Result<axum::Json<DesiredState>, ApiError> {
     let deadline = tokio::time::Instant::now() + LONG_POLL;
+    let mut seen = st.signals.seen(host.id);
     let mut current = host;
     if let Some(after) = q.after {
-        while crate::app::agents::seen_revision(&current) <= after
-            && tokio::time::Instant::now() < deadline
-            && !st.signals.closing()
-        {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            st.signals
-                .wait(current.id, left.min(Duration::from_secs(1)))
-                .await;
+        loop {
+            // Read after taking the count: a change landing meanwhile is
+            // either in this row or counted, so no wake-up is missed.
             current = crate::store::hosts::by_id(&st.db, current.id)
                 .await?
                 .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if crate::app::agents::seen_revision(&current) > after
+                || left.is_zero()
+                || st.signals.closing()
+            {
+                break;
+            }
+            // Woken by a change made here, or by the host-change follower
+            // for one made by another replica (within a second).
+            st.signals.wait(current.id, seen, left).await;
+            seen = st.signals.seen(current.id);
         }
     }
     Ok(axum::Json(

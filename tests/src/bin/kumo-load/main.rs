@@ -6,9 +6,9 @@
 //! VMs, the hosts) and 20 % writes (a tenant, an API token), as an admin.
 //! Latency is measured from when a request was due, not when it was sent.
 //!
-//! `kumo-load fleet --url U --token T --hosts 10000 --heartbeat-secs 30
-//! --seconds 60` registers simulated hosts (a fixture machine each) and
-//! keeps every one heart-beating, for the server's memory under a fleet.
+//! `kumo-load fleet --url U --token T --hosts 10000 --seconds 120` runs a
+//! simulated fleet on the agent protocol beside a load of VM changes and
+//! API reads (see `fleet.rs`).
 //!
 //! Each prints one JSON object.
 
@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
+
+mod fleet;
 
 #[derive(Parser)]
 struct Cli {
@@ -41,13 +43,29 @@ enum What {
     Fleet {
         #[arg(long, default_value_t = 10_000)]
         hosts: usize,
-        #[arg(long, default_value_t = 30)]
-        heartbeat_secs: u64,
-        #[arg(long, default_value_t = 60)]
+        /// The agent's default.
+        #[arg(long, default_value_t = 5.0)]
+        heartbeat_secs: f64,
+        /// The agent's default.
+        #[arg(long, default_value_t = 15.0)]
+        telemetry_secs: f64,
+        #[arg(long, default_value_t = 120)]
         seconds: u64,
         /// Registrations in flight at once.
         #[arg(long, default_value_t = 32)]
         parallel: usize,
+        /// VM changes per second.
+        #[arg(long, default_value_t = 20.0)]
+        change_rate: f64,
+        /// API reads per second.
+        #[arg(long, default_value_t = 100.0)]
+        read_rate: f64,
+        /// The server's process id (its CPU time and memory).
+        #[arg(long)]
+        server_pid: Option<u32>,
+        /// The database (a SQLite file or a PostgreSQL URL), for its growth.
+        #[arg(long)]
+        database: Option<String>,
     },
 }
 
@@ -61,6 +79,19 @@ struct Tally {
 }
 
 impl Tally {
+    fn record_result(&mut self, due: Instant, ok: bool) {
+        self.latencies_ms.push(due.elapsed().as_secs_f64() * 1000.0);
+        if ok {
+            self.ok += 1;
+        } else {
+            self.errors += 1;
+        }
+    }
+
+    fn failures(&self) -> u64 {
+        self.non_2xx + self.errors
+    }
+
     fn record(&mut self, due: Instant, r: &Result<reqwest::Response, reqwest::Error>) {
         self.latencies_ms.push(due.elapsed().as_secs_f64() * 1000.0);
         match r {
@@ -158,121 +189,6 @@ async fn api(c: &Cli, rate: u32, seconds: u64) -> anyhow::Result<Value> {
     Ok(out)
 }
 
-async fn fleet(
-    c: &Cli,
-    hosts: usize,
-    heartbeat: u64,
-    seconds: u64,
-    parallel: usize,
-) -> anyhow::Result<Value> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(256)
-        .build()?;
-    let base = c.url.trim_end_matches('/').to_owned();
-    let join: Value = http
-        .post(format!("{base}/api/v1/hosts/join-tokens"))
-        .bearer_auth(&c.token)
-        .json(&json!({ "description": "kumo-load fleet", "ttl_seconds": 86400 }))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let join = join["token"].as_str().unwrap_or_default().to_owned();
-    let machines = ["hgx-h100", "dgx-a100", "l40s-pcie", "cpu-only"];
-    let topologies: Vec<Value> = machines
-        .iter()
-        .map(|m| {
-            let t = kumo_topology::fixtures::machine(m)
-                .ok_or_else(|| anyhow::anyhow!("no fixture {m}"))?;
-            let dir = tempfile::tempdir()?;
-            kumo_topology::fixtures::write(&t, dir.path())?;
-            let topo = kumo_topology::sysfs::discover(dir.path(), None)?;
-            Ok(serde_json::to_value(topo)?)
-        })
-        .collect::<anyhow::Result<_>>()?;
-    // Register, `parallel` at a time.
-    let started = Instant::now();
-    let credentials = Arc::new(Mutex::new(Vec::with_capacity(hosts)));
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..parallel.max(1) {
-        let (http, base, join, topologies, credentials, next) = (
-            http.clone(),
-            base.clone(),
-            join.clone(),
-            topologies.clone(),
-            credentials.clone(),
-            next.clone(),
-        );
-        workers.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= hosts {
-                    return;
-                }
-                let r = http
-                    .post(format!("{base}/agent/v1/register"))
-                    .json(&json!({
-                        "join_token": join,
-                        "name": format!("load-{i:05}"),
-                        "topology": topologies[i % topologies.len()],
-                        "virt_type": "kvm",
-                    }))
-                    .send()
-                    .await;
-                if let Ok(r) = r {
-                    if let Ok(v) = r.json::<Value>().await {
-                        if let Some(c) = v["credential"].as_str() {
-                            credentials.lock().await.push(c.to_owned());
-                        }
-                    }
-                }
-            }
-        });
-    }
-    while workers.join_next().await.is_some() {}
-    let registration = started.elapsed();
-    let credentials = std::mem::take(&mut *credentials.lock().await);
-    let registered = credentials.len();
-    // Heartbeats: each host once per period, spread evenly over it.
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let every = Duration::from_secs_f64(heartbeat as f64 / registered.max(1) as f64);
-    let start = Instant::now();
-    let total = (seconds / heartbeat.max(1)).max(1) as usize * registered;
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        let due = start + every * i as u32;
-        tokio::time::sleep_until(due.into()).await;
-        let (http, base, cred, tally) = (
-            http.clone(),
-            base.clone(),
-            credentials[i % registered].clone(),
-            tally.clone(),
-        );
-        tasks.spawn(async move {
-            let r = http
-                .post(format!("{base}/agent/v1/heartbeat"))
-                .bearer_auth(cred)
-                .json(&json!({}))
-                .send()
-                .await;
-            tally.lock().await.record(due, &r);
-        });
-        while tasks.try_join_next().is_some() {}
-    }
-    while tasks.join_next().await.is_some() {}
-    let t = std::mem::take(&mut *tally.lock().await);
-    Ok(json!({
-        "hosts": hosts,
-        "registered": registered,
-        "registration_s": (registration.as_secs_f64() * 10.0).round() / 10.0,
-        "heartbeat_every_s": heartbeat,
-        "heartbeats": t.summary(start.elapsed()),
-    }))
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let c = Cli::parse();
@@ -281,9 +197,27 @@ async fn main() -> std::process::ExitCode {
         What::Fleet {
             hosts,
             heartbeat_secs,
+            telemetry_secs,
             seconds,
             parallel,
-        } => fleet(&c, *hosts, *heartbeat_secs, *seconds, *parallel).await,
+            change_rate,
+            read_rate,
+            server_pid,
+            database,
+        } => {
+            let args = fleet::FleetArgs {
+                hosts: *hosts,
+                heartbeat: Duration::from_secs_f64(heartbeat_secs.max(0.1)),
+                telemetry: Duration::from_secs_f64(telemetry_secs.max(0.1)),
+                seconds: *seconds,
+                parallel: *parallel,
+                change_rate: *change_rate,
+                read_rate: *read_rate,
+                server_pid: *server_pid,
+                database: database.clone(),
+            };
+            fleet::run(&c.url, &c.token, args).await
+        }
     };
     match out {
         Ok(v) => {
