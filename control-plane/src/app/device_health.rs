@@ -90,7 +90,7 @@ pub async fn report(
             .map(|(b, r)| (b.clone(), r.kind.clone()))
             .collect()
     } else {
-        inventory(host)?
+        inventory(&*crate::store::hosts::with_topology(&txn, host).await?)?
     };
     let mut room = Room::host(kinds.len().saturating_sub(rows.len()));
     let mut changes = Vec::new();
@@ -215,6 +215,8 @@ pub async fn released_unfit(
             ),
         ));
     }
+    let whole = crate::store::hosts::with_topology(&st.db, host).await?;
+    let host = &*whole;
     let topo = stored_topology(host)?;
     let kinds = inventory(host)?;
     let now = st.config.clock.now();
@@ -344,6 +346,8 @@ pub async fn guest_finding(
     tenant: Uuid,
     origin: &Origin,
 ) -> Result<(), ApiError> {
+    let whole = crate::store::hosts::with_topology(&st.db, host).await?;
+    let host = &*whole;
     if inventory(host)?.get(bdf).map(String::as_str) != Some("gpu") {
         return Ok(());
     }

@@ -119,14 +119,23 @@ impl Capacity {
         for id in &moved.woken {
             signals.notify(*id);
         }
-        for id in &moved.reread {
+        let stale: Vec<Uuid> = {
+            let index = self.lock();
+            moved
+                .revised
+                .iter()
+                .filter(|(id, r)| index.host(*id).is_none_or(|h| h.revision != *r))
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in moved.reread.iter().chain(&stale) {
             self.refresh_host(db, *id).await?;
         }
         let mut index = self.lock();
         for id in &moved.gone {
             index.remove(*id);
         }
-        Ok(moved.reread.len())
+        Ok(moved.reread.len() + stale.len())
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Index> {

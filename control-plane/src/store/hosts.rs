@@ -22,6 +22,9 @@ use crate::error::ApiError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChangeMark {
     pub seen_revision: i64,
+    /// The revision placements commit against (the index keeps it).
+    pub revision: i64,
+    /// A digest of the other columns the index is built from.
     pub capacity: u64,
 }
 
@@ -64,9 +67,10 @@ pub async fn change_marks(
         .into_iter()
         .map(|r| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (r.1, &r.3, r.4, &r.5, &r.6, &r.7, &r.8, r.9, r.10).hash(&mut h);
+            (&r.3, r.4, &r.5, &r.6, &r.7, &r.8, r.9, r.10).hash(&mut h);
             let mark = ChangeMark {
                 seen_revision: r.1.saturating_add(r.2),
+                revision: r.1,
                 capacity: h.finish(),
             };
             (r.0, mark)
@@ -81,6 +85,9 @@ pub struct MovedMarks {
     pub woken: Vec<Uuid>,
     /// Their capacity inputs changed, or they are new.
     pub reread: Vec<Uuid>,
+    /// Only their revision moved (to this one): re-read unless the index
+    /// holds that revision already (a change this replica made).
+    pub revised: Vec<(Uuid, i64)>,
     /// No longer there.
     pub gone: Vec<Uuid>,
 }
@@ -97,6 +104,8 @@ pub fn moved_marks(
         }
         if b.is_none_or(|b| b.capacity != m.capacity) {
             out.reread.push(*id);
+        } else if b.is_some_and(|b| b.revision != m.revision) {
+            out.revised.push((*id, m.revision));
         }
     }
     out.gone = before
@@ -107,6 +116,7 @@ pub fn moved_marks(
     for v in [&mut out.woken, &mut out.reread, &mut out.gone] {
         v.sort_unstable();
     }
+    out.revised.sort_unstable();
     out
 }
 
@@ -245,6 +255,40 @@ pub async fn by_id(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<hosts::
     Ok(hosts::Entity::find_by_id(id).one(db).await?)
 }
 
+/// A host's row without its topology (`topology` reads empty): what an
+/// agent's every request authenticates and works with. The topology is a
+/// large document (tens of KiB), read whole only where it is used
+/// ([`with_topology`]).
+pub async fn by_id_without_topology(
+    db: &impl ConnectionTrait,
+    id: Uuid,
+) -> Result<Option<hosts::Model>, ApiError> {
+    use sea_orm::sea_query::Expr;
+    use sea_orm::Iterable;
+    Ok(hosts::Entity::find_by_id(id)
+        .select_only()
+        .columns(hosts::Column::iter().filter(|c| !matches!(c, hosts::Column::Topology)))
+        .column_as(Expr::value(""), "topology")
+        .into_model::<hosts::Model>()
+        .one(db)
+        .await?)
+}
+
+/// The host whole: `h` itself, or its row read again when `h` was read
+/// without its topology.
+pub async fn with_topology<'h>(
+    db: &impl ConnectionTrait,
+    h: &'h hosts::Model,
+) -> Result<std::borrow::Cow<'h, hosts::Model>, ApiError> {
+    if !h.topology.is_empty() {
+        return Ok(std::borrow::Cow::Borrowed(h));
+    }
+    let whole = by_id(db, h.id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("host {}", h.name)))?;
+    Ok(std::borrow::Cow::Owned(whole))
+}
+
 /// The hosts with these ids, in one query.
 pub async fn by_ids(
     db: &impl ConnectionTrait,
@@ -275,4 +319,38 @@ pub async fn with_segment_faults(db: &impl ConnectionTrait) -> Result<Vec<hosts:
         .filter(hosts::Column::SegmentFaults.is_not_null())
         .all(db)
         .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moved_marks_wake_revised_hosts_and_reread_changed_ones() {
+        let (a, b, c, d) = (
+            Uuid::from_u128(1),
+            Uuid::from_u128(2),
+            Uuid::from_u128(3),
+            Uuid::from_u128(4),
+        );
+        let m = |seen, revision, capacity| ChangeMark {
+            seen_revision: seen,
+            revision,
+            capacity,
+        };
+        let before = [(a, m(1, 1, 7)), (b, m(5, 5, 7)), (c, m(3, 3, 7))].into();
+        // a: a placement (revision); b: drained (capacity); c: gone;
+        // d: new.
+        let now = [(a, m(2, 2, 7)), (b, m(5, 5, 8)), (d, m(0, 0, 7))].into();
+        assert_eq!(
+            moved_marks(&before, &now),
+            MovedMarks {
+                woken: vec![a],
+                reread: vec![b, d],
+                revised: vec![(a, 2)],
+                gone: vec![c],
+            }
+        );
+        assert_eq!(moved_marks(&now, &now), MovedMarks::default());
+    }
 }
