@@ -97,7 +97,7 @@ pub async fn list(st: &AppState, actor: &Actor, q: &PageParams) -> Result<Page<H
     for h in &rows {
         items.push(to_api(
             h,
-            &stored_topology(h)?,
+            &*stored_topology(h)?,
             held.get(&h.id).map(Vec::as_slice).unwrap_or_default(),
             blocked.get(&h.id).map(Vec::as_slice).unwrap_or_default(),
         )?);
@@ -202,7 +202,7 @@ pub async fn set_drained(
     let held = held(&st.db, id).await?;
     to_api(
         &updated,
-        &stored_topology(&updated)?,
+        &*stored_topology(&updated)?,
         &held,
         &blocked_on(&st.db, id).await?,
     )

@@ -656,7 +656,7 @@ pub async fn view(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Re
     view_on(
         v,
         tenant,
-        host.as_ref().zip(topo.as_ref()),
+        host.as_ref().zip(topo.as_deref()),
         cluster.as_deref(),
         networks,
     )
@@ -690,7 +690,7 @@ pub async fn list(
         let host = v
             .host_id
             .and_then(|id| hosts_by_id.get(&id))
-            .map(|(h, t)| (h, t));
+            .map(|(h, t)| (h, &**t));
         let cluster = v
             .cluster_id
             .and_then(|c| clusters_by_id.get(&c))
