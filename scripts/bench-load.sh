@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Open-loop load on a release kumo-server (issue 9's load figures):
-#   1. `kumo-load api`: 500 requests/s for 30 s, 80 % reads / 20 % writes;
-#   2. `kumo-load fleet`: 10,000 simulated hosts registered, then each
-#      heart-beating every 30 s for 60 s;
-# then the server's resident memory (now and at its peak).
+# `kumo-load api`, 500 requests/s for 30 s, 80 % reads / 20 % writes, then
+# the server's resident memory (now and at its peak). The fleet has its
+# own script: scripts/bench-fleet.sh.
 #   scripts/bench-load.sh                      # SQLite (the embedded default)
 #   scripts/bench-load.sh postgres://root@127.0.0.1:5432/test
-# RATE, SECONDS_, HOSTS, HEARTBEAT and FLEET_SECONDS override the defaults.
+# RATE and SECONDS_ override the defaults.
 # Generator and server share this machine's cores; figures go to
 # BENCHMARKS.md and RELIABILITY.md.
 set -euo pipefail
@@ -19,7 +18,3 @@ echo "== $label: server after start: $(mem)"
 echo "== $label: api ${RATE:-500}/s for ${SECONDS_:-30} s"
 "$bin"/kumo-load --url $S --token "$T" api --rate "${RATE:-500}" --seconds "${SECONDS_:-30}"
 echo "== $label: server after the api run: $(mem)"
-echo "== $label: fleet of ${HOSTS:-10000} hosts"
-"$bin"/kumo-load --url $S --token "$T" fleet --hosts "${HOSTS:-10000}" \
-  --heartbeat-secs "${HEARTBEAT:-30}" --seconds "${FLEET_SECONDS:-60}"
-echo "== $label: server with the fleet: $(mem)"

@@ -317,6 +317,20 @@ pub fn run(cfg: &BenchConfig) -> Result<Report, String> {
     })
 }
 
+/// A figure BENCHMARKS.md records for the `--extended` guards, on a line
+/// `<!-- guard NAME: VALUE -->` (the placement guard and the fleet
+/// simulator's both read them).
+pub fn guarded_figure(benchmarks_md: &str, name: &str) -> Option<f64> {
+    let key = format!("<!-- guard {name}: ");
+    benchmarks_md.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix(&key)?
+            .strip_suffix(" -->")?
+            .parse()
+            .ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1005,16 +1005,8 @@ proptest! {
 fn recorded(name: &str) -> f64 {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../BENCHMARKS.md");
     let text = std::fs::read_to_string(path).unwrap();
-    let key = format!("<!-- guard {name}: ");
-    text.lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix(&key)?
-                .strip_suffix(" -->")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("BENCHMARKS.md records no `{key}VALUE -->`"))
+    kumo_scheduler::bench::guarded_figure(&text, name)
+        .unwrap_or_else(|| panic!("BENCHMARKS.md records no `<!-- guard {name}: VALUE -->`"))
 }
 
 /// Guarded figures (`./x test --extended`): placement on this build, as

@@ -184,7 +184,11 @@ pub fn stored_topology(h: &hosts::Model) -> Result<std::sync::Arc<HostTopology>,
             .map_err(|e| ApiError::Internal(format!("host {} topology: {e}", h.name)))
     };
     // A digest is written with its document; rows from before have none.
-    let Some(digest) = h.topology_digest.as_ref().filter(|_| !h.topology.is_empty()) else {
+    let Some(digest) = h
+        .topology_digest
+        .as_ref()
+        .filter(|_| !h.topology.is_empty())
+    else {
         return parse();
     };
     if let Some(t) = PARSED

@@ -10,16 +10,8 @@ use crate::harness::{bin, Backend, TestServer};
 fn recorded(name: &str) -> f64 {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../BENCHMARKS.md");
     let text = std::fs::read_to_string(path).unwrap();
-    let key = format!("<!-- guard {name}: ");
-    text.lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix(&key)?
-                .strip_suffix(" -->")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("BENCHMARKS.md records no `{key}VALUE -->`"))
+    kumo_scheduler::bench::guarded_figure(&text, name)
+        .unwrap_or_else(|| panic!("BENCHMARKS.md records no `<!-- guard {name}: VALUE -->`"))
 }
 
 fn load(s: &TestServer, args: &[&str]) -> serde_json::Value {
@@ -62,18 +54,21 @@ async fn the_fleet_simulators_figures_stay_within_twice_the_recorded_ones() {
         eprintln!("baseline {base}\nfleet {fleet}");
         assert_eq!(fleet["registered"], 200);
         let baseline = base["p50_ms"].as_f64().unwrap().max(0.5);
+        // Medians: a 25-second run's p99 is a handful of samples (the
+        // registrations' first beats among them) and would guard noise.
+        let mut over = Vec::new();
         for (name, figure) in [
             (
-                "fleet_heartbeat_p99_over_read_p50",
-                &fleet["heartbeat"]["p99_ms"],
+                "fleet_heartbeat_p50_over_read_p50",
+                &fleet["heartbeat"]["p50_ms"],
             ),
             (
-                "fleet_create_p99_over_read_p50",
-                &fleet["create_to_scheduled"]["p99_ms"],
+                "fleet_create_p50_over_read_p50",
+                &fleet["create_to_scheduled"]["p50_ms"],
             ),
             (
-                "fleet_running_p99_over_read_p50",
-                &fleet["create_to_running"]["p99_ms"],
+                "fleet_running_p50_over_read_p50",
+                &fleet["create_to_running"]["p50_ms"],
             ),
         ] {
             let v = figure
@@ -81,12 +76,12 @@ async fn the_fleet_simulators_figures_stay_within_twice_the_recorded_ones() {
                 .unwrap_or_else(|| panic!("no {name} in {fleet}"))
                 / baseline;
             let r = recorded(name);
-            eprintln!("{name}: {v:.1} (recorded {r})");
-            assert!(
-                v <= 2.0 * r,
-                "{name}: {v:.1}, more than twice the recorded {r}"
-            );
+            eprintln!("{name}: {v:.2} (recorded {r})");
+            if v > 2.0 * r {
+                over.push(format!("{name}: {v:.2}, more than twice the recorded {r}"));
+            }
         }
+        assert!(over.is_empty(), "{over:?}");
         s
     })
     .await
