@@ -173,11 +173,11 @@ pub async fn bump_revision(txn: &DatabaseTransaction, host: Uuid) -> Result<(), 
 /// VMs or hosts would otherwise parse tens of KiB of JSON per row (it was
 /// a sixth of the server's time under the fleet simulator).
 pub fn stored_topology(h: &hosts::Model) -> Result<std::sync::Arc<HostTopology>, ApiError> {
-    use std::sync::{Arc, Mutex};
+    use std::sync::{Arc, LazyLock, Mutex};
     /// Parsed documents by digest; emptied when it holds this many.
     const KEPT: usize = 1024;
-    static PARSED: Mutex<Option<std::collections::HashMap<String, Arc<HostTopology>>>> =
-        Mutex::new(None);
+    static PARSED: LazyLock<Mutex<std::collections::HashMap<String, Arc<HostTopology>>>> =
+        LazyLock::new(Mutex::default);
     let parse = || {
         serde_json::from_str::<HostTopology>(&h.topology)
             .map(Arc::new)
@@ -191,17 +191,17 @@ pub fn stored_topology(h: &hosts::Model) -> Result<std::sync::Arc<HostTopology>,
     else {
         return parse();
     };
-    if let Some(t) = PARSED
+    let cached = PARSED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_default()
         .get(digest)
-    {
-        return Ok(t.clone());
+        .cloned();
+    if let Some(t) = cached {
+        return Ok(t);
     }
+    // Parsed outside the lock: other requests do not wait on it.
     let t = parse()?;
     let mut cache = PARSED.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = cache.get_or_insert_default();
     if cache.len() >= KEPT {
         cache.clear();
     }

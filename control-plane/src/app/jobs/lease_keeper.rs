@@ -9,7 +9,7 @@ use crate::error::ApiError;
 /// How often renewals are written: at most every 2 s, and at least four
 /// times per heartbeat timeout, so the lost-host detector (which reads
 /// the database) never sees a beating host as silent.
-pub fn every(heartbeat_timeout: Duration) -> Duration {
+fn every(heartbeat_timeout: Duration) -> Duration {
     (heartbeat_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(2))
 }
 
