@@ -14,6 +14,7 @@ use rust_decimal::Decimal;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::ledger;
 use crate::meter::{due, Run};
 use crate::rates::{Price, RateBook, RateCard};
 use crate::statement::{statement, Charge};
@@ -36,8 +37,12 @@ pub struct Report {
     pub lifecycle_events: u64,
     /// Runs (a resource of a VM from a start to a stop).
     pub runs: u64,
-    /// Charge pieces rated (what the poster would write).
+    /// Charge pieces rated (what the minute rating wrote, a row each).
     pub pieces: u64,
+    /// Ledger entries the pieces fold into (what the poster writes now).
+    pub ledger_rows: u64,
+    /// `ledger_rows / pieces`.
+    pub ledger_ratio: f64,
     pub rating_s: f64,
     pub events_rated_per_s: f64,
     pub pieces_per_s: f64,
@@ -77,6 +82,7 @@ pub fn run(cfg: &BenchConfig) -> Report {
     ]);
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let (mut events, mut runs, mut pieces, mut lines) = (0u64, 0u64, 0u64, 0u64);
+    let mut ledger_rows = 0u64;
     let mut rating = std::time::Duration::ZERO;
     let mut building = std::time::Duration::ZERO;
     let mut grand = Decimal::ZERO;
@@ -127,7 +133,11 @@ pub fn run(cfg: &BenchConfig) -> Report {
             }
             for r in &all_runs {
                 runs += 1;
-                for p in due(r, None, end, &book) {
+                let rated = due(r, None, end, &book);
+                // Posted at once: with no grant changing (none here), the
+                // entries are the same however often the poster runs.
+                ledger_rows += ledger::post(None, &rated, end, &[]).new.len() as u64;
+                for p in rated {
                     pieces += 1;
                     charges.push(Charge {
                         vm,
@@ -157,6 +167,8 @@ pub fn run(cfg: &BenchConfig) -> Report {
         lifecycle_events: events,
         runs,
         pieces,
+        ledger_rows,
+        ledger_ratio: ledger_rows as f64 / (pieces.max(1) as f64),
         rating_s,
         events_rated_per_s: events as f64 / rating_s.max(1e-9),
         pieces_per_s: pieces as f64 / rating_s.max(1e-9),
@@ -180,6 +192,10 @@ mod tests {
         });
         assert_eq!(r.vms, 6);
         assert!(r.lifecycle_events > 0 && r.pieces > r.runs);
+        assert!(
+            r.ledger_rows >= r.runs && r.ledger_rows * 20 < r.pieces,
+            "{r:?}"
+        );
         // Deterministic for a seed.
         let again = run(&BenchConfig {
             tenants: 2,

@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod budget;
+pub mod ledger;
 pub mod meter;
 pub mod points;
 pub mod rates;

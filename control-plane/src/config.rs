@@ -70,6 +70,43 @@ pub struct FileConfig {
     pub idle: IdleFileConfig,
     #[serde(default)]
     pub storage: StorageFileConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryFileConfig,
+}
+
+/// GPU telemetry from guests (README, "GPU telemetry").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryFileConfig {
+    /// Days GPU figures are kept by the minute; older ones are kept by the
+    /// hour until the retention (30 days) [default: 7].
+    pub minutes_days: Option<u32>,
+}
+
+/// GPU telemetry, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    pub minutes_days: u32,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> TelemetryConfig {
+        TelemetryConfig { minutes_days: 7 }
+    }
+}
+
+fn telemetry(file: &TelemetryFileConfig) -> Result<TelemetryConfig, ConfigError> {
+    let days = file
+        .minutes_days
+        .unwrap_or(TelemetryConfig::default().minutes_days);
+    let most = u32::try_from(crate::domain::gpu_telemetry::RETENTION_DAYS).unwrap_or(30);
+    if !(1..=most).contains(&days) {
+        return Err(ConfigError::Invalid {
+            key: "telemetry.minutes_days",
+            message: format!("1 to {most} days"),
+        });
+    }
+    Ok(TelemetryConfig { minutes_days: days })
 }
 
 /// Hosts' storage (README, "Volumes").
@@ -414,6 +451,7 @@ pub struct Config {
     pub device_health: crate::domain::device_health::Policy,
     pub idle: IdleConfig,
     pub storage: StorageConfig,
+    pub telemetry: TelemetryConfig,
     /// What metering and charging take as now.
     pub clock: crate::clock::Clock,
 }
@@ -582,6 +620,7 @@ impl Config {
             device_health: Default::default(),
             idle: IdleConfig::default(),
             storage: StorageConfig::default(),
+            telemetry: TelemetryConfig::default(),
             clock: crate::clock::Clock::default(),
         }
     }
@@ -690,6 +729,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         device_health: device_health(&file.health)?,
         idle: idle(&file.idle)?,
         storage: storage(&file.storage)?,
+        telemetry: telemetry(&file.telemetry)?,
         clock: crate::clock::Clock::default(),
     })
 }

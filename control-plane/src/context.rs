@@ -25,6 +25,41 @@ pub struct AppState {
     pub sso: Arc<crate::oidc::Sso>,
     /// Each tenant's allowance of changes to shared hosts, on this replica.
     pub churn: Arc<SharedHostChanges>,
+    /// When this replica's idle pass last judged each GPU VM: the next
+    /// pass reads its minutes from there on (the VM's idle row carries
+    /// the spell), not its policy's whole window.
+    pub idle_checked: Arc<IdleChecked>,
+}
+
+/// VM → the time of its last idle judgement, on this replica.
+#[derive(Default)]
+pub struct IdleChecked {
+    at: std::sync::Mutex<std::collections::HashMap<Uuid, chrono::DateTime<chrono::Utc>>>,
+}
+
+impl IdleChecked {
+    pub fn get(&self, vm: Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&vm)
+            .copied()
+    }
+
+    pub fn set(&self, vm: Uuid, at: chrono::DateTime<chrono::Utc>) {
+        self.at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(vm, at);
+    }
+
+    /// Only the VMs still judged are remembered.
+    pub fn keep(&self, vms: &std::collections::HashSet<Uuid>) {
+        self.at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|vm, _| vms.contains(vm));
+    }
 }
 
 /// Per tenant, what is left of its allowance of changes that reprogram

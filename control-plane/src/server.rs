@@ -78,6 +78,7 @@ impl RunningServer {
             )),
             sso: Arc::default(),
             churn: Arc::default(),
+            idle_checked: Arc::default(),
         };
         // Marks first: a change landing during the full read is followed.
         state.capacity.catch_up(&state.db, &state.signals).await?;
@@ -87,6 +88,7 @@ impl RunningServer {
         let edge_keeper = tokio::spawn(crate::app::jobs::edge_keeper::run(state.clone()));
         let lease_keeper = tokio::spawn(crate::app::jobs::lease_keeper::run(state.clone()));
         let host_changes = tokio::spawn(crate::app::jobs::host_changes::run(state.clone()));
+        let compaction = tokio::spawn(crate::app::jobs::ledger_compaction::run(state.clone()));
         let app = crate::http::router::router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let signals = state.signals.clone();
@@ -108,6 +110,7 @@ impl RunningServer {
             edge_keeper.abort();
             lease_keeper.abort();
             host_changes.abort();
+            compaction.abort();
             // Beats heard since the last batch, so a restarted or
             // replaced replica loses none.
             if let Err(e) = crate::app::jobs::lease_keeper::flush(&last).await {

@@ -31,6 +31,7 @@ mod m0025_gpu_telemetry;
 mod m0026_idle_gpus;
 mod m0027_public_ip_rest_and_exempt_total;
 mod m0028_host_storage;
+mod m0029_gpu_hours;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -103,6 +104,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0026_idle_gpus::Migration),
             Box::new(m0027_public_ip_rest_and_exempt_total::Migration),
             Box::new(m0028_host_storage::Migration),
+            Box::new(m0029_gpu_hours::Migration),
         ]
     }
 }

@@ -11,7 +11,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 
 use crate::app::access::tenant_access;
 use crate::context::{Actor, AppState, Origin};
-use crate::domain::gpu_telemetry::{minute_of, points, window, RETENTION_DAYS};
+use crate::domain::gpu_telemetry::{hour_of, minute_of, points, window, RETENTION_DAYS};
 use crate::entity::{hosts, vms};
 use crate::error::ApiError;
 use crate::store::gpu_telemetry as store;
@@ -108,10 +108,19 @@ pub async fn ingest(
     Ok(())
 }
 
-/// Minutes older than the retention go (run by the server's housekeeping).
-pub async fn purge(st: &AppState) -> Result<u64, ApiError> {
-    let before = st.config.clock.now() - chrono::Duration::days(RETENTION_DAYS);
-    store::purge(&st.db, before).await
+/// Where minutes end and hours begin: the minutes' window back from now,
+/// down to a whole hour.
+fn minutes_begin(st: &AppState) -> chrono::DateTime<chrono::Utc> {
+    hour_of(
+        st.config.clock.now() - chrono::Duration::days(i64::from(st.config.telemetry.minutes_days)),
+    )
+}
+
+/// Minutes past their window fold into hours; hours past the retention
+/// go (run by the server's housekeeping). Answers the minutes folded.
+pub async fn roll_up(st: &AppState) -> Result<u64, ApiError> {
+    let oldest = st.config.clock.now() - chrono::Duration::days(RETENTION_DAYS);
+    store::roll_up(&st.db, minutes_begin(st), oldest).await
 }
 
 /// A VM's GPU series (any member of its tenant).
@@ -127,7 +136,22 @@ pub async fn metrics(
     let (from, to, step) = window(st.config.clock.now(), q.from, q.to, q.step_minutes)
         .map_err(|e| ApiError::field("from", e))?;
     let mut by_gpu: BTreeMap<String, Vec<_>> = BTreeMap::new();
-    for (bdf, at, m) in store::minutes(&st.db, vm.id, from, to).await? {
+    // Before the minutes' window the figures are hours: each lands in the
+    // step its hour begins in.
+    let cut = minutes_begin(st).clamp(from, to);
+    let older = if from < cut {
+        store::hours(&st.db, vm.id, hour_of(from), cut)
+            .await?
+            .into_iter()
+            .map(|(bdf, at, m)| (bdf, at.max(from), m))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for (bdf, at, m) in older
+        .into_iter()
+        .chain(store::minutes(&st.db, vm.id, cut, to).await?)
+    {
         by_gpu.entry(bdf).or_default().push((at, m));
     }
     // Every GPU of the VM has a series, empty when nothing was read.

@@ -97,6 +97,8 @@ pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
         .into_iter()
         .map(|r| (r.vm_id, r))
         .collect();
+    st.idle_checked
+        .keep(&running.iter().map(|v| v.id).collect());
     let mut steps = 0;
     for vm in running {
         let policy = effective(&st.config.idle.policy, own.get(&vm.tenant_id));
@@ -122,7 +124,14 @@ async fn one(
     }
     let now = st.config.clock.now();
     let gap = Duration::minutes(MAX_GAP_MINUTES + 1);
-    let from = now - Duration::hours(i64::from(policy.hours)) - gap;
+    // From the last judgement on (a gap before it, so a spell's start is
+    // seen whole), or the policy's whole window when this replica has not
+    // judged the VM yet: the idle row carries a longer spell.
+    let window = now - Duration::hours(i64::from(policy.hours)) - gap;
+    let from = st
+        .idle_checked
+        .get(vm.id)
+        .map_or(window, |at| (at - gap).max(window));
     let minutes = store::use_by_minute(&st.db, vm.id, from).await?;
     let mut row = old.clone().unwrap_or_else(|| blank(vm));
     let mut since = idle_since(&minutes, gpus, policy.utilization_pct, now);

@@ -7,7 +7,8 @@ use chrono::{DateTime, Duration, DurationRound, Utc};
 use kumo_api_types::GpuPoint;
 use kumo_topology::gpu_telemetry::{throttle_reason_names, GpuSample};
 
-/// How long minutes are kept.
+/// How long figures are kept (by the minute for `[telemetry]
+/// minutes_days`, by the hour after that).
 pub const RETENTION_DAYS: i64 = 30;
 /// The most points a series has unless a step is asked for.
 pub const MAX_POINTS: i64 = 1440;
@@ -115,6 +116,11 @@ impl Minute {
                 .unwrap_or_default(),
         }
     }
+}
+
+/// The hour a moment falls in.
+pub fn hour_of(t: DateTime<Utc>) -> DateTime<Utc> {
+    t.duration_trunc(Duration::hours(1)).unwrap_or(t)
 }
 
 /// The minute a moment falls in.

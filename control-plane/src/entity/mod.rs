@@ -9,6 +9,7 @@ pub mod charges;
 pub mod clusters;
 pub mod device_health;
 pub mod device_logins;
+pub mod gpu_hours;
 pub mod gpu_minutes;
 pub mod hosts;
 pub mod idempotency_keys;

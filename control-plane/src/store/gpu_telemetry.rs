@@ -1,13 +1,16 @@
-//! Queries of `gpu_minutes` and `vm_telemetry`.
+//! Queries of `gpu_minutes`, `gpu_hours` and `vm_telemetry`.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, Set,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
-use crate::domain::gpu_telemetry::Minute;
-use crate::entity::{gpu_minutes, vm_telemetry};
+use crate::domain::gpu_telemetry::{hour_of, Minute};
+use crate::entity::{gpu_hours, gpu_minutes, vm_telemetry};
 use crate::error::ApiError;
 
 fn to_db(v: Option<u64>) -> Option<i64> {
@@ -31,6 +34,45 @@ fn minute(r: &gpu_minutes::Model) -> Minute {
         power_sum: r.power_sum,
         ecc_max: from_db(r.ecc_max),
         throttle: from_db(r.throttle),
+    }
+}
+
+fn hour(r: &gpu_hours::Model) -> Minute {
+    Minute {
+        samples: r.samples.max(0) as u32,
+        util_n: r.util_n.max(0) as u32,
+        util_sum: r.util_sum,
+        util_max: r.util_max,
+        mem_used_max: from_db(r.mem_used_max),
+        mem_total: from_db(r.mem_total),
+        temp_max: r.temp_max,
+        power_n: r.power_n.max(0) as u32,
+        power_sum: r.power_sum,
+        ecc_max: from_db(r.ecc_max),
+        throttle: from_db(r.throttle),
+    }
+}
+
+fn hour_row(
+    (vm, tenant, bdf, at): (Uuid, Uuid, &str, DateTime<Utc>),
+    m: &Minute,
+) -> gpu_hours::ActiveModel {
+    gpu_hours::ActiveModel {
+        vm_id: Set(vm),
+        host_bdf: Set(bdf.to_owned()),
+        hour: Set(at),
+        tenant_id: Set(tenant),
+        samples: Set(i32::try_from(m.samples).unwrap_or(i32::MAX)),
+        util_n: Set(i32::try_from(m.util_n).unwrap_or(i32::MAX)),
+        util_sum: Set(m.util_sum),
+        util_max: Set(m.util_max),
+        mem_used_max: Set(to_db(m.mem_used_max)),
+        mem_total: Set(to_db(m.mem_total)),
+        temp_max: Set(m.temp_max),
+        power_n: Set(i32::try_from(m.power_n).unwrap_or(i32::MAX)),
+        power_sum: Set(m.power_sum),
+        ecc_max: Set(to_db(m.ecc_max)),
+        throttle: Set(to_db(m.throttle)),
     }
 }
 
@@ -100,13 +142,112 @@ pub async fn minutes(
         .collect())
 }
 
-/// Minutes older than `before` go.
-pub async fn purge(db: &impl ConnectionTrait, before: DateTime<Utc>) -> Result<u64, ApiError> {
-    Ok(gpu_minutes::Entity::delete_many()
-        .filter(gpu_minutes::Column::Minute.lt(before))
-        .exec(db)
+/// A VM's hours in `[from, to)`, by GPU and time.
+pub async fn hours(
+    db: &impl ConnectionTrait,
+    vm: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<(String, DateTime<Utc>, Minute)>, ApiError> {
+    Ok(gpu_hours::Entity::find()
+        .filter(gpu_hours::Column::VmId.eq(vm))
+        .filter(gpu_hours::Column::Hour.gte(from))
+        .filter(gpu_hours::Column::Hour.lt(to))
+        .order_by_asc(gpu_hours::Column::HostBdf)
+        .order_by_asc(gpu_hours::Column::Hour)
+        .all(db)
         .await?
-        .rows_affected)
+        .iter()
+        .map(|r| (r.host_bdf.clone(), r.hour, hour(r)))
+        .collect())
+}
+
+/// A GPU's minutes in a batch: first, last, how many.
+type Span = (DateTime<Utc>, DateTime<Utc>, u64);
+
+/// Minutes rolled up per transaction.
+const MINUTES_PER_ROLL: u64 = 5_000;
+
+/// Folds the minutes before `before` (a whole hour) into hours, and they
+/// go; hours before `oldest` go. Safe on several replicas at once: a
+/// batch first deletes the minutes it read and rolls back unless it
+/// deleted every one (another replica folded them). Answers the minutes
+/// folded.
+pub async fn roll_up(
+    db: &DatabaseConnection,
+    before: DateTime<Utc>,
+    oldest: DateTime<Utc>,
+) -> Result<u64, ApiError> {
+    let mut folded = 0;
+    loop {
+        let txn = db.begin().await?;
+        let rows = gpu_minutes::Entity::find()
+            .filter(gpu_minutes::Column::Minute.lt(before))
+            .order_by_asc(gpu_minutes::Column::VmId)
+            .order_by_asc(gpu_minutes::Column::HostBdf)
+            .order_by_asc(gpu_minutes::Column::Minute)
+            .limit(MINUTES_PER_ROLL)
+            .all(&txn)
+            .await?;
+        if rows.is_empty() {
+            break;
+        }
+        // A GPU's minutes in this batch are one run of its minutes (the
+        // batch is in key order): one delete per GPU.
+        let mut spans: BTreeMap<(Uuid, String), Span> = BTreeMap::new();
+        let mut hours: BTreeMap<(Uuid, String, DateTime<Utc>), (Uuid, Minute)> = BTreeMap::new();
+        for r in &rows {
+            let span = spans
+                .entry((r.vm_id, r.host_bdf.clone()))
+                .or_insert((r.minute, r.minute, 0));
+            span.0 = span.0.min(r.minute);
+            span.1 = span.1.max(r.minute);
+            span.2 += 1;
+            let h = hours
+                .entry((r.vm_id, r.host_bdf.clone(), hour_of(r.minute)))
+                .or_insert((r.tenant_id, Minute::default()));
+            h.1 = h.1.merge(&minute(r));
+        }
+        let mut stale = false;
+        for ((vm, bdf), (lo, hi, n)) in &spans {
+            let gone = gpu_minutes::Entity::delete_many()
+                .filter(gpu_minutes::Column::VmId.eq(*vm))
+                .filter(gpu_minutes::Column::HostBdf.eq(bdf.as_str()))
+                .filter(gpu_minutes::Column::Minute.gte(*lo))
+                .filter(gpu_minutes::Column::Minute.lte(*hi))
+                .exec(&txn)
+                .await?;
+            if gone.rows_affected != *n {
+                stale = true;
+                break;
+            }
+        }
+        if stale {
+            // Another replica is folding these; ours rolls back.
+            return Ok(folded);
+        }
+        for ((vm, bdf, at), (tenant, m)) in &hours {
+            let old = gpu_hours::Entity::find_by_id((*vm, bdf.clone(), *at))
+                .one(&txn)
+                .await?;
+            let row = hour_row(
+                (*vm, *tenant, bdf, *at),
+                &old.as_ref().map(hour).unwrap_or_default().merge(m),
+            );
+            if old.is_some() {
+                row.update(&txn).await?;
+            } else {
+                row.insert(&txn).await?;
+            }
+        }
+        txn.commit().await?;
+        folded += rows.len() as u64;
+    }
+    gpu_hours::Entity::delete_many()
+        .filter(gpu_hours::Column::Hour.lt(oldest))
+        .exec(db)
+        .await?;
+    Ok(folded)
 }
 
 pub async fn status(

@@ -751,3 +751,176 @@ async fn public_addresses_are_charged_while_held() {
     assert_eq!(held, [(ip.address.clone(), 600, "6".into())]);
     s.stop().await;
 }
+
+/// Rows of a tenant's ledger.
+async fn ledger_rows(s: &TestServer) -> Vec<kumo_server::entity::charges::Model> {
+    use sea_orm::{EntityTrait, QueryOrder};
+    kumo_server::entity::charges::Entity::find()
+        .order_by_asc(kumo_server::entity::charges::Column::PeriodFrom)
+        .all(&s.server.state.db)
+        .await
+        .unwrap()
+}
+
+/// What a tenant reads of its charges: both months' statements, usage by
+/// day and the points.
+async fn readings(s: &TestServer) -> (Statement, Statement, kumo_api_types::Usage, Points) {
+    let by_day: kumo_api_types::Usage = s
+        .admin
+        .get("/api/v1/tenants/lab/usage?group_by=day&from=2026-11-01T00:00:00Z&to=2026-12-31T00:00:00Z")
+        .await
+        .unwrap();
+    let mut p = points(s).await;
+    p.ledger.clear(); // the rows themselves differ; what they add up to may not
+    (
+        month(s, "2026-11").await,
+        month(s, "2026-12").await,
+        by_day,
+        p,
+    )
+}
+
+/// A VM run for three hours across midnight and a month's end, posted
+/// every minute: the ledger holds an entry per run from each cut (a grant
+/// expiring, the day) — nine rows where the minute rating posted 540 —
+/// and a ledger an older release kept a row per piece compacts into the
+/// same rows, every reading unchanged to the point.
+async fn the_ledger_grows_with_changes(backend: Backend) {
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 22, 0, 0).unwrap();
+    let clock = Clock::manual(t0);
+    let s = TestServer::start_with(backend, |c| c.clock = clock.clone()).await;
+    let _: Rates = s
+        .admin
+        .put(
+            "/api/v1/rates",
+            &json!({"prices": {
+                "vcpu": {"guaranteed": "0.77", "spot": "0.1"},
+                "memory_gib": {"guaranteed": "0.13", "spot": "0.1"},
+                "disk_gib": {"guaranteed": "0.001", "spot": "0.001"},
+            }}),
+        )
+        .await
+        .unwrap();
+    s.tenant("lab").await;
+    grant_plenty(&s.admin, "lab", t0).await;
+    let _: kumo_api_types::PointGrant = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/points/grants",
+            &json!({"amount": "7", "expires_at": t0 + Duration::seconds(90 * 60 + 30)}),
+        )
+        .await
+        .unwrap();
+    let mut agent = s.sim_agent("cpu-1", "cpu-only").await;
+    let _: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms",
+            &json!({"name": "vm-a", "vcpus": 3, "memory_gib": 5, "disk_gib": 10}),
+        )
+        .await
+        .unwrap();
+    agent.converge().await;
+    let mut pieces = 0;
+    for _ in 0..180 {
+        clock.advance(Duration::minutes(1));
+        pieces += kumo_server::app::metering::post_due(&s.server.state)
+            .await
+            .unwrap();
+    }
+    assert_eq!(pieces, 3 * 180, "three runs, a piece a minute");
+    let rows = ledger_rows(&s).await;
+    let cuts: std::collections::BTreeSet<String> = rows
+        .iter()
+        .map(|r| r.period_from.format("%m-%d %H:%M").to_string())
+        .collect();
+    assert_eq!(
+        cuts.into_iter().collect::<Vec<_>>(),
+        ["11-30 22:00", "11-30 23:30", "12-01 00:00"],
+        "cut where the 7-point grant expired (between the postings of 23:30 and 23:31) and at midnight"
+    );
+    assert_eq!(rows.len(), 9, "{rows:#?}");
+    let before = readings(&s).await;
+    assert!(d(&before.3.charged) > d("7"));
+    let seconds: i64 = before.2.rows.iter().map(|r| r.seconds).sum();
+    assert_eq!(seconds, 3 * 180 * 60);
+
+    // The ledger an older release kept: a row per piece, each posted
+    // the minute it ended (the postings above were at whole minutes).
+    use sea_orm::{EntityTrait, Set};
+    let db = &s.server.state.db;
+    kumo_server::entity::charges::Entity::delete_many()
+        .exec(db)
+        .await
+        .unwrap();
+    let book = kumo_server::app::metering::rate_book(db).await.unwrap();
+    let mut old = Vec::new();
+    for r in kumo_server::entity::meter_runs::Entity::find()
+        .all(db)
+        .await
+        .unwrap()
+    {
+        let run = kumo_server::app::metering::run_of(&r).unwrap();
+        for p in kumo_billing::meter::due(&run, None, clock.now(), &book) {
+            old.push(kumo_server::entity::charges::ActiveModel {
+                id: Set(uuid::Uuid::now_v7()),
+                run_id: Set(r.id),
+                tenant_id: Set(r.tenant_id),
+                vm_id: Set(r.vm_id),
+                vm_name: Set(r.vm_name.clone()),
+                class: Set(r.class.clone()),
+                level: Set(r.level.clone()),
+                period_from: Set(p.from),
+                period_to: Set(p.to),
+                seconds: Set(p.seconds),
+                per_hour: Set(p.per_hour.normalize().to_string()),
+                amount: Set(p.amount.normalize().to_string()),
+                amount_micro: Set(kumo_billing::to_micro(p.amount)),
+                posted_at: Set(p.to),
+            });
+        }
+    }
+    for chunk in old.chunks(200) {
+        kumo_server::entity::charges::Entity::insert_many(chunk.to_vec())
+            .exec(db)
+            .await
+            .unwrap();
+    }
+    assert_eq!(ledger_rows(&s).await.len(), 540);
+    assert_eq!(readings(&s).await, before, "the old rows read the same");
+    let removed = kumo_server::app::metering::compact_ledger(&s.server.state)
+        .await
+        .unwrap();
+    let rows = ledger_rows(&s).await;
+    // Each run's last row is left for the poster to grow: 2 per run more.
+    assert_eq!((removed, rows.len()), (540 - 12, 12), "{rows:#?}");
+    assert_eq!(
+        readings(&s).await,
+        before,
+        "compacted, every reading is the same"
+    );
+    assert_eq!(
+        kumo_server::app::metering::compact_ledger(&s.server.state)
+            .await
+            .unwrap(),
+        0,
+        "compacting again changes nothing"
+    );
+    // And the poster grows the compacted ledger's last rows on.
+    clock.advance(Duration::minutes(1));
+    kumo_server::app::metering::post_due(&s.server.state)
+        .await
+        .unwrap();
+    assert_eq!(ledger_rows(&s).await.len(), 12);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_ledger_grows_with_changes_sqlite() {
+    the_ledger_grows_with_changes(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn the_ledger_grows_with_changes_postgres() {
+    the_ledger_grows_with_changes(Backend::Postgres).await;
+}

@@ -456,10 +456,34 @@ on_both_backends! {
         assert_eq!(series(&fm, &format!("kumo_gpu_memory_used_mib{}", gpu(0))), Some(5.0), "{fm}");
         assert_eq!(series(&fm, &format!("kumo_gpu_utilization_percent{}", gpu(0))), None, "{fm}");
 
-        // Figures older than 30 days are purged.
-        clock.advance(chrono::Duration::days(31));
-        let gone = kumo_server::app::gpu_telemetry::purge(&s.server.state).await.unwrap();
-        assert!(gone >= 3, "{gone}");
+        // Past the minutes' window (7 days) minutes fold into hours: the
+        // series reads the same samples, hour by hour; past the retention
+        // (30 days) the hours go.
+        use sea_orm::{EntityTrait, PaginatorTrait};
+        let z = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let span = format!(
+            "/api/v1/tenants/lab/vms/train/metrics?from={}&to={}&step_minutes=60",
+            z(clock.now() - chrono::Duration::hours(3)),
+            z(clock.now() + chrono::Duration::minutes(1))
+        );
+        let samples = |m: &VmMetrics| -> Vec<(String, u32)> {
+            m.gpus.iter().map(|g| (g.host_bdf.clone(), g.points.iter().map(|p| p.samples).sum())).collect()
+        };
+        let by_minute = samples(&s.admin.get::<VmMetrics>(&span).await.unwrap());
+        assert!(by_minute.iter().any(|(_, n)| *n >= 3), "{by_minute:?}");
+        let db = &s.server.state.db;
+        let minutes = kumo_server::entity::gpu_minutes::Entity::find().count(db).await.unwrap();
+        clock.advance(chrono::Duration::days(8));
+        let folded = kumo_server::app::gpu_telemetry::roll_up(&s.server.state).await.unwrap();
+        assert_eq!(folded, minutes, "every minute was older than 7 days");
+        assert_eq!(kumo_server::entity::gpu_minutes::Entity::find().count(db).await.unwrap(), 0);
+        let hours = kumo_server::entity::gpu_hours::Entity::find().count(db).await.unwrap();
+        assert!(hours > 0 && hours < minutes, "{hours} hours of {minutes} minutes");
+        assert_eq!(samples(&s.admin.get::<VmMetrics>(&span).await.unwrap()), by_minute, "the same figures by the hour");
+        assert_eq!(kumo_server::app::gpu_telemetry::roll_up(&s.server.state).await.unwrap(), 0, "nothing twice");
+        clock.advance(chrono::Duration::days(23));
+        kumo_server::app::gpu_telemetry::roll_up(&s.server.state).await.unwrap();
+        assert_eq!(kumo_server::entity::gpu_hours::Entity::find().count(db).await.unwrap(), 0);
     }
 }
 

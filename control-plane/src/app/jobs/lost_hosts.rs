@@ -36,12 +36,12 @@ pub async fn run(state: AppState) {
             .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
             .exec(&state.db)
             .await;
-        // Housekeeping beside it, every few minutes: GPU figures past
-        // their retention go.
+        // Housekeeping beside it, every few minutes: GPU minutes past
+        // their window fold into hours, hours past the retention go.
         if purged.is_none_or(|t: std::time::Instant| t.elapsed() >= PURGE_EVERY) {
             purged = Some(std::time::Instant::now());
-            if let Err(e) = crate::app::gpu_telemetry::purge(&state).await {
-                tracing::warn!(error = %e, "old GPU figures could not be purged");
+            if let Err(e) = crate::app::gpu_telemetry::roll_up(&state).await {
+                tracing::warn!(error = %e, "old GPU figures could not be rolled up");
             }
         }
         match lost {

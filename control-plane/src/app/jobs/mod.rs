@@ -5,5 +5,6 @@
 pub mod edge_keeper;
 pub mod host_changes;
 pub mod lease_keeper;
+pub mod ledger_compaction;
 pub mod lost_hosts;
 pub mod reclaimer;
