@@ -11,7 +11,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 
 use crate::app::access::tenant_access;
 use crate::context::{Actor, AppState, Origin};
-use crate::domain::gpu_telemetry::{hour_of, minute_of, points, window, RETENTION_DAYS};
+use crate::domain::gpu_telemetry::{hour_of, minute_of, points, window, Minute, RETENTION_DAYS};
 use crate::entity::{hosts, vms};
 use crate::error::ApiError;
 use crate::store::gpu_telemetry as store;
@@ -20,6 +20,13 @@ use crate::store::vms::{find_vm, stored_placement};
 const MAX_VMS: usize = 256;
 const MAX_GPUS: usize = 64;
 const MAX_XIDS: usize = 64;
+
+/// The host addresses of a VM's GPUs.
+fn held(vm: &vms::Model) -> Result<Vec<String>, ApiError> {
+    Ok(stored_placement(vm)?
+        .map(|p| p.gpus.iter().map(ToString::to_string).collect())
+        .unwrap_or_default())
+}
 
 /// A host's report. VMs not on the host and GPUs not of the VM are
 /// ignored: a host speaks only for its own.
@@ -52,33 +59,43 @@ pub async fn ingest(
         .map(|v| (v.id, v))
         .collect();
     let mut findings = Vec::new();
-    let txn = st.db.begin().await?;
+    // A report's figures are written in two statements whatever its size:
+    // every VM's last word, and every GPU's minute (readings of one GPU
+    // folded first: one statement may touch a row once).
+    let mut statuses = BTreeMap::new();
+    let mut minutes: BTreeMap<store::MinuteKey, Minute> = BTreeMap::new();
     for t in &report.vms {
         let Some(vm) = rows.get(&t.vm) else {
             continue;
         };
-        let gpus: Vec<String> = stored_placement(vm)?
-            .map(|p| p.gpus.iter().map(ToString::to_string).collect())
-            .unwrap_or_default();
+        let gpus = held(vm)?;
         let unknown = t.unknown.clone().or_else(|| {
             t.gpus
                 .is_empty()
                 .then(|| "the guest reported no GPU".into())
         });
-        store::set_status(&txn, vm.id, vm.tenant_id, unknown.as_deref(), now).await?;
+        statuses.insert(vm.id, (vm.tenant_id, unknown));
         for r in t.gpus.iter().filter(|r| gpus.contains(&r.host_bdf)) {
-            let old = store::minute_of(&txn, vm.id, &r.host_bdf, at).await?;
+            let m = minutes
+                .entry((vm.id, vm.tenant_id, r.host_bdf.clone(), at))
+                .or_default();
             // What a guest prints is bounded before it is summed, stored or
             // exported.
-            let m = old.clone().unwrap_or_default().with(&r.sample.bounded());
-            store::put_minute(
-                &txn,
-                (vm.id, vm.tenant_id, &r.host_bdf, at),
-                &m,
-                old.is_none(),
-            )
-            .await?;
+            *m = m.with(&r.sample.bounded());
         }
+    }
+    let txn = st.db.begin().await?;
+    let statuses: Vec<_> = statuses
+        .into_iter()
+        .map(|(vm, (tenant, reason))| (vm, tenant, reason))
+        .collect();
+    store::set_statuses(&txn, &statuses, now).await?;
+    store::fold_minutes(&txn, &minutes.into_iter().collect::<Vec<_>>()).await?;
+    for t in &report.vms {
+        let Some(vm) = rows.get(&t.vm) else {
+            continue;
+        };
+        let gpus = held(vm)?;
         for x in t.xids.iter().filter(|x| gpus.contains(&x.host_bdf)) {
             let finding = crate::domain::device_health::xid(x.code);
             let said = match &finding {

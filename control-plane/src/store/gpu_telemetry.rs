@@ -76,49 +76,100 @@ fn hour_row(
     }
 }
 
-/// The minute's row of a VM's GPU, as it stands.
-pub async fn minute_of(
+/// A GPU's minute: VM, tenant, host address, minute.
+pub type MinuteKey = (Uuid, Uuid, String, DateTime<Utc>);
+
+/// Folds readings into their minutes' rows, every GPU of a report in one
+/// statement: an insert that, where the minute's row exists, merges into
+/// it as `Minute::merge` does (sums add, extremes keep the larger, a
+/// missing value leaves the other). `rows`: one per (VM, GPU, minute).
+pub async fn fold_minutes(
     db: &impl ConnectionTrait,
-    vm: Uuid,
-    bdf: &str,
-    at: DateTime<Utc>,
-) -> Result<Option<Minute>, ApiError> {
-    Ok(gpu_minutes::Entity::find_by_id((vm, bdf.to_owned(), at))
-        .one(db)
-        .await?
-        .as_ref()
-        .map(minute))
+    rows: &[(MinuteKey, Minute)],
+) -> Result<(), ApiError> {
+    use gpu_minutes::Column as C;
+    use sea_orm::sea_query::{Expr, OnConflict};
+    if rows.is_empty() {
+        return Ok(());
+    }
+    // SQL for `Minute::merge` of the stored row and the new one (`excluded`).
+    let add = |c: &str| {
+        format!("CASE WHEN gpu_minutes.{c} IS NULL THEN excluded.{c} WHEN excluded.{c} IS NULL THEN gpu_minutes.{c} ELSE gpu_minutes.{c} + excluded.{c} END")
+    };
+    let most = |c: &str| {
+        format!("CASE WHEN gpu_minutes.{c} IS NULL OR excluded.{c} > gpu_minutes.{c} THEN excluded.{c} ELSE gpu_minutes.{c} END")
+    };
+    let merged = [
+        (C::Samples, "gpu_minutes.samples + excluded.samples".to_owned()),
+        (C::UtilN, "gpu_minutes.util_n + excluded.util_n".to_owned()),
+        (C::UtilSum, add("util_sum")),
+        (C::UtilMax, most("util_max")),
+        (C::MemUsedMax, most("mem_used_max")),
+        (C::MemTotal, "COALESCE(excluded.mem_total, gpu_minutes.mem_total)".to_owned()),
+        (C::TempMax, most("temp_max")),
+        (C::PowerN, "gpu_minutes.power_n + excluded.power_n".to_owned()),
+        (C::PowerSum, add("power_sum")),
+        (C::EccMax, most("ecc_max")),
+        (C::Throttle, "CASE WHEN gpu_minutes.throttle IS NULL THEN excluded.throttle WHEN excluded.throttle IS NULL THEN gpu_minutes.throttle ELSE gpu_minutes.throttle | excluded.throttle END".to_owned()),
+    ];
+    let mut conflict = OnConflict::columns([C::VmId, C::HostBdf, C::Minute]);
+    for (c, sql) in merged {
+        conflict.value(c, Expr::cust(sql));
+    }
+    let models = rows
+        .iter()
+        .map(|((vm, tenant, bdf, at), m)| gpu_minutes::ActiveModel {
+            vm_id: Set(*vm),
+            host_bdf: Set(bdf.clone()),
+            minute: Set(*at),
+            tenant_id: Set(*tenant),
+            samples: Set(i32::try_from(m.samples).unwrap_or(i32::MAX)),
+            util_n: Set(i32::try_from(m.util_n).unwrap_or(i32::MAX)),
+            util_sum: Set(m.util_sum),
+            util_max: Set(m.util_max),
+            mem_used_max: Set(to_db(m.mem_used_max)),
+            mem_total: Set(to_db(m.mem_total)),
+            temp_max: Set(m.temp_max),
+            power_n: Set(i32::try_from(m.power_n).unwrap_or(i32::MAX)),
+            power_sum: Set(m.power_sum),
+            ecc_max: Set(to_db(m.ecc_max)),
+            throttle: Set(to_db(m.throttle)),
+        });
+    gpu_minutes::Entity::insert_many(models)
+        .on_conflict(conflict.to_owned())
+        .exec(db)
+        .await?;
+    Ok(())
 }
 
-/// Writes a minute (`new`: insert, else update).
-pub async fn put_minute(
+/// Every VM's last word of a report, in one statement.
+pub async fn set_statuses(
     db: &impl ConnectionTrait,
-    (vm, tenant, bdf, at): (Uuid, Uuid, &str, DateTime<Utc>),
-    m: &Minute,
-    new: bool,
+    rows: &[(Uuid, Uuid, Option<String>)],
+    at: DateTime<Utc>,
 ) -> Result<(), ApiError> {
-    let a = gpu_minutes::ActiveModel {
-        vm_id: Set(vm),
-        host_bdf: Set(bdf.to_owned()),
-        minute: Set(at),
-        tenant_id: Set(tenant),
-        samples: Set(i32::try_from(m.samples).unwrap_or(i32::MAX)),
-        util_n: Set(i32::try_from(m.util_n).unwrap_or(i32::MAX)),
-        util_sum: Set(m.util_sum),
-        util_max: Set(m.util_max),
-        mem_used_max: Set(to_db(m.mem_used_max)),
-        mem_total: Set(to_db(m.mem_total)),
-        temp_max: Set(m.temp_max),
-        power_n: Set(i32::try_from(m.power_n).unwrap_or(i32::MAX)),
-        power_sum: Set(m.power_sum),
-        ecc_max: Set(to_db(m.ecc_max)),
-        throttle: Set(to_db(m.throttle)),
-    };
-    if new {
-        a.insert(db).await?;
-    } else {
-        a.update(db).await?;
+    use sea_orm::sea_query::OnConflict;
+    use vm_telemetry::Column as C;
+    if rows.is_empty() {
+        return Ok(());
     }
+    let models = rows
+        .iter()
+        .map(|(vm, tenant, reason)| vm_telemetry::ActiveModel {
+            vm_id: Set(*vm),
+            tenant_id: Set(*tenant),
+            state: Set(if reason.is_some() { "unknown" } else { "ok" }.to_owned()),
+            reason: Set(reason.as_ref().map(|r| r.chars().take(500).collect())),
+            read_at: Set(at),
+        });
+    vm_telemetry::Entity::insert_many(models)
+        .on_conflict(
+            OnConflict::column(C::VmId)
+                .update_columns([C::State, C::Reason, C::ReadAt])
+                .to_owned(),
+        )
+        .exec(db)
+        .await?;
     Ok(())
 }
 
@@ -255,30 +306,6 @@ pub async fn status(
     vm: Uuid,
 ) -> Result<Option<vm_telemetry::Model>, ApiError> {
     Ok(vm_telemetry::Entity::find_by_id(vm).one(db).await?)
-}
-
-/// A VM's last word: `ok`, or `unknown` and why.
-pub async fn set_status(
-    db: &impl ConnectionTrait,
-    vm: Uuid,
-    tenant: Uuid,
-    reason: Option<&str>,
-    at: DateTime<Utc>,
-) -> Result<(), ApiError> {
-    let exists = status(db, vm).await?.is_some();
-    let a = vm_telemetry::ActiveModel {
-        vm_id: Set(vm),
-        tenant_id: Set(tenant),
-        state: Set(if reason.is_some() { "unknown" } else { "ok" }.to_owned()),
-        reason: Set(reason.map(|r| r.chars().take(500).collect())),
-        read_at: Set(at),
-    };
-    if exists {
-        a.update(db).await?;
-    } else {
-        a.insert(db).await?;
-    }
-    Ok(())
 }
 
 /// A deleted VM's last word goes.
