@@ -72,6 +72,81 @@ pub struct FileConfig {
     pub storage: StorageFileConfig,
     #[serde(default)]
     pub telemetry: TelemetryFileConfig,
+    #[serde(default)]
+    pub replicas: ReplicasFileConfig,
+}
+
+/// Server replicas on one database (README, "Replicas"): consoles whose
+/// person and agent reach different replicas are relayed between them.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicasFileConfig {
+    /// Where the other replicas reach this one (`http://` or `https://`,
+    /// host and port, no path) [default: http://<listen address>, with
+    /// an unspecified address read as loopback].
+    pub url: Option<String>,
+    /// The key replicas prove themselves to each other with (32 bytes,
+    /// hex); every replica needs the same [default:
+    /// <data-dir>/replica.key, made on first start].
+    pub key_file: Option<PathBuf>,
+}
+
+/// The replicas' settings, resolved.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReplicasConfig {
+    /// `None`: derived from the address the server bound.
+    pub url: Option<String>,
+    pub key_file: Option<PathBuf>,
+}
+
+impl ReplicasConfig {
+    /// Where the other replicas reach this one, the server bound to
+    /// `bound`.
+    pub fn url_for(&self, bound: SocketAddr) -> String {
+        if let Some(u) = &self.url {
+            return u.trim_end_matches('/').to_owned();
+        }
+        let ip = match bound.ip() {
+            std::net::IpAddr::V4(v) if v.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(v) if v.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+            ip => ip,
+        };
+        format!("http://{}", SocketAddr::new(ip, bound.port()))
+    }
+
+    pub fn key_path(&self, data_dir: &Path) -> PathBuf {
+        self.key_file
+            .clone()
+            .unwrap_or_else(|| data_dir.join("replica.key"))
+    }
+}
+
+fn replicas(file: &ReplicasFileConfig) -> Result<ReplicasConfig, ConfigError> {
+    if let Some(u) = &file.url {
+        let bad = |message: &str| ConfigError::Invalid {
+            key: "replicas.url",
+            message: message.into(),
+        };
+        let parsed = url::Url::parse(u).map_err(|e| bad(&format!("not a URL: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(bad("an http:// or https:// URL"));
+        }
+        if parsed.host().is_none() {
+            return Err(bad("needs a host"));
+        }
+        if !parsed.username().is_empty()
+            || parsed.password().is_some()
+            || parsed.query().is_some()
+            || parsed.fragment().is_some()
+            || parsed.path() != "/"
+        {
+            return Err(bad("scheme, host and port only"));
+        }
+    }
+    Ok(ReplicasConfig {
+        url: file.url.clone(),
+        key_file: file.key_file.clone(),
+    })
 }
 
 /// GPU telemetry from guests (README, "GPU telemetry").
@@ -452,6 +527,7 @@ pub struct Config {
     pub idle: IdleConfig,
     pub storage: StorageConfig,
     pub telemetry: TelemetryConfig,
+    pub replicas: ReplicasConfig,
     /// What metering and charging take as now.
     pub clock: crate::clock::Clock,
 }
@@ -621,6 +697,7 @@ impl Config {
             idle: IdleConfig::default(),
             storage: StorageConfig::default(),
             telemetry: TelemetryConfig::default(),
+            replicas: ReplicasConfig::default(),
             clock: crate::clock::Clock::default(),
         }
     }
@@ -730,6 +807,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         idle: idle(&file.idle)?,
         storage: storage(&file.storage)?,
         telemetry: telemetry(&file.telemetry)?,
+        replicas: replicas(&file.replicas)?,
         clock: crate::clock::Clock::default(),
     })
 }
@@ -883,6 +961,38 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("./.kumo"));
         assert_eq!(c.database_url, "sqlite://./.kumo/kumo.db?mode=rwc");
         assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn a_replica_url_is_scheme_host_and_port_and_defaults_to_the_bound_address() {
+        let parse = |t: &str| resolve(&ServeArgs::default(), &toml::from_str(t).unwrap());
+        let bound: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let c = parse("").unwrap();
+        assert_eq!(c.replicas.url_for(bound), "http://127.0.0.1:8080");
+        assert_eq!(
+            c.replicas.url_for("[::]:9000".parse().unwrap()),
+            "http://[::1]:9000"
+        );
+        assert_eq!(
+            c.replicas.url_for("10.0.0.5:8080".parse().unwrap()),
+            "http://10.0.0.5:8080"
+        );
+        assert_eq!(
+            c.replicas.key_path(Path::new("/var/lib/kumo")),
+            PathBuf::from("/var/lib/kumo/replica.key")
+        );
+        let c = parse("[replicas]\nurl = \"https://kumo-1.internal:8443/\"").unwrap();
+        assert_eq!(c.replicas.url_for(bound), "https://kumo-1.internal:8443");
+        for bad in [
+            "ftp://kumo-1",
+            "kumo-1:8080",
+            "http://kumo-1/api",
+            "http://kumo-1?x=1",
+            "http://user:pw@kumo-1",
+        ] {
+            let e = parse(&format!("[replicas]\nurl = \"{bad}\"")).unwrap_err();
+            assert!(e.to_string().contains("replicas.url"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The relay between people and VMs' serial consoles, in memory.
+//! The relay between people and VMs' serial consoles.
 //!
 //! Agents stay outbound-only: a console is reached by asking the VM's
 //! agent (through its desired state) to dial the server with a one-time
@@ -7,20 +7,32 @@
 //! and takes input from one writer at a time. A person attaches with a
 //! one-time ticket, minted by an authenticated request, valid
 //! [`TICKET_TTL`]; only its SHA-256 is kept. A tenant has at most
-//! [`MAX_WAITING`] tickets and dials waiting at once: they are this
-//! process's memory, and each dial wakes an agent.
+//! [`MAX_WAITING`] tickets and dials waiting at once (each dial wakes an
+//! agent) and [`MAX_OPEN`] consoles open.
 //!
-//! A link lives in the server that the agent dialled: tickets, dials and
-//! links are this process's, so a console needs the person's websocket
-//! and the agent's on the same replica (one server, or sticky routing).
+//! Across replicas (several servers on one database behind a load
+//! balancer), tickets, dials, each VM's link's *home* replica and open
+//! consoles are database rows (`crate::app::consoles`): a link lives in
+//! one replica, the home, and the person and the agent meet there
+//! whichever replicas they reach. A person who opens a ticket at another
+//! replica is relayed to the home over an internal websocket, and so is
+//! an agent that dials another replica than the one its session waits
+//! at. Replicas prove themselves to each other with a key they share
+//! ([`ReplicaKey`], a file every replica has); the relay carries the
+//! already authorised ticket or the dialling host, so the internal
+//! endpoints give nothing a tenant or an agent could not already reach.
+//! Everything about a console (its holder's standing re-read every
+//! second, read-only viewers, scrollback, takeover) happens at the home;
+//! the other replica only passes frames.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kumo_api_types::ConsoleControl;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use uuid::Uuid;
@@ -47,12 +59,9 @@ const FAN_OUT: usize = 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TooManyOpen;
 
-/// A tenant has [`MAX_WAITING`] tickets and dials waiting already.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TooManyWaiting;
-
 /// What a person's session was opened with, to end it with that.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Credential {
     /// An API token (its id).
     Token(Uuid),
@@ -60,8 +69,9 @@ pub enum Credential {
     Session(String),
 }
 
-/// An authorised, not yet opened, console session.
-#[derive(Debug, Clone)]
+/// An authorised console session: what a ticket holds, and what a
+/// replica relaying its holder tells the link's home.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ticket {
     pub tenant: Uuid,
     pub vm: Uuid,
@@ -69,28 +79,11 @@ pub struct Ticket {
     pub user: String,
     pub credential: Credential,
     pub write: bool,
-    expires: Instant,
 }
 
-impl Ticket {
-    pub fn new(
-        tenant: Uuid,
-        vm: Uuid,
-        host: Uuid,
-        user: String,
-        credential: Credential,
-        write: bool,
-    ) -> Ticket {
-        Ticket {
-            tenant,
-            vm,
-            host,
-            user,
-            credential,
-            write,
-            expires: Instant::now() + TICKET_TTL,
-        }
-    }
+/// The SHA-256 of a ticket's secret, in hex: what is kept of it.
+pub fn digest(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
 /// The agent's side of a console: output from the guest, input to it.
@@ -127,9 +120,7 @@ struct Recent {
 }
 
 struct Dial {
-    tenant: Uuid,
     host: Uuid,
-    vm: Uuid,
     expires: Instant,
     tx: oneshot::Sender<AgentEnds>,
 }
@@ -208,6 +199,11 @@ impl Link {
             .map(|w| w.user.clone())
     }
 
+    /// Becomes `true` once the agent's side ended.
+    pub fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
     /// `id` leaves: the console has no writer if it was.
     pub fn leave(&self, id: u64) {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,10 +213,14 @@ impl Link {
     }
 }
 
-/// Every console this server relays.
-#[derive(Default)]
+/// Every console this server relays, and who this server is to the
+/// other replicas.
 pub struct ConsoleHub {
-    tickets: Mutex<HashMap<String, Ticket>>,
+    /// This replica (a new one each start).
+    replica: Uuid,
+    /// Where the other replicas reach this one, and its key: set once at
+    /// start.
+    identity: OnceLock<(String, ReplicaKey)>,
     dials: Mutex<HashMap<Uuid, Dial>>,
     links: Mutex<HashMap<Uuid, Arc<Link>>>,
     next: AtomicU64,
@@ -231,14 +231,41 @@ pub struct ConsoleHub {
     open: Arc<Mutex<HashMap<Uuid, usize>>>,
 }
 
+impl Default for ConsoleHub {
+    fn default() -> ConsoleHub {
+        ConsoleHub {
+            replica: Uuid::new_v4(),
+            identity: OnceLock::new(),
+            dials: Mutex::default(),
+            links: Mutex::default(),
+            next: AtomicU64::default(),
+            closing: watch::Sender::new(false),
+            open: Arc::default(),
+        }
+    }
+}
+
 /// One of a tenant's [`MAX_OPEN`] open consoles, given back when dropped.
 pub struct Seat {
     open: Arc<Mutex<HashMap<Uuid, usize>>>,
     tenant: Uuid,
+    /// Gives back what else holds the seat (its row, for the count
+    /// across replicas).
+    release: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Seat {
+    /// `f` runs when the seat is given back.
+    pub fn on_release(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.release = Some(Box::new(f));
+    }
 }
 
 impl Drop for Seat {
     fn drop(&mut self) {
+        if let Some(f) = self.release.take() {
+            f();
+        }
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = open.get_mut(&self.tenant) {
             *n = n.saturating_sub(1);
@@ -249,39 +276,26 @@ impl Drop for Seat {
     }
 }
 
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
-
 impl ConsoleHub {
-    /// Keeps a ticket under its secret's SHA-256 (the secret itself, a
-    /// prefixed secret the caller minted, is not kept). Refused when its
-    /// tenant has [`MAX_WAITING`] tickets and dials waiting already.
-    pub fn keep(&self, secret: &str, ticket: Ticket) -> Result<(), TooManyWaiting> {
-        let now = Instant::now();
-        let mut t = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        t.retain(|_, t| t.expires > now);
-        let dials = {
-            let mut d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
-            d.retain(|_, d| d.expires > now && !d.tx.is_closed());
-            d.values().filter(|d| d.tenant == ticket.tenant).count()
-        };
-        let tickets = t.values().filter(|x| x.tenant == ticket.tenant).count();
-        if tickets + dials >= MAX_WAITING {
-            return Err(TooManyWaiting);
-        }
-        t.insert(sha256_hex(secret), ticket);
-        Ok(())
+    /// This replica's id.
+    pub fn replica(&self) -> Uuid {
+        self.replica
     }
 
-    /// Takes a ticket by its secret: once, before it expires.
-    pub fn redeem(&self, secret: &str) -> Option<Ticket> {
-        let t = self
-            .tickets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&sha256_hex(secret))?;
-        (t.expires > Instant::now()).then_some(t)
+    /// Sets where the other replicas reach this one, and the key they
+    /// share (once; later calls change nothing).
+    pub fn identify(&self, url: String, key: ReplicaKey) {
+        let _ = self.identity.set((url, key));
+    }
+
+    /// Where the other replicas reach this one, once identified.
+    pub fn url(&self) -> Option<&str> {
+        self.identity.get().map(|(u, _)| u.as_str())
+    }
+
+    /// The replicas' shared key, once identified.
+    pub fn key(&self) -> Option<&ReplicaKey> {
+        self.identity.get().map(|(_, k)| k)
     }
 
     /// The live console of a VM, if any.
@@ -293,7 +307,7 @@ impl ConsoleHub {
     /// Asks for a VM's agent to dial: answers the session id to list in
     /// its host's desired state and what the dial will bring.
     pub fn dial(&self, t: &Ticket) -> (Uuid, oneshot::Receiver<AgentEnds>) {
-        let (tenant, host, vm) = (t.tenant, t.host, t.vm);
+        let host = t.host;
         let session = Uuid::new_v4();
         let (tx, rx) = oneshot::channel();
         let mut d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
@@ -301,9 +315,7 @@ impl ConsoleHub {
         d.insert(
             session,
             Dial {
-                tenant,
                 host,
-                vm,
                 expires: Instant::now() + TICKET_TTL,
                 tx,
             },
@@ -311,16 +323,11 @@ impl ConsoleHub {
         (session, rx)
     }
 
-    /// The dials a host's agent should make: `(session, vm)`.
-    pub fn dials_for(&self, host: Uuid) -> Vec<(Uuid, Uuid)> {
+    /// Whether a person here waits for `session` to be dialled.
+    pub fn waits_for(&self, session: Uuid) -> bool {
         let d = self.dials.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<(Uuid, Uuid)> = d
-            .iter()
-            .filter(|(_, d)| d.host == host && d.expires > Instant::now() && !d.tx.is_closed())
-            .map(|(s, d)| (*s, d.vm))
-            .collect();
-        out.sort();
-        out
+        d.get(&session)
+            .is_some_and(|d| d.expires > Instant::now() && !d.tx.is_closed())
     }
 
     /// An agent dialled `session`: only the host it was asked of, once.
@@ -411,6 +418,7 @@ impl ConsoleHub {
         Ok(Seat {
             open: self.open.clone(),
             tenant,
+            release: None,
         })
     }
 
@@ -461,6 +469,137 @@ impl ConsoleHub {
     }
 }
 
+/// The header a replica shows its key in, to another replica.
+pub const KEY_HEADER: &str = "kumo-replica-key";
+/// The header a relayed person's ticket comes in (JSON, base64url).
+pub const TICKET_HEADER: &str = "kumo-console-ticket";
+/// The header naming the host whose agent's dial is relayed.
+pub const HOST_HEADER: &str = "kumo-console-host";
+
+/// How long a replica waits for another to take a relayed console: the
+/// home may have to wait for the agent's dial first.
+pub const RELAY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The key replicas prove themselves to each other with: 32 random bytes,
+/// hex, in a file (0600) every replica has. Only its SHA-256 is compared
+/// (in constant time), and neither is ever printed.
+pub struct ReplicaKey {
+    secret: String,
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for ReplicaKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplicaKey(…)")
+    }
+}
+
+impl ReplicaKey {
+    fn from_hex(text: &str) -> Option<ReplicaKey> {
+        let text = text.trim();
+        let bytes = hex::decode(text).ok().filter(|b| b.len() == 32)?;
+        Some(ReplicaKey {
+            secret: hex::encode(&bytes),
+            digest: Sha256::digest(hex::encode(&bytes).as_bytes()).into(),
+        })
+    }
+
+    /// Reads the key from `path`, making it (0600, 32 random bytes) when
+    /// there is none: a lone replica needs no setup; replicas on several
+    /// machines are given the same file.
+    pub fn load_or_make(path: &std::path::Path) -> Result<ReplicaKey, String> {
+        use std::io::Write;
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut bytes = [0u8; 32];
+                ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+                    .map_err(|_| "no randomness for the replica key".to_owned())?;
+                let made = {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(path)
+                };
+                match made {
+                    Ok(mut f) => f
+                        .write_all(hex::encode(bytes).as_bytes())
+                        .map_err(|e| format!("{}: {e}", path.display()))?,
+                    // Another replica on this data directory made it first.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(format!("{}: {e}", path.display())),
+                }
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        ReplicaKey::from_hex(&text)
+            .ok_or_else(|| format!("{}: not 32 bytes in hex", path.display()))
+    }
+
+    /// Whether `presented` is this key.
+    pub fn verify(&self, presented: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let d: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
+        bool::from(d.ct_eq(&self.digest))
+    }
+}
+
+/// A websocket to another replica's internal endpoint.
+pub type Upstream =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Why another replica did not take a relayed console.
+#[derive(Debug)]
+pub enum RelayError {
+    /// It answered with a problem (status, detail): its answer stands.
+    Refused(u16, String),
+    /// It could not be reached or did not answer in time.
+    Unreachable(String),
+}
+
+/// Opens `path` on the replica at `base` as a websocket, with the
+/// replicas' key and `headers`.
+pub async fn relay(
+    base: &str,
+    path: &str,
+    key: &ReplicaKey,
+    headers: &[(&'static str, String)],
+) -> Result<Upstream, RelayError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Error;
+    let bad = |e: &dyn std::fmt::Display| RelayError::Unreachable(e.to_string());
+    let mut req = kumo_api_types::websocket_url(base, path)
+        .into_client_request()
+        .map_err(|e| bad(&e))?;
+    let h = req.headers_mut();
+    h.insert(
+        KEY_HEADER,
+        key.secret.parse().map_err(|_| bad(&"the replica key"))?,
+    );
+    for (name, value) in headers {
+        h.insert(*name, value.parse().map_err(|_| bad(name))?);
+    }
+    match tokio::time::timeout(RELAY_TIMEOUT, tokio_tungstenite::connect_async(req)).await {
+        Err(_) => Err(RelayError::Unreachable(format!(
+            "no answer within {RELAY_TIMEOUT:?}"
+        ))),
+        Ok(Ok((ws, _))) => Ok(ws),
+        Ok(Err(Error::Http(resp))) => {
+            let detail = resp
+                .body()
+                .as_deref()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+                .and_then(|v| v.get("detail")?.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            Err(RelayError::Refused(resp.status().as_u16(), detail))
+        }
+        Ok(Err(e)) => Err(bad(&e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,43 +609,46 @@ mod tests {
     }
 
     fn ticket_of(tenant: Uuid, host: Uuid, vm: Uuid, write: bool) -> Ticket {
-        Ticket::new(
+        Ticket {
             tenant,
             vm,
             host,
-            "aiko".into(),
-            Credential::Token(Uuid::nil()),
+            user: "aiko".into(),
+            credential: Credential::Token(Uuid::nil()),
             write,
-        )
-    }
-
-    #[test]
-    fn a_ticket_opens_once() {
-        let hub = ConsoleHub::default();
-        let secret = "kumoc_0123_secret";
-        hub.keep(secret, ticket(true)).unwrap();
-        assert!(hub.redeem("kumoc_0123_other").is_none());
-        assert!(hub.redeem(secret).is_some());
-        assert!(hub.redeem(secret).is_none(), "one-time");
-    }
-
-    #[test]
-    fn a_tenant_has_few_tickets_and_dials_waiting_and_others_theirs() {
-        let hub = ConsoleHub::default();
-        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        let t = ticket_of(a, Uuid::nil(), Uuid::nil(), false);
-        let (_, _waiting) = hub.dial(&t);
-        for i in 1..MAX_WAITING {
-            hub.keep(&format!("a{i}"), t.clone()).unwrap();
         }
-        assert!(
-            hub.keep("a-more", t.clone()).is_err(),
-            "tickets and dials count"
-        );
-        hub.keep("b1", ticket_of(b, Uuid::nil(), Uuid::nil(), false))
-            .expect("another tenant's own");
-        assert!(hub.redeem("a1").is_some());
-        hub.keep("a-again", t).expect("room once one is opened");
+    }
+
+    #[test]
+    fn a_ticket_crosses_replicas_as_it_was_authorised() {
+        let t = Ticket {
+            credential: Credential::Session("ab12".into()),
+            ..ticket(true)
+        };
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(serde_json::from_str::<Ticket>(&json).unwrap(), t);
+        assert_eq!(digest("kumoc_x").len(), 64);
+        assert_ne!(digest("kumoc_x"), digest("kumoc_y"));
+    }
+
+    #[test]
+    fn the_replica_key_is_made_once_private_and_compared_whole() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("kumo-replica-key-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("replica.key");
+        let k = ReplicaKey::load_or_make(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let again = ReplicaKey::load_or_make(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(k.verify(&text) && again.verify(&text));
+        assert!(!k.verify(&text[..63]));
+        assert!(!k.verify(""));
+        assert!(!format!("{k:?}").contains(&text[..16]), "never printed");
+        std::fs::write(&path, "short").unwrap();
+        assert!(ReplicaKey::load_or_make(&path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -561,8 +703,8 @@ mod tests {
         let hub = Arc::new(ConsoleHub::default());
         let (host, other, vm) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let (session, rx) = hub.dial(&ticket_of(Uuid::nil(), host, vm, true));
-        assert_eq!(hub.dials_for(host), vec![(session, vm)]);
-        assert!(hub.dials_for(other).is_empty());
+        assert!(hub.waits_for(session));
+        assert!(!hub.waits_for(Uuid::new_v4()));
         assert!(hub.answer(other, session).is_none(), "another host");
         assert!(
             hub.answer(host, Uuid::new_v4()).is_none(),

@@ -37,6 +37,9 @@ pub struct Metrics {
     /// Heartbeats written by the lease keeper, and its batches.
     lease_renewals: Counter,
     lease_batches: Counter,
+    /// Consoles relayed to another replica: people's, agents' dials.
+    console_person_relays: Counter,
+    console_dial_relays: Counter,
 }
 
 impl Default for Metrics {
@@ -54,6 +57,18 @@ impl Metrics {
         let db_pool_idle = Gauge::default();
         let lease_renewals = Counter::default();
         let lease_batches = Counter::default();
+        let console_person_relays = Counter::default();
+        let console_dial_relays = Counter::default();
+        registry.register(
+            "console_person_relays",
+            "People's consoles relayed to the replica holding the VM's console",
+            console_person_relays.clone(),
+        );
+        registry.register(
+            "console_dial_relays",
+            "Agents' console dials relayed to the replica a person waits at",
+            console_dial_relays.clone(),
+        );
         registry.register(
             "host_lease_renewals",
             "Host heartbeats written in batches by the lease keeper",
@@ -92,6 +107,17 @@ impl Metrics {
             db_pool_idle,
             lease_renewals,
             lease_batches,
+            console_person_relays,
+            console_dial_relays,
+        }
+    }
+
+    /// A console relayed to another replica: a person's, or an agent's dial.
+    pub fn console_relayed(&self, dial: bool) {
+        if dial {
+            self.console_dial_relays.inc();
+        } else {
+            self.console_person_relays.inc();
         }
     }
 

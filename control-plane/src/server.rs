@@ -83,12 +83,16 @@ impl RunningServer {
         // Marks first: a change landing during the full read is followed.
         state.capacity.catch_up(&state.db, &state.signals).await?;
         state.capacity.refresh_all(&state.db).await?;
+        // Known to the other replicas before it serves: a console relayed
+        // here finds it.
+        crate::app::consoles::register(&state, addr).await?;
         let detector = tokio::spawn(crate::app::jobs::lost_hosts::run(state.clone()));
         let reaper = tokio::spawn(crate::app::jobs::reclaimer::run(state.clone()));
         let edge_keeper = tokio::spawn(crate::app::jobs::edge_keeper::run(state.clone()));
         let lease_keeper = tokio::spawn(crate::app::jobs::lease_keeper::run(state.clone()));
         let host_changes = tokio::spawn(crate::app::jobs::host_changes::run(state.clone()));
         let compaction = tokio::spawn(crate::app::jobs::ledger_compaction::run(state.clone()));
+        let replicas = tokio::spawn(crate::app::jobs::replicas::run(state.clone()));
         let app = crate::http::router::router(state.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let signals = state.signals.clone();
@@ -111,6 +115,12 @@ impl RunningServer {
             lease_keeper.abort();
             host_changes.abort();
             compaction.abort();
+            replicas.abort();
+            // The others claim this replica's consoles at once, not once
+            // it is stale.
+            if let Err(e) = crate::app::consoles::retire(&last).await {
+                tracing::warn!(error = %e, "this replica's consoles not given up at shutdown");
+            }
             // Beats heard since the last batch, so a restarted or
             // replaced replica loses none.
             if let Err(e) = crate::app::jobs::lease_keeper::flush(&last).await {

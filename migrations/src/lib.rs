@@ -32,6 +32,7 @@ mod m0026_idle_gpus;
 mod m0027_public_ip_rest_and_exempt_total;
 mod m0028_host_storage;
 mod m0029_gpu_hours;
+mod m0030_console_relay;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -105,6 +106,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0027_public_ip_rest_and_exempt_total::Migration),
             Box::new(m0028_host_storage::Migration),
             Box::new(m0029_gpu_hours::Migration),
+            Box::new(m0030_console_relay::Migration),
         ]
     }
 }

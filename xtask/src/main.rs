@@ -99,6 +99,8 @@ const PACKAGES: &[(&str, &str)] = &[
     // Debian packages (dpkg-shlibdeps) and installs them into a fresh
     // Debian made by mmdebstrap.
     ("psql", "postgresql-client"),
+    // Consoles across replicas: two servers behind a real load balancer.
+    ("haproxy", "haproxy"),
     ("dpkg-shlibdeps", "dpkg-dev"),
     ("mmdebstrap", "mmdebstrap"),
 ];

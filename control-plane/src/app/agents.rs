@@ -225,9 +225,8 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
         exports,
         imports,
         drop_disks: moves.drop_disks,
-        consoles: st
-            .consoles
-            .dials_for(host.id)
+        consoles: crate::app::consoles::dials_for(st, host.id)
+            .await?
             .into_iter()
             .map(|(session, vm)| kumo_api_types::DesiredConsole { session, vm })
             .collect(),

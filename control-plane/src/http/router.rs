@@ -30,6 +30,7 @@ pub fn router(state: AppState) -> Router {
     let body_limit = state.config.body_limit_bytes;
     Router::new()
         .merge(api_routes)
+        .merge(api::consoles::internal())
         .merge(api::docs::router(Arc::new(openapi)))
         .merge(crate::http::sso::routes())
         .merge(crate::http::device_login::routes())

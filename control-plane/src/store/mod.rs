@@ -9,6 +9,7 @@ pub mod allocations;
 pub mod billing;
 pub mod capacity;
 pub mod clusters;
+pub mod consoles;
 pub mod device_health;
 pub mod gpu_telemetry;
 pub mod hosts;

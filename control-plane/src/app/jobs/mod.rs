@@ -8,3 +8,4 @@ pub mod lease_keeper;
 pub mod ledger_compaction;
 pub mod lost_hosts;
 pub mod reclaimer;
+pub mod replicas;

@@ -1,12 +1,14 @@
 //! Serial consoles over websockets: the ticket (an authenticated
 //! request), the person's websocket (the ticket is its credential:
-//! browsers cannot set headers on one), and the agent's dial.
+//! browsers cannot set headers on one), and the agent's dial; and the
+//! replicas' internal endpoints, where another replica relays a person or
+//! a dial to the one holding the VM's console.
 
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use kumo_api_types::{ConsoleControl, ConsoleEvent, ConsoleParams, ConsoleTicket};
@@ -14,8 +16,8 @@ use uuid::Uuid;
 
 use super::agent::HostCaller;
 use super::Problems;
-use crate::app::consoles::Standing;
-use crate::consoles::{Attached, Credential, FromAgent, Ticket, ToAgent};
+use crate::app::consoles::{Answered, Opened, Standing};
+use crate::consoles::{Attached, Credential, FromAgent, Ticket, ToAgent, Upstream};
 use crate::context::{Actor, AppState};
 use crate::error::ApiError;
 use crate::http::extract::{Path, Query};
@@ -62,8 +64,103 @@ pub async fn person(
     axum::extract::Path(secret): axum::extract::Path<String>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
-    let (ticket, attached) = crate::app::consoles::attach(&st, &secret).await?;
-    Ok(ws.on_upgrade(move |socket| relay_person(st, ticket, attached, socket)))
+    let opened = crate::app::consoles::attach(&st, &secret).await?;
+    Ok(upgrade_person(st, opened, ws))
+}
+
+fn upgrade_person(st: AppState, opened: Opened, ws: WebSocketUpgrade) -> Response {
+    match opened {
+        Opened::Here(ticket, attached) => {
+            ws.on_upgrade(move |socket| relay_person(st, ticket, *attached, socket))
+        }
+        Opened::Relayed(up) => ws.on_upgrade(move |socket| async move {
+            if let Some(why) = splice(&st, socket, *up).await {
+                tracing::info!(reason = why, "a relayed console ended here");
+            }
+        }),
+    }
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// `GET /internal/v1/consoles/attach`: another replica relays a person
+/// whose ticket it opened (the ticket in a header); for Kumo's replicas
+/// only (the replicas' key).
+pub async fn relayed_person(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    crate::app::consoles::replica_caller(&st, header(&headers, crate::consoles::KEY_HEADER))?;
+    let ticket = header(&headers, crate::consoles::TICKET_HEADER).unwrap_or_default();
+    let opened = crate::app::consoles::attach_relayed(&st, ticket).await?;
+    Ok(upgrade_person(st, opened, ws))
+}
+
+/// `GET /internal/v1/consoles/dial/{session}`: another replica relays
+/// the dial of the host it names (it authenticated the agent); for
+/// Kumo's replicas only.
+pub async fn relayed_dial(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Path(session): axum::extract::Path<Uuid>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    crate::app::consoles::replica_caller(&st, header(&headers, crate::consoles::KEY_HEADER))?;
+    let host = header(&headers, crate::consoles::HOST_HEADER)
+        .and_then(|h| h.parse::<Uuid>().ok())
+        .ok_or_else(|| ApiError::not_found("console session"))?;
+    let answered = crate::app::consoles::answer_here(&st, host, session).await?;
+    Ok(upgrade_agent(st, answered, ws))
+}
+
+/// Passes frames between a websocket here and its relay to another
+/// replica until either ends (or this server shuts down): answers why,
+/// when it was this side that ended it.
+async fn splice(st: &AppState, socket: WebSocket, up: Upstream) -> Option<&'static str> {
+    use tokio_tungstenite::tungstenite::Message as Up;
+    let (mut tx, mut rx) = socket.split();
+    let (mut up_tx, mut up_rx) = up.split();
+    let mut closing = st.consoles.closing();
+    let why = loop {
+        tokio::select! {
+            msg = rx.next() => {
+                let m = match msg {
+                    Some(Ok(Message::Binary(b))) => Up::Binary(b),
+                    Some(Ok(Message::Text(t))) => Up::Text(t.as_str().into()),
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                    _ => break None,
+                };
+                if up_tx.send(m).await.is_err() {
+                    break None;
+                }
+            }
+            msg = up_rx.next() => {
+                let m = match msg {
+                    Some(Ok(Up::Binary(b))) => Message::Binary(b),
+                    Some(Ok(Up::Text(t))) => Message::Text(t.as_str().into()),
+                    Some(Ok(Up::Ping(_) | Up::Pong(_) | Up::Frame(_))) => continue,
+                    _ => break None,
+                };
+                if tx.send(m).await.is_err() {
+                    break None;
+                }
+            }
+            () = shut(&mut closing) => break Some(RESTARTING),
+        }
+    };
+    if let Some(reason) = why {
+        let _ = tx
+            .send(event(&ConsoleEvent::Closed {
+                reason: reason.to_owned(),
+            }))
+            .await;
+    }
+    let _ = tx.close().await;
+    let _ = up_tx.close().await;
+    why
 }
 
 const RESTARTING: &str = "the server is restarting; open the console again in a moment";
@@ -189,9 +286,21 @@ pub async fn agent(
     axum::extract::Path(session): axum::extract::Path<Uuid>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
-    let (to_people, mut from_writer) = crate::app::consoles::answer(&st, &host, session)?;
+    let answered = crate::app::consoles::answer(&st, &host, session).await?;
+    Ok(upgrade_agent(st, answered, ws))
+}
+
+fn upgrade_agent(st: AppState, answered: Answered, ws: WebSocketUpgrade) -> Response {
+    let (to_people, mut from_writer) = match answered {
+        Answered::Here(to_people, from_writer) => (to_people, from_writer),
+        Answered::Relayed(up) => {
+            return ws.on_upgrade(move |socket| async move {
+                splice(&st, socket, *up).await;
+            })
+        }
+    };
     let mut closing = st.consoles.closing();
-    Ok(ws.on_upgrade(move |socket| async move {
+    ws.on_upgrade(move |socket| async move {
         let (mut tx, mut rx) = socket.split();
         loop {
             tokio::select! {
@@ -226,7 +335,7 @@ pub async fn agent(
             }
         }
         let _ = tx.close().await;
-    }))
+    })
 }
 
 /// The websocket routes (outside the OpenAPI document: the person's is
@@ -235,4 +344,18 @@ pub fn sockets() -> axum::Router<AppState> {
     axum::Router::new()
         .route("/api/v1/consoles/{ticket}", axum::routing::get(person))
         .route("/agent/v1/console/{session}", axum::routing::get(agent))
+}
+
+/// The replicas' internal relay routes (outside the OpenAPI document and
+/// the API's authentication: the replicas' key is their credential).
+pub fn internal() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route(
+            "/internal/v1/consoles/attach",
+            axum::routing::get(relayed_person),
+        )
+        .route(
+            "/internal/v1/consoles/dial/{session}",
+            axum::routing::get(relayed_dial),
+        )
 }
