@@ -482,3 +482,164 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
     running.abort();
     s.stop().await;
 }
+
+/// HAProxy (Debian's), round robin over two replicas, as a child process
+/// with its configuration in a temporary directory: where it listens.
+struct Haproxy {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    async fn start(servers: &[std::net::SocketAddr]) -> Haproxy {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let backends: String = servers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("  server r{i} {a}\n"))
+            .collect();
+        // Every request balanced on its own (the server side closed after
+        // each), websockets tunnelled as long as they live.
+        let cfg = format!(
+            "defaults\n  mode http\n  option http-server-close\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n  timeout tunnel 1h\n\
+             frontend kumo\n  bind 127.0.0.1:{port}\n  default_backend replicas\n\
+             backend replicas\n  balance roundrobin\n{backends}"
+        );
+        let file = dir.path().join("haproxy.cfg");
+        std::fs::write(&file, cfg).unwrap();
+        let bin = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap_or("haproxy");
+        let child = Command::new(bin)
+            .arg("-db")
+            .arg("-f")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("haproxy (Debian's haproxy; `./x test` installs it): {e}"));
+        let url = format!("http://127.0.0.1:{port}");
+        until("haproxy to listen", Duration::from_secs(10), async || {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await;
+        Haproxy {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Consoles relayed between two replicas, as counted in their metrics.
+fn relays(st: &kumo_server::AppState) -> u64 {
+    st.metrics
+        .encode()
+        .lines()
+        .filter(|l| {
+            l.starts_with("kumo_console_person_relays_total ")
+                || l.starts_with("kumo_console_dial_relays_total ")
+        })
+        .filter_map(|l| l.split(' ').nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Two replicas on one PostgreSQL database behind HAProxy, the real agent
+/// and the QEMU guest reaching them only through it: the console opens
+/// several times, each time wherever the person's requests and the
+/// agent's dial land, and a command typed is answered each time; at
+/// least one opening met its console on the other replica (relayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_opens_through_a_load_balancer_over_two_replicas() {
+    let guest = guest_dir();
+    let s = TestServer::start(Backend::Postgres).await;
+    s.tenant("con").await;
+    let b = kumo_server::RunningServer::start(s.server.state.config.as_ref().clone())
+        .await
+        .unwrap();
+    let lb = Haproxy::start(&[s.server.addr, b.addr]).await;
+    let (_work, mut config) = qemu_host(&s, &guest, "con-lb").await;
+    config.server = lb.url.clone();
+    let agent = Agent::start(config).await.unwrap();
+    let running = tokio::spawn(agent.run());
+    let mut cleanup = Cleanup(Vec::new());
+    let vm: Vm = s
+        .admin
+        .post(
+            "/api/v1/tenants/con/vms",
+            &json!({"name": "vm-c", "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny"}),
+        )
+        .await
+        .unwrap();
+    cleanup.0.push(vm.id.to_string());
+    until("vm-c to run", Duration::from_secs(120), async || {
+        let v: Vm = s.admin.get("/api/v1/tenants/con/vms/vm-c").await.unwrap();
+        (v.state == VmState::Running).then_some(())
+    })
+    .await;
+
+    let http = s.http();
+    for i in 1..=4u32 {
+        let opened = Instant::now();
+        let r = http
+            .post(format!("{}/api/v1/tenants/con/vms/vm-c/console", lb.url))
+            .bearer_auth(&s.admin_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
+        let t: ConsoleTicket = r.json().await.unwrap();
+        // Every other time one more request in between: the ticket and
+        // the websocket land on the same replica, then on different ones.
+        if i % 2 == 0 {
+            http.get(format!("{}/healthz", lb.url))
+                .send()
+                .await
+                .unwrap();
+        }
+        let url = format!("{}{}", lb.url.replace("http://", "ws://"), t.url);
+        let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        scrollback(&mut ws).await;
+        let want = format!("lb-{}", i * 7);
+        let (out, _) = until("the shell's answer", Duration::from_secs(120), async || {
+            type_line(&mut ws, &format!("echo lb-$(({i}*7))")).await;
+            let (out, ev) = read_until(&mut ws, &want, Duration::from_secs(5)).await;
+            assert!(ev.iter().all(|e| e["event"] == "taken_over"), "{ev:?}");
+            out.contains(&want).then_some((out, ()))
+        })
+        .await;
+        assert!(out.contains(&want), "{out}");
+        println!(
+            "console through haproxy #{i}: open → a command's output {:?} (relays so far: A {}, B {})",
+            opened.elapsed(),
+            relays(&s.server.state),
+            relays(&b.state)
+        );
+        let _ = ws.close(None).await;
+    }
+    assert!(
+        relays(&s.server.state) + relays(&b.state) >= 1,
+        "no console met its person or dial on the other replica"
+    );
+
+    running.abort();
+    drop(lb);
+    b.stop().await.unwrap();
+    s.stop().await;
+}
