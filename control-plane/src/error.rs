@@ -304,6 +304,13 @@ pub fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
     )
 }
 
+pub fn is_foreign_key_violation(e: &sea_orm::DbErr) -> bool {
+    matches!(
+        e.sql_err(),
+        Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -134,6 +134,8 @@ pub async fn put_vm(
         return match a.reset_all().insert(db).await {
             Ok(_) => Ok(true),
             Err(e) if crate::error::is_unique_violation(&e) => Ok(false),
+            // The VM was deleted since the pass read it: nothing to keep.
+            Err(e) if crate::error::is_foreign_key_violation(&e) => Ok(false),
             Err(e) => Err(e.into()),
         };
     };

@@ -31,6 +31,9 @@ pub struct FleetArgs {
     pub hosts: usize,
     pub heartbeat: Duration,
     pub telemetry: Duration,
+    /// The figures leave out requests due in the first `warmup` (they are
+    /// in `whole_run`).
+    pub warmup: Duration,
     pub seconds: u64,
     pub parallel: usize,
     /// VM changes per second (create, stop, start, delete; every 20th a
@@ -637,9 +640,13 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
     let db_after = args.database.as_deref().and_then(database_mib);
     let seen = std::mem::take(&mut *seen.lock().await);
     let f = std::mem::take(&mut *figures.lock().await);
+    // The steady state: requests due after the warm-up.
+    let from = start + args.warmup;
+    let steady = elapsed.saturating_sub(args.warmup);
     let to = |at: &HashMap<Uuid, Instant>| -> Vec<f64> {
         api.created
             .iter()
+            .filter(|(_, (sent, _))| *sent >= from)
             .filter_map(|(id, (sent, _))| {
                 Some(at.get(id)?.duration_since(*sent).as_secs_f64() * 1e3)
             })
@@ -648,6 +655,7 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
     let scheduled: Vec<f64> = api
         .created
         .values()
+        .filter(|(sent, _)| *sent >= from)
         .map(|(sent, answered)| answered.duration_since(*sent).as_secs_f64() * 1e3)
         .collect();
     let running = to(&seen.running);
@@ -656,8 +664,10 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
     let hours = elapsed.as_secs_f64() / 3600.0;
     let per_k = args.hosts as f64 / 1000.0;
     let mut by_class = serde_json::Map::new();
+    let mut whole_api = serde_json::Map::new();
     for (class, t) in api.by_class {
-        by_class.insert(class.into(), t.summary(elapsed));
+        by_class.insert(class.into(), t.summary_since(steady, from));
+        whole_api.insert(class.into(), t.summary(elapsed));
     }
     let out = json!({
         "hosts": args.hosts,
@@ -666,15 +676,22 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
         "heartbeat_every_s": args.heartbeat.as_secs_f64(),
         "telemetry_every_s": args.telemetry.as_secs_f64(),
         "seconds": elapsed.as_secs(),
+        "warmup_s": args.warmup.as_secs_f64(),
         "api": by_class,
         "vms_created": api.created.len(),
         "creates_refused": api.refused,
         "create_to_scheduled": quantiles(scheduled),
         "create_to_delivered": quantiles(to(&seen.delivered)),
         "create_to_running": quantiles(running),
-        "heartbeat": f.heartbeat.summary(elapsed),
-        "status_report": f.status.summary(elapsed),
-        "telemetry": f.telemetry.summary(elapsed),
+        "heartbeat": f.heartbeat.summary_since(steady, from),
+        "status_report": f.status.summary_since(steady, from),
+        "telemetry": f.telemetry.summary_since(steady, from),
+        "whole_run": {
+            "api": whole_api,
+            "heartbeat": f.heartbeat.summary(elapsed),
+            "status_report": f.status.summary(elapsed),
+            "telemetry": f.telemetry.summary(elapsed),
+        },
         "long_poll_answers_with_changes": f.long_poll_changes,
         "server_cpu_s_per_1000_hosts": match (usage_before, usage_after) {
             (Some(b), Some(a)) => json!(((a.0 - b.0) / per_k * 100.0).round() / 100.0),

@@ -49,6 +49,11 @@ enum What {
         /// The agent's default.
         #[arg(long, default_value_t = 15.0)]
         telemetry_secs: f64,
+        /// Seconds at the start whose requests the figures leave out (they
+        /// are in `whole_run`): every host's first beat carries its
+        /// inventory, a burst no steady fleet sends.
+        #[arg(long, default_value_t = 0.0)]
+        warmup_secs: f64,
         #[arg(long, default_value_t = 120)]
         seconds: u64,
         /// Registrations in flight at once.
@@ -72,6 +77,8 @@ enum What {
 #[derive(Default)]
 struct Tally {
     latencies_ms: Vec<f64>,
+    /// When each request was due, beside its latency.
+    due: Vec<Instant>,
     ok: u64,
     non_2xx: u64,
     errors: u64,
@@ -81,6 +88,7 @@ struct Tally {
 impl Tally {
     fn record_result(&mut self, due: Instant, ok: bool) {
         self.latencies_ms.push(due.elapsed().as_secs_f64() * 1000.0);
+        self.due.push(due);
         if ok {
             self.ok += 1;
         } else {
@@ -94,6 +102,7 @@ impl Tally {
 
     fn record(&mut self, due: Instant, r: &Result<reqwest::Response, reqwest::Error>) {
         self.latencies_ms.push(due.elapsed().as_secs_f64() * 1000.0);
+        self.due.push(due);
         match r {
             Ok(resp) if resp.status().is_success() => self.ok += 1,
             Ok(resp) => {
@@ -102,6 +111,24 @@ impl Tally {
             }
             Err(_) => self.errors += 1,
         }
+    }
+
+    /// The requests due at `from` or later, over `elapsed` (their span);
+    /// counts of failures stay those of the whole run.
+    fn summary_since(&self, elapsed: Duration, from: Instant) -> Value {
+        let mut t = Tally {
+            ok: self.ok,
+            non_2xx: self.non_2xx,
+            errors: self.errors,
+            statuses: self.statuses.clone(),
+            ..Tally::default()
+        };
+        for (l, d) in self.latencies_ms.iter().zip(&self.due) {
+            if *d >= from {
+                t.latencies_ms.push(*l);
+            }
+        }
+        t.summary(elapsed)
     }
 
     fn summary(mut self, elapsed: Duration) -> Value {
@@ -198,6 +225,7 @@ async fn main() -> std::process::ExitCode {
             hosts,
             heartbeat_secs,
             telemetry_secs,
+            warmup_secs,
             seconds,
             parallel,
             change_rate,
@@ -209,6 +237,7 @@ async fn main() -> std::process::ExitCode {
                 hosts: *hosts,
                 heartbeat: Duration::from_secs_f64(heartbeat_secs.max(0.1)),
                 telemetry: Duration::from_secs_f64(telemetry_secs.max(0.1)),
+                warmup: Duration::from_secs_f64(warmup_secs.max(0.0)),
                 seconds: *seconds,
                 parallel: *parallel,
                 change_rate: *change_rate,
