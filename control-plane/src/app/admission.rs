@@ -588,6 +588,10 @@ fn settle(st: &AppState, reserved: &[Reserved]) {
     }
 }
 
+/// A refused create catches up on other replicas' changes unless a
+/// catch-up began this recently.
+const CAUGHT_UP_LATELY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Rounds of reserve → commit; a lost race re-reads the hosts it touched
 /// and tries again. `Ok(false)` when the members fit nowhere.
 async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
@@ -596,8 +600,11 @@ async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
         let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_gib)? else {
             if round == 0 {
                 // The index may lag other replicas' frees (by a second):
-                // catch up and look again.
-                st.capacity.catch_up(&st.db, &st.signals).await?;
+                // catch up and look again, unless a catch-up began a
+                // moment ago (its view is as fresh).
+                st.capacity
+                    .catch_up_unless(&st.db, &st.signals, CAUGHT_UP_LATELY)
+                    .await?;
                 continue;
             }
             return Ok(false);

@@ -404,8 +404,11 @@ pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
     let changes = grant_changes(&st.db).await?;
     let mut posted = 0;
     for batch in due.chunks(RUNS_PER_TRANSACTION) {
-        let txn = st.db.begin().await?;
         // Each run's last entry: the row ending where the run is posted.
+        // Read before the transaction, which then writes first: a SQLite
+        // transaction that reads and then writes fails at once when
+        // another server wrote in between. Every write below is
+        // conditional on what was read.
         let ends: HashMap<Uuid, DateTime<Utc>> = batch
             .iter()
             .filter_map(|(r, _)| r.posted_until.map(|p| (r.id, p)))
@@ -415,7 +418,7 @@ pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
             for c in charges::Entity::find()
                 .filter(charges::Column::RunId.is_in(ends.keys().copied()))
                 .filter(charges::Column::PeriodTo.is_in(ends.values().copied()))
-                .all(&txn)
+                .all(&st.db)
                 .await?
             {
                 if ends.get(&c.run_id) == Some(&c.period_to) {
@@ -423,6 +426,7 @@ pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
                 }
             }
         }
+        let txn = st.db.begin().await?;
         let mut rows = Vec::new();
         let mut pieces_here = 0;
         let mut lost = false;
@@ -509,16 +513,18 @@ pub async fn compact_ledger(st: &AppState) -> Result<u64, ApiError> {
             return Ok(removed);
         };
         after = Some(tail.id);
-        let txn = st.db.begin().await?;
+        // Read before the transaction (see `post_due`); every write is
+        // conditional on what was read.
         let mut by_run: HashMap<Uuid, Vec<charges::Model>> = HashMap::new();
         for c in charges::Entity::find()
             .filter(charges::Column::RunId.is_in(runs.iter().map(|r| r.id)))
             .order_by_asc(charges::Column::PeriodFrom)
-            .all(&txn)
+            .all(&st.db)
             .await?
         {
             by_run.entry(c.run_id).or_default().push(c);
         }
+        let txn = st.db.begin().await?;
         let mut gone = 0;
         let mut stale = false;
         'runs: for r in &runs {
