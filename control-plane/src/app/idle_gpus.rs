@@ -102,9 +102,13 @@ pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
     let mut steps = 0;
     for vm in running {
         let policy = effective(&st.config.idle.policy, own.get(&vm.tenant_id));
+        // Judged up to here: the next pass reads from about here on.
+        let judged = st.config.clock.now();
         match one(st, &vm, rows.remove(&vm.id), &policy).await {
-            Ok(true) => steps += 1,
-            Ok(false) => {}
+            Ok(step) => {
+                st.idle_checked.set(vm.id, judged);
+                steps += usize::from(step);
+            }
             Err(e) => tracing::warn!(vm = %vm.id, error = %e, "idle check failed"),
         }
     }
