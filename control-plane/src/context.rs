@@ -15,6 +15,10 @@ use crate::metrics::Metrics;
 #[derive(Clone)]
 pub struct AppState {
     pub db: DatabaseConnection,
+    /// For reads outside a transaction on the hottest paths (agents'
+    /// requests, listings): on SQLite, read-only connections beside the
+    /// one writer (`db::open_reads`); otherwise `db` itself.
+    pub reads: DatabaseConnection,
     pub metrics: Arc<Metrics>,
     pub config: Arc<Config>,
     pub signals: Arc<crate::signals::HostSignals>,

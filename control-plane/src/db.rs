@@ -55,6 +55,30 @@ pub async fn open(url: &str) -> Result<DatabaseConnection, DbOpenError> {
     Ok(db)
 }
 
+/// Read-only SQLite connections beside the one writer.
+const SQLITE_READERS: u32 = 4;
+
+/// The pool for reads that need no transaction. On a SQLite file: its own
+/// read-only connections (WAL lets them read while the writer writes), so
+/// a heartbeat or a listing never queues behind a transaction holding the
+/// one writer; they see every committed change. Elsewhere (PostgreSQL, an
+/// in-memory SQLite): `writer` itself.
+pub async fn open_reads(
+    url: &str,
+    writer: &DatabaseConnection,
+) -> Result<DatabaseConnection, DbOpenError> {
+    let Some(file) = sqlite_file(url) else {
+        return Ok(writer.clone());
+    };
+    let mut opts = ConnectOptions::new(format!("sqlite://{}?mode=ro", file.display()));
+    opts.max_connections(SQLITE_READERS)
+        .min_connections(1)
+        .connect_timeout(Duration::from_secs(10))
+        .acquire_timeout(Duration::from_secs(10))
+        .sqlx_logging(false);
+    Database::connect(opts).await.map_err(DbOpenError::Connect)
+}
+
 /// Size and idle connections of the pool, for `/metrics`.
 pub fn pool_stats(db: &DatabaseConnection) -> (u32, u32) {
     match db.get_database_backend() {

@@ -59,6 +59,7 @@ impl RunningServer {
         if let Some(file) = db::sqlite_file(&config.database_url) {
             private_files(&file)?;
         }
+        let reads = db::open_reads(&config.database_url, &db).await?;
         let admin_token_file =
             bootstrap::bootstrap(&db, &config.data_dir, config.clock.now()).await?;
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -68,6 +69,7 @@ impl RunningServer {
         let overcommit = config.storage.overcommit;
         let state = AppState {
             db,
+            reads,
             metrics: Arc::new(Metrics::new()),
             config: Arc::new(config),
             signals: Arc::default(),

@@ -142,24 +142,24 @@ pub fn seen_revision(h: &hosts::Model) -> i64 {
 pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState, ApiError> {
     let rows = vms::Entity::find()
         .filter(vms::Column::HostId.eq(host.id))
-        .all(&st.db)
+        .all(&st.reads)
         .await?;
     let cluster_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.cluster_id).collect();
     let mut hostfiles = std::collections::HashMap::new();
     for c in clusters::Entity::find()
         .filter(clusters::Column::Id.is_in(cluster_ids))
-        .all(&st.db)
+        .all(&st.reads)
         .await?
     {
         hostfiles.insert(
             c.id,
-            crate::store::clusters::cluster_hostfile(&st.db, &c).await?,
+            crate::store::clusters::cluster_hostfile(&st.reads, &c).await?,
         );
     }
-    let mut net = crate::app::host_network::load(&st.db, host, &rows).await?;
+    let mut net = crate::app::host_network::load(&st.reads, host, &rows).await?;
     let (kept, delete_volumes, mut disks, exports) = volumes_of(st, host).await?;
     let mut imports = imports_of(st, host).await?;
-    let moves = crate::app::disk_moves::of_host(&st.db, host, &rows).await?;
+    let moves = crate::app::disk_moves::of_host(&st.reads, host, &rows).await?;
     imports.extend(moves.imports);
     let mut exports = exports;
     exports.extend(moves.exports);
@@ -235,12 +235,12 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
 
 /// The volumes moving to the host, and where to fetch each from.
 async fn imports_of(st: &AppState, host: &hosts::Model) -> Result<Vec<DesiredImport>, ApiError> {
-    let moving = crate::store::volumes::moving_to(&st.db, host.id).await?;
+    let moving = crate::store::volumes::moving_to(&st.reads, host.id).await?;
     if moving.is_empty() {
         return Ok(Vec::new());
     }
     let sources: Vec<Uuid> = moving.iter().map(|v| v.host_id).collect();
-    let sources = crate::store::hosts::by_ids(&st.db, sources).await?;
+    let sources = crate::store::hosts::by_ids(&st.reads, sources).await?;
     Ok(moving
         .iter()
         .filter_map(|v| {
@@ -271,10 +271,10 @@ async fn volumes_of(
     ApiError,
 > {
     let (mut kept, mut exports) = (Vec::new(), Vec::new());
-    let mut gone = crate::store::volumes::moved_from(&st.db, host.id).await?;
+    let mut gone = crate::store::volumes::moved_from(&st.reads, host.id).await?;
     let mut disks: std::collections::HashMap<Uuid, Vec<DesiredDisk>> = Default::default();
-    let vols = crate::store::volumes::on_host(&st.db, host.id).await?;
-    let mut snaps = crate::app::volumes::desired_snapshots(&st.db, &vols).await?;
+    let vols = crate::store::volumes::on_host(&st.reads, host.id).await?;
+    let mut snaps = crate::app::volumes::desired_snapshots(&st.reads, &vols).await?;
     for v in vols {
         if crate::store::volumes::stored_state(&v)? == VolumeState::Deleting {
             gone.push(v.id);

@@ -89,10 +89,11 @@ fn to_api(
 pub async fn list(st: &AppState, actor: &Actor, q: &PageParams) -> Result<Page<Host>, ApiError> {
     require_admin(&actor.caller, "listing hosts")?;
     let paging = Paging::new(q.limit, q.page_token.as_deref())?;
-    let rows = crate::store::hosts::page(&st.db, paging.after.as_deref(), paging.fetch()).await?;
+    let rows =
+        crate::store::hosts::page(&st.reads, paging.after.as_deref(), paging.fetch()).await?;
     let (rows, next) = paging.finish(rows, |h| h.name.clone());
-    let held = held_by_host(&st.db, &rows.iter().map(|h| h.id).collect::<Vec<_>>()).await?;
-    let blocked = crate::store::device_health::blocked(&st.db, None).await?;
+    let held = held_by_host(&st.reads, &rows.iter().map(|h| h.id).collect::<Vec<_>>()).await?;
+    let blocked = crate::store::device_health::blocked(&st.reads, None).await?;
     let mut items = Vec::with_capacity(rows.len());
     for h in &rows {
         items.push(to_api(

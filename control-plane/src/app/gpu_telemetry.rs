@@ -53,7 +53,7 @@ pub async fn ingest(
     let rows: BTreeMap<_, _> = vms::Entity::find()
         .filter(vms::Column::Id.is_in(ids))
         .filter(vms::Column::HostId.eq(host.id))
-        .all(&st.db)
+        .all(&st.reads)
         .await?
         .into_iter()
         .map(|v| (v.id, v))

@@ -321,7 +321,8 @@ fn entry_of(c: &charges::Model) -> Result<Entry, ApiError> {
     })
 }
 
-fn charge_row(r: &meter_runs::Model, e: &Entry) -> charges::ActiveModel {
+/// The charge row of a run's ledger entry.
+pub fn charge_row(r: &meter_runs::Model, e: &Entry) -> charges::ActiveModel {
     charges::ActiveModel {
         id: Set(Uuid::now_v7()),
         run_id: Set(r.id),

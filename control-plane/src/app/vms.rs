@@ -669,22 +669,24 @@ pub async fn list(
     tenant: &str,
     params: &PageParams,
 ) -> Result<Page<Vm>, ApiError> {
-    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
+    let (tenant, _) = tenant_access(&st.reads, &actor.caller, tenant).await?;
     let paging = Paging::new(params.limit, params.page_token.as_deref())?;
-    let rows = crate::store::vms::page(&st.db, tenant.id, &paging).await?;
+    let rows = crate::store::vms::page(&st.reads, tenant.id, &paging).await?;
     let (rows, next) = paging.finish(rows, |v| v.name.clone());
     // Each host is read (and its topology parsed) once for the whole page.
     let host_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.host_id).collect();
     let mut hosts_by_id = HashMap::new();
-    for h in crate::store::hosts::by_ids(&st.db, host_ids).await? {
+    for h in crate::store::hosts::by_ids(&st.reads, host_ids).await? {
         let topo = stored_topology(&h)?;
         hosts_by_id.insert(h.id, (h, topo));
     }
     let cluster_ids: Vec<Uuid> = rows.iter().filter_map(|v| v.cluster_id).collect();
-    let clusters_by_id = crate::store::clusters::names_by_id(&st.db, cluster_ids).await?;
-    let mut networks =
-        crate::store::segments::networks_of(&st.db, &rows.iter().map(|v| v.id).collect::<Vec<_>>())
-            .await?;
+    let clusters_by_id = crate::store::clusters::names_by_id(&st.reads, cluster_ids).await?;
+    let mut networks = crate::store::segments::networks_of(
+        &st.reads,
+        &rows.iter().map(|v| v.id).collect::<Vec<_>>(),
+    )
+    .await?;
     let mut items = Vec::with_capacity(rows.len());
     for v in &rows {
         let host = v
@@ -711,9 +713,9 @@ pub async fn list(
 
 /// A tenant's VM with its placement (any member).
 pub async fn show(st: &AppState, actor: &Actor, tenant: &str, vm: &str) -> Result<Vm, ApiError> {
-    let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
-    let vm = find_vm(&st.db, &tenant, vm).await?;
-    view(&st.db, &vm, &tenant.name).await
+    let (tenant, _) = tenant_access(&st.reads, &actor.caller, tenant).await?;
+    let vm = find_vm(&st.reads, &tenant, vm).await?;
+    view(&st.reads, &vm, &tenant.name).await
 }
 
 /// The NCCL topology file a placed VM's guest gets (any member); 409 for

@@ -21,59 +21,61 @@ fn from_db(v: Option<i64>) -> Option<u64> {
     v.map(|v| v.max(0) as u64)
 }
 
+/// `gpu_minutes` and `gpu_hours` rows hold the same figures: a
+/// [`Minute`] from either, and either's row from a key and a [`Minute`].
+macro_rules! figures {
+    ($r:expr) => {
+        Minute {
+            samples: $r.samples.max(0) as u32,
+            util_n: $r.util_n.max(0) as u32,
+            util_sum: $r.util_sum,
+            util_max: $r.util_max,
+            mem_used_max: from_db($r.mem_used_max),
+            mem_total: from_db($r.mem_total),
+            temp_max: $r.temp_max,
+            power_n: $r.power_n.max(0) as u32,
+            power_sum: $r.power_sum,
+            ecc_max: from_db($r.ecc_max),
+            throttle: from_db($r.throttle),
+        }
+    };
+}
+
+macro_rules! row {
+    ($entity:ident, $time:ident, ($vm:expr, $tenant:expr, $bdf:expr, $at:expr), $m:expr) => {
+        $entity::ActiveModel {
+            vm_id: Set($vm),
+            host_bdf: Set($bdf.to_owned()),
+            $time: Set($at),
+            tenant_id: Set($tenant),
+            samples: Set(i32::try_from($m.samples).unwrap_or(i32::MAX)),
+            util_n: Set(i32::try_from($m.util_n).unwrap_or(i32::MAX)),
+            util_sum: Set($m.util_sum),
+            util_max: Set($m.util_max),
+            mem_used_max: Set(to_db($m.mem_used_max)),
+            mem_total: Set(to_db($m.mem_total)),
+            temp_max: Set($m.temp_max),
+            power_n: Set(i32::try_from($m.power_n).unwrap_or(i32::MAX)),
+            power_sum: Set($m.power_sum),
+            ecc_max: Set(to_db($m.ecc_max)),
+            throttle: Set(to_db($m.throttle)),
+        }
+    };
+}
+
 fn minute(r: &gpu_minutes::Model) -> Minute {
-    Minute {
-        samples: r.samples.max(0) as u32,
-        util_n: r.util_n.max(0) as u32,
-        util_sum: r.util_sum,
-        util_max: r.util_max,
-        mem_used_max: from_db(r.mem_used_max),
-        mem_total: from_db(r.mem_total),
-        temp_max: r.temp_max,
-        power_n: r.power_n.max(0) as u32,
-        power_sum: r.power_sum,
-        ecc_max: from_db(r.ecc_max),
-        throttle: from_db(r.throttle),
-    }
+    figures!(r)
 }
 
 fn hour(r: &gpu_hours::Model) -> Minute {
-    Minute {
-        samples: r.samples.max(0) as u32,
-        util_n: r.util_n.max(0) as u32,
-        util_sum: r.util_sum,
-        util_max: r.util_max,
-        mem_used_max: from_db(r.mem_used_max),
-        mem_total: from_db(r.mem_total),
-        temp_max: r.temp_max,
-        power_n: r.power_n.max(0) as u32,
-        power_sum: r.power_sum,
-        ecc_max: from_db(r.ecc_max),
-        throttle: from_db(r.throttle),
-    }
+    figures!(r)
 }
 
 fn hour_row(
     (vm, tenant, bdf, at): (Uuid, Uuid, &str, DateTime<Utc>),
     m: &Minute,
 ) -> gpu_hours::ActiveModel {
-    gpu_hours::ActiveModel {
-        vm_id: Set(vm),
-        host_bdf: Set(bdf.to_owned()),
-        hour: Set(at),
-        tenant_id: Set(tenant),
-        samples: Set(i32::try_from(m.samples).unwrap_or(i32::MAX)),
-        util_n: Set(i32::try_from(m.util_n).unwrap_or(i32::MAX)),
-        util_sum: Set(m.util_sum),
-        util_max: Set(m.util_max),
-        mem_used_max: Set(to_db(m.mem_used_max)),
-        mem_total: Set(to_db(m.mem_total)),
-        temp_max: Set(m.temp_max),
-        power_n: Set(i32::try_from(m.power_n).unwrap_or(i32::MAX)),
-        power_sum: Set(m.power_sum),
-        ecc_max: Set(to_db(m.ecc_max)),
-        throttle: Set(to_db(m.throttle)),
-    }
+    row!(gpu_hours, hour, (vm, tenant, bdf, at), m)
 }
 
 /// A GPU's minute: VM, tenant, host address, minute.
@@ -118,23 +120,7 @@ pub async fn fold_minutes(
     }
     let models = rows
         .iter()
-        .map(|((vm, tenant, bdf, at), m)| gpu_minutes::ActiveModel {
-            vm_id: Set(*vm),
-            host_bdf: Set(bdf.clone()),
-            minute: Set(*at),
-            tenant_id: Set(*tenant),
-            samples: Set(i32::try_from(m.samples).unwrap_or(i32::MAX)),
-            util_n: Set(i32::try_from(m.util_n).unwrap_or(i32::MAX)),
-            util_sum: Set(m.util_sum),
-            util_max: Set(m.util_max),
-            mem_used_max: Set(to_db(m.mem_used_max)),
-            mem_total: Set(to_db(m.mem_total)),
-            temp_max: Set(m.temp_max),
-            power_n: Set(i32::try_from(m.power_n).unwrap_or(i32::MAX)),
-            power_sum: Set(m.power_sum),
-            ecc_max: Set(to_db(m.ecc_max)),
-            throttle: Set(to_db(m.throttle)),
-        });
+        .map(|((vm, tenant, bdf, at), m)| row!(gpu_minutes, minute, (*vm, *tenant, bdf, *at), m));
     gpu_minutes::Entity::insert_many(models)
         .on_conflict(conflict.to_owned())
         .exec(db)

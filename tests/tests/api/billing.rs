@@ -847,7 +847,7 @@ async fn the_ledger_grows_with_changes(backend: Backend) {
 
     // The ledger an older release kept: a row per piece, each posted
     // the minute it ended (the postings above were at whole minutes).
-    use sea_orm::{EntityTrait, Set};
+    use sea_orm::EntityTrait;
     let db = &s.server.state.db;
     kumo_server::entity::charges::Entity::delete_many()
         .exec(db)
@@ -862,22 +862,17 @@ async fn the_ledger_grows_with_changes(backend: Backend) {
     {
         let run = kumo_server::app::metering::run_of(&r).unwrap();
         for p in kumo_billing::meter::due(&run, None, clock.now(), &book) {
-            old.push(kumo_server::entity::charges::ActiveModel {
-                id: Set(uuid::Uuid::now_v7()),
-                run_id: Set(r.id),
-                tenant_id: Set(r.tenant_id),
-                vm_id: Set(r.vm_id),
-                vm_name: Set(r.vm_name.clone()),
-                class: Set(r.class.clone()),
-                level: Set(r.level.clone()),
-                period_from: Set(p.from),
-                period_to: Set(p.to),
-                seconds: Set(p.seconds),
-                per_hour: Set(p.per_hour.normalize().to_string()),
-                amount: Set(p.amount.normalize().to_string()),
-                amount_micro: Set(kumo_billing::to_micro(p.amount)),
-                posted_at: Set(p.to),
-            });
+            old.push(kumo_server::app::metering::charge_row(
+                &r,
+                &kumo_billing::ledger::Entry {
+                    from: p.from,
+                    to: p.to,
+                    seconds: p.seconds,
+                    per_hour: p.per_hour,
+                    amount: p.amount,
+                    posted_at: p.to,
+                },
+            ));
         }
     }
     for chunk in old.chunks(200) {

@@ -605,7 +605,7 @@ async fn scenario(backend: Backend, kills: usize, replicas: usize) {
 }
 
 /// Checks that every run's charges are exactly its rating up to where it
-/// was posted, and answers how many posted runs were checked. Runs and
+/// was posted (its entries tile the rating's pieces, each their sum), and answers how many posted runs were checked. Runs and
 /// charges are read in one snapshot: the poster keeps running meanwhile,
 /// and a post between two plain reads would look like a missing or an
 /// extra piece.
@@ -637,20 +637,49 @@ async fn ledger_checked(db: &DatabaseConnection) -> usize {
             continue;
         };
         let run = kumo_server::app::metering::run_of(r).unwrap();
-        let want = kumo_billing::meter::due(&run, None, until, &book);
+        let pieces = kumo_billing::meter::due(&run, None, until, &book);
+        // The ledger keeps entries: consecutive pieces folded. They tile
+        // the pieces exactly, each the sum of the pieces it covers.
         let mut got: Vec<_> = mine
             .iter()
             .map(|c| {
                 (
                     c.period_from,
                     c.period_to,
+                    c.seconds,
                     c.amount.parse::<kumo_billing::Decimal>().unwrap(),
                 )
             })
             .collect();
         got.sort();
-        let want: Vec<_> = want.iter().map(|p| (p.from, p.to, p.amount)).collect();
-        assert_eq!(got, want, "run {} ({})", r.id, r.vm_name);
+        let mut rest = pieces.iter().peekable();
+        for (from, to, seconds, amount) in &got {
+            let mut covered = (0i64, kumo_billing::Decimal::ZERO);
+            assert_eq!(
+                rest.peek().map(|p| p.from),
+                Some(*from),
+                "run {} ({}): an entry from {from} where the next piece starts elsewhere",
+                r.id,
+                r.vm_name
+            );
+            while let Some(p) = rest.next_if(|p| p.to <= *to) {
+                covered.0 += p.seconds;
+                covered.1 += p.amount;
+            }
+            assert_eq!(
+                covered,
+                (*seconds, *amount),
+                "run {} ({}): entry [{from}, {to})",
+                r.id,
+                r.vm_name
+            );
+        }
+        assert!(
+            rest.next().is_none(),
+            "run {} ({}): pieces posted past its entries",
+            r.id,
+            r.vm_name
+        );
         checked += 1;
     }
     assert!(posted.is_empty(), "charges without a run");

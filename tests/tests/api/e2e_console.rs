@@ -218,15 +218,9 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_person_types_on_the_serial_console_through_the_server() {
-    let guest = guest_dir();
-    let mut s = TestServer::start(Backend::Sqlite).await;
-    s.tenant("con").await;
-    let (_work, config) = qemu_host(&s, &guest, "con-host").await;
-    let agent = Agent::start(config.clone()).await.unwrap();
-    let running = tokio::spawn(agent.run());
-    let mut cleanup = Cleanup(Vec::new());
+/// `vm-c` of project `con` (the tiny template), once it runs; removed
+/// with `cleanup`.
+async fn tiny_running(s: &TestServer, cleanup: &mut Cleanup) -> Vm {
     let vm: Vm = s
         .admin
         .post(
@@ -241,6 +235,19 @@ async fn a_person_types_on_the_serial_console_through_the_server() {
         (v.state == VmState::Running).then_some(())
     })
     .await;
+    vm
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_types_on_the_serial_console_through_the_server() {
+    let guest = guest_dir();
+    let mut s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("con").await;
+    let (_work, config) = qemu_host(&s, &guest, "con-host").await;
+    let agent = Agent::start(config.clone()).await.unwrap();
+    let running = tokio::spawn(agent.run());
+    let mut cleanup = Cleanup(Vec::new());
+    tiny_running(&s, &mut cleanup).await;
 
     // The console opens as soon as the VM runs (its scrollback is what it
     // printed so far, then it goes live).
@@ -579,20 +586,7 @@ async fn a_console_opens_through_a_load_balancer_over_two_replicas() {
     let agent = Agent::start(config).await.unwrap();
     let running = tokio::spawn(agent.run());
     let mut cleanup = Cleanup(Vec::new());
-    let vm: Vm = s
-        .admin
-        .post(
-            "/api/v1/tenants/con/vms",
-            &json!({"name": "vm-c", "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny"}),
-        )
-        .await
-        .unwrap();
-    cleanup.0.push(vm.id.to_string());
-    until("vm-c to run", Duration::from_secs(120), async || {
-        let v: Vm = s.admin.get("/api/v1/tenants/con/vms/vm-c").await.unwrap();
-        (v.state == VmState::Running).then_some(())
-    })
-    .await;
+    tiny_running(&s, &mut cleanup).await;
 
     let http = s.http();
     for i in 1..=4u32 {

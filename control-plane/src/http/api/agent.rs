@@ -39,7 +39,7 @@ impl FromRequestParts<AppState> for HostCaller {
             .and_then(Result::ok)
             .ok_or_else(invalid)?;
         let (id, secret) = auth::parse_prefixed(token, auth::HOST_PREFIX).ok_or_else(invalid)?;
-        let host = crate::store::hosts::by_id_without_topology(&st.db, id)
+        let host = crate::store::hosts::by_id_without_topology(&st.reads, id)
             .await?
             .ok_or_else(invalid)?;
         if !auth::secret_matches(secret, &host.credential_hash)
@@ -130,7 +130,7 @@ pub async fn desired(
         loop {
             // Read after taking the count: a change landing meanwhile is
             // either in this row or counted, so no wake-up is missed.
-            current = crate::store::hosts::by_id_without_topology(&st.db, current.id)
+            current = crate::store::hosts::by_id_without_topology(&st.reads, current.id)
                 .await?
                 .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
