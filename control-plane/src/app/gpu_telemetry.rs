@@ -127,7 +127,7 @@ pub async fn ingest(
 
 /// Where minutes end and hours begin: the minutes' window back from now,
 /// down to a whole hour.
-fn minutes_begin(st: &AppState) -> chrono::DateTime<chrono::Utc> {
+pub fn minutes_begin(st: &AppState) -> chrono::DateTime<chrono::Utc> {
     hour_of(
         st.config.clock.now() - chrono::Duration::days(i64::from(st.config.telemetry.minutes_days)),
     )

@@ -139,9 +139,12 @@ async fn one(
     let minutes = store::use_by_minute(&st.db, vm.id, from).await?;
     let mut row = old.clone().unwrap_or_else(|| blank(vm));
     let mut since = idle_since(&minutes, gpus, policy.utilization_pct, now);
-    // A spell longer than the minutes read goes on from where it began.
+    // A spell longer than the minutes read goes on from where it began
+    // (minutes older than the telemetry's minutes window are hours: a
+    // spell reaching back to that window's start goes on too).
+    let floor = from.max(crate::app::gpu_telemetry::minutes_begin(st));
     if let (Some(s), Some(began)) = (since, row.idle_since) {
-        if began < s && s - from <= gap {
+        if began < s && s - floor <= gap {
             since = Some(began);
         }
     }

@@ -286,10 +286,17 @@ pub fn run_of(r: &meter_runs::Model) -> Result<Run, ApiError> {
     })
 }
 
-/// Runs posted per transaction: on SQLite a commit is a sync of the
-/// log, and a commit per run made the poster hold the one connection for
-/// seconds a minute at a few hundred VMs.
-const RUNS_PER_TRANSACTION: usize = 250;
+/// Runs posted per transaction on SQLite: a commit per run made the
+/// poster hold the one connection for seconds a minute at a few hundred
+/// VMs. On PostgreSQL one run per transaction: a batch holding many runs'
+/// rows would deadlock with a status report ending several VMs' runs in
+/// another order.
+fn runs_per_transaction(db: &sea_orm::DatabaseConnection) -> usize {
+    match db.get_database_backend() {
+        sea_orm::DatabaseBackend::Sqlite => 250,
+        _ => 1,
+    }
+}
 
 /// Charge rows per INSERT: 14 columns each, well under any database's
 /// limit of bound variables.
@@ -404,7 +411,7 @@ pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
     }
     let changes = grant_changes(&st.db).await?;
     let mut posted = 0;
-    for batch in due.chunks(RUNS_PER_TRANSACTION) {
+    for batch in due.chunks(runs_per_transaction(&st.db)) {
         // Each run's last entry: the row ending where the run is posted.
         // Read before the transaction, which then writes first: a SQLite
         // transaction that reads and then writes fails at once when
@@ -489,8 +496,9 @@ pub async fn post_due(st: &AppState) -> Result<usize, ApiError> {
     Ok(posted)
 }
 
-/// Rows of runs compacted per transaction.
-const RUNS_PER_COMPACTION: u64 = 500;
+/// Runs compacted per transaction: an old ledger holds ~43,200 rows per
+/// run and month, all read and rewritten in one go.
+const RUNS_PER_COMPACTION: u64 = 20;
 
 /// Folds a ledger kept a row per piece (before entries) into entries,
 /// run by run, with the rules the poster follows; idempotent, and safe

@@ -52,6 +52,14 @@ pub fn balance_of(
     charged: &[charges::Model],
     now: DateTime<Utc>,
 ) -> Result<points::Balance, ApiError> {
+    // A ledger entry grows and is debited again at each posting: one
+    // posted (by any replica) after the caller took `now` would otherwise
+    // drop out of the balance whole, with what it held before.
+    let now = charged
+        .iter()
+        .map(|c| c.posted_at)
+        .max()
+        .map_or(now, |p| p.max(now));
     let gs = grants_of(grants)?;
     let ds = charged
         .iter()

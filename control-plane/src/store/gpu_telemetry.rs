@@ -217,14 +217,16 @@ pub async fn roll_up(
 ) -> Result<u64, ApiError> {
     let mut folded = 0;
     loop {
-        let txn = db.begin().await?;
+        // Read before the transaction, which writes first (on SQLite a
+        // transaction that reads and then writes fails at once when another
+        // server wrote in between); the delete's count guards it.
         let rows = gpu_minutes::Entity::find()
             .filter(gpu_minutes::Column::Minute.lt(before))
             .order_by_asc(gpu_minutes::Column::VmId)
             .order_by_asc(gpu_minutes::Column::HostBdf)
             .order_by_asc(gpu_minutes::Column::Minute)
             .limit(MINUTES_PER_ROLL)
-            .all(&txn)
+            .all(db)
             .await?;
         if rows.is_empty() {
             break;
@@ -245,6 +247,7 @@ pub async fn roll_up(
                 .or_insert((r.tenant_id, Minute::default()));
             h.1 = h.1.merge(&minute(r));
         }
+        let txn = db.begin().await?;
         let mut stale = false;
         for ((vm, bdf), (lo, hi, n)) in &spans {
             let gone = gpu_minutes::Entity::delete_many()

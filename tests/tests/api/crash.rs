@@ -662,10 +662,18 @@ async fn ledger_checked(db: &DatabaseConnection) -> usize {
                 r.id,
                 r.vm_name
             );
+            let mut last_to = None;
             while let Some(p) = rest.next_if(|p| p.to <= *to) {
                 covered.0 += p.seconds;
                 covered.1 += p.amount;
+                last_to = Some(p.to);
             }
+            assert_eq!(
+                last_to,
+                Some(*to),
+                "run {}: entry [{from}, {to}) ends inside a piece",
+                r.id
+            );
             assert_eq!(
                 covered,
                 (*seconds, *amount),
@@ -674,6 +682,12 @@ async fn ledger_checked(db: &DatabaseConnection) -> usize {
                 r.vm_name
             );
         }
+        assert_eq!(
+            got.last().map(|e| e.1),
+            Some(until),
+            "run {}: the last entry ends where it is posted",
+            r.id
+        );
         assert!(
             rest.next().is_none(),
             "run {} ({}): pieces posted past its entries",
