@@ -64,6 +64,7 @@ pub async fn ingest(
     // folded first: one statement may touch a row once).
     let mut statuses = BTreeMap::new();
     let mut minutes: BTreeMap<store::MinuteKey, Minute> = BTreeMap::new();
+    let mut xids = Vec::new();
     for t in &report.vms {
         let Some(vm) = rows.get(&t.vm) else {
             continue;
@@ -83,6 +84,12 @@ pub async fn ingest(
             // exported.
             *m = m.with(&r.sample.bounded());
         }
+        xids.extend(
+            t.xids
+                .iter()
+                .filter(|x| gpus.contains(&x.host_bdf))
+                .map(|x| (vm, x)),
+        );
     }
     let txn = st.db.begin().await?;
     let statuses: Vec<_> = statuses
@@ -91,31 +98,25 @@ pub async fn ingest(
         .collect();
     store::set_statuses(&txn, &statuses, now).await?;
     store::fold_minutes(&txn, &minutes.into_iter().collect::<Vec<_>>()).await?;
-    for t in &report.vms {
-        let Some(vm) = rows.get(&t.vm) else {
-            continue;
+    for (vm, x) in xids {
+        let finding = crate::domain::device_health::xid(x.code);
+        let said = match &finding {
+            Some(f) => f.words(),
+            None => format!(
+                "XID {} in the guest's kernel log (usually the program's own fault)",
+                x.code
+            ),
         };
-        let gpus = held(vm)?;
-        for x in t.xids.iter().filter(|x| gpus.contains(&x.host_bdf)) {
-            let finding = crate::domain::device_health::xid(x.code);
-            let said = match &finding {
-                Some(f) => f.words(),
-                None => format!(
-                    "XID {} in the guest's kernel log (usually the program's own fault)",
-                    x.code
-                ),
-            };
-            crate::store::vms::event(
-                &txn,
-                vm,
-                now,
-                "gpu.xid",
-                format!("GPU {}: {said}", x.host_bdf),
-            )
-            .await?;
-            if let Some(f) = finding {
-                findings.push((x.host_bdf.clone(), f, vm.tenant_id));
-            }
+        crate::store::vms::event(
+            &txn,
+            vm,
+            now,
+            "gpu.xid",
+            format!("GPU {}: {said}", x.host_bdf),
+        )
+        .await?;
+        if let Some(f) = finding {
+            findings.push((x.host_bdf.clone(), f, vm.tenant_id));
         }
     }
     txn.commit().await?;

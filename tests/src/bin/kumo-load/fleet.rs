@@ -588,6 +588,13 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
         .pool_max_idle_per_host(args.hosts + 256)
         .build()?;
     let base = url.trim_end_matches('/').to_owned();
+    // A warm-up that eats the run would leave figures of nothing.
+    anyhow::ensure!(
+        args.warmup.as_secs_f64() < args.seconds as f64,
+        "the warm-up ({} s) must be shorter than the run ({} s)",
+        args.warmup.as_secs_f64(),
+        args.seconds
+    );
     admin_setup(&http, &base, token).await?;
     let designs = Arc::new(designs()?);
     let t = Instant::now();
