@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds the tiny guest of the QEMU end-to-end test from Debian packages:
 # OUT/vmlinuz (Debian's kernel) and OUT/initrd.img (busybox, the virtio
-# (console, network, block),
+# (console, network, block), virtiofs,
 # SATA cdrom and ISO 9660 modules, and qemu-ga with its libraries). Its init
 # loads the drivers, starts the QEMU guest agent on the virtio-serial port
 # and, beside it, configures the network from the cloud-init NoCloud seed
 # (the cdrom labelled cidata) as cloud-init would: the hostname from
 # meta-data, the first NIC's address, MTU and default route from
-# network-config. It answers TCP on port 8080 with its hostname. /etc is a
-# tmpfs, so whatever the host agent writes there is gone after a reboot.
+# network-config. It also mounts the project shares (virtiofs) listed under
+# `mounts:` in the seed's user-data, as cloud-init's mounts module would,
+# and records the outcome in /run/kumo-mounts. It answers TCP on port 8080
+# with its hostname. /etc is a tmpfs, so whatever the host agent writes
+# there is gone after a reboot.
 #
 # GPU telemetry without a GPU: /usr/bin/nvidia-smi is a stand-in that
 # prints /run/kumo-fake-gpus.csv (which a test writes through the guest
@@ -29,12 +32,13 @@ out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Bump when the guest changes, so a cached guest is rebuilt.
-version=8
+version=9
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
 # In dependency order (the package has no modules.dep; see each module's
 # `depends=` in its .modinfo). The seed is a SATA cdrom on q35's AHCI.
+# virtiofs (the project shares) depends on fuse, virtio and virtio_ring.
 modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk virtio_console failover net_failover virtio_net
- scsi_common scsi_mod libata libahci ahci cdrom sr_mod isofs"
+ fuse virtiofs scsi_common scsi_mod libata libahci ahci cdrom sr_mod isofs"
 
 for tool in busybox cpio dpkg-deb; do
   command -v "$tool" >/dev/null || { echo "build-test-guest: $tool is missing (busybox-static, cpio)" >&2; exit 1; }
@@ -141,6 +145,56 @@ up=$(cut -d " " -f 1 /proc/uptime)
 say "$dev $addr via $gw (mtu $mtu), ${up}s after boot" | tee /run/kumo-net
 SH
 chmod +x "$root/bin/kumo-net"
+# The project shares, from the seed's user-data, which the host agent
+# writes in cloud-init's `mounts` form, one entry per share:
+#   mounts:
+#     - ["TAG", "/PATH", "virtiofs", "defaults,nofail,ro", "0", "0"]
+# Its own script, not part of kumo-net: that one stops early when the seed
+# has no network-config. It mounts the seed itself (a second read-only
+# mount of the same cdrom) rather than racing kumo-net for /seed.
+# `defaults` and `nofail` are fstab words (busybox mount takes them, to no
+# effect) and are dropped: a failure is recorded, never fatal. One line
+# per entry goes to
+# /run/kumo-mounts (`TAG PATH mounted` or `TAG PATH failed: ERROR`), for
+# the host to read through the guest agent; the file appears, complete,
+# once every entry was tried (empty when there are none).
+cat > "$root/bin/kumo-mounts" <<'SH'
+#!/bin/sh
+say() { echo "kumo test guest: $*"; }
+i=0
+while [ ! -b /dev/sr0 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+seed=/run/kumo-mounts-seed
+mkdir -p "$seed"
+if ! mount -t iso9660 -o ro /dev/sr0 "$seed" 2>/dev/null; then
+  say "no seed (no cidata cdrom): no shares"
+  exit 0
+fi
+# The quoted fields of each `- [...]` line under the top-level `mounts:`
+# key: tag, mount point, type, options (dump and pass do not matter).
+awk -F '"' '
+  /^[^ #-]/ { in_mounts = ($0 ~ /^mounts:/) }
+  in_mounts && /^ *- *\[/ { print $2, $4, $6, $8 }
+' "$seed/user-data" 2>/dev/null > /run/kumo-mounts.list
+umount "$seed"
+: > /run/kumo-mounts.tmp
+while read -r tag path type opts; do
+  o=""
+  for w in $(echo "$opts" | tr , " "); do
+    case "$w" in defaults|nofail) ;; *) o="$o${o:+,}$w" ;; esac
+  done
+  mkdir -p "$path"
+  if err=$(mount -t "$type" ${o:+-o "$o"} "$tag" "$path" 2>&1); then
+    echo "$tag $path mounted" >> /run/kumo-mounts.tmp
+  else
+    # On one line: $err unquoted, its newlines become spaces.
+    echo "$tag $path failed: "$err >> /run/kumo-mounts.tmp
+  fi
+done < /run/kumo-mounts.list
+rm -f /run/kumo-mounts.list
+mv /run/kumo-mounts.tmp /run/kumo-mounts
+say "shares: $(wc -l < /run/kumo-mounts) entries, see /run/kumo-mounts"
+SH
+chmod +x "$root/bin/kumo-mounts"
 # What the guest answers on TCP port 8080: its name.
 cat > "$root/bin/kumo-hello" <<'SH'
 #!/bin/sh
@@ -187,6 +241,7 @@ for m in MODULES; do
 done
 ip link set lo up
 kumo-net &
+kumo-mounts &
 nc -ll -p 8080 -e /bin/kumo-hello &
 port=""
 for i in $(seq 1 50); do

@@ -5,7 +5,7 @@
 # The test runs guests under TCG. Where /dev/kvm exists but nested KVM
 # hangs (as on the CI machines), libvirt would probe QEMU with KVM, find it
 # unusable, and probe again on every call (tens of seconds each). So
-# libvirtd runs in a private mount namespace where /dev/kvm is a root-only
+# libvirtd runs in a mount namespace of its own where /dev/kvm is a root-only
 # file: libvirt sees no usable KVM and caches TCG capabilities once. Per-VM
 # namespaces are off because they would try to recreate that fake node.
 # Set KUMO_TEST_USE_KVM=1 to leave /dev/kvm alone.
@@ -22,7 +22,11 @@ answers() { virsh -c qemu:///system version >/dev/null 2>&1; }
 start() {
   if [ -e /dev/kvm ] && [ -z "${KUMO_TEST_USE_KVM:-}" ]; then
     as_root install -m 600 /dev/null /var/tmp/kumo-no-kvm
-    as_root unshare --mount --propagation private sh -c 'mount --bind /var/tmp/kumo-no-kvm /dev/kvm && exec libvirtd -d'
+    # A slave of the host's mounts: what the agent mounts later (a share's
+    # read-only bind, the source virtiofsd is given) reaches libvirtd, and
+    # the /dev/kvm bind stays in here.
+    as_root mount --make-rshared /
+    as_root unshare --mount --propagation slave sh -c 'mount --bind /var/tmp/kumo-no-kvm /dev/kvm && exec libvirtd -d'
   else
     as_root libvirtd -d
   fi

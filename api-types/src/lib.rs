@@ -283,6 +283,9 @@ pub struct Quota {
     /// Volumes over all the tenant's volumes, GiB.
     #[serde(default)]
     pub volume_gib: u32,
+    /// Project shares' sizes together, GiB.
+    #[serde(default)]
+    pub share_gib: u32,
 }
 
 // ---------------------------------------------------------------- audit
@@ -991,6 +994,10 @@ pub struct VmCreate {
     /// host (they must share one), or is refused saying why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// Project shares to mount (virtiofs; cloud-init mounts each at its
+    /// path).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareMountRequest>,
     /// What reclaiming a spot VM does: shut it down for good (the default),
     /// or shelve it, keeping its disk and volumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1558,6 +1565,9 @@ pub struct Vm {
     pub cluster: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<VmNetwork>,
+    /// Project shares it mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareMount>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -1708,6 +1718,152 @@ pub struct VolumeAttach {
     pub vm: String,
 }
 
+// ---------------------------------------------------------------- shares
+
+/// Where a project share is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareState {
+    /// Its directory is not made yet.
+    Creating,
+    /// Made: VMs of the project may mount it.
+    Available,
+    /// Its directory and data are being removed.
+    Deleting,
+    /// Its directory could not be made or changed (`reason` says why).
+    Error,
+}
+
+impl ShareState {
+    pub const ALL: [ShareState; 4] = [
+        ShareState::Creating,
+        ShareState::Available,
+        ShareState::Deleting,
+        ShareState::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareState::Creating => "creating",
+            ShareState::Available => "available",
+            ShareState::Deleting => "deleting",
+            ShareState::Error => "error",
+        }
+    }
+}
+
+/// How a share's size limit holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareLimit {
+    /// The filesystem's project quota: a write past the size fails with
+    /// "Disk quota exceeded".
+    ProjectQuota,
+    /// The filesystem has no project quotas: usage is measured, and past
+    /// the size the share turns read-only at each VM's next start.
+    Measured,
+}
+
+/// A project share: a directory with a size limit on the filesystem that
+/// every host mounts at the same place (Lustre, NFS, CephFS), mounted into
+/// the project's VMs with virtiofs. Charged per GiB-hour of its size
+/// (`share_gib`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Share {
+    pub id: Uuid,
+    pub name: String,
+    pub tenant: String,
+    pub size_gib: u32,
+    pub state: ShareState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Bytes written in it, as last measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+    /// How its size holds, once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<ShareLimit>,
+    /// Past its size where the filesystem cannot stop writes: its mounts
+    /// are read-only from each VM's next start.
+    #[serde(default)]
+    pub read_only: bool,
+    /// The VMs that mount it.
+    #[serde(default)]
+    pub mounts: Vec<ShareMount>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A share in a VM: where the guest mounts it and how.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ShareMount {
+    pub share: String,
+    pub vm: String,
+    /// The guest's mount point.
+    pub path: String,
+    pub read_only: bool,
+    /// The virtiofs tag: `mount -t virtiofs TAG PATH` in the guest.
+    pub tag: String,
+    /// How the mount stands: `mounted` (in the VM's definition, running),
+    /// `at the next start` (added to a running VM), or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShareCreate {
+    pub name: String,
+    pub size_gib: u32,
+}
+
+/// A new, larger size (a share only grows).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShareGrow {
+    pub size_gib: u32,
+}
+
+/// A share to mount in a VM (at create, or later).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShareMountRequest {
+    /// The tenant's share, by name or id.
+    pub share: String,
+    /// The guest's mount point; default `/mnt/<share>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+impl ShareMountRequest {
+    /// `NAME[:/PATH][:ro]`, the CLI's `--share`.
+    pub fn parse(s: &str) -> Result<ShareMountRequest, String> {
+        let mut parts = s.split(':');
+        let share = parts.next().unwrap_or_default().to_owned();
+        if share.is_empty() {
+            return Err(format!("{s:?}: NAME[:/PATH][:ro]"));
+        }
+        let mut r = ShareMountRequest {
+            share,
+            path: None,
+            read_only: false,
+        };
+        for p in parts {
+            match p {
+                "ro" if !r.read_only => r.read_only = true,
+                "rw" if !r.read_only => {}
+                p if p.starts_with('/') && r.path.is_none() && !r.read_only => {
+                    r.path = Some(p.to_owned())
+                }
+                _ => return Err(format!("{s:?}: NAME[:/PATH][:ro]")),
+            }
+        }
+        Ok(r)
+    }
+}
+
 // ---------------------------------------------------------------- clusters
 
 /// A training cluster: `size` identical VMs placed all or nothing, in one
@@ -1739,6 +1895,9 @@ pub struct ClusterCreate {
     /// members by their address on the first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<String>,
+    /// Project shares every member mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareMountRequest>,
 }
 
 /// vCPUs and GiB of memory a VM gets per GPU unless it asks otherwise:
@@ -1781,6 +1940,7 @@ impl ClusterCreate {
                 })
                 .collect(),
             volumes: Vec::new(),
+            shares: self.shares.clone(),
             on_reclaim: None,
         }
     }
@@ -1887,6 +2047,24 @@ pub struct AgentHeartbeat {
     /// the server then does not count that host's disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageCapacity>,
+    /// The shared filesystem of project shares, where the host has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<SharesStorage>,
+}
+
+/// The host's mount of the shared filesystem (`--shares-root`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SharesStorage {
+    pub root: String,
+    pub capacity_gib: u64,
+    pub free_gib: u64,
+    /// How shares' sizes hold there.
+    pub limit: ShareLimit,
+    /// Why shares cannot be used on this host (the filesystem is not
+    /// mounted, the root is missing); `None` when they can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// A host's storage as its agent measures it (`statvfs` of the pool's
@@ -1940,6 +2118,33 @@ pub struct DesiredVm {
     /// Volumes attached to the VM, in the order they were attached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<DesiredDisk>,
+    /// Project shares the VM mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<DesiredMount>,
+}
+
+/// A share as a VM's virtiofs filesystem: the share's directory under the
+/// host's shares root is all the guest sees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredMount {
+    pub share: Uuid,
+    pub tag: String,
+    pub path: String,
+    pub read_only: bool,
+}
+
+/// A share whose directory this host keeps on the shared filesystem
+/// (made when missing, its limit set to the size).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DesiredShare {
+    pub id: Uuid,
+    pub size_gib: u32,
+    /// The filesystem's project id for its quota.
+    pub project: u32,
+    /// Made before: a missing directory is then a fault (the shared
+    /// filesystem not mounted, or the data gone), never made again empty.
+    #[serde(default)]
+    pub made: bool,
 }
 
 /// A volume as a VM's disk.
@@ -2092,6 +2297,12 @@ pub struct DesiredState {
     /// answered once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consoles: Vec<DesiredConsole>,
+    /// Shares whose directories this host keeps (and measures).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<DesiredShare>,
+    /// Shares to delete, directory and data.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delete_shares: Vec<Uuid>,
 }
 
 /// A console to dial for.
@@ -2217,11 +2428,26 @@ pub struct VmStatus {
     /// Whether the preemption notice reached the guest, once per change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<String>,
+    /// How each of its project shares stands in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountReport>,
+}
+
+/// A share in a VM as its host sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountReport {
+    pub share: Uuid,
+    /// `mounted`, `at the next start: …`, or why it failed.
+    pub condition: String,
 }
 
 /// The most characters a status entry's `reason`, `guest` or `notice`
 /// may carry; the server drops an entry with more.
 pub const REPORT_TEXT_MAX: usize = 1000;
+
+/// The most project shares one VM mounts.
+pub const MOUNTS_MAX: usize = 16;
 
 impl VmStatus {
     /// The entry with its texts made fit to report: control characters
@@ -2235,6 +2461,9 @@ impl VmStatus {
         {
             *t = report_text(t);
         }
+        for m in &mut self.mounts {
+            m.condition = report_text(&m.condition);
+        }
         self
     }
 
@@ -2244,6 +2473,11 @@ impl VmStatus {
             .into_iter()
             .flatten()
             .all(|t| report_text(t) == *t)
+            && self.mounts.len() <= MOUNTS_MAX
+            && self
+                .mounts
+                .iter()
+                .all(|m| report_text(&m.condition) == m.condition)
     }
 }
 
@@ -2268,6 +2502,23 @@ pub struct StatusReport {
     /// space, driver, AER) before going back to the pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unfit: Vec<UnfitDevice>,
+    /// The shares this host keeps, as their directories stand.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareStatus>,
+}
+
+/// A kept share's directory: made (with its usage), absent, or failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShareStatus {
+    pub id: Uuid,
+    pub state: VolumeActual,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<ShareLimit>,
 }
 
 /// The most unfit devices one status report may carry.

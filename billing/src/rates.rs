@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::Level;
 
 /// `gpu:<model>` (per GPU), `vcpu`, `memory_gib`, `disk_gib`,
-/// `public_ip` (per address held), `volume_gib` and `snapshot_gib` (per GiB
-/// of volume or snapshot held).
+/// `public_ip` (per address held), `volume_gib`, `snapshot_gib` and
+/// `share_gib` (per GiB of volume, snapshot or project share held).
 pub type Class = String;
 
 pub fn gpu_class(model: &str) -> Class {
@@ -25,15 +25,17 @@ pub const DISK_GIB: &str = "disk_gib";
 pub const PUBLIC_IP: &str = "public_ip";
 pub const VOLUME_GIB: &str = "volume_gib";
 pub const SNAPSHOT_GIB: &str = "snapshot_gib";
+pub const SHARE_GIB: &str = "share_gib";
 
 /// Every class but the GPUs' (`gpu:<model>`, one per model).
-pub const FLAT_CLASSES: [&str; 6] = [
+pub const FLAT_CLASSES: [&str; 7] = [
     VCPU,
     MEMORY_GIB,
     DISK_GIB,
     PUBLIC_IP,
     VOLUME_GIB,
     SNAPSHOT_GIB,
+    SHARE_GIB,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,7 +65,7 @@ pub enum RateError {
     Negative { class: Class },
     #[error("{class}: the spot price is above the guaranteed one")]
     SpotAboveGuaranteed { class: Class },
-    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib)")]
+    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib, share_gib)")]
     UnknownClass(String),
 }
 

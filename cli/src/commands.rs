@@ -131,6 +131,10 @@ pub enum Command {
     /// host, detach, grow, delete.
     #[command(subcommand)]
     Volume(crate::volumes::VolumeCmd),
+    /// Project shares: directories on the filesystem every host mounts,
+    /// mounted into VMs and whole clusters (virtiofs).
+    #[command(subcommand)]
+    Share(crate::shares::ShareCmd),
     /// Idle GPUs: the project's policy and webhook, its idle VMs,
     /// exemptions.
     #[command(subcommand)]
@@ -352,6 +356,9 @@ pub enum QuotaCmd {
         /// Volumes over all the tenant's volumes, GiB.
         #[arg(long)]
         volume_gib: Option<u32>,
+        /// Project shares' sizes together, GiB.
+        #[arg(long)]
+        share_gib: Option<u32>,
     },
 }
 
@@ -522,6 +529,10 @@ pub struct SpecArgs {
     /// volume's host.
     #[arg(long)]
     volume: Vec<String>,
+    /// Mount a project share: `NAME[:/PATH][:ro]` (default path
+    /// `/mnt/NAME`); repeat for more. Clusters mount it in every member.
+    #[arg(long, value_parser = kumo_api_types::ShareMountRequest::parse)]
+    share: Vec<kumo_api_types::ShareMountRequest>,
     /// With --spot: `shelve` keeps its disk and volumes when it is
     /// reclaimed (`kumo vm unshelve` brings it back) instead of shutting it
     /// down for good.
@@ -585,6 +596,7 @@ impl SpecArgs {
             ssh_keys: keys,
             networks: self.network.clone(),
             volumes: self.volume.clone(),
+            shares: self.share.clone(),
             on_reclaim: self.on_reclaim,
         })
     }
@@ -1115,6 +1127,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             crate::public_net::public_ip(cmd, &client(&cli, &env)?, fmt, out).await?
         }
         Command::Volume(cmd) => crate::volumes::volume(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Share(cmd) => crate::shares::share(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Idle(cmd) => crate::idle::idle(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::PortForward(cmd) => {
             crate::public_net::port_forward(cmd, &client(&cli, &env)?, fmt, out).await?
@@ -1445,6 +1458,7 @@ fn quota_table(q: &Quota) -> String {
         ("roce_segments", q.roce_segments),
         ("public_ips", q.public_ips),
         ("volume_gib", q.volume_gib),
+        ("share_gib", q.share_gib),
     ] {
         t.row(vec![name.into(), v.to_string()]);
     }
@@ -1468,6 +1482,7 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
             roce_segments,
             public_ips,
             volume_gib,
+            share_gib,
         } => {
             let mut q = c.quota(&tenant.tenant).await?;
             let mut models: BTreeMap<String, u32> = q.gpus.clone();
@@ -1488,6 +1503,7 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                 (&mut q.roce_segments, roce_segments),
                 (&mut q.public_ips, public_ips),
                 (&mut q.volume_gib, volume_gib),
+                (&mut q.share_gib, share_gib),
             ] {
                 if let Some(v) = v {
                     *slot = *v;
@@ -1503,11 +1519,12 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                     roce_segments,
                     public_ips,
                     volume_gib,
+                    share_gib,
                 ]
                 .iter()
                 .all(|v| v.is_none())
             {
-                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --disk-gib, --segments, --roce-segments, --public-ips, --volume-gib");
+                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --disk-gib, --segments, --roce-segments, --public-ips, --volume-gib, --share-gib");
             }
             let q = c.set_quota(&tenant.tenant, &q).await?;
             print_one(out, fmt, &q, || quota_table(&q))?;
@@ -2202,6 +2219,7 @@ async fn cluster(
                         service_level: v.service_level,
                         ssh_keys: v.ssh_keys,
                         networks: v.networks.into_iter().map(|n| n.segment).collect(),
+                        shares: v.shares,
                     },
                 )
                 .await?;

@@ -13,6 +13,7 @@ pub mod output;
 pub mod profile;
 pub mod progress;
 pub mod public_net;
+pub mod shares;
 pub mod ssh;
 pub mod volumes;
 

@@ -92,6 +92,7 @@ fuzz_target!(|input: Input| {
             })
             .collect(),
         volumes: Vec::new(),
+        filesystems: Vec::new(),
         // Any text the disk path can be, as the console log's path too.
         console_log: Some(format!("{}.console.log", input.disk)),
         nvram_path: None,

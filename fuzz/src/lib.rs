@@ -80,6 +80,7 @@ pub fn exercise_topology(topo: &HostTopology) {
         kernel: None,
         interfaces: Vec::new(),
         volumes: Vec::new(),
+        filesystems: Vec::new(),
         console_log: None,
         nvram_path: None,
     };

@@ -13,6 +13,7 @@ pub mod nccl_net;
 pub mod reconcile;
 pub mod roce_ports;
 pub mod run;
+pub mod shares;
 pub mod storage;
 pub mod telemetry;
 pub mod transfer;

@@ -126,6 +126,15 @@ enum Command {
         /// never offered to the server for volumes and disks.
         #[arg(long, default_value_t = kumo_agent::run::DEFAULT_RESERVE_GIB)]
         storage_reserve_gib: u64,
+        /// Where the filesystem of project shares (Lustre, NFS, CephFS,
+        /// ext4/XFS with project quotas) is mounted; the same place on
+        /// every host. Without it the host keeps and mounts no shares.
+        #[arg(long)]
+        shares_root: Option<PathBuf>,
+        /// The shares root is a plain directory, not a mount point (the dev
+        /// fleet's simulated hosts share one).
+        #[arg(long, requires = "shares_root")]
+        shares_root_local: bool,
         /// Offer the server this many GiB of storage instead of the pool's
         /// measured size less the reserve: a pool on a filesystem shared
         /// with other things, or simulated hosts sharing one disk.
@@ -230,6 +239,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             telemetry_secs,
             thin_pool,
             storage_reserve_gib,
+            shares_root,
+            shares_root_local,
             storage_capacity_gib,
             storage_jobs_per_tenant,
             storage_jobs_per_host,
@@ -286,6 +297,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     reserve_gib: storage_reserve_gib,
                     capacity_gib: storage_capacity_gib,
                 },
+                shares: shares_root.map(|root| kumo_agent::shares::SharesConfig {
+                    root,
+                    require_mount: !shares_root_local,
+                }),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -336,6 +351,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 kernel: None,
                 interfaces: Vec::new(),
                 volumes: Vec::new(),
+                filesystems: Vec::new(),
                 console_log: Some(format!("{dir}/console.log")),
                 nvram_path: Some(format!("{dir}/nvram.fd")),
             };

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use kumo_api_types::{
-    ActualState, DesiredState, DesiredVm, Power, SegmentKind, UnfitDevice, VmStatus,
+    ActualState, DesiredState, DesiredVm, MountReport, Power, SegmentKind, UnfitDevice, VmStatus,
 };
 use kumo_topology::domain_xml::{
     domain_xml, volume_disk, volume_target, BridgeNic, DiskSource, DomainSpec, KernelBoot,
@@ -146,6 +146,8 @@ pub struct Reconciler {
     pub changes: u64,
     /// Times libvirt was opened again after its connection died.
     pub reconnects: u64,
+    /// Project shares, where the host has the shared filesystem.
+    shares: Option<Arc<Mutex<crate::shares::Shares>>>,
 }
 
 /// A YAML double-quoted scalar.
@@ -167,6 +169,7 @@ pub fn cloud_init(vm: &DesiredVm) -> (String, String) {
             user.push_str(&format!("  - {}\n", yaml_str(k)));
         }
     }
+    user.push_str(&crate::shares::cloud_init_mounts(&vm.shares));
     (meta, user)
 }
 
@@ -299,7 +302,69 @@ impl Reconciler {
             noticed: BTreeMap::new(),
             changes: 0,
             reconnects: 0,
+            shares: None,
         }
+    }
+
+    /// Mounts VMs' project shares from this host's shared filesystem.
+    pub fn with_shares(mut self, shares: Option<Arc<Mutex<crate::shares::Shares>>>) -> Reconciler {
+        self.shares = shares;
+        self
+    }
+
+    /// A VM's shares as its domain's filesystems (each share's directory,
+    /// or its read-only bind); the first that cannot be mounted says why.
+    fn filesystems(
+        &self,
+        vm: &DesiredVm,
+    ) -> Result<Vec<kumo_topology::domain_xml::SharedDir>, String> {
+        let guard = self
+            .shares
+            .as_ref()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+        crate::shares::filesystems(guard.as_deref(), &vm.shares)
+    }
+
+    /// How each of a VM's shares stands: in the running guest as wanted,
+    /// waiting for its next start (libvirt cannot add or change a virtiofs
+    /// filesystem in a running guest), or failed with why.
+    fn mount_conditions(&self, vm: &DesiredVm, dom: Option<&Domain>) -> Vec<MountReport> {
+        if vm.shares.is_empty() {
+            return Vec::new();
+        }
+        let live = dom
+            .filter(|d| d.is_active().unwrap_or(false))
+            .and_then(|d| d.xml_desc(0).ok())
+            .map(|x| kumo_topology::domain_xml::filesystems_in(&x));
+        let guard = self
+            .shares
+            .as_ref()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+        vm.shares
+            .iter()
+            .map(|m| {
+                let source = match guard.as_deref() {
+                    Some(s) => s.source(m),
+                    None => Err("this host has no shared filesystem (--shares-root)".into()),
+                };
+                let condition = match (source, &live) {
+                    (Err(why), _) => format!("failed: {why}"),
+                    (Ok(_), None) => "at the next start".into(),
+                    (Ok(src), Some(live)) => match live.get(&m.tag) {
+                        Some(have) if *have == src.display().to_string() => {
+                            if m.read_only { "mounted read-only" } else { "mounted" }.into()
+                        }
+                        Some(_) if m.read_only => "read-only from the next start (libvirt cannot change a running VM's share)".into(),
+                        Some(_) => "writable from the next start (libvirt cannot change a running VM's share)".into(),
+                        None => "at the next start (libvirt cannot add a share to a running VM)".into(),
+                    },
+                };
+                MountReport {
+                    share: m.share,
+                    condition,
+                }
+            })
+            .collect()
     }
 
     /// The libvirt connection, opened again when it died: a dead
@@ -400,15 +465,18 @@ impl Reconciler {
     fn ensure_seed(&self, vm: &DesiredVm) -> Result<PathBuf, String> {
         let dir = self.vm_dir(vm.id);
         let seed = dir.join("seed.iso");
-        if seed.exists() {
+        let src = dir.join("cidata");
+        let (meta, user) = cloud_init(vm);
+        // Made again when its user-data changed (a share mounted since):
+        // the next start reads the new one.
+        let same = std::fs::read_to_string(src.join("user-data")).is_ok_and(|u| u == user);
+        if seed.exists() && same {
             return Ok(seed);
         }
         self.ensure_vm_dir(vm.id)?;
         // The seed's sources (SSH keys among them) are the agent's alone.
-        let src = dir.join("cidata");
         std::fs::create_dir_all(&src).map_err(|e| format!("creating {}: {e}", src.display()))?;
         set_mode(&src, 0o700)?;
-        let (meta, user) = cloud_init(vm);
         std::fs::write(src.join("meta-data"), meta).map_err(|e| e.to_string())?;
         std::fs::write(src.join("user-data"), user).map_err(|e| e.to_string())?;
         let mut files = vec![src.join("user-data"), src.join("meta-data")];
@@ -465,6 +533,7 @@ impl Reconciler {
             }),
             interfaces: bridge_nics(vm),
             volumes: volume_disks(vm, ready),
+            filesystems: self.filesystems(vm)?,
             console_log: Some(
                 crate::console::log_path(&self.vm_dir(vm.id))
                     .display()
@@ -511,7 +580,20 @@ impl Reconciler {
             have.len() == serials.len() && serials.iter().all(|s| have.contains_key(*s))
         };
         let config = dom.xml_desc(XML_INACTIVE).map_err(err)?;
-        if !same(&config) {
+        // Shares change only the definition (the next start): a running
+        // guest cannot take a virtiofs filesystem. One that cannot be
+        // mounted fails a VM about to start; a running VM keeps running
+        // on its definition as it is (its mounts say why).
+        let shares_same = match self.filesystems(vm) {
+            Ok(want) => {
+                let want: BTreeMap<String, String> =
+                    want.into_iter().map(|f| (f.tag, f.source)).collect();
+                Some(kumo_topology::domain_xml::filesystems_in(&config) == want)
+            }
+            Err(_) if dom.is_active().map_err(err)? => None,
+            Err(why) => return Err(why),
+        };
+        if shares_same.is_some() && (!same(&config) || shares_same == Some(false)) {
             let disk = self.ensure_disk(vm)?;
             let seed = self.ensure_seed(vm)?;
             let xml = self.render(vm, &disk, &seed, ready)?;
@@ -938,6 +1020,7 @@ impl Reconciler {
                         reason: Some(reason),
                         guest: None,
                         notice: None,
+                        mounts: Vec::new(),
                     }
                 }
             });
@@ -974,6 +1057,15 @@ impl Reconciler {
                 (None, Some(reason)) => Err(reason),
                 _ => self.ensure(vm, dom, ready),
             };
+            let mounts = if vm.shares.is_empty() {
+                Vec::new()
+            } else {
+                let dom = self
+                    .connection()
+                    .ok()
+                    .and_then(|c| c.lookup_domain_by_name(&Self::domain_name(vm)).ok());
+                self.mount_conditions(vm, dom.as_ref())
+            };
             let status = match ensured {
                 Ok((state, guest)) => VmStatus {
                     id: vm.id,
@@ -981,6 +1073,7 @@ impl Reconciler {
                     reason: None,
                     guest,
                     notice,
+                    mounts,
                 },
                 Err(reason) => {
                     tracing::warn!(vm = %vm.id, %reason, "could not bring the VM to its desired state");
@@ -990,6 +1083,7 @@ impl Reconciler {
                         reason: Some(reason),
                         guest: None,
                         notice: None,
+                        mounts,
                     }
                 }
             };
@@ -1023,6 +1117,7 @@ fn absent(id: Uuid) -> VmStatus {
         reason: None,
         guest: None,
         notice: None,
+        mounts: Vec::new(),
     }
 }
 
@@ -1066,6 +1161,7 @@ pub(crate) mod tests {
             },
             nics: vec![],
             volumes: vec![],
+            shares: vec![],
         }
     }
 

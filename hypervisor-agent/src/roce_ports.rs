@@ -88,6 +88,8 @@ mod tests {
             imports: vec![],
             drop_disks: vec![],
             consoles: vec![],
+            shares: vec![],
+            delete_shares: vec![],
         };
         let (ports, vfs) = wanted(&topo, &desired);
         assert_eq!(ports.len(), 8, "every Ethernet port with VFs");

@@ -55,6 +55,8 @@ pub struct AgentConfig {
     pub fabric_manager: Option<String>,
     /// How much long storage work runs at once, and the space kept back.
     pub storage_policy: StoragePolicy,
+    /// The shared filesystem of project shares, where the host has one.
+    pub shares: Option<crate::shares::SharesConfig>,
 }
 
 /// The host's storage limits.
@@ -181,6 +183,8 @@ pub struct Agent {
     consoles: Arc<crate::console::Consoles>,
     /// GPU figures read from the guests.
     telemetry: Arc<crate::telemetry::Telemetry>,
+    /// Project shares, where the host has the shared filesystem.
+    shares: Option<Arc<Mutex<crate::shares::Shares>>>,
 }
 
 /// The RoCE ports as last configured, and whether the server has heard.
@@ -195,6 +199,10 @@ struct FabricState {
 /// A RoCE configuration that stayed the same is re-applied this often (a
 /// NIC reset loses it; a failure is retried).
 const FABRIC_REFRESH: Duration = Duration::from_secs(60);
+
+/// How long the heartbeat waits for the shared filesystem's figures: a
+/// hung NFS or Lustre mount must not stop the host's heartbeat.
+const SURVEY_WITHIN: Duration = Duration::from_secs(5);
 
 /// Between changes, a pass this often repairs drift (a guest that rebooted
 /// and lost its NCCL file, a domain someone stopped by hand).
@@ -337,6 +345,11 @@ impl Agent {
             Some(fm) => reconciler.with_fabric_manager(fm),
             None => reconciler,
         };
+        let shares = config
+            .shares
+            .clone()
+            .map(|c| Arc::new(Mutex::new(crate::shares::Shares::new(c, &config.state_dir))));
+        let reconciler = reconciler.with_shares(shares.clone());
         let fabric_view = reconciler.fabric_view.clone();
         let consoles = crate::console::Consoles::new(
             &config.server,
@@ -364,6 +377,7 @@ impl Agent {
             fabric_view,
             fabric: Arc::default(),
             faults: Arc::default(),
+            shares,
         })
     }
 
@@ -375,8 +389,8 @@ impl Agent {
         Ok(desired.revision)
     }
 
-    /// Sends the host's inventory now (the run loop's first heartbeat
-    /// carries it).
+    /// Sends the host's inventory (and its storage and shared filesystem)
+    /// now (the run loop's first heartbeat carries it).
     pub async fn report_inventory(&self) -> Result<(), ClientError> {
         let mut inventory = self.topology.clone();
         inventory.fabric_manager = self
@@ -393,11 +407,16 @@ impl Agent {
             tokio::task::spawn_blocking(move || measure_storage(&*storage, &root, &policy))
                 .await
                 .unwrap_or_default();
+        let shares = match self.config.shares.clone() {
+            Some(c) => Some(crate::shares::survey_within(c, SURVEY_WITHIN).await),
+            None => None,
+        };
         self.client
             .heartbeat(&AgentHeartbeat {
                 topology: Some(inventory),
                 underlay_ip: self.config.underlay_ip,
                 storage,
+                shares,
                 ..Default::default()
             })
             .await
@@ -416,6 +435,7 @@ impl Agent {
                 transfer_url: None,
                 health: Some(health),
                 storage: None,
+                shares: None,
             })
             .await
     }
@@ -736,6 +756,35 @@ impl Agent {
         (ready, volumes, root_disks)
     }
 
+    /// The shares this host keeps brought in line (off the runtime: the
+    /// shared filesystem may be slow), and the read-only binds no VM here
+    /// needs any more let go.
+    async fn converge_shares(
+        &self,
+        desired: &kumo_api_types::DesiredState,
+    ) -> Vec<kumo_api_types::ShareStatus> {
+        let Some(shares) = self.shares.clone() else {
+            return Vec::new();
+        };
+        let kept = desired.shares.clone();
+        let delete = desired.delete_shares.clone();
+        let read_only: std::collections::BTreeSet<uuid::Uuid> = desired
+            .vms
+            .iter()
+            .flat_map(|v| v.shares.iter().filter(|m| m.read_only).map(|m| m.share))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let mut s = shares.lock().unwrap_or_else(|e| e.into_inner());
+            s.release_binds(&read_only);
+            s.converge(&kept, &delete)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "shares pass failed");
+            Vec::new()
+        })
+    }
+
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
         // Consoles first: a person is waiting on the other end.
         self.consoles.converge(&desired.consoles);
@@ -757,6 +806,8 @@ impl Agent {
         self.converge_fabric(&desired).await;
         tracing::debug!("pass: storage");
         let (ready, volumes, root_disks) = self.converge_storage(&desired).await;
+        tracing::debug!("pass: shares");
+        let shares = self.converge_shares(&desired).await;
         tracing::debug!("pass: libvirt");
         let r = self.reconciler.clone();
         let d = desired.clone();
@@ -777,6 +828,7 @@ impl Agent {
                         volumes,
                         root_disks,
                         unfit: unfit.clone(),
+                        shares,
                     })
                     .await;
                 if sent.is_err() {
@@ -812,6 +864,7 @@ impl Agent {
         let topo = self.topology.clone();
         let fabric_view = self.fabric_view.clone();
         let storage = self.storage.clone();
+        let shares_config = self.config.shares.clone();
         let (root_disks, policy) = (
             self.config.root_disks().dir_path().to_path_buf(),
             self.config.storage_policy,
@@ -873,6 +926,10 @@ impl Agent {
                         .await
                         .unwrap_or_default()
                 };
+                let shares = match shares_config.clone() {
+                    Some(c) => Some(crate::shares::survey_within(c, SURVEY_WITHIN).await),
+                    None => None,
+                };
                 let body = AgentHeartbeat {
                     topology: inventory.clone(),
                     underlay_ip: underlay,
@@ -881,6 +938,7 @@ impl Agent {
                     transfer_url: transfer_url.clone(),
                     health,
                     storage: space,
+                    shares,
                 };
                 match hb_client.heartbeat(&body).await {
                     Ok(()) => {

@@ -33,6 +33,7 @@ mod m0027_public_ip_rest_and_exempt_total;
 mod m0028_host_storage;
 mod m0029_gpu_hours;
 mod m0030_console_relay;
+mod m0031_shares;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -107,6 +108,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0028_host_storage::Migration),
             Box::new(m0029_gpu_hours::Migration),
             Box::new(m0030_console_relay::Migration),
+            Box::new(m0031_shares::Migration),
         ]
     }
 }

@@ -31,6 +31,9 @@ pub struct DomainSpec {
     pub interfaces: Vec<BridgeNic>,
     /// Volumes as virtio disks after the root disk, in order.
     pub volumes: Vec<VolumeDisk>,
+    /// Host directories shared into the guest with virtiofs (project
+    /// shares); any makes the guest's memory shared with `virtiofsd`.
+    pub filesystems: Vec<SharedDir>,
     /// A file the serial console's output is also written to (the
     /// console's scrollback; libvirt hands it to virtlogd, which rotates
     /// it).
@@ -50,6 +53,26 @@ pub const ROOT_PORT_NO_IO: &str = "pcie-root-port.io-reserve=0";
 pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
 /// The fw_cfg file OVMF reads its 64-bit aperture size from, in MiB.
 pub const OVMF_MMIO64_FW_CFG: &str = "opt/ovmf/X-PciMmio64Mb";
+
+/// A host directory as a guest filesystem (virtiofs; libvirt finds
+/// `virtiofsd` through QEMU's vhost-user descriptors): the guest mounts
+/// `tag`; `source` is all it sees. Read-only is the source's business
+/// (a read-only bind mount): Debian 12's virtiofsd has no such mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedDir {
+    pub source: String,
+    pub tag: String,
+}
+
+/// One shared directory's `<filesystem>` element.
+pub fn shared_dir(d: &SharedDir) -> Element {
+    el("filesystem")
+        .attr("type", "mount")
+        .attr("accessmode", "passthrough")
+        .child(el("driver").attr("type", "virtiofs").attr("queue", 1024))
+        .child(el("source").attr("dir", &d.source))
+        .child(el("target").attr("dir", &d.tag))
+}
 
 /// A volume as a guest disk, found in the guest by its serial
 /// (`/dev/disk/by-id/virtio-<serial>`).
@@ -84,7 +107,7 @@ pub const SPARE_PORTS: usize = 8;
 /// `busNr` (the root bus's hierarchy must end before it): with
 /// expanders, fewer spares where they would not fit.
 pub fn unnumbered_ports(spec: &DomainSpec, layout: &GuestLayout) -> usize {
-    let virtio = 1 + spec.volumes.len() + spec.interfaces.len();
+    let virtio = 1 + spec.volumes.len() + spec.interfaces.len() + spec.filesystems.len();
     let controllers = 2;
     let want = virtio + controllers + SPARE_PORTS;
     match layout.expanders.iter().map(|e| usize::from(e.bus_nr)).min() {
@@ -194,6 +217,9 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
                 .child(el("readonly")),
         );
     }
+    for fs in &spec.filesystems {
+        devices = devices.child(shared_dir(fs));
+    }
     for nic in &spec.interfaces {
         devices = devices.child(
             el("interface")
@@ -299,8 +325,26 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
             ),
         )
         .child(el("memory").attr("unit", "MiB").text(memory_mib));
-    if spec.hugepages {
-        domain = domain.child(el("memoryBacking").child(el("hugepages")));
+    // virtiofsd reads and writes the guest's memory: it must be shared
+    // (memfd where there are no hugepages).
+    let shared = !spec.filesystems.is_empty();
+    match (spec.hugepages, shared) {
+        (true, false) => domain = domain.child(el("memoryBacking").child(el("hugepages"))),
+        (true, true) => {
+            domain = domain.child(
+                el("memoryBacking")
+                    .child(el("hugepages"))
+                    .child(el("access").attr("mode", "shared")),
+            )
+        }
+        (false, true) => {
+            domain = domain.child(
+                el("memoryBacking")
+                    .child(el("source").attr("type", "memfd"))
+                    .child(el("access").attr("mode", "shared")),
+            )
+        }
+        (false, false) => {}
     }
     domain = domain
         .child(el("vcpu").attr("placement", "static").text(vcpus))
@@ -412,6 +456,29 @@ pub fn domain_xml(spec: &DomainSpec, layout: &GuestLayout) -> String {
 }
 
 /// Each guest cell's CPUs as the hex words NCCL's `affinity` expects.
+/// The virtiofs filesystems of a domain's XML: tag → source directory.
+pub fn filesystems_in(xml: &str) -> std::collections::BTreeMap<String, String> {
+    let Ok(doc) = roxmltree::Document::parse(xml) else {
+        return Default::default();
+    };
+    doc.descendants()
+        .filter(|n| n.has_tag_name("filesystem"))
+        .filter(|n| {
+            n.children()
+                .any(|c| c.has_tag_name("driver") && c.attribute("type") == Some("virtiofs"))
+        })
+        .filter_map(|n| {
+            let child = |name: &str, attr: &str| {
+                n.children()
+                    .find(|c| c.has_tag_name(name))
+                    .and_then(|c| c.attribute(attr))
+                    .map(str::to_owned)
+            };
+            Some((child("target", "dir")?, child("source", "dir")?))
+        })
+        .collect()
+}
+
 /// The host PCI functions a domain's XML passes through (its `hostdev`
 /// sources), to check once the domain lets them go. XML that does not
 /// parse, or an address that does not, yields nothing for it.
@@ -479,6 +546,7 @@ mod tests {
                     serial: format!("kumo{i:016}"),
                 })
                 .collect(),
+            filesystems: Vec::new(),
             console_log: Some("/vms/a/console.log".into()),
             nvram_path: None,
         }
@@ -604,5 +672,14 @@ mod tests {
             "{xml}"
         );
         assert!(xml.contains("<source file=\"/v0.qcow2\"/>"), "{xml}");
+    }
+
+    #[test]
+    fn a_domain_says_its_virtiofs_filesystems() {
+        let xml = "<domain><devices><filesystem type='mount' accessmode='passthrough'><driver type='virtiofs'/><source dir='/srv/s/1'/><target dir='data'/></filesystem><filesystem type='mount'><driver type='path'/><source dir='/x'/><target dir='y'/></filesystem></devices></domain>";
+        let fs = filesystems_in(xml);
+        assert_eq!(fs.len(), 1);
+        assert_eq!(fs.get("data").map(String::as_str), Some("/srv/s/1"));
+        assert!(filesystems_in("not xml").is_empty());
     }
 }

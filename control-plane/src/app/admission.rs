@@ -48,6 +48,8 @@ pub struct Member {
     pub on_host: Option<Uuid>,
     /// Volumes to attach when the VM row is created.
     pub volumes: Vec<Uuid>,
+    /// Project shares to mount when the VM row is created.
+    pub shares: Vec<crate::app::shares::PlannedMount>,
 }
 
 /// What admission did.
@@ -347,6 +349,11 @@ async fn insert_vm(
     if !crate::store::volumes::attach_new(txn, vm.id, &m.volumes).await? {
         return Err(CommitError::Api(ApiError::Conflict(
             "a volume of the request was attached or changed meanwhile".into(),
+        )));
+    }
+    if !crate::store::shares::mount_new(txn, vm.id, &m.shares, now).await? {
+        return Err(CommitError::Api(ApiError::Conflict(
+            "a share of the request is being deleted".into(),
         )));
     }
     let what = format!(

@@ -35,6 +35,7 @@ pub async fn heartbeat(
     let host_url = host.transfer_url.clone();
     let drained = host.drained;
     let disk_before = (host.disk_capacity_gib, host.root_disk_capacity_gib);
+    let shares_before = host.shares_storage.clone();
     let free_before = host.disk_free_gib;
     let faults_before = host.segment_faults.clone();
     let mut a: hosts::ActiveModel = host.into();
@@ -85,6 +86,13 @@ pub async fn heartbeat(
         }
         if Some(gib(d.free_gib)) != free_before {
             a.disk_free_gib = Set(Some(gib(d.free_gib)));
+        }
+    }
+    // The shared filesystem: which hosts may keep shares.
+    if let Some(s) = &body.shares {
+        let text = crate::domain::shares::stored_storage(s)?;
+        if Some(&text) != shares_before.as_ref() {
+            a.shares_storage = Set(Some(text));
         }
     }
     let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;
@@ -158,6 +166,8 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
     }
     let mut net = crate::app::host_network::load(&st.reads, host, &rows).await?;
     let (kept, delete_volumes, mut disks, exports) = volumes_of(st, host).await?;
+    let vm_ids: Vec<Uuid> = rows.iter().map(|v| v.id).collect();
+    let mut shares = crate::app::shares::of_host(&st.reads, host.id, &vm_ids).await?;
     let mut imports = imports_of(st, host).await?;
     let moves = crate::app::disk_moves::of_host(&st.reads, host, &rows).await?;
     imports.extend(moves.imports);
@@ -212,6 +222,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),
             nics: net.nics.remove(&v.id).unwrap_or_default(),
             volumes: disks.remove(&v.id).unwrap_or_default(),
+            shares: shares.mounts.remove(&v.id).unwrap_or_default(),
         });
     }
     Ok(DesiredState {
@@ -230,6 +241,8 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             .into_iter()
             .map(|(session, vm)| kumo_api_types::DesiredConsole { session, vm })
             .collect(),
+        shares: shares.kept,
+        delete_shares: shares.delete,
     })
 }
 
@@ -337,6 +350,9 @@ pub async fn apply_status(
     if report.volumes.len() > 10_000 {
         return Err(ApiError::field("volumes", "too many entries"));
     }
+    if report.shares.len() > 10_000 {
+        return Err(ApiError::field("shares", "too many entries"));
+    }
     let txn = st.db.begin().await?;
     let mut applied = Applied::default();
     let mut entries: Vec<&VmStatus> = report.vms.iter().collect();
@@ -347,6 +363,7 @@ pub async fn apply_status(
     let now = st.config.clock.now();
     let mut moved = crate::app::volumes::apply_status(&txn, host.id, &report.volumes, now).await?;
     moved.extend(crate::app::disk_moves::apply_status(&txn, host, &report.root_disks, now).await?);
+    moved.extend(crate::app::shares::apply_status(&txn, host.id, &report.shares, now).await?);
     if applied.freed {
         // Devices came free: the revision moves, so other replicas'
         // indexes re-read the host (see `Capacity::catch_up`).
@@ -399,6 +416,7 @@ async fn apply_entry(
     if let Some(notice) = &s.notice {
         event(txn, &vm, now, "preemption-notice", notice.clone()).await?;
     }
+    crate::app::shares::apply_mounts(txn, vm.id, &s.mounts).await?;
     let state = stored_state(&vm)?;
     if state == VmState::Preempted && s.state == ActualState::Absent {
         // Gone from the host: its devices are free; the row stays so

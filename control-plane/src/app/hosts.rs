@@ -396,6 +396,7 @@ async fn insert_row(
         disk_capacity_gib: Set(None),
         disk_free_gib: Set(None),
         root_disk_capacity_gib: Set(None),
+        shares_storage: Set(None),
     }
     .insert(txn)
     .await

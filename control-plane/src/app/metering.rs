@@ -16,8 +16,8 @@ use kumo_api_types::{ServiceLevel, VmSpec, VmState};
 use kumo_billing::ledger::{self, Entry};
 use kumo_billing::meter::{self, Run};
 use kumo_billing::rates::{
-    gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, PUBLIC_IP, SNAPSHOT_GIB, VCPU,
-    VOLUME_GIB,
+    gpu_class, Price, RateBook, RateCard, DISK_GIB, MEMORY_GIB, PUBLIC_IP, SHARE_GIB, SNAPSHOT_GIB,
+    VCPU, VOLUME_GIB,
 };
 use kumo_billing::{Decimal, Level};
 use sea_orm::sea_query::Expr;
@@ -234,6 +234,26 @@ pub async fn snapshot_held(
 ) -> Result<(), ApiError> {
     let gib = Decimal::from(s.size_gib);
     hold(txn, tenant, (s.id, &s.name), SNAPSHOT_GIB, gib, at).await
+}
+
+/// A project share's size is charged from now on.
+pub async fn share_held(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    s: &crate::entity::shares::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let gib = Decimal::from(s.size_gib);
+    hold(txn, tenant, (s.id, &s.name), SHARE_GIB, gib, at).await
+}
+
+/// A share's charge ends (deleted, or about to be charged at a new size).
+pub async fn share_released(
+    txn: &DatabaseTransaction,
+    share: Uuid,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    close(txn, share, true, at).await
 }
 
 /// A volume's charge ends (deleted, or about to be charged at a new size).

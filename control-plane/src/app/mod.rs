@@ -30,6 +30,7 @@ pub mod metering;
 pub mod public_net;
 pub mod quotas;
 pub mod segments;
+pub mod shares;
 pub mod templates;
 pub mod tenants;
 pub mod tokens;

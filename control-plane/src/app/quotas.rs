@@ -38,6 +38,7 @@ pub async fn set(
         roce_segments: Set(i64::from(body.roce_segments)),
         public_ips: Set(i64::from(body.public_ips)),
         volume_gib: Set(i64::from(body.volume_gib)),
+        share_gib: Set(i64::from(body.share_gib)),
         updated_at: Set(actor.at),
     };
     if tenant_quotas::Entity::find_by_id(tenant.id)

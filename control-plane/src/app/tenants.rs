@@ -73,6 +73,7 @@ pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result
         roce_segments: Set(0),
         public_ips: Set(0),
         volume_gib: Set(0),
+        share_gib: Set(0),
         updated_at: Set(now),
     }
     .insert(&txn)

@@ -298,8 +298,9 @@ pub async fn delete_row(
     // with the NICs they name.
     crate::store::public_net::release_nics_of(txn, vm.id).await?;
     crate::store::segments::detach_all(txn, vm.id).await?;
-    // Its volumes outlive it, detached.
+    // Its volumes outlive it, detached; its shares' mounts go.
     crate::store::volumes::detach_all(txn, vm.id).await?;
+    crate::store::shares::unmount_all(txn, vm.id).await?;
     crate::store::clusters::member_gone(txn, vm).await?;
     Ok(peers)
 }
@@ -401,12 +402,14 @@ pub async fn prepare(
         ));
     }
     let (volumes, on_host) = plan_volumes(&st.db, tenant, &body.volumes).await?;
+    let shares = crate::app::shares::plan_mounts(&st.db, tenant, &body.shares).await?;
     Ok(Prepared {
         spec,
         nics,
         roce,
         volumes,
         on_host,
+        shares,
     })
 }
 
@@ -465,6 +468,8 @@ pub struct Prepared {
     /// Volumes to attach, and the host they tie the VM to.
     pub volumes: Vec<Uuid>,
     pub on_host: Option<Uuid>,
+    /// Project shares to mount.
+    pub shares: Vec<crate::app::shares::PlannedMount>,
 }
 
 impl Prepared {
@@ -478,6 +483,7 @@ impl Prepared {
             nics: self.nics.clone(),
             on_host: self.on_host,
             volumes: self.volumes.clone(),
+            shares: self.shares.clone(),
         }
     }
 }
@@ -607,6 +613,7 @@ fn view_on(
     host: Option<(&hosts::Model, &HostTopology)>,
     cluster: Option<&str>,
     networks: Vec<VmNetwork>,
+    shares: Vec<kumo_api_types::ShareMount>,
 ) -> Result<Vm, ApiError> {
     let mut state = stored_state(v)?;
     let unreachable = match host {
@@ -633,6 +640,7 @@ fn view_on(
         preempt_deadline: v.preempt_deadline,
         cluster: cluster.map(str::to_owned),
         networks,
+        shares,
         created_at: v.created_at,
         updated_at: v.updated_at,
     })
@@ -653,12 +661,17 @@ pub async fn view(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Re
         .await?
         .remove(&v.id)
         .unwrap_or_default();
+    let shares = crate::app::shares::mounts_shown(db, &[(v.id, v.name.as_str())])
+        .await?
+        .remove(&v.id)
+        .unwrap_or_default();
     view_on(
         v,
         tenant,
         host.as_ref().zip(topo.as_deref()),
         cluster.as_deref(),
         networks,
+        shares,
     )
 }
 
@@ -687,6 +700,8 @@ pub async fn list(
         &rows.iter().map(|v| v.id).collect::<Vec<_>>(),
     )
     .await?;
+    let named: Vec<(Uuid, &str)> = rows.iter().map(|v| (v.id, v.name.as_str())).collect();
+    let mut shares = crate::app::shares::mounts_shown(&st.reads, &named).await?;
     let mut items = Vec::with_capacity(rows.len());
     for v in &rows {
         let host = v
@@ -703,6 +718,7 @@ pub async fn list(
             host,
             cluster,
             networks.remove(&v.id).unwrap_or_default(),
+            shares.remove(&v.id).unwrap_or_default(),
         )?);
     }
     Ok(Page {

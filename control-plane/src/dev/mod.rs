@@ -571,7 +571,9 @@ pub fn human_words(line: &str) -> String {
 /// dev fleet has among them), so that whatever the demo runs or holds is
 /// charged and budgeted.
 fn demo_prices() -> std::collections::BTreeMap<String, ClassPrice> {
-    use kumo_billing::rates::{DISK_GIB, MEMORY_GIB, PUBLIC_IP, SNAPSHOT_GIB, VCPU, VOLUME_GIB};
+    use kumo_billing::rates::{
+        DISK_GIB, MEMORY_GIB, PUBLIC_IP, SHARE_GIB, SNAPSHOT_GIB, VCPU, VOLUME_GIB,
+    };
     let price = |g: &str, s: &str| ClassPrice {
         guaranteed: g.into(),
         spot: s.into(),
@@ -583,6 +585,7 @@ fn demo_prices() -> std::collections::BTreeMap<String, ClassPrice> {
         (PUBLIC_IP, price("0.7", "0.7")),
         (VOLUME_GIB, price("0.01", "0.01")),
         (SNAPSHOT_GIB, price("0.005", "0.005")),
+        (SHARE_GIB, price("0.01", "0.01")),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

@@ -14,5 +14,6 @@ pub mod paging;
 pub mod public_net;
 pub mod quota;
 pub mod sessions;
+pub mod shares;
 pub mod specs;
 pub mod states;

@@ -113,6 +113,7 @@ pub fn validate(q: &Quota) -> Result<(), ApiError> {
         ("roce_segments", q.roce_segments),
         ("public_ips", q.public_ips),
         ("volume_gib", q.volume_gib),
+        ("share_gib", q.share_gib),
     ] {
         if v > MAX_LIMIT {
             return Err(ApiError::field(field, format!("at most {MAX_LIMIT}")));

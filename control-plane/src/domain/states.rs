@@ -5,7 +5,9 @@
 
 use std::fmt::Display;
 
-use kumo_api_types::{ForwardProtocol, HostState, Power, SegmentKind, VmState, VolumeState};
+use kumo_api_types::{
+    ForwardProtocol, HostState, Power, SegmentKind, ShareLimit, ShareState, VmState, VolumeState,
+};
 use kumo_billing::Level;
 
 use crate::error::ApiError;
@@ -43,6 +45,25 @@ impl StoredText for VolumeState {
     const ALL: &'static [VolumeState] = &VolumeState::ALL;
     fn to_text(self) -> &'static str {
         self.as_str()
+    }
+}
+
+impl StoredText for ShareState {
+    const WHAT: &'static str = "share state";
+    const ALL: &'static [ShareState] = &ShareState::ALL;
+    fn to_text(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl StoredText for ShareLimit {
+    const WHAT: &'static str = "share limit";
+    const ALL: &'static [ShareLimit] = &[ShareLimit::ProjectQuota, ShareLimit::Measured];
+    fn to_text(self) -> &'static str {
+        match self {
+            ShareLimit::ProjectQuota => "project_quota",
+            ShareLimit::Measured => "measured",
+        }
     }
 }
 
@@ -171,6 +192,8 @@ mod tests {
         round_trips::<ClusterState>();
         round_trips::<AllocationKind>();
         round_trips::<VolumeState>();
+        round_trips::<ShareState>();
+        round_trips::<ShareLimit>();
     }
 
     #[test]

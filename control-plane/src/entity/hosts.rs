@@ -52,6 +52,9 @@ pub struct Model {
     pub disk_free_gib: Option<i64>,
     /// The root disks' filesystem when it is not the pool's.
     pub root_disk_capacity_gib: Option<i64>,
+    /// The shared filesystem of project shares as the agent reports it
+    /// (`SharesStorage`, JSON); `None` where it reports none.
+    pub shares_storage: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

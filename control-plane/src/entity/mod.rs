@@ -31,6 +31,8 @@ pub mod rate_cards;
 pub mod replicas;
 pub mod segments;
 pub mod sessions;
+pub mod share_mounts;
+pub mod shares;
 pub mod stale_root_disks;
 pub mod templates;
 pub mod tenant_billing;

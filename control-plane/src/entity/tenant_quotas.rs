@@ -13,6 +13,7 @@ pub struct Model {
     pub roce_segments: i64,
     pub public_ips: i64,
     pub volume_gib: i64,
+    pub share_gib: i64,
     pub updated_at: DateTimeUtc,
 }
 

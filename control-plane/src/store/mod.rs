@@ -18,6 +18,7 @@ pub mod identity;
 pub mod idle_gpus;
 pub mod public_net;
 pub mod segments;
+pub mod shares;
 pub mod templates;
 pub mod tenancy;
 pub mod vms;

@@ -31,6 +31,7 @@ pub async fn load(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Quota, A
         q.roce_segments = to_u32(b.roce_segments);
         q.public_ips = to_u32(b.public_ips);
         q.volume_gib = to_u32(b.volume_gib);
+        q.share_gib = to_u32(b.share_gib);
     }
     q.gpus = gpus
         .into_iter()

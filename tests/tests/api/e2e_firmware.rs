@@ -171,6 +171,7 @@ async fn e2e_a_four_h100_guest_boots_uefi_with_every_bar_assigned() {
             }),
             interfaces: Vec::new(),
             volumes: Vec::new(),
+            filesystems: Vec::new(),
             console_log: None,
             nvram_path: Some(
                 work.path()

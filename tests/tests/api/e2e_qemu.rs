@@ -440,6 +440,7 @@ pub(crate) async fn qemu_host(
         telemetry: Duration::from_secs(1),
         fabric_manager: None,
         storage_policy: Default::default(),
+        shares: None,
     };
     (work, config)
 }

@@ -510,6 +510,22 @@ impl SimAgent {
             .status()
     }
 
+    /// A heartbeat saying the host has the shared filesystem of project
+    /// shares (so it may keep them).
+    pub async fn heartbeat_with_shares(&self) -> reqwest::StatusCode {
+        self.http
+            .post(format!("{}/agent/v1/heartbeat", self.url))
+            .bearer_auth(&self.credential)
+            .json(&serde_json::json!({"shares": {
+                "root": "/srv/kumo-shares", "capacity_gib": 1000, "free_gib": 900,
+                "limit": "measured"
+            }}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    }
+
     /// Keeps `agents`' hosts reachable while a long test runs (slower on a
     /// loaded machine than the lost-host detector's 30 s): each heartbeats
     /// every 5 s, and nothing else, until the handle is dropped.
@@ -561,6 +577,7 @@ impl SimAgent {
                 reason: None,
                 guest: None,
                 notice: None,
+                mounts: vec![],
             });
         }
         for gone in self
@@ -575,6 +592,7 @@ impl SimAgent {
                 reason: None,
                 guest: None,
                 notice: None,
+                mounts: vec![],
             });
         }
         let r = self
@@ -631,6 +649,24 @@ impl SimAgent {
                     .collect(),
                 // Simulated devices always come back.
                 unfit: Vec::new(),
+                // Shares' directories too are made and deleted at once.
+                shares: d
+                    .shares
+                    .iter()
+                    .map(|s| (s.id, kumo_api_types::VolumeActual::Ready))
+                    .chain(
+                        d.delete_shares
+                            .iter()
+                            .map(|id| (*id, kumo_api_types::VolumeActual::Absent)),
+                    )
+                    .map(|(id, state)| kumo_api_types::ShareStatus {
+                        id,
+                        state,
+                        reason: None,
+                        used_bytes: Some(0),
+                        limit: Some(kumo_api_types::ShareLimit::Measured),
+                    })
+                    .collect(),
             })
             .send()
             .await
@@ -717,6 +753,7 @@ pub fn agent_config(
         telemetry: std::time::Duration::from_secs(1),
         fabric_manager: None,
         storage_policy: Default::default(),
+        shares: None,
     }
 }
 

@@ -36,6 +36,7 @@ mod replicas;
 mod resources;
 mod scheduling;
 mod segments;
+mod shares;
 mod sso;
 mod upgrade;
 mod vms;

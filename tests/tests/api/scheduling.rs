@@ -27,6 +27,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         networks: Vec::new(),
         volumes: Vec::new(),
         on_reclaim: None,
+        shares: Vec::new(),
     }
 }
 
@@ -241,6 +242,7 @@ fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCrea
         service_level: level,
         ssh_keys: vec![],
         networks: vec![],
+        shares: Vec::new(),
     }
 }
 

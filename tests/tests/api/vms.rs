@@ -23,6 +23,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         ssh_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEfKZKAnUydzsiZEOKuPIAY7Nck1wiFzauveaJjZfhrF user@lab".into()],
         networks: Vec::new(),
         volumes: Vec::new(),
+        shares: Vec::new(),
         on_reclaim: None,
     }
 }
@@ -359,7 +360,7 @@ on_both_backends! {
         let other = s.sim_agent("gpu-002", "cpu-only").await;
         let v = create(s, "lab", &vm("train", 2)).await.unwrap();
         assert_eq!(v.host.as_deref(), Some("gpu-001"));
-        let r = other.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("forged".into()), guest: None, notice: None }]).await;
+        let r = other.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("forged".into()), guest: None, notice: None, mounts: vec![] }]).await;
         assert_eq!(r.status(), 400);
         let p: Problem = r.json().await.unwrap();
         assert!(p.detail.unwrap().contains("does not belong"));
@@ -372,7 +373,7 @@ on_both_backends! {
         mine.converge().await;
         assert_eq!(get_vm(s, "lab", "train").await.unwrap().state, VmState::Running);
         // A failure report puts the VM in error with the reason.
-        let r = mine.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("qemu: vfio error".into()), guest: None, notice: None }]).await;
+        let r = mine.report(vec![VmStatus { id: v.id, state: ActualState::Failed, reason: Some("qemu: vfio error".into()), guest: None, notice: None, mounts: vec![] }]).await;
         assert_eq!(r.status(), 204);
         let e = get_vm(s, "lab", "train").await.unwrap();
         assert_eq!((e.state, e.reason.as_deref()), (VmState::Error, Some("qemu: vfio error")));
@@ -387,20 +388,20 @@ on_both_backends! {
         // character in one, far too much in another.
         let r = agent
             .report(vec![
-                VmStatus { id: bad.id, state: ActualState::Running, reason: None, guest: Some("nccl\u{1b}[2J\u{0}".into()), notice: None },
-                VmStatus { id: good.id, state: ActualState::Running, reason: None, guest: Some("nccl topology written".into()), notice: None },
+                VmStatus { id: bad.id, state: ActualState::Running, reason: None, guest: Some("nccl\u{1b}[2J\u{0}".into()), notice: None, mounts: vec![] },
+                VmStatus { id: good.id, state: ActualState::Running, reason: None, guest: Some("nccl topology written".into()), notice: None, mounts: vec![] },
             ])
             .await;
         assert_eq!(r.status(), 204, "the report is taken");
         assert_eq!(get_vm(s, "lab", "quiet").await.unwrap().state, VmState::Running, "the good entry applied");
         assert_eq!(get_vm(s, "lab", "noisy").await.unwrap().state, VmState::Scheduled, "the bad entry dropped");
         let r = agent
-            .report(vec![VmStatus { id: bad.id, state: ActualState::Failed, reason: Some("x".repeat(kumo_api_types::REPORT_TEXT_MAX + 1)), guest: None, notice: None }])
+            .report(vec![VmStatus { id: bad.id, state: ActualState::Failed, reason: Some("x".repeat(kumo_api_types::REPORT_TEXT_MAX + 1)), guest: None, notice: None, mounts: vec![] }])
             .await;
         assert_eq!(r.status(), 204);
         assert_eq!(get_vm(s, "lab", "noisy").await.unwrap().state, VmState::Scheduled);
         // What the real agent sends is bounded first, so it always fits.
-        let cleaned = VmStatus { id: bad.id, state: ActualState::Running, reason: None, guest: Some("a\u{0}b".repeat(600)), notice: None }.bounded();
+        let cleaned = VmStatus { id: bad.id, state: ActualState::Running, reason: None, guest: Some("a\u{0}b".repeat(600)), notice: None, mounts: vec![] }.bounded();
         assert!(cleaned.texts_fit());
         assert_eq!(agent.report(vec![cleaned]).await.status(), 204);
         assert_eq!(get_vm(s, "lab", "noisy").await.unwrap().state, VmState::Running);

@@ -36,6 +36,7 @@ pub fn spec() -> DomainSpec {
         kernel: None,
         interfaces: Vec::new(),
         volumes: Vec::new(),
+        filesystems: Vec::new(),
         console_log: None,
         nvram_path: None,
     }

@@ -270,6 +270,8 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
                 roce,
                 on_host,
                 volumes: Vec::new(),
+                // A pending VM's mounts are rows already.
+                shares: Vec::new(),
             });
         }
         let job = Admission {

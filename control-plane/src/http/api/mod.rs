@@ -30,6 +30,7 @@ pub mod members;
 pub mod public_net;
 pub mod quota;
 pub mod segments;
+pub mod shares;
 pub mod templates;
 pub mod tenants;
 pub mod tokens;
@@ -66,6 +67,7 @@ pub mod volumes;
         (name = "segments", description = "Tenant networks (VXLAN) for Ethernet and RoCE, and VM addresses on them"),
         (name = "public-ips", description = "Public addresses: pools, floating IPs and port forwards, carried by segment edges"),
         (name = "volumes", description = "Block volumes that outlive VMs, attached to VMs on their host"),
+        (name = "shares", description = "Project shares: directories on the filesystem every host mounts, mounted into VMs with virtiofs"),
         (name = "idle", description = "Idle GPUs: a project's policy and webhook, its idle VMs, exemptions"),
         (name = "billing", description = "Rate cards, prepaid points, statements"),
         (name = "agent", description = "The protocol between host agents and the server"),
@@ -197,6 +199,11 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(volumes::move_to))
         .routes(routes!(volumes::create_snapshot, volumes::list_snapshots))
         .routes(routes!(volumes::delete_snapshot))
+        .routes(routes!(shares::create, shares::list))
+        .routes(routes!(shares::show, shares::delete))
+        .routes(routes!(shares::grow))
+        .routes(routes!(shares::mount))
+        .routes(routes!(shares::unmount))
         .routes(routes!(billing::put_rates, billing::get_rates))
         .routes(routes!(billing::grant))
         .routes(routes!(billing::points))

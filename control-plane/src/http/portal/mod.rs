@@ -445,6 +445,16 @@ pub(super) fn missing(form: &kumo_web_portal::listing::Form, f: &Fields) -> Resu
     ))
 }
 
+/// The form's `share` field: `NAME[:/PATH][:ro]`, as the CLI's `--share`.
+fn share_mounts(f: &Fields) -> Result<Vec<kumo_api_types::ShareMountRequest>, ApiError> {
+    text(f, "share")
+        .map(|s| {
+            kumo_api_types::ShareMountRequest::parse(&s).map_err(|e| ApiError::field("share", e))
+        })
+        .into_iter()
+        .collect()
+}
+
 /// The VM the create form asks for.
 fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
     Ok(kumo_api_types::VmCreate {
@@ -466,6 +476,7 @@ fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
             .into_iter()
             .collect(),
         volumes: Vec::new(),
+        shares: share_mounts(f)?,
         on_reclaim: None,
     })
 }

@@ -948,6 +948,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 },
                 ssh_keys: vec![],
                 networks: text(f, "network").into_iter().collect(),
+                shares: super::share_mounts(f)?,
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }

@@ -351,6 +351,7 @@ fn converge(d: &DesiredState, known: &BTreeSet<Uuid>) -> (StatusReport, BTreeSet
             reason: None,
             guest: None,
             notice: None,
+            mounts: Vec::new(),
         })
         .collect();
     for gone in known
@@ -364,6 +365,7 @@ fn converge(d: &DesiredState, known: &BTreeSet<Uuid>) -> (StatusReport, BTreeSet
             reason: None,
             guest: None,
             notice: None,
+            mounts: Vec::new(),
         });
     }
     let report = StatusReport {

@@ -1,0 +1,673 @@
+//! Project shares on the host: the shared filesystem every host mounts at
+//! the same place (`--shares-root`), the directories of the shares this
+//! host keeps (made, limited, measured, deleted), and what a VM's
+//! `virtiofsd` is given for each of its shares.
+//!
+//! A share's limit holds by the filesystem's project quota where it has
+//! one (ext4 or XFS mounted with `prjquota`, and `setquota` at hand:
+//! `chattr +P -p ID DIR`, `setquota -P ID 0 KIB 0 0 MOUNT`, usage from
+//! `repquota -P`). Elsewhere usage is measured by walking the directory
+//! and the server turns the share read-only past its size.
+//!
+//! Read-only mounts are a read-only bind of the share's directory under
+//! the agent's state directory: Debian 12's virtiofsd has no read-only
+//! mode and libvirt 9 refuses `<readonly/>` for virtiofs. The bind is
+//! decided at the VM's start: virtiofsd keeps its own mount namespace,
+//! so remounting a bind later changes nothing for a running guest.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kumo_api_types::{
+    DesiredMount, DesiredShare, ShareLimit, ShareStatus, SharesStorage, VolumeActual,
+};
+use uuid::Uuid;
+
+/// How often a share's usage is read again.
+const MEASURE_EVERY: Duration = Duration::from_secs(20);
+/// Files a measuring walk reads at most (then it says "at least").
+const WALK_MAX: u64 = 2_000_000;
+/// Where a deleted share's directory waits for its data to go.
+const DELETING: &str = ".deleting-";
+
+/// One line of `/proc/self/mountinfo`, the parts that matter here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub source: String,
+    /// Per-mount and superblock options together.
+    pub options: Vec<String>,
+}
+
+/// `/proc/self/mountinfo` parsed; lines that do not fit are skipped.
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let left: Vec<&str> = left.split(' ').collect();
+            let right: Vec<&str> = right.split(' ').collect();
+            let mount_point = unescape(left.get(4)?);
+            let mut options: Vec<String> = left.get(5)?.split(',').map(str::to_owned).collect();
+            options.extend(right.get(2).unwrap_or(&"").split(',').map(str::to_owned));
+            Some(MountEntry {
+                mount_point: PathBuf::from(mount_point),
+                fstype: (*right.first()?).to_owned(),
+                source: (*right.get(1)?).to_owned(),
+                options,
+            })
+        })
+        .collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let code = std::str::from_utf8(&b[i + 1..i + 4])
+                .ok()
+                .and_then(|o| u8::from_str_radix(o, 8).ok());
+            if let Some(v) = code {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The mount a path is on: the deepest mount point above it (the last
+/// listed wins, as later mounts cover earlier ones).
+pub fn mount_of<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+    mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.components().count())
+}
+
+/// Whether a mount enforces project quotas.
+pub fn has_project_quota(m: &MountEntry) -> bool {
+    matches!(m.fstype.as_str(), "ext4" | "xfs")
+        && m.options.iter().any(|o| o == "prjquota" || o == "pquota")
+}
+
+/// `repquota -P -n` output: project id → bytes used (its block figure is
+/// in KiB; a `+` in the flags marks a project past a limit).
+pub fn parse_repquota(text: &str) -> HashMap<u32, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let id: u32 = f.next()?.strip_prefix('#')?.parse().ok()?;
+            let _flags = f.next()?;
+            let kib: u64 = f.next()?.trim_end_matches('*').parse().ok()?;
+            Some((id, kib * 1024))
+        })
+        .collect()
+}
+
+/// Bytes a directory tree takes (allocated blocks, as `du`), staying on
+/// its filesystem and never following links; `false` when the walk
+/// stopped at [`WALK_MAX`] files (the figure is then a lower bound).
+pub fn measure(dir: &Path) -> std::io::Result<(u64, bool)> {
+    use std::os::unix::fs::MetadataExt;
+    let top = std::fs::symlink_metadata(dir)?;
+    let dev = top.dev();
+    let mut bytes = top.blocks() * 512;
+    let mut files = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue; // gone meanwhile, or unreadable: not counted
+        };
+        for e in entries.flatten() {
+            files += 1;
+            if files > WALK_MAX {
+                return Ok((bytes, false));
+            }
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.dev() != dev {
+                continue;
+            }
+            bytes += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok((bytes, true))
+}
+
+/// The host's shared filesystem, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharesConfig {
+    pub root: PathBuf,
+    /// The root must be a mount point (production). The dev fleet's
+    /// simulated hosts share a plain directory instead.
+    pub require_mount: bool,
+}
+
+/// The shares side of an agent: the root, and what it keeps.
+pub struct Shares {
+    config: SharesConfig,
+    /// Read-only binds live here, one per share.
+    binds: PathBuf,
+    /// The limit each kept share's quota was last set to.
+    limits: HashMap<Uuid, u32>,
+    /// Each share's usage as last read, and when.
+    usage: HashMap<Uuid, (Instant, u64)>,
+}
+
+fn mounts() -> Vec<MountEntry> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse_mountinfo(&t))
+        .unwrap_or_default()
+}
+
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let what = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+/// Why shares cannot be used here now, if they cannot.
+fn problem(config: &SharesConfig, mounts: &[MountEntry]) -> Option<String> {
+    let root = &config.root;
+    match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Some(format!(
+                "the shares root {} is not a directory",
+                root.display()
+            ))
+        }
+        Err(e) => return Some(format!("the shares root {}: {e}", root.display())),
+    }
+    if config.require_mount && !mounts.iter().any(|m| m.mount_point == *root) {
+        return Some(format!(
+            "the shared filesystem is not mounted at {}",
+            root.display()
+        ));
+    }
+    None
+}
+
+/// How a share's size holds on this filesystem.
+fn limit(config: &SharesConfig, mounts: &[MountEntry]) -> ShareLimit {
+    match mount_of(mounts, &config.root) {
+        Some(m) if has_project_quota(m) && have("setquota") && have("chattr") => {
+            ShareLimit::ProjectQuota
+        }
+        _ => ShareLimit::Measured,
+    }
+}
+
+/// The shared filesystem as the heartbeat reports it.
+pub fn survey(config: &SharesConfig) -> SharesStorage {
+    let mounts = mounts();
+    let problem = problem(config, &mounts);
+    let (capacity_gib, free_gib) = match nix::sys::statvfs::statvfs(&config.root) {
+        Ok(v) => {
+            let frag = v.fragment_size();
+            ((v.blocks() * frag) >> 30, (v.blocks_available() * frag) >> 30)
+        }
+        Err(_) => (0, 0),
+    };
+    SharesStorage {
+        root: config.root.display().to_string(),
+        capacity_gib,
+        free_gib,
+        limit: limit(config, &mounts),
+        problem,
+    }
+}
+
+/// [`survey`], given at most `within`: a filesystem that does not answer
+/// (a hung NFS or Lustre mount) is the host's problem with shares.
+pub async fn survey_within(config: SharesConfig, within: Duration) -> SharesStorage {
+    let root = config.root.display().to_string();
+    let task = tokio::task::spawn_blocking(move || survey(&config));
+    match tokio::time::timeout(within, task).await {
+        Ok(Ok(s)) => s,
+        _ => SharesStorage {
+            root,
+            capacity_gib: 0,
+            free_gib: 0,
+            limit: ShareLimit::Measured,
+            problem: Some(format!(
+                "the shared filesystem did not answer within {} s",
+                within.as_secs()
+            )),
+        },
+    }
+}
+
+impl Shares {
+    pub fn new(config: SharesConfig, state_dir: &Path) -> Shares {
+        Shares {
+            config,
+            binds: state_dir.join("shares"),
+            limits: HashMap::new(),
+            usage: HashMap::new(),
+        }
+    }
+
+    fn problem(&self, mounts: &[MountEntry]) -> Option<String> {
+        problem(&self.config, mounts)
+    }
+
+    fn limit(&self, mounts: &[MountEntry]) -> ShareLimit {
+        limit(&self.config, mounts)
+    }
+
+    pub fn dir(&self, id: Uuid) -> PathBuf {
+        self.config.root.join(id.to_string())
+    }
+
+    fn bind(&self, id: Uuid) -> PathBuf {
+        self.binds.join(format!("{id}.ro"))
+    }
+
+    /// What a VM's virtiofsd is given for one of its shares: the share's
+    /// directory, or its read-only bind (made here when missing). An error
+    /// says why the share cannot be mounted.
+    pub fn source(&self, m: &DesiredMount) -> Result<PathBuf, String> {
+        let mounts = mounts();
+        if let Some(p) = self.problem(&mounts) {
+            return Err(format!("share {}: {p}", m.tag));
+        }
+        let dir = self.dir(m.share);
+        if !dir.is_dir() {
+            return Err(format!(
+                "share {}: its directory {} is missing",
+                m.tag,
+                dir.display()
+            ));
+        }
+        if !m.read_only {
+            return Ok(dir);
+        }
+        let bind = self.bind(m.share);
+        if mounts.iter().any(|e| e.mount_point == bind) {
+            return Ok(bind);
+        }
+        std::fs::create_dir_all(&bind).map_err(|e| format!("creating {}: {e}", bind.display()))?;
+        let fail = |e: String| format!("share {}: a read-only bind: {e}", m.tag);
+        run(Command::new("mount").arg("--bind").arg(&dir).arg(&bind)).map_err(fail)?;
+        if let Err(e) = run(Command::new("mount")
+            .args(["-o", "remount,bind,ro"])
+            .arg(&bind))
+        {
+            // Never leave a writable bind where a read-only one is wanted.
+            let _ = run(Command::new("umount").arg(&bind));
+            return Err(fail(e));
+        }
+        Ok(bind)
+    }
+
+    /// Read-only binds no VM of this host needs any more are unmounted
+    /// (a running guest keeps what its virtiofsd was given at start).
+    pub fn release_binds(&self, wanted: &BTreeSet<Uuid>) {
+        let Ok(entries) = std::fs::read_dir(&self.binds) else {
+            return;
+        };
+        let mounts = mounts();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name
+                .strip_suffix(".ro")
+                .and_then(|i| i.parse::<Uuid>().ok())
+            else {
+                continue;
+            };
+            if wanted.contains(&id) {
+                continue;
+            }
+            let path = e.path();
+            if mounts.iter().any(|m| m.mount_point == path) {
+                if let Err(e) = run(Command::new("umount").arg(&path)) {
+                    tracing::warn!(share = %id, error = %e, "read-only bind not unmounted");
+                    continue;
+                }
+            }
+            let _ = std::fs::remove_dir(&path);
+        }
+    }
+
+    /// The kept shares' directories brought in line: made (when never
+    /// made before), limited, measured; deleted ones renamed away at once
+    /// and their data removed after. One share's failure is its own.
+    pub fn converge(&mut self, kept: &[DesiredShare], delete: &[Uuid]) -> Vec<ShareStatus> {
+        let mounts = mounts();
+        let status = |id, state, reason: Option<String>| ShareStatus {
+            id,
+            state,
+            reason,
+            used_bytes: None,
+            limit: None,
+        };
+        if let Some(p) = self.problem(&mounts) {
+            return kept
+                .iter()
+                .map(|s| s.id)
+                .chain(delete.iter().copied())
+                .map(|id| status(id, VolumeActual::Failed, Some(p.clone())))
+                .collect();
+        }
+        let limit = self.limit(&mounts);
+        let mount_point = mount_of(&mounts, &self.config.root).map(|m| m.mount_point.clone());
+        let mut report = Vec::new();
+        let quota_use = if limit == ShareLimit::ProjectQuota && !kept.is_empty() {
+            mount_point.as_ref().and_then(|mp| {
+                run(Command::new("repquota").args(["-P", "-n"]).arg(mp))
+                    .map(|t| parse_repquota(&t))
+                    .map_err(|e| tracing::warn!(error = %e, "project quota usage not read"))
+                    .ok()
+            })
+        } else {
+            None
+        };
+        for s in kept {
+            match self.keep(s, limit, mount_point.as_deref(), quota_use.as_ref()) {
+                Ok(used) => report.push(ShareStatus {
+                    used_bytes: Some(used),
+                    limit: Some(limit),
+                    ..status(s.id, VolumeActual::Ready, None)
+                }),
+                Err(why) => report.push(status(s.id, VolumeActual::Failed, Some(why))),
+            }
+        }
+        for id in delete {
+            report.push(match self.remove(*id) {
+                Ok(()) => status(*id, VolumeActual::Absent, None),
+                Err(why) => status(*id, VolumeActual::Failed, Some(why)),
+            });
+        }
+        self.sweep_deleted();
+        report
+    }
+
+    fn keep(
+        &mut self,
+        s: &DesiredShare,
+        limit: ShareLimit,
+        mount_point: Option<&Path>,
+        quota_use: Option<&HashMap<u32, u64>>,
+    ) -> Result<u64, String> {
+        let dir = self.dir(s.id);
+        if !dir.is_dir() {
+            if s.made {
+                return Err(format!(
+                    "its directory {} is missing (the shared filesystem not mounted, or the data removed)",
+                    dir.display()
+                ));
+            }
+            std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            tracing::info!(share = %s.id, "share directory made");
+        }
+        if limit == ShareLimit::ProjectQuota && self.limits.get(&s.id) != Some(&s.size_gib) {
+            let mp = mount_point.ok_or("the shares root's mount is unknown")?;
+            let project = s.project.to_string();
+            run(Command::new("chattr")
+                .args(["+P", "-p", &project])
+                .arg(&dir))?;
+            let kib = (u64::from(s.size_gib) << 20).to_string();
+            run(Command::new("setquota")
+                .args(["-P", &project, "0", &kib, "0", "0"])
+                .arg(mp))?;
+            self.limits.insert(s.id, s.size_gib);
+            tracing::info!(share = %s.id, gib = s.size_gib, "share's project quota set");
+        }
+        if let Some(q) = quota_use {
+            return Ok(q.get(&s.project).copied().unwrap_or(0));
+        }
+        match self.usage.get(&s.id) {
+            Some((at, used)) if at.elapsed() < MEASURE_EVERY => Ok(*used),
+            _ => {
+                let (used, whole) =
+                    measure(&dir).map_err(|e| format!("measuring {}: {e}", dir.display()))?;
+                if !whole {
+                    tracing::warn!(share = %s.id, "share has more than {WALK_MAX} files: usage is a lower bound");
+                }
+                self.usage.insert(s.id, (Instant::now(), used));
+                Ok(used)
+            }
+        }
+    }
+
+    /// A deleted share's directory leaves its name at once (renamed), so
+    /// it is gone for every host; its data goes in the background.
+    fn remove(&mut self, id: Uuid) -> Result<(), String> {
+        self.limits.remove(&id);
+        self.usage.remove(&id);
+        let dir = self.dir(id);
+        if !dir.exists() {
+            return Ok(());
+        }
+        let away = self.config.root.join(format!("{DELETING}{id}"));
+        std::fs::rename(&dir, &away).map_err(|e| format!("renaming {}: {e}", dir.display()))?;
+        tracing::info!(share = %id, "share directory deleted");
+        Ok(())
+    }
+
+    /// Data of deleted shares, removed off the pass.
+    fn sweep_deleted(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.config.root) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(DELETING) {
+                let path = e.path();
+                std::thread::spawn(move || {
+                    if let Err(err) = std::fs::remove_dir_all(&path) {
+                        tracing::warn!(path = %path.display(), error = %err, "deleted share's data not removed");
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// What the guest's cloud-init mounts: `mounts:` entries for NoCloud
+/// user-data (tag, path, virtiofs, options), in the VM's order.
+pub fn cloud_init_mounts(mounts: &[DesiredMount]) -> String {
+    if mounts.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("mounts:\n");
+    for m in mounts {
+        let opts = if m.read_only {
+            "defaults,nofail,ro"
+        } else {
+            "defaults,nofail"
+        };
+        out.push_str(&format!(
+            "  - [\"{}\", \"{}\", \"virtiofs\", \"{opts}\", \"0\", \"0\"]\n",
+            m.tag, m.path
+        ));
+    }
+    out
+}
+
+/// A VM's shares as the domain's filesystems, each with its source; the
+/// first share that cannot be mounted is the VM's failure.
+pub fn filesystems(
+    shares: Option<&Shares>,
+    mounts: &[DesiredMount],
+) -> Result<Vec<kumo_topology::domain_xml::SharedDir>, String> {
+    if mounts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(shares) = shares else {
+        return Err("this host has no shared filesystem (--shares-root)".into());
+    };
+    mounts
+        .iter()
+        .map(|m| {
+            Ok(kumo_topology::domain_xml::SharedDir {
+                source: shares.source(m)?.display().to_string(),
+                tag: m.tag.clone(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+90 22 7:0 / /srv/kumo\\040shares rw,relatime shared:40 - ext4 /dev/loop0 rw,prjquota
+91 22 7:1 / /srv/lustre rw - lustre 10.0.0.1@o2ib:/fs rw,flock
+92 22 7:2 / /srv/xfs rw - xfs /dev/loop2 rw,attr2,inode64,prjquota
+garbage line
+";
+
+    #[test]
+    fn mountinfo_says_where_a_path_is_mounted_and_whether_it_has_project_quotas() {
+        let m = parse_mountinfo(MOUNTINFO);
+        assert_eq!(m.len(), 4);
+        let shares = mount_of(&m, Path::new("/srv/kumo shares/abc")).unwrap();
+        assert_eq!(shares.mount_point, Path::new("/srv/kumo shares"));
+        assert_eq!(shares.source, "/dev/loop0");
+        assert!(has_project_quota(shares));
+        assert!(has_project_quota(
+            mount_of(&m, Path::new("/srv/xfs/x")).unwrap()
+        ));
+        let lustre = mount_of(&m, Path::new("/srv/lustre/p")).unwrap();
+        assert!(
+            !has_project_quota(lustre),
+            "Lustre's quotas are not set through setquota"
+        );
+        assert_eq!(
+            mount_of(&m, Path::new("/var/tmp")).unwrap().mount_point,
+            Path::new("/")
+        );
+        assert!(!has_project_quota(mount_of(&m, Path::new("/x")).unwrap()));
+    }
+
+    #[test]
+    fn repquota_reads_bytes_per_project() {
+        let text = "\
+*** Report for project quotas on device /dev/loop0
+Block grace time: 7days; Inode grace time: 7days
+                        Block limits                File limits
+Project         used    soft    hard  grace    used  soft  hard  grace
+----------------------------------------------------------------------
+#0        --      20       0       0              2     0     0
+#1048577  +-  1048580*       0 1048576  6days      1     0     0
+#1048578  --       4       0 2097152              1     0     0
+";
+        let u = parse_repquota(text);
+        assert_eq!(u.get(&1_048_577), Some(&(1_048_580 * 1024)));
+        assert_eq!(u.get(&1_048_578), Some(&4096));
+        assert_eq!(u.len(), 3);
+    }
+
+    #[test]
+    fn cloud_init_mounts_each_share_at_its_path() {
+        let m = |tag: &str, path: &str, ro| DesiredMount {
+            share: Uuid::nil(),
+            tag: tag.into(),
+            path: path.into(),
+            read_only: ro,
+        };
+        assert_eq!(cloud_init_mounts(&[]), "");
+        assert_eq!(
+            cloud_init_mounts(&[m("datasets", "/data", false), m("ckpt", "/ckpt", true)]),
+            "mounts:\n  - [\"datasets\", \"/data\", \"virtiofs\", \"defaults,nofail\", \"0\", \"0\"]\n  - [\"ckpt\", \"/ckpt\", \"virtiofs\", \"defaults,nofail,ro\", \"0\", \"0\"]\n"
+        );
+    }
+
+    #[test]
+    fn a_walk_counts_what_is_written_and_not_what_links_point_at() {
+        let d = tempfile::tempdir().unwrap();
+        let share = d.path().join("s");
+        std::fs::create_dir_all(share.join("a/b")).unwrap();
+        std::fs::write(share.join("a/b/f"), vec![7u8; 1 << 20]).unwrap();
+        std::fs::write(d.path().join("outside"), vec![7u8; 8 << 20]).unwrap();
+        std::os::unix::fs::symlink(d.path().join("outside"), share.join("link")).unwrap();
+        let (bytes, whole) = measure(&share).unwrap();
+        assert!(whole);
+        assert!((1 << 20..4 << 20).contains(&bytes), "{bytes}");
+    }
+
+    #[test]
+    fn a_keeper_makes_a_share_once_and_reports_a_lost_directory_as_its_fault() {
+        let root = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let mut shares = Shares::new(
+            SharesConfig {
+                root: root.path().to_path_buf(),
+                require_mount: false,
+            },
+            state.path(),
+        );
+        let id = Uuid::now_v7();
+        let mut want = DesiredShare {
+            id,
+            size_gib: 1,
+            project: 1 << 20,
+            made: false,
+        };
+        let r = shares.converge(std::slice::from_ref(&want), &[]);
+        assert_eq!(r[0].state, VolumeActual::Ready, "{r:?}");
+        assert!(shares.dir(id).is_dir());
+        // Made: a missing directory is the share's fault, not made again.
+        want.made = true;
+        std::fs::remove_dir(shares.dir(id)).unwrap();
+        let other = DesiredShare {
+            id: Uuid::now_v7(),
+            ..want.clone()
+        };
+        let mut other_new = other.clone();
+        other_new.made = false;
+        let r = shares.converge(&[want.clone(), other_new], &[]);
+        assert_eq!(r[0].state, VolumeActual::Failed);
+        assert!(r[0].reason.as_deref().unwrap().contains("missing"), "{r:?}");
+        assert!(
+            !shares.dir(id).exists(),
+            "a lost share is never made again empty"
+        );
+        assert_eq!(r[1].state, VolumeActual::Ready, "the other share goes on");
+        // Deleted: its name goes at once.
+        let r = shares.converge(&[], &[other.id]);
+        assert_eq!(r[0].state, VolumeActual::Absent);
+        assert!(!shares.dir(other.id).exists());
+        // A root that must be a mount point and is not fails every share.
+        let mut strict = Shares::new(
+            SharesConfig {
+                root: root.path().to_path_buf(),
+                require_mount: true,
+            },
+            state.path(),
+        );
+        let r = strict.converge(&[want], &[]);
+        assert!(
+            r[0].reason.as_deref().unwrap().contains("not mounted"),
+            "{r:?}"
+        );
+        assert!(survey(&strict.config).problem.is_some());
+    }
+}
