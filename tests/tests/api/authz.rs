@@ -23,6 +23,8 @@ struct World {
     serial: std::sync::atomic::AtomicU32,
     /// The public address the last call was given.
     last_ip: std::sync::Mutex<String>,
+    /// The share the last call was given.
+    last_share: std::sync::Mutex<String>,
     _hosts: Heartbeats,
 }
 
@@ -77,6 +79,8 @@ impl World {
         // A VM with a NIC, a pool and an address of alpha's, for the
         // public networking operations.
         let host_3 = s.sim_agent_at("host-3", "cpu-only", "192.0.2.3").await;
+        // It has the shared filesystem: it keeps the matrix's shares.
+        assert!(host_3.heartbeat_with_shares().await.is_success());
         let _: kumo_api_types::Vm = s
             .admin
             .post(
@@ -126,6 +130,7 @@ impl World {
             ],
             serial: Default::default(),
             last_ip: Default::default(),
+            last_share: Default::default(),
             // The matrix runs longer than the lost-host timeout on a loaded
             // machine; a host marked unreachable midway refused a volume
             // move with 409 (the agents act on nothing: VMs stay put).
@@ -622,6 +627,41 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         [202, 202, 202, 403, 404, 401, 401, 401],
     ),
     (
+        "POST",
+        "/api/v1/tenants/{tenant}/shares",
+        [201, 201, 201, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/shares",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/shares/{share}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/shares/{share}",
+        [202, 202, 202, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/shares/{share}/grow",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/shares",
+        [200, 200, 200, 403, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/vms/{vm}/shares/{share}",
+        [204, 204, 204, 403, 404, 401, 401, 401],
+    ),
+    (
         "GET",
         "/api/v1/tenants/{tenant}/events",
         [200, 200, 200, 200, 404, 401, 401, 401],
@@ -791,8 +831,48 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         }
         path = path.replace("{volume}", &name);
     }
+    // Shares: a fresh one of alpha's, made by its keeper (available), for
+    // what names or mounts one; mounted in alpha-vm for an unmount.
+    let fresh_share = template.contains("{share}")
+        || template.ends_with("/shares") && method == "POST" && template.contains("{vm}");
+    if fresh_share {
+        let name = format!("share-{n}");
+        let sh: kumo_api_types::Share = s
+            .admin
+            .post(
+                &format!("/api/v1/tenants/{tenant}/shares"),
+                &json!({"name": name, "size_gib": 1}),
+            )
+            .await
+            .unwrap();
+        let row = kumo_server::entity::shares::ActiveModel {
+            id: Set(sh.id),
+            state: Set("available".into()),
+            ..Default::default()
+        };
+        row.update(s.db()).await.unwrap();
+        if template.ends_with("/shares/{share}") && template.contains("{vm}") {
+            let _: kumo_api_types::Share = s
+                .admin
+                .post(
+                    &format!("/api/v1/tenants/{tenant}/vms/alpha-vm/shares"),
+                    &json!({"share": name}),
+                )
+                .await
+                .unwrap();
+        }
+        path = path.replace("{share}", &name);
+        w.last_share.lock().unwrap().clone_from(&name);
+    }
     let body = match (method, template) {
         ("POST", "/api/v1/tenants") => Some(json!({"name": format!("new-{n}")})),
+        ("POST", "/api/v1/tenants/{tenant}/shares") => {
+            Some(json!({"name": format!("made-share-{n}"), "size_gib": 1}))
+        }
+        ("POST", "/api/v1/tenants/{tenant}/shares/{share}/grow") => Some(json!({"size_gib": 2})),
+        ("POST", "/api/v1/tenants/{tenant}/vms/{vm}/shares") => {
+            Some(json!({"share": w.last_share.lock().unwrap().clone()}))
+        }
         ("POST", "/api/v1/tenants/{tenant}/volumes") => {
             Some(json!({"name": format!("made-{n}"), "size_gib": 1}))
         }
@@ -896,7 +976,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
             Some(json!({"amount": "100", "expires_at": Utc::now() + Duration::days(30)}))
         }
         ("PUT", "/api/v1/tenants/{tenant}/quota") => Some(
-            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "disk_gib": 10000, "segments": 100, "roce_segments": 10, "public_ips": 1000, "volume_gib": 1000, "gpus": {"H100-SXM5-80GB": 8}}),
+            json!({"vcpus": 640, "memory_gib": 6400, "vms": 100, "disk_gib": 10000, "segments": 100, "roce_segments": 10, "public_ips": 1000, "volume_gib": 1000, "share_gib": 1000, "gpus": {"H100-SXM5-80GB": 8}}),
         ),
         ("POST", "/api/v1/users") => Some(json!({"name": format!("user-{n}")})),
         ("POST", "/api/v1/users/{user}/disable")

@@ -269,6 +269,7 @@ impl TestServer {
             roce_segments: 1_000,
             public_ips: 1_000,
             volume_gib: 1_000_000,
+            share_gib: 1_000_000,
             ..Default::default()
         };
         for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {

@@ -91,7 +91,7 @@ fn forget(ids: &[uuid::Uuid]) {
 
 on_both_backends! {
     async fn project_shares_are_made_mounted_and_refused_where_they_should_be(s: &TestServer) {
-        s.tenant("lab").await;
+        s.bare_tenant("lab").await;
         s.tenant("other").await;
         let _libvirtd = virt::connect::Connect::open(Some("test:///default")).unwrap();
         let dir = scratch();
