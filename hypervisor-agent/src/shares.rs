@@ -229,7 +229,10 @@ pub fn survey(config: &SharesConfig) -> SharesStorage {
     let (capacity_gib, free_gib) = match nix::sys::statvfs::statvfs(&config.root) {
         Ok(v) => {
             let frag = v.fragment_size();
-            ((v.blocks() * frag) >> 30, (v.blocks_available() * frag) >> 30)
+            (
+                (v.blocks() * frag) >> 30,
+                (v.blocks_available() * frag) >> 30,
+            )
         }
         Err(_) => (0, 0),
     };
@@ -311,18 +314,59 @@ impl Shares {
         if mounts.iter().any(|e| e.mount_point == bind) {
             return Ok(bind);
         }
-        std::fs::create_dir_all(&bind).map_err(|e| format!("creating {}: {e}", bind.display()))?;
         let fail = |e: String| format!("share {}: a read-only bind: {e}", m.tag);
-        run(Command::new("mount").arg("--bind").arg(&dir).arg(&bind)).map_err(fail)?;
-        if let Err(e) = run(Command::new("mount")
-            .args(["-o", "remount,bind,ro"])
-            .arg(&bind))
-        {
+        let view = self.read_only_view(&mounts).map_err(fail)?;
+        std::fs::create_dir_all(&bind).map_err(|e| format!("creating {}: {e}", bind.display()))?;
+        // Bound from the read-only view, the bind is read-only from its
+        // first moment, and so is every copy of it that mount propagation
+        // makes (a copy takes the flags the mount had when it was made; a
+        // later `remount,ro` would not reach a libvirtd in a mount
+        // namespace of its own).
+        let shared = view.join(m.share.to_string());
+        run(Command::new("mount").arg("--bind").arg(&shared).arg(&bind)).map_err(fail)?;
+        let read_only = self::mounts()
+            .iter()
+            .rev()
+            .find(|e| e.mount_point == bind)
+            .is_some_and(|e| e.options.iter().any(|o| o == "ro"));
+        if !read_only {
             // Never leave a writable bind where a read-only one is wanted.
             let _ = run(Command::new("umount").arg(&bind));
-            return Err(fail(e));
+            return Err(fail("it came out writable".into()));
         }
         Ok(bind)
+    }
+
+    /// The whole shares root, bound read-only under the state directory
+    /// (made once; again when the filesystem under the root changed).
+    fn read_only_view(&self, mounts: &[MountEntry]) -> Result<PathBuf, String> {
+        use std::os::unix::fs::MetadataExt;
+        let view = self.binds.join(".root");
+        let same_fs = || -> Option<bool> {
+            Some(
+                std::fs::metadata(&view).ok()?.dev()
+                    == std::fs::metadata(&self.config.root).ok()?.dev(),
+            )
+        };
+        if mounts.iter().any(|e| e.mount_point == view) {
+            if same_fs() == Some(true) {
+                return Ok(view);
+            }
+            let _ = run(Command::new("umount").arg("-l").arg(&view));
+        }
+        std::fs::create_dir_all(&view).map_err(|e| format!("creating {}: {e}", view.display()))?;
+        run(Command::new("mount")
+            .arg("--bind")
+            .arg(&self.config.root)
+            .arg(&view))?;
+        if let Err(e) = run(Command::new("mount")
+            .args(["-o", "remount,bind,ro"])
+            .arg(&view))
+        {
+            let _ = run(Command::new("umount").arg(&view));
+            return Err(e);
+        }
+        Ok(view)
     }
 
     /// Read-only binds no VM of this host needs any more are unmounted

@@ -88,7 +88,7 @@ fn free_root_ports(xml: &str) -> usize {
 }
 
 /// Heartbeats for an agent driven by hand (its `run` loop is not running).
-fn heartbeats(agent: &Agent) -> tokio::task::JoinHandle<()> {
+pub(crate) fn heartbeats(agent: &Agent) -> tokio::task::JoinHandle<()> {
     let hb = agent.client.clone();
     tokio::spawn(async move {
         loop {
