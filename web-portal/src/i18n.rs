@@ -96,6 +96,15 @@ pub fn word(lang: Lang, w: &str) -> String {
         "Size" => "サイズ",
         "State" => "状態",
         "Volume" => "ボリューム",
+        "Share" => "共有ストレージ",
+        "Path in the guest" => "ゲスト内のパス",
+        "Read-only" => "読み取り専用",
+        "Tag" => "タグ",
+        "Condition" => "状況",
+        "read-only" => "読み取り専用",
+        "yes" => "はい",
+        "no" => "いいえ",
+        "over-size" => "はい（サイズ超過：各 VM の次回起動から読み取り専用）",
         "In the guest" => "ゲスト内",
         "How to reach it" => "接続方法",
         "Actions" => "操作",
@@ -121,6 +130,7 @@ pub fn word(lang: Lang, w: &str) -> String {
             "no-usage" => "Nothing charged in these 30 days (VMs are charged while they run, disks while they exist)".into(),
             "no-points" => "No points: ask a platform administrator for a grant (new VMs are refused until then).".into(),
             "no-network" => "It has no address on a segment, so only its console reaches it. Give it a segment when you create it, then a public address (kumo public-ip allocate / attach) or a port forward, and SSH in.".into(),
+            "over-size" => "yes (over its size: read-only from each VM's next start)".into(),
             "no-public" => "No public address yet: kumo public-ip allocate and kumo public-ip attach (or a port forward) let SSH in from outside.".into(),
             _ => w.to_owned(),
         },
@@ -153,6 +163,37 @@ pub fn field_message(lang: Lang, m: &str) -> String {
             "英小文字・数字・ドット・下線・ハイフンで 2〜63 文字、先頭は英小文字にしてください"
         }
         _ => return m.to_owned(),
+    };
+    ja.to_owned()
+}
+
+/// A share's mount as its VM's host reports it (`mounted`, `at the next
+/// start (…)`, `failed: …`), in the page's language; the host's reasons
+/// stay as it said them.
+pub fn mount_condition(lang: Lang, c: &str) -> String {
+    if lang == Lang::En {
+        return c.to_owned();
+    }
+    const LIBVIRT: &str = "libvirt cannot change a running VM's share";
+    let ja = match c {
+        "mounted" => "マウント済み",
+        "mounted read-only" => "マウント済み（読み取り専用）",
+        "at the next start" => "次回起動時にマウント",
+        "at the next start (libvirt cannot add a share to a running VM)" => {
+            "次回起動時にマウント（実行中の VM には追加できません）"
+        }
+        _ if c == format!("read-only from the next start ({LIBVIRT})") => {
+            "次回起動から読み取り専用（実行中の VM の共有は変更できません）"
+        }
+        _ if c == format!("writable from the next start ({LIBVIRT})") => {
+            "次回起動から書き込み可能（実行中の VM の共有は変更できません）"
+        }
+        _ => {
+            return match c.strip_prefix("failed: ") {
+                Some(why) => format!("失敗: {why}"),
+                None => c.to_owned(),
+            }
+        }
     };
     ja.to_owned()
 }
@@ -226,6 +267,19 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
         "attach" => (
             "A volume attached to no VM",
             "どの VM にも接続していないボリューム",
+        ),
+        "share" => (
+            "A project share to mount: NAME[:/PATH][:ro] (path: default /mnt/NAME; ro: read-only)",
+            "マウントする共有ストレージ：NAME[:/PATH][:ro]（パスの既定は /mnt/NAME、ro は読み取り専用）",
+        ),
+        "share_size_gib" => (
+            "GiB, its size limit; charged per GiB-hour, kept when VMs are deleted",
+            "GiB 単位のサイズ上限。GiB 時間あたりで課金され、VM を削除しても残ります",
+        ),
+        "grow" => ("An available share", "利用可能な共有ストレージ"),
+        "grow_size_gib" => (
+            "The new size in GiB, larger than now: a share never shrinks",
+            "新しいサイズ（GiB）。現在より大きく：共有ストレージは縮小できません",
         ),
         "user" => (
             "Their user name, as shown after they sign in",
@@ -547,6 +601,22 @@ pub fn t(lang: Lang, key: Msg) -> &'static str {
         (Lang::Ja, NoIdleVms) => "アイドル状態の GPU VM はありません。",
         (Lang::En, VolumesEmpty) => "No volume yet: create one below, or `kumo volume create NAME --size-gib N`.",
         (Lang::Ja, VolumesEmpty) => "ボリュームはまだありません。下のフォームか `kumo volume create NAME --size-gib N` で作成します。",
+        (Lang::En, Shares) => "Shares",
+        (Lang::Ja, Shares) => "共有ストレージ",
+        (Lang::En, SharesEmpty) => "No share yet: create one below, or `kumo share create NAME --size-gib N`; VMs mount it with `--share NAME[:/PATH][:ro]`.",
+        (Lang::Ja, SharesEmpty) => "共有ストレージはまだありません。下のフォームか `kumo share create NAME --size-gib N` で作成し、VM には `--share NAME[:/PATH][:ro]` でマウントします。",
+        (Lang::En, Share) => "Share",
+        (Lang::Ja, Share) => "共有ストレージ",
+        (Lang::En, Used) => "Used",
+        (Lang::Ja, Used) => "使用量",
+        (Lang::En, ReadOnly) => "Read-only",
+        (Lang::Ja, ReadOnly) => "読み取り専用",
+        (Lang::En, MountedIn) => "Mounted in (VM → path)",
+        (Lang::Ja, MountedIn) => "マウント先 (VM → パス)",
+        (Lang::En, GrowShare) => "Grow a share",
+        (Lang::Ja, GrowShare) => "共有ストレージを拡張",
+        (Lang::En, Grow) => "Grow",
+        (Lang::Ja, Grow) => "拡張",
         (Lang::En, SizeGib) => "Size (GiB)",
         (Lang::Ja, SizeGib) => "サイズ (GiB)",
         (Lang::En, InGuest) => "In the guest",
@@ -765,6 +835,14 @@ pub enum Msg {
     ForwardTo,
     Volumes,
     VolumesEmpty,
+    Shares,
+    SharesEmpty,
+    Share,
+    Used,
+    ReadOnly,
+    MountedIn,
+    GrowShare,
+    Grow,
     SizeGib,
     InGuest,
     AttachVolume,
@@ -830,6 +908,23 @@ mod tests {
         assert_eq!(word(Lang::Ja, "running"), "実行中");
         assert_eq!(word(Lang::En, "running"), "running");
         assert_eq!(word(Lang::Ja, "something-new"), "something-new");
+    }
+
+    #[test]
+    fn mount_conditions_in_japanese() {
+        assert_eq!(mount_condition(Lang::Ja, "mounted"), "マウント済み");
+        assert_eq!(
+            mount_condition(Lang::Ja, "failed: no such directory"),
+            "失敗: no such directory"
+        );
+        assert_eq!(
+            mount_condition(
+                Lang::Ja,
+                "read-only from the next start (libvirt cannot change a running VM's share)"
+            ),
+            "次回起動から読み取り専用（実行中の VM の共有は変更できません）"
+        );
+        assert_eq!(mount_condition(Lang::En, "mounted"), "mounted");
     }
 
     #[test]

@@ -102,6 +102,7 @@ fn page(
                 ("clusters", Msg::Clusters),
                 ("segments", Msg::Segments),
                 ("volumes", Msg::Volumes),
+                ("shares", Msg::Shares),
                 ("billing", Msg::Billing),
                 ("members", Msg::Members),
             ]
@@ -375,11 +376,21 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
             )
             .answers(&["networks"])
             .help(help("network")),
+            share_field(lang),
             Field::new("ssh_key", "SSH", Input::TextArea)
                 .answers(&["ssh_keys"])
                 .help(help("ssh_key")),
         ],
     }
+}
+
+/// The `share` field of the VM and cluster forms: one project share to
+/// mount, `NAME[:/PATH][:ro]` as the CLI's `--share`.
+pub fn share_field(lang: Lang) -> listing::Field {
+    listing::Field::new("share", t(lang, Msg::Share), listing::Input::Text)
+        .placeholder("NAME[:/PATH][:ro]")
+        .answers(&["shares"])
+        .help(i18n::help(lang, "share"))
 }
 
 /// A tenant's VMs, their actions and the create form.
@@ -447,6 +458,8 @@ pub struct VmDetail {
     pub networks: Vec<NicRow>,
     /// Its volumes: `(name, size, state, path in the guest)`.
     pub volumes: Vec<(String, String, String, String)>,
+    /// The project shares it mounts.
+    pub shares: Vec<ShareRow>,
     /// The actions its state allows (`start`, `stop`, …).
     pub actions: Vec<String>,
     /// Points charged to it this month so far, with the currency.
@@ -499,6 +512,20 @@ pub struct NicRow {
     pub ssh: Option<String>,
 }
 
+/// A project share in a VM, on the VM page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareRow {
+    pub share: String,
+    /// The guest's mount point.
+    pub path: String,
+    pub read_only: bool,
+    /// The virtiofs tag (`mount -t virtiofs TAG PATH`).
+    pub tag: String,
+    /// How the mount stands (`mounted`, `at the next start`, why it
+    /// failed); `None` before its host has said.
+    pub condition: Option<String>,
+}
+
 #[derive(Template)]
 #[template(path = "vm.html")]
 struct VmPage<'a> {
@@ -513,6 +540,9 @@ struct VmPage<'a> {
     networks: &'a [NicRow],
     volumes: &'a [(String, String, String, String)],
     l_volumes: &'a str,
+    /// `(share, path, read-only, tag, condition)` in the page's language.
+    shares: Vec<(String, String, String, String, String)>,
+    l_shares: &'a str,
     charts: Option<String>,
     l_gpu_figures: &'a str,
     idle: Option<String>,
@@ -533,6 +563,11 @@ struct VmPage<'a> {
     w_size: String,
     w_state: String,
     w_guest: String,
+    w_share: String,
+    w_path: String,
+    w_read_only: String,
+    w_tag: String,
+    w_condition: String,
     w_cost: String,
     cost: &'a str,
     /// Why there is no way in yet, and what to do.
@@ -587,6 +622,22 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         networks: &vm.networks,
         volumes: &vm.volumes,
         l_volumes: t(lang, Msg::Volumes),
+        shares: vm
+            .shares
+            .iter()
+            .map(|m| {
+                (
+                    m.share.clone(),
+                    m.path.clone(),
+                    i18n::word(lang, if m.read_only { "yes" } else { "no" }),
+                    m.tag.clone(),
+                    m.condition
+                        .as_deref()
+                        .map_or_else(|| "-".to_owned(), |c| i18n::mount_condition(lang, c)),
+                )
+            })
+            .collect(),
+        l_shares: t(lang, Msg::Shares),
         charts: vm.gpu_figures.as_ref().map(|f| gpu_charts(lang, f)),
         l_gpu_figures: t(lang, Msg::GpuFigures),
         idle: vm.idle.as_ref().map(|n| i18n::idle_sentence(lang, n)),
@@ -611,6 +662,11 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         w_size: i18n::word(lang, "Size"),
         w_state: i18n::word(lang, "State"),
         w_guest: i18n::word(lang, "In the guest"),
+        w_share: i18n::word(lang, "Share"),
+        w_path: i18n::word(lang, "Path in the guest"),
+        w_read_only: i18n::word(lang, "Read-only"),
+        w_tag: i18n::word(lang, "Tag"),
+        w_condition: i18n::word(lang, "Condition"),
         w_cost: i18n::word(lang, "This month"),
         cost: &vm.cost_this_month,
         reach_hint: reach_hint(lang, &vm.networks),
@@ -885,6 +941,13 @@ mod tests {
                 "attached".into(),
                 "/dev/disk/by-id/virtio-kumo0123456789abcdef".into(),
             )],
+            shares: vec![ShareRow {
+                share: "datasets".into(),
+                path: "/data".into(),
+                read_only: true,
+                tag: "datasets".into(),
+                condition: Some("mounted read-only".into()),
+            }],
             gpu_figures: Some(GpuFigures {
                 utilisation: vec![gpu_chart::Series {
                     label: "0000:18:00.0".into(),
@@ -943,6 +1006,11 @@ mod tests {
             "{page}"
         );
         assert!(
+            page.contains("<h2>共有ストレージ</h2>")
+                && page.contains("<td>datasets</td><td><code>/data</code></td><td>はい</td><td><code>datasets</code></td><td>マウント済み（読み取り専用）</td>"),
+            "{page}"
+        );
+        assert!(
             page.contains("GPU の過去 24 時間") && page.contains("使用率 (%)"),
             "{page}"
         );
@@ -960,6 +1028,7 @@ mod tests {
             &VmDetail {
                 networks: vec![],
                 volumes: vec![],
+                shares: vec![],
                 gpu_figures: None,
                 idle: None,
                 boot: None,
@@ -969,7 +1038,28 @@ mod tests {
         assert!(!none.contains("Networks") && !none.contains("GPUs over"));
         assert!(!none.contains("class=\"boot\""), "{none}");
         assert!(none.contains("only its console reaches it"), "{none}");
-        assert!(!none.contains("<h2>Volumes</h2>"));
+        assert!(!none.contains("<h2>Volumes</h2>") && !none.contains("<h2>Shares</h2>"));
+    }
+
+    #[test]
+    fn the_vm_form_takes_a_share_and_the_project_links_its_shares() {
+        let v = viewer("Aiko");
+        let en = vms_page(Lang::En, &v, "vision", &[], &VmChoices::default(), None);
+        assert!(
+            en.contains(r#"name="share""#) && en.contains(r#"placeholder="NAME[:/PATH][:ro]""#),
+            "{en}"
+        );
+        assert!(
+            en.contains("A project share to mount: NAME[:/PATH][:ro]"),
+            "{en}"
+        );
+        assert!(en.contains(r#"href="/t/vision/shares""#), "{en}");
+        let ja = vms_page(Lang::Ja, &v, "vision", &[], &VmChoices::default(), None);
+        assert!(
+            ja.contains("マウントする共有ストレージ：NAME[:/PATH][:ro]")
+                && ja.contains(">共有ストレージ<"),
+            "{ja}"
+        );
     }
 
     #[test]

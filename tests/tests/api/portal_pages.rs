@@ -53,6 +53,26 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
     for _ in 0..3 {
         agent.converge().await;
     }
+    // A project share, made by the host and mounted in a VM (the shares
+    // page's table and grow form, the VM page's shares).
+    assert!(agent.heartbeat_with_shares().await.is_success());
+    let _: Value = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/shares",
+            &serde_json::json!({"name": "datasets", "size_gib": 10}),
+        )
+        .await
+        .unwrap();
+    agent.converge().await;
+    let _: Value = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/vms/train/shares",
+            &serde_json::json!({"share": "datasets", "path": "/data", "read_only": true}),
+        )
+        .await
+        .unwrap();
     let pages = serde_json::json!([
         ["dashboard", "/"],
         ["vms", "/t/lab/vms"],
@@ -62,6 +82,7 @@ async fn every_page_passes_axe_in_both_languages_and_at_phone_width() {
         ["clusters", "/t/lab/clusters"],
         ["segments", "/t/lab/segments"],
         ["volumes", "/t/lab/volumes"],
+        ["shares", "/t/lab/shares"],
         ["members", "/t/lab/members"],
         ["tokens", "/tokens"],
         ["admin-hosts", "/admin/hosts"],

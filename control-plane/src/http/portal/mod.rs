@@ -455,6 +455,30 @@ fn share_mounts(f: &Fields) -> Result<Vec<kumo_api_types::ShareMountRequest>, Ap
         .collect()
 }
 
+/// The shares a form names are the project's: a name it lacks is the
+/// field's error, not the API's 404 (which the portal keeps for a foreign
+/// or missing project: the callers have read the project's page by now).
+pub(super) async fn known_shares(
+    st: &AppState,
+    ctx: &Actor,
+    tenant: &str,
+    asked: &[kumo_api_types::ShareMountRequest],
+) -> Result<(), ApiError> {
+    for r in asked {
+        match crate::app::shares::show(st, ctx, tenant, &r.share).await {
+            Ok(_) => {}
+            Err(ApiError::NotFound(_)) => {
+                return Err(ApiError::field(
+                    "share",
+                    format!("no share {:?} in project {tenant:?}", r.share),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// The VM the create form asks for.
 fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
     Ok(kumo_api_types::VmCreate {
@@ -504,6 +528,7 @@ async fn create_vm(
     let made = async {
         missing(&kumo_web_portal::vm_form(lang, &tenant, &choices), &f)?;
         let body = vm_create(&f)?;
+        known_shares(&st, &ctx, &tenant, &body.shares).await?;
         crate::app::vms::create(&st, &ctx, &tenant, &body).await
     }
     .await;
@@ -844,6 +869,17 @@ async fn vm_page(
                     kumo_web_portal::i18n::word(lang(&headers), v.state.as_str()),
                     path,
                 )
+            })
+            .collect(),
+        shares: vm
+            .shares
+            .iter()
+            .map(|m| kumo_web_portal::ShareRow {
+                share: m.share.clone(),
+                path: m.path.clone(),
+                read_only: m.read_only,
+                tag: m.tag.clone(),
+                condition: m.condition.clone(),
             })
             .collect(),
     };

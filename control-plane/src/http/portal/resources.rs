@@ -27,6 +27,7 @@ enum Page {
     Clusters(String),
     Segments(String),
     Volumes(String),
+    Shares(String),
     Members(String),
     Tokens,
     Hosts,
@@ -42,6 +43,7 @@ impl Page {
             Page::Clusters(t) => format!("/t/{t}/clusters"),
             Page::Segments(t) => format!("/t/{t}/segments"),
             Page::Volumes(t) => format!("/t/{t}/volumes"),
+            Page::Shares(t) => format!("/t/{t}/shares"),
             Page::Members(t) => format!("/t/{t}/members"),
             Page::Tokens => "/tokens".into(),
             Page::Hosts => "/admin/hosts".into(),
@@ -54,7 +56,11 @@ impl Page {
 
     fn tenant(&self) -> Option<&str> {
         match self {
-            Page::Clusters(t) | Page::Segments(t) | Page::Volumes(t) | Page::Members(t) => Some(t),
+            Page::Clusters(t)
+            | Page::Segments(t)
+            | Page::Volumes(t)
+            | Page::Shares(t)
+            | Page::Members(t) => Some(t),
             _ => None,
         }
     }
@@ -112,6 +118,7 @@ async fn listing(v: &Visit, page: &Page) -> Result<Listing, ApiError> {
         Page::Clusters(tenant) => clusters_listing(v, page, tenant).await?,
         Page::Segments(tenant) => segments_listing(v, page, tenant).await?,
         Page::Volumes(tenant) => volumes_listing(v, page, tenant).await?,
+        Page::Shares(tenant) => shares_listing(v, page, tenant).await?,
         Page::Members(tenant) => members_listing(v, page, tenant).await?,
         Page::Tokens => tokens_listing(v, page).await?,
         Page::Hosts => hosts_listing(v).await?,
@@ -203,6 +210,7 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
             Field::new("spot", &word(l, "Spot VM"), Input::Checkbox)
                 .answers(&["service_level"])
                 .help(help(l, "spot")),
+            kumo_web_portal::share_field(l),
         ],
     ))
 }
@@ -427,6 +435,113 @@ async fn volumes_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing
                     Field::new("vm", "VM", vms)
                         .required()
                         .help(help(l, "attach_vm")),
+                ],
+            }),
+            ..Default::default()
+        });
+    }
+    Ok(listing)
+}
+
+/// Bytes as the page shows them: MiB under a GiB, else GiB with one
+/// decimal.
+fn bytes_shown(bytes: u64) -> String {
+    if bytes < 1 << 30 {
+        format!("{} MiB", bytes.div_ceil(1 << 20))
+    } else {
+        format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+    }
+}
+
+/// A project's shares: each with its size, what is written in it, its
+/// state, and the VMs that mount it where; made, grown and deleted here.
+async fn shares_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listing, ApiError> {
+    let l = v.lang;
+    let tx = |m| t(l, m).to_owned();
+    let items = crate::app::shares::list(&v.st, &v.ctx, tenant, &first_page())
+        .await?
+        .items;
+    let rows = items
+        .iter()
+        .map(|s| {
+            let mounts = s
+                .mounts
+                .iter()
+                .map(|m| {
+                    let ro = if m.read_only {
+                        format!(" ({})", word(l, "read-only"))
+                    } else {
+                        String::new()
+                    };
+                    format!("{} → {}{ro}", m.vm, m.path)
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            vec![
+                Cell::text(&s.name),
+                Cell::text(format!("{} GiB", s.size_gib)),
+                Cell::text(s.used_bytes.map_or_else(|| "-".to_owned(), bytes_shown)),
+                Cell::State {
+                    word: s.state.as_str().into(),
+                    label: match &s.reason {
+                        Some(r) => format!("{} ({r})", word(l, s.state.as_str())),
+                        None => word(l, s.state.as_str()),
+                    },
+                },
+                Cell::text(if s.read_only {
+                    word(l, "over-size")
+                } else {
+                    "-".to_owned()
+                }),
+                if mounts.is_empty() {
+                    Cell::text("-")
+                } else {
+                    Cell::Code(mounts)
+                },
+                delete_button(l, format!("/t/{tenant}/shares/{}/delete", s.name)),
+            ]
+        })
+        .collect();
+    let mut listing = table_page(
+        format!("{tenant} — {}", t(l, Msg::Shares)),
+        vec![
+            tx(Msg::Name),
+            tx(Msg::SizeGib),
+            tx(Msg::Used),
+            tx(Msg::State),
+            tx(Msg::ReadOnly),
+            tx(Msg::MountedIn),
+            String::new(),
+        ],
+        rows,
+        tx(Msg::SharesEmpty),
+        page,
+        tx(Msg::Create),
+        vec![
+            kumo_web_portal::listing::name_field(l),
+            Field::new("size_gib", t(l, Msg::SizeGib), Input::NUMBER)
+                .required()
+                .help(help(l, "share_size_gib")),
+        ],
+    );
+    // Only an available share grows.
+    let available: Vec<(String, String)> = items
+        .iter()
+        .filter(|s| s.state == api::ShareState::Available)
+        .map(|s| (s.name.clone(), format!("{} ({} GiB)", s.name, s.size_gib)))
+        .collect();
+    if !available.is_empty() {
+        listing.sections.push(Section {
+            heading: tx(Msg::GrowShare),
+            form: Some(Form {
+                action: page.href(),
+                submit: tx(Msg::Grow),
+                fields: vec![
+                    Field::new("grow", t(l, Msg::Share), Input::Select(available))
+                        .help(help(l, "grow")),
+                    Field::new("size_gib", t(l, Msg::SizeGib), Input::NUMBER)
+                        .required()
+                        .help(help(l, "grow_size_gib")),
                 ],
             }),
             ..Default::default()
@@ -932,6 +1047,8 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
     let need = |k: &str| text(f, k).ok_or_else(|| ApiError::field(k, "required"));
     match (page, op) {
         (Page::Clusters(tn), Op::Create) => {
+            let shares = super::share_mounts(f)?;
+            super::known_shares(&v.st, &v.ctx, tn, &shares).await?;
             let body = api::ClusterCreate {
                 name: need("name")?,
                 size: number(f, "size")?.unwrap_or(0),
@@ -948,7 +1065,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 },
                 ssh_keys: vec![],
                 networks: text(f, "network").into_iter().collect(),
-                shares: super::share_mounts(f)?,
+                shares,
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
@@ -973,6 +1090,25 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
         }
         (Page::Volumes(tn), Op::Detach(vol)) => {
             crate::app::volumes::detach(&v.st, &v.ctx, tn, &vol).await?;
+        }
+        (Page::Shares(tn), Op::Create) => match text(f, "grow") {
+            // The grow form names a share; the create form a new name.
+            Some(share) => {
+                let body = api::ShareGrow {
+                    size_gib: number(f, "size_gib")?.unwrap_or(0),
+                };
+                crate::app::shares::grow(&v.st, &v.ctx, tn, &share, &body).await?;
+            }
+            None => {
+                let body = api::ShareCreate {
+                    name: need("name")?,
+                    size_gib: number(f, "size_gib")?.unwrap_or(0),
+                };
+                crate::app::shares::create(&v.st, &v.ctx, tn, &body).await?;
+            }
+        },
+        (Page::Shares(tn), Op::Delete(share)) => {
+            crate::app::shares::delete(&v.st, &v.ctx, tn, &share).await?;
         }
         (Page::Clusters(tn), Op::Delete(c)) => {
             crate::app::clusters::delete(&v.st, &v.ctx, tn, &c).await?;
@@ -1119,6 +1255,7 @@ fn tenant_page(kind: &str, tenant: String) -> Result<Page, ApiError> {
         "clusters" => Page::Clusters(tenant),
         "segments" => Page::Segments(tenant),
         "volumes" => Page::Volumes(tenant),
+        "shares" => Page::Shares(tenant),
         "members" => Page::Members(tenant),
         other => return Err(ApiError::not_found(format!("page {other:?}"))),
     })
