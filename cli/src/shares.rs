@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use kumo_api_types::{Share, ShareCreate, ShareGrow, ShareMountRequest};
+use kumo_api_types::{Share, ShareCreate, ShareGrow, ShareMountRequest, ShareState};
 
 use crate::client::{segment, Client};
 use crate::commands::{print_one, TenantArg};
@@ -22,6 +22,9 @@ pub enum ShareCmd {
         /// Its size limit, GiB.
         #[arg(long)]
         size_gib: u32,
+        /// Wait until its directory is made (or failed).
+        #[arg(long)]
+        wait: bool,
     },
     /// The tenant's shares.
     List {
@@ -136,15 +139,32 @@ pub async fn share(
             name,
             tenant,
             size_gib,
+            wait,
         } => {
-            c.post(
-                &base(tenant),
-                &ShareCreate {
-                    name: name.clone(),
-                    size_gib: *size_gib,
-                },
-            )
-            .await?
+            let mut s: Share = c
+                .post(
+                    &base(tenant),
+                    &ShareCreate {
+                        name: name.clone(),
+                        size_gib: *size_gib,
+                    },
+                )
+                .await?;
+            let progress =
+                wait.then(|| crate::progress::Progress::start(format!("making share {name}")));
+            while progress.is_some() && s.state == ShareState::Creating {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                s = c.get(&one(tenant, name)).await?;
+            }
+            drop(progress);
+            if *wait && s.state != ShareState::Available {
+                anyhow::bail!(
+                    "share {name} is {}{}",
+                    s.state.as_str(),
+                    s.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                );
+            }
+            s
         }
         ShareCmd::List { tenant } => {
             let ss: Vec<Share> = c.list_all(&base(tenant)).await?;

@@ -130,6 +130,7 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
         segments: 8,
         roce_segments: 4,
         public_ips: 12,
+        share_gib: 10_000,
         ..Quota::default()
     };
     for m in ["H100-SXM5-80GB", "A100-SXM4-40GB", "L40S"] {
@@ -264,6 +265,7 @@ pub async fn start_fleet(
         }
         net.pool = Some(p);
     }
+    std::fs::create_dir_all(data_dir.join("fleet").join("shared-fs"))?;
     for (i, h) in net.hosts.iter().enumerate() {
         let design = FLEET[i % FLEET.len()];
         let dir = data_dir.join("fleet").join(&h.name);
@@ -325,6 +327,11 @@ pub async fn start_fleet(
         // Simulated hosts share this machine's one disk: each says it has
         // its own 4 TiB, as a real host's NVMe pool would.
         .args(["--storage-capacity-gib", "4096"])
+        // Every simulated host sees one directory as the shared filesystem
+        // of project shares (a real fleet mounts Lustre, NFS or CephFS).
+        .arg("--shares-root")
+        .arg(data_dir.join("fleet").join("shared-fs"))
+        .arg("--shares-root-local")
         .env("KUMO_JOIN_TOKEN", &join.token);
         if let Some(fm) = &fabric_manager {
             cmd.arg("--fabric-manager").arg(fm);
