@@ -2519,6 +2519,10 @@ pub struct ShareStatus {
     pub used_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<ShareLimit>,
+    /// The measuring walk stopped at its file limit: `used_bytes` is a
+    /// lower bound.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uncounted: bool,
 }
 
 /// The most unfit devices one status report may carry.

@@ -318,11 +318,26 @@ impl Reconciler {
         &self,
         vm: &DesiredVm,
     ) -> Result<Vec<kumo_topology::domain_xml::SharedDir>, String> {
-        let guard = self
-            .shares
-            .as_ref()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+        if vm.shares.is_empty() {
+            return Ok(Vec::new());
+        }
+        let guard = self.shares_now()?;
         crate::shares::filesystems(guard.as_deref(), &vm.shares)
+    }
+
+    /// The shares, unless a pass waiting on a hung shared filesystem holds
+    /// them: then a VM with shares waits, and the others go on.
+    fn shares_now(
+        &self,
+    ) -> Result<Option<std::sync::MutexGuard<'_, crate::shares::Shares>>, String> {
+        match self.shares.as_ref().map(|s| s.try_lock()) {
+            None => Ok(None),
+            Some(Ok(g)) => Ok(Some(g)),
+            Some(Err(std::sync::TryLockError::Poisoned(p))) => Ok(Some(p.into_inner())),
+            Some(Err(std::sync::TryLockError::WouldBlock)) => {
+                Err("the shared filesystem is busy (the last shares pass still waits on it)".into())
+            }
+        }
     }
 
     /// How each of a VM's shares stands: in the running guest as wanted,
@@ -336,16 +351,14 @@ impl Reconciler {
             .filter(|d| d.is_active().unwrap_or(false))
             .and_then(|d| d.xml_desc(0).ok())
             .map(|x| kumo_topology::domain_xml::filesystems_in(&x));
-        let guard = self
-            .shares
-            .as_ref()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+        let guard = self.shares_now();
         vm.shares
             .iter()
             .map(|m| {
-                let source = match guard.as_deref() {
-                    Some(s) => s.source(m),
-                    None => Err("this host has no shared filesystem (--shares-root)".into()),
+                let source = match &guard {
+                    Ok(Some(s)) => s.source(m),
+                    Ok(None) => Err("this host has no shared filesystem (--shares-root)".into()),
+                    Err(busy) => Err(busy.clone()),
                 };
                 let condition = match (source, &live) {
                     (Err(why), _) => format!("failed: {why}"),

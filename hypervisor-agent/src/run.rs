@@ -204,6 +204,9 @@ const FABRIC_REFRESH: Duration = Duration::from_secs(60);
 /// hung NFS or Lustre mount must not stop the host's heartbeat.
 const SURVEY_WITHIN: Duration = Duration::from_secs(5);
 
+/// How long a pass waits for the shares it keeps.
+const SHARES_WITHIN: Duration = Duration::from_secs(10);
+
 /// Between changes, a pass this often repairs drift (a guest that rebooted
 /// and lost its NCCL file, a domain someone stopped by hand).
 pub const RESYNC: Duration = Duration::from_secs(3);
@@ -408,7 +411,7 @@ impl Agent {
                 .await
                 .unwrap_or_default();
         let shares = match self.config.shares.clone() {
-            Some(c) => Some(crate::shares::survey_within(c, SURVEY_WITHIN).await),
+            Some(c) => Some(crate::shares::survey_within(c, SURVEY_WITHIN, &Arc::default()).await),
             None => None,
         };
         self.client
@@ -773,16 +776,30 @@ impl Agent {
             .iter()
             .flat_map(|v| v.shares.iter().filter(|m| m.read_only).map(|m| m.share))
             .collect();
-        tokio::task::spawn_blocking(move || {
-            let mut s = shares.lock().unwrap_or_else(|e| e.into_inner());
+        // A shared filesystem that hangs (a hard NFS or Lustre mount)
+        // holds up only this part: the pass goes on after SHARES_WITHIN,
+        // and later passes skip it while the hung one still holds it.
+        let task = tokio::task::spawn_blocking(move || {
+            let Ok(mut s) = shares.try_lock() else {
+                tracing::warn!(
+                    "shares pass skipped: the last one is still waiting on the shared filesystem"
+                );
+                return Vec::new();
+            };
             s.release_binds(&read_only);
             s.converge(&kept, &delete)
-        })
-        .await
-        .unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "shares pass failed");
-            Vec::new()
-        })
+        });
+        match tokio::time::timeout(SHARES_WITHIN, task).await {
+            Ok(Ok(report)) => report,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "shares pass failed");
+                Vec::new()
+            }
+            Err(_) => {
+                tracing::warn!("the shared filesystem did not answer within {SHARES_WITHIN:?}; the pass goes on");
+                Vec::new()
+            }
+        }
     }
 
     async fn apply(&self, desired: kumo_api_types::DesiredState) -> Result<(), ClientError> {
@@ -865,6 +882,7 @@ impl Agent {
         let fabric_view = self.fabric_view.clone();
         let storage = self.storage.clone();
         let shares_config = self.config.shares.clone();
+        let surveying = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (root_disks, policy) = (
             self.config.root_disks().dir_path().to_path_buf(),
             self.config.storage_policy,
@@ -927,7 +945,9 @@ impl Agent {
                         .unwrap_or_default()
                 };
                 let shares = match shares_config.clone() {
-                    Some(c) => Some(crate::shares::survey_within(c, SURVEY_WITHIN).await),
+                    Some(c) => {
+                        Some(crate::shares::survey_within(c, SURVEY_WITHIN, &surveying).await)
+                    }
                     None => None,
                 };
                 let body = AgentHeartbeat {

@@ -18,12 +18,26 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kumo_api_types::{
     DesiredMount, DesiredShare, ShareLimit, ShareStatus, SharesStorage, VolumeActual,
 };
 use uuid::Uuid;
+
+/// Walks measuring shares at once on a keeper.
+const WALKS: usize = 2;
+
+/// A share's usage as last measured.
+#[derive(Debug, Default, Clone, Copy)]
+struct Measured {
+    at: Option<Instant>,
+    bytes: Option<u64>,
+    /// The walk stopped at [`WALK_MAX`] files.
+    uncounted: bool,
+    walking: bool,
+}
 
 /// How often a share's usage is read again.
 const MEASURE_EVERY: Duration = Duration::from_secs(20);
@@ -163,8 +177,10 @@ pub struct Shares {
     binds: PathBuf,
     /// The limit each kept share's quota was last set to.
     limits: HashMap<Uuid, u32>,
-    /// Each share's usage as last read, and when.
-    usage: HashMap<Uuid, (Instant, u64)>,
+    /// Each share's usage as last measured (walks run on threads of their
+    /// own, at most [`WALKS`] at once: a tenant's million files never hold
+    /// up the host's pass).
+    usage: Arc<Mutex<HashMap<Uuid, Measured>>>,
 }
 
 fn mounts() -> Vec<MountEntry> {
@@ -247,21 +263,37 @@ pub fn survey(config: &SharesConfig) -> SharesStorage {
 
 /// [`survey`], given at most `within`: a filesystem that does not answer
 /// (a hung NFS or Lustre mount) is the host's problem with shares.
-pub async fn survey_within(config: SharesConfig, within: Duration) -> SharesStorage {
+/// One survey at a time: while one still waits on a hung filesystem, the
+/// next beats say so without starting another (each would hold a thread).
+pub async fn survey_within(
+    config: SharesConfig,
+    within: Duration,
+    waiting: &Arc<std::sync::atomic::AtomicBool>,
+) -> SharesStorage {
+    use std::sync::atomic::Ordering;
     let root = config.root.display().to_string();
-    let task = tokio::task::spawn_blocking(move || survey(&config));
+    let hung = |problem: String| SharesStorage {
+        root: root.clone(),
+        capacity_gib: 0,
+        free_gib: 0,
+        limit: ShareLimit::Measured,
+        problem: Some(problem),
+    };
+    if waiting.swap(true, Ordering::SeqCst) {
+        return hung("the shared filesystem has not answered the last survey yet".into());
+    }
+    let done = waiting.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let s = survey(&config);
+        done.store(false, Ordering::SeqCst);
+        s
+    });
     match tokio::time::timeout(within, task).await {
         Ok(Ok(s)) => s,
-        _ => SharesStorage {
-            root,
-            capacity_gib: 0,
-            free_gib: 0,
-            limit: ShareLimit::Measured,
-            problem: Some(format!(
-                "the shared filesystem did not answer within {} s",
-                within.as_secs()
-            )),
-        },
+        _ => hung(format!(
+            "the shared filesystem did not answer within {} s",
+            within.as_secs()
+        )),
     }
 }
 
@@ -271,7 +303,7 @@ impl Shares {
             config,
             binds: state_dir.join("shares"),
             limits: HashMap::new(),
-            usage: HashMap::new(),
+            usage: Arc::default(),
         }
     }
 
@@ -311,8 +343,12 @@ impl Shares {
             return Ok(dir);
         }
         let bind = self.bind(m.share);
-        if mounts.iter().any(|e| e.mount_point == bind) {
-            return Ok(bind);
+        match mounts.iter().rev().find(|e| e.mount_point == bind) {
+            Some(e) if e.options.iter().any(|o| o == "ro") => return Ok(bind),
+            Some(_) => {
+                let _ = run(Command::new("umount").arg("-l").arg(&bind));
+            }
+            None => {}
         }
         let fail = |e: String| format!("share {}: a read-only bind: {e}", m.tag);
         let view = self.read_only_view(&mounts).map_err(fail)?;
@@ -348,8 +384,11 @@ impl Shares {
                     == std::fs::metadata(&self.config.root).ok()?.dev(),
             )
         };
-        if mounts.iter().any(|e| e.mount_point == view) {
-            if same_fs() == Some(true) {
+        // Reused only while read-only and over the root's filesystem (an
+        // agent killed between its bind and its remount left it writable).
+        let ro = |e: &MountEntry| e.options.iter().any(|o| o == "ro");
+        if let Some(e) = mounts.iter().rev().find(|e| e.mount_point == view) {
+            if ro(e) && same_fs() == Some(true) {
                 return Ok(view);
             }
             let _ = run(Command::new("umount").arg("-l").arg(&view));
@@ -409,6 +448,7 @@ impl Shares {
             reason,
             used_bytes: None,
             limit: None,
+            uncounted: false,
         };
         if let Some(p) = self.problem(&mounts) {
             return kept
@@ -433,8 +473,9 @@ impl Shares {
         };
         for s in kept {
             match self.keep(s, limit, mount_point.as_deref(), quota_use.as_ref()) {
-                Ok(used) => report.push(ShareStatus {
-                    used_bytes: Some(used),
+                Ok((used, uncounted)) => report.push(ShareStatus {
+                    used_bytes: used,
+                    uncounted,
                     limit: Some(limit),
                     ..status(s.id, VolumeActual::Ready, None)
                 }),
@@ -447,7 +488,6 @@ impl Shares {
                 Err(why) => status(*id, VolumeActual::Failed, Some(why)),
             });
         }
-        self.sweep_deleted();
         report
     }
 
@@ -457,7 +497,7 @@ impl Shares {
         limit: ShareLimit,
         mount_point: Option<&Path>,
         quota_use: Option<&HashMap<u32, u64>>,
-    ) -> Result<u64, String> {
+    ) -> Result<(Option<u64>, bool), String> {
         let dir = self.dir(s.id);
         if !dir.is_dir() {
             if s.made {
@@ -483,27 +523,46 @@ impl Shares {
             tracing::info!(share = %s.id, gib = s.size_gib, "share's project quota set");
         }
         if let Some(q) = quota_use {
-            return Ok(q.get(&s.project).copied().unwrap_or(0));
+            return Ok((Some(q.get(&s.project).copied().unwrap_or(0)), false));
         }
-        match self.usage.get(&s.id) {
-            Some((at, used)) if at.elapsed() < MEASURE_EVERY => Ok(*used),
-            _ => {
-                let (used, whole) =
-                    measure(&dir).map_err(|e| format!("measuring {}: {e}", dir.display()))?;
-                if !whole {
-                    tracing::warn!(share = %s.id, "share has more than {WALK_MAX} files: usage is a lower bound");
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let walking = usage.values().filter(|m| m.walking).count();
+        let m = usage.entry(s.id).or_default();
+        let stale = m.at.is_none_or(|t| t.elapsed() >= MEASURE_EVERY);
+        if stale && !m.walking && walking < WALKS {
+            m.walking = true;
+            let (all, id) = (self.usage.clone(), s.id);
+            std::thread::spawn(move || {
+                let r = measure(&dir);
+                let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(m) = all.get_mut(&id) else {
+                    return; // deleted meanwhile
+                };
+                m.walking = false;
+                m.at = Some(Instant::now());
+                match r {
+                    Ok((bytes, whole)) => {
+                        if !whole {
+                            tracing::warn!(share = %id, "share has more than {WALK_MAX} files: usage is a lower bound");
+                        }
+                        m.bytes = Some(bytes);
+                        m.uncounted = !whole;
+                    }
+                    Err(e) => tracing::warn!(share = %id, error = %e, "share not measured"),
                 }
-                self.usage.insert(s.id, (Instant::now(), used));
-                Ok(used)
-            }
+            });
         }
+        Ok((m.bytes, m.uncounted))
     }
 
     /// A deleted share's directory leaves its name at once (renamed), so
     /// it is gone for every host; its data goes in the background.
     fn remove(&mut self, id: Uuid) -> Result<(), String> {
         self.limits.remove(&id);
-        self.usage.remove(&id);
+        self.usage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
         let dir = self.dir(id);
         if !dir.exists() {
             return Ok(());
@@ -511,24 +570,14 @@ impl Shares {
         let away = self.config.root.join(format!("{DELETING}{id}"));
         std::fs::rename(&dir, &away).map_err(|e| format!("renaming {}: {e}", dir.display()))?;
         tracing::info!(share = %id, "share directory deleted");
-        Ok(())
-    }
-
-    /// Data of deleted shares, removed off the pass.
-    fn sweep_deleted(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.config.root) else {
-            return;
-        };
-        for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with(DELETING) {
-                let path = e.path();
-                std::thread::spawn(move || {
-                    if let Err(err) = std::fs::remove_dir_all(&path) {
-                        tracing::warn!(path = %path.display(), error = %err, "deleted share's data not removed");
-                    }
-                });
+        // Its data goes off the pass, on one thread: only the keeper that
+        // renamed it removes it, once.
+        std::thread::spawn(move || {
+            if let Err(err) = std::fs::remove_dir_all(&away) {
+                tracing::warn!(path = %away.display(), error = %err, "deleted share's data not removed");
             }
-        }
+        });
+        Ok(())
     }
 }
 

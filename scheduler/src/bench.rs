@@ -107,6 +107,7 @@ fn fleet(n: usize, partitions: bool) -> Result<Index, String> {
                 revision: 1,
                 profile: profiles[unit % profiles.len()].clone(),
                 networked: true,
+                shares: true,
                 blocked: Vec::new(),
                 // Room for every request: the disk dimension is checked
                 // on every host, never the one that refuses.
@@ -128,6 +129,7 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         unit: None,
         rails: None,
         networked: false,
+        shares: false,
         roce: false,
         host: None,
         disk_gib: 100 * u64::from(gpus),

@@ -56,6 +56,9 @@ pub struct HostInput {
     pub profile: Arc<HostProfile>,
     /// The host has a VXLAN tunnel endpoint: it can take VMs with networks.
     pub networked: bool,
+    /// The host mounts the shared filesystem of project shares (without a
+    /// problem): it can take VMs with shares.
+    pub shares: bool,
     /// Its GPUs and NICs (physical functions) out of service (quarantined,
     /// in repair): they take no new VMs, and a VM leaving one does not
     /// free it.
@@ -89,6 +92,7 @@ pub struct HostCap {
     pub revision: i64,
     pub profile: Arc<HostProfile>,
     pub networked: bool,
+    pub shares: bool,
     pub gpu_free: u64,
     pub nic_free: u64,
     /// Out of service: never free (see [`HostInput::blocked`]).
@@ -131,6 +135,7 @@ impl HostCap {
             state: h.state,
             revision: h.revision,
             networked: h.networked,
+            shares: h.shares,
             gpu_free: p.all_gpus() & !gpu_blocked,
             nic_free: mask_of(p.nics.len()) & !nic_blocked,
             gpu_blocked,

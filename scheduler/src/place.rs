@@ -38,6 +38,8 @@ pub struct Request {
     pub rails: Option<Vec<Option<u32>>>,
     /// The VM has NICs on tenant segments: only hosts with an underlay.
     pub networked: bool,
+    /// The VM mounts project shares: only hosts with the shared filesystem.
+    pub shares: bool,
     /// The VM is on a RoCE segment: only hosts whose GPU NICs have VFs.
     pub roce: bool,
     /// Only this host (where the VM's volumes or disks are).
@@ -79,6 +81,7 @@ fn host_takes(h: &HostCap, req: &Request) -> bool {
         && req.host.is_none_or(|id| h.id == id)
         && req.unit.is_none_or(|u| h.scalable_unit == Some(u))
         && (h.networked || !req.networked)
+        && (h.shares || !req.shares)
         && (h.profile.roce || !req.roce)
         && h.cpus_free_total >= req.vcpus
         && (h.mem_free_total >= req.memory_mib || h.profile.nodes.iter().all(|n| n.memory_mib == 0))

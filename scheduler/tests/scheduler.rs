@@ -56,6 +56,7 @@ fn ready_host(i: usize, unit: Option<&str>, profile: Arc<HostProfile>) -> HostIn
         revision: 1,
         profile,
         networked: true,
+        shares: true,
         blocked: Vec::new(),
         disk_free_gib: None,
     }
@@ -70,6 +71,7 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         unit: None,
         rails: None,
         networked: false,
+        shares: false,
         roce: false,
         host: None,
         disk_gib: 0,
@@ -343,6 +345,24 @@ fn vms_with_networks_go_only_to_hosts_with_an_underlay() {
 }
 
 #[test]
+fn vms_with_shares_go_only_to_hosts_with_the_shared_filesystem() {
+    let mut index = fleet(&[("cpu-only", None), ("cpu-only", None)]);
+    index.hosts[0].shares = false;
+    let mut req = Request {
+        vcpus: 4,
+        memory_mib: 4096,
+        ..Default::default()
+    };
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    assert_eq!(index.hosts[c.host].name, "h0", "best fit, without shares");
+    req.shares = true;
+    let c = place(&index, &req, Strategy::BestFit).unwrap();
+    assert_eq!(index.hosts[c.host].name, "h1");
+    index.hosts[1].shares = false;
+    assert!(place(&index, &req, Strategy::BestFit).is_none());
+}
+
+#[test]
 fn a_cluster_goes_into_one_unit_rail_aligned_or_not_at_all() {
     let mut hosts = vec![("hgx-h100", Some("su-a")); 3];
     hosts.extend(vec![("hgx-h100", Some("su-b")); 4]);
@@ -492,6 +512,7 @@ fn holds_read_back_from_placements_match() {
             revision: 2,
             profile: p,
             networked: false,
+            shares: true,
             blocked: Vec::new(),
             disk_free_gib: None,
         },
@@ -542,6 +563,7 @@ fn block(index: &mut Index, i: usize, blocked: Vec<kumo_topology::Bdf>) {
             revision: h.revision + 1,
             profile: h.profile.clone(),
             networked: h.networked,
+            shares: h.shares,
             blocked,
             disk_free_gib: None,
         },

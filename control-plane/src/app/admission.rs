@@ -50,6 +50,9 @@ pub struct Member {
     pub volumes: Vec<Uuid>,
     /// Project shares to mount when the VM row is created.
     pub shares: Vec<crate::app::shares::PlannedMount>,
+    /// It mounts shares (new ones in `shares`, or mounted already): only
+    /// hosts with the shared filesystem take it.
+    pub shared: bool,
 }
 
 /// What admission did.
@@ -87,6 +90,7 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
         unit: None,
         rails: None,
         networked: member.networked,
+        shares: member.shared,
         roce: member.roce,
         host: member.on_host,
         disk_gib: u64::from(spec.disk_gib),
@@ -553,11 +557,22 @@ pub async fn preempt(
         {
             continue;
         }
-        let mut a: vms::ActiveModel = vm.clone().into();
-        a.state = Set(VmState::Preempting.as_str().into());
-        a.preempt_deadline = Set(Some(deadline));
-        a.updated_at = Set(now);
-        a.update(txn).await?;
+        // Only over the state read: the row was read unlocked, and a
+        // deletion committed since (another replica's, on PostgreSQL) must
+        // stand. An unconditional write turned a deleting VM preempting,
+        // then preempted: "deleted (2xx) and still here" in the crash
+        // harness with two replicas.
+        let moved = vms::Entity::update_many()
+            .col_expr(vms::Column::State, Expr::value(VmState::Preempting.as_str()))
+            .col_expr(vms::Column::PreemptDeadline, Expr::value(Some(deadline)))
+            .col_expr(vms::Column::UpdatedAt, Expr::value(now))
+            .filter(vms::Column::Id.eq(vm.id))
+            .filter(vms::Column::State.eq(vm.state.clone()))
+            .exec(txn)
+            .await?;
+        if moved.rows_affected != 1 {
+            continue;
+        }
         event(
             txn,
             &vm,
@@ -685,12 +700,19 @@ fn no_room(members: &[Member]) -> ApiError {
             "the host holding the VM's volumes is not ready or has no room for {what}; a VM goes where its volumes are (create it without them, or make room on that host)"
         ));
     }
+    let mut with = Vec::new();
+    if first.networked {
+        with.push("an underlay address (the VM has networks)");
+    }
+    if first.shared {
+        with.push("the shared filesystem mounted (the VM has shares)");
+    }
     ApiError::InsufficientCapacity(format!(
         "no ready host{} has room for {what} near them",
-        if first.networked {
-            " with an underlay address (the VM has networks)"
+        if with.is_empty() {
+            String::new()
         } else {
-            ""
+            format!(" with {}", with.join(" and "))
         },
     ))
 }

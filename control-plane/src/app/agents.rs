@@ -88,11 +88,13 @@ pub async fn heartbeat(
             a.disk_free_gib = Set(Some(gib(d.free_gib)));
         }
     }
-    // The shared filesystem: which hosts may keep shares.
+    // The shared filesystem: which hosts may keep shares and take VMs
+    // that mount them (the capacity index re-reads the host).
     if let Some(s) = &body.shares {
         let text = crate::domain::shares::stored_storage(s)?;
         if Some(&text) != shares_before.as_ref() {
             a.shares_storage = Set(Some(text));
+            disk_changed = true;
         }
     }
     let moved = body.underlay_ip.is_some() && body.underlay_ip.map(|u| u.to_string()) != underlay;

@@ -10,7 +10,8 @@ use kumo_api_types::{
 };
 use kumo_billing::rates::SHARE_GIB;
 use sea_orm::{
-    ActiveModelTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
+    Set, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -280,14 +281,16 @@ pub async fn delete(
             s.name
         )));
     }
-    if store::stored_state(&s)? == ShareState::Deleting {
-        return Ok(());
+    let again = store::stored_state(&s)? == ShareState::Deleting;
+    if !again {
+        crate::app::metering::share_released(&txn, s.id, actor.at).await?;
     }
-    crate::app::metering::share_released(&txn, s.id, actor.at).await?;
     let name = s.name.clone();
+    // A lost keeper's work moves on (asking again moves a deletion that
+    // waits on one); with no host to keep it, the old keeper keeps it.
     let host = match store::keeper_candidates(&txn).await?.first() {
         Some(_) => Some(keeper_for_change(&txn, &s).await?),
-        None => None,
+        None => s.keeper_host_id,
     };
     let mut a: shares::ActiveModel = s.into();
     a.state = Set(ShareState::Deleting.to_text().to_owned());
@@ -297,7 +300,9 @@ pub async fn delete(
     if let Some(h) = host {
         bump_revision(&txn, h).await?;
     }
-    audit::record(&txn, actor, "share.delete", Some(&tenant), &name).await?;
+    if !again {
+        audit::record(&txn, actor, "share.delete", Some(&tenant), &name).await?;
+    }
     txn.commit().await?;
     if let Some(h) = host {
         st.signals.notify(h);
@@ -523,16 +528,17 @@ pub async fn apply_status(
         let mut a: shares::ActiveModel = s.clone().into();
         match (r.state, state) {
             (VolumeActual::Absent, ShareState::Deleting) => {
-                shares::Entity::delete_by_id(s.id).exec(txn).await?;
+                shares::Entity::delete_many()
+                    .filter(shares::Column::Id.eq(s.id))
+                    .filter(shares::Column::State.eq(s.state.clone()))
+                    .exec(txn)
+                    .await?;
                 continue;
             }
             (VolumeActual::Ready, ShareState::Deleting) | (_, ShareState::Deleting) => continue,
             (VolumeActual::Ready, _) => {
                 if state != ShareState::Available {
                     a.state = Set(ShareState::Available.to_text().to_owned());
-                }
-                if s.reason.is_some() {
-                    a.reason = Set(None);
                 }
                 let used = r.used_bytes.map(|b| i64::try_from(b).unwrap_or(i64::MAX));
                 if used.is_some() && used != s.used_bytes {
@@ -542,21 +548,27 @@ pub async fn apply_status(
                     if store::stored_limit(s)? != Some(l) {
                         a.limit_kind = Set(Some(l.to_text().to_owned()));
                     }
-                    let over = rules::over_size(l, r.used_bytes.unwrap_or(0), s.size_gib);
-                    if over != s.read_only {
-                        a.read_only = Set(over);
-                        wake.extend(store::hosts_mounting(txn, s.id).await?);
-                        if over {
-                            a.reason = Set(Some(format!(
-                                "past its size ({} GiB): the filesystem has no project quotas to stop writes, so its mounts turn read-only at each VM's next start",
-                                s.size_gib
-                            )));
-                        }
-                    }
+                }
+                // Judged on a measurement only (none yet: as it was). A
+                // walk that stopped at its file limit counts as past the
+                // size: a tenant's many small files must not hide its
+                // large ones.
+                let over = match (r.limit, r.used_bytes) {
+                    (Some(l), Some(used)) => rules::over_size(l, used, s.size_gib) || r.uncounted,
+                    _ => s.read_only,
+                };
+                if over != s.read_only {
+                    a.read_only = Set(over);
+                    wake.extend(store::hosts_mounting(txn, s.id).await?);
+                }
+                // Said on every report while it holds, cleared once not.
+                let reason = over.then(|| rules::read_only_reason(s.size_gib, r.uncounted));
+                if reason != s.reason {
+                    a.reason = Set(reason);
                 }
             }
             (VolumeActual::Failed, _) => {
-                let why = r.reason.clone().unwrap_or_else(|| "failed".into());
+                let why = rules::bounded(r.reason.as_deref().unwrap_or("failed"));
                 if state == ShareState::Creating {
                     a.state = Set(ShareState::Error.to_text().to_owned());
                 }
@@ -568,7 +580,16 @@ pub async fn apply_status(
         }
         if a.is_changed() {
             a.updated_at = Set(now);
-            a.update(txn).await?;
+            // Only over the state read: a deletion committed meanwhile
+            // (PostgreSQL reads the report's rows unlocked) stands.
+            let r = shares::Entity::update(a)
+                .filter(shares::Column::State.eq(s.state.clone()))
+                .exec(txn)
+                .await;
+            match r {
+                Ok(_) | Err(sea_orm::DbErr::RecordNotUpdated) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
     for h in &wake {

@@ -484,6 +484,7 @@ impl Prepared {
             on_host: self.on_host,
             volumes: self.volumes.clone(),
             shares: self.shares.clone(),
+            shared: !self.shares.is_empty(),
         }
     }
 }

@@ -91,22 +91,48 @@ pub fn over_size(limit: ShareLimit, used_bytes: u64, size_gib: i64) -> bool {
     limit == ShareLimit::Measured && used_bytes > u64::try_from(size_gib).unwrap_or(0) << 30
 }
 
+/// Why a measured share is read-only.
+pub fn read_only_reason(size_gib: i64, uncounted: bool) -> String {
+    if uncounted {
+        return format!(
+            "more files than its keeper counts: taken as past its size ({size_gib} GiB); its mounts are read-only from each VM's next start"
+        );
+    }
+    format!(
+        "past its size ({size_gib} GiB): the filesystem has no project quotas to stop writes, so its mounts are read-only from each VM's next start"
+    )
+}
+
+/// A host's words as a share keeps them: without control characters, at
+/// most 1,000 characters.
+pub fn bounded(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(1000)
+        .collect()
+}
+
 /// Whether a host's agent may keep shares: it has the filesystem, and
 /// reported no problem with it.
 pub fn keeps(storage: Option<&SharesStorage>) -> bool {
     storage.is_some_and(|s| s.problem.is_none())
 }
 
-/// A host's report of the shared filesystem as stored: bounded, so an
-/// agent cannot fill the hosts table.
+/// A host's report of the shared filesystem as stored: its problem cut to
+/// fit (said when the filesystem is in trouble: never refused for it), its
+/// free space in steps of a hundredth of its size, so a filesystem every
+/// host shares does not make every heartbeat a write.
 pub fn stored_storage(s: &SharesStorage) -> Result<String, ApiError> {
-    if s.root.len() > 4096 || s.problem.as_ref().is_some_and(|p| p.len() > 1000) {
-        return Err(ApiError::field(
-            "shares",
-            "a root of at most 4096 and a problem of at most 1000 characters",
-        ));
+    if s.root.len() > 4096 {
+        return Err(ApiError::field("shares.root", "at most 4096 characters"));
     }
-    serde_json::to_string(s).map_err(|e| ApiError::Internal(e.to_string()))
+    let step = (s.capacity_gib / 100).max(1);
+    let kept = SharesStorage {
+        free_gib: s.free_gib / step * step,
+        problem: s.problem.as_deref().map(bounded),
+        ..s.clone()
+    };
+    serde_json::to_string(&kept).map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 #[cfg(test)]
@@ -154,6 +180,27 @@ mod tests {
         assert!(!over_size(ShareLimit::Measured, gib, 1));
         assert!(over_size(ShareLimit::Measured, gib + 1, 1));
         assert!(!over_size(ShareLimit::ProjectQuota, 10 * gib, 1));
+    }
+
+    #[test]
+    fn a_shared_filesystems_report_is_kept_coarse_and_bounded() {
+        let s = |free| SharesStorage {
+            root: "/srv/shares".into(),
+            capacity_gib: 10_000,
+            free_gib: free,
+            limit: ShareLimit::Measured,
+            problem: Some("x\n".repeat(2000)),
+        };
+        assert_eq!(
+            stored_storage(&s(5_010)).unwrap(),
+            stored_storage(&s(5_099)).unwrap()
+        );
+        assert_ne!(
+            stored_storage(&s(5_010)).unwrap(),
+            stored_storage(&s(5_100)).unwrap()
+        );
+        let kept: SharesStorage = serde_json::from_str(&stored_storage(&s(1)).unwrap()).unwrap();
+        assert_eq!(kept.problem.unwrap().chars().count(), 1000);
     }
 
     #[test]

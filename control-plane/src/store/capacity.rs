@@ -468,6 +468,9 @@ impl Capacity {
                 revision: h.revision,
                 profile,
                 networked: h.underlay_ip.is_some(),
+                shares: crate::domain::shares::keeps(
+                    crate::store::shares::stored_storage(h).as_ref(),
+                ),
                 blocked: blocked
                     .iter()
                     .filter_map(|b| b.parse().ok())

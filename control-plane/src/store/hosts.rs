@@ -44,6 +44,7 @@ pub async fn change_marks(
         Option<String>,
         Option<i64>,
         Option<i64>,
+        Option<String>,
     );
     let rows: Vec<Row> = hosts::Entity::find()
         .select_only()
@@ -59,6 +60,7 @@ pub async fn change_marks(
             hosts::Column::Rails,
             hosts::Column::DiskCapacityGib,
             hosts::Column::RootDiskCapacityGib,
+            hosts::Column::SharesStorage,
         ])
         .into_tuple()
         .all(db)
@@ -67,7 +69,7 @@ pub async fn change_marks(
         .into_iter()
         .map(|r| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (&r.3, r.4, &r.5, &r.6, &r.7, &r.8, r.9, r.10).hash(&mut h);
+            (&r.3, r.4, &r.5, &r.6, &r.7, &r.8, r.9, r.10, &r.11).hash(&mut h);
             let mark = ChangeMark {
                 seen_revision: r.1.saturating_add(r.2),
                 revision: r.1,

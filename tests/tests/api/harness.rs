@@ -666,6 +666,7 @@ impl SimAgent {
                         reason: None,
                         used_bytes: Some(0),
                         limit: Some(kumo_api_types::ShareLimit::Measured),
+                        uncounted: false,
                     })
                     .collect(),
             })

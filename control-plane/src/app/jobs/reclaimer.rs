@@ -250,6 +250,9 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
         let mut members = Vec::with_capacity(rows.len());
         for v in &rows {
             let (networked, roce) = crate::store::segments::kinds_of(&st.db, v.id).await?;
+            let shared = !crate::store::shares::mounts_of(&st.db, &[v.id])
+                .await?
+                .is_empty();
             // Its volumes (attached when it was made) say where it goes.
             // Unshelved `--anywhere`: wherever there is room; its disks
             // then move there.
@@ -272,6 +275,7 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
                 volumes: Vec::new(),
                 // A pending VM's mounts are rows already.
                 shares: Vec::new(),
+                shared,
             });
         }
         let job = Admission {
