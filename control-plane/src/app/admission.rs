@@ -563,7 +563,10 @@ pub async fn preempt(
         // then preempted: "deleted (2xx) and still here" in the crash
         // harness with two replicas.
         let moved = vms::Entity::update_many()
-            .col_expr(vms::Column::State, Expr::value(VmState::Preempting.as_str()))
+            .col_expr(
+                vms::Column::State,
+                Expr::value(VmState::Preempting.as_str()),
+            )
             .col_expr(vms::Column::PreemptDeadline, Expr::value(Some(deadline)))
             .col_expr(vms::Column::UpdatedAt, Expr::value(now))
             .filter(vms::Column::Id.eq(vm.id))
