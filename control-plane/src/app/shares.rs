@@ -598,6 +598,39 @@ pub async fn apply_status(
     Ok(wake)
 }
 
+/// Shares whose keeper can no longer keep them (lost, gone, its shared
+/// filesystem in trouble, or none at all) move to hosts that can, the
+/// fewest-keeping first; their work (making, measuring, deleting) goes on
+/// there. Each move is conditional on the keeper it read, so replicas
+/// running this at once move a share once. Answers how many moved.
+pub async fn rekeep(st: &AppState) -> Result<usize, ApiError> {
+    let candidates = store::keeper_candidates(&st.db).await?;
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let keep: std::collections::HashSet<Uuid> = candidates.iter().copied().collect();
+    let stranded: Vec<(Uuid, Option<Uuid>)> = store::keepers(&st.db)
+        .await?
+        .into_iter()
+        .filter(|(_, k)| k.is_none_or(|k| !keep.contains(&k)))
+        .collect();
+    let mut moved = 0;
+    for (i, (share, from)) in stranded.iter().enumerate() {
+        let to = candidates[i % candidates.len()];
+        let txn = st.db.begin().await?;
+        if store::move_keeper(&txn, *share, *from, to).await? {
+            bump_revision(&txn, to).await?;
+            txn.commit().await?;
+            st.signals.notify(to);
+            moved += 1;
+        }
+    }
+    if moved > 0 {
+        tracing::info!(shares = moved, "shares moved to keepers that can keep them");
+    }
+    Ok(moved)
+}
+
 /// A VM's host's word on its mounts, written where it differs.
 pub async fn apply_mounts(
     txn: &DatabaseTransaction,

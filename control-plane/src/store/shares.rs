@@ -106,6 +106,38 @@ pub async fn kept_by(
         .await?)
 }
 
+/// Every share with its keeper.
+pub async fn keepers(db: &impl ConnectionTrait) -> Result<Vec<(Uuid, Option<Uuid>)>, ApiError> {
+    Ok(shares::Entity::find()
+        .select_only()
+        .column(shares::Column::Id)
+        .column(shares::Column::KeeperHostId)
+        .into_tuple()
+        .all(db)
+        .await?)
+}
+
+/// A share's keeper moved from `from` (as read) to `to`; false when
+/// another replica moved it first.
+pub async fn move_keeper(
+    txn: &DatabaseTransaction,
+    share: Uuid,
+    from: Option<Uuid>,
+    to: Uuid,
+) -> Result<bool, ApiError> {
+    let q = shares::Entity::update_many()
+        .col_expr(
+            shares::Column::KeeperHostId,
+            sea_orm::sea_query::Expr::value(Some(to)),
+        )
+        .filter(shares::Column::Id.eq(share));
+    let q = match from {
+        Some(f) => q.filter(shares::Column::KeeperHostId.eq(f)),
+        None => q.filter(shares::Column::KeeperHostId.is_null()),
+    };
+    Ok(q.exec(txn).await?.rows_affected == 1)
+}
+
 /// Ready hosts that may keep shares, fewest kept first (then by name).
 pub async fn keeper_candidates(db: &impl ConnectionTrait) -> Result<Vec<Uuid>, ApiError> {
     let hosts: Vec<(Uuid, String, Option<String>)> = hosts::Entity::find()

@@ -367,4 +367,43 @@ async fn shares_are_charged_per_gib_hour_and_need_points() {
             .unwrap_err(),
         402
     );
+
+    // Its keeper lost: the share moves to a host that can keep it, which
+    // is told at once.
+    let other = s.sim_agent("keeper-002", "cpu-only").await;
+    assert!(other.heartbeat_with_shares().await.is_success());
+    use sea_orm::{ActiveModelTrait, EntityTrait, Set};
+    let row = kumo_server::entity::shares::Entity::find()
+        .all(s.db())
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == "big")
+        .unwrap();
+    assert_eq!(row.keeper_host_id, Some(agent.host_id));
+    let lost = kumo_server::entity::hosts::ActiveModel {
+        id: Set(agent.host_id),
+        state: Set("unreachable".into()),
+        ..Default::default()
+    };
+    lost.update(s.db()).await.unwrap();
+    assert_eq!(
+        kumo_server::app::shares::rekeep(&s.server.state)
+            .await
+            .unwrap(),
+        1
+    );
+    let row = kumo_server::entity::shares::Entity::find_by_id(row.id)
+        .one(s.db())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.keeper_host_id, Some(other.host_id));
+    assert_eq!(
+        kumo_server::app::shares::rekeep(&s.server.state)
+            .await
+            .unwrap(),
+        0,
+        "once"
+    );
 }

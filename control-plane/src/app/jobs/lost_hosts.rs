@@ -1,4 +1,5 @@
-//! The lost-host detector.
+//! The lost-host detector (and, beside it, shares' keepers moved off
+//! hosts that can no longer keep them).
 
 use kumo_api_types::HostState;
 
@@ -38,10 +39,20 @@ pub async fn run(state: AppState) {
             .await;
         // Housekeeping beside it, every few minutes: GPU minutes past
         // their window fold into hours, hours past the retention go.
-        if purged.is_none_or(|t: std::time::Instant| t.elapsed() >= PURGE_EVERY) {
+        let housekeeping = purged.is_none_or(|t: std::time::Instant| t.elapsed() >= PURGE_EVERY);
+        if housekeeping {
             purged = Some(std::time::Instant::now());
             if let Err(e) = crate::app::gpu_telemetry::roll_up(&state).await {
                 tracing::warn!(error = %e, "old GPU figures could not be rolled up");
+            }
+        }
+        // Shares kept by hosts that can no longer keep them move on:
+        // when hosts were lost, and every few minutes for keepers whose
+        // shared filesystem is in trouble.
+        let some_lost = matches!(&lost, Ok(r) if r.rows_affected > 0);
+        if some_lost || housekeeping {
+            if let Err(e) = crate::app::shares::rekeep(&state).await {
+                tracing::warn!(error = %e, "shares' keepers could not be moved");
             }
         }
         match lost {
