@@ -391,6 +391,25 @@ mod tests {
         })
     }
 
+    /// On a failing assertion, lets every job waiting at a gate go: the
+    /// test's runtime waits for its blocking threads when it is dropped,
+    /// so a job left at its barrier turned a failure into a hang (CI saw
+    /// 23 minutes).
+    struct Unstick(Vec<Arc<std::sync::Barrier>>);
+
+    impl Drop for Unstick {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                for g in &self.0 {
+                    let g = g.clone();
+                    std::thread::spawn(move || {
+                        g.wait();
+                    });
+                }
+            }
+        }
+    }
+
     async fn until(what: &str, f: impl Fn() -> bool) {
         let t = Instant::now();
         while !f() {
@@ -415,9 +434,20 @@ mod tests {
         let gates: Vec<Arc<std::sync::Barrier>> = (0..4)
             .map(|_| Arc::new(std::sync::Barrier::new(2)))
             .collect();
+        let _unstick = Unstick(gates.clone());
         let vols: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        // Which of A's jobs got a slot, in order: their tasks ask for slots
+        // in whatever order the runtime runs them, not the order they were
+        // started in (releasing gate 0 first deadlocked when job 1 held
+        // A's slot).
+        let started = Arc::new(Mutex::new(Vec::new()));
         for (i, v) in vols.iter().take(3).enumerate() {
             let w = job(running_a.clone(), peak_a.clone(), gates[i].clone());
+            let s = started.clone();
+            let w: Work = Box::new(move || {
+                s.lock().unwrap().push(i);
+                w()
+            });
             assert!(jobs.start(*v, a, "test work", w));
         }
         let w = job(running_b.clone(), peak_b.clone(), gates[3].clone());
@@ -426,23 +456,31 @@ mod tests {
             !jobs.start(vols[3], b, "test work", Box::new(|| Ok(()))),
             "one job per volume"
         );
-        // A's first and B's run; A's others wait.
+        // A's first and B's run; A's others wait. (B holds its slot a
+        // moment before its work counts itself running: asserting that at
+        // once failed now and then.)
         until("two running", || slots.counts(a) == (2, 1, 2)).await;
-        assert_eq!(
-            running_b.load(Ordering::SeqCst),
-            1,
-            "B is not queued behind A"
-        );
-        assert_eq!(jobs.progress(vols[1]), Progress::Busy);
-        // Let them go one by one; A never runs two at once.
-        let gates2 = gates.clone();
-        tokio::task::spawn_blocking(move || {
-            for g in [&gates2[3], &gates2[0], &gates2[1], &gates2[2]] {
-                g.wait();
-            }
+        until("B running beside A's first: not queued behind A", || {
+            running_b.load(Ordering::SeqCst) == 1
         })
-        .await
-        .unwrap();
+        .await;
+        assert_eq!(jobs.progress(vols[1]), Progress::Busy);
+        // Let them go one by one, B's first, then A's in the order they
+        // got their slot; A never runs two at once.
+        let release = async |g: &Arc<std::sync::Barrier>| {
+            let g = g.clone();
+            tokio::task::spawn_blocking(move || {
+                g.wait();
+            })
+            .await
+            .unwrap();
+        };
+        release(&gates[3]).await;
+        for k in 0..3 {
+            until("A's next job running", || started.lock().unwrap().len() > k).await;
+            let i = started.lock().unwrap()[k];
+            release(&gates[i]).await;
+        }
         until("all done", || vols.iter().all(|v| !jobs.busy(*v))).await;
         assert_eq!(peak_a.load(Ordering::SeqCst), 1, "one of A's at a time");
         assert_eq!(slots.counts(a), (0, 0, 0));
@@ -462,6 +500,7 @@ mod tests {
         let jobs = Jobs::new(slots.clone(), tokio::runtime::Handle::current());
         let (v, w) = (Uuid::new_v4(), Uuid::new_v4());
         let gate = Arc::new(std::sync::Barrier::new(2));
+        let _unstick = Unstick(vec![gate.clone()]);
         let g = gate.clone();
         assert!(jobs.start(
             v,
