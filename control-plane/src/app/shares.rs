@@ -110,18 +110,22 @@ async fn check_quota(
     Ok(())
 }
 
-/// The host whose agent keeps a share's directory: the ready host with
-/// the shared filesystem (and no problem with it) keeping the fewest.
-async fn keeper(txn: &DatabaseTransaction) -> Result<Uuid, ApiError> {
-    store::keeper_candidates(txn)
-        .await?
-        .first()
-        .copied()
-        .ok_or_else(|| {
-            ApiError::InsufficientCapacity(
-                "no ready host has the shared filesystem mounted (`--shares-root`): a share has nowhere to be made".into(),
-            )
-        })
+/// The host whose agent keeps a share's directory (see
+/// [`rules::keeper`]), read once per change.
+async fn keeper(
+    txn: &DatabaseTransaction,
+    current: Option<Uuid>,
+) -> Result<Option<Uuid>, ApiError> {
+    Ok(rules::keeper(
+        &store::keeper_candidates(txn).await?,
+        current,
+    ))
+}
+
+fn no_keeper() -> ApiError {
+    ApiError::InsufficientCapacity(
+        "no ready host has the shared filesystem mounted (`--shares-root`): a share has nowhere to be made".into(),
+    )
 }
 
 /// A fresh filesystem project id (unique: the database checks).
@@ -150,7 +154,7 @@ pub async fn create(
     let txn = st.db.begin().await?;
     check_quota(&txn, &tenant, u64::try_from(gib).unwrap_or(0)).await?;
     crate::app::budget::check_held(&txn, &tenant, SHARE_GIB, actor.at).await?;
-    let host = keeper(&txn).await?;
+    let host = keeper(&txn, None).await?.ok_or_else(no_keeper)?;
     let row = shares::ActiveModel {
         id: Set(Uuid::now_v7()),
         tenant_id: Set(tenant.id),
@@ -208,16 +212,6 @@ pub async fn show(
     view(&st.reads, &s, &tenant.name).await
 }
 
-/// The keeper of a share being changed: its own while that host may keep
-/// shares, else another that may (a lost keeper's work moves on).
-async fn keeper_for_change(txn: &DatabaseTransaction, s: &shares::Model) -> Result<Uuid, ApiError> {
-    let candidates = store::keeper_candidates(txn).await?;
-    match s.keeper_host_id {
-        Some(k) if candidates.contains(&k) => Ok(k),
-        _ => keeper(txn).await,
-    }
-}
-
 /// A member grows a share (never shrinks it): its keeper raises the limit.
 pub async fn grow(
     st: &AppState,
@@ -245,7 +239,9 @@ pub async fn grow(
     }
     check_quota(&txn, &tenant, u64::try_from(gib - s.size_gib).unwrap_or(0)).await?;
     crate::app::budget::check_held(&txn, &tenant, SHARE_GIB, actor.at).await?;
-    let host = keeper_for_change(&txn, &s).await?;
+    let host = keeper(&txn, s.keeper_host_id)
+        .await?
+        .ok_or_else(no_keeper)?;
     let mut grown = s.clone();
     grown.size_gib = gib;
     crate::app::metering::share_released(&txn, s.id, actor.at).await?;
@@ -288,10 +284,7 @@ pub async fn delete(
     let name = s.name.clone();
     // A lost keeper's work moves on (asking again moves a deletion that
     // waits on one); with no host to keep it, the old keeper keeps it.
-    let host = match store::keeper_candidates(&txn).await?.first() {
-        Some(_) => Some(keeper_for_change(&txn, &s).await?),
-        None => s.keeper_host_id,
-    };
+    let host = keeper(&txn, s.keeper_host_id).await?.or(s.keeper_host_id);
     let mut a: shares::ActiveModel = s.into();
     a.state = Set(ShareState::Deleting.to_text().to_owned());
     a.keeper_host_id = Set(host);

@@ -112,6 +112,16 @@ pub fn bounded(text: &str) -> String {
         .collect()
 }
 
+/// Which host keeps a share, of `candidates` (the hosts that may keep
+/// shares, fewest kept first): its keeper while that one may, else the
+/// first (a lost keeper's work moves on); none when no host may.
+pub fn keeper(candidates: &[uuid::Uuid], current: Option<uuid::Uuid>) -> Option<uuid::Uuid> {
+    match current {
+        Some(k) if candidates.contains(&k) => Some(k),
+        _ => candidates.first().copied(),
+    }
+}
+
 /// Whether a host's agent may keep shares: it has the filesystem, and
 /// reported no problem with it.
 pub fn keeps(storage: Option<&SharesStorage>) -> bool {
@@ -201,6 +211,19 @@ mod tests {
         );
         let kept: SharesStorage = serde_json::from_str(&stored_storage(&s(1)).unwrap()).unwrap();
         assert_eq!(kept.problem.unwrap().chars().count(), 1000);
+    }
+
+    #[test]
+    fn a_share_keeps_its_keeper_while_it_may() {
+        let (a, b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        assert_eq!(keeper(&[a, b], Some(b)), Some(b));
+        assert_eq!(
+            keeper(&[a], Some(b)),
+            Some(a),
+            "a lost keeper's work moves on"
+        );
+        assert_eq!(keeper(&[a], None), Some(a));
+        assert_eq!(keeper(&[], Some(b)), None);
     }
 
     #[test]
