@@ -1898,6 +1898,111 @@ pub struct ClusterCreate {
     /// Project shares every member mounts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<ShareMountRequest>,
+    /// Replace failed members without being asked, `repair_delay_seconds`
+    /// after the cluster became degraded (`kumo cluster repair` does it by
+    /// hand).
+    #[serde(default)]
+    pub auto_repair: bool,
+    /// How long a degraded cluster waits before it repairs itself (a host
+    /// that is only rebooting comes back within it). At most a day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_delay_seconds: Option<u32>,
+}
+
+/// The longest an auto-repairing cluster may wait before it repairs.
+pub const MAX_REPAIR_DELAY_SECONDS: u32 = 86_400;
+/// What `auto_repair` waits for unless told otherwise.
+pub const DEFAULT_REPAIR_DELAY_SECONDS: u32 = 120;
+
+/// Whether a cluster's members are all well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterHealth {
+    /// Every member running on a reachable host with healthy devices.
+    Healthy,
+    /// A member is not (see `problems`).
+    Degraded,
+    /// Failed members were replaced and the new ones are not all running
+    /// yet.
+    Repairing,
+}
+
+impl ClusterHealth {
+    pub const ALL: [ClusterHealth; 3] = [
+        ClusterHealth::Healthy,
+        ClusterHealth::Degraded,
+        ClusterHealth::Repairing,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterHealth::Healthy => "healthy",
+            ClusterHealth::Degraded => "degraded",
+            ClusterHealth::Repairing => "repairing",
+        }
+    }
+}
+
+/// Why a member is not well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberFault {
+    /// Its host stopped answering (its VM may be running; nobody can tell).
+    HostLost,
+    /// Its host is retired or being drained.
+    HostLeaving,
+    /// The VM is in `error`.
+    VmError,
+    /// A GPU or NIC it holds is quarantined.
+    DeviceQuarantined,
+    /// A GPU or NIC it holds is suspect (degraded; still usable).
+    DeviceSuspect,
+    /// The member is stopped, suspended, shelved or preempted.
+    NotRunning,
+    /// Being replaced: waiting for room or booting.
+    Replacing,
+}
+
+impl MemberFault {
+    /// Whether `kumo cluster repair` replaces a member for it: the member
+    /// cannot come back by itself or by its owner's hand. A suspect device
+    /// still works, and a stopped member is its owner's to start.
+    pub fn replaceable(self) -> bool {
+        matches!(
+            self,
+            MemberFault::HostLost | MemberFault::VmError | MemberFault::DeviceQuarantined
+        )
+    }
+}
+
+/// One member's trouble.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ClusterProblem {
+    pub member: String,
+    pub fault: MemberFault,
+    /// What, in words (the host, the device, the VM's reason).
+    pub detail: String,
+}
+
+/// An event of a cluster's life: its health changing, repairs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ClusterEvent {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    /// `healthy`, `degraded`, `repairing`, `repair`, `repair-placed`, …
+    pub kind: String,
+    pub message: String,
+}
+
+/// What a repair did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ClusterRepair {
+    /// The members replaced (placed anew, or waiting for room).
+    pub replaced: Vec<String>,
+    /// Members with trouble a repair does not mend (suspect devices,
+    /// stopped members), each with why.
+    pub left: Vec<ClusterProblem>,
+    pub cluster: Cluster,
 }
 
 /// vCPUs and GiB of memory a VM gets per GPU unless it asks otherwise:
@@ -1973,6 +2078,16 @@ pub struct Cluster {
     pub members: Vec<ClusterMember>,
     /// An MPI hostfile: one member per line with its GPUs as slots.
     pub hostfile: String,
+    pub health: ClusterHealth,
+    /// What keeps it from `healthy`, per member.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<ClusterProblem>,
+    /// When its health last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_since: Option<DateTime<Utc>>,
+    pub auto_repair: bool,
+    /// How long it stays degraded before it repairs itself.
+    pub repair_delay_seconds: u32,
     pub created_at: DateTime<Utc>,
 }
 

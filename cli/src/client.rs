@@ -584,6 +584,37 @@ impl Client {
         .await
     }
 
+    pub async fn repair_cluster(
+        &self,
+        tenant: &str,
+        cluster: &str,
+    ) -> Result<kumo_api_types::ClusterRepair, ClientError> {
+        self.send(self.request(
+            Method::POST,
+            &format!(
+                "/api/v1/tenants/{}/clusters/{}/repair",
+                segment(tenant),
+                segment(cluster)
+            ),
+        ))
+        .await
+    }
+
+    pub async fn cluster_events(
+        &self,
+        tenant: &str,
+        cluster: &str,
+    ) -> Result<Vec<kumo_api_types::ClusterEvent>, ClientError> {
+        let page: Page<kumo_api_types::ClusterEvent> = self
+            .get(&format!(
+                "/api/v1/tenants/{}/clusters/{}/events?limit=100",
+                segment(tenant),
+                segment(cluster)
+            ))
+            .await?;
+        Ok(page.items)
+    }
+
     pub async fn delete_cluster(
         &self,
         tenant: &str,

@@ -819,8 +819,32 @@ pub enum ClusterCmd {
         /// How many VMs.
         #[arg(long)]
         size: u32,
+        /// Replace failed members without being asked (`kumo cluster
+        /// repair`), once the cluster has been degraded --repair-delay.
+        #[arg(long)]
+        auto_repair: bool,
+        /// How long a degraded cluster waits before it repairs itself
+        /// (a host that is only rebooting comes back within it): 2m
+        /// unless set.
+        #[arg(long, value_parser = parse_duration, requires = "auto_repair")]
+        repair_delay: Option<u64>,
         #[command(flatten)]
         spec: SpecArgs,
+    },
+    /// Replace failed members (host lost, VM in error, a device
+    /// quarantined) by new VMs of the same shape, names and addresses.
+    Repair {
+        /// The cluster's name.
+        cluster: String,
+        #[command(flatten)]
+        tenant: TenantArg,
+    },
+    /// The cluster's events: health changes, repairs.
+    Events {
+        /// The cluster's name.
+        cluster: String,
+        #[command(flatten)]
+        tenant: TenantArg,
     },
     /// The tenant's clusters.
     List {
@@ -2153,9 +2177,28 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
 
 fn cluster_detail(cl: &Cluster) -> String {
     let mut s = format!(
-        "Name:    {}\nTenant:  {}\nState:   {}\nSize:    {} × ({} GPU(s), {} vCPUs, {} GiB memory)\n\n",
-        cl.name, cl.tenant, cl.state, cl.size, cl.spec.gpus, cl.spec.vcpus, cl.spec.memory_gib,
+        "Name:    {}\nTenant:  {}\nState:   {}\nSize:    {} × ({} GPU(s), {} vCPUs, {} GiB memory)\nHealth:  {}{}\nRepair:  {}\n",
+        cl.name,
+        cl.tenant,
+        cl.state,
+        cl.size,
+        cl.spec.gpus,
+        cl.spec.vcpus,
+        cl.spec.memory_gib,
+        cl.health.as_str(),
+        cl.health_since
+            .map(|t| format!(" since {}", t.to_rfc3339()))
+            .unwrap_or_default(),
+        if cl.auto_repair {
+            format!("by itself after {} s degraded", cl.repair_delay_seconds)
+        } else {
+            "by hand (kumo cluster repair)".to_owned()
+        },
     );
+    for p in &cl.problems {
+        s.push_str(&format!("  {}: {}\n", p.member, p.detail));
+    }
+    s.push('\n');
     let mut t = Table::new(&["member", "state", "host", "su", "rails"]);
     for m in &cl.members {
         let rails: Vec<String> = m
@@ -2190,6 +2233,8 @@ async fn cluster(
             name,
             tenant,
             size,
+            auto_repair,
+            repair_delay,
             spec,
         } => {
             let v = spec.vm(name)?;
@@ -2220,6 +2265,9 @@ async fn cluster(
                         ssh_keys: v.ssh_keys,
                         networks: v.networks.into_iter().map(|n| n.segment).collect(),
                         shares: v.shares,
+                        auto_repair: *auto_repair,
+                        repair_delay_seconds: repair_delay
+                            .map(|d| u32::try_from(d).unwrap_or(u32::MAX)),
                     },
                 )
                 .await?;
@@ -2228,7 +2276,14 @@ async fn cluster(
         ClusterCmd::List { tenant } => {
             let cls = c.list_clusters(&tenant.tenant).await?;
             print_one(out, fmt, &cls, || {
-                let mut t = Table::new(&["name", "state", "size", "gpus each", "scalable units"]);
+                let mut t = Table::new(&[
+                    "name",
+                    "state",
+                    "health",
+                    "size",
+                    "gpus each",
+                    "scalable units",
+                ]);
                 for cl in &cls {
                     let mut sus: Vec<String> = cl
                         .members
@@ -2240,6 +2295,7 @@ async fn cluster(
                     t.row(vec![
                         cl.name.clone(),
                         cl.state.clone(),
+                        cl.health.as_str().into(),
                         cl.size.to_string(),
                         cl.spec.gpus.to_string(),
                         if sus.is_empty() {
@@ -2255,6 +2311,34 @@ async fn cluster(
         ClusterCmd::Show { cluster, tenant } => {
             let cl = c.cluster(&tenant.tenant, cluster).await?;
             print_one(out, fmt, &cl, || cluster_detail(&cl))?;
+        }
+        ClusterCmd::Repair { cluster, tenant } => {
+            let r = c.repair_cluster(&tenant.tenant, cluster).await?;
+            print_one(out, fmt, &r, || {
+                let mut s = if r.replaced.is_empty() {
+                    format!("Nothing to replace in {}\n", r.cluster.name)
+                } else {
+                    format!(
+                        "Replacing {} of {}: same names and addresses, fresh root disks\n",
+                        r.replaced.join(", "),
+                        r.cluster.name
+                    )
+                };
+                for p in &r.left {
+                    s.push_str(&format!("Left alone: {}: {}\n", p.member, p.detail));
+                }
+                s
+            })?;
+        }
+        ClusterCmd::Events { cluster, tenant } => {
+            let evs = c.cluster_events(&tenant.tenant, cluster).await?;
+            print_one(out, fmt, &evs, || {
+                let mut t = Table::new(&["at", "kind", "message"]);
+                for e in &evs {
+                    t.row(vec![e.at.to_rfc3339(), e.kind.clone(), e.message.clone()]);
+                }
+                t.render()
+            })?;
         }
         ClusterCmd::Hostfile { cluster, tenant } => {
             write!(

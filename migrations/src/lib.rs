@@ -34,6 +34,7 @@ mod m0028_host_storage;
 mod m0029_gpu_hours;
 mod m0030_console_relay;
 mod m0031_shares;
+mod m0032_cluster_health;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -109,6 +110,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0029_gpu_hours::Migration),
             Box::new(m0030_console_relay::Migration),
             Box::new(m0031_shares::Migration),
+            Box::new(m0032_cluster_health::Migration),
         ]
     }
 }

@@ -54,7 +54,8 @@ fn place_members(
     strategy: Strategy,
 ) -> Option<Vec<Choice>> {
     let mut placed: Vec<Choice> = Vec::new();
-    let mut rails: Option<Vec<Option<u32>>> = None;
+    // Rails asked for (members beside placed ones), or those of the first.
+    let mut rails: Option<Vec<Option<u32>>> = req.member.rails.clone();
     let mut unit_iter = units.iter().peekable();
     for id in ids.iter().take(req.size as usize) {
         let mut found = None;
@@ -105,6 +106,10 @@ pub fn place_cluster(
         units.sort();
         units.dedup();
         return place_members(index, req, ids, &units, strategy);
+    }
+    if req.member.unit.is_some() {
+        // Asked for one unit (members beside placed ones): only there.
+        return place_members(index, req, ids, &[req.member.unit], strategy);
     }
     let mut room = unit_room(index, &req.member);
     // One unit with room: the fullest that fits (best fit), trying the

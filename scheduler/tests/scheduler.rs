@@ -422,6 +422,48 @@ fn a_cluster_goes_into_one_unit_rail_aligned_or_not_at_all() {
     assert_eq!(units.len(), 2);
 }
 
+#[test]
+fn replacements_go_to_the_unit_and_rails_asked_for_or_not_at_all() {
+    // su-b is roomier (best fit for a fresh pair would still pick one
+    // unit); the members asked for su-a on rails of a half host go there.
+    let mut hosts = vec![("hgx-h100", Some("su-a")); 3];
+    hosts.extend(vec![("hgx-h100", Some("su-b")); 4]);
+    let mut index = fleet(&hosts);
+    let su_a = index.hosts[0].scalable_unit;
+    // A sibling's four GPUs on the upper rails of h0.
+    let mut half = gpu_req(&index, 4, H100);
+    half.host = Some(index.hosts[0].id);
+    let (h, _) = take(&mut index, &half).unwrap();
+    let first = index.hosts[h].holds[0].gpus;
+    let sibling_rails = kumo_scheduler::place::rails_of(&index.hosts[h], first);
+    let mut member = gpu_req(&index, 4, H100);
+    member.unit = su_a;
+    member.rails = Some(sibling_rails.clone());
+    let ids: Vec<Uuid> = (0..2).map(|_| Uuid::now_v7()).collect();
+    let placed = place_cluster(
+        &mut index,
+        &ClusterRequest {
+            size: 2,
+            member: member.clone(),
+        },
+        &ids,
+        Strategy::BestFit,
+    )
+    .unwrap();
+    for c in &placed {
+        assert_eq!(index.hosts[c.host].scalable_unit, su_a);
+        assert_eq!(c.rails(&index), sibling_rails, "the sibling's rails");
+    }
+    // su-a has no room on those rails for two more (h0's other half is on
+    // other rails): nothing, not su-b.
+    let ids: Vec<Uuid> = (0..2).map(|_| Uuid::now_v7()).collect();
+    let again = ClusterRequest { size: 2, member };
+    assert!(place_cluster(&mut index, &again, &ids, Strategy::BestFit).is_none());
+    for h in &index.hosts {
+        check_invariants(h);
+    }
+}
+
 fn spot(index: &mut Index, host: usize, gpus: u32, since: i64) -> Uuid {
     let req = gpu_req(index, gpus, H100);
     let mut one = index.clone();

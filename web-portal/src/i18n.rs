@@ -110,6 +110,10 @@ pub fn word(lang: Lang, w: &str) -> String {
         "Actions" => "操作",
         "When" => "日時",
         "Spot VM" => "スポット VM",
+        "Health" => "健全性",
+        "degraded" => "縮退",
+        "repair" => "修復",
+        "Repair by itself" => "自動修復",
         "member" => "メンバー",
         "viewer" => "閲覧者",
         "owner" => "オーナー",
@@ -238,6 +242,10 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
             "公開鍵（ssh-ed25519 AAAA…）。ゲストに書き込まれます",
         ),
         "cluster_size" => ("How many VMs, placed together", "VM の台数（まとめて配置）"),
+        "auto_repair" => (
+            "Replace a failed member (host lost, VM in error, a device quarantined) by itself, two minutes after; same name and address, fresh disk",
+            "故障したメンバー（ホスト喪失・VM エラー・デバイス隔離）を 2 分後に自動で置き換えます。名前とアドレスは同じ、ディスクは新規",
+        ),
         "cluster_gpus" => ("GPUs in each VM", "各 VM の GPU 数"),
         "kind" => (
             "RoCE: RDMA between GPU VMs (NCCL); Ethernet for the rest",

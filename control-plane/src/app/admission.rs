@@ -8,6 +8,7 @@
 
 use chrono::{DateTime, Utc};
 use kumo_api_types::{HostState, Power, ServiceLevel, VmSpec, VmState};
+use kumo_scheduler::place::Choice;
 use kumo_scheduler::reclaim::{self, Plan};
 use kumo_scheduler::{place_cluster, ClusterRequest, Index, Request, Strategy};
 use kumo_topology::guest_layout::Placement;
@@ -97,14 +98,59 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
     })
 }
 
+/// Where a placed sibling is (a cluster member replaced beside the
+/// others): the new members go to its scalable unit and rails when they
+/// have room, elsewhere when not.
+#[derive(Debug, Clone)]
+pub struct Near {
+    pub host: Uuid,
+    pub gpus: Vec<kumo_topology::Bdf>,
+}
+
+impl Near {
+    /// The sibling's scalable unit and its GPUs' rails, as the index
+    /// knows them; `None` when the index does not know its host.
+    pub fn unit_and_rails(&self, index: &Index) -> Option<(Option<u32>, Vec<Option<u32>>)> {
+        let h = &index.hosts[index.position(self.host)?];
+        let rails = self
+            .gpus
+            .iter()
+            .map(|g| {
+                let i = h.profile.gpu_index(g)?;
+                let nic = h.profile.gpus[i].nic?;
+                h.profile.nics[nic].rail
+            })
+            .collect();
+        Some((h.scalable_unit, rails))
+    }
+}
+
+/// The members placed (all or none) and applied to the index.
+fn choose(index: &mut Index, req: &Request, ids: &[Uuid]) -> Option<Vec<Choice>> {
+    if let [id] = ids {
+        let mut c = kumo_scheduler::place::place(index, req, Strategy::BestFit)?;
+        c.hold.vm = *id;
+        index.apply(c.host, c.hold.clone());
+        Some(vec![c])
+    } else {
+        let cluster = ClusterRequest {
+            size: ids.len() as u32,
+            member: req.clone(),
+        };
+        place_cluster(index, &cluster, ids, Strategy::BestFit)
+    }
+}
+
 /// Places every member (all or nothing) and applies them to the index.
 /// `disk_gib`: the disk the (one) member takes on its host where that is
-/// not its root disk (see [`disk_needed`]).
+/// not its root disk (see [`disk_needed`]); `near`: a sibling whose unit
+/// and rails are tried first.
 fn reserve(
     st: &AppState,
     tenant: Uuid,
     members: &[Member],
     disk_gib: Option<u64>,
+    near: Option<&Near>,
 ) -> Result<Option<Vec<Reserved>>, ApiError> {
     let Some(first) = members.first() else {
         return Ok(Some(Vec::new()));
@@ -116,24 +162,19 @@ fn reserve(
     }
     let spot = first.spec.service_level == ServiceLevel::Spot;
     let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
-    let choices = if members.len() == 1 {
-        match kumo_scheduler::place::place(&index, &req, Strategy::BestFit) {
-            Some(mut c) => {
-                c.hold.vm = ids[0];
-                index.apply(c.host, c.hold.clone());
-                vec![c]
-            }
-            None => return Ok(None),
-        }
-    } else {
-        let cluster = ClusterRequest {
-            size: members.len() as u32,
-            member: req,
-        };
-        match place_cluster(&mut index, &cluster, &ids, Strategy::BestFit) {
+    let hinted = near
+        .and_then(|n| n.unit_and_rails(&index))
+        .map(|(unit, rails)| Request {
+            unit,
+            rails: (req.gpus > 0 && rails.len() == req.gpus as usize).then_some(rails),
+            ..req.clone()
+        });
+    let choices = match hinted.and_then(|h| choose(&mut index, &h, &ids)) {
+        Some(c) => c,
+        None => match choose(&mut index, &req, &ids) {
             Some(c) => c,
             None => return Ok(None),
-        }
+        },
     };
     let now = st.config.clock.now().timestamp();
     let mut out = Vec::with_capacity(choices.len());
@@ -230,6 +271,8 @@ pub async fn claim_host(
 pub struct NewCluster<'a> {
     pub id: Uuid,
     pub name: &'a str,
+    pub auto_repair: bool,
+    pub repair_delay_seconds: u32,
     pub spec: &'a VmSpec,
 }
 
@@ -252,6 +295,8 @@ pub struct Admission<'a> {
     pub tenant: &'a tenants::Model,
     pub members: &'a [Member],
     pub rows: Rows<'a>,
+    /// A placed sibling to go near (a repaired cluster's members).
+    pub near: Option<&'a Near>,
 }
 
 /// What a commit makes true: the members placed as reserved, or waiting
@@ -307,6 +352,12 @@ async fn insert_cluster(
         spec: Set(serde_json::to_string(c.spec).map_err(internal)?),
         state: Set(state.to_text().into()),
         created_at: Set(actor.at),
+        health: Set(kumo_api_types::ClusterHealth::Healthy.as_str().into()),
+        problems: Set("[]".into()),
+        health_since: Set(Some(actor.at)),
+        auto_repair: Set(c.auto_repair),
+        repair_delay_seconds: Set(i32::try_from(c.repair_delay_seconds).unwrap_or(i32::MAX)),
+        repairing: Set(false),
     }
     .insert(txn)
     .await?;
@@ -622,7 +673,7 @@ const CAUGHT_UP_LATELY: std::time::Duration = std::time::Duration::from_millis(2
 async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
     let disk_gib = disk_needed(st, job).await?;
     for round in 0..ROUNDS {
-        let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_gib)? else {
+        let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_gib, job.near)? else {
             if round == 0 {
                 // The index may lag other replicas' frees (by a second):
                 // catch up and look again, unless a catch-up began a
@@ -831,4 +882,94 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
         st.signals.notify(h);
     }
     Ok(Admitted::Pending { reclaiming })
+}
+
+/// Places waiting VMs (one, or members of one cluster, placed together):
+/// their rows say what they need (segments, shares, volumes, the host
+/// that keeps their disks). Members of a cluster with placed members go
+/// beside one of those (its scalable unit and rails) when there is room.
+/// No room is not an error: they wait for the next pass.
+pub async fn admit_pending(
+    st: &AppState,
+    cluster_id: Option<Uuid>,
+    rows: &[vms::Model],
+) -> Result<(), ApiError> {
+    let Some(first) = rows.first() else {
+        return Ok(());
+    };
+    let Some(tenant) = tenants::Entity::find_by_id(first.tenant_id)
+        .one(&st.db)
+        .await?
+    else {
+        return Ok(());
+    };
+    let mut members = Vec::with_capacity(rows.len());
+    for v in rows {
+        let (networked, roce) = crate::store::segments::kinds_of(&st.db, v.id).await?;
+        let shared = !crate::store::shares::mounts_of(&st.db, &[v.id])
+            .await?
+            .is_empty();
+        // Its volumes (attached when it was made) say where it goes.
+        // Unshelved `--anywhere`: wherever there is room; its disks
+        // then move there.
+        let on_host = match v.disk_host_id {
+            _ if v.unshelve_anywhere => None,
+            Some(h) => Some(h),
+            None => crate::store::volumes::of_vm(&st.db, v.id)
+                .await?
+                .first()
+                .map(|vol| vol.host_id),
+        };
+        members.push(Member {
+            id: v.id,
+            name: v.name.clone(),
+            spec: crate::store::vms::stored_spec(v)?,
+            nics: Vec::new(),
+            networked,
+            roce,
+            on_host,
+            volumes: Vec::new(),
+            // A pending VM's mounts are rows already.
+            shares: Vec::new(),
+            shared,
+        });
+    }
+    let near = match cluster_id {
+        Some(c) => placed_sibling(st, c).await?,
+        None => None,
+    };
+    let job = Admission {
+        tenant: &tenant,
+        members: &members,
+        rows: Rows::Pending {
+            cluster: cluster_id,
+        },
+        near: near.as_ref(),
+    };
+    match admit(st, job).await {
+        Ok(Admitted::Placed) => {
+            if let (Some(c), Some(near)) = (cluster_id, &near) {
+                let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
+                crate::app::cluster_repair::placed_near(st, c, &ids, near).await?;
+            }
+            Ok(())
+        }
+        Ok(Admitted::Pending { .. }) | Err(ApiError::InsufficientCapacity(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A running member of the cluster, to place the others beside.
+async fn placed_sibling(st: &AppState, cluster: Uuid) -> Result<Option<Near>, ApiError> {
+    let rows = vms::Entity::find()
+        .filter(vms::Column::ClusterId.eq(cluster))
+        .filter(vms::Column::State.eq(VmState::Running.as_str()))
+        .all(&st.db)
+        .await?;
+    for v in rows {
+        if let (Some(host), Some(p)) = (v.host_id, crate::store::vms::stored_placement(&v)?) {
+            return Ok(Some(Near { host, gpus: p.gpus }));
+        }
+    }
+    Ok(None)
 }

@@ -396,8 +396,10 @@ async fn apply_entry(
     else {
         return Ok(Applied::default()); // already gone: nothing to apply
     };
-    if vm.host_id.is_none() && s.state == ActualState::Absent {
-        // Released already (a preempted VM): a repeated report.
+    if vm.host_id != Some(host.id) && s.state == ActualState::Absent {
+        // Released already (a preempted VM, a repeated report), or no
+        // longer this host's (a replaced cluster member whose old host
+        // came back and removed it): nothing to apply.
         return Ok(Applied::default());
     }
     // A host speaking for another host's VM is forging: the whole report

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use kumo_api_types::{Cluster, ClusterCreate, ClusterMember, Page, PageParams, Role, VmState};
-use sea_orm::{ConnectionTrait, EntityTrait, TransactionTrait};
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use uuid::Uuid;
 
 use crate::app::access::tenant_access;
@@ -67,9 +67,23 @@ pub async fn create(
         )));
     }
     let members: Vec<Member> = names.into_iter().map(|n| prepared.member(n)).collect();
+    let repair_delay_seconds = body
+        .repair_delay_seconds
+        .unwrap_or(kumo_api_types::DEFAULT_REPAIR_DELAY_SECONDS);
+    if repair_delay_seconds > kumo_api_types::MAX_REPAIR_DELAY_SECONDS {
+        return Err(ApiError::field(
+            "repair_delay_seconds",
+            format!(
+                "at most {} (a day)",
+                kumo_api_types::MAX_REPAIR_DELAY_SECONDS
+            ),
+        ));
+    }
     let new = NewCluster {
         id: Uuid::now_v7(),
         name: &body.name,
+        auto_repair: body.auto_repair,
+        repair_delay_seconds,
         spec: &prepared.spec,
     };
     let job = Admission {
@@ -79,6 +93,7 @@ pub async fn create(
             actor,
             cluster: Some(&new),
         },
+        near: None,
     };
     match admit(st, job).await {
         Ok(_) => {}
@@ -163,6 +178,11 @@ pub async fn view(
         hostfile: hostfile(&lines, spec.gpus),
         spec,
         members,
+        health: crate::app::cluster_repair::stored_health(c)?,
+        problems: crate::app::cluster_repair::stored_problems(c)?,
+        health_since: c.health_since,
+        auto_repair: c.auto_repair,
+        repair_delay_seconds: u32::try_from(c.repair_delay_seconds).unwrap_or(0),
         created_at: c.created_at,
     })
 }
@@ -233,7 +253,7 @@ pub async fn delete(
         hosts.extend(vm.host_id);
     }
     if members.is_empty() {
-        clusters::Entity::delete_by_id(c.id).exec(&txn).await?;
+        crate::store::clusters::forget(&txn, c.id).await?;
     }
     crate::app::audit::record(&txn, actor, "cluster.delete", Some(&tenant), &c.name).await?;
     txn.commit().await?;

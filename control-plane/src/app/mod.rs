@@ -12,6 +12,7 @@ pub mod billing;
 pub mod bootstrap;
 pub mod budget;
 pub mod churn;
+pub mod cluster_repair;
 pub mod clusters;
 pub mod consoles;
 pub mod dashboard;

@@ -536,6 +536,7 @@ pub async fn create(
             actor,
             cluster: None,
         },
+        near: None,
     };
     match admit(st, job).await {
         Ok(_) => {}

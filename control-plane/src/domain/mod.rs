@@ -1,6 +1,7 @@
 //! Pure rules over plain data: no database, no HTTP, no clock of their own.
 
 pub mod churn;
+pub mod cluster_health;
 pub mod device_health;
 pub mod faults;
 pub mod gpu_telemetry;

@@ -121,6 +121,14 @@ impl StoredText for Level {
     }
 }
 
+impl StoredText for kumo_api_types::ClusterHealth {
+    const WHAT: &'static str = "cluster health";
+    const ALL: &'static [Self] = &kumo_api_types::ClusterHealth::ALL;
+    fn to_text(self) -> &'static str {
+        self.as_str()
+    }
+}
+
 /// Whether a cluster's members are all placed or some wait for room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterState {
@@ -194,6 +202,7 @@ mod tests {
         round_trips::<VolumeState>();
         round_trips::<ShareState>();
         round_trips::<ShareLimit>();
+        round_trips::<kumo_api_types::ClusterHealth>();
     }
 
     #[test]

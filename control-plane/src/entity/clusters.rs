@@ -13,6 +13,18 @@ pub struct Model {
     /// `pending` (waiting for spot VMs to be reclaimed) or `placed`.
     pub state: String,
     pub created_at: DateTimeUtc,
+    /// `healthy`, `degraded` or `repairing`, as last assessed.
+    pub health: String,
+    /// What is wrong, per member (JSON `[ClusterProblem]`).
+    pub problems: String,
+    /// When `health` last changed.
+    pub health_since: Option<DateTimeUtc>,
+    /// Replaces failed members by itself, `repair_delay_seconds` after the
+    /// cluster became degraded.
+    pub auto_repair: bool,
+    pub repair_delay_seconds: i32,
+    /// A repair placed new members that are not all running yet.
+    pub repairing: bool,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

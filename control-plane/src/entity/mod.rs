@@ -6,6 +6,7 @@ pub mod attachments;
 pub mod audit_log;
 pub mod billing_alerts;
 pub mod charges;
+pub mod cluster_events;
 pub mod clusters;
 pub mod console_dials;
 pub mod console_links;

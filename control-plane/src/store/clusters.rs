@@ -1,14 +1,17 @@
 //! Queries over clusters and their members.
 
-use kumo_api_types::VmSpec;
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use kumo_api_types::{ClusterHealth, DeviceState, VmSpec};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 use uuid::Uuid;
 
 use crate::domain::paging::Paging;
-use crate::entity::{clusters, tenants, vms};
+use crate::entity::{allocations, cluster_events, clusters, device_health, tenants, vms};
 use crate::error::ApiError;
 
 /// The MPI hostfile of a cluster: its members by name, one per line, with
@@ -83,9 +86,144 @@ pub async fn member_gone(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(
         .count(txn)
         .await?;
     if left == 0 {
-        clusters::Entity::delete_by_id(c).exec(txn).await?;
+        forget(txn, c).await?;
     }
     Ok(())
+}
+
+/// A cluster's row goes, with its events.
+pub async fn forget(txn: &DatabaseTransaction, cluster: Uuid) -> Result<(), ApiError> {
+    cluster_events::Entity::delete_many()
+        .filter(cluster_events::Column::ClusterId.eq(cluster))
+        .exec(txn)
+        .await?;
+    clusters::Entity::delete_by_id(cluster).exec(txn).await?;
+    Ok(())
+}
+
+/// Records an event of a cluster's life.
+pub async fn event(
+    db: &impl ConnectionTrait,
+    c: &clusters::Model,
+    at: DateTime<Utc>,
+    kind: &str,
+    message: impl Into<String>,
+) -> Result<(), ApiError> {
+    cluster_events::ActiveModel {
+        id: NotSet,
+        cluster_id: Set(c.id),
+        tenant_id: Set(c.tenant_id),
+        at: Set(at),
+        kind: Set(kind.to_owned()),
+        message: Set(message.into()),
+    }
+    .insert(db)
+    .await?;
+    Ok(())
+}
+
+/// One page of a cluster's events, newest first, older than `before`.
+pub async fn events_page(
+    db: &impl ConnectionTrait,
+    cluster: Uuid,
+    before: Option<i64>,
+    paging: &Paging,
+) -> Result<Vec<cluster_events::Model>, ApiError> {
+    let mut query = cluster_events::Entity::find()
+        .filter(cluster_events::Column::ClusterId.eq(cluster))
+        .order_by_desc(cluster_events::Column::Id);
+    if let Some(before) = before {
+        query = query.filter(cluster_events::Column::Id.lt(before));
+    }
+    Ok(query.limit(paging.fetch()).all(db).await?)
+}
+
+/// Every cluster, for the health pass.
+pub async fn all(db: &impl ConnectionTrait) -> Result<Vec<clusters::Model>, ApiError> {
+    Ok(clusters::Entity::find()
+        .order_by_asc(clusters::Column::Id)
+        .all(db)
+        .await?)
+}
+
+/// Every cluster member VM of these clusters.
+pub async fn members_of_all(
+    db: &impl ConnectionTrait,
+    clusters: &[Uuid],
+) -> Result<Vec<vms::Model>, ApiError> {
+    let mut out = Vec::new();
+    for chunk in clusters.chunks(500) {
+        out.extend(
+            vms::Entity::find()
+                .filter(vms::Column::ClusterId.is_in(chunk.iter().copied()))
+                .all(db)
+                .await?,
+        );
+    }
+    Ok(out)
+}
+
+/// The devices (GPUs and NICs) these VMs hold that are not healthy:
+/// `(PCI address, kind, state)` per VM.
+pub async fn troubled_devices(
+    db: &impl ConnectionTrait,
+    vms: &[Uuid],
+) -> Result<HashMap<Uuid, Vec<(String, String, DeviceState)>>, ApiError> {
+    let unwell: HashMap<(Uuid, String), device_health::Model> = device_health::Entity::find()
+        .filter(device_health::Column::State.ne(DeviceState::Healthy.as_str()))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|d| ((d.host_id, d.bdf.clone()), d))
+        .collect();
+    let mut out: HashMap<Uuid, Vec<(String, String, DeviceState)>> = HashMap::new();
+    if unwell.is_empty() {
+        return Ok(out);
+    }
+    for chunk in vms.chunks(500) {
+        let held = allocations::Entity::find()
+            .filter(allocations::Column::VmId.is_in(chunk.iter().copied()))
+            .filter(allocations::Column::Kind.ne("cpu"))
+            .all(db)
+            .await?;
+        for a in held {
+            if let Some(d) = unwell.get(&(a.host_id, a.key.clone())) {
+                let state = crate::store::device_health::stored_state(d)?;
+                out.entry(a.vm_id)
+                    .or_default()
+                    .push((d.bdf.clone(), d.kind.clone(), state));
+            }
+        }
+    }
+    for v in out.values_mut() {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    Ok(out)
+}
+
+/// A cluster's health moves from what was read to what was assessed;
+/// answers whether this call moved it (another replica may have).
+pub async fn set_health(
+    db: &impl ConnectionTrait,
+    c: &clusters::Model,
+    health: ClusterHealth,
+    problems: &str,
+    repairing: bool,
+    since: Option<DateTime<Utc>>,
+) -> Result<bool, ApiError> {
+    use sea_orm::sea_query::Expr;
+    let r = clusters::Entity::update_many()
+        .col_expr(clusters::Column::Health, Expr::value(health.as_str()))
+        .col_expr(clusters::Column::Problems, Expr::value(problems))
+        .col_expr(clusters::Column::Repairing, Expr::value(repairing))
+        .col_expr(clusters::Column::HealthSince, Expr::value(since))
+        .filter(clusters::Column::Id.eq(c.id))
+        .filter(clusters::Column::Health.eq(c.health.clone()))
+        .filter(clusters::Column::Problems.eq(c.problems.clone()))
+        .filter(clusters::Column::Repairing.eq(c.repairing))
+        .exec(db)
+        .await?;
+    Ok(r.rows_affected == 1)
 }
 
 /// Members ordered by their index (`NAME-2` before `NAME-10`).

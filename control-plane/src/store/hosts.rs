@@ -358,6 +358,31 @@ pub async fn with_segment_faults(db: &impl ConnectionTrait) -> Result<Vec<hosts:
         .await?)
 }
 
+/// Hosts' names and states by id, without their topologies.
+pub async fn names_and_states(
+    db: &impl ConnectionTrait,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<std::collections::HashMap<Uuid, (String, HostState)>, ApiError> {
+    let ids: Vec<Uuid> = ids.into_iter().collect();
+    let mut out = std::collections::HashMap::new();
+    for chunk in ids.chunks(500) {
+        let rows: Vec<(Uuid, String, String)> = hosts::Entity::find()
+            .select_only()
+            .column(hosts::Column::Id)
+            .column(hosts::Column::Name)
+            .column(hosts::Column::State)
+            .filter(hosts::Column::Id.is_in(chunk.iter().copied()))
+            .into_tuple()
+            .all(db)
+            .await?;
+        for (id, name, state) in rows {
+            let state = crate::domain::states::decode("hosts", id, &state)?;
+            out.insert(id, (name, state));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

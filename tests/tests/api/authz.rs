@@ -475,6 +475,17 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/tenants/{tenant}/clusters/{cluster}",
         [200, 200, 200, 200, 404, 401, 401, 401],
     ),
+    // Repairing is for members; a healthy cluster has nothing to replace.
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/clusters/{cluster}/repair",
+        [202, 202, 202, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/clusters/{cluster}/events",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
     (
         "DELETE",
         "/api/v1/tenants/{tenant}/clusters/{cluster}",

@@ -804,3 +804,86 @@ pub fn gpus_of(vm: &kumo_api_types::Vm) -> Vec<String> {
         .flat_map(|p| p.gpus.iter().map(|g| g.host_bdf.clone()))
         .collect()
 }
+
+/// A webhook receiver on loopback: every body posted to it, in order;
+/// each post must carry the `Kumo-Event` header `event`.
+pub async fn webhook_receiver(
+    event: &'static str,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/hooks/secret-path-abc123",
+        listener.local_addr().unwrap()
+    );
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = got.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = listener.accept().await else {
+                return;
+            };
+            let keep = keep.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = c.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some(head_end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let len: usize = text[..head_end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if buf.len() < head_end + 4 + len {
+                        continue;
+                    }
+                    assert!(
+                        text.to_ascii_lowercase()
+                            .contains(&format!("kumo-event: {event}")),
+                        "{text}"
+                    );
+                    let body: serde_json::Value =
+                        serde_json::from_slice(&buf[head_end + 4..head_end + 4 + len]).unwrap();
+                    keep.lock().unwrap().push(body);
+                    let _ = c
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (url, got)
+}
+
+/// Waits (briefly: delivery is in the background) for `n` webhook posts.
+pub async fn webhook_posts(
+    got: &std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    n: usize,
+) -> Vec<serde_json::Value> {
+    for _ in 0..100 {
+        if got.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let v = got.lock().unwrap().clone();
+    assert_eq!(v.len(), n, "{v:#?}");
+    v
+}

@@ -5,16 +5,13 @@
 //! busy or unknown minutes end the spell, an owner's exemption holds it
 //! off and restarts the count, and at the end the VM is shelved.
 
-use std::sync::{Arc, Mutex};
-
 use chrono::Duration;
 use kumo_api_types::{
     AuditEntry, IdleAction, IdlePolicyView, IdleReport, IdleVm, Page, Role, ServiceLevel, Vm,
     VmState,
 };
 use kumo_server::clock::Clock;
-use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use serde_json::json;
 
 use crate::harness::{events_of, on_both_backends, TestServer};
 
@@ -23,79 +20,6 @@ fn manual_clock(c: &mut kumo_server::config::Config) {
     c.idle.allow_loopback_webhooks = true;
     // The test runs the passes itself.
     c.idle.check_every = std::time::Duration::from_secs(3600);
-}
-
-/// A webhook receiver on loopback: every body posted to it, in order.
-async fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/hooks/secret-path-abc123",
-        listener.local_addr().unwrap()
-    );
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let keep = got.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut c, _)) = listener.accept().await else {
-                return;
-            };
-            let keep = keep.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    let n = c.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    let Some(head_end) = text.find("\r\n\r\n") else {
-                        continue;
-                    };
-                    let len: usize = text[..head_end]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse().unwrap())
-                        })
-                        .unwrap_or(0);
-                    if buf.len() < head_end + 4 + len {
-                        continue;
-                    }
-                    assert!(
-                        text.contains("kumo-event: vm.idle")
-                            || text.contains("Kumo-Event: vm.idle"),
-                        "{text}"
-                    );
-                    let body: Value =
-                        serde_json::from_slice(&buf[head_end + 4..head_end + 4 + len]).unwrap();
-                    keep.lock().unwrap().push(body);
-                    let _ = c
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        )
-                        .await;
-                    return;
-                }
-            });
-        }
-    });
-    (url, got)
-}
-
-/// Waits (briefly: delivery is in the background) for `n` webhook posts.
-async fn hooks(got: &Arc<Mutex<Vec<Value>>>, n: usize) -> Vec<Value> {
-    for _ in 0..100 {
-        if got.lock().unwrap().len() >= n {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let v = got.lock().unwrap().clone();
-    assert_eq!(v.len(), n, "{v:#?}");
-    v
 }
 
 struct Guest<'a> {
@@ -159,7 +83,7 @@ on_both_backends! {
         s.add("lab", "mika", Role::Member).await;
         let mut agent = s.sim_agent("gpu-001", "hgx-h100").await;
         let clock = s.server.state.config.clock.clone();
-        let (hook, got) = receiver().await;
+        let (hook, got) = crate::harness::webhook_receiver("vm.idle").await;
 
         // The platform's policy stands until the project sets its own;
         // an owner may only tighten it, an administrator may set any.
@@ -215,7 +139,7 @@ on_both_backends! {
         g.minutes(1, Some(1.0)).await;
         assert_eq!(g.state().await.notices, 1);
         assert_eq!(g.events().await, vec!["idle.notice"]);
-        let h = hooks(&got, 1).await;
+        let h = crate::harness::webhook_posts(&got, 1).await;
         assert_eq!(h[0]["event"], "idle.notice");
         assert_eq!(h[0]["vm"], "train");
         assert!(h[0]["text"].as_str().unwrap().contains("will be shelved"), "{}", h[0]["text"]);
@@ -234,7 +158,7 @@ on_both_backends! {
         let end = st.idle_since.unwrap() + Duration::hours(1);
         assert!(at >= end && at - end < Duration::minutes(1), "{at} vs {end}");
         assert_eq!(g.events().await, vec!["idle.notice", "idle.ended", "idle.notice", "idle.warning"]);
-        hooks(&got, 3).await;
+        crate::harness::webhook_posts(&got, 3).await;
 
         // The portal: the dashboard flags the VM, its page warns and
         // charts the GPU's day (busy, silent, then idle).
@@ -307,7 +231,7 @@ on_both_backends! {
         assert_eq!(vm_now.state, VmState::Shelved);
         let ev = g.events().await;
         assert_eq!(ev[4..], ["idle.exempted", "idle.notice", "idle.warning", "idle.shelved"]);
-        let h = hooks(&got, 6).await;
+        let h = crate::harness::webhook_posts(&got, 6).await;
         assert_eq!(h[5]["event"], "idle.shelved");
         // Once shelved, the pass leaves it alone.
         assert_eq!(kumo_server::app::idle_gpus::pass(&s.server.state).await.unwrap(), 0);

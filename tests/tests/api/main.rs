@@ -10,6 +10,7 @@ mod authz;
 mod bad_input;
 mod billing;
 mod cli;
+mod cluster_repair;
 mod console_replicas;
 mod crash;
 mod dev;

@@ -243,6 +243,8 @@ fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCrea
         ssh_keys: vec![],
         networks: vec![],
         shares: Vec::new(),
+        auto_repair: false,
+        repair_delay_seconds: None,
     }
 }
 

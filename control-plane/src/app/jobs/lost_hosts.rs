@@ -1,5 +1,6 @@
 //! The lost-host detector (and, beside it, shares' keepers moved off
-//! hosts that can no longer keep them).
+//! hosts that can no longer keep them, and clusters' health assessed and
+//! auto-repairs started, right after hosts are found lost).
 
 use kumo_api_types::HostState;
 
@@ -54,6 +55,9 @@ pub async fn run(state: AppState) {
             if let Err(e) = crate::app::shares::rekeep(&state).await {
                 tracing::warn!(error = %e, "shares' keepers could not be moved");
             }
+        }
+        if let Err(e) = crate::app::cluster_repair::pass(&state).await {
+            tracing::warn!(error = %e, "clusters' health could not be assessed");
         }
         match lost {
             Ok(r) if r.rows_affected > 0 => {

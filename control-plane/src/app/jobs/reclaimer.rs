@@ -21,10 +21,9 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrait};
 use uuid::Uuid;
 
-use crate::app::admission::{admit, Admission, Member, Rows};
 use crate::context::AppState;
 use crate::domain::states::StoredText;
-use crate::entity::{allocations, tenants, vms};
+use crate::entity::{allocations, vms};
 use crate::error::{is_unique_violation, ApiError};
 use crate::store::capacity::REFRESH;
 use crate::store::hosts::bump_revision;
@@ -238,56 +237,8 @@ async fn place_pending(st: &AppState) -> Result<(), ApiError> {
         groups.entry(key).or_default().push(v);
     }
     for ((cluster_id, _), rows) in groups {
-        let Some(first) = rows.first() else {
-            continue;
-        };
-        let Some(tenant) = tenants::Entity::find_by_id(first.tenant_id)
-            .one(&st.db)
-            .await?
-        else {
-            continue;
-        };
-        let mut members = Vec::with_capacity(rows.len());
-        for v in &rows {
-            let (networked, roce) = crate::store::segments::kinds_of(&st.db, v.id).await?;
-            let shared = !crate::store::shares::mounts_of(&st.db, &[v.id])
-                .await?
-                .is_empty();
-            // Its volumes (attached when it was made) say where it goes.
-            // Unshelved `--anywhere`: wherever there is room; its disks
-            // then move there.
-            let on_host = match v.disk_host_id {
-                _ if v.unshelve_anywhere => None,
-                Some(h) => Some(h),
-                None => crate::store::volumes::of_vm(&st.db, v.id)
-                    .await?
-                    .first()
-                    .map(|vol| vol.host_id),
-            };
-            members.push(Member {
-                id: v.id,
-                name: v.name.clone(),
-                spec: stored_spec(v)?,
-                nics: Vec::new(),
-                networked,
-                roce,
-                on_host,
-                volumes: Vec::new(),
-                // A pending VM's mounts are rows already.
-                shares: Vec::new(),
-                shared,
-            });
-        }
-        let job = Admission {
-            tenant: &tenant,
-            members: &members,
-            rows: Rows::Pending {
-                cluster: cluster_id,
-            },
-        };
-        match admit(st, job).await {
-            Ok(_) | Err(ApiError::InsufficientCapacity(_)) => {}
-            Err(e) => tracing::warn!(error = %e, vm = %first.id, "pending VM not placed"),
+        if let Err(e) = crate::app::admission::admit_pending(st, cluster_id, &rows).await {
+            tracing::warn!(error = %e, vm = ?rows.first().map(|v| v.id), "pending VM not placed");
         }
     }
     Ok(())

@@ -4,7 +4,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use kumo_api_types::{Cluster, ClusterCreate, Page, PageParams};
+use kumo_api_types::{Cluster, ClusterCreate, ClusterEvent, ClusterRepair, Page, PageParams};
 
 use super::Problems;
 use crate::context::Actor;
@@ -87,4 +87,46 @@ pub async fn delete(
 ) -> Result<(StatusCode, axum::Json<Cluster>), ApiError> {
     let after = crate::app::clusters::delete(&st, &ctx, &tenant, &cluster).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(after)))
+}
+
+/// Repair a cluster (members): its failed members (host lost, VM in
+/// error, a GPU or NIC quarantined) are replaced by new VMs of the same
+/// shape with the same names, addresses and segment attachments, on fresh
+/// root disks, in the same scalable unit and on the same rails when there
+/// is room; the others' trouble (a suspect device, a stopped member) is
+/// listed and left alone.
+#[utoipa::path(
+    post, path = "/api/v1/tenants/{tenant}/clusters/{cluster}/repair", tag = "clusters",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("cluster" = String, Path, description = "Cluster name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    responses((status = 202, description = "Replacing its failed members (none when it had none)", body = ClusterRepair), Problems)
+)]
+pub async fn repair(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, cluster)): Path<(String, String)>,
+) -> Result<(StatusCode, axum::Json<ClusterRepair>), ApiError> {
+    let done = crate::app::cluster_repair::repair(&st, &ctx, &tenant, &cluster).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(done)))
+}
+
+/// A cluster's events, newest first: its health changing, repairs and
+/// where their members went (any member).
+#[utoipa::path(
+    get, path = "/api/v1/tenants/{tenant}/clusters/{cluster}/events", tag = "clusters",
+    params(("tenant" = String, Path, description = "Tenant name or id"), ("cluster" = String, Path, description = "Cluster name or id"), PageParams),
+    responses((status = 200, description = "One page", body = inline(Page<ClusterEvent>)), Problems)
+)]
+pub async fn events(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, cluster)): Path<(String, String)>,
+    Query(q): Query<PageParams>,
+) -> Result<axum::Json<Page<ClusterEvent>>, ApiError> {
+    Ok(axum::Json(
+        crate::app::cluster_repair::events(&st, &ctx, &tenant, &cluster, &q).await?,
+    ))
 }

@@ -177,6 +177,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(consoles::open))
         .routes(routes!(clusters::create, clusters::list))
         .routes(routes!(clusters::show, clusters::delete))
+        .routes(routes!(clusters::repair))
+        .routes(routes!(clusters::events))
         .routes(routes!(segments::create, segments::list))
         .routes(routes!(segments::show, segments::update, segments::delete))
         .routes(routes!(segments::set_ingress))

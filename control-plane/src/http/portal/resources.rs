@@ -160,6 +160,16 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
             vec![
                 Cell::text(&c.name),
                 Cell::text(&c.state),
+                Cell::Code(
+                    std::iter::once(word(l, c.health.as_str()))
+                        .chain(
+                            c.problems
+                                .iter()
+                                .map(|p| format!("{}: {}", p.member, p.detail)),
+                        )
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                ),
                 Cell::text(c.size.to_string()),
                 Cell::text(c.spec.gpus.to_string()),
                 Cell::Code(
@@ -176,6 +186,13 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
                         .collect::<Vec<_>>()
                         .join("\n"),
                 ),
+                match c.health {
+                    api::ClusterHealth::Degraded => Cell::Button {
+                        action: format!("/t/{tenant}/clusters/{}/repair", c.name),
+                        label: word(l, "repair"),
+                    },
+                    _ => Cell::text(""),
+                },
                 delete_button(l, format!("/t/{tenant}/clusters/{}/delete", c.name)),
             ]
         })
@@ -185,9 +202,11 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
         vec![
             tx(Msg::Name),
             tx(Msg::State),
+            word(l, "Health"),
             tx(Msg::Size),
             tx(Msg::GpusEach),
             tx(Msg::VmsTitle),
+            String::new(),
             String::new(),
         ],
         rows,
@@ -210,6 +229,8 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
             Field::new("spot", &word(l, "Spot VM"), Input::Checkbox)
                 .answers(&["service_level"])
                 .help(help(l, "spot")),
+            Field::new("auto_repair", &word(l, "Repair by itself"), Input::Checkbox)
+                .help(help(l, "auto_repair")),
             kumo_web_portal::share_field(l),
         ],
     ))
@@ -1066,6 +1087,8 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 ssh_keys: vec![],
                 networks: text(f, "network").into_iter().collect(),
                 shares,
+                auto_repair: f.contains_key("auto_repair"),
+                repair_delay_seconds: None,
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
@@ -1112,6 +1135,9 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
         }
         (Page::Clusters(tn), Op::Delete(c)) => {
             crate::app::clusters::delete(&v.st, &v.ctx, tn, &c).await?;
+        }
+        (Page::Clusters(tn), Op::Repair(c)) => {
+            crate::app::cluster_repair::repair(&v.st, &v.ctx, tn, &c).await?;
         }
         (Page::Segments(tn), Op::Create) => {
             let kind = match text(f, "kind").as_deref() {
@@ -1211,6 +1237,7 @@ enum Op {
     Create,
     Delete(String),
     Detach(String),
+    Repair(String),
 }
 
 async fn post_form(
@@ -1231,13 +1258,13 @@ async fn post_form(
     let action = match &op {
         Op::Create => page.href(),
         // A row's button: no form fields to judge or fill in.
-        Op::Delete(_) | Op::Detach(_) => String::new(),
+        Op::Delete(_) | Op::Detach(_) | Op::Repair(_) => String::new(),
     };
     // A create's page as it stands: its form names the required fields,
     // all judged at once before the API names the first.
     let before = match op {
         Op::Create => Some(listing(&v, &page).await?),
-        Op::Delete(_) | Op::Detach(_) => None,
+        Op::Delete(_) | Op::Detach(_) | Op::Repair(_) => None,
     };
     let outcome = match before.as_ref().and_then(|l| l.form_posted(&action, &f)) {
         Some(form) => super::missing(form, &f),
@@ -1299,6 +1326,7 @@ async fn tenant_item_post(
     let op = match verb.as_str() {
         "delete" | "remove" => Op::Delete(item),
         "detach" => Op::Detach(item),
+        "repair" => Op::Repair(item),
         _ => return Err(ApiError::not_found(format!("action {verb:?}"))),
     };
     let page = tenant_page(&kind, tenant)?;

@@ -1,0 +1,304 @@
+//! Cluster health and repair (issue 41): a member's host lost makes the
+//! cluster `degraded` within the heartbeat timeout; an auto-repairing
+//! cluster replaces the member beside the others (same scalable unit,
+//! same rails) with the same name, address and MAC, and is `healthy`
+//! again; the old host, back, removes what it had and nothing runs twice.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kumo_api_types::{
+    AgentRegister, Cluster, ClusterCreate, ClusterEvent, ClusterHealth, ClusterRepair, MemberFault,
+    Page, SegmentKind, Vm, VmState,
+};
+use serde_json::json;
+
+use crate::harness::{
+    events_of, fixture_topology, on_both_backends, webhook_posts, webhook_receiver, SimAgent,
+    TestServer, SIM_TRANSFER_URL,
+};
+
+fn config(c: &mut kumo_server::config::Config) {
+    c.heartbeat_timeout = Duration::from_secs(2);
+    c.idle.allow_loopback_webhooks = true;
+    // No idle passes: the webhook hears only clusters.
+    c.idle.check_every = Duration::from_secs(3600);
+}
+
+/// A simulated host with an underlay address in a scalable unit.
+async fn host(s: &TestServer, name: &str, underlay: &str, su: &str) -> SimAgent {
+    SimAgent::register_with(
+        &s.url,
+        AgentRegister {
+            join_token: s.join_token().await,
+            name: name.into(),
+            topology: fixture_topology("hgx-h100"),
+            virt_type: "qemu".into(),
+            scalable_unit: Some(su.into()),
+            rails: Default::default(),
+            underlay_ip: Some(underlay.parse().unwrap()),
+            edge_uplink: None,
+            transfer_url: Some(SIM_TRANSFER_URL.into()),
+        },
+    )
+    .await
+}
+
+async fn cluster(s: &TestServer) -> Cluster {
+    s.admin
+        .get("/api/v1/tenants/lab/clusters/train")
+        .await
+        .unwrap()
+}
+
+async fn vm(s: &TestServer, name: &str) -> Vm {
+    s.admin
+        .get(&format!("/api/v1/tenants/lab/vms/{name}"))
+        .await
+        .unwrap()
+}
+
+/// Heartbeats every 300 ms for each host until its switch is off (the
+/// heartbeat timeout is 2 s).
+fn beat(hosts: &[SimAgent]) -> (Beats, Vec<Arc<AtomicBool>>) {
+    let alive: Vec<Arc<AtomicBool>> = hosts
+        .iter()
+        .map(|_| Arc::new(AtomicBool::new(true)))
+        .collect();
+    let creds: Vec<(String, String)> = hosts
+        .iter()
+        .map(|h| (h.url.clone(), h.credential.clone()))
+        .collect();
+    let switches = alive.clone();
+    let task = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        loop {
+            for ((url, cred), on) in creds.iter().zip(&switches) {
+                if on.load(Ordering::SeqCst) {
+                    let _ = http
+                        .post(format!("{url}/agent/v1/heartbeat"))
+                        .bearer_auth(cred)
+                        .json(&json!({}))
+                        .send()
+                        .await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    (Beats(task), alive)
+}
+
+struct Beats(tokio::task::JoinHandle<()>);
+
+impl Drop for Beats {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Waits up to `limit` for the cluster to satisfy `f`.
+async fn until(
+    s: &TestServer,
+    what: &str,
+    limit: Duration,
+    f: impl Fn(&Cluster) -> bool,
+) -> Cluster {
+    let deadline = Instant::now() + limit;
+    loop {
+        let c = cluster(s).await;
+        if f(&c) {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "{what}: {c:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+on_both_backends! {
+    config = config;
+
+    async fn a_lost_member_is_replaced_beside_the_others_with_its_name_and_address(s: &TestServer) {
+        s.tenant("lab").await;
+        let (hook, posts) = webhook_receiver("cluster.health").await;
+        let _: serde_json::Value = s.admin
+            .put("/api/v1/tenants/lab/idle-policy", &json!({"hours": 1, "action": "notice", "webhook_url": hook}))
+            .await
+            .unwrap();
+        // Four hosts in su-a (three members and room for one more), one in
+        // su-b: the replacement must stay in su-a.
+        let mut hosts = Vec::new();
+        for (i, su) in ["su-a", "su-a", "su-a", "su-a", "su-b"].iter().enumerate() {
+            hosts.push(host(s, &format!("gpu{i}"), &format!("192.0.2.{}", i + 1), su).await);
+        }
+        let (beats, alive) = beat(&hosts);
+        let _: kumo_api_types::Segment = s.admin
+            .post("/api/v1/tenants/lab/segments", &crate::segments::seg("eth", SegmentKind::Ethernet, "10.1.0.0/24"))
+            .await
+            .unwrap();
+        // Out-of-range delays are refused.
+        let mut body = ClusterCreate {
+            name: "train".into(),
+            size: 3,
+            gpus: 8,
+            gpu_model: None,
+            vcpus: Some(16),
+            memory_gib: Some(32),
+            disk_gib: Some(10),
+            template: None,
+            service_level: Default::default(),
+            ssh_keys: vec![],
+            networks: vec!["eth".into()],
+            shares: vec![],
+            auto_repair: true,
+            repair_delay_seconds: Some(86_401),
+        };
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &body).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "{e}");
+        body.repair_delay_seconds = Some(1);
+        let made: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &body).await.unwrap();
+        assert!(made.auto_repair && made.repair_delay_seconds == 1);
+        for h in &mut hosts {
+            h.converge().await;
+        }
+        let before = until(s, "running", Duration::from_secs(10), |c| {
+            c.members.iter().all(|m| m.state == VmState::Running) && c.health == ClusterHealth::Healthy
+        })
+        .await;
+        assert!(before.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-a")), "{before:#?}");
+        let victim = before.members[1].clone();
+        let old = vm(s, &victim.name).await;
+        let old_host = host_id(s, &old).await;
+        let lost = hosts.iter().position(|h| Some(h.host_id) == old_host).unwrap();
+        let used: Vec<String> = before.members.iter().filter_map(|m| m.host.clone()).collect();
+        let spare = (0..4).find(|i| !used.contains(&format!("gpu{i}"))).unwrap();
+
+        // The victim's host falls silent.
+        let cut = Instant::now();
+        alive[lost].store(false, Ordering::SeqCst);
+        let degraded = until(s, "degraded", Duration::from_secs(6), |c| c.health == ClusterHealth::Degraded).await;
+        let to_degraded = cut.elapsed();
+        assert_eq!(degraded.problems.len(), 1, "{degraded:#?}");
+        assert_eq!((degraded.problems[0].member.as_str(), degraded.problems[0].fault), (victim.name.as_str(), MemberFault::HostLost));
+        assert!(degraded.problems[0].detail.contains(&format!("gpu{lost}")), "{degraded:#?}");
+        // A second later it repairs itself: the member waits to be started
+        // on the spare host in su-a.
+        let repairing = until(s, "repairing", Duration::from_secs(6), |c| c.health == ClusterHealth::Repairing).await;
+        let m = repairing.members.iter().find(|m| m.name == victim.name).unwrap();
+        assert_eq!(m.host.as_deref(), Some(format!("gpu{spare}").as_str()), "{repairing:#?}");
+        for (i, h) in hosts.iter_mut().enumerate() {
+            if i != lost {
+                h.converge().await;
+            }
+        }
+        let healthy = until(s, "healthy", Duration::from_secs(10), |c| c.health == ClusterHealth::Healthy).await;
+        let to_healthy = cut.elapsed();
+        println!("member's host lost → cluster degraded in {to_degraded:?}, healthy again in {to_healthy:?} (heartbeat timeout 2 s, repair delay 1 s)");
+        let now = healthy.members.iter().find(|m| m.name == victim.name).unwrap();
+        assert_eq!(now.scalable_unit.as_deref(), Some("su-a"));
+        assert_eq!(now.rails, victim.rails, "same rails");
+        assert_eq!(now.address, victim.address, "same address");
+        assert!(victim.address.is_some());
+        assert_eq!(healthy.hostfile, before.hostfile, "the hostfile's names stay valid");
+        let new = vm(s, &victim.name).await;
+        assert_eq!(new.id, old.id);
+        assert_eq!(new.networks[0].mac, old.networks[0].mac, "same MAC");
+        assert_eq!(new.networks[0].ip, old.networks[0].ip);
+        assert_eq!(new.host.as_deref(), Some(format!("gpu{spare}").as_str()));
+        let ev = events_of(s, "lab", &new).await;
+        assert!(ev.iter().any(|e| e.starts_with("replacing")), "{ev:?}");
+
+        // The cluster's events and the project's webhook tell the story.
+        let events: Page<ClusterEvent> = s.admin.get("/api/v1/tenants/lab/clusters/train/events").await.unwrap();
+        let kinds: Vec<&str> = events.items.iter().rev().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["degraded", "repair", "repair-placed", "repairing", "healthy"], "{events:#?}");
+        let placed = events.items.iter().find(|e| e.kind == "repair-placed").unwrap();
+        assert!(placed.message.contains("in scalable unit su-a"), "{placed:?}");
+        let hooks = webhook_posts(&posts, 3).await;
+        let healths: Vec<&str> = hooks.iter().map(|h| h["health"].as_str().unwrap()).collect();
+        assert_eq!(healths, ["degraded", "repairing", "healthy"]);
+        assert_eq!(hooks[0]["problems"][0]["member"], victim.name.as_str());
+
+        // The old host comes back: it is told the VM is no longer its own,
+        // reports it gone (accepted) and drops its disk; the member runs
+        // once, on the spare.
+        alive[lost].store(true, Ordering::SeqCst);
+        let d = hosts[lost].desired(None).await;
+        assert!(d.vms.iter().all(|v| v.id != old.id), "no longer the old host's");
+        assert!(d.drop_disks.contains(&old.id), "its old disk goes: {:?}", d.drop_disks);
+        hosts[lost].converge().await;
+        assert!(hosts[lost].desired(None).await.drop_disks.is_empty());
+        let back = vm(s, &victim.name).await;
+        assert_eq!((back.state, back.host.as_deref()), (VmState::Running, Some(format!("gpu{spare}").as_str())));
+
+        // Nothing left to repair: a repair by hand replaces nobody.
+        let r: ClusterRepair = s.admin.post("/api/v1/tenants/lab/clusters/train/repair", &json!({})).await.unwrap();
+        assert!(r.replaced.is_empty() && r.left.is_empty(), "{r:#?}");
+        assert_eq!(r.cluster.health, ClusterHealth::Healthy);
+        drop(beats);
+    }
+
+    async fn a_repair_by_hand_mends_what_only_replacing_mends(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut hosts = Vec::new();
+        for i in 0..3 {
+            hosts.push(s.sim_agent_in(&format!("node{i}"), "hgx-h100", Some("su-a")).await);
+        }
+        let body = json!({"name": "train", "size": 2, "gpus": 8, "vcpus": 16, "memory_gib": 32, "disk_gib": 10});
+        let _: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &body).await.unwrap();
+        let _beats = beat(&hosts);
+        for h in &mut hosts {
+            h.converge().await;
+        }
+        let c = until(s, "running", Duration::from_secs(10), |c| c.members.iter().all(|m| m.state == VmState::Running)).await;
+        assert!(!c.auto_repair);
+        // One member stopped (its owner's choice), the other in error.
+        let _: Vm = s.admin.post("/api/v1/tenants/lab/vms/train-0/stop", &json!({})).await.unwrap();
+        for h in &mut hosts {
+            h.converge().await;
+        }
+        let failed = vm(s, "train-1").await;
+        let on: HashMap<String, usize> = (0..3).map(|i| (format!("node{i}"), i)).collect();
+        let h = on[failed.host.as_deref().unwrap()];
+        let r = hosts[h]
+            .report(vec![kumo_api_types::VmStatus {
+                id: failed.id,
+                state: kumo_api_types::ActualState::Failed,
+                reason: Some("qemu exited".into()),
+                guest: None,
+                notice: None,
+                mounts: vec![],
+            }])
+            .await;
+        assert_eq!(r.status(), 204);
+        let degraded = until(s, "degraded", Duration::from_secs(10), |c| c.problems.len() == 2).await;
+        assert_eq!(degraded.health, ClusterHealth::Degraded);
+        // Not auto-repairing: it stays degraded until asked.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(vm(s, "train-1").await.state, VmState::Error);
+        // A viewer may not repair.
+        let (viewer, _) = s.user("vera").await;
+        s.add("lab", "vera", kumo_api_types::Role::Viewer).await;
+        let e = viewer.post::<_, ClusterRepair>("/api/v1/tenants/lab/clusters/train/repair", &json!({})).await.unwrap_err();
+        assert_eq!(e.status(), Some(403));
+        let r: ClusterRepair = s.admin.post("/api/v1/tenants/lab/clusters/train/repair", &json!({})).await.unwrap();
+        assert_eq!(r.replaced, ["train-1"]);
+        assert_eq!(r.left.len(), 1);
+        assert_eq!((r.left[0].member.as_str(), r.left[0].fault), ("train-0", MemberFault::NotRunning));
+        let again = vm(s, "train-1").await;
+        assert_eq!(again.id, failed.id);
+        assert!(matches!(again.state, VmState::Scheduled | VmState::Pending), "{again:?}");
+        assert!(again.reason.as_deref().unwrap_or("").contains("qemu exited"), "{again:?}");
+    }
+}
+
+async fn host_id(s: &TestServer, v: &Vm) -> Option<uuid::Uuid> {
+    let hosts: Page<kumo_api_types::Host> = s.admin.get("/api/v1/hosts").await.unwrap();
+    hosts
+        .items
+        .into_iter()
+        .find(|h| Some(&h.name) == v.host.as_ref())
+        .map(|h| h.id)
+}
