@@ -405,6 +405,13 @@ impl Reconciler {
             .ok_or_else(|| format!("no libvirt connection to {}", self.uri))
     }
 
+    /// Whether the libvirt connection still answers.
+    fn libvirt_alive(&self) -> bool {
+        self.conn
+            .as_ref()
+            .is_some_and(|c| c.is_alive().unwrap_or(false))
+    }
+
     pub fn topology(&self) -> &HostTopology {
         &self.topology
     }
@@ -1088,6 +1095,13 @@ impl Reconciler {
                     notice,
                     mounts,
                 },
+                // The connection died under the pass (libvirtd restarted,
+                // its socket cut): libvirt's failure, not the VM's. The
+                // pass ends unreported, as it does when libvirt cannot be
+                // opened at all, and the next one retries.
+                Err(reason) if !self.libvirt_alive() => {
+                    return Err(format!("libvirt connection lost: {reason}"));
+                }
                 Err(reason) => {
                     tracing::warn!(vm = %vm.id, %reason, "could not bring the VM to its desired state");
                     VmStatus {
