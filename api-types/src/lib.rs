@@ -1002,6 +1002,38 @@ pub struct VmCreate {
     /// or shelve it, keeping its disk and volumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_reclaim: Option<ReclaimAction>,
+    /// What happens when its host is lost for good (unreachable longer than
+    /// the platform waits): it waits for the host (`lost`, the default),
+    /// or is made again on another host from its template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_host_loss: Option<HostLossAction>,
+}
+
+/// What a lost host does to a VM on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HostLossAction {
+    /// `lost`: charged nothing, counted in no quota, resumed if the host
+    /// returns.
+    #[default]
+    Wait,
+    /// Made again on another host: same name, addresses and attachments,
+    /// a fresh root disk from its template (volumes on the lost host stay
+    /// there, detached). Should the host return, its copy is removed.
+    Recreate,
+}
+
+impl HostLossAction {
+    pub fn is_default(&self) -> bool {
+        *self == HostLossAction::Wait
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostLossAction::Wait => "wait",
+            HostLossAction::Recreate => "recreate",
+        }
+    }
 }
 
 /// What reclaiming a spot VM does to it.
@@ -1395,6 +1427,8 @@ pub struct VmSpec {
     pub ssh_keys: Vec<String>,
     #[serde(default, skip_serializing_if = "ReclaimAction::is_default")]
     pub on_reclaim: ReclaimAction,
+    #[serde(default, skip_serializing_if = "HostLossAction::is_default")]
+    pub on_host_loss: HostLossAction,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1430,6 +1464,10 @@ pub enum VmState {
     /// disk and volumes stay on the host that holds them. Charged for
     /// storage only. `unshelve` places it again there.
     Shelved,
+    /// Its host has been unreachable longer than the platform waits
+    /// (`unknown` until then): charged nothing and counted in no quota. It
+    /// resumes if its host returns; deleting it forgets it.
+    Lost,
 }
 
 impl VmState {
@@ -1449,11 +1487,12 @@ impl VmState {
             VmState::Unknown => "unknown",
             VmState::Shelving => "shelving",
             VmState::Shelved => "shelved",
+            VmState::Lost => "lost",
         }
     }
 
     /// Every state, in lifecycle order.
-    pub const ALL: [VmState; 14] = [
+    pub const ALL: [VmState; 15] = [
         VmState::Pending,
         VmState::Scheduled,
         VmState::Provisioning,
@@ -1468,6 +1507,7 @@ impl VmState {
         VmState::Unknown,
         VmState::Shelving,
         VmState::Shelved,
+        VmState::Lost,
     ];
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -2047,6 +2087,7 @@ impl ClusterCreate {
             volumes: Vec::new(),
             shares: self.shares.clone(),
             on_reclaim: None,
+            on_host_loss: None,
         }
     }
 }

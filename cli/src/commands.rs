@@ -538,6 +538,19 @@ pub struct SpecArgs {
     /// down for good.
     #[arg(long, value_parser = parse_reclaim, requires = "spot")]
     on_reclaim: Option<ReclaimAction>,
+    /// What its host lost for good does to it: `wait` (it is `lost`, free
+    /// of charge, until the host returns; the default) or `recreate` (made
+    /// again on another host from its template, with a fresh root disk).
+    #[arg(long, value_parser = parse_host_loss)]
+    on_host_loss: Option<kumo_api_types::HostLossAction>,
+}
+
+fn parse_host_loss(s: &str) -> Result<kumo_api_types::HostLossAction, String> {
+    match s {
+        "wait" => Ok(kumo_api_types::HostLossAction::Wait),
+        "recreate" => Ok(kumo_api_types::HostLossAction::Recreate),
+        _ => Err(format!("{s:?}: wait or recreate")),
+    }
 }
 
 fn parse_reclaim(s: &str) -> Result<ReclaimAction, String> {
@@ -598,6 +611,7 @@ impl SpecArgs {
             volumes: self.volume.clone(),
             shares: self.share.clone(),
             on_reclaim: self.on_reclaim,
+            on_host_loss: self.on_host_loss,
         })
     }
 }

@@ -14,6 +14,8 @@ pub const DEFAULT_DATA_DIR: &str = "./.kumo";
 pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_BODY_LIMIT_BYTES: usize = 1 << 20;
 pub const DEFAULT_HEARTBEAT_TIMEOUT_SECS: u64 = 30;
+/// Ten minutes: a host rebooting or briefly cut off comes back within it.
+pub const DEFAULT_LOST_AFTER_SECS: u64 = 600;
 
 /// Values given on the command line or through `KUMO_*` variables (clap
 /// merges the two); `None` means "not given here".
@@ -507,6 +509,9 @@ pub struct HttpFileConfig {
 pub struct HostsFileConfig {
     /// A host whose agent is silent this long becomes `unreachable`.
     pub heartbeat_timeout_secs: Option<u64>,
+    /// A host unreachable this long is lost: its VMs become `lost` (or are
+    /// recreated elsewhere when they asked for it).
+    pub lost_after_secs: Option<u64>,
 }
 
 /// Everything the server needs, resolved.
@@ -519,6 +524,8 @@ pub struct Config {
     pub request_timeout: Duration,
     pub body_limit_bytes: usize,
     pub heartbeat_timeout: Duration,
+    /// How long a host stays unreachable before its VMs are `lost`.
+    pub lost_after: Duration,
     pub preemption_grace: Duration,
     pub network: NetworkConfig,
     pub billing: BillingConfig,
@@ -689,6 +696,7 @@ impl Config {
             request_timeout: Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS),
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             heartbeat_timeout: Duration::from_secs(DEFAULT_HEARTBEAT_TIMEOUT_SECS),
+            lost_after: Duration::from_secs(DEFAULT_LOST_AFTER_SECS),
             preemption_grace: Duration::from_secs(DEFAULT_PREEMPTION_GRACE_SECS),
             network: NetworkConfig::default(),
             billing: BillingConfig::default(),
@@ -778,6 +786,16 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
             message: "must be at least 2".into(),
         });
     }
+    let lost_after_secs = file
+        .hosts
+        .lost_after_secs
+        .unwrap_or(DEFAULT_LOST_AFTER_SECS.max(heartbeat_timeout_secs));
+    if !(heartbeat_timeout_secs..=7 * 86_400).contains(&lost_after_secs) {
+        return Err(ConfigError::Invalid {
+            key: "hosts.lost_after_secs",
+            message: "between hosts.heartbeat_timeout_secs and a week (604800)".into(),
+        });
+    }
     let grace = file
         .scheduler
         .preemption_grace_secs
@@ -799,6 +817,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         request_timeout: Duration::from_secs(request_timeout_secs),
         body_limit_bytes,
         heartbeat_timeout: Duration::from_secs(heartbeat_timeout_secs),
+        lost_after: Duration::from_secs(lost_after_secs),
         preemption_grace: Duration::from_secs(grace),
         network: network(&file.network)?,
         billing: billing(&file.billing)?,
@@ -993,6 +1012,22 @@ mod tests {
             let e = parse(&format!("[replicas]\nurl = \"{bad}\"")).unwrap_err();
             assert!(e.to_string().contains("replicas.url"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn hosts_are_lost_after_the_heartbeat_timeout_and_within_a_week() {
+        let parse = |t: &str| resolve(&ServeArgs::default(), &toml::from_str(t).unwrap());
+        assert_eq!(parse("").unwrap().lost_after, Duration::from_secs(600));
+        let c = parse("[hosts]\nheartbeat_timeout_secs = 900\n").unwrap();
+        assert_eq!(
+            c.lost_after,
+            Duration::from_secs(900),
+            "never before the timeout"
+        );
+        assert!(parse("[hosts]\nlost_after_secs = 10\n").is_err());
+        assert!(parse("[hosts]\nlost_after_secs = 700000\n").is_err());
+        let c = parse("[hosts]\nlost_after_secs = 3600\n").unwrap();
+        assert_eq!(c.lost_after, Duration::from_secs(3600));
     }
 
     #[test]

@@ -1177,6 +1177,7 @@ pub(crate) mod tests {
                 service_level: ServiceLevel::Guaranteed,
                 ssh_keys: vec![r#"ssh-ed25519 AAAA "quoted" \ user"#.into()],
                 on_reclaim: Default::default(),
+                on_host_loss: Default::default(),
             },
             preemption: None,
             hostfile: None,

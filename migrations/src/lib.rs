@@ -35,6 +35,7 @@ mod m0029_gpu_hours;
 mod m0030_console_relay;
 mod m0031_shares;
 mod m0032_cluster_health;
+mod m0033_lost_vms;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -111,6 +112,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0030_console_relay::Migration),
             Box::new(m0031_shares::Migration),
             Box::new(m0032_cluster_health::Migration),
+            Box::new(m0033_lost_vms::Migration),
         ]
     }
 }

@@ -66,6 +66,7 @@ pub fn word(lang: Lang, w: &str) -> String {
         "suspended" => "一時保存",
         "shelving" => "退避中",
         "shelved" => "退避済み",
+        "lost" => "喪失",
         "shelve" => "退避",
         "unshelve" => "復帰",
         "unshelve-anywhere" => "別ホストで復帰",

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::app::auth;
 use crate::context::AppState;
 use crate::domain::lifecycle;
-use crate::entity::{allocations, clusters, hosts, vms};
+use crate::entity::{clusters, hosts, vms};
 use crate::error::ApiError;
 use crate::store::vms::{desired_power, event, stored_placement, stored_spec, stored_state};
 
@@ -43,6 +43,7 @@ pub async fn heartbeat(
         a.state = Set(crate::store::hosts::reachable_state(drained)
             .as_str()
             .into());
+        a.unreachable_since = Set(None);
     }
     if let Some(t) = &body.topology {
         crate::app::hosts::validate_topology(t)?;
@@ -102,9 +103,11 @@ pub async fn heartbeat(
         crate::app::hosts::check_underlay(body.underlay_ip)?;
         a.underlay_ip = Set(body.underlay_ip.map(|u| u.to_string()));
     }
-    let now = st.config.clock.now();
-    // A beat that says only "alive" renews the host's lease in memory;
-    // the lease keeper writes it with others (see `crate::leases`).
+    // Liveness is on the wall clock, as the lost-host detector measures it
+    // (a test's manual clock moves in jumps).
+    let now = chrono::Utc::now(); // wall clock: liveness
+                                  // A beat that says only "alive" renews the host's lease in memory;
+                                  // the lease keeper writes it with others (see `crate::leases`).
     let updated = if a.is_changed() {
         a.last_heartbeat_at = Set(now);
         a.update(&st.db)
@@ -473,6 +476,11 @@ async fn apply_entry(
         release(txn, &vm, now).await?;
         applied.freed = true;
     }
+    if state == VmState::Lost {
+        // Its host came back with it: its disk is charged again (and, as
+        // it runs, the rest).
+        crate::app::metering::created(txn, &vm, now).await?;
+    }
     let model = crate::app::metering::billable(next)
         .then(|| crate::app::metering::gpu_model_of(st, &vm))
         .flatten();
@@ -499,9 +507,5 @@ async fn release(
     if let Some(host) = vm.host_id {
         crate::app::device_health::released(txn, host, vm.id, now).await?;
     }
-    allocations::Entity::delete_many()
-        .filter(allocations::Column::VmId.eq(vm.id))
-        .exec(txn)
-        .await?;
-    Ok(())
+    crate::store::allocations::release_all(txn, vm.id).await
 }

@@ -15,8 +15,7 @@
 use std::collections::HashMap;
 
 use kumo_api_types::{
-    ClusterHealth, ClusterProblem, ClusterRepair, DeviceState, HostState, PageParams, Power, Role,
-    VmState,
+    ClusterHealth, ClusterProblem, ClusterRepair, DeviceState, HostState, PageParams, Role, VmState,
 };
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
@@ -28,11 +27,11 @@ use crate::app::audit;
 use crate::context::{Actor, AppState};
 use crate::domain::cluster_health::{assess, member_problems, repair_due, to_replace, MemberFacts};
 use crate::domain::paging::Paging;
-use crate::domain::states::{decode, StoredText};
-use crate::entity::{allocations, clusters, tenants, vms};
+use crate::domain::states::decode;
+use crate::entity::{clusters, tenants, vms};
 use crate::error::ApiError;
 use crate::store::clusters::member_index;
-use crate::store::vms::{event, stored_state};
+use crate::store::vms::stored_state;
 
 /// What the rules need of a set of clusters, read in a few queries.
 struct Members {
@@ -276,7 +275,7 @@ pub async fn replace_failed(
             .collect::<Vec<_>>()
             .join("; ");
         why_all.push(format!("{} ({why})", vm.name));
-        wake.extend(replace_member(&txn, vm, &why, &who.name, now).await?);
+        wake.extend(crate::app::host_loss::replace_off_host(&txn, vm, &why, &who.name, now).await?);
     }
     clusters::Entity::update_many()
         .col_expr(clusters::Column::Repairing, Expr::value(true))
@@ -302,89 +301,6 @@ pub async fn replace_failed(
         replaced: names.into_iter().map(str::to_owned).collect(),
         left,
     })
-}
-
-/// One member off its host, back to `pending`: its devices released (a
-/// quarantined one stays quarantined: its state is the device's, not the
-/// allocation's), its old root disk and domain left for the old host to
-/// remove should it return, its volumes detached (they stay on that
-/// host), its compute charges stopped. Answers the hosts to wake.
-async fn replace_member(
-    txn: &sea_orm::DatabaseTransaction,
-    vm: &vms::Model,
-    why: &str,
-    by: &str,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<Vec<Uuid>, ApiError> {
-    let state = stored_state(vm)?;
-    let mut wake = crate::app::host_network::touch_peers(txn, vm.id).await?;
-    allocations::Entity::delete_many()
-        .filter(allocations::Column::VmId.eq(vm.id))
-        .exec(txn)
-        .await?;
-    for h in [vm.host_id, vm.disk_host_id].into_iter().flatten() {
-        crate::store::vms::mark_stale_disk(txn, vm.id, h, now).await?;
-        crate::store::hosts::bump_revision(txn, h).await?;
-        wake.push(h);
-    }
-    let volumes = crate::store::volumes::of_vm(txn, vm.id).await?;
-    if !volumes.is_empty() {
-        crate::store::volumes::detach_all(txn, vm.id).await?;
-        let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
-        event(
-            txn,
-            vm,
-            now,
-            "volumes-detached",
-            format!(
-                "{} detached; they stay on the old host until it returns",
-                names.join(", ")
-            ),
-        )
-        .await?;
-    }
-    crate::app::metering::transition(txn, vm, state, VmState::Pending, None, now).await?;
-    vms::Entity::update_many()
-        .col_expr(vms::Column::State, Expr::value(VmState::Pending.as_str()))
-        .col_expr(
-            vms::Column::Reason,
-            Expr::value(Some(format!("replacing: {why}"))),
-        )
-        .col_expr(vms::Column::HostId, Expr::value(Option::<Uuid>::None))
-        .col_expr(vms::Column::Placement, Expr::value(Option::<String>::None))
-        .col_expr(vms::Column::DiskHostId, Expr::value(Option::<Uuid>::None))
-        .col_expr(vms::Column::UnshelveAnywhere, Expr::value(false))
-        .col_expr(
-            vms::Column::GuestCondition,
-            Expr::value(Option::<String>::None),
-        )
-        .col_expr(
-            vms::Column::PreemptDeadline,
-            Expr::value(Option::<chrono::DateTime<chrono::Utc>>::None),
-        )
-        .col_expr(
-            vms::Column::DesiredPower,
-            Expr::value(Power::Running.to_text()),
-        )
-        .col_expr(
-            vms::Column::PowerGeneration,
-            Expr::col(vms::Column::PowerGeneration).add(1),
-        )
-        .col_expr(vms::Column::UpdatedAt, Expr::value(now))
-        .filter(vms::Column::Id.eq(vm.id))
-        .exec(txn)
-        .await?;
-    event(
-        txn,
-        vm,
-        now,
-        "replacing",
-        format!(
-            "by {by}: {why}; a new VM of the same shape, name and addresses takes its place on a fresh root disk from its template"
-        ),
-    )
-    .await?;
-    Ok(wake)
 }
 
 /// The cluster's pending members placed now rather than at the next pass.

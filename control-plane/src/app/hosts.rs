@@ -334,7 +334,6 @@ async fn rejoin_row(
     body: &AgentRegister,
     reg: Registration,
     credential_hash: String,
-    now: DateTime<Utc>,
 ) -> Result<(), ApiError> {
     let drained = h.drained;
     let moved = h.underlay_ip != reg.underlay;
@@ -351,7 +350,8 @@ async fn rejoin_row(
     a.state = Set(crate::store::hosts::reachable_state(drained)
         .to_text()
         .into());
-    a.last_heartbeat_at = Set(now);
+    a.last_heartbeat_at = Set(chrono::Utc::now()); // wall clock: liveness
+    a.unreachable_since = Set(None);
     a.rejoin_allowed = Set(false);
     a.update(txn)
         .await
@@ -380,7 +380,7 @@ async fn insert_row(
         topology: Set(reg.topology),
         scalable_unit: Set(body.scalable_unit.clone()),
         registered_at: Set(now),
-        last_heartbeat_at: Set(now),
+        last_heartbeat_at: Set(chrono::Utc::now()), // wall clock: liveness
         revision: Set(1),
         virt_type: Set(body.virt_type.clone()),
         rails: Set(reg.rails),
@@ -397,6 +397,7 @@ async fn insert_row(
         disk_free_gib: Set(None),
         root_disk_capacity_gib: Set(None),
         shares_storage: Set(None),
+        unreachable_since: Set(None),
     }
     .insert(txn)
     .await
@@ -438,7 +439,7 @@ pub async fn register(
     let action = match existing {
         Some(h) => {
             may_rejoin(&h, current)?;
-            rejoin_row(&txn, h, body, reg, minted.secret_hash, now).await?;
+            rejoin_row(&txn, h, body, reg, minted.secret_hash).await?;
             "host.rejoin.register"
         }
         None => {

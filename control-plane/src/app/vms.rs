@@ -228,7 +228,16 @@ pub async fn apply_action(
         format!("by {by}"),
     )
     .await?;
-    if effect.state == VmState::Deleted {
+    if effect.state == VmState::Deleted && stored_state(vm)? == VmState::Lost {
+        // Its host is gone: its devices there are let go, and should it
+        // return it drops the disk (the domain goes as no longer its own).
+        crate::store::allocations::release_all(txn, vm.id).await?;
+        if let Some(h) = vm.host_id {
+            crate::store::vms::mark_stale_disk(txn, vm.id, h, now).await?;
+        }
+        event(txn, vm, now, "deleted", "its host was lost").await?;
+        delete_row(txn, vm, now).await?;
+    } else if effect.state == VmState::Deleted {
         event(txn, vm, now, "deleted", "never placed").await?;
         delete_row(txn, vm, now).await?;
     }
@@ -622,7 +631,7 @@ fn view_on(
         Some((h, _)) => host_state(h)? == HostState::Unreachable,
         None => false,
     };
-    if unreachable && state != VmState::Deleting {
+    if unreachable && !matches!(state, VmState::Deleting | VmState::Lost) {
         state = VmState::Unknown;
     }
     let placement = match (host, stored_placement(v)?) {

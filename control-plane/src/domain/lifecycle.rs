@@ -65,6 +65,10 @@ pub fn apply(
     };
     match (action, state) {
         (_, Deleting | Deleted) => Err(state),
+        // Its host is gone: forgotten at once (should the host return, it
+        // removes what it had, since the VM is no longer its own).
+        (Action::Delete, Lost) => effect(Deleted, Power::Stopped, false),
+        (_, Lost) => Err(state),
         // A shelved VM's disk is on a host even though the VM is not: its
         // deletion goes through that host.
         (Action::Delete, Shelved) => effect(Deleting, Power::Stopped, false),
@@ -123,6 +127,10 @@ pub fn observe(state: VmState, desired: Power, actual: ActualState) -> Option<Vm
         // Shutting down on the notice is expected; the deadline decides.
         (Preempting | Suspended | Pending, _) => None,
         (_, ActualState::Failed) => Some(Error),
+        // Its host came back with it.
+        (Lost, ActualState::Running) if desired == Power::Running => Some(Running),
+        (Lost, ActualState::Stopped) if desired == Power::Stopped => Some(Stopped),
+        (Lost, ActualState::Running | ActualState::Stopped) => Some(Provisioning),
         (Scheduled | Provisioning | Stopped | Unknown | Error, ActualState::Running)
             if desired == Power::Running =>
         {
@@ -163,6 +171,34 @@ mod tests {
 
     use super::*;
     use VmState::*;
+
+    #[test]
+    fn a_lost_vm_can_only_be_deleted_and_resumes_with_its_host() {
+        assert_eq!(offered(Lost, Power::Running, true), ["delete"]);
+        assert_eq!(
+            apply(Lost, Power::Running, Action::Delete, true)
+                .unwrap()
+                .state,
+            Deleted,
+            "forgotten at once: its host may never answer"
+        );
+        assert_eq!(
+            observe(Lost, Power::Running, ActualState::Running),
+            Some(Running)
+        );
+        assert_eq!(
+            observe(Lost, Power::Stopped, ActualState::Stopped),
+            Some(Stopped)
+        );
+        assert_eq!(
+            observe(Lost, Power::Running, ActualState::Stopped),
+            Some(Provisioning)
+        );
+        assert_eq!(
+            observe(Lost, Power::Running, ActualState::Failed),
+            Some(Error)
+        );
+    }
 
     #[test]
     fn legal_and_illegal_actions() {

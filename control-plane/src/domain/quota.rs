@@ -26,6 +26,10 @@ impl Usage {
     pub fn of<'a>(vms: impl IntoIterator<Item = (VmState, &'a VmSpec)>) -> Usage {
         let mut u = Usage::default();
         for (state, spec) in vms {
+            // A VM whose host is lost holds nothing anyone can use.
+            if state == VmState::Lost {
+                continue;
+            }
             u.vms += 1;
             u.disk_gib += u64::from(spec.disk_gib);
             if state != VmState::Preempted {
@@ -144,6 +148,14 @@ mod tests {
         assert_eq!(u.gpus_total(), 8);
         // A preempted VM's disk is still there.
         assert_eq!(u.disk_gib, 100);
+    }
+
+    #[test]
+    fn lost_vms_count_for_nothing() {
+        let a = spec(8, Some("H100"));
+        let u = Usage::of([(VmState::Lost, &a), (VmState::Running, &a)]);
+        assert_eq!((u.vms, u.gpus.get("H100").copied()), (1, Some(8)));
+        assert_eq!(u.disk_gib, u64::from(a.disk_gib));
     }
 
     #[test]

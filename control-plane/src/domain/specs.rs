@@ -62,6 +62,7 @@ pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
         service_level: body.service_level,
         ssh_keys: body.ssh_keys.clone(),
         on_reclaim: body.on_reclaim.unwrap_or_default(),
+        on_host_loss: body.on_host_loss.unwrap_or_default(),
     })
 }
 

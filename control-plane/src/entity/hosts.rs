@@ -55,6 +55,9 @@ pub struct Model {
     /// The shared filesystem of project shares as the agent reports it
     /// (`SharesStorage`, JSON); `None` where it reports none.
     pub shares_storage: Option<String>,
+    /// When the lost-host detector found it silent (the state's clock);
+    /// its VMs are `lost` once that is `[hosts] lost_after_secs` ago.
+    pub unreachable_since: Option<DateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -60,3 +60,17 @@ pub async fn release_some(
         .await?;
     Ok(())
 }
+
+/// Lets go of every device, CPU and memory a VM holds, in the caller's
+/// transaction.
+pub async fn release_all(
+    db: &impl sea_orm::ConnectionTrait,
+    vm: Uuid,
+) -> Result<(), crate::error::ApiError> {
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    allocations::Entity::delete_many()
+        .filter(allocations::Column::VmId.eq(vm))
+        .exec(db)
+        .await?;
+    Ok(())
+}

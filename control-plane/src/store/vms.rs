@@ -93,6 +93,14 @@ pub async fn find_vm_to_change(
         .ok_or_else(|| ApiError::not_found(format!("VM {vm_ref:?}")))
 }
 
+/// A VM by id for a change, locked until the transaction ends.
+pub async fn locked(txn: &DatabaseTransaction, id: Uuid) -> Result<Option<vms::Model>, ApiError> {
+    Ok(vms::Entity::find_by_id(id)
+        .lock_exclusive()
+        .one(txn)
+        .await?)
+}
+
 /// The first of a tenant's VMs that has one of `names`.
 pub async fn named(
     db: &impl ConnectionTrait,

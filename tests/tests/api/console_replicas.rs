@@ -32,6 +32,7 @@ fn vm(name: &str) -> VmCreate {
         networks: Vec::new(),
         volumes: Vec::new(),
         on_reclaim: None,
+        on_host_loss: None,
         shares: Vec::new(),
     }
 }

@@ -35,6 +35,7 @@ fn small_vm(name: &str, disk_gib: u32) -> VmCreate {
         networks: Vec::new(),
         volumes: Vec::new(),
         on_reclaim: None,
+        on_host_loss: None,
         shares: Vec::new(),
     }
 }

@@ -148,6 +148,7 @@ on_both_backends! {
                     networks: Vec::new(),
                     volumes: Vec::new(),
                     on_reclaim: None,
+                    on_host_loss: None,
                     shares: Vec::new(),
                 },
             )

@@ -27,6 +27,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         networks: Vec::new(),
         volumes: Vec::new(),
         on_reclaim: None,
+        on_host_loss: None,
         shares: Vec::new(),
     }
 }

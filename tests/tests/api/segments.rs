@@ -45,6 +45,7 @@ pub(crate) fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
             .collect(),
         volumes: Vec::new(),
         on_reclaim: None,
+        on_host_loss: None,
         shares: Vec::new(),
     }
 }

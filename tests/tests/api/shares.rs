@@ -50,6 +50,7 @@ fn small_vm(name: &str) -> VmCreate {
         volumes: Vec::new(),
         shares: Vec::new(),
         on_reclaim: None,
+        on_host_loss: None,
     }
 }
 

@@ -25,6 +25,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         volumes: Vec::new(),
         shares: Vec::new(),
         on_reclaim: None,
+        on_host_loss: None,
     }
 }
 

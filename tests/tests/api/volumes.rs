@@ -80,6 +80,7 @@ fn small_vm(name: &str) -> VmCreate {
         networks: Vec::new(),
         volumes: Vec::new(),
         on_reclaim: None,
+        on_host_loss: None,
         shares: Vec::new(),
     }
 }

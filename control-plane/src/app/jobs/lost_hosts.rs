@@ -1,5 +1,6 @@
 //! The lost-host detector (and, beside it, shares' keepers moved off
-//! hosts that can no longer keep them, and clusters' health assessed and
+//! hosts that can no longer keep them, the VMs of hosts lost for good
+//! handled by their policy, and clusters' health assessed and
 //! auto-repairs started, right after hosts are found lost).
 
 use kumo_api_types::HostState;
@@ -31,6 +32,12 @@ pub async fn run(state: AppState) {
                 hosts::Column::State,
                 sea_orm::sea_query::Expr::value(HostState::Unreachable.to_text()),
             )
+            // When, on the state's clock: what the host-loss policy counts
+            // from.
+            .col_expr(
+                hosts::Column::UnreachableSince,
+                sea_orm::sea_query::Expr::value(Some(state.config.clock.now())),
+            )
             .filter(
                 hosts::Column::State
                     .is_in([HostState::Ready.to_text(), HostState::Draining.to_text()]),
@@ -55,6 +62,9 @@ pub async fn run(state: AppState) {
             if let Err(e) = crate::app::shares::rekeep(&state).await {
                 tracing::warn!(error = %e, "shares' keepers could not be moved");
             }
+        }
+        if let Err(e) = crate::app::host_loss::pass(&state).await {
+            tracing::warn!(error = %e, "lost hosts' VMs could not be handled");
         }
         if let Err(e) = crate::app::cluster_repair::pass(&state).await {
             tracing::warn!(error = %e, "clusters' health could not be assessed");

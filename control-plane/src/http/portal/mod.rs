@@ -502,6 +502,7 @@ fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
         volumes: Vec::new(),
         shares: share_mounts(f)?,
         on_reclaim: None,
+        on_host_loss: None,
     })
 }
 

@@ -302,3 +302,156 @@ async fn host_id(s: &TestServer, v: &Vm) -> Option<uuid::Uuid> {
         .find(|h| Some(&h.name) == v.host.as_ref())
         .map(|h| h.id)
 }
+
+fn lost_after_ten_minutes(c: &mut kumo_server::config::Config) {
+    config(c);
+    c.clock = kumo_server::clock::Clock::manual(
+        chrono::DateTime::from_timestamp(1_900_000_000, 0).unwrap(),
+    );
+    c.lost_after = Duration::from_secs(600);
+}
+
+/// Open charge runs of a VM.
+async fn open_runs(s: &TestServer, vm: uuid::Uuid) -> usize {
+    use kumo_server::entity::meter_runs;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    meter_runs::Entity::find()
+        .filter(meter_runs::Column::VmId.eq(vm))
+        .filter(meter_runs::Column::EndedAt.is_null())
+        .all(s.db())
+        .await
+        .unwrap()
+        .len()
+}
+
+fn one_gpu(name: &str, on_host_loss: Option<kumo_api_types::HostLossAction>) -> serde_json::Value {
+    let mut body = json!({"name": name, "gpus": 1, "gpu_model": "H100-SXM5-80GB", "vcpus": 4, "memory_gib": 8, "disk_gib": 10});
+    if let Some(a) = on_host_loss {
+        body["on_host_loss"] = json!(a);
+    }
+    body
+}
+
+on_both_backends! {
+    config = lost_after_ten_minutes;
+
+    async fn a_host_lost_for_good_loses_its_vms_or_has_them_recreated_and_none_runs_twice(s: &TestServer) {
+        let clock = s.server.state.config.clock.clone();
+        s.tenant("lab").await;
+        let mut q: kumo_api_types::Quota = s.admin.get("/api/v1/tenants/lab/quota").await.unwrap();
+        q.gpus.insert("H100-SXM5-80GB".into(), 2);
+        s.quota("lab", &q).await;
+        let (hook, posts) = webhook_receiver("vm.host_lost").await;
+        let _: serde_json::Value = s.admin
+            .put("/api/v1/tenants/lab/idle-policy", &json!({"hours": 1, "action": "notice", "webhook_url": hook}))
+            .await
+            .unwrap();
+        // Both VMs on the first host: the second registers after.
+        let mut hosts = vec![host(s, "gpua", "192.0.2.1", "su-a").await];
+        let (_b1, alive_a) = beat(&hosts);
+        let keep: Vm = s.admin.post("/api/v1/tenants/lab/vms", &one_gpu("keep", None)).await.unwrap();
+        let again: Vm = s.admin
+            .post("/api/v1/tenants/lab/vms", &one_gpu("again", Some(kumo_api_types::HostLossAction::Recreate)))
+            .await
+            .unwrap();
+        assert_eq!(again.spec.on_host_loss, kumo_api_types::HostLossAction::Recreate);
+        hosts.push(host(s, "gpub", "192.0.2.2", "su-a").await);
+        let (_b2, _) = beat(&hosts[1..]);
+        for h in &mut hosts {
+            h.converge().await;
+        }
+        assert_eq!(vm(s, "keep").await.state, VmState::Running);
+        assert_eq!(vm(s, "again").await.host.as_deref(), Some("gpua"));
+        assert!(open_runs(s, keep.id).await >= 2, "disk and compute charged");
+        // The quota is full: two H100s.
+        let e = s.admin.post::<_, Vm>("/api/v1/tenants/lab/vms", &one_gpu("third", None)).await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "{e}");
+        assert!(e.to_string().contains("quota"), "{e}");
+
+        // gpua falls silent: its VMs are `unknown`, not yet lost.
+        alive_a[0].store(false, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(6);
+        while vm(s, "keep").await.state != VmState::Unknown {
+            assert!(Instant::now() < deadline, "never unknown");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        clock.advance(chrono::Duration::seconds(599));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(vm(s, "keep").await.state, VmState::Unknown, "not lost before its time");
+        assert_eq!(vm(s, "again").await.host.as_deref(), Some("gpua"));
+
+        // Ten minutes after it was found silent, it is lost for good.
+        clock.advance(chrono::Duration::seconds(2));
+        let deadline = Instant::now() + Duration::from_secs(6);
+        loop {
+            let (k, a) = (vm(s, "keep").await, vm(s, "again").await);
+            if k.state == VmState::Lost && a.host.as_deref() == Some("gpub") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{k:?} {a:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let k = vm(s, "keep").await;
+        assert!(k.reason.as_deref().unwrap_or("").contains("gpua"), "{k:?}");
+        assert!(events_of(s, "lab", &k).await.iter().any(|e| e.starts_with("lost")));
+        assert_eq!(open_runs(s, keep.id).await, 0, "a lost VM is charged nothing");
+        let a = vm(s, "again").await;
+        assert_eq!(a.id, again.id);
+        assert!(events_of(s, "lab", &a).await.iter().any(|e| e.starts_with("replacing")));
+        let hooks = webhook_posts(&posts, 2).await;
+        let mut said: Vec<(String, String)> = hooks
+            .iter()
+            .map(|h| (h["vm"].as_str().unwrap().to_owned(), h["action"].as_str().unwrap().to_owned()))
+            .collect();
+        said.sort();
+        assert_eq!(said, [("again".to_owned(), "recreate".to_owned()), ("keep".to_owned(), "wait".to_owned())]);
+        // Its quota is free: a third H100 VM fits beside the recreated one.
+        let _: Vm = s.admin.post("/api/v1/tenants/lab/vms", &one_gpu("third", None)).await.unwrap();
+        hosts[1].converge().await;
+        assert_eq!(vm(s, "again").await.state, VmState::Running);
+        // A lost VM can only be deleted (tried on a second one below).
+        let e = s.admin.post::<_, Vm>("/api/v1/tenants/lab/vms/keep/start", &json!({})).await.unwrap_err();
+        assert_eq!(e.status(), Some(409));
+
+        // gpua returns: `keep` resumes there and is charged again; the
+        // recreated VM is no longer gpua's, which removes it and drops its
+        // disk: it runs once, on gpub.
+        alive_a[0].store(true, Ordering::SeqCst);
+        assert_eq!(hosts[0].heartbeat().await, 204);
+        let d = hosts[0].desired(None).await;
+        assert!(d.vms.iter().any(|v| v.id == keep.id));
+        assert!(d.vms.iter().all(|v| v.id != again.id), "no longer gpua's");
+        assert!(d.drop_disks.contains(&again.id));
+        hosts[0].converge().await;
+        let k = vm(s, "keep").await;
+        assert_eq!((k.state, k.host.as_deref()), (VmState::Running, Some("gpua")));
+        assert!(open_runs(s, keep.id).await >= 2, "charged again");
+        let a = vm(s, "again").await;
+        assert_eq!((a.state, a.host.as_deref()), (VmState::Running, Some("gpub")));
+        assert!(hosts[0].desired(None).await.drop_disks.is_empty());
+        // The host lost again, `keep` lost again: deleting it forgets it at
+        // once, and the host drops it when it is back.
+        alive_a[0].store(false, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(6);
+        while vm(s, "keep").await.state != VmState::Unknown {
+            assert!(Instant::now() < deadline, "never unknown again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        clock.advance(chrono::Duration::seconds(601));
+        let deadline = Instant::now() + Duration::from_secs(6);
+        while vm(s, "keep").await.state != VmState::Lost {
+            assert!(Instant::now() < deadline, "never lost again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let r = s.http().delete(format!("{}/api/v1/tenants/lab/vms/keep", s.url)).bearer_auth(&s.admin_token).send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        let e = s.admin.get::<Vm>("/api/v1/tenants/lab/vms/keep").await.unwrap_err();
+        assert_eq!(e.status(), Some(404));
+        alive_a[0].store(true, Ordering::SeqCst);
+        assert_eq!(hosts[0].heartbeat().await, 204);
+        let d = hosts[0].desired(None).await;
+        assert!(d.vms.iter().all(|v| v.id != keep.id));
+        assert!(d.drop_disks.contains(&keep.id));
+        hosts[0].converge().await;
+    }
+}
