@@ -474,14 +474,18 @@ pub enum HostState {
     Draining,
     Unreachable,
     Retired,
+    /// In its maintenance window: its VMs moved off or stopped; it takes
+    /// nothing new until an admin is done with it.
+    Maintenance,
 }
 
 impl HostState {
-    pub const ALL: [HostState; 4] = [
+    pub const ALL: [HostState; 5] = [
         HostState::Ready,
         HostState::Draining,
         HostState::Unreachable,
         HostState::Retired,
+        HostState::Maintenance,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -490,12 +494,62 @@ impl HostState {
             HostState::Draining => "draining",
             HostState::Unreachable => "unreachable",
             HostState::Retired => "retired",
+            HostState::Maintenance => "maintenance",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         HostState::ALL.into_iter().find(|h| h.as_str() == s)
     }
+}
+
+/// A host's scheduled maintenance window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MaintenanceWindow {
+    /// When its VMs are moved off (or stopped) and it goes to
+    /// `maintenance`.
+    pub at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Schedules (or moves) a host's maintenance window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceCreate {
+    pub at: DateTime<Utc>,
+    /// Told to the tenants whose VMs it moves (at most 200 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What a scheduled event does to a VM when its time comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduledAction {
+    /// Shelved and placed on another host, its disks moving with it (as
+    /// `unshelve --anywhere` does); `kumo vm evacuate` does it early.
+    Evacuate,
+    /// A cluster member: replaced on another host (same name and
+    /// addresses, a fresh root disk), as `kumo cluster repair` does.
+    Replace,
+    /// Stopped where it is (it cannot move: suspended, being reclaimed).
+    Stop,
+}
+
+/// An event scheduled for a VM, as the API shows it and as the guest
+/// reads it in `/run/kumo/events` (a JSON array of these, `[]` when none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ScheduledEvent {
+    /// `maintenance`.
+    pub kind: String,
+    /// When it happens.
+    pub at: DateTime<Utc>,
+    pub action: ScheduledAction,
+    /// The host being maintained.
+    pub host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -540,6 +594,9 @@ pub struct Host {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub underlay_ip: Option<Ipv4Addr>,
+    /// Its scheduled maintenance window, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenanceWindow>,
     /// An edge host's interface towards the provider network: segments'
     /// gateways and public addresses may be placed there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1600,6 +1657,10 @@ pub struct Vm {
     /// A spot VM being reclaimed: when it will be shut down (or suspended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempt_deadline: Option<DateTime<Utc>>,
+    /// What is scheduled for it (its host's maintenance), also in the guest
+    /// at `/run/kumo/events`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scheduled_events: Vec<ScheduledEvent>,
     /// The training cluster it is a member of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
@@ -2264,6 +2325,10 @@ pub struct DesiredVm {
     /// and, for GPU VMs, ask it to shut down; do not start it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<PreemptionNotice>,
+    /// Events scheduled for it (maintenance), kept as JSON at
+    /// `/run/kumo/events` in the guest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<ScheduledEvent>,
     /// For a cluster member: the cluster's MPI hostfile, kept at
     /// `/etc/kumo/hostfile` in the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]

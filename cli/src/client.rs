@@ -384,6 +384,26 @@ impl Client {
         .await
     }
 
+    pub async fn schedule_maintenance(
+        &self,
+        host: &str,
+        body: &kumo_api_types::MaintenanceCreate,
+    ) -> Result<Host, ClientError> {
+        self.post(
+            &format!("/api/v1/hosts/{}/maintenance", segment(host)),
+            body,
+        )
+        .await
+    }
+
+    pub async fn end_maintenance(&self, host: &str) -> Result<Host, ClientError> {
+        self.send(self.request(
+            Method::DELETE,
+            &format!("/api/v1/hosts/{}/maintenance", segment(host)),
+        ))
+        .await
+    }
+
     /// The fleet's devices and their health.
     pub async fn devices(
         &self,

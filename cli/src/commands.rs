@@ -381,6 +381,24 @@ pub enum HostCmd {
         /// The host's name.
         host: String,
     },
+    /// Schedule a maintenance window: the host takes nothing new; at TIME
+    /// its VMs move to other hosts with their disks (cluster members are
+    /// replaced, the rest stopped), and it stays in maintenance until
+    /// --done. Every VM on it is told ahead (also in the guest, in
+    /// /run/kumo/events).
+    Maintenance {
+        /// The host's name.
+        host: String,
+        /// When (RFC 3339, e.g. 2026-12-01T09:00:00Z); again to move it.
+        #[arg(long, required_unless_present = "done", conflicts_with = "done")]
+        at: Option<chrono::DateTime<chrono::Utc>>,
+        /// Told to the tenants whose VMs move.
+        #[arg(long, requires = "at")]
+        reason: Option<String>,
+        /// Maintenance is over (or called off): the host takes VMs again.
+        #[arg(long)]
+        done: bool,
+    },
     /// Let a registered host join again with a join token (a reinstalled
     /// machine); its current credential is revoked at once.
     Rejoin {
@@ -974,6 +992,14 @@ pub enum VmCmd {
         /// Wait until the VM is shelved.
         #[arg(long)]
         wait: bool,
+    },
+    /// Move a VM off a host with a maintenance window now, as the window
+    /// would: shelved, then placed on another host with its disks.
+    Evacuate {
+        /// The VM's name or id.
+        vm: String,
+        #[command(flatten)]
+        tenant: TenantArg,
     },
     /// Bring a shelved VM back and start it.
     ///
@@ -1648,6 +1674,35 @@ async fn host(cmd: &HostCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
                 )
             })?;
         }
+        HostCmd::Maintenance {
+            host,
+            at,
+            reason,
+            done,
+        } => {
+            let h = match at {
+                Some(at) if !*done => {
+                    c.schedule_maintenance(
+                        host,
+                        &kumo_api_types::MaintenanceCreate {
+                            at: *at,
+                            reason: reason.clone(),
+                        },
+                    )
+                    .await?
+                }
+                _ => c.end_maintenance(host).await?,
+            };
+            print_one(out, fmt, &h, || match &h.maintenance {
+                Some(w) => format!(
+                    "{}: {}, maintenance at {}\n",
+                    h.name,
+                    h.state.as_str(),
+                    w.at.to_rfc3339()
+                ),
+                None => format!("{}: {}\n", h.name, h.state.as_str()),
+            })?;
+        }
         HostCmd::Drain { host } | HostCmd::Undrain { host } => {
             let action = if matches!(cmd, HostCmd::Drain { .. }) {
                 "drain"
@@ -1853,6 +1908,26 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
         v.spec.memory_gib,
         v.spec.disk_gib,
     );
+    for e in &v.scheduled_events {
+        s.push_str(&format!(
+            "Scheduled: {} at {}: {}{}\n",
+            e.kind,
+            e.at.to_rfc3339(),
+            match e.action {
+                kumo_api_types::ScheduledAction::Evacuate => {
+                    "moved to another host with its disks (kumo vm evacuate does it now)"
+                }
+                kumo_api_types::ScheduledAction::Replace => {
+                    "replaced on another host (same name and address, fresh root disk)"
+                }
+                kumo_api_types::ScheduledAction::Stop => "stopped",
+            },
+            e.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+        ));
+    }
     if let Some(p) = &v.placement {
         let mut t = Table::new(&["gpu (host)", "gpu (guest)", "model", "nic", "nic (guest)"]);
         for g in &p.gpus {
@@ -2139,6 +2214,16 @@ async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow
             }
             print_one(out, fmt, &v, || {
                 format!("{} {}: {}\n", action, v.name, v.state.as_str())
+            })?;
+        }
+        VmCmd::Evacuate { vm, tenant } => {
+            let v = c.vm_action(&tenant.tenant, vm, "evacuate").await?;
+            print_one(out, fmt, &v, || {
+                format!(
+                    "evacuate {}: {} (placed on another host once shelved)\n",
+                    v.name,
+                    v.state.as_str()
+                )
             })?;
         }
         VmCmd::Unshelve {

@@ -221,14 +221,20 @@ fn roce_settings(
     ))
 }
 
+/// Where the guest finds the events scheduled for it: a JSON array of
+/// `ScheduledEvent` (`[]` when none), rewritten when one is scheduled,
+/// moved or called off.
+pub const EVENTS_PATH: &str = "/run/kumo/events";
+
 /// Keeps the NCCL topology file, `/etc/nccl.conf` (with the RoCE
-/// settings for a VM on a RoCE segment) and, for a cluster member, the
-/// cluster's hostfile in the guest. Also returns what of the RoCE
-/// settings the guest could not show yet.
+/// settings for a VM on a RoCE segment), the scheduled events and, for a
+/// cluster member, the cluster's hostfile in the guest. Also returns what
+/// of the RoCE settings the guest could not show yet.
 pub fn sync(
     agent: &impl GuestAgent,
     topology_xml: &str,
     hostfile: Option<&str>,
+    events_json: &str,
     roce: Option<&crate::nccl_net::RocePlan>,
 ) -> (Outcome, Option<String>) {
     if let Err(e) = agent.command(&json!({"execute": "guest-ping"}), 2) {
@@ -250,6 +256,7 @@ pub fn sync(
         for (path, content) in [
             (NCCL_TOPO_PATH, Some(topology_xml)),
             (HOSTFILE_PATH, hostfile),
+            (EVENTS_PATH, Some(events_json)),
         ] {
             let Some(content) = content else {
                 continue;
@@ -265,6 +272,7 @@ pub fn sync(
             return Ok(Outcome::AlreadyThere);
         }
         mkdir_p(agent, "/etc/kumo")?;
+        mkdir_p(agent, "/run/kumo")?;
         for (path, content) in stale {
             write(agent, path, content)?;
         }
@@ -428,12 +436,12 @@ mod tests {
         let g = FakeGuest::default();
         let hosts = "train-0 slots=8\ntrain-1 slots=8\n";
         assert_eq!(
-            sync(&g, "<system/>\n", Some(hosts), None).0,
+            sync(&g, "<system/>\n", Some(hosts), "[]", None).0,
             Outcome::Written
         );
         assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
         assert_eq!(
-            sync(&g, "<system/>\n", Some(hosts), None).0,
+            sync(&g, "<system/>\n", Some(hosts), "[]", None).0,
             Outcome::AlreadyThere
         );
         // Lost (reinstalled guest, edited by hand): written again.
@@ -441,14 +449,41 @@ mod tests {
             .borrow_mut()
             .insert(HOSTFILE_PATH.into(), b"mine\n".to_vec());
         assert_eq!(
-            sync(&g, "<system/>\n", Some(hosts), None).0,
+            sync(&g, "<system/>\n", Some(hosts), "[]", None).0,
             Outcome::Written
         );
         assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
         // A VM outside any cluster is not given one.
         let lone = FakeGuest::default();
-        assert_eq!(sync(&lone, "<system/>\n", None, None).0, Outcome::Written);
+        assert_eq!(
+            sync(&lone, "<system/>\n", None, "[]", None).0,
+            Outcome::Written
+        );
         assert!(!lone.files.borrow().contains_key(HOSTFILE_PATH));
+    }
+
+    #[test]
+    fn scheduled_events_are_kept_in_run_kumo_and_rewritten_when_they_move() {
+        let g = FakeGuest::default();
+        assert_eq!(
+            sync(&g, "<system/>\n", None, "[]", None).0,
+            Outcome::Written
+        );
+        assert_eq!(g.files.borrow()[EVENTS_PATH], b"[]");
+        assert!(g.dirs.borrow().iter().any(|d| d == "/run/kumo"));
+        let one = r#"[{"kind":"maintenance","at":"2026-12-01T09:00:00Z","action":"evacuate","host":"gpu-7"}]"#;
+        assert_eq!(sync(&g, "<system/>\n", None, one, None).0, Outcome::Written);
+        assert_eq!(g.files.borrow()[EVENTS_PATH], one.as_bytes());
+        assert_eq!(
+            sync(&g, "<system/>\n", None, one, None).0,
+            Outcome::AlreadyThere
+        );
+        let moved = one.replace("09:00", "11:00");
+        assert_eq!(
+            sync(&g, "<system/>\n", None, &moved, None).0,
+            Outcome::Written
+        );
+        assert_eq!(g.files.borrow()[EVENTS_PATH], moved.as_bytes());
     }
 
     #[test]
@@ -459,7 +494,7 @@ mod tests {
             b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/old.xml\n".to_vec(),
         );
         assert_eq!(
-            sync(&g, "<system version=\"1\"/>\n", None, None).0,
+            sync(&g, "<system version=\"1\"/>\n", None, "[]", None).0,
             Outcome::Written
         );
         assert_eq!(
@@ -471,14 +506,14 @@ mod tests {
             "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
         );
         assert_eq!(
-            sync(&g, "<system version=\"1\"/>\n", None, None).0,
+            sync(&g, "<system version=\"1\"/>\n", None, "[]", None).0,
             Outcome::AlreadyThere
         );
         // A changed topology is rewritten; a large one crosses chunk borders.
         let big = "x".repeat(3 * CHUNK + 5);
-        assert_eq!(sync(&g, &big, None, None).0, Outcome::Written);
+        assert_eq!(sync(&g, &big, None, "[]", None).0, Outcome::Written);
         assert_eq!(g.files.borrow()[NCCL_TOPO_PATH].len(), big.len());
-        assert_eq!(sync(&g, &big, None, None).0, Outcome::AlreadyThere);
+        assert_eq!(sync(&g, &big, None, "[]", None).0, Outcome::AlreadyThere);
     }
 
     #[test]
@@ -494,7 +529,7 @@ mod tests {
         };
         // Booting: the VF's driver is not up yet.
         *g.shell.borrow_mut() = "--\neth0/address:02:6b:00:00:00:01\n".into();
-        let (o, pending) = sync(&g, "<system/>\n", None, Some(&plan));
+        let (o, pending) = sync(&g, "<system/>\n", None, "[]", Some(&plan));
         assert_eq!(o, Outcome::Written);
         assert_eq!(
             pending.as_deref(),
@@ -508,7 +543,7 @@ mod tests {
         // Up, with its address: the HCA and its RoCEv2 GID join.
         *g.shell.borrow_mut() = "mlx5_0/ports/1/gid_attrs/ndevs/3:ens6\nmlx5_0/ports/1/gid_attrs/types/3:RoCE v2\nmlx5_0/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:0a02:0007\n--\neth0/address:02:6b:00:00:00:01\nens6/address:02:6b:00:00:00:07\n".into();
         assert_eq!(
-            sync(&g, "<system/>\n", None, Some(&plan)),
+            sync(&g, "<system/>\n", None, "[]", Some(&plan)),
             (Outcome::Written, None)
         );
         assert_eq!(
@@ -516,7 +551,7 @@ mod tests {
             "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\nNCCL_IB_TC=104\nNCCL_IB_HCA==mlx5_0:1\nNCCL_IB_GID_INDEX=3\nNCCL_SOCKET_IFNAME==eth0\n"
         );
         assert_eq!(
-            sync(&g, "<system/>\n", None, Some(&plan)),
+            sync(&g, "<system/>\n", None, "[]", Some(&plan)),
             (Outcome::AlreadyThere, None)
         );
     }
@@ -530,7 +565,7 @@ mod tests {
         g.files
             .borrow_mut()
             .insert(NCCL_CONF_PATH.into(), b"x".to_vec());
-        let c = sync(&g, "<system/>\n", None, None).0.condition();
+        let c = sync(&g, "<system/>\n", None, "[]", None).0.condition();
         assert!(c.contains("no data and no end"), "{c}");
     }
 
@@ -540,7 +575,7 @@ mod tests {
             down: true,
             ..FakeGuest::default()
         };
-        assert!(sync(&down, "x", None, None)
+        assert!(sync(&down, "x", None, "[]", None)
             .0
             .condition()
             .starts_with("nccl-topology pending: guest agent not available"));
@@ -548,7 +583,7 @@ mod tests {
             blocked: true,
             ..FakeGuest::default()
         };
-        let c = sync(&blocked, "x", None, None).0.condition();
+        let c = sync(&blocked, "x", None, "[]", None).0.condition();
         assert!(
             c.starts_with("nccl-topology failed:") && c.contains("disabled"),
             "{c}"

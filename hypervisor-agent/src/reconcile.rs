@@ -571,8 +571,9 @@ impl Reconciler {
         let layout = guest_layout(&self.topology, &vm.placement).ok()?;
         let xml = kumo_topology::nccl_xml::nccl_topology_xml(&self.topology, &layout).ok()?;
         let roce = crate::nccl_net::plan(vm, &vxlan_manager::roce::LOSSLESS);
+        let events = serde_json::to_string(&vm.events).unwrap_or_else(|_| "[]".into());
         let (outcome, pending) =
-            crate::guest_files::sync(dom, &xml, vm.hostfile.as_deref(), roce.as_ref());
+            crate::guest_files::sync(dom, &xml, vm.hostfile.as_deref(), &events, roce.as_ref());
         if outcome == crate::guest_files::Outcome::Written {
             tracing::info!(vm = %vm.id, "wrote the NCCL topology file into the guest");
         }
@@ -1180,6 +1181,7 @@ pub(crate) mod tests {
                 on_host_loss: Default::default(),
             },
             preemption: None,
+            events: Vec::new(),
             hostfile: None,
             placement: kumo_topology::guest_layout::Placement {
                 gpus: vec![],

@@ -36,6 +36,7 @@ mod m0030_console_relay;
 mod m0031_shares;
 mod m0032_cluster_health;
 mod m0033_lost_vms;
+mod m0034_maintenance;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -113,6 +114,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0031_shares::Migration),
             Box::new(m0032_cluster_health::Migration),
             Box::new(m0033_lost_vms::Migration),
+            Box::new(m0034_maintenance::Migration),
         ]
     }
 }

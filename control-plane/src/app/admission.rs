@@ -394,6 +394,7 @@ async fn insert_vm(
         disk_host_id: Set(None),
         unshelve_anywhere: Set(false),
         disk_move_token_sha256: Set(None),
+        evacuating: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
     }

@@ -224,6 +224,19 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             spec,
             placement,
             preemption,
+            events: host
+                .maintenance_at
+                .and_then(|at| {
+                    crate::domain::maintenance::event_for(
+                        state,
+                        v.cluster_id.is_some(),
+                        &host.name,
+                        at,
+                        host.maintenance_reason.as_deref(),
+                    )
+                })
+                .into_iter()
+                .collect(),
             hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),
             nics: net.nics.remove(&v.id).unwrap_or_default(),
             volumes: disks.remove(&v.id).unwrap_or_default(),
@@ -467,7 +480,11 @@ async fn apply_entry(
         a.host_id = Set(None);
         a.placement = Set(None);
         a.updated_at = Set(now);
-        a.update(txn).await?;
+        let shelved = a.update(txn).await?;
+        if shelved.evacuating.is_some() {
+            // Off a host under maintenance: on to another one.
+            crate::app::maintenance::shelved(txn, &shelved, now).await?;
+        }
         return Ok(Applied { freed: true, peers });
     }
     let mut applied = Applied::default();

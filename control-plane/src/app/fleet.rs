@@ -19,7 +19,7 @@ use crate::entity::{allocations, hosts};
 use crate::error::ApiError;
 use crate::store::hosts::{find, held, held_by_host, host_state, reachable_state, stored_topology};
 
-fn to_api(
+pub fn to_api(
     h: &hosts::Model,
     topo: &HostTopology,
     held: &[allocations::Model],
@@ -59,6 +59,12 @@ fn to_api(
         gpus_out_of_service: blocked.iter().filter(|b| gpu_bdfs.contains(*b)).count() as u32,
         rdma_nics: topo.nics.len() as u32,
         underlay_ip: crate::app::host_network::underlay_of(h),
+        maintenance: h
+            .maintenance_at
+            .map(|at| kumo_api_types::MaintenanceWindow {
+                at,
+                reason: h.maintenance_reason.clone(),
+            }),
         edge_uplink: h.edge_uplink.clone(),
         cpus: topo.numa_nodes.iter().map(|n| n.cpus.len() as u32).sum(),
         passthrough_ready: problems.is_empty(),
@@ -164,7 +170,8 @@ pub async fn set_drained(
     let mut a: hosts::ActiveModel = h.into();
     a.drained = Set(drained);
     // An unreachable host stays so until it answers; then it takes this.
-    if state != HostState::Unreachable {
+    // One in maintenance stays there until an admin is done with it.
+    if !matches!(state, HostState::Unreachable | HostState::Maintenance) {
         a.state = Set(reachable_state(drained).as_str().into());
     }
     let updated = a.update(&txn).await?;
@@ -210,7 +217,7 @@ pub async fn set_drained(
 }
 
 /// A host's devices out of service.
-async fn blocked_on(
+pub async fn blocked_on(
     db: &impl sea_orm::ConnectionTrait,
     host: uuid::Uuid,
 ) -> Result<Vec<String>, ApiError> {

@@ -398,6 +398,8 @@ async fn insert_row(
         root_disk_capacity_gib: Set(None),
         shares_storage: Set(None),
         unreachable_since: Set(None),
+        maintenance_at: Set(None),
+        maintenance_reason: Set(None),
     }
     .insert(txn)
     .await

@@ -90,12 +90,22 @@ async fn open(
             ended_at: Set(None),
             posted_until: Set(None),
         };
-        match row.insert(txn).await {
-            Ok(_) => {}
-            // The same transition replayed: the run exists.
-            Err(e) if is_unique_violation(&e) => {}
-            Err(e) => return Err(e.into()),
-        }
+        // The same transition replayed: the run exists. (Skipped in the
+        // statement: a unique violation caught after the fact would leave a
+        // PostgreSQL transaction aborted for everything after it.)
+        meter_runs::Entity::insert(row)
+            .on_conflict(
+                sea_orm::sea_query::OnConflict::columns([
+                    meter_runs::Column::VmId,
+                    meter_runs::Column::Class,
+                    meter_runs::Column::StartedAt,
+                ])
+                .do_nothing()
+                .to_owned(),
+            )
+            .do_nothing()
+            .exec(txn)
+            .await?;
     }
     Ok(())
 }

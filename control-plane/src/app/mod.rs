@@ -27,6 +27,7 @@ pub mod host_network;
 pub mod hosts;
 pub mod idle_gpus;
 pub mod jobs;
+pub mod maintenance;
 pub mod members;
 pub mod metering;
 pub mod public_net;

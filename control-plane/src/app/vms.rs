@@ -125,7 +125,7 @@ async fn act_once(
 
 /// Whether a shelved VM's disks can move: its disk host's agent serves
 /// moves, and none of its volumes has snapshots (they stay on the host).
-async fn check_movable(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
+pub async fn check_movable(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
     let host = match vm.disk_host_id {
         Some(h) => crate::store::hosts::by_id(txn, h).await?,
         None => None,
@@ -649,6 +649,18 @@ fn view_on(
         placement,
         guest_condition: v.guest_condition.clone(),
         preempt_deadline: v.preempt_deadline,
+        scheduled_events: host
+            .and_then(|(h, _)| {
+                crate::domain::maintenance::event_for(
+                    state,
+                    v.cluster_id.is_some(),
+                    &h.name,
+                    h.maintenance_at?,
+                    h.maintenance_reason.as_deref(),
+                )
+            })
+            .into_iter()
+            .collect(),
         cluster: cluster.map(str::to_owned),
         networks,
         shares,

@@ -10,6 +10,7 @@ pub mod imports;
 pub mod ingress;
 pub mod ipam;
 pub mod lifecycle;
+pub mod maintenance;
 pub mod names;
 pub mod paging;
 pub mod public_net;

@@ -91,12 +91,7 @@ impl StoredText for Power {
 
 impl StoredText for HostState {
     const WHAT: &'static str = "host state";
-    const ALL: &'static [HostState] = &[
-        HostState::Ready,
-        HostState::Draining,
-        HostState::Unreachable,
-        HostState::Retired,
-    ];
+    const ALL: &'static [HostState] = &HostState::ALL;
     fn to_text(self) -> &'static str {
         self.as_str()
     }

@@ -58,6 +58,10 @@ pub struct Model {
     /// When the lost-host detector found it silent (the state's clock);
     /// its VMs are `lost` once that is `[hosts] lost_after_secs` ago.
     pub unreachable_since: Option<DateTimeUtc>,
+    /// A scheduled maintenance window: from then on the host's VMs move
+    /// off (or stop) and it is `maintenance` until an admin is done.
+    pub maintenance_at: Option<DateTimeUtc>,
+    pub maintenance_reason: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -32,6 +32,10 @@ pub struct Model {
     /// SHA-256 of the token its new host's agent fetches its root disk
     /// with, while the disk moves.
     pub disk_move_token_sha256: Option<String>,
+    /// Shelving to move off a host under maintenance: once shelved it is
+    /// placed on another host, its disks moving with it, with this desired
+    /// power (what it had).
+    pub evacuating: Option<String>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

@@ -61,9 +61,14 @@ struct Derived {
 
 pub fn host_use(h: &hosts::Model) -> Result<HostUse, ApiError> {
     Ok(match host_state(h)? {
+        // A window ahead: nothing new goes there (its VMs are about to
+        // move off).
+        HostState::Ready if h.maintenance_at.is_some() => HostUse::Draining,
         HostState::Ready => HostUse::Ready,
         HostState::Draining => HostUse::Draining,
-        HostState::Unreachable | HostState::Retired => HostUse::Unavailable,
+        HostState::Unreachable | HostState::Retired | HostState::Maintenance => {
+            HostUse::Unavailable
+        }
     })
 }
 

@@ -341,6 +341,17 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/hosts/{host}/drain",
         [200, 403, 403, 403, 403, 401, 401, 401],
     ),
+    // A window far ahead, then called off.
+    (
+        "POST",
+        "/api/v1/hosts/{host}/maintenance",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/hosts/{host}/maintenance",
+        [200, 403, 403, 403, 403, 401, 401, 401],
+    ),
     (
         "POST",
         "/api/v1/hosts/{host}/undrain",
@@ -447,6 +458,12 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
     (
         "POST",
         "/api/v1/tenants/{tenant}/vms/{vm}/shelve",
+        [409, 409, 409, 403, 404, 401, 401, 401],
+    ),
+    // Its host has no maintenance window.
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/vms/{vm}/evacuate",
         [409, 409, 409, 403, 404, 401, 401, 401],
     ),
     (
@@ -724,6 +741,7 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
     };
     let host = if template.ends_with("drain")
         || template.ends_with("rejoin")
+        || template.ends_with("maintenance")
         || template.contains("/devices/")
     {
         "host-2"
@@ -1015,6 +1033,9 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         }
         ("PUT", "/api/v1/tenants/{tenant}/segments/{segment}/ingress") => {
             Some(json!({"rules": [{"protocol": "tcp", "ports": "22", "source": "0.0.0.0/0"}]}))
+        }
+        ("POST", "/api/v1/hosts/{host}/maintenance") => {
+            Some(json!({"at": "2099-01-01T00:00:00Z", "reason": "authz matrix"}))
         }
         ("POST", "/api/v1/tenants/{tenant}/clusters") => {
             Some(json!({"name": format!("new-cl-{n}"), "size": 2, "vcpus": 1, "memory_gib": 1}))

@@ -301,7 +301,7 @@ async fn roce_settings_reach_nccl_conf(
         "the RoCE settings in the guest",
         Duration::from_secs(30),
         async || {
-            let r = sync(dom, topology_xml, None, Some(&plan));
+            let r = sync(dom, topology_xml, None, "[]", Some(&plan));
             (r.1.is_none()).then_some(r)
         },
     )
@@ -334,7 +334,7 @@ async fn roce_settings_reach_nccl_conf(
         assert!(lines.contains(&want), "{want} in {conf}");
     }
     assert_eq!(
-        sync(dom, topology_xml, None, Some(&plan)),
+        sync(dom, topology_xml, None, "[]", Some(&plan)),
         (Outcome::AlreadyThere, None)
     );
 }

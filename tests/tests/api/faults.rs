@@ -455,3 +455,162 @@ on_both_backends! {
         hosts[0].converge().await;
     }
 }
+
+fn manual_clock(c: &mut kumo_server::config::Config) {
+    config(c);
+    c.clock = kumo_server::clock::Clock::manual(
+        chrono::DateTime::from_timestamp(1_900_000_000, 0).unwrap(),
+    );
+}
+
+fn cpu_vm(name: &str) -> serde_json::Value {
+    json!({"name": name, "gpus": 0, "vcpus": 2, "memory_gib": 4, "disk_gib": 10})
+}
+
+/// Passes of every host but `skip` until `done` holds (each pass is a
+/// report of what the host was told).
+async fn converge_until(
+    s: &TestServer,
+    hosts: &mut [SimAgent],
+    what: &str,
+    done: impl AsyncFn(&TestServer) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done(s).await {
+        assert!(Instant::now() < deadline, "{what}");
+        for h in hosts.iter_mut() {
+            let _ = h.try_converge().await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+on_both_backends! {
+    config = manual_clock;
+
+    async fn a_maintenance_window_tells_then_moves_every_vm_off_its_host(s: &TestServer) {
+        let clock = s.server.state.config.clock.clone();
+        s.tenant("lab").await;
+        let (hook, posts) = webhook_receiver("vm.scheduled_event").await;
+        let _: serde_json::Value = s.admin
+            .put("/api/v1/tenants/lab/idle-policy", &json!({"hours": 1, "action": "notice", "webhook_url": hook}))
+            .await
+            .unwrap();
+        let mut hosts = vec![
+            host(s, "gpua", "192.0.2.1", "su-a").await,
+            host(s, "gpub", "192.0.2.2", "su-a").await,
+        ];
+        let (_b1, _) = beat(&hosts);
+        let web: Vm = s.admin.post("/api/v1/tenants/lab/vms", &cpu_vm("web")).await.unwrap();
+        let target = web.host.clone().unwrap();
+        let early: Vm = s.admin.post("/api/v1/tenants/lab/vms", &cpu_vm("early")).await.unwrap();
+        assert_eq!(early.host.as_deref(), Some(target.as_str()), "best fit: beside web");
+        let body = json!({"name": "train", "size": 2, "gpus": 8, "vcpus": 16, "memory_gib": 32, "disk_gib": 10});
+        let _: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &body).await.unwrap();
+        // A third host, for the member that moves.
+        hosts.push(host(s, "gpuc", "192.0.2.3", "su-a").await);
+        let (_b2, _) = beat(&hosts[2..]);
+        converge_until(s, &mut hosts, "all running", async |s| {
+            let c = cluster(s).await;
+            c.members.iter().all(|m| m.state == VmState::Running)
+                && vm(s, "web").await.state == VmState::Running
+                && vm(s, "early").await.state == VmState::Running
+        })
+        .await;
+        let member = cluster(s).await.members.into_iter().find(|m| m.host.as_deref() == Some(target.as_str())).unwrap();
+        let target_id = host_id_named(s, &target).await;
+        let t = hosts.iter().position(|h| h.host_id == target_id).unwrap();
+
+        // A member may not schedule maintenance; an admin may.
+        let (member_client, _) = s.user("mia").await;
+        s.add("lab", "mia", kumo_api_types::Role::Member).await;
+        let at = clock.now() + chrono::Duration::hours(1);
+        let window = json!({"at": at, "reason": "BMC firmware"});
+        let e = member_client.post::<_, kumo_api_types::Host>(&format!("/api/v1/hosts/{target}/maintenance"), &window).await.unwrap_err();
+        assert_eq!(e.status(), Some(403));
+        let bad = json!({"at": at, "reason": "x\u{7}"});
+        let e = s.admin.post::<_, kumo_api_types::Host>(&format!("/api/v1/hosts/{target}/maintenance"), &bad).await.unwrap_err();
+        assert_eq!(e.status(), Some(400));
+        let h: kumo_api_types::Host = s.admin.post(&format!("/api/v1/hosts/{target}/maintenance"), &window).await.unwrap();
+        assert_eq!(h.maintenance.as_ref().map(|w| w.at), Some(at));
+        // Every VM on it is told what will happen, and when.
+        let w = vm(s, "web").await;
+        assert_eq!(w.scheduled_events.len(), 1, "{w:?}");
+        let ev = &w.scheduled_events[0];
+        assert_eq!((ev.kind.as_str(), ev.at, ev.action, ev.host.as_str(), ev.reason.as_deref()),
+            ("maintenance", at, kumo_api_types::ScheduledAction::Evacuate, target.as_str(), Some("BMC firmware")));
+        let m = vm(s, &member.name).await;
+        assert_eq!(m.scheduled_events[0].action, kumo_api_types::ScheduledAction::Replace);
+        assert!(events_of(s, "lab", &w).await.iter().any(|e| e.starts_with("maintenance-scheduled")));
+        let hooks = webhook_posts(&posts, 3).await;
+        let mut told: Vec<&str> = hooks.iter().map(|h| h["vm"].as_str().unwrap()).collect();
+        told.sort();
+        let mut want = vec!["early", "web", member.name.as_str()];
+        want.sort();
+        assert_eq!(told, want);
+        // The guest is told too: the host's desired state carries it.
+        let d = hosts[t].desired(None).await;
+        let dw = d.vms.iter().find(|v| v.id == web.id).unwrap();
+        assert_eq!(dw.events, w.scheduled_events);
+        // Nothing new goes there meanwhile.
+        let late: Vm = s.admin.post("/api/v1/tenants/lab/vms", &cpu_vm("late")).await.unwrap();
+        assert_ne!(late.host.as_deref(), Some(target.as_str()));
+        let e = s.admin.post::<_, Vm>("/api/v1/tenants/lab/vms/late/evacuate", &json!({})).await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "no window on its host");
+        // The window moves: everyone is told the new time.
+        let at = at + chrono::Duration::hours(1);
+        let _: kumo_api_types::Host = s.admin.post(&format!("/api/v1/hosts/{target}/maintenance"), &json!({"at": at, "reason": "BMC firmware"})).await.unwrap();
+        assert_eq!(vm(s, "web").await.scheduled_events[0].at, at);
+        assert!(events_of(s, "lab", &w).await.iter().any(|e| e.starts_with("maintenance-moved")));
+        let d = hosts[t].desired(None).await;
+        assert_eq!(d.vms.iter().find(|v| v.id == web.id).unwrap().events[0].at, at);
+
+        // The tenant moves one early.
+        let v: Vm = s.admin.post("/api/v1/tenants/lab/vms/early/evacuate", &json!({})).await.unwrap();
+        assert_eq!(v.state, VmState::Shelving);
+        // Charges run from instants: it starts again a second later.
+        clock.advance(chrono::Duration::seconds(1));
+        converge_until(s, &mut hosts, "early moved", async |s| {
+            let v = vm(s, "early").await;
+            v.state == VmState::Running && v.host.is_some() && v.host != Some(target.clone())
+        })
+        .await;
+        assert!(events_of(s, "lab", &vm(s, "early").await).await.iter().any(|e| e.starts_with("evacuating")));
+
+        // The window opens: web moves with its disk, the member is replaced
+        // elsewhere, and the host is in maintenance.
+        clock.advance(chrono::Duration::hours(2) + chrono::Duration::seconds(1));
+        converge_until(s, &mut hosts, "window opened and everyone moved", async |s| {
+            let w = vm(s, "web").await;
+            let c = cluster(s).await;
+            w.state == VmState::Running
+                && w.host.is_some() && w.host != Some(target.clone())
+                && c.health == ClusterHealth::Healthy
+                && c.members.iter().all(|m| m.state == VmState::Running && m.host != Some(target.clone()))
+        })
+        .await;
+        let hosts_now: Page<kumo_api_types::Host> = s.admin.get("/api/v1/hosts").await.unwrap();
+        let h = hosts_now.items.iter().find(|h| h.name == target).unwrap();
+        assert_eq!(h.state, kumo_api_types::HostState::Maintenance);
+        assert!(hosts[t].desired(None).await.vms.is_empty(), "nothing left on it");
+        let moved = vm(s, &member.name).await;
+        assert_eq!(moved.id, m.id);
+        // Done: it takes VMs again.
+        let h: kumo_api_types::Host = s.http()
+            .delete(format!("{}/api/v1/hosts/{target}/maintenance", s.url))
+            .bearer_auth(&s.admin_token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!((h.state, h.maintenance), (kumo_api_types::HostState::Ready, None));
+        assert!(vm(s, "web").await.scheduled_events.is_empty());
+    }
+}
+
+async fn host_id_named(s: &TestServer, name: &str) -> uuid::Uuid {
+    let hosts: Page<kumo_api_types::Host> = s.admin.get("/api/v1/hosts").await.unwrap();
+    hosts.items.into_iter().find(|h| h.name == name).unwrap().id
+}

@@ -1,6 +1,6 @@
 //! The lost-host detector (and, beside it, shares' keepers moved off
-//! hosts that can no longer keep them, the VMs of hosts lost for good
-//! handled by their policy, and clusters' health assessed and
+//! hosts that can no longer keep them, maintenance windows opened, the
+//! VMs of hosts lost for good handled by their policy, and clusters' health assessed and
 //! auto-repairs started, right after hosts are found lost).
 
 use kumo_api_types::HostState;
@@ -62,6 +62,9 @@ pub async fn run(state: AppState) {
             if let Err(e) = crate::app::shares::rekeep(&state).await {
                 tracing::warn!(error = %e, "shares' keepers could not be moved");
             }
+        }
+        if let Err(e) = crate::app::maintenance::pass(&state).await {
+            tracing::warn!(error = %e, "maintenance windows could not be opened");
         }
         if let Err(e) = crate::app::host_loss::pass(&state).await {
             tracing::warn!(error = %e, "lost hosts' VMs could not be handled");

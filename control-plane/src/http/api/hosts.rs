@@ -185,3 +185,46 @@ pub async fn device_action(
         crate::app::device_health::act(&st, &ctx, &host, &bdf, &action, &body).await?,
     ))
 }
+
+/// Schedule (or move) a host's maintenance window (platform admins): from
+/// now the host takes nothing new, and every VM on it is told what will
+/// happen at `at` (its events, `scheduled_events`, the project's webhook,
+/// `/run/kumo/events` in the guest); at `at` VMs that can move are moved to
+/// other hosts with their disks, cluster members replaced elsewhere, the
+/// rest stopped, and the host is `maintenance` until it is done.
+#[utoipa::path(
+    post, path = "/api/v1/hosts/{host}/maintenance", tag = "hosts",
+    params(
+        ("host" = String, Path, description = "Host name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    request_body = kumo_api_types::MaintenanceCreate,
+    responses((status = 200, description = "The host with its window", body = Host), Problems)
+)]
+pub async fn maintenance(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path(host): Path<String>,
+    Json(body): Json<kumo_api_types::MaintenanceCreate>,
+) -> Result<axum::Json<Host>, ApiError> {
+    Ok(axum::Json(
+        crate::app::maintenance::schedule(&st, &ctx, &host, &body).await?,
+    ))
+}
+
+/// End a host's maintenance, or call off a window not yet open (platform
+/// admins): it takes VMs again.
+#[utoipa::path(
+    delete, path = "/api/v1/hosts/{host}/maintenance", tag = "hosts",
+    params(("host" = String, Path, description = "Host name or id")),
+    responses((status = 200, description = "The host, back in service", body = Host), Problems)
+)]
+pub async fn maintenance_done(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path(host): Path<String>,
+) -> Result<axum::Json<Host>, ApiError> {
+    Ok(axum::Json(
+        crate::app::maintenance::done(&st, &ctx, &host).await?,
+    ))
+}

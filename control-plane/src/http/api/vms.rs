@@ -227,3 +227,24 @@ pub async fn events(
         crate::app::vms::events(&st, &ctx, &tenant, &q).await?,
     ))
 }
+
+/// Move a VM off a host with a maintenance window now (members): it is
+/// shelved, then placed on another host with its disks, as the window
+/// would do.
+#[utoipa::path(
+    post, path = "/api/v1/tenants/{tenant}/vms/{vm}/evacuate", tag = "vms",
+    params(
+        ("tenant" = String, Path, description = "Tenant name or id"),
+        ("vm" = String, Path, description = "VM name or id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Replays the first answer for retries"),
+    ),
+    responses((status = 202, description = "Moving", body = Vm), Problems)
+)]
+pub async fn evacuate(
+    State(st): State<AppState>,
+    ctx: Actor,
+    Path((tenant, vm)): Path<(String, String)>,
+) -> Result<(StatusCode, axum::Json<Vm>), ApiError> {
+    let v = crate::app::maintenance::evacuate(&st, &ctx, &tenant, &vm).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(v)))
+}
