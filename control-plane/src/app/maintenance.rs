@@ -299,14 +299,10 @@ async fn open_window(
                     None => singles.push(v.id),
                 }
             }
-            Some(ScheduledAction::Stop) => {
-                if stored_state(&v)? != VmState::Preempting {
-                    let _ =
-                        crate::app::vms::apply_action(&txn, &v, Action::Stop, "maintenance", now)
-                            .await;
-                }
-            }
-            None => {}
+            // Stopped already (suspended to disk) or being shut down by
+            // the reaper (reclaimed): they stay, off, until the host is
+            // back.
+            Some(ScheduledAction::Stop) | None => {}
         }
     }
     crate::store::hosts::bump_revision(&txn, h.id).await?;
