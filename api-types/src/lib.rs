@@ -1064,6 +1064,12 @@ pub struct VmCreate {
     /// or is made again on another host from its template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_host_loss: Option<HostLossAction>,
+    /// Spot VMs: how long its guest has between a reclaim notice and being
+    /// shut down (checkpointing a large model takes minutes), at most the
+    /// platform's `[scheduler] max_notice_secs`. Default: the platform's
+    /// grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice_seconds: Option<u32>,
 }
 
 /// What a lost host does to a VM on it.
@@ -1486,6 +1492,9 @@ pub struct VmSpec {
     pub on_reclaim: ReclaimAction,
     #[serde(default, skip_serializing_if = "HostLossAction::is_default")]
     pub on_host_loss: HostLossAction,
+    /// Its own reclaim notice, seconds (else the platform's grace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice_seconds: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -2149,6 +2158,7 @@ impl ClusterCreate {
             shares: self.shares.clone(),
             on_reclaim: None,
             on_host_loss: None,
+            notice_seconds: None,
         }
     }
 }

@@ -561,6 +561,10 @@ pub struct SpecArgs {
     /// again on another host from its template, with a fresh root disk).
     #[arg(long, value_parser = parse_host_loss)]
     on_host_loss: Option<kumo_api_types::HostLossAction>,
+    /// With --spot: how long the guest has between a reclaim notice and
+    /// the shutdown (e.g. 10m, to checkpoint), within the platform's bound.
+    #[arg(long, value_parser = parse_duration, requires = "spot")]
+    notice: Option<u64>,
 }
 
 fn parse_host_loss(s: &str) -> Result<kumo_api_types::HostLossAction, String> {
@@ -630,6 +634,7 @@ impl SpecArgs {
             shares: self.share.clone(),
             on_reclaim: self.on_reclaim,
             on_host_loss: self.on_host_loss,
+            notice_seconds: self.notice.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
         })
     }
 }

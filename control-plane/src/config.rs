@@ -493,9 +493,13 @@ pub struct SchedulerFileConfig {
     /// How long a reclaimed spot VM's guest has between the notice and
     /// being shut down (or suspended).
     pub preemption_grace_secs: Option<u64>,
+    /// The longest reclaim notice a spot VM may ask for (`notice_seconds`).
+    pub max_notice_secs: Option<u64>,
 }
 
 pub const DEFAULT_PREEMPTION_GRACE_SECS: u64 = 30;
+/// Half an hour: room to checkpoint a large model.
+pub const DEFAULT_MAX_NOTICE_SECS: u64 = 1800;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -527,6 +531,8 @@ pub struct Config {
     /// How long a host stays unreachable before its VMs are `lost`.
     pub lost_after: Duration,
     pub preemption_grace: Duration,
+    /// The longest reclaim notice a spot VM may ask for.
+    pub max_notice: Duration,
     pub network: NetworkConfig,
     pub billing: BillingConfig,
     pub auth: AuthConfig,
@@ -697,6 +703,7 @@ impl Config {
             body_limit_bytes: DEFAULT_BODY_LIMIT_BYTES,
             heartbeat_timeout: Duration::from_secs(DEFAULT_HEARTBEAT_TIMEOUT_SECS),
             lost_after: Duration::from_secs(DEFAULT_LOST_AFTER_SECS),
+            max_notice: Duration::from_secs(DEFAULT_MAX_NOTICE_SECS),
             preemption_grace: Duration::from_secs(DEFAULT_PREEMPTION_GRACE_SECS),
             network: NetworkConfig::default(),
             billing: BillingConfig::default(),
@@ -806,6 +813,16 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
             message: "at most 86400".into(),
         });
     }
+    let max_notice_secs = file
+        .scheduler
+        .max_notice_secs
+        .unwrap_or(DEFAULT_MAX_NOTICE_SECS.max(grace));
+    if !(grace..=86_400).contains(&max_notice_secs) {
+        return Err(ConfigError::Invalid {
+            key: "scheduler.max_notice_secs",
+            message: "between scheduler.preemption_grace_secs and 86400".into(),
+        });
+    }
     Ok(Config {
         listen,
         data_dir,
@@ -818,6 +835,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         body_limit_bytes,
         heartbeat_timeout: Duration::from_secs(heartbeat_timeout_secs),
         lost_after: Duration::from_secs(lost_after_secs),
+        max_notice: Duration::from_secs(max_notice_secs),
         preemption_grace: Duration::from_secs(grace),
         network: network(&file.network)?,
         billing: billing(&file.billing)?,
@@ -1028,6 +1046,14 @@ mod tests {
         assert!(parse("[hosts]\nlost_after_secs = 700000\n").is_err());
         let c = parse("[hosts]\nlost_after_secs = 3600\n").unwrap();
         assert_eq!(c.lost_after, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_vm_may_ask_for_a_longer_notice_within_the_platform_bound() {
+        let parse = |t: &str| resolve(&ServeArgs::default(), &toml::from_str(t).unwrap());
+        assert_eq!(parse("").unwrap().max_notice, Duration::from_secs(1800));
+        assert!(parse("[scheduler]\npreemption_grace_secs = 60\nmax_notice_secs = 30\n").is_err());
+        assert!(parse("[scheduler]\nmax_notice_secs = 90000\n").is_err());
     }
 
     #[test]

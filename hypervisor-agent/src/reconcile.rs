@@ -1179,6 +1179,7 @@ pub(crate) mod tests {
                 ssh_keys: vec![r#"ssh-ed25519 AAAA "quoted" \ user"#.into()],
                 on_reclaim: Default::default(),
                 on_host_loss: Default::default(),
+                notice_seconds: None,
             },
             preemption: None,
             events: Vec::new(),

@@ -364,6 +364,55 @@ pub fn passthrough_ready(lang: Lang, hugepages_free_gib: u64) -> String {
     }
 }
 
+/// An event scheduled for a VM, as its page says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduled {
+    pub host: String,
+    /// When, as shown.
+    pub at: String,
+    /// `evacuate`, `replace` or `stop`.
+    pub action: String,
+    pub reason: Option<String>,
+}
+
+/// "Host gpu-7 has maintenance at …: this VM will be moved …".
+pub fn scheduled_sentence(lang: Lang, e: &Scheduled) -> String {
+    let why = e
+        .reason
+        .as_deref()
+        .map(|r| match lang {
+            Lang::En => format!(" ({r})"),
+            Lang::Ja => format!("（{r}）"),
+        })
+        .unwrap_or_default();
+    match (lang, e.action.as_str()) {
+        (Lang::En, "evacuate") => format!(
+            "Host {} has maintenance at {}{why}: this VM will then be moved to another host with its disks (kumo vm evacuate moves it now).",
+            e.host, e.at
+        ),
+        (Lang::Ja, "evacuate") => format!(
+            "ホスト {} は {} にメンテナンス予定です{why}。この VM はその時点でディスクごと別のホストへ移動します（kumo vm evacuate で今すぐ移動できます）。",
+            e.host, e.at
+        ),
+        (Lang::En, "replace") => format!(
+            "Host {} has maintenance at {}{why}: this cluster member will then be replaced on another host (same name and address, a fresh root disk).",
+            e.host, e.at
+        ),
+        (Lang::Ja, "replace") => format!(
+            "ホスト {} は {} にメンテナンス予定です{why}。このクラスタメンバーはその時点で別のホストに置き換えられます（名前とアドレスは同じ、ルートディスクは新規）。",
+            e.host, e.at
+        ),
+        (Lang::En, _) => format!(
+            "Host {} has maintenance at {}{why}: this VM stays there, stopped, until it is over.",
+            e.host, e.at
+        ),
+        (Lang::Ja, _) => format!(
+            "ホスト {} は {} にメンテナンス予定です{why}。この VM は終了まで停止したままです。",
+            e.host, e.at
+        ),
+    }
+}
+
 pub fn idle_sentence(lang: Lang, n: &IdleNote) -> String {
     let h = n.minutes / 60;
     let m = n.minutes % 60;

@@ -470,6 +470,8 @@ pub struct VmDetail {
     pub idle: Option<i18n::IdleNote>,
     /// How it boots, for a VM with devices passed through.
     pub boot: Option<Boot>,
+    /// What is scheduled for it (its host's maintenance).
+    pub scheduled: Vec<i18n::Scheduled>,
 }
 
 /// A UEFI guest's aperture and address width (`None`: BARs unknown).
@@ -546,6 +548,7 @@ struct VmPage<'a> {
     charts: Option<String>,
     l_gpu_figures: &'a str,
     idle: Option<String>,
+    scheduled: Vec<String>,
     boot: Option<String>,
     l_state: &'a str,
     l_host: &'a str,
@@ -641,6 +644,11 @@ pub fn vm_page(lang: Lang, viewer: &Viewer, vm: &VmDetail) -> String {
         charts: vm.gpu_figures.as_ref().map(|f| gpu_charts(lang, f)),
         l_gpu_figures: t(lang, Msg::GpuFigures),
         idle: vm.idle.as_ref().map(|n| i18n::idle_sentence(lang, n)),
+        scheduled: vm
+            .scheduled
+            .iter()
+            .map(|e| i18n::scheduled_sentence(lang, e))
+            .collect(),
         boot: vm.boot.as_ref().map(|b| i18n::boot_sentence(lang, b)),
         l_state: t(lang, Msg::State),
         l_host: t(lang, Msg::Host),
@@ -975,8 +983,20 @@ mod tests {
                 aperture_gib: Some(1025),
                 phys_bits: Some(42),
             }),
+            scheduled: vec![i18n::Scheduled {
+                host: "gpu-7".into(),
+                at: "2026-12-01 09:00 UTC".into(),
+                action: "evacuate".into(),
+                reason: Some("BMC firmware".into()),
+            }],
         };
         let page = vm_page(Lang::Ja, &v, &vm);
+        assert!(
+            page.contains(
+                "ホスト gpu-7 は 2026-12-01 09:00 UTC にメンテナンス予定です（BMC firmware）"
+            ) && page.contains("kumo vm evacuate"),
+            "{page}"
+        );
         assert!(
             page.contains("64 ビット MMIO 領域は 1025 GiB、ゲストのアドレス幅は 42 ビット"),
             "{page}"
@@ -1032,6 +1052,7 @@ mod tests {
                 gpu_figures: None,
                 idle: None,
                 boot: None,
+                scheduled: Vec::new(),
                 ..vm
             },
         );

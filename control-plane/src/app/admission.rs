@@ -589,13 +589,19 @@ pub async fn preempt(
     why: &str,
     now: DateTime<Utc>,
 ) -> Result<Vec<Uuid>, ApiError> {
-    let deadline: DateTime<Utc> =
-        now + chrono::Duration::from_std(grace).unwrap_or_else(|_| chrono::Duration::seconds(30));
     let mut hosts_touched = Vec::new();
     for id in victims {
         let Some(vm) = vms::Entity::find_by_id(*id).one(txn).await? else {
             continue;
         };
+        // Its own notice when it asked for one (bounded when it was made),
+        // else the platform's.
+        let grace = match crate::store::vms::stored_spec(&vm)?.notice_seconds {
+            Some(s) => std::time::Duration::from_secs(u64::from(s)),
+            None => grace,
+        };
+        let deadline: DateTime<Utc> = now
+            + chrono::Duration::from_std(grace).unwrap_or_else(|_| chrono::Duration::seconds(30));
         let state = stored_state(&vm)?;
         if !holds(state)
             || matches!(

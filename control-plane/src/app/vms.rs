@@ -400,6 +400,13 @@ pub async fn prepare(
     whose: &str,
 ) -> Result<Prepared, ApiError> {
     let spec = resolve_spec(st, body).await?;
+    let max = st.config.max_notice.as_secs();
+    if body.notice_seconds.is_some_and(|n| u64::from(n) > max) {
+        return Err(ApiError::field(
+            "notice_seconds",
+            format!("at most {max} (the platform's [scheduler] max_notice_secs)"),
+        ));
+    }
     let nics = plan_nics(&st.db, tenant, &body.networks).await?;
     let roce = nics.iter().any(|n| n.kind == SegmentKind::Roce);
     if roce && spec.gpus == 0 {

@@ -17,6 +17,15 @@ pub const MAX_SSH_KEYS: usize = 32;
 
 pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
     names::tenant_name("name", &body.name)?;
+    if body.notice_seconds.is_some() && body.service_level != kumo_api_types::ServiceLevel::Spot {
+        return Err(ApiError::field(
+            "notice_seconds",
+            "only spot VMs are reclaimed with notice",
+        ));
+    }
+    if body.notice_seconds == Some(0) {
+        return Err(ApiError::field("notice_seconds", "at least 1"));
+    }
     if body.on_reclaim.is_some() && body.service_level != kumo_api_types::ServiceLevel::Spot {
         return Err(ApiError::field(
             "on_reclaim",
@@ -63,6 +72,7 @@ pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
         ssh_keys: body.ssh_keys.clone(),
         on_reclaim: body.on_reclaim.unwrap_or_default(),
         on_host_loss: body.on_host_loss.unwrap_or_default(),
+        notice_seconds: body.notice_seconds,
     })
 }
 

@@ -35,6 +35,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         volumes: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
         shares: Vec::new(),
     }
 }

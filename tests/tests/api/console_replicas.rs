@@ -33,6 +33,7 @@ fn vm(name: &str) -> VmCreate {
         volumes: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
         shares: Vec::new(),
     }
 }

@@ -37,6 +37,7 @@ pub(crate) fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         volumes: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
         shares: Vec::new(),
     }
 }

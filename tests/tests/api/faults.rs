@@ -608,6 +608,43 @@ on_both_backends! {
         assert_eq!((h.state, h.maintenance), (kumo_api_types::HostState::Ready, None));
         assert!(vm(s, "web").await.scheduled_events.is_empty());
     }
+
+    async fn a_spot_vm_gets_the_reclaim_notice_it_asked_for(s: &TestServer) {
+        let clock = s.server.state.config.clock.clone();
+        s.tenant("lab").await;
+        let mut hosts = vec![host(s, "gpua", "192.0.2.1", "su-a").await];
+        let (_b, _) = beat(&hosts);
+        let spot = |name: &str, notice: Option<u32>| {
+            let mut b = json!({"name": name, "gpus": 4, "vcpus": 8, "memory_gib": 16, "disk_gib": 10, "service_level": "spot"});
+            if let Some(n) = notice {
+                b["notice_seconds"] = json!(n);
+            }
+            b
+        };
+        // Within the platform's bound (30 min), and for spot VMs only.
+        let e = s.admin.post::<_, Vm>("/api/v1/tenants/lab/vms", &spot("long", Some(1801))).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "{e}");
+        let guaranteed_with_notice = json!({"name": "g", "gpus": 1, "notice_seconds": 60});
+        let e = s.admin.post::<_, Vm>("/api/v1/tenants/lab/vms", &guaranteed_with_notice).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "{e}");
+        let ckpt: Vm = s.admin.post("/api/v1/tenants/lab/vms", &spot("ckpt", Some(600))).await.unwrap();
+        assert_eq!(ckpt.spec.notice_seconds, Some(600));
+        let _: Vm = s.admin.post("/api/v1/tenants/lab/vms", &spot("plain", None)).await.unwrap();
+        hosts[0].converge().await;
+        // A guaranteed 8-GPU VM takes the host: both are reclaimed, each
+        // with its own notice.
+        let now = clock.now();
+        let _: Vm = s.admin.post("/api/v1/tenants/lab/vms", &json!({"name": "urgent", "gpus": 8, "vcpus": 16, "memory_gib": 32, "disk_gib": 10})).await.unwrap();
+        let c = vm(s, "ckpt").await;
+        let p = vm(s, "plain").await;
+        assert_eq!((c.state, p.state), (VmState::Preempting, VmState::Preempting));
+        assert_eq!(c.preempt_deadline, Some(now + chrono::Duration::seconds(600)));
+        assert_eq!(p.preempt_deadline, Some(now + chrono::Duration::seconds(30)), "the platform's grace");
+        // The guest is told the same deadline.
+        let d = hosts[0].desired(None).await;
+        let n = d.vms.iter().find(|v| v.id == ckpt.id).and_then(|v| v.preemption.clone()).unwrap();
+        assert_eq!(n.deadline, now + chrono::Duration::seconds(600));
+    }
 }
 
 async fn host_id_named(s: &TestServer, name: &str) -> uuid::Uuid {

@@ -36,6 +36,7 @@ fn small_vm(name: &str, disk_gib: u32) -> VmCreate {
         volumes: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
         shares: Vec::new(),
     }
 }

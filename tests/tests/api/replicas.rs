@@ -149,6 +149,7 @@ on_both_backends! {
                     volumes: Vec::new(),
                     on_reclaim: None,
                     on_host_loss: None,
+                    notice_seconds: None,
                     shares: Vec::new(),
                 },
             )

@@ -46,6 +46,7 @@ pub(crate) fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
         volumes: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
         shares: Vec::new(),
     }
 }

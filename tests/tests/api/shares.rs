@@ -51,6 +51,7 @@ fn small_vm(name: &str) -> VmCreate {
         shares: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
     }
 }
 

@@ -26,6 +26,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         shares: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
     }
 }
 

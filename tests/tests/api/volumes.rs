@@ -81,6 +81,7 @@ fn small_vm(name: &str) -> VmCreate {
         volumes: Vec::new(),
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
         shares: Vec::new(),
     }
 }

@@ -503,6 +503,7 @@ fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
         shares: share_mounts(f)?,
         on_reclaim: None,
         on_host_loss: None,
+        notice_seconds: None,
     })
 }
 
@@ -798,6 +799,21 @@ async fn vm_page(
         actions: offered(&vm).into_iter().map(str::to_owned).collect(),
         gpu_figures,
         idle,
+        scheduled: vm
+            .scheduled_events
+            .iter()
+            .map(|e| kumo_web_portal::i18n::Scheduled {
+                host: e.host.clone(),
+                at: e.at.format("%Y-%m-%d %H:%M UTC").to_string(),
+                action: match e.action {
+                    kumo_api_types::ScheduledAction::Evacuate => "evacuate",
+                    kumo_api_types::ScheduledAction::Replace => "replace",
+                    kumo_api_types::ScheduledAction::Stop => "stop",
+                }
+                .into(),
+                reason: e.reason.clone(),
+            })
+            .collect(),
         boot: (placement.firmware == "efi").then(|| kumo_web_portal::Boot {
             aperture_gib: placement.mmio64_bytes.map(|b| b.div_ceil(1 << 30)),
             phys_bits: placement.phys_bits,
