@@ -127,6 +127,7 @@ impl Capacity {
             tracing::debug!(?moved, "hosts changed elsewhere");
         }
         for id in &moved.woken {
+            tracing::debug!(host = %id, "woken by a change elsewhere");
             signals.notify(*id);
         }
         let stale: Vec<Uuid> = {
@@ -146,6 +147,17 @@ impl Capacity {
             index.remove(*id);
         }
         Ok(moved.reread.len() + stale.len())
+    }
+
+    /// The revision the agent of `host` sees, as the last catch-up read it
+    /// (`None` before the first, or for a host it has not seen).
+    pub fn followed_revision(&self, host: Uuid) -> Option<i64> {
+        self.marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(&host))
+            .map(|m| m.seen_revision)
     }
 
     /// [`Capacity::catch_up`] unless one began within `fresh`: a full
