@@ -866,7 +866,7 @@ pub enum ClusterCmd {
         #[arg(long, value_parser = parse_duration, requires = "auto_repair")]
         repair_delay: Option<u64>,
         #[command(flatten)]
-        spec: SpecArgs,
+        spec: Box<SpecArgs>,
     },
     /// Replace failed members (host lost, VM in error, a device
     /// quarantined) by new VMs of the same shape, names and addresses.
