@@ -2194,7 +2194,8 @@ pub struct Cluster {
     /// What keeps it from `healthy`, per member.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<ClusterProblem>,
-    /// When its health last changed.
+    /// When its health or what is wrong last changed (an auto-repair
+    /// waits its delay from then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_since: Option<DateTime<Utc>>,
     pub auto_repair: bool,

@@ -132,6 +132,7 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         shares: false,
         roce: false,
         host: None,
+        avoid: Vec::new(),
         disk_gib: 100 * u64::from(gpus),
     }
 }

@@ -44,6 +44,9 @@ pub struct Request {
     pub roce: bool,
     /// Only this host (where the VM's volumes or disks are).
     pub host: Option<Uuid>,
+    /// Never these hosts (those a replaced VM left: its old domain there
+    /// is removed only once the host learns it is no longer its own).
+    pub avoid: Vec<Uuid>,
     /// Its root disk, provisioned GiB: only hosts whose storage has room
     /// (0 for a disk that is there already).
     pub disk_gib: u64,
@@ -79,6 +82,7 @@ pub fn rails_of(h: &HostCap, gpus: u64) -> Vec<Option<u32>> {
 fn host_takes(h: &HostCap, req: &Request) -> bool {
     h.state == HostUse::Ready
         && req.host.is_none_or(|id| h.id == id)
+        && !req.avoid.contains(&h.id)
         && req.unit.is_none_or(|u| h.scalable_unit == Some(u))
         && (h.networked || !req.networked)
         && (h.shares || !req.shares)

@@ -74,6 +74,7 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         shares: false,
         roce: false,
         host: None,
+        avoid: Vec::new(),
         disk_gib: 0,
     }
 }

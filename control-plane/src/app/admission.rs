@@ -47,6 +47,8 @@ pub struct Member {
     pub roce: bool,
     /// Only this host takes it (where its volumes are).
     pub on_host: Option<Uuid>,
+    /// Hosts it must not go to (those it was replaced off).
+    pub avoid: Vec<Uuid>,
     /// Volumes to attach when the VM row is created.
     pub volumes: Vec<Uuid>,
     /// Project shares to mount when the VM row is created.
@@ -94,6 +96,7 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
         shares: member.shared,
         roce: member.roce,
         host: member.on_host,
+        avoid: member.avoid.clone(),
         disk_gib: u64::from(spec.disk_gib),
     })
 }
@@ -927,6 +930,10 @@ pub async fn admit_pending(
                 .first()
                 .map(|vol| vol.host_id),
         };
+        // A VM replaced off a host (repair, recreate, maintenance) does not
+        // go back there: the old domain stays until that host learns the
+        // VM is no longer its own, and its devices may be why.
+        let avoid = crate::store::vms::stale_disk_hosts(&st.db, v.id).await?;
         members.push(Member {
             id: v.id,
             name: v.name.clone(),
@@ -935,6 +942,7 @@ pub async fn admit_pending(
             networked,
             roce,
             on_host,
+            avoid,
             volumes: Vec::new(),
             // A pending VM's mounts are rows already.
             shares: Vec::new(),

@@ -422,6 +422,12 @@ async fn apply_entry(
     // is refused. What a guest or libvirt wrote is another matter: an
     // entry whose text does not fit is dropped (and logged), and the
     // rest of the host's report still counts.
+    if vm.host_id != Some(host.id) && crate::store::vms::left(txn, vm.id, host.id).await? {
+        // A VM replaced off this host, reported once more before the host
+        // learnt it: no longer its own, so nothing to apply (and no reason
+        // to refuse the rest of the report).
+        return Ok(Applied::default());
+    }
     if vm.host_id != Some(host.id) {
         tracing::warn!(host = %host.name, vm = %s.id, "agent reported a VM of another host; refused");
         return Err(ApiError::validation(format!(

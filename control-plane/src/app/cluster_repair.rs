@@ -144,9 +144,10 @@ async fn assess_one(st: &AppState, members: &Members, c: &clusters::Model) -> Re
         serde_json::to_string(&a.problems).map_err(|e| ApiError::Internal(e.to_string()))?;
     let mut since = c.health_since;
     if a.health != was || problems != c.problems || a.repair_done {
-        if a.health != was {
-            since = Some(now);
-        }
+        // From the last change of what is wrong, not only of the health:
+        // a host lost while the cluster was degraded for another reason
+        // (a member its owner stopped) waits out the whole delay too.
+        since = Some(now);
         let repairing = c.repairing && !a.repair_done;
         if crate::store::clusters::set_health(&st.db, c, a.health, &problems, repairing, since)
             .await?

@@ -92,6 +92,13 @@ async fn lose(
     if vm.host_id != Some(host) || vm.state != read.state {
         return Ok(());
     }
+    // Nor a host that came back since the pass read it.
+    let still_lost = crate::store::hosts::by_id_without_topology(&txn, host)
+        .await?
+        .is_some_and(|h| h.state == HostState::Unreachable.to_text());
+    if !still_lost {
+        return Ok(());
+    }
     let wake = match action {
         HostLossAction::Recreate => {
             replace_off_host(&txn, &vm, &why, "the host-loss policy", now).await?

@@ -498,6 +498,7 @@ impl Prepared {
             roce: self.roce,
             nics: self.nics.clone(),
             on_host: self.on_host,
+            avoid: Vec::new(),
             volumes: self.volumes.clone(),
             shares: self.shares.clone(),
             shared: !self.shares.is_empty(),

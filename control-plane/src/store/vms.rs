@@ -233,6 +233,24 @@ pub async fn stale_disks(db: &impl ConnectionTrait, host: Uuid) -> Result<Vec<Uu
         .await?)
 }
 
+/// The hosts that keep a root disk of `vm` it no longer needs (hosts it
+/// left).
+pub async fn stale_disk_hosts(db: &impl ConnectionTrait, vm: Uuid) -> Result<Vec<Uuid>, ApiError> {
+    use crate::entity::stale_root_disks as s;
+    Ok(s::Entity::find()
+        .select_only()
+        .column(s::Column::HostId)
+        .filter(s::Column::VmId.eq(vm))
+        .into_tuple::<Uuid>()
+        .all(db)
+        .await?)
+}
+
+/// Whether `host` keeps a root disk of `vm` it no longer needs.
+pub async fn left(db: &impl ConnectionTrait, vm: Uuid, host: Uuid) -> Result<bool, ApiError> {
+    Ok(stale_disk_hosts(db, vm).await?.contains(&host))
+}
+
 /// Records that `host` keeps a root disk of `vm` it no longer needs.
 pub async fn mark_stale_disk(
     txn: &DatabaseTransaction,

@@ -291,6 +291,23 @@ on_both_backends! {
         assert_eq!(again.id, failed.id);
         assert!(matches!(again.state, VmState::Scheduled | VmState::Pending), "{again:?}");
         assert!(again.reason.as_deref().unwrap_or("").contains("qemu exited"), "{again:?}");
+        // Never back on the host it left (its old domain is there until
+        // that host learns it is no longer its own), though it is free.
+        assert!(again.host.is_some() && again.host != failed.host, "{again:?} left {:?}", failed.host);
+        // That host, not yet knowing, reports it once more: ignored, and
+        // the rest of its report stands.
+        let r = hosts[h]
+            .report(vec![kumo_api_types::VmStatus {
+                id: failed.id,
+                state: kumo_api_types::ActualState::Running,
+                reason: None,
+                guest: None,
+                notice: None,
+                mounts: vec![],
+            }])
+            .await;
+        assert_eq!(r.status(), 204);
+        assert_ne!(vm(s, "train-1").await.state, VmState::Running);
     }
 }
 

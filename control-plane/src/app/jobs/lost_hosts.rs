@@ -45,6 +45,20 @@ pub async fn run(state: AppState) {
             .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
             .exec(&state.db)
             .await;
+        // Hosts found silent before the host-loss policy existed (or set
+        // unreachable by hand) count from now.
+        if let Err(e) = hosts::Entity::update_many()
+            .col_expr(
+                hosts::Column::UnreachableSince,
+                sea_orm::sea_query::Expr::value(Some(state.config.clock.now())),
+            )
+            .filter(hosts::Column::State.eq(HostState::Unreachable.to_text()))
+            .filter(hosts::Column::UnreachableSince.is_null())
+            .exec(&state.db)
+            .await
+        {
+            tracing::warn!(error = %e, "unreachable hosts' times could not be set");
+        }
         // Housekeeping beside it, every few minutes: GPU minutes past
         // their window fold into hours, hours past the retention go.
         let housekeeping = purged.is_none_or(|t: std::time::Instant| t.elapsed() >= PURGE_EVERY);
