@@ -47,7 +47,7 @@ pub async fn pass(st: &AppState) -> Result<(), ApiError> {
         .filter(hosts::Column::State.eq(HostState::Unreachable.to_text()))
         .filter(hosts::Column::UnreachableSince.lte(now - limit))
         .into_tuple()
-        .all(&st.db)
+        .all(&st.reads)
         .await?;
     for (host, name, since) in lost {
         let rows = vms::Entity::find()

@@ -229,7 +229,7 @@ pub async fn pass(st: &AppState) -> Result<(), ApiError> {
         .filter(
             hosts::Column::State.is_in([HostState::Ready.to_text(), HostState::Draining.to_text()]),
         )
-        .all(&st.db)
+        .all(&st.reads)
         .await?;
     for h in due {
         if let Err(e) = open_window(st, &h, now).await {

@@ -9,6 +9,7 @@ use crate::context::AppState;
 use crate::domain::states::StoredText;
 
 const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+const ASSESS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Marks hosts whose agents fell silent as `unreachable`. Idempotent, so
 /// several replicas running it at once do no harm.
@@ -18,6 +19,7 @@ pub async fn run(state: AppState) {
     let timeout = state.config.heartbeat_timeout;
     let mut tick = tokio::time::interval((timeout / 4).max(std::time::Duration::from_millis(250)));
     let mut purged = None;
+    let mut assessed = None;
     loop {
         tick.tick().await;
         let Ok(limit) = chrono::Duration::from_std(timeout) else {
@@ -45,20 +47,6 @@ pub async fn run(state: AppState) {
             .filter(hosts::Column::LastHeartbeatAt.lt(cutoff))
             .exec(&state.db)
             .await;
-        // Hosts found silent before the host-loss policy existed (or set
-        // unreachable by hand) count from now.
-        if let Err(e) = hosts::Entity::update_many()
-            .col_expr(
-                hosts::Column::UnreachableSince,
-                sea_orm::sea_query::Expr::value(Some(state.config.clock.now())),
-            )
-            .filter(hosts::Column::State.eq(HostState::Unreachable.to_text()))
-            .filter(hosts::Column::UnreachableSince.is_null())
-            .exec(&state.db)
-            .await
-        {
-            tracing::warn!(error = %e, "unreachable hosts' times could not be set");
-        }
         // Housekeeping beside it, every few minutes: GPU minutes past
         // their window fold into hours, hours past the retention go.
         let housekeeping = purged.is_none_or(|t: std::time::Instant| t.elapsed() >= PURGE_EVERY);
@@ -73,6 +61,20 @@ pub async fn run(state: AppState) {
         // shared filesystem is in trouble.
         let some_lost = matches!(&lost, Ok(r) if r.rows_affected > 0);
         if some_lost || housekeeping {
+            // Hosts found silent before the host-loss policy existed (or set
+            // unreachable by hand) count from now.
+            if let Err(e) = hosts::Entity::update_many()
+                .col_expr(
+                    hosts::Column::UnreachableSince,
+                    sea_orm::sea_query::Expr::value(Some(state.config.clock.now())),
+                )
+                .filter(hosts::Column::State.eq(HostState::Unreachable.to_text()))
+                .filter(hosts::Column::UnreachableSince.is_null())
+                .exec(&state.db)
+                .await
+            {
+                tracing::warn!(error = %e, "unreachable hosts' times could not be set");
+            }
             if let Err(e) = crate::app::shares::rekeep(&state).await {
                 tracing::warn!(error = %e, "shares' keepers could not be moved");
             }
@@ -83,8 +85,13 @@ pub async fn run(state: AppState) {
         if let Err(e) = crate::app::host_loss::pass(&state).await {
             tracing::warn!(error = %e, "lost hosts' VMs could not be handled");
         }
-        if let Err(e) = crate::app::cluster_repair::pass(&state).await {
-            tracing::warn!(error = %e, "clusters' health could not be assessed");
+        // Clusters' health right after hosts are lost, else every couple
+        // of seconds (it reads every member).
+        if some_lost || assessed.is_none_or(|t: std::time::Instant| t.elapsed() >= ASSESS_EVERY) {
+            assessed = Some(std::time::Instant::now());
+            if let Err(e) = crate::app::cluster_repair::pass(&state).await {
+                tracing::warn!(error = %e, "clusters' health could not be assessed");
+            }
         }
         match lost {
             Ok(r) if r.rows_affected > 0 => {
