@@ -149,17 +149,6 @@ impl Capacity {
         Ok(moved.reread.len() + stale.len())
     }
 
-    /// The revision the agent of `host` sees, as the last catch-up read it
-    /// (`None` before the first, or for a host it has not seen).
-    pub fn followed_revision(&self, host: Uuid) -> Option<i64> {
-        self.marks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(|m| m.get(&host))
-            .map(|m| m.seen_revision)
-    }
-
     /// [`Capacity::catch_up`] unless one began within `fresh`: a full
     /// fleet refuses every create, and a scan of every host's mark per
     /// refusal (26 ms at 2,000 hosts on SQLite, ten a second) held the

@@ -133,19 +133,6 @@ pub async fn desired(
             current = crate::store::hosts::by_id_without_topology(&st.reads, current.id)
                 .await?
                 .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
-            // The follower read the marks through the writer and may know
-            // of a change this read connection does not show yet (its
-            // wake-up then came before `seen` was taken, and none follows):
-            // read the row as fresh as the follower's.
-            let followed = st.capacity.followed_revision(current.id);
-            if crate::app::agents::seen_revision(&current) <= after
-                && followed.is_some_and(|r| r > after)
-            {
-                tracing::debug!(host = %current.id, ?followed, "long poll read behind the follower");
-                current = crate::store::hosts::by_id_without_topology(&st.db, current.id)
-                    .await?
-                    .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
-            }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             tracing::debug!(host = %current.id, seen, revision = crate::app::agents::seen_revision(&current), after, "long poll read");
             if crate::app::agents::seen_revision(&current) > after
