@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use kumo_api_types::{
     ClusterHealth, ClusterProblem, ClusterRepair, DeviceState, HostState, PageParams, Role, VmState,
 };
-use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, TransactionTrait};
 use serde_json::json;
 use uuid::Uuid;
@@ -281,11 +280,7 @@ pub async fn replace_failed(
         why_all.push(format!("{} ({why})", vm.name));
         wake.extend(crate::app::host_loss::replace_off_host(&txn, vm, &why, &who.name, now).await?);
     }
-    clusters::Entity::update_many()
-        .col_expr(clusters::Column::Repairing, Expr::value(true))
-        .filter(clusters::Column::Id.eq(c.id))
-        .exec(&txn)
-        .await?;
+    crate::store::clusters::mark_repairing(&txn, c.id).await?;
     let message = format!("by {}: replacing {}", who.name, why_all.join(", "));
     crate::store::clusters::event(&txn, &c, now, "repair", message).await?;
     let tenant = tenants::Entity::find_by_id(c.tenant_id).one(&txn).await?;
@@ -410,13 +405,7 @@ pub async fn events(
     let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
     let c = crate::store::clusters::find(&st.db, &tenant, cluster).await?;
     let paging = Paging::new(params.limit, params.page_token.as_deref())?;
-    let before =
-        match &paging.after {
-            Some(after) => Some(after.parse::<i64>().map_err(|_| {
-                ApiError::field("page_token", "not a page token returned by this API")
-            })?),
-            None => None,
-        };
+    let before = paging.before_id()?;
     let rows = crate::store::clusters::events_page(&st.db, c.id, before, &paging).await?;
     let (rows, next) = paging.finish(rows, |e| e.id.to_string());
     Ok(kumo_api_types::Page {

@@ -21,7 +21,7 @@ use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::Action;
 use crate::domain::maintenance::{action_for, event_for};
 use crate::domain::states::StoredText;
-use crate::entity::{clusters, hosts, vms};
+use crate::entity::{hosts, vms};
 use crate::error::ApiError;
 use crate::store::hosts::{find, host_state, reachable_state, stored_topology};
 use crate::store::vms::{event, stored_state};
@@ -284,11 +284,7 @@ async fn open_window(
                 );
                 match v.cluster_id {
                     Some(c) => {
-                        clusters::Entity::update_many()
-                            .col_expr(clusters::Column::Repairing, Expr::value(true))
-                            .filter(clusters::Column::Id.eq(c))
-                            .exec(&txn)
-                            .await?;
+                        crate::store::clusters::mark_repairing(&txn, c).await?;
                         if let Some(row) = crate::store::clusters::by_id(&txn, c).await? {
                             let message = format!("{} moves off host {}: {why}", v.name, h.name);
                             crate::store::clusters::event(&txn, &row, now, "repair", message)

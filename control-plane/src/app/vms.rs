@@ -802,13 +802,7 @@ pub async fn events(
 ) -> Result<Page<VmEvent>, ApiError> {
     let (tenant, _) = tenant_access(&st.db, &actor.caller, tenant).await?;
     let paging = Paging::new(params.limit, params.page_token.as_deref())?;
-    let before =
-        match &paging.after {
-            Some(after) => Some(after.parse::<i64>().map_err(|_| {
-                ApiError::field("page_token", "not a page token returned by this API")
-            })?),
-            None => None,
-        };
+    let before = paging.before_id()?;
     let rows = crate::store::vms::events_page(&st.db, tenant.id, before, &paging).await?;
     let (rows, next) = paging.finish(rows, |e| e.id.to_string());
     Ok(Page {

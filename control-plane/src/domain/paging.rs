@@ -36,6 +36,19 @@ impl Paging {
         })
     }
 
+    /// The event id a page of events (newest first, keyed by id) starts
+    /// below; `None` on the first page.
+    pub fn before_id(&self) -> Result<Option<i64>, ApiError> {
+        self.after
+            .as_deref()
+            .map(|a| {
+                a.parse::<i64>().map_err(|_| {
+                    ApiError::field("page_token", "not a page token returned by this API")
+                })
+            })
+            .transpose()
+    }
+
     /// Fetch one more row than the page holds to learn whether another page follows.
     pub fn fetch(&self) -> u64 {
         self.limit + 1

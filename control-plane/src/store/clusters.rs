@@ -201,6 +201,17 @@ pub async fn troubled_devices(
     Ok(out)
 }
 
+/// A repair placed new members: the cluster is `repairing` until they run.
+pub async fn mark_repairing(db: &impl ConnectionTrait, cluster: Uuid) -> Result<(), ApiError> {
+    use sea_orm::sea_query::Expr;
+    clusters::Entity::update_many()
+        .col_expr(clusters::Column::Repairing, Expr::value(true))
+        .filter(clusters::Column::Id.eq(cluster))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
 /// A cluster's health moves from what was read to what was assessed;
 /// answers whether this call moved it (another replica may have).
 pub async fn set_health(
