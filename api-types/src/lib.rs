@@ -2017,6 +2017,18 @@ pub struct ClusterCreate {
     /// that is only rebooting comes back within it). At most a day.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_delay_seconds: Option<u32>,
+    /// Members' worth of the cluster's shape kept free in its scalable
+    /// unit for repairs (at most the cluster's size; guaranteed clusters
+    /// only). No other tenant's guaranteed VM is placed on them; spot VMs
+    /// may run there and are reclaimed, with notice, when a repair needs
+    /// the room. Charged at the `spare_gpu:<model>` rate while the cluster
+    /// lives.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spares: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The longest an auto-repairing cluster may wait before it repairs.
@@ -2201,6 +2213,16 @@ pub struct Cluster {
     pub auto_repair: bool,
     /// How long it stays degraded before it repairs itself.
     pub repair_delay_seconds: u32,
+    /// Members' worth of spare capacity kept in `spare_unit`.
+    #[serde(default)]
+    pub spares: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spare_unit: Option<String>,
+    /// How many of the spares the unit has room for now (spot VMs on them
+    /// counted as gone): fewer than `spares` after a repair used one, or
+    /// a host of the unit left service.
+    #[serde(default)]
+    pub spares_ready: u32,
     pub created_at: DateTime<Utc>,
 }
 

@@ -10,13 +10,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::Level;
 
-/// `gpu:<model>` (per GPU), `vcpu`, `memory_gib`, `disk_gib`,
+/// `gpu:<model>` (per GPU), `spare_gpu:<model>` (per GPU of a training
+/// cluster's spare capacity, held while the cluster lives), `vcpu`, `memory_gib`, `disk_gib`,
 /// `public_ip` (per address held), `volume_gib`, `snapshot_gib` and
 /// `share_gib` (per GiB of volume, snapshot or project share held).
 pub type Class = String;
 
 pub fn gpu_class(model: &str) -> Class {
     format!("gpu:{model}")
+}
+
+pub fn spare_gpu_class(model: &str) -> Class {
+    format!("spare_gpu:{model}")
 }
 
 pub const VCPU: &str = "vcpu";
@@ -65,7 +70,7 @@ pub enum RateError {
     Negative { class: Class },
     #[error("{class}: the spot price is above the guaranteed one")]
     SpotAboveGuaranteed { class: Class },
-    #[error("{0:?} is not a resource class (gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib, share_gib)")]
+    #[error("{0:?} is not a resource class (gpu:<model>, spare_gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib, share_gib)")]
     UnknownClass(String),
 }
 
@@ -73,9 +78,11 @@ impl RateCard {
     pub fn validate(&self) -> Result<(), RateError> {
         for (class, p) in &self.prices {
             let known = FLAT_CLASSES.contains(&class.as_str())
-                || class
-                    .strip_prefix("gpu:")
-                    .is_some_and(|m| !m.is_empty() && m.len() <= 64);
+                || ["gpu:", "spare_gpu:"].iter().any(|p| {
+                    class
+                        .strip_prefix(p)
+                        .is_some_and(|m| !m.is_empty() && m.len() <= 64)
+                });
             if !known {
                 return Err(RateError::UnknownClass(class.clone()));
             }

@@ -865,6 +865,11 @@ pub enum ClusterCmd {
         /// unless set.
         #[arg(long, value_parser = parse_duration, requires = "auto_repair")]
         repair_delay: Option<u64>,
+        /// Keep N members' worth of room free in the cluster's scalable
+        /// unit for repairs (charged at the spare_gpu rate; other tenants'
+        /// spot VMs may use it until a repair needs it).
+        #[arg(long, default_value_t = 0)]
+        spares: u32,
         #[command(flatten)]
         spec: Box<SpecArgs>,
     },
@@ -2302,6 +2307,14 @@ fn cluster_detail(cl: &Cluster) -> String {
     for p in &cl.problems {
         s.push_str(&format!("  {}: {}\n", p.member, p.detail));
     }
+    if cl.spares > 0 {
+        s.push_str(&format!(
+            "Spares:  {} kept in {} ({} with room now)\n",
+            cl.spares,
+            cl.spare_unit.as_deref().unwrap_or("hosts without a unit"),
+            cl.spares_ready
+        ));
+    }
     s.push('\n');
     let mut t = Table::new(&["member", "state", "host", "su", "rails"]);
     for m in &cl.members {
@@ -2339,6 +2352,7 @@ async fn cluster(
             size,
             auto_repair,
             repair_delay,
+            spares,
             spec,
         } => {
             let v = spec.vm(name)?;
@@ -2372,6 +2386,7 @@ async fn cluster(
                         auto_repair: *auto_repair,
                         repair_delay_seconds: repair_delay
                             .map(|d| u32::try_from(d).unwrap_or(u32::MAX)),
+                        spares: *spares,
                     },
                 )
                 .await?;

@@ -134,6 +134,8 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         host: None,
         avoid: Vec::new(),
         disk_gib: 100 * u64::from(gpus),
+        spot: false,
+        cluster: None,
     }
 }
 

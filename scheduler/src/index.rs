@@ -315,6 +315,9 @@ pub struct Index {
     /// fit reads the hosts that would be left fullest first without
     /// walking the fleet. Kept by every change below.
     shapes: HashMap<ShapeKey, BTreeSet<usize>>,
+    /// Training clusters' spare capacity, kept free of other guaranteed
+    /// VMs ([`crate::spares`]).
+    pub spares: Vec<crate::Spare>,
 }
 
 impl Index {
@@ -342,6 +345,10 @@ impl Index {
 
     pub fn model_name(&self, id: u16) -> Option<&str> {
         self.models.get(id as usize).map(String::as_str)
+    }
+
+    pub fn unit_id(&self, name: &str) -> Option<u32> {
+        self.units.iter().position(|u| u == name).map(|i| i as u32)
     }
 
     pub fn unit_name(&self, id: u32) -> Option<&str> {

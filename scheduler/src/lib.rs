@@ -10,9 +10,11 @@ pub mod index;
 pub mod place;
 pub mod profile;
 pub mod reclaim;
+pub mod spares;
 
 pub use cluster::{place_cluster, ClusterRequest};
 pub use disk::{DiskUse, HostDisk, Pool};
 pub use index::{Hold, HostInput, HostUse, Index};
 pub use place::{Choice, Request, Strategy};
 pub use profile::HostProfile;
+pub use spares::Spare;

@@ -50,6 +50,10 @@ pub struct Request {
     /// Its root disk, provisioned GiB: only hosts whose storage has room
     /// (0 for a disk that is there already).
     pub disk_gib: u64,
+    /// A spot VM: it may use clusters' spare capacity.
+    pub spot: bool,
+    /// A member of this cluster: it may use the cluster's own spares.
+    pub cluster: Option<Uuid>,
 }
 
 /// A proposed placement: not yet applied to the index.
@@ -476,8 +480,22 @@ pub struct Score {
 /// Hosts of one leftover bucket tried in detail before taking the best.
 const TRIES_PER_BUCKET: usize = 4;
 
-/// The best host for the request, or `None` when nothing fits.
+/// The best host for the request, or `None` when nothing fits. A choice
+/// that would take clusters' spare capacity is passed over for the next
+/// best ([`crate::spares::kept`]).
 pub fn place(index: &Index, req: &Request, strategy: Strategy) -> Option<Choice> {
+    let mut req = std::borrow::Cow::Borrowed(req);
+    loop {
+        let c = place_anywhere(index, &req, strategy)?;
+        if crate::spares::kept(index, c.host, &c.hold, &req) {
+            return Some(c);
+        }
+        let host = index.hosts[c.host].id;
+        req.to_mut().avoid.push(host);
+    }
+}
+
+fn place_anywhere(index: &Index, req: &Request, strategy: Strategy) -> Option<Choice> {
     let found = match strategy {
         Strategy::FirstFit => index
             .hosts

@@ -68,7 +68,8 @@ struct HostPlan {
     cost: (usize, i64),
 }
 
-fn plan_on(h: &HostCap, req: &Request, now: i64) -> Option<HostPlan> {
+fn plan_on(index: &Index, at: usize, req: &Request, now: i64) -> Option<HostPlan> {
+    let h = &index.hosts[at];
     if h.state != HostUse::Ready {
         return None;
     }
@@ -105,7 +106,11 @@ fn plan_on(h: &HostCap, req: &Request, now: i64) -> Option<HostPlan> {
             for i in set {
                 scratch.release(candidates[*i].vm);
             }
-            if place_on(&scratch, req, Strategy::BestFit).is_some() {
+            // Room made on a cluster's spares is room only for that
+            // cluster (or another spot VM).
+            let fits = place_on(&scratch, req, Strategy::BestFit)
+                .is_some_and(|(c, _)| crate::spares::kept(index, at, &c.hold, req));
+            if fits {
                 let vms: Vec<Uuid> = set.iter().map(|i| candidates[*i].vm).collect();
                 let cost: i64 = vms.iter().map(|v| lost(h, *v, now)).sum();
                 if best.as_ref().is_none_or(|b| cost < b.1) {
@@ -129,8 +134,8 @@ fn plan_on(h: &HostCap, req: &Request, now: i64) -> Option<HostPlan> {
 /// when even reclaiming every spot VM would not make room.
 pub fn plan(index: &Index, req: &Request, now: i64) -> Option<Plan> {
     let mut best: Option<(usize, HostPlan)> = None;
-    for (i, h) in index.hosts.iter().enumerate() {
-        if let Some(p) = plan_on(h, req, now) {
+    for i in 0..index.hosts.len() {
+        if let Some(p) = plan_on(index, i, req, now) {
             if best.as_ref().is_none_or(|b| p.cost < b.1.cost) {
                 best = Some((i, p));
             }

@@ -76,6 +76,8 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         host: None,
         avoid: Vec::new(),
         disk_gib: 0,
+        spot: false,
+        cluster: None,
     }
 }
 
@@ -528,6 +530,75 @@ fn reclamation_takes_the_fewest_spot_vms_then_the_least_run_time() {
         .collect();
     let plan = reclaim::plan(&index2, &gpu_req(&index2, 2, H100), now).unwrap();
     assert_eq!(plan.victims, vec![(0, vms[3])]);
+}
+
+/// A cluster's spares: one member's worth of room kept in its unit. Other
+/// guaranteed VMs go elsewhere or nowhere (small ones where they leave the
+/// room whole), spot VMs may use it, the cluster's own members may take
+/// it, and a reclaim plan frees it only for them.
+#[test]
+fn spares_keep_room_for_their_cluster_and_lend_it_to_spot_vms_only() {
+    let mut index = fleet(&[
+        ("hgx-h100", Some("su-a")),
+        ("hgx-h100", Some("su-a")),
+        ("hgx-h100", Some("su-b")),
+    ]);
+    let cluster = Uuid::from_u128(77);
+    let eight = gpu_req(&index, 8, H100);
+    let unit = index.hosts[0].scalable_unit;
+    index
+        .spares
+        .push(kumo_scheduler::Spare::of(cluster, unit, &eight, 1));
+    // su-a has two whole hosts and keeps one: one guaranteed 8-GPU VM
+    // goes there, the next to su-b, the third nowhere.
+    let (a, _) = take(&mut index, &eight).unwrap();
+    assert_eq!(index.hosts[a].scalable_unit, unit);
+    let (b, _) = take(&mut index, &eight).unwrap();
+    assert_eq!(b, 2, "su-a's last whole host is the spare");
+    assert!(place(&index, &eight, Strategy::BestFit).is_none());
+    let ready = kumo_scheduler::spares::unit_room(&index, &index.spares[0], None);
+    assert_eq!(ready, 1);
+    // A reclaim plan for another's guaranteed VM finds nothing either.
+    assert!(reclaim::plan(&index, &eight, 0).is_none());
+    // A spot VM may take the spare; the room still counts (spot is
+    // reclaimed when the cluster needs it).
+    let spot_req = Request {
+        spot: true,
+        ..eight.clone()
+    };
+    let c = place(&index, &spot_req, Strategy::BestFit).unwrap();
+    let lent = Uuid::now_v7();
+    let mut hold = c.hold;
+    hold.vm = lent;
+    hold.spot = true;
+    index.apply(c.host, hold);
+    let s = index.spares[0].clone();
+    assert_eq!(kumo_scheduler::spares::unit_room(&index, &s, None), 1);
+    // The cluster's own member: no free room, so a plan reclaiming the
+    // spot VM on the spare (another's plan still finds none).
+    let member = Request {
+        cluster: Some(cluster),
+        ..eight.clone()
+    };
+    assert!(place(&index, &member, Strategy::BestFit).is_none());
+    assert!(reclaim::plan(&index, &eight, 0).is_none());
+    let plan = reclaim::plan(&index, &member, 0).unwrap();
+    assert_eq!(plan.victims, vec![(c.host, lent)]);
+    index.release(c.host, lent);
+    assert_eq!(take(&mut index, &member).map(|(h, _)| h), Some(c.host));
+    // Small VMs may not nibble at the spare either: with one whole host
+    // left in the unit, a 1-GPU VM is refused (a spot one is not).
+    let mut fresh = fleet(&[("hgx-h100", Some("su-a")), ("hgx-h100", Some("su-a"))]);
+    let u = fresh.hosts[0].scalable_unit;
+    let eight = gpu_req(&fresh, 8, H100);
+    let one = gpu_req(&fresh, 1, H100);
+    fresh
+        .spares
+        .push(kumo_scheduler::Spare::of(cluster, u, &eight, 1));
+    take(&mut fresh, &eight).unwrap();
+    assert!(place(&fresh, &one, Strategy::BestFit).is_none());
+    let spot_one = Request { spot: true, ..one };
+    assert!(place(&fresh, &spot_one, Strategy::BestFit).is_some());
 }
 
 #[test]

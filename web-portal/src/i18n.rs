@@ -115,6 +115,7 @@ pub fn word(lang: Lang, w: &str) -> String {
         "degraded" => "縮退",
         "repair" => "修復",
         "Repair by itself" => "自動修復",
+        "Spares" => "予備",
         "member" => "メンバー",
         "viewer" => "閲覧者",
         "owner" => "オーナー",
@@ -248,6 +249,10 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
             "故障したメンバー（ホスト喪失・VM エラー・デバイス隔離）を 2 分後に自動で置き換えます。名前とアドレスは同じ、ディスクは新規",
         ),
         "cluster_gpus" => ("GPUs in each VM", "各 VM の GPU 数"),
+        "cluster_spares" => (
+            "Members' worth of room kept free beside the cluster for repairs, charged at the spare GPU rate",
+            "修復用に同じスケーラブルユニット内で空けておくメンバー分の容量（予備 GPU 料金で課金）",
+        ),
         "kind" => (
             "RoCE: RDMA between GPU VMs (NCCL); Ethernet for the rest",
             "RoCE：GPU VM 間の RDMA（NCCL）。その他は Ethernet",

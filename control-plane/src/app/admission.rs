@@ -98,6 +98,8 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
         host: member.on_host,
         avoid: member.avoid.clone(),
         disk_gib: u64::from(spec.disk_gib),
+        spot: spec.service_level == ServiceLevel::Spot,
+        cluster: None,
     })
 }
 
@@ -144,47 +146,138 @@ fn choose(index: &mut Index, req: &Request, ids: &[Uuid]) -> Option<Vec<Choice>>
     }
 }
 
-/// Places every member (all or nothing) and applies them to the index.
-/// `disk_gib`: the disk the (one) member takes on its host where that is
-/// not its root disk (see [`disk_needed`]); `near`: a sibling whose unit
-/// and rails are tried first.
-fn reserve(
-    st: &AppState,
-    tenant: Uuid,
-    members: &[Member],
-    disk_gib: Option<u64>,
-    near: Option<&Near>,
-) -> Result<Option<Vec<Reserved>>, ApiError> {
-    let Some(first) = members.first() else {
-        return Ok(Some(Vec::new()));
-    };
-    let mut index = st.capacity.lock();
-    let mut req = request(&index, first)?;
-    if let Some(gib) = disk_gib {
-        req.disk_gib = gib;
-    }
-    let spot = first.spec.service_level == ServiceLevel::Spot;
-    let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
-    let hinted = near
-        .and_then(|n| n.unit_and_rails(&index))
+/// Where the members may go when their sibling's unit has no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Anywhere.
+    Anywhere,
+    /// Only beside the sibling when the cluster keeps spares there (they
+    /// are for this; spot VMs on them are reclaimed first), anywhere
+    /// otherwise.
+    SparesFirst,
+}
+
+/// Members placed beside a sibling of a cluster that keeps spares.
+fn beside_spares(index: &Index, job: &Admission<'_>) -> bool {
+    job.near.is_some()
+        && job
+            .cluster()
+            .is_some_and(|c| index.spares.iter().any(|s| s.cluster == c))
+}
+
+/// The members' placements, and where a new cluster's spares are kept.
+struct Reservation {
+    members: Vec<Reserved>,
+    spares: Option<SparesKept>,
+}
+
+/// The scalable unit and GPU model a new cluster's spares were kept in.
+#[derive(Debug, Clone)]
+struct SparesKept {
+    unit: Option<String>,
+    model: Option<String>,
+}
+
+/// The request for the admission's members (its cluster's own spares open
+/// to them) and, beside a placed sibling, the request for its unit and
+/// rails.
+fn requests(
+    index: &Index,
+    job: &Admission<'_>,
+    first: &Member,
+) -> Result<(Request, Option<Request>), ApiError> {
+    let mut req = request(index, first)?;
+    req.cluster = job.cluster();
+    let hinted = job
+        .near
+        .and_then(|n| n.unit_and_rails(index))
         .map(|(unit, rails)| Request {
             unit,
             rails: (req.gpus > 0 && rails.len() == req.gpus as usize).then_some(rails),
             ..req.clone()
         });
+    Ok((req, hinted))
+}
+
+/// Places every member (all or nothing) and applies them to the index,
+/// with a new cluster's spares kept beside them (one scalable unit for
+/// all, or no room). `disk_gib`: the disk the (one) member takes on its
+/// host where that is not its root disk (see [`disk_needed`]); the
+/// sibling's unit and rails are tried first.
+fn reserve(
+    st: &AppState,
+    job: &Admission<'_>,
+    disk_gib: Option<u64>,
+    reach: Reach,
+) -> Result<Option<Reservation>, ApiError> {
+    let members = job.members;
+    let Some(first) = members.first() else {
+        return Ok(Some(Reservation {
+            members: Vec::new(),
+            spares: None,
+        }));
+    };
+    let mut index = st.capacity.lock();
+    let (mut req, hinted) = requests(&index, job, first)?;
+    if let Some(gib) = disk_gib {
+        req.disk_gib = gib;
+    }
+    let spot = first.spec.service_level == ServiceLevel::Spot;
+    let mut ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
+    let spares = job.new_cluster().map(|c| c.spares).unwrap_or(0);
+    // Spares are placed as members would be, then given back to the
+    // index as kept room.
+    ids.extend((0..spares).map(|_| Uuid::now_v7()));
     let choices = match hinted.and_then(|h| choose(&mut index, &h, &ids)) {
         Some(c) => c,
+        None if reach == Reach::SparesFirst && beside_spares(&index, job) => return Ok(None),
         None => match choose(&mut index, &req, &ids) {
             Some(c) => c,
             None => return Ok(None),
         },
+    };
+    let (choices, spare_choices) = choices.split_at(members.len());
+    let kept = match (job.new_cluster(), spare_choices.first()) {
+        (Some(c), Some(first_spare)) => {
+            let unit = index.hosts[first_spare.host].scalable_unit;
+            let one_unit = choices
+                .iter()
+                .chain(spare_choices)
+                .all(|x| index.hosts[x.host].scalable_unit == unit);
+            for x in choices.iter().chain(spare_choices) {
+                index.release(x.host, x.hold.vm);
+            }
+            if !one_unit {
+                return Ok(None);
+            }
+            let model = kumo_scheduler::profile::bits(first_spare.hold.gpus)
+                .next()
+                .map(|i| index.hosts[first_spare.host].profile.gpus[i].model);
+            let shape = Request {
+                model,
+                ..req.clone()
+            };
+            index
+                .spares
+                .push(kumo_scheduler::Spare::of(c.id, unit, &shape, spares));
+            // The members again, now beside their spares.
+            for x in choices {
+                index.apply(x.host, x.hold.clone());
+            }
+            st.capacity.reserving(c.id, true);
+            Some(SparesKept {
+                unit: unit.and_then(|u| index.unit_name(u)).map(str::to_owned),
+                model: model.and_then(|m| index.model_name(m)).map(str::to_owned),
+            })
+        }
+        _ => None,
     };
     let now = st.config.clock.now().timestamp();
     let mut out = Vec::with_capacity(choices.len());
     for c in choices {
         let h = &mut index.hosts[c.host];
         if let Some(x) = h.holds.iter_mut().find(|x| x.vm == c.hold.vm) {
-            x.tenant = tenant;
+            x.tenant = job.tenant.id;
             x.spot = spot;
             x.since = now;
         }
@@ -199,15 +292,21 @@ fn reserve(
             model: model.and_then(|m| index.model_name(m)).map(str::to_owned),
         });
     }
-    Ok(Some(out))
+    Ok(Some(Reservation {
+        members: out,
+        spares: kept,
+    }))
 }
 
-fn unreserve(st: &AppState, members: &[Member], reserved: &[Reserved]) {
+fn unreserve(st: &AppState, job: &Admission<'_>, reserved: &[Reserved]) {
     let mut index = st.capacity.lock();
-    for (m, r) in members.iter().zip(reserved) {
+    for (m, r) in job.members.iter().zip(reserved) {
         if let Some(h) = index.position(r.host) {
             index.release(h, m.id);
         }
+    }
+    if let Some(c) = job.new_cluster() {
+        index.spares.retain(|s| s.cluster != c.id);
     }
 }
 
@@ -277,6 +376,8 @@ pub struct NewCluster<'a> {
     pub auto_repair: bool,
     pub repair_delay_seconds: u32,
     pub spec: &'a VmSpec,
+    /// Members' worth of spare room kept beside them.
+    pub spares: u32,
 }
 
 /// Where the members' rows come from.
@@ -302,18 +403,35 @@ pub struct Admission<'a> {
     pub near: Option<&'a Near>,
 }
 
+impl Admission<'_> {
+    /// The cluster the members are of.
+    fn cluster(&self) -> Option<Uuid> {
+        match self.rows {
+            Rows::New { cluster, .. } => cluster.map(|c| c.id),
+            Rows::Pending { cluster } => cluster,
+        }
+    }
+
+    fn new_cluster(&self) -> Option<&NewCluster<'_>> {
+        match self.rows {
+            Rows::New { cluster, .. } => cluster,
+            Rows::Pending { .. } => None,
+        }
+    }
+}
+
 /// What a commit makes true: the members placed as reserved, or waiting
 /// while the plan's spot VMs are reclaimed.
 #[derive(Clone, Copy)]
 enum Outcome<'a> {
-    Placed(&'a [Reserved]),
+    Placed(&'a [Reserved], Option<&'a SparesKept>),
     Waiting(&'a Plan),
 }
 
 impl Outcome<'_> {
     fn reserved(&self, i: usize) -> Option<&Reserved> {
         match self {
-            Outcome::Placed(r) => r.get(i),
+            Outcome::Placed(r, _) => r.get(i),
             Outcome::Waiting(_) => None,
         }
     }
@@ -346,8 +464,9 @@ async fn insert_cluster(
     c: &NewCluster<'_>,
     size: usize,
     state: ClusterState,
+    spares: Option<&SparesKept>,
 ) -> Result<(), CommitError> {
-    clusters::ActiveModel {
+    let row = clusters::ActiveModel {
         id: Set(c.id),
         tenant_id: Set(tenant.id),
         name: Set(c.name.to_owned()),
@@ -361,9 +480,15 @@ async fn insert_cluster(
         auto_repair: Set(c.auto_repair),
         repair_delay_seconds: Set(i32::try_from(c.repair_delay_seconds).unwrap_or(i32::MAX)),
         repairing: Set(false),
+        spares: Set(spares
+            .map(|_| i32::try_from(c.spares).unwrap_or(0))
+            .unwrap_or(0)),
+        spare_unit: Set(spares.and_then(|s| s.unit.clone())),
+        spare_model: Set(spares.and_then(|s| s.model.clone())),
     }
     .insert(txn)
     .await?;
+    crate::app::metering::spares_held(txn, tenant, &row, c.spec.gpus, actor.at).await?;
     audit::record(txn, actor, "cluster.create", Some(tenant), c.name).await?;
     Ok(())
 }
@@ -518,7 +643,10 @@ async fn commit(
     let now = st.config.clock.now();
     let txn = st.db.begin().await?;
     let specs = placed_specs(job.members, outcome);
-    let placed = matches!(outcome, Outcome::Placed(_));
+    let (placed, spares) = match outcome {
+        Outcome::Placed(_, spares) => (true, spares),
+        Outcome::Waiting(_) => (false, None),
+    };
     let cluster_id = match job.rows {
         Rows::New { actor, cluster } => {
             check_quota(&txn, job.tenant, &specs.iter().collect::<Vec<_>>()).await?;
@@ -528,7 +656,8 @@ async fn commit(
                 } else {
                     ClusterState::Pending
                 };
-                insert_cluster(&txn, actor, job.tenant, c, job.members.len(), state).await?;
+                let size = job.members.len();
+                insert_cluster(&txn, actor, job.tenant, c, size, state, spares).await?;
             }
             cluster.map(|c| c.id)
         }
@@ -563,7 +692,7 @@ async fn commit(
                 let why = format!("waiting for {n} spot VM(s) to be reclaimed");
                 event(&txn, &vm, now, "pending", why).await?;
             }
-            (None, Outcome::Placed(_)) => {
+            (None, Outcome::Placed(..)) => {
                 return Err(ApiError::Internal("a member without its reservation".into()).into())
             }
         }
@@ -680,10 +809,14 @@ const CAUGHT_UP_LATELY: std::time::Duration = std::time::Duration::from_millis(2
 
 /// Rounds of reserve → commit; a lost race re-reads the hosts it touched
 /// and tries again. `Ok(false)` when the members fit nowhere.
-async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
+async fn place(st: &AppState, job: Admission<'_>, reach: Reach) -> Result<bool, ApiError> {
     let disk_gib = disk_needed(st, job).await?;
     for round in 0..ROUNDS {
-        let Some(reserved) = reserve(st, job.tenant.id, job.members, disk_gib, job.near)? else {
+        let Some(Reservation {
+            members: reserved,
+            spares,
+        }) = reserve(st, &job, disk_gib, reach)?
+        else {
             if round == 0 {
                 // The index may lag other replicas' frees (by a second):
                 // catch up and look again, unless a catch-up began a
@@ -695,13 +828,17 @@ async fn place(st: &AppState, job: Admission<'_>) -> Result<bool, ApiError> {
             }
             return Ok(false);
         };
-        match commit(st, job, Outcome::Placed(&reserved)).await {
+        let committed = commit(st, job, Outcome::Placed(&reserved, spares.as_ref())).await;
+        if let Some(c) = job.new_cluster() {
+            st.capacity.reserving(c.id, false);
+        }
+        match committed {
             Ok(()) => {
                 settle(st, &reserved);
                 return Ok(true);
             }
             Err(e) => {
-                unreserve(st, job.members, &reserved);
+                unreserve(st, &job, &reserved);
                 for r in &reserved {
                     st.capacity.refresh_host(&st.db, r.host).await?;
                 }
@@ -786,13 +923,20 @@ fn no_room(members: &[Member]) -> ApiError {
 /// the plan makes room on (read under the lock that made the plan).
 fn reclaim_plan(
     st: &AppState,
-    members: &[Member],
+    job: &Admission<'_>,
+    beside: bool,
 ) -> Result<Option<(Plan, Option<String>)>, ApiError> {
+    let members = job.members;
     let Some(first) = members.first() else {
         return Ok(None);
     };
     let index = st.capacity.lock();
-    let req = request(&index, first)?;
+    let (req, hinted) = requests(&index, job, first)?;
+    let req = match (beside, hinted) {
+        (false, _) => req,
+        (true, Some(h)) => h,
+        (true, None) => return Ok(None),
+    };
     let now = st.config.clock.now().timestamp();
     let plan = if members.len() == 1 {
         reclaim::plan(&index, &req, now)
@@ -834,13 +978,32 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
     let Some(first) = job.members.first() else {
         return Ok(Admitted::Placed);
     };
-    if place(st, job).await? {
+    if place(st, job, Reach::SparesFirst).await? {
         return Ok(Admitted::Placed);
+    }
+    // Spot requests reclaim nothing; new clusters with spares are placed
+    // on free room only (their spares could not be kept otherwise).
+    if let Some(c) = job.new_cluster().filter(|c| c.spares > 0) {
+        return Err(ApiError::InsufficientCapacity(format!(
+            "no scalable unit has free room for the {} members and {} spare(s) together",
+            job.members.len(),
+            c.spares
+        )));
     }
     if first.spec.service_level == ServiceLevel::Spot {
         return Err(no_room(job.members));
     }
-    let Some((plan, model)) = reclaim_plan(st, job.members)? else {
+    // Beside a placed sibling: spot VMs in its unit (on the cluster's
+    // spares) are reclaimed first; elsewhere only when that cannot work.
+    let mut plan = reclaim_plan(st, &job, true)?;
+    if plan.is_none() {
+        let restricted = beside_spares(&st.capacity.lock(), &job);
+        if restricted && place(st, job, Reach::Anywhere).await? {
+            return Ok(Admitted::Placed);
+        }
+        plan = reclaim_plan(st, &job, false)?;
+    }
+    let Some((plan, model)) = plan else {
         return Err(no_room(job.members));
     };
     // Waiting, a GPU request naming no model is held to (and counted

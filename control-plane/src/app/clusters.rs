@@ -79,12 +79,25 @@ pub async fn create(
             ),
         ));
     }
+    if body.spares > body.size {
+        return Err(ApiError::field(
+            "spares",
+            format!("at most the cluster's size ({})", body.size),
+        ));
+    }
+    if body.spares > 0 && prepared.spec.service_level == kumo_api_types::ServiceLevel::Spot {
+        return Err(ApiError::field(
+            "spares",
+            "only for guaranteed clusters (a spot cluster's members may be reclaimed themselves)",
+        ));
+    }
     let new = NewCluster {
         id: Uuid::now_v7(),
         name: &body.name,
         auto_repair: body.auto_repair,
         repair_delay_seconds,
         spec: &prepared.spec,
+        spares: body.spares,
     };
     let job = Admission {
         tenant: &tenant,
@@ -183,8 +196,22 @@ pub async fn view(
         health_since: c.health_since,
         auto_repair: c.auto_repair,
         repair_delay_seconds: u32::try_from(c.repair_delay_seconds).unwrap_or(0),
+        spares: u32::try_from(c.spares).unwrap_or(0),
+        spare_unit: c.spare_unit.clone(),
+        spares_ready: spares_ready(st, c.id),
         created_at: c.created_at,
     })
+}
+
+/// How many of the cluster's spares its unit has room for now.
+fn spares_ready(st: &AppState, cluster: Uuid) -> u32 {
+    let index = st.capacity.lock();
+    index
+        .spares
+        .iter()
+        .find(|s| s.cluster == cluster)
+        .map(|s| kumo_scheduler::spares::unit_room(&index, s, None).min(s.count))
+        .unwrap_or(0)
 }
 
 /// One page of a tenant's clusters, by name (any member).
@@ -255,8 +282,12 @@ pub async fn delete(
     if members.is_empty() {
         crate::store::clusters::forget(&txn, c.id).await?;
     }
+    // Its spares are given up now, not when the last member is gone.
+    crate::store::clusters::drop_spares(&txn, c.id).await?;
+    crate::app::metering::spares_released(&txn, c.id, st.config.clock.now()).await?;
     crate::app::audit::record(&txn, actor, "cluster.delete", Some(&tenant), &c.name).await?;
     txn.commit().await?;
+    st.capacity.lock().spares.retain(|s| s.cluster != c.id);
     hosts.dedup();
     for h in hosts {
         st.signals.notify(h);

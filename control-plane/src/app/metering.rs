@@ -196,6 +196,33 @@ async fn hold(
     Ok(())
 }
 
+/// A new cluster's spares: `spares × GPUs per member` of its model are
+/// charged at the `spare_gpu:<model>` rate from now on, under the
+/// cluster's id and name.
+pub async fn spares_held(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    c: &crate::entity::clusters::Model,
+    gpus: u32,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let (Some(model), true) = (&c.spare_model, c.spares > 0 && gpus > 0) else {
+        return Ok(());
+    };
+    let quantity = Decimal::from(c.spares) * Decimal::from(gpus);
+    let class = kumo_billing::rates::spare_gpu_class(model);
+    hold(txn, tenant, (c.id, &c.name), &class, quantity, at).await
+}
+
+/// The cluster's spares are given up (it is being deleted).
+pub async fn spares_released(
+    txn: &DatabaseTransaction,
+    cluster: Uuid,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    close(txn, cluster, true, at).await
+}
+
 /// A tenant took a public address: charged from now on.
 pub async fn public_ip_allocated(
     txn: &DatabaseTransaction,

@@ -25,6 +25,14 @@ pub struct Model {
     pub repair_delay_seconds: i32,
     /// A repair placed new members that are not all running yet.
     pub repairing: bool,
+    /// Members' worth of its shape kept free in its scalable unit for
+    /// repairs (0 once the cluster is being deleted).
+    pub spares: i32,
+    /// The scalable unit the spares are kept in, by name (`None`: hosts
+    /// without one).
+    pub spare_unit: Option<String>,
+    /// The GPU model the members got (the spares' model).
+    pub spare_model: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -45,6 +45,9 @@ pub struct Capacity {
     marks: Mutex<Option<HashMap<Uuid, crate::store::hosts::ChangeMark>>>,
     /// When the last catch-up began reading the marks.
     caught_up_at: Mutex<Option<std::time::Instant>>,
+    /// New clusters whose spares are in the index but not yet committed:
+    /// a reload of the spares from the database keeps them.
+    reserving: Mutex<std::collections::HashSet<Uuid>>,
 }
 
 impl Default for Capacity {
@@ -97,6 +100,7 @@ impl Capacity {
             overcommit,
             marks: Mutex::default(),
             caught_up_at: Mutex::default(),
+            reserving: Mutex::default(),
         }
     }
 
@@ -142,10 +146,13 @@ impl Capacity {
         for id in moved.reread.iter().chain(&stale) {
             self.refresh_host(db, *id).await?;
         }
-        let mut index = self.lock();
-        for id in &moved.gone {
-            index.remove(*id);
+        {
+            let mut index = self.lock();
+            for id in &moved.gone {
+                index.remove(*id);
+            }
         }
+        self.load_spares(db).await?;
         Ok(moved.reread.len() + stale.len())
     }
 
@@ -168,6 +175,64 @@ impl Capacity {
             return Ok(0);
         }
         self.catch_up(db, signals).await
+    }
+
+    /// A new cluster's spares are (`true`) or are no longer (`false`)
+    /// in the index ahead of their commit.
+    pub fn reserving(&self, cluster: Uuid, on: bool) {
+        let mut r = self.reserving.lock().unwrap_or_else(|e| e.into_inner());
+        if on {
+            r.insert(cluster);
+        } else {
+            r.remove(&cluster);
+        }
+    }
+
+    /// Re-reads every cluster's spares (a few rows: clusters keeping
+    /// spares), keeping those of clusters being created.
+    async fn load_spares(&self, db: &impl ConnectionTrait) -> Result<(), ApiError> {
+        let rows = crate::store::clusters::with_spares(db).await?;
+        let reserving = self
+            .reserving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut index = self.lock();
+        let mut spares: Vec<kumo_scheduler::Spare> = index
+            .spares
+            .iter()
+            .filter(|s| reserving.contains(&s.cluster))
+            .cloned()
+            .collect();
+        for c in &rows {
+            let spec = crate::store::clusters::stored_cluster_spec(c)?;
+            // A unit or model no host has any more: nothing to keep.
+            let unit = match &c.spare_unit {
+                Some(u) => match index.unit_id(u) {
+                    Some(id) => Some(id),
+                    None => continue,
+                },
+                None => None,
+            };
+            let model = match &c.spare_model {
+                Some(m) => match index.model_id(m) {
+                    Some(id) => Some(id),
+                    None => continue,
+                },
+                None => None,
+            };
+            let shape = kumo_scheduler::Request {
+                gpus: spec.gpus,
+                model,
+                vcpus: spec.vcpus,
+                memory_mib: u64::from(spec.memory_gib) * 1024,
+                ..Default::default()
+            };
+            let count = u32::try_from(c.spares).unwrap_or(0);
+            spares.push(kumo_scheduler::Spare::of(c.id, unit, &shape, count));
+        }
+        index.spares = spares;
+        Ok(())
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Index> {
@@ -599,16 +664,18 @@ impl Capacity {
                 volumes.get(&h.id).copied().unwrap_or(0),
             )?;
         }
-        let mut index = self.lock();
-        let gone: Vec<Uuid> = index
-            .hosts
-            .iter()
-            .map(|h| h.id)
-            .filter(|id| !known.contains(id))
-            .collect();
-        for id in gone {
-            index.remove(id);
+        {
+            let mut index = self.lock();
+            let gone: Vec<Uuid> = index
+                .hosts
+                .iter()
+                .map(|h| h.id)
+                .filter(|id| !known.contains(id))
+                .collect();
+            for id in gone {
+                index.remove(id);
+            }
         }
-        Ok(())
+        self.load_spares(db).await
     }
 }

@@ -76,6 +76,24 @@ pub fn stored_cluster_spec(c: &clusters::Model) -> Result<VmSpec, ApiError> {
         .map_err(|e| ApiError::Internal(format!("cluster {} spec: {e}", c.id)))
 }
 
+/// Clusters keeping spares.
+pub async fn with_spares(db: &impl ConnectionTrait) -> Result<Vec<clusters::Model>, ApiError> {
+    Ok(clusters::Entity::find()
+        .filter(clusters::Column::Spares.gt(0))
+        .all(db)
+        .await?)
+}
+
+/// The cluster keeps no spares any more (it is being deleted).
+pub async fn drop_spares(txn: &DatabaseTransaction, cluster: Uuid) -> Result<(), ApiError> {
+    clusters::Entity::update_many()
+        .col_expr(clusters::Column::Spares, sea_orm::sea_query::Expr::value(0))
+        .filter(clusters::Column::Id.eq(cluster))
+        .exec(txn)
+        .await?;
+    Ok(())
+}
+
 /// Forgets the cluster once its last member VM is gone (same transaction).
 pub async fn member_gone(txn: &DatabaseTransaction, vm: &vms::Model) -> Result<(), ApiError> {
     let Some(c) = vm.cluster_id else {

@@ -154,6 +154,7 @@ on_both_backends! {
             shares: vec![],
             auto_repair: true,
             repair_delay_seconds: Some(86_401),
+            spares: 0,
         };
         let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &body).await.unwrap_err();
         assert_eq!(e.status(), Some(400), "{e}");
@@ -667,4 +668,142 @@ on_both_backends! {
 async fn host_id_named(s: &TestServer, name: &str) -> uuid::Uuid {
     let hosts: Page<kumo_api_types::Host> = s.admin.get("/api/v1/hosts").await.unwrap();
     hosts.items.into_iter().find(|h| h.name == name).unwrap().id
+}
+
+fn spares_config(c: &mut kumo_server::config::Config) {
+    config(c);
+    c.preemption_grace = Duration::from_secs(1);
+}
+
+/// Open charge runs of a cluster's spares: `(class, quantity)`.
+async fn spare_runs(s: &TestServer, cluster: uuid::Uuid) -> Vec<(String, String)> {
+    use kumo_server::entity::meter_runs;
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    meter_runs::Entity::find()
+        .filter(meter_runs::Column::VmId.eq(cluster))
+        .filter(meter_runs::Column::EndedAt.is_null())
+        .all(s.db())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.class, r.quantity))
+        .collect()
+}
+
+on_both_backends! {
+    config = spares_config;
+
+    /// Issue 41's spares: a cluster keeps one member's worth of room in
+    /// its unit; another tenant's guaranteed VM may not take it, a spot
+    /// VM may, and is reclaimed with notice when a member's host is lost
+    /// and the repair needs the room.
+    async fn a_cluster_repairs_onto_its_spare_reclaiming_the_spot_vm_lent_it(s: &TestServer) {
+        s.tenant("lab").await;
+        s.tenant("other").await;
+        // su-a: three members and one spare; su-b: one host for others.
+        let mut hosts = Vec::new();
+        for (i, su) in ["su-a", "su-a", "su-a", "su-a", "su-b"].iter().enumerate() {
+            hosts.push(host(s, &format!("gpu{i}"), &format!("192.0.2.{}", i + 1), su).await);
+        }
+        let (beats, alive) = beat(&hosts);
+        let mut body = ClusterCreate {
+            name: "train".into(),
+            size: 3,
+            gpus: 8,
+            gpu_model: None,
+            vcpus: Some(16),
+            memory_gib: Some(32),
+            disk_gib: Some(10),
+            template: None,
+            service_level: Default::default(),
+            ssh_keys: vec![],
+            networks: vec![],
+            shares: vec![],
+            auto_repair: true,
+            repair_delay_seconds: Some(1),
+            spares: 4,
+        };
+        // More spares than members, or spares no unit has room for, are
+        // refused.
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &body).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "{e}");
+        body.spares = 2;
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &body).await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "{e}");
+        assert!(e.to_string().contains("spare"), "{e}");
+        body.spares = 1;
+        let made: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &body).await.unwrap();
+        assert_eq!((made.spares, made.spare_unit.as_deref(), made.spares_ready), (1, Some("su-a"), 1));
+        assert!(made.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-a")), "{made:#?}");
+        // Charged for 8 spare GPUs of the model the members got.
+        assert_eq!(spare_runs(s, made.id).await, [("spare_gpu:H100-SXM5-80GB".to_owned(), "8".to_owned())]);
+        let used: Vec<String> = made.members.iter().filter_map(|m| m.host.clone()).collect();
+        let spare = (0..4).find(|i| !used.contains(&format!("gpu{i}"))).unwrap();
+
+        // Another tenant's guaranteed 8-GPU VMs: the first goes to su-b,
+        // the second finds only the spare and is refused.
+        let big = |name: &str, level: &str| json!({"name": name, "gpus": 8, "vcpus": 16, "memory_gib": 32, "disk_gib": 10, "service_level": level});
+        let g1: Vm = s.admin.post("/api/v1/tenants/other/vms", &big("gua-1", "guaranteed")).await.unwrap();
+        assert_eq!(g1.host.as_deref(), Some("gpu4"));
+        let e = s.admin.post::<_, Vm>("/api/v1/tenants/other/vms", &big("gua-2", "guaranteed")).await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "the spare is not for others' guaranteed VMs: {e}");
+        // A spot VM may use it.
+        let lent: Vm = s.admin.post("/api/v1/tenants/other/vms", &big("lent", "spot")).await.unwrap();
+        assert_eq!(lent.host.as_deref(), Some(format!("gpu{spare}").as_str()));
+        converge_until(s, &mut hosts, "all running", async |s: &TestServer| {
+            let c = cluster(s).await;
+            c.health == ClusterHealth::Healthy
+                && c.members.iter().all(|m| m.state == VmState::Running)
+                && vm_of(s, "other", "lent").await.state == VmState::Running
+        })
+        .await;
+        assert_eq!(cluster(s).await.spares_ready, 1, "spot VMs on the spare count as gone");
+
+        // A member's host falls silent: the repair reclaims the spot VM
+        // (with notice) and places the member on the spare, same unit,
+        // same rails, same address.
+        let victim = made.members[0].clone();
+        let lost = (0..4).find(|i| victim.host.as_deref() == Some(format!("gpu{i}").as_str())).unwrap();
+        alive[lost].store(false, Ordering::SeqCst);
+        let reclaimed = {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let v = vm_of(s, "other", "lent").await;
+                if v.state != VmState::Running {
+                    break v;
+                }
+                assert!(Instant::now() < deadline, "the spot VM was never reclaimed: {v:#?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        assert_eq!(reclaimed.state, VmState::Preempting, "{reclaimed:#?}");
+        assert!(reclaimed.preempt_deadline.is_some());
+        let ev = events_of(s, "other", &reclaimed).await;
+        assert!(ev.iter().any(|e| e.starts_with("preempting")), "{ev:?}");
+        let mut others: Vec<SimAgent> = hosts.drain(..).enumerate().filter(|(i, _)| *i != lost).map(|(_, h)| h).collect();
+        converge_until(s, &mut others, "healthy on the spare", async |s: &TestServer| {
+            let c = cluster(s).await;
+            c.health == ClusterHealth::Healthy && c.members.iter().all(|m| m.state == VmState::Running)
+        })
+        .await;
+        let healthy = cluster(s).await;
+        let now = healthy.members.iter().find(|m| m.name == victim.name).unwrap();
+        assert_eq!(now.host.as_deref(), Some(format!("gpu{spare}").as_str()), "{healthy:#?}");
+        assert_eq!((now.scalable_unit.as_deref(), &now.rails, &now.address), (Some("su-a"), &victim.rails, &victim.address));
+        assert_ne!(vm_of(s, "other", "lent").await.state, VmState::Running);
+        // The spare was used: none has room now (the lost host is out).
+        assert_eq!((healthy.spares, healthy.spares_ready), (1, 0));
+
+        // Deleting the cluster gives the spare up: its charge ends.
+        let _: Cluster = s.admin.delete_json("/api/v1/tenants/lab/clusters/train").await.unwrap();
+        assert!(spare_runs(s, made.id).await.is_empty());
+        drop(beats);
+    }
+}
+
+async fn vm_of(s: &TestServer, tenant: &str, name: &str) -> Vm {
+    s.admin
+        .get(&format!("/api/v1/tenants/{tenant}/vms/{name}"))
+        .await
+        .unwrap()
 }

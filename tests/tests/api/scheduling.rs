@@ -247,6 +247,7 @@ fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCrea
         shares: Vec::new(),
         auto_repair: false,
         repair_delay_seconds: None,
+        spares: 0,
     }
 }
 

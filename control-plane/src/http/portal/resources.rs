@@ -231,6 +231,7 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
                 .help(help(l, "spot")),
             Field::new("auto_repair", &word(l, "Repair by itself"), Input::Checkbox)
                 .help(help(l, "auto_repair")),
+            Field::new("spares", &word(l, "Spares"), Input::NUMBER).help(help(l, "cluster_spares")),
             kumo_web_portal::share_field(l),
         ],
     ))
@@ -1089,6 +1090,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 shares,
                 auto_repair: f.contains_key("auto_repair"),
                 repair_delay_seconds: None,
+                spares: number(f, "spares")?.unwrap_or(0),
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
