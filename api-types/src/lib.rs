@@ -1064,10 +1064,13 @@ pub struct VmCreate {
     /// or is made again on another host from its template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_host_loss: Option<HostLossAction>,
-    /// Spot VMs: how long its guest has between a reclaim notice and being
-    /// shut down (checkpointing a large model takes minutes), at most the
-    /// platform's `[scheduler] max_notice_secs`. Default: the platform's
-    /// grace.
+    /// How long its guest has between a notice and being shut down
+    /// (checkpointing a large model takes minutes), at most the platform's
+    /// `[scheduler] max_notice_secs`: a spot VM's reclaim deadline, and
+    /// for any VM, the least warning before a maintenance window acts on
+    /// it (a window announced with less lead acts on it that long after
+    /// the announcement). Default: the platform's grace for reclaims, the
+    /// window's time for maintenance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice_seconds: Option<u32>,
 }
@@ -1492,7 +1495,8 @@ pub struct VmSpec {
     pub on_reclaim: ReclaimAction,
     #[serde(default, skip_serializing_if = "HostLossAction::is_default")]
     pub on_host_loss: HostLossAction,
-    /// Its own reclaim notice, seconds (else the platform's grace).
+    /// Its own notice, seconds: before a reclaim (else the platform's
+    /// grace) and before a maintenance window acts on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice_seconds: Option<u32>,
 }

@@ -143,3 +143,38 @@ impl RateBook {
             .filter(move |t| from < *t && *t < to)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn card(class: &str) -> RateCard {
+        let price = Price {
+            guaranteed: Decimal::ONE,
+            spot: Decimal::ZERO,
+        };
+        RateCard {
+            effective_from: DateTime::<Utc>::UNIX_EPOCH,
+            prices: [(class.to_owned(), price)].into(),
+        }
+    }
+
+    #[test]
+    fn cards_price_gpus_spare_gpus_and_the_flat_classes_only() {
+        for class in [
+            gpu_class("H100-SXM5-80GB"),
+            spare_gpu_class("H100-SXM5-80GB"),
+        ]
+        .into_iter()
+        .chain(FLAT_CLASSES.map(str::to_owned))
+        {
+            assert_eq!(card(&class).validate(), Ok(()), "{class}");
+        }
+        for class in ["spare_gpu:", "gpu:", "spare_vcpu", "gpus:H100"] {
+            assert_eq!(
+                card(class).validate(),
+                Err(RateError::UnknownClass(class.to_owned()))
+            );
+        }
+    }
+}

@@ -561,9 +561,11 @@ pub struct SpecArgs {
     /// again on another host from its template, with a fresh root disk).
     #[arg(long, value_parser = parse_host_loss)]
     on_host_loss: Option<kumo_api_types::HostLossAction>,
-    /// With --spot: how long the guest has between a reclaim notice and
-    /// the shutdown (e.g. 10m, to checkpoint), within the platform's bound.
-    #[arg(long, value_parser = parse_duration, requires = "spot")]
+    /// How long the guest has between a notice and the shutdown (e.g.
+    /// 10m, to checkpoint), within the platform's bound: a spot VM's
+    /// reclaim notice, and for any VM the least warning a maintenance
+    /// window gives it.
+    #[arg(long, value_parser = parse_duration)]
     notice: Option<u64>,
 }
 

@@ -37,7 +37,7 @@ mod m0031_shares;
 mod m0032_cluster_health;
 mod m0033_lost_vms;
 mod m0034_maintenance;
-mod m0035_cluster_spares;
+mod m0035_spares_and_notices;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -116,7 +116,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0032_cluster_health::Migration),
             Box::new(m0033_lost_vms::Migration),
             Box::new(m0034_maintenance::Migration),
-            Box::new(m0035_cluster_spares::Migration),
+            Box::new(m0035_spares_and_notices::Migration),
         ]
     }
 }

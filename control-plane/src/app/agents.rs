@@ -224,17 +224,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             spec,
             placement,
             preemption,
-            events: host
-                .maintenance_at
-                .and_then(|at| {
-                    crate::domain::maintenance::event_for(
-                        state,
-                        v.cluster_id.is_some(),
-                        &host.name,
-                        at,
-                        host.maintenance_reason.as_deref(),
-                    )
-                })
+            events: crate::app::maintenance::scheduled(&v, host)?
                 .into_iter()
                 .collect(),
             hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),

@@ -400,6 +400,7 @@ async fn insert_row(
         unreachable_since: Set(None),
         maintenance_at: Set(None),
         maintenance_reason: Set(None),
+        maintenance_told_at: Set(None),
     }
     .insert(txn)
     .await

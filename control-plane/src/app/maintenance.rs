@@ -19,24 +19,39 @@ use crate::app::access::{require_admin, tenant_access};
 use crate::app::audit;
 use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::Action;
-use crate::domain::maintenance::{action_for, event_for};
+use crate::domain::maintenance::{action_for, acts_at, event_for, Window};
 use crate::domain::states::StoredText;
 use crate::entity::{hosts, vms};
 use crate::error::ApiError;
 use crate::store::hosts::{find, host_state, reachable_state, stored_topology};
 use crate::store::vms::{event, stored_state};
 
-/// The event scheduled for a VM on `host`, if its host has a window.
+/// The host's maintenance window, if it has one.
+fn window(h: &hosts::Model) -> Option<Window<'_>> {
+    Some(Window {
+        host: &h.name,
+        at: h.maintenance_at?,
+        told_at: h.maintenance_told_at,
+        reason: h.maintenance_reason.as_deref(),
+    })
+}
+
+/// The notice a VM asked for (its spec's `notice_seconds`).
+fn notice_of(v: &vms::Model) -> Result<Option<u32>, ApiError> {
+    Ok(crate::store::vms::stored_spec(v)?.notice_seconds)
+}
+
+/// The event scheduled for a VM on `host`, if its host has a window: at
+/// the window, or later when the VM asked for more notice than it gives.
 pub fn scheduled(v: &vms::Model, host: &hosts::Model) -> Result<Option<ScheduledEvent>, ApiError> {
-    let Some(at) = host.maintenance_at else {
+    let Some(w) = window(host) else {
         return Ok(None);
     };
     Ok(event_for(
         stored_state(v)?,
         v.cluster_id.is_some(),
-        &host.name,
-        at,
-        host.maintenance_reason.as_deref(),
+        &w,
+        notice_of(v)?,
     ))
 }
 
@@ -69,6 +84,7 @@ pub async fn schedule(
     let moved = h.maintenance_at.is_some();
     let mut a: hosts::ActiveModel = h.clone().into();
     a.maintenance_at = Set(Some(body.at));
+    a.maintenance_told_at = Set(Some(actor.at));
     a.maintenance_reason = Set(reason.clone());
     let updated = a.update(&txn).await?;
     let on_host = crate::store::vms::on_host(&txn, h.id).await?;
@@ -80,7 +96,7 @@ pub async fn schedule(
         let what = format!(
             "host {} maintenance at {}: this VM will be {}{}",
             h.name,
-            body.at.to_rfc3339(),
+            e.at.to_rfc3339(),
             match e.action {
                 ScheduledAction::Evacuate => "moved to another host with its disks (kumo vm evacuate does it now)",
                 ScheduledAction::Replace => "replaced on another host (a cluster member: same name and address, fresh root disk)",
@@ -138,6 +154,7 @@ pub async fn done(st: &AppState, actor: &Actor, host: &str) -> Result<Host, ApiE
     let name = h.name.clone();
     let mut a: hosts::ActiveModel = h.into();
     a.maintenance_at = Set(None);
+    a.maintenance_told_at = Set(None);
     a.maintenance_reason = Set(None);
     if state == HostState::Maintenance {
         a.state = Set(reachable_state(drained).to_text().into());
@@ -220,15 +237,19 @@ async fn start_evacuation(
     Ok(a.update(txn).await?)
 }
 
-/// One pass: every host whose window has opened (and that answers) has
-/// its VMs moved off, replaced or stopped, and goes to `maintenance`.
+/// One pass: every host whose window has opened (and that answers) goes
+/// to `maintenance` and has its VMs moved off, replaced or stopped, each
+/// at its own time (a VM that asked for more notice than the window gave
+/// stays until its notice is up).
 pub async fn pass(st: &AppState) -> Result<(), ApiError> {
     let now = st.config.clock.now();
     let due = hosts::Entity::find()
         .filter(hosts::Column::MaintenanceAt.lte(now))
-        .filter(
-            hosts::Column::State.is_in([HostState::Ready.to_text(), HostState::Draining.to_text()]),
-        )
+        .filter(hosts::Column::State.is_in([
+            HostState::Ready.to_text(),
+            HostState::Draining.to_text(),
+            HostState::Maintenance.to_text(),
+        ]))
         .all(&st.reads)
         .await?;
     for h in due {
@@ -245,19 +266,25 @@ async fn open_window(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), ApiError> {
     let txn = st.db.begin().await?;
-    // Only once: another replica may have opened it.
-    let opened = hosts::Entity::update_many()
-        .col_expr(
-            hosts::Column::State,
-            Expr::value(HostState::Maintenance.to_text()),
-        )
-        .filter(hosts::Column::Id.eq(h.id))
-        .filter(hosts::Column::State.eq(h.state.clone()))
-        .exec(&txn)
-        .await?;
-    if opened.rows_affected != 1 {
-        return Ok(());
+    let opening = host_state(h)? != HostState::Maintenance;
+    if opening {
+        // Only once: another replica may have opened it.
+        let opened = hosts::Entity::update_many()
+            .col_expr(
+                hosts::Column::State,
+                Expr::value(HostState::Maintenance.to_text()),
+            )
+            .filter(hosts::Column::Id.eq(h.id))
+            .filter(hosts::Column::State.eq(h.state.clone()))
+            .exec(&txn)
+            .await?;
+        if opened.rows_affected != 1 {
+            return Ok(());
+        }
     }
+    let Some(w) = window(h) else {
+        return Ok(());
+    };
     let why = format!(
         "host {} maintenance{}",
         h.name,
@@ -269,11 +296,20 @@ async fn open_window(
     let mut wake = vec![h.id];
     let mut clusters_touched: Vec<Uuid> = Vec::new();
     let mut singles: Vec<Uuid> = Vec::new();
+    let mut acted = false;
     for v in crate::store::vms::on_host(&txn, h.id).await? {
+        if acts_at(&w, notice_of(&v)?) > now {
+            continue; // its own notice is not up yet
+        }
         let Some(v) = crate::store::vms::locked(&txn, v.id).await? else {
             continue;
         };
-        match action_for(stored_state(&v)?, v.cluster_id.is_some()) {
+        let action = action_for(stored_state(&v)?, v.cluster_id.is_some());
+        acted |= matches!(
+            action,
+            Some(ScheduledAction::Evacuate | ScheduledAction::Replace)
+        );
+        match action {
             Some(ScheduledAction::Evacuate) => {
                 start_evacuation(&txn, &v, "maintenance", now).await?;
             }
@@ -301,9 +337,14 @@ async fn open_window(
             Some(ScheduledAction::Stop) | None => {}
         }
     }
+    if !opening && !acted {
+        return Ok(()); // nothing due on a host already in maintenance
+    }
     crate::store::hosts::bump_revision(&txn, h.id).await?;
     txn.commit().await?;
-    tracing::info!(host = %h.name, "maintenance window opened");
+    if opening {
+        tracing::info!(host = %h.name, "maintenance window opened");
+    }
     st.capacity.refresh_host(&st.db, h.id).await?;
     wake.sort();
     wake.dedup();

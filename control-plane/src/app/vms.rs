@@ -657,18 +657,12 @@ fn view_on(
         placement,
         guest_condition: v.guest_condition.clone(),
         preempt_deadline: v.preempt_deadline,
-        scheduled_events: host
-            .and_then(|(h, _)| {
-                crate::domain::maintenance::event_for(
-                    state,
-                    v.cluster_id.is_some(),
-                    &h.name,
-                    h.maintenance_at?,
-                    h.maintenance_reason.as_deref(),
-                )
-            })
-            .into_iter()
-            .collect(),
+        scheduled_events: match host {
+            Some((h, _)) => crate::app::maintenance::scheduled(v, h)?
+                .into_iter()
+                .collect(),
+            None => Vec::new(),
+        },
         cluster: cluster.map(str::to_owned),
         networks,
         shares,

@@ -20,20 +20,40 @@ pub fn action_for(state: VmState, cluster_member: bool) -> Option<ScheduledActio
     }
 }
 
-/// The event a VM on a host with a window is told of.
+/// A host's maintenance window as its VMs are told of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Window<'a> {
+    pub host: &'a str,
+    pub at: DateTime<Utc>,
+    /// When it was announced (or last moved).
+    pub told_at: Option<DateTime<Utc>>,
+    pub reason: Option<&'a str>,
+}
+
+/// When the window acts on a VM that asked for `notice` seconds of
+/// warning: at the window, or that long after it was announced when that
+/// is later (checkpointing a large model takes minutes, and an admin's
+/// short notice does not take them away).
+pub fn acts_at(w: &Window<'_>, notice: Option<u32>) -> DateTime<Utc> {
+    match (w.told_at, notice) {
+        (Some(told), Some(n)) => w.at.max(told + chrono::Duration::seconds(i64::from(n))),
+        _ => w.at,
+    }
+}
+
+/// The event a VM on a host with a window is told of: its own time.
 pub fn event_for(
     state: VmState,
     cluster_member: bool,
-    host: &str,
-    at: DateTime<Utc>,
-    reason: Option<&str>,
+    w: &Window<'_>,
+    notice: Option<u32>,
 ) -> Option<ScheduledEvent> {
     Some(ScheduledEvent {
         kind: "maintenance".into(),
-        at,
+        at: acts_at(w, notice),
         action: action_for(state, cluster_member)?,
-        host: host.to_owned(),
-        reason: reason.map(str::to_owned),
+        host: w.host.to_owned(),
+        reason: w.reason.map(str::to_owned),
     })
 }
 
@@ -85,13 +105,42 @@ mod tests {
         ] {
             assert_eq!(action_for(s, false), None, "{s:?}");
         }
-        let at = DateTime::UNIX_EPOCH;
-        let e = event_for(VmState::Running, false, "gpu-7", at, Some("firmware")).unwrap();
+        let w = Window {
+            host: "gpu-7",
+            at: DateTime::UNIX_EPOCH,
+            told_at: None,
+            reason: Some("firmware"),
+        };
+        let e = event_for(VmState::Running, false, &w, None).unwrap();
         assert_eq!(
             (e.kind.as_str(), e.host.as_str(), e.reason.as_deref()),
             ("maintenance", "gpu-7", Some("firmware"))
         );
-        assert!(event_for(VmState::Shelved, false, "gpu-7", at, None).is_none());
+        assert!(event_for(VmState::Shelved, false, &w, None).is_none());
+    }
+
+    #[test]
+    fn a_vm_gets_its_own_notice_when_the_window_gives_less() {
+        let told = DateTime::from_timestamp(1_000_000, 0).unwrap();
+        let w = Window {
+            host: "gpu-7",
+            at: told + chrono::Duration::seconds(300),
+            told_at: Some(told),
+            reason: None,
+        };
+        // No notice of its own, or one the window's lead covers: the window.
+        assert_eq!(acts_at(&w, None), w.at);
+        assert_eq!(acts_at(&w, Some(300)), w.at);
+        assert_eq!(acts_at(&w, Some(60)), w.at);
+        // Ten minutes asked, five given: ten after the announcement.
+        let own = told + chrono::Duration::seconds(600);
+        assert_eq!(acts_at(&w, Some(600)), own);
+        assert_eq!(
+            event_for(VmState::Running, false, &w, Some(600))
+                .unwrap()
+                .at,
+            own
+        );
     }
 
     #[test]

@@ -17,12 +17,6 @@ pub const MAX_SSH_KEYS: usize = 32;
 
 pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
     names::tenant_name("name", &body.name)?;
-    if body.notice_seconds.is_some() && body.service_level != kumo_api_types::ServiceLevel::Spot {
-        return Err(ApiError::field(
-            "notice_seconds",
-            "only spot VMs are reclaimed with notice",
-        ));
-    }
     if body.notice_seconds == Some(0) {
         return Err(ApiError::field("notice_seconds", "at least 1"));
     }

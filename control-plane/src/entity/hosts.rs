@@ -62,6 +62,9 @@ pub struct Model {
     /// off (or stop) and it is `maintenance` until an admin is done.
     pub maintenance_at: Option<DateTimeUtc>,
     pub maintenance_reason: Option<String>,
+    /// When the window was announced (or last moved): a VM's own notice
+    /// (`notice_seconds`) runs from then.
+    pub maintenance_told_at: Option<DateTimeUtc>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

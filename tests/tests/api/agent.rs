@@ -787,3 +787,130 @@ async fn an_agent_killed_mid_reconcile_makes_nothing_twice() {
     println!("agent killed {kills} times (domains at each kill: {at_kill:?}); 8 VMs converged");
     forget(&libvirtd, &vms.iter().map(|v| v.id).collect::<Vec<_>>());
 }
+
+/// A `kumo-agent run` process for one host of a scalable unit, on its own
+/// `test:///default` libvirt (one per process), killed with SIGKILL when
+/// dropped.
+fn unit_agent(s: &TestServer, join: &str, dir: &Path, name: &str, unit: &str) -> AgentProcess {
+    let root = dir.join(name);
+    let sysfs = fixture(&root, "hgx-h100");
+    let child = std::process::Command::new(bin("kumo-agent"))
+        .args([
+            "run",
+            "--server",
+            &s.url,
+            "--libvirt-uri",
+            "test:///default",
+        ])
+        .args([
+            "--virt-type",
+            "qemu",
+            "--name",
+            name,
+            "--scalable-unit",
+            unit,
+        ])
+        .args(["--heartbeat-secs", "1", "--join-token", join])
+        .arg("--sysfs-root")
+        .arg(&sysfs)
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .env("KUMO_LOG", "warn")
+        .spawn()
+        .unwrap();
+    AgentProcess(child)
+}
+
+fn fault_config(c: &mut kumo_server::config::Config) {
+    c.heartbeat_timeout = Duration::from_secs(3);
+    c.preemption_grace = Duration::from_secs(1);
+}
+
+async fn cluster_now(s: &TestServer) -> kumo_api_types::Cluster {
+    s.admin
+        .get("/api/v1/tenants/lab/clusters/train")
+        .await
+        .unwrap()
+}
+
+on_both_backends! {
+    config = fault_config;
+
+    /// Issue 41's proof with real agents: a 3-member cluster with
+    /// `--auto-repair --spares 1` in one scalable unit, another tenant's
+    /// spot VM on the spare; the agent of one member's host is killed
+    /// with SIGKILL. The cluster is `degraded` within the heartbeat
+    /// timeout, then `healthy` with the member on the spare host, on the
+    /// same rails, under the same name; the spot VM was reclaimed with
+    /// notice.
+    async fn a_cluster_outlives_a_killed_agent_on_its_spare(s: &TestServer) {
+        s.tenant("lab").await;
+        s.tenant("other").await;
+        let dir = scratch();
+        let join = s.join_token().await;
+        let mut agents: Vec<Option<AgentProcess>> = (0..4)
+            .map(|i| Some(unit_agent(s, &join, dir.path(), &format!("gpu-a{i}"), "su-a")))
+            .collect();
+        wait_for("four hosts", || async {
+            let hosts: kumo_api_types::Page<kumo_api_types::Host> =
+                s.admin.get("/api/v1/hosts").await.unwrap();
+            hosts.items.len() == 4
+        })
+        .await;
+        let body = serde_json::json!({
+            "name": "train", "size": 3, "gpus": 8, "vcpus": 16, "memory_gib": 32, "disk_gib": 10,
+            "auto_repair": true, "repair_delay_seconds": 1, "spares": 1,
+        });
+        let made: kumo_api_types::Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &body).await.unwrap();
+        assert_eq!((made.spares, made.spare_unit.as_deref()), (1, Some("su-a")));
+        let used: Vec<String> = made.members.iter().filter_map(|m| m.host.clone()).collect();
+        let spare = (0..4).map(|i| format!("gpu-a{i}")).find(|h| !used.contains(h)).unwrap();
+        let spot = serde_json::json!({"name": "lent", "gpus": 8, "vcpus": 16, "memory_gib": 32, "disk_gib": 10, "service_level": "spot"});
+        let lent: Vm = s.admin.post("/api/v1/tenants/other/vms", &spot).await.unwrap();
+        assert_eq!(lent.host.as_ref(), Some(&spare));
+        let lent_state = || async {
+            let v: Vm = s.admin.get("/api/v1/tenants/other/vms/lent").await.unwrap();
+            v.state
+        };
+        wait_for("members and the spot VM running", || async {
+            let c = cluster_now(s).await;
+            c.health == kumo_api_types::ClusterHealth::Healthy
+                && c.members.iter().all(|m| m.state == VmState::Running)
+                && lent_state().await == VmState::Running
+        })
+        .await;
+        let before = cluster_now(s).await;
+        let victim = before.members[1].clone();
+        let lost: usize = victim.host.as_deref().and_then(|h| h.strip_prefix("gpu-a")).unwrap().parse().unwrap();
+
+        // SIGKILL the member's agent.
+        let cut = Instant::now();
+        drop(agents[lost].take());
+        wait_for("degraded", || async { cluster_now(s).await.health == kumo_api_types::ClusterHealth::Degraded }).await;
+        let to_degraded = cut.elapsed();
+        assert!(to_degraded < Duration::from_secs(3) + Duration::from_secs(3), "degraded after {to_degraded:?}");
+        let degraded = cluster_now(s).await;
+        assert_eq!(degraded.problems[0].member, victim.name);
+        assert_eq!(degraded.problems[0].fault, kumo_api_types::MemberFault::HostLost);
+        wait_for("healthy again", || async {
+            let c = cluster_now(s).await;
+            c.health == kumo_api_types::ClusterHealth::Healthy
+                && c.members.iter().all(|m| m.state == VmState::Running)
+        })
+        .await;
+        let to_healthy = cut.elapsed();
+        println!("real agents: member's agent SIGKILLed → degraded in {to_degraded:?}, healthy on the spare in {to_healthy:?} (heartbeat timeout 3 s, repair delay 1 s, spot grace 1 s)");
+        let after = cluster_now(s).await;
+        let now = after.members.iter().find(|m| m.name == victim.name).unwrap();
+        assert_eq!(now.host.as_ref(), Some(&spare), "{after:#?}");
+        assert_eq!((now.scalable_unit.as_deref(), &now.rails), (Some("su-a"), &victim.rails));
+        assert!(!victim.rails.is_empty() && victim.rails.iter().all(|r| r.is_some()), "{victim:#?}");
+        assert_eq!(after.hostfile, before.hostfile);
+        // The spot VM had its notice, then was reclaimed.
+        let v: Vm = s.admin.get("/api/v1/tenants/other/vms/lent").await.unwrap();
+        assert_ne!(v.state, VmState::Running);
+        let ev = events_of(s, "other", &v).await;
+        assert!(ev.iter().any(|e| e.starts_with("preempting")), "{ev:?}");
+        drop(agents);
+    }
+}

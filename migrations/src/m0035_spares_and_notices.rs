@@ -1,6 +1,7 @@
 //! Cluster spares (issue 41): N members' worth of a cluster's shape kept
 //! free in its scalable unit (named, with the GPU model the members got),
-//! for repairs.
+//! for repairs; and when a host's maintenance window was announced, from
+//! which each VM's own notice runs.
 
 use sea_orm_migration::prelude::*;
 
@@ -13,6 +14,12 @@ enum Clusters {
     Spares,
     SpareUnit,
     SpareModel,
+}
+
+#[derive(DeriveIden, Clone, Copy)]
+enum Hosts {
+    Table,
+    MaintenanceToldAt,
 }
 
 #[async_trait::async_trait]
@@ -34,10 +41,20 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             ],
         )
+        .await?;
+        crate::add_columns(
+            m,
+            Hosts::Table,
+            vec![ColumnDef::new(Hosts::MaintenanceToldAt)
+                .timestamp_with_time_zone()
+                .null()
+                .to_owned()],
+        )
         .await
     }
 
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
+        crate::drop_columns(m, Hosts::Table, &[Hosts::MaintenanceToldAt]).await?;
         crate::drop_columns(
             m,
             Clusters::Table,
