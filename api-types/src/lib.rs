@@ -2370,6 +2370,10 @@ pub struct DesiredVm {
     /// `/etc/kumo/hostfile` in the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostfile: Option<String>,
+    /// For a cluster member whose siblings have addresses: `ADDRESS NAME`
+    /// lines, kept as a block of the guest's `/etc/hosts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<String>,
     /// The VM's NICs on tenant segments, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<DesiredNic>,

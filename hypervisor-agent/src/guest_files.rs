@@ -14,6 +14,11 @@ pub const NCCL_TOPO_PATH: &str = "/etc/kumo/nccl-topo.xml";
 pub const NCCL_CONF_PATH: &str = "/etc/nccl.conf";
 /// A cluster member's MPI hostfile (`mpirun --hostfile`).
 pub const HOSTFILE_PATH: &str = "/etc/kumo/hostfile";
+/// Where a cluster member finds its siblings by name: a block of
+/// `/etc/hosts` between these lines is Kumo's, the rest the guest's.
+pub const ETC_HOSTS_PATH: &str = "/etc/hosts";
+const HOSTS_BEGIN: &str = "# BEGIN kumo cluster members (kept by the host; edits are replaced)";
+const HOSTS_END: &str = "# END kumo cluster members";
 const NCCL_TOPO_KEY: &str = "NCCL_TOPO_FILE=";
 const CHUNK: usize = 48 * 1024;
 
@@ -200,6 +205,40 @@ pub fn nccl_conf(existing: Option<&[u8]>, managed: &[(String, String)]) -> Vec<u
     (lines.join("\n") + "\n").into_bytes()
 }
 
+/// `/etc/hosts` with Kumo's block of cluster members (`ADDRESS NAME`
+/// lines) in place of the one it had, everything else as the guest has
+/// it; a guest without the file gets localhost too.
+pub fn etc_hosts(existing: Option<&[u8]>, block: &str) -> Vec<u8> {
+    let text = match existing {
+        Some(b) => String::from_utf8_lossy(b).into_owned(),
+        None => "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".into(),
+    };
+    let mut lines: Vec<&str> = Vec::new();
+    let mut ours = false;
+    for line in text.lines() {
+        if line == HOSTS_BEGIN {
+            ours = true;
+        } else if ours && line == HOSTS_END {
+            ours = false;
+        } else if !ours {
+            lines.push(line);
+        }
+    }
+    let mut out = lines.join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out.push_str(HOSTS_BEGIN);
+    out.push('\n');
+    out.push_str(block);
+    if !block.is_empty() && !block.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(HOSTS_END);
+    out.push('\n');
+    out.into_bytes()
+}
+
 /// The RoCE settings for `plan`, from what the guest shows (see
 /// [`crate::nccl_net`]), and what is still missing.
 fn roce_settings(
@@ -234,6 +273,7 @@ pub fn sync(
     agent: &impl GuestAgent,
     topology_xml: &str,
     hostfile: Option<&str>,
+    members: Option<&str>,
     events_json: &str,
     roce: Option<&crate::nccl_net::RocePlan>,
 ) -> (Outcome, Option<String>) {
@@ -267,6 +307,14 @@ pub fn sync(
         }
         if conf.as_deref() != Some(&wanted_conf[..]) {
             stale.push((NCCL_CONF_PATH, &wanted_conf));
+        }
+        let wanted_hosts;
+        if let Some(block) = members {
+            let hosts = read(agent, ETC_HOSTS_PATH)?;
+            wanted_hosts = etc_hosts(hosts.as_deref(), block);
+            if hosts.as_deref() != Some(&wanted_hosts[..]) {
+                stale.push((ETC_HOSTS_PATH, &wanted_hosts));
+            }
         }
         if stale.is_empty() {
             return Ok(Outcome::AlreadyThere);
@@ -432,16 +480,60 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_member_finds_its_siblings_in_etc_hosts_beside_the_guests_own_lines() {
+        let g = FakeGuest::default();
+        let mine = "127.0.0.1\tlocalhost\n10.0.0.9\tdb.lab\n";
+        g.files
+            .borrow_mut()
+            .insert(ETC_HOSTS_PATH.into(), mine.as_bytes().to_vec());
+        let block = "10.1.0.2\ttrain-0\n10.1.0.3\ttrain-1\n";
+        let hostfile = Some("10.1.0.2 slots=8\n10.1.0.3 slots=8\n");
+        assert_eq!(
+            sync(&g, "<system/>\n", hostfile, Some(block), "[]", None).0,
+            Outcome::Written
+        );
+        let now = String::from_utf8(g.files.borrow()[ETC_HOSTS_PATH].clone()).unwrap();
+        assert!(now.starts_with(mine), "the guest's lines stay: {now}");
+        assert!(now.contains("10.1.0.3\ttrain-1\n"), "{now}");
+        assert_eq!(
+            sync(&g, "<system/>\n", hostfile, Some(block), "[]", None).0,
+            Outcome::AlreadyThere
+        );
+        // A member replaced at a new address: only Kumo's block changes,
+        // once, and a line the guest added after it stays.
+        let with_own = format!("{now}192.0.2.7\tlicence-server\n");
+        g.files
+            .borrow_mut()
+            .insert(ETC_HOSTS_PATH.into(), with_own.into_bytes());
+        let moved = "10.1.0.2\ttrain-0\n10.1.0.4\ttrain-1\n";
+        sync(&g, "<system/>\n", hostfile, Some(moved), "[]", None);
+        let after = String::from_utf8(g.files.borrow()[ETC_HOSTS_PATH].clone()).unwrap();
+        assert!(
+            after.contains("10.1.0.4\ttrain-1\n") && !after.contains("10.1.0.3"),
+            "{after}"
+        );
+        assert!(
+            after.contains("192.0.2.7\tlicence-server") && after.contains("db.lab"),
+            "{after}"
+        );
+        assert_eq!(after.matches("# BEGIN kumo").count(), 1, "{after}");
+        // A guest without the file gets localhost too.
+        assert!(String::from_utf8(etc_hosts(None, block))
+            .unwrap()
+            .starts_with("127.0.0.1\tlocalhost\n"));
+    }
+
+    #[test]
     fn a_cluster_member_gets_its_hostfile_and_keeps_it() {
         let g = FakeGuest::default();
         let hosts = "train-0 slots=8\ntrain-1 slots=8\n";
         assert_eq!(
-            sync(&g, "<system/>\n", Some(hosts), "[]", None).0,
+            sync(&g, "<system/>\n", Some(hosts), None, "[]", None).0,
             Outcome::Written
         );
         assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
         assert_eq!(
-            sync(&g, "<system/>\n", Some(hosts), "[]", None).0,
+            sync(&g, "<system/>\n", Some(hosts), None, "[]", None).0,
             Outcome::AlreadyThere
         );
         // Lost (reinstalled guest, edited by hand): written again.
@@ -449,14 +541,14 @@ mod tests {
             .borrow_mut()
             .insert(HOSTFILE_PATH.into(), b"mine\n".to_vec());
         assert_eq!(
-            sync(&g, "<system/>\n", Some(hosts), "[]", None).0,
+            sync(&g, "<system/>\n", Some(hosts), None, "[]", None).0,
             Outcome::Written
         );
         assert_eq!(g.files.borrow()[HOSTFILE_PATH], hosts.as_bytes());
         // A VM outside any cluster is not given one.
         let lone = FakeGuest::default();
         assert_eq!(
-            sync(&lone, "<system/>\n", None, "[]", None).0,
+            sync(&lone, "<system/>\n", None, None, "[]", None).0,
             Outcome::Written
         );
         assert!(!lone.files.borrow().contains_key(HOSTFILE_PATH));
@@ -466,21 +558,24 @@ mod tests {
     fn scheduled_events_are_kept_in_run_kumo_and_rewritten_when_they_move() {
         let g = FakeGuest::default();
         assert_eq!(
-            sync(&g, "<system/>\n", None, "[]", None).0,
+            sync(&g, "<system/>\n", None, None, "[]", None).0,
             Outcome::Written
         );
         assert_eq!(g.files.borrow()[EVENTS_PATH], b"[]");
         assert!(g.dirs.borrow().iter().any(|d| d == "/run/kumo"));
         let one = r#"[{"kind":"maintenance","at":"2026-12-01T09:00:00Z","action":"evacuate","host":"gpu-7"}]"#;
-        assert_eq!(sync(&g, "<system/>\n", None, one, None).0, Outcome::Written);
+        assert_eq!(
+            sync(&g, "<system/>\n", None, None, one, None).0,
+            Outcome::Written
+        );
         assert_eq!(g.files.borrow()[EVENTS_PATH], one.as_bytes());
         assert_eq!(
-            sync(&g, "<system/>\n", None, one, None).0,
+            sync(&g, "<system/>\n", None, None, one, None).0,
             Outcome::AlreadyThere
         );
         let moved = one.replace("09:00", "11:00");
         assert_eq!(
-            sync(&g, "<system/>\n", None, &moved, None).0,
+            sync(&g, "<system/>\n", None, None, &moved, None).0,
             Outcome::Written
         );
         assert_eq!(g.files.borrow()[EVENTS_PATH], moved.as_bytes());
@@ -494,7 +589,7 @@ mod tests {
             b"NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/old.xml\n".to_vec(),
         );
         assert_eq!(
-            sync(&g, "<system version=\"1\"/>\n", None, "[]", None).0,
+            sync(&g, "<system version=\"1\"/>\n", None, None, "[]", None).0,
             Outcome::Written
         );
         assert_eq!(
@@ -506,14 +601,17 @@ mod tests {
             "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\n"
         );
         assert_eq!(
-            sync(&g, "<system version=\"1\"/>\n", None, "[]", None).0,
+            sync(&g, "<system version=\"1\"/>\n", None, None, "[]", None).0,
             Outcome::AlreadyThere
         );
         // A changed topology is rewritten; a large one crosses chunk borders.
         let big = "x".repeat(3 * CHUNK + 5);
-        assert_eq!(sync(&g, &big, None, "[]", None).0, Outcome::Written);
+        assert_eq!(sync(&g, &big, None, None, "[]", None).0, Outcome::Written);
         assert_eq!(g.files.borrow()[NCCL_TOPO_PATH].len(), big.len());
-        assert_eq!(sync(&g, &big, None, "[]", None).0, Outcome::AlreadyThere);
+        assert_eq!(
+            sync(&g, &big, None, None, "[]", None).0,
+            Outcome::AlreadyThere
+        );
     }
 
     #[test]
@@ -529,7 +627,7 @@ mod tests {
         };
         // Booting: the VF's driver is not up yet.
         *g.shell.borrow_mut() = "--\neth0/address:02:6b:00:00:00:01\n".into();
-        let (o, pending) = sync(&g, "<system/>\n", None, "[]", Some(&plan));
+        let (o, pending) = sync(&g, "<system/>\n", None, None, "[]", Some(&plan));
         assert_eq!(o, Outcome::Written);
         assert_eq!(
             pending.as_deref(),
@@ -543,7 +641,7 @@ mod tests {
         // Up, with its address: the HCA and its RoCEv2 GID join.
         *g.shell.borrow_mut() = "mlx5_0/ports/1/gid_attrs/ndevs/3:ens6\nmlx5_0/ports/1/gid_attrs/types/3:RoCE v2\nmlx5_0/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:0a02:0007\n--\neth0/address:02:6b:00:00:00:01\nens6/address:02:6b:00:00:00:07\n".into();
         assert_eq!(
-            sync(&g, "<system/>\n", None, "[]", Some(&plan)),
+            sync(&g, "<system/>\n", None, None, "[]", Some(&plan)),
             (Outcome::Written, None)
         );
         assert_eq!(
@@ -551,7 +649,7 @@ mod tests {
             "NCCL_DEBUG=INFO\nNCCL_TOPO_FILE=/etc/kumo/nccl-topo.xml\nNCCL_IB_TC=104\nNCCL_IB_HCA==mlx5_0:1\nNCCL_IB_GID_INDEX=3\nNCCL_SOCKET_IFNAME==eth0\n"
         );
         assert_eq!(
-            sync(&g, "<system/>\n", None, "[]", Some(&plan)),
+            sync(&g, "<system/>\n", None, None, "[]", Some(&plan)),
             (Outcome::AlreadyThere, None)
         );
     }
@@ -565,7 +663,9 @@ mod tests {
         g.files
             .borrow_mut()
             .insert(NCCL_CONF_PATH.into(), b"x".to_vec());
-        let c = sync(&g, "<system/>\n", None, "[]", None).0.condition();
+        let c = sync(&g, "<system/>\n", None, None, "[]", None)
+            .0
+            .condition();
         assert!(c.contains("no data and no end"), "{c}");
     }
 
@@ -575,7 +675,7 @@ mod tests {
             down: true,
             ..FakeGuest::default()
         };
-        assert!(sync(&down, "x", None, "[]", None)
+        assert!(sync(&down, "x", None, None, "[]", None)
             .0
             .condition()
             .starts_with("nccl-topology pending: guest agent not available"));
@@ -583,7 +683,7 @@ mod tests {
             blocked: true,
             ..FakeGuest::default()
         };
-        let c = sync(&blocked, "x", None, "[]", None).0.condition();
+        let c = sync(&blocked, "x", None, None, "[]", None).0.condition();
         assert!(
             c.starts_with("nccl-topology failed:") && c.contains("disabled"),
             "{c}"

@@ -572,8 +572,14 @@ impl Reconciler {
         let xml = kumo_topology::nccl_xml::nccl_topology_xml(&self.topology, &layout).ok()?;
         let roce = crate::nccl_net::plan(vm, &vxlan_manager::roce::LOSSLESS);
         let events = serde_json::to_string(&vm.events).unwrap_or_else(|_| "[]".into());
-        let (outcome, pending) =
-            crate::guest_files::sync(dom, &xml, vm.hostfile.as_deref(), &events, roce.as_ref());
+        let (outcome, pending) = crate::guest_files::sync(
+            dom,
+            &xml,
+            vm.hostfile.as_deref(),
+            vm.members.as_deref(),
+            &events,
+            roce.as_ref(),
+        );
         if outcome == crate::guest_files::Outcome::Written {
             tracing::info!(vm = %vm.id, "wrote the NCCL topology file into the guest");
         }
@@ -1184,6 +1190,7 @@ pub(crate) mod tests {
             preemption: None,
             events: Vec::new(),
             hostfile: None,
+            members: None,
             placement: kumo_topology::guest_layout::Placement {
                 gpus: vec![],
                 nics: vec![],

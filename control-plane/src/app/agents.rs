@@ -166,7 +166,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
     {
         hostfiles.insert(
             c.id,
-            crate::store::clusters::cluster_hostfile(&st.reads, &c).await?,
+            crate::store::clusters::cluster_files(&st.reads, &c).await?,
         );
     }
     let mut net = crate::app::host_network::load(&st.reads, host, &rows).await?;
@@ -227,7 +227,14 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             events: crate::app::maintenance::scheduled(&v, host)?
                 .into_iter()
                 .collect(),
-            hostfile: v.cluster_id.and_then(|c| hostfiles.get(&c).cloned()),
+            hostfile: v
+                .cluster_id
+                .and_then(|c| hostfiles.get(&c))
+                .map(|(f, _)| f.clone()),
+            members: v
+                .cluster_id
+                .and_then(|c| hostfiles.get(&c))
+                .and_then(|(_, m)| m.clone()),
             nics: net.nics.remove(&v.id).unwrap_or_default(),
             volumes: disks.remove(&v.id).unwrap_or_default(),
             shares: shares.mounts.remove(&v.id).unwrap_or_default(),

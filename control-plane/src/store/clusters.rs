@@ -58,17 +58,29 @@ pub async fn members_of(
 }
 
 /// The MPI hostfile of a cluster as it is now.
-pub async fn cluster_hostfile(
+/// A cluster's hostfile and, when its members have addresses, the
+/// `/etc/hosts` lines that name them.
+pub async fn cluster_files(
     db: &impl ConnectionTrait,
     c: &clusters::Model,
-) -> Result<String, ApiError> {
+) -> Result<(String, Option<String>), ApiError> {
     let spec = stored_cluster_spec(c)?;
     let members: Vec<(String, Option<String>)> = members_of(db, c)
         .await?
         .into_iter()
         .map(|(v, a)| (v.name, a))
         .collect();
-    Ok(hostfile(&members, spec.gpus))
+    Ok((hostfile(&members, spec.gpus), hosts_block(&members)))
+}
+
+/// `ADDRESS NAME` lines for the members with an address; `None` when
+/// none has one.
+pub fn hosts_block(members: &[(String, Option<String>)]) -> Option<String> {
+    let lines: String = members
+        .iter()
+        .filter_map(|(name, addr)| Some(format!("{}\t{name}\n", addr.as_deref()?)))
+        .collect();
+    (!lines.is_empty()).then_some(lines)
 }
 
 pub fn stored_cluster_spec(c: &clusters::Model) -> Result<VmSpec, ApiError> {

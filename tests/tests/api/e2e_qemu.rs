@@ -301,7 +301,7 @@ async fn roce_settings_reach_nccl_conf(
         "the RoCE settings in the guest",
         Duration::from_secs(30),
         async || {
-            let r = sync(dom, topology_xml, None, "[]", Some(&plan));
+            let r = sync(dom, topology_xml, None, None, "[]", Some(&plan));
             (r.1.is_none()).then_some(r)
         },
     )
@@ -334,7 +334,7 @@ async fn roce_settings_reach_nccl_conf(
         assert!(lines.contains(&want), "{want} in {conf}");
     }
     assert_eq!(
-        sync(dom, topology_xml, None, "[]", Some(&plan)),
+        sync(dom, topology_xml, None, None, "[]", Some(&plan)),
         (Outcome::AlreadyThere, None)
     );
 }
@@ -979,4 +979,218 @@ async fn gpu_telemetry_through_the_guest_agent(
     assert!(r.vms[0].xids.is_empty(), "{:?}", r.vms[0].xids);
     assert_eq!(r.vms[0].gpus.len(), 2);
     guest_exec(dom, "/bin/rm", &["-f", "/run/kumo-fake-gpus.csv"]).await;
+}
+
+/// Issue 41 in real guests: two cluster members on a segment get the
+/// cluster's hostfile and their siblings in `/etc/hosts` (the guest's own
+/// lines kept), a hostfile the guest changed is written back while it
+/// runs, and a maintenance window reaches `/run/kumo/events` with its time
+/// and action, is rewritten when the window moves, and is `[]` once it is
+/// called off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_cluster_members_get_their_hostfile_hosts_and_scheduled_events() {
+    let guest = guest_dir();
+    let conn = virt::connect::Connect::open(Some("qemu:///system")).unwrap_or_else(|e| {
+        panic!("libvirtd with qemu:///system is required (`cargo xtask test` starts it): {e}")
+    });
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.tenant("lab").await;
+    let (_work, mut config) = qemu_host(&s, &guest, "qemu-duo").await;
+    // A test address (RFC 2544), as above: the segment has no other host.
+    config.underlay_ip = Some("198.18.0.2".parse().unwrap());
+    let agent = Agent::start(config).await.unwrap();
+    let hb = agent.client.clone();
+    let heartbeat = tokio::spawn(async move {
+        loop {
+            let _ = hb.heartbeat(&Default::default()).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+    let _: Segment = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/segments",
+            &json!({"name": "duo-lan", "kind": "ethernet", "cidr": "10.78.0.0/24", "egress": false}),
+        )
+        .await
+        .unwrap();
+    let made: kumo_api_types::Cluster = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/clusters",
+            &json!({"name": "duo", "size": 2, "vcpus": 1, "memory_gib": 1, "disk_gib": 1,
+                    "template": "tiny", "networks": ["duo-lan"]}),
+        )
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for m in &made.members {
+        let v: Vm = s
+            .admin
+            .get(&format!("/api/v1/tenants/lab/vms/{}", m.name))
+            .await
+            .unwrap();
+        ids.push(v.id);
+    }
+    let _cleanup = Cleanup(ids.iter().map(|i| i.to_string()).collect());
+    let started = Instant::now();
+    until(
+        "both members running",
+        Duration::from_secs(120),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            let c: kumo_api_types::Cluster = s
+                .admin
+                .get("/api/v1/tenants/lab/clusters/duo")
+                .await
+                .unwrap();
+            c.members
+                .iter()
+                .all(|m| m.state == VmState::Running)
+                .then_some(())
+        },
+    )
+    .await;
+    let c: kumo_api_types::Cluster = s
+        .admin
+        .get("/api/v1/tenants/lab/clusters/duo")
+        .await
+        .unwrap();
+    let doms: Vec<virt::domain::Domain> = ids
+        .iter()
+        .map(|i| conn.lookup_domain_by_uuid_string(&i.to_string()).unwrap())
+        .collect();
+    let sibling_lines: Vec<String> = c
+        .members
+        .iter()
+        .map(|m| format!("{}\t{}", m.address.clone().unwrap(), m.name))
+        .collect();
+    for dom in &doms {
+        until(
+            "the hostfile and /etc/hosts in the guest",
+            Duration::from_secs(120),
+            async || {
+                agent.resync().await.unwrap();
+                let hostfile = guest_read(dom, "/etc/kumo/hostfile")?;
+                let hosts = guest_read(dom, "/etc/hosts")?;
+                (hostfile == c.hostfile
+                    && sibling_lines.iter().all(|l| hosts.lines().any(|h| h == l)))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    println!(
+        "request → both members' hostfile and /etc/hosts in their guests: {:?}",
+        started.elapsed()
+    );
+    let hosts = guest_read(&doms[0], "/etc/hosts").unwrap();
+    assert!(
+        hosts.lines().any(|l| l.starts_with("127.0.0.1")),
+        "localhost kept: {hosts}"
+    );
+
+    // A guest that changes its hostfile gets the cluster's back while it runs.
+    let h = qga(&doms[1], json!({"execute": "guest-file-open", "arguments": {"path": "/etc/kumo/hostfile", "mode": "w"}})).unwrap();
+    qga(
+        &doms[1],
+        json!({"execute": "guest-file-write", "arguments": {"handle": h, "buf-b64": "bWluZQo="}}),
+    )
+    .unwrap();
+    qga(
+        &doms[1],
+        json!({"execute": "guest-file-close", "arguments": {"handle": h}}),
+    )
+    .unwrap();
+    assert_eq!(
+        guest_read(&doms[1], "/etc/kumo/hostfile").as_deref(),
+        Some("mine\n")
+    );
+    until(
+        "the hostfile written back",
+        Duration::from_secs(60),
+        async || {
+            agent.resync().await.unwrap();
+            (guest_read(&doms[1], "/etc/kumo/hostfile")? == c.hostfile).then_some(())
+        },
+    )
+    .await;
+
+    // A maintenance window reaches the guests: members are replaced.
+    let events_in = |dom: &virt::domain::Domain| -> Option<Vec<kumo_api_types::ScheduledEvent>> {
+        serde_json::from_str(&guest_read(dom, "/run/kumo/events")?).ok()
+    };
+    let at = chrono::Utc::now() + chrono::Duration::hours(1);
+    let at = chrono::DateTime::from_timestamp(at.timestamp(), 0).unwrap();
+    for when in [at, at + chrono::Duration::hours(1)] {
+        let _: kumo_api_types::Host = s
+            .admin
+            .post(
+                "/api/v1/hosts/qemu-duo/maintenance",
+                &json!({"at": when, "reason": "BIOS"}),
+            )
+            .await
+            .unwrap();
+        let told = Instant::now();
+        let e = until(
+            "the window in the guest's events file",
+            Duration::from_secs(60),
+            async || {
+                // A window is news from the server: a pass that asks it.
+                agent.sync_once(None).await.unwrap();
+                events_in(&doms[0]).filter(|e| e.first().is_some_and(|e| e.at == when))
+            },
+        )
+        .await;
+        println!(
+            "maintenance window → /run/kumo/events in the guest: {:?}",
+            told.elapsed()
+        );
+        assert_eq!(
+            (
+                e.len(),
+                e[0].action,
+                e[0].host.as_str(),
+                e[0].reason.as_deref()
+            ),
+            (
+                1,
+                kumo_api_types::ScheduledAction::Replace,
+                "qemu-duo",
+                Some("BIOS")
+            )
+        );
+    }
+    let r = s
+        .http()
+        .delete(format!("{}/api/v1/hosts/qemu-duo/maintenance", s.url))
+        .bearer_auth(&s.admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    until(
+        "the window called off in the guest",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            events_in(&doms[1]).filter(|e| e.is_empty())
+        },
+    )
+    .await;
+
+    let _: kumo_api_types::Cluster = s
+        .admin
+        .delete_json("/api/v1/tenants/lab/clusters/duo")
+        .await
+        .unwrap();
+    until("the members gone", Duration::from_secs(60), async || {
+        agent.sync_once(None).await.unwrap();
+        ids.iter()
+            .all(|i| conn.lookup_domain_by_uuid_string(&i.to_string()).is_err())
+            .then_some(())
+    })
+    .await;
+    heartbeat.abort();
+    s.stop().await;
 }

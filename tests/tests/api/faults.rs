@@ -210,6 +210,15 @@ on_both_backends! {
         assert_eq!(new.host.as_deref(), Some(format!("gpu{spare}").as_str()));
         let ev = events_of(s, "lab", &new).await;
         assert!(ev.iter().any(|e| e.starts_with("replacing")), "{ev:?}");
+        // Its guest is given the hostfile and its siblings for /etc/hosts.
+        let d = hosts[spare].desired(None).await;
+        let dv = d.vms.iter().find(|v| v.id == old.id).unwrap();
+        assert_eq!(dv.hostfile.as_deref(), Some(healthy.hostfile.as_str()));
+        let members = dv.members.clone().unwrap_or_default();
+        for m in &healthy.members {
+            let line = format!("{}\t{}", m.address.as_deref().unwrap(), m.name);
+            assert!(members.lines().any(|l| l == line), "{members}");
+        }
 
         // The cluster's events and the project's webhook tell the story.
         let events: Page<ClusterEvent> = s.admin.get("/api/v1/tenants/lab/clusters/train/events").await.unwrap();
