@@ -2029,6 +2029,38 @@ pub struct ClusterCreate {
     /// lives.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub spares: u32,
+    /// Whether the members must share one scalable unit: `preferred` (the
+    /// default: one unit when one has room, else the fewest units) or
+    /// `required` (refused when no unit has room; repairs wait for room in
+    /// the unit rather than leave it).
+    #[serde(default)]
+    pub single_su: SingleSu,
+}
+
+/// How strictly a cluster keeps to one scalable unit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SingleSu {
+    #[default]
+    Preferred,
+    Required,
+}
+
+impl SingleSu {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SingleSu::Preferred => "preferred",
+            SingleSu::Required => "required",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SingleSu> {
+        match s {
+            "preferred" => Some(SingleSu::Preferred),
+            "required" => Some(SingleSu::Required),
+            _ => None,
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -2217,6 +2249,8 @@ pub struct Cluster {
     pub auto_repair: bool,
     /// How long it stays degraded before it repairs itself.
     pub repair_delay_seconds: u32,
+    #[serde(default)]
+    pub single_su: SingleSu,
     /// Members' worth of spare capacity kept in `spare_unit`.
     #[serde(default)]
     pub spares: u32,

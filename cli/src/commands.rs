@@ -569,6 +569,10 @@ pub struct SpecArgs {
     notice: Option<u64>,
 }
 
+fn parse_single_su(s: &str) -> Result<kumo_api_types::SingleSu, String> {
+    kumo_api_types::SingleSu::parse(s).ok_or_else(|| "preferred or required".to_owned())
+}
+
 fn parse_host_loss(s: &str) -> Result<kumo_api_types::HostLossAction, String> {
     match s {
         "wait" => Ok(kumo_api_types::HostLossAction::Wait),
@@ -872,6 +876,11 @@ pub enum ClusterCmd {
         /// spot VMs may use it until a repair needs it).
         #[arg(long, default_value_t = 0)]
         spares: u32,
+        /// `required`: every member in one scalable unit or no cluster
+        /// (repairs wait for room there); `preferred` (the default): one
+        /// unit when one has room, else the fewest units.
+        #[arg(long, value_parser = parse_single_su, default_value = "preferred")]
+        single_su: kumo_api_types::SingleSu,
         #[command(flatten)]
         spec: Box<SpecArgs>,
     },
@@ -2309,6 +2318,9 @@ fn cluster_detail(cl: &Cluster) -> String {
     for p in &cl.problems {
         s.push_str(&format!("  {}: {}\n", p.member, p.detail));
     }
+    if cl.single_su == kumo_api_types::SingleSu::Required {
+        s.push_str("Units:   one scalable unit required\n");
+    }
     if cl.spares > 0 {
         s.push_str(&format!(
             "Spares:  {} kept in {} ({} with room now)\n",
@@ -2355,6 +2367,7 @@ async fn cluster(
             auto_repair,
             repair_delay,
             spares,
+            single_su,
             spec,
         } => {
             let v = spec.vm(name)?;
@@ -2389,6 +2402,7 @@ async fn cluster(
                         repair_delay_seconds: repair_delay
                             .map(|d| u32::try_from(d).unwrap_or(u32::MAX)),
                         spares: *spares,
+                        single_su: *single_su,
                     },
                 )
                 .await?;

@@ -1,7 +1,8 @@
 //! Cluster spares (issue 41): N members' worth of a cluster's shape kept
 //! free in its scalable unit (named, with the GPU model the members got),
 //! for repairs; and when a host's maintenance window was announced, from
-//! which each VM's own notice runs.
+//! which each VM's own notice runs; whether a cluster must keep to one
+//! scalable unit (`preferred` or `required`).
 
 use sea_orm_migration::prelude::*;
 
@@ -14,6 +15,7 @@ enum Clusters {
     Spares,
     SpareUnit,
     SpareModel,
+    SingleSu,
 }
 
 #[derive(DeriveIden, Clone, Copy)]
@@ -35,6 +37,11 @@ impl MigrationTrait for Migration {
                     .default(0)
                     .to_owned(),
                 ColumnDef::new(Clusters::SpareUnit).text().null().to_owned(),
+                ColumnDef::new(Clusters::SingleSu)
+                    .string_len(16)
+                    .not_null()
+                    .default("preferred")
+                    .to_owned(),
                 ColumnDef::new(Clusters::SpareModel)
                     .text()
                     .null()
@@ -58,7 +65,12 @@ impl MigrationTrait for Migration {
         crate::drop_columns(
             m,
             Clusters::Table,
-            &[Clusters::Spares, Clusters::SpareUnit, Clusters::SpareModel],
+            &[
+                Clusters::Spares,
+                Clusters::SpareUnit,
+                Clusters::SpareModel,
+                Clusters::SingleSu,
+            ],
         )
         .await
     }

@@ -12,6 +12,9 @@ use crate::place::{place, rails_of, Choice, Request, Strategy};
 pub struct ClusterRequest {
     pub size: u32,
     pub member: Request,
+    /// Every member in one scalable unit, or no placement at all
+    /// (`--single-su required`); otherwise units are only preferred.
+    pub one_unit: bool,
 }
 
 /// How many members each unit could take, judging by free GPUs, CPUs and
@@ -101,7 +104,7 @@ pub fn place_cluster(
     if ids.len() < req.size as usize {
         return None;
     }
-    if strategy == Strategy::FirstFit {
+    if strategy == Strategy::FirstFit && !req.one_unit {
         let mut units: Vec<Option<u32>> = index.hosts.iter().map(|h| h.scalable_unit).collect();
         units.sort();
         units.dedup();
@@ -124,6 +127,9 @@ pub fn place_cluster(
         if let Some(p) = place_members(index, req, ids, &[unit], strategy) {
             return Some(p);
         }
+    }
+    if req.one_unit {
+        return None;
     }
     // Otherwise the fewest units: the roomiest first.
     room.sort_by_key(|(u, n)| (std::cmp::Reverse(*n), *u));

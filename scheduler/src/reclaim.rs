@@ -151,6 +151,31 @@ pub fn plan(index: &Index, req: &Request, now: i64) -> Option<Plan> {
 /// capacity, the rest each reclaim on one host. The index is left as it
 /// was. `None` when the cluster cannot be made to fit.
 pub fn plan_cluster(index: &Index, req: &ClusterRequest, now: i64) -> Option<Plan> {
+    if req.one_unit && req.member.unit.is_none() {
+        // One unit for all: the plan of the unit that reclaims fewest.
+        let mut units: Vec<Option<u32>> = index.hosts.iter().map(|h| h.scalable_unit).collect();
+        units.sort();
+        units.dedup();
+        return units
+            .into_iter()
+            .filter_map(|u| {
+                let member = Request {
+                    unit: u,
+                    ..req.member.clone()
+                };
+                // Hosts without a unit are no unit to keep a cluster in.
+                u?;
+                plan_cluster(
+                    index,
+                    &ClusterRequest {
+                        member,
+                        ..req.clone()
+                    },
+                    now,
+                )
+            })
+            .min_by_key(|p| (p.victims.len(), p.waiting_on.len()));
+    }
     let mut scratch = index.clone();
     let mut out = Plan {
         victims: Vec::new(),

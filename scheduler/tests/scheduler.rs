@@ -379,6 +379,7 @@ fn a_cluster_goes_into_one_unit_rail_aligned_or_not_at_all() {
         &ClusterRequest {
             size: 4,
             member: member.clone(),
+            one_unit: false,
         },
         &ids,
         Strategy::BestFit,
@@ -407,6 +408,7 @@ fn a_cluster_goes_into_one_unit_rail_aligned_or_not_at_all() {
     let four = ClusterRequest {
         size: 4,
         member: whole.clone(),
+        one_unit: false,
     };
     assert!(place_cluster(&mut index, &four, &ids, Strategy::BestFit).is_none());
     let after: Vec<u64> = index.hosts.iter().map(|h| h.gpu_free).collect();
@@ -423,6 +425,23 @@ fn a_cluster_goes_into_one_unit_rail_aligned_or_not_at_all() {
         .map(|c| index.hosts[c.host].scalable_unit)
         .collect();
     assert_eq!(units.len(), 2);
+    // Required to share one unit: no placement (for any strategy), and no
+    // reclaim plan that would span units either.
+    let strict = ClusterRequest {
+        one_unit: true,
+        ..four.clone()
+    };
+    let mut index = fleet(&hosts);
+    assert!(place_cluster(&mut index, &strict, &ids, Strategy::BestFit).is_none());
+    assert!(place_cluster(&mut index, &strict, &ids, Strategy::FirstFit).is_none());
+    assert!(reclaim::plan_cluster(&index, &strict, 0).is_none());
+    // With spot VMs on a fourth su-a host, the plan reclaims them there.
+    let mut hosts = vec![("hgx-h100", Some("su-a")); 4];
+    hosts.extend(vec![("hgx-h100", Some("su-b")); 3]);
+    let mut index = fleet(&hosts);
+    let lent = spot(&mut index, 3, 8, 0);
+    let plan = reclaim::plan_cluster(&index, &strict, 0).unwrap();
+    assert_eq!(plan.victims, vec![(3, lent)]);
 }
 
 #[test]
@@ -448,6 +467,7 @@ fn replacements_go_to_the_unit_and_rails_asked_for_or_not_at_all() {
         &ClusterRequest {
             size: 2,
             member: member.clone(),
+            one_unit: false,
         },
         &ids,
         Strategy::BestFit,
@@ -460,7 +480,11 @@ fn replacements_go_to_the_unit_and_rails_asked_for_or_not_at_all() {
     // su-a has no room on those rails for two more (h0's other half is on
     // other rails): nothing, not su-b.
     let ids: Vec<Uuid> = (0..2).map(|_| Uuid::now_v7()).collect();
-    let again = ClusterRequest { size: 2, member };
+    let again = ClusterRequest {
+        size: 2,
+        member,
+        one_unit: false,
+    };
     assert!(place_cluster(&mut index, &again, &ids, Strategy::BestFit).is_none());
     for h in &index.hosts {
         check_invariants(h);

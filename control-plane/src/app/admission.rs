@@ -131,7 +131,7 @@ impl Near {
 }
 
 /// The members placed (all or none) and applied to the index.
-fn choose(index: &mut Index, req: &Request, ids: &[Uuid]) -> Option<Vec<Choice>> {
+fn choose(index: &mut Index, req: &Request, ids: &[Uuid], one_unit: bool) -> Option<Vec<Choice>> {
     if let [id] = ids {
         let mut c = kumo_scheduler::place::place(index, req, Strategy::BestFit)?;
         c.hold.vm = *id;
@@ -141,6 +141,7 @@ fn choose(index: &mut Index, req: &Request, ids: &[Uuid]) -> Option<Vec<Choice>>
         let cluster = ClusterRequest {
             size: ids.len() as u32,
             member: req.clone(),
+            one_unit,
         };
         place_cluster(index, &cluster, ids, Strategy::BestFit)
     }
@@ -228,10 +229,13 @@ fn reserve(
     // Spares are placed as members would be, then given back to the
     // index as kept room.
     ids.extend((0..spares).map(|_| Uuid::now_v7()));
-    let choices = match hinted.and_then(|h| choose(&mut index, &h, &ids)) {
+    let one_unit = job.one_unit;
+    let choices = match hinted.and_then(|h| choose(&mut index, &h, &ids, one_unit)) {
         Some(c) => c,
+        // Replacements of a cluster that keeps to its unit stay there.
+        None if one_unit && job.near.is_some() => return Ok(None),
         None if reach == Reach::SparesFirst && beside_spares(&index, job) => return Ok(None),
-        None => match choose(&mut index, &req, &ids) {
+        None => match choose(&mut index, &req, &ids, one_unit) {
             Some(c) => c,
             None => return Ok(None),
         },
@@ -378,6 +382,7 @@ pub struct NewCluster<'a> {
     pub spec: &'a VmSpec,
     /// Members' worth of spare room kept beside them.
     pub spares: u32,
+    pub single_su: kumo_api_types::SingleSu,
 }
 
 /// Where the members' rows come from.
@@ -401,6 +406,9 @@ pub struct Admission<'a> {
     pub rows: Rows<'a>,
     /// A placed sibling to go near (a repaired cluster's members).
     pub near: Option<&'a Near>,
+    /// The cluster's members all in one scalable unit (new members and
+    /// replacements alike), or nowhere.
+    pub one_unit: bool,
 }
 
 impl Admission<'_> {
@@ -485,6 +493,7 @@ async fn insert_cluster(
             .unwrap_or(0)),
         spare_unit: Set(spares.and_then(|s| s.unit.clone())),
         spare_model: Set(spares.and_then(|s| s.model.clone())),
+        single_su: Set(c.single_su.as_str().to_owned()),
     }
     .insert(txn)
     .await?;
@@ -932,7 +941,7 @@ fn reclaim_plan(
     };
     let index = st.capacity.lock();
     let (req, hinted) = requests(&index, job, first)?;
-    let req = match (beside, hinted) {
+    let req = match (beside || (job.one_unit && job.near.is_some()), hinted) {
         (false, _) => req,
         (true, Some(h)) => h,
         (true, None) => return Ok(None),
@@ -944,6 +953,7 @@ fn reclaim_plan(
         let cluster = ClusterRequest {
             size: members.len() as u32,
             member: req,
+            one_unit: job.one_unit,
         };
         reclaim::plan_cluster(&index, &cluster, now)
     };
@@ -1116,6 +1126,12 @@ pub async fn admit_pending(
         Some(c) => placed_sibling(st, c).await?,
         None => None,
     };
+    let one_unit = match cluster_id {
+        Some(c) => crate::store::clusters::by_id(&st.db, c)
+            .await?
+            .is_some_and(|c| c.single_su == kumo_api_types::SingleSu::Required.as_str()),
+        None => false,
+    };
     let job = Admission {
         tenant: &tenant,
         members: &members,
@@ -1123,6 +1139,7 @@ pub async fn admit_pending(
             cluster: cluster_id,
         },
         near: near.as_ref(),
+        one_unit,
     };
     match admit(st, job).await {
         Ok(Admitted::Placed) => {

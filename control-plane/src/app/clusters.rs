@@ -98,6 +98,7 @@ pub async fn create(
         repair_delay_seconds,
         spec: &prepared.spec,
         spares: body.spares,
+        single_su: body.single_su,
     };
     let job = Admission {
         tenant: &tenant,
@@ -107,9 +108,15 @@ pub async fn create(
             cluster: Some(&new),
         },
         near: None,
+        one_unit: body.single_su == kumo_api_types::SingleSu::Required,
     };
     match admit(st, job).await {
         Ok(_) => {}
+        Err(ApiError::InsufficientCapacity(why)) if job.one_unit => {
+            return Err(ApiError::InsufficientCapacity(format!(
+                "{why}; with single_su required the members must share one scalable unit (preferred spans units when none has room)"
+            )))
+        }
         Err(ApiError::Conflict(_)) => {
             return Err(ApiError::Conflict(format!(
                 "a cluster or VM of tenant {:?} with one of these names was created concurrently",
@@ -196,6 +203,7 @@ pub async fn view(
         health_since: c.health_since,
         auto_repair: c.auto_repair,
         repair_delay_seconds: u32::try_from(c.repair_delay_seconds).unwrap_or(0),
+        single_su: kumo_api_types::SingleSu::parse(&c.single_su).unwrap_or_default(),
         spares: u32::try_from(c.spares).unwrap_or(0),
         spare_unit: c.spare_unit.clone(),
         spares_ready: spares_ready(st, c.id),

@@ -554,6 +554,7 @@ pub async fn create(
             cluster: None,
         },
         near: None,
+        one_unit: false,
     };
     match admit(st, job).await {
         Ok(_) => {}

@@ -33,6 +33,9 @@ pub struct Model {
     pub spare_unit: Option<String>,
     /// The GPU model the members got (the spares' model).
     pub spare_model: Option<String>,
+    /// `preferred` or `required`: whether members (and their
+    /// replacements) may leave the cluster's scalable unit.
+    pub single_su: String,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -248,6 +248,7 @@ fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCrea
         auto_repair: false,
         repair_delay_seconds: None,
         spares: 0,
+        single_su: Default::default(),
     }
 }
 
@@ -323,6 +324,31 @@ on_both_backends! {
         // The room it left takes a new cluster, in su-a again.
         let again: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &cluster("small", 2, 8, ServiceLevel::Guaranteed)).await.unwrap();
         assert!(again.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-a")));
+    }
+
+    /// `single_su: required` refuses a cluster no unit has room for, where
+    /// `preferred` spans units; it is shown on the cluster.
+    async fn a_cluster_that_requires_one_unit_is_refused_rather_than_spread(s: &TestServer) {
+        s.tenant("lab").await;
+        for (name, su) in [("a-1", "su-a"), ("a-2", "su-a"), ("b-1", "su-b"), ("b-2", "su-b")] {
+            s.sim_agent_in(name, "hgx-h100", Some(su)).await;
+        }
+        let strict = ClusterCreate {
+            single_su: kumo_api_types::SingleSu::Required,
+            ..cluster("strict", 3, 8, ServiceLevel::Guaranteed)
+        };
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &strict).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity");
+        assert!(e.to_string().contains("single_su required"), "{e}");
+        assert_eq!(get_cluster(s, "strict").await.unwrap_err().status(), Some(404));
+        // Preferred (the default) spans the two units when neither has room.
+        let spread: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &cluster("spread", 3, 8, ServiceLevel::Guaranteed)).await.unwrap();
+        assert_eq!(spread.single_su, kumo_api_types::SingleSu::Preferred);
+        let units: std::collections::BTreeSet<_> = spread.members.iter().map(|m| m.scalable_unit.clone()).collect();
+        assert_eq!(units.len(), 2, "{spread:#?}");
+        // What fits in one unit is placed, and the cluster says it must stay.
+        let one: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &ClusterCreate { size: 1, ..strict.clone() }).await.unwrap();
+        assert_eq!(one.single_su, kumo_api_types::SingleSu::Required);
     }
 
     async fn a_drained_host_takes_no_vms_and_gives_back_its_spot_vms(s: &TestServer) {

@@ -1091,6 +1091,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 auto_repair: f.contains_key("auto_repair"),
                 repair_delay_seconds: None,
                 spares: number(f, "spares")?.unwrap_or(0),
+                single_su: Default::default(),
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
