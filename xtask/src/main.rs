@@ -180,11 +180,58 @@ fn test(args: &[String]) -> Result<(), String> {
         tests.env("KUMO_EXTENDED", "1");
     }
     tests.env("KUMO_PREVIOUS_RELEASE_BIN", previous_release()?);
-    run(tests.args(extra))?;
+    // Simulated fleets the tests start must be gone when they end, passed
+    // or failed (a `./x start` already running is left alone: only what
+    // appeared during the tests counts).
+    let before = dev_fleet_remains();
+    let ran = run(tests.args(extra));
+    let left: Vec<String> = dev_fleet_remains()
+        .into_iter()
+        .filter(|r| !before.contains(r))
+        .collect();
+    ran?;
+    if !left.is_empty() {
+        return Err(format!(
+            "the tests left simulated fleets behind (every test that starts one must stop it, passed or failed):\n  {}",
+            left.join("\n  ")
+        ));
+    }
     if extended {
         fuzz()?;
     }
     Ok(())
+}
+
+/// What simulated fleets (`kumo-server dev`) leave when not stopped:
+/// network namespaces named `kumo-dev-*`, and processes (agents, edges'
+/// `dnsmasq`) whose command line names them.
+fn dev_fleet_remains() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/run/netns") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("kumo-dev-") {
+                out.push(format!("network namespace {name}"));
+            }
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let pid = e.file_name().to_string_lossy().into_owned();
+            if pid.parse::<u32>().is_err() || pid == std::process::id().to_string() {
+                continue;
+            }
+            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains("kumo-dev-") || cmd.contains("kumo-server dev ") {
+                out.push(format!("process {pid}: {}", cmd.trim()));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 fn target_dir() -> PathBuf {

@@ -3,15 +3,15 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use crate::harness::{bin, scratch};
+use crate::harness::{bin, scratch, DevServer};
 
 /// `kumo-server dev` on `data`, with 3 hosts; answers it and its URL.
-fn start_dev(data: &std::path::Path) -> (std::process::Child, String) {
+fn start_dev(data: &std::path::Path) -> (DevServer, String) {
     start_dev_with(data, 3)
 }
 
 /// `kumo-server dev` on `data` with `hosts` hosts.
-pub fn start_dev_with(data: &std::path::Path, hosts: usize) -> (std::process::Child, String) {
+pub fn start_dev_with(data: &std::path::Path, hosts: usize) -> (DevServer, String) {
     let mut server = Command::new(bin("kumo-server"))
         .args([
             "dev",
@@ -41,7 +41,7 @@ pub fn start_dev_with(data: &std::path::Path, hosts: usize) -> (std::process::Ch
             sink.clear();
         }
     });
-    (server, url)
+    (DevServer(server), url)
 }
 
 #[test]
@@ -233,11 +233,7 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
     maintenance_moves_a_vm_with_its_disk_and_repairs_a_member_away(&kumo);
 
     // SIGTERM takes the fleet down with the server.
-    Command::new("kill")
-        .args(["-TERM", &server.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(server.wait().unwrap().success());
+    assert!(server.stop().success());
     let left = Command::new("pgrep")
         .args(["-f", data.path().to_str().unwrap()])
         .output()
@@ -263,11 +259,7 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
             .starts_with(&format!("kumo-dev-{}-", again.id())),
         "{net}"
     );
-    Command::new("kill")
-        .args(["-TERM", &again.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(again.wait().unwrap().success());
+    assert!(again.stop().success());
 }
 
 /// Issue 41 on the dev fleet: a window on the host of a shelvable VM and
@@ -421,8 +413,8 @@ fn a_killed_dev_fleet_takes_its_agents_along_and_the_next_clears_the_rest() {
         "{said}"
     );
 
-    first.kill().unwrap();
-    first.wait().unwrap();
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while agents.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -445,13 +437,7 @@ fn a_killed_dev_fleet_takes_its_agents_along_and_the_next_clears_the_rest() {
         "{:?}",
         namespaces_of(&prefix)
     );
-    let pid = next.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    assert!(next.wait().unwrap().success());
+    assert!(next.stop().success());
 }
 
 fn is_root() -> bool {
@@ -474,7 +460,7 @@ async fn the_dev_terminal_fits_80_by_24() {
     let data = scratch();
     let log_path = data.path().join("terminal.txt");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut server = crate::harness::KillOnDrop(
+    let mut server = crate::harness::DevServer(
         Command::new(bin("kumo-server"))
             .args(["dev", "--hosts", "4", "--listen", "127.0.0.1:0"])
             .arg("--data-dir")

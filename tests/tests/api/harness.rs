@@ -797,6 +797,49 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// A `kumo-server dev` process, stopped the way a person stops it (SIGTERM,
+/// so it takes its fleet down: agents, network namespaces, edges and their
+/// `dnsmasq`) however the test ends; killed only if it has not stopped
+/// within 30 s. SIGKILL (as [`KillOnDrop`] does) would leave the fleet's
+/// namespaces and `dnsmasq` behind until the next fleet on the same data
+/// directory.
+pub struct DevServer(pub std::process::Child);
+
+impl DevServer {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        if let Ok(Some(status)) = self.0.try_wait() {
+            return status;
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match self.0.try_wait() {
+                Ok(Some(status)) => return status,
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                _ => {
+                    let _ = self.0.kill();
+                    return self.0.wait().unwrap_or_else(|e| panic!("dev server: {e}"));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for DevServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// The host addresses of a VM's GPUs, in its placement's order.
 pub fn gpus_of(vm: &kumo_api_types::Vm) -> Vec<String> {
     vm.placement

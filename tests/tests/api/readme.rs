@@ -88,8 +88,7 @@ fn the_readme_quick_start_runs_against_a_dev_fleet() {
         )
         .output()
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
+    server.stop();
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
