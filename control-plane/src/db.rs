@@ -109,3 +109,43 @@ mod tests {
         assert_eq!(sqlite_file("postgres://db/kumo"), None);
     }
 }
+
+#[cfg(test)]
+mod read_snapshots {
+    use super::*;
+    use sea_orm::{EntityTrait, QuerySelect};
+
+    /// A read connection sees what the writer committed before the read
+    /// began, whatever it read before.
+    #[tokio::test]
+    async fn read_connections_see_the_latest_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("k.db").display());
+        let writer = open(&url).await.unwrap();
+        let reads = open_reads(&url, &writer).await.unwrap();
+        let mut stale = 0;
+        for i in 0..50 {
+            writer
+                .execute_unprepared(&format!(
+                    "INSERT INTO audit_log (at, actor_name, action, target, source_ip, request_id) VALUES ('2026-01-01T00:00:00Z', 'x', 'y{i}', 'z', '', '')"
+                ))
+                .await
+                .unwrap();
+            // One row of many, as `.one()` reads it, then a count.
+            let _ = crate::entity::audit_log::Entity::find()
+                .limit(1)
+                .one(&reads)
+                .await
+                .unwrap();
+            let n = crate::entity::audit_log::Entity::find()
+                .all(&reads)
+                .await
+                .unwrap()
+                .len();
+            if n != i + 1 {
+                stale += 1;
+            }
+        }
+        assert_eq!(stale, 0, "reads behind the writer");
+    }
+}
