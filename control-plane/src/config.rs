@@ -493,7 +493,8 @@ pub struct SchedulerFileConfig {
     /// How long a reclaimed spot VM's guest has between the notice and
     /// being shut down (or suspended).
     pub preemption_grace_secs: Option<u64>,
-    /// The longest reclaim notice a spot VM may ask for (`notice_seconds`).
+    /// The longest notice a VM may ask for (`notice_seconds`): before a
+    /// spot reclaim, and before a maintenance window acts on it.
     pub max_notice_secs: Option<u64>,
 }
 

@@ -207,23 +207,23 @@ pub fn nccl_conf(existing: Option<&[u8]>, managed: &[(String, String)]) -> Vec<u
 
 /// `/etc/hosts` with Kumo's block of cluster members (`ADDRESS NAME`
 /// lines) in place of the one it had, everything else as the guest has
-/// it; a guest without the file gets localhost too.
-pub fn etc_hosts(existing: Option<&[u8]>, block: &str) -> Vec<u8> {
+/// it; a guest without the file gets localhost too. `None` for a file it
+/// would not write back faithfully: larger than 1 MiB, not UTF-8.
+pub fn etc_hosts(existing: Option<&[u8]>, block: &str) -> Option<Vec<u8>> {
     let text = match existing {
-        Some(b) => String::from_utf8_lossy(b).into_owned(),
+        Some(b) if b.len() > 1 << 20 => return None,
+        Some(b) => std::str::from_utf8(b).ok()?.to_owned(),
         None => "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".into(),
     };
-    let mut lines: Vec<&str> = Vec::new();
-    let mut ours = false;
-    for line in text.lines() {
-        if line == HOSTS_BEGIN {
-            ours = true;
-        } else if ours && line == HOSTS_END {
-            ours = false;
-        } else if !ours {
-            lines.push(line);
-        }
-    }
+    let all: Vec<&str> = text.lines().collect();
+    // Only a whole block (the last begin line, then an end line) is ours:
+    // a begin line without its end keeps everything after it.
+    let begin = all.iter().rposition(|l| *l == HOSTS_BEGIN);
+    let end = begin.and_then(|b| all[b..].iter().position(|l| *l == HOSTS_END).map(|e| b + e));
+    let lines: Vec<&str> = match (begin, end) {
+        (Some(b), Some(e)) => all[..b].iter().chain(&all[e + 1..]).copied().collect(),
+        _ => all,
+    };
     let mut out = lines.join("\n");
     if !out.is_empty() {
         out.push('\n');
@@ -236,7 +236,7 @@ pub fn etc_hosts(existing: Option<&[u8]>, block: &str) -> Vec<u8> {
     }
     out.push_str(HOSTS_END);
     out.push('\n');
-    out.into_bytes()
+    Some(out.into_bytes())
 }
 
 /// The RoCE settings for `plan`, from what the guest shows (see
@@ -311,9 +311,12 @@ pub fn sync(
         let wanted_hosts;
         if let Some(block) = members {
             let hosts = read(agent, ETC_HOSTS_PATH)?;
-            wanted_hosts = etc_hosts(hosts.as_deref(), block);
-            if hosts.as_deref() != Some(&wanted_hosts[..]) {
-                stale.push((ETC_HOSTS_PATH, &wanted_hosts));
+            // A file it cannot merge into faithfully is left alone.
+            if let Some(w) = etc_hosts(hosts.as_deref(), block) {
+                wanted_hosts = w;
+                if hosts.as_deref() != Some(&wanted_hosts[..]) {
+                    stale.push((ETC_HOSTS_PATH, &wanted_hosts));
+                }
             }
         }
         if stale.is_empty() {
@@ -518,9 +521,18 @@ mod tests {
         );
         assert_eq!(after.matches("# BEGIN kumo").count(), 1, "{after}");
         // A guest without the file gets localhost too.
-        assert!(String::from_utf8(etc_hosts(None, block))
+        assert!(String::from_utf8(etc_hosts(None, block).unwrap())
             .unwrap()
             .starts_with("127.0.0.1\tlocalhost\n"));
+        // A begin line without its end: nothing of the guest's is dropped.
+        let torn = format!("{HOSTS_BEGIN}\n10.0.0.1\tmine\n");
+        let merged = String::from_utf8(etc_hosts(Some(torn.as_bytes()), block).unwrap()).unwrap();
+        assert!(merged.contains("10.0.0.1\tmine"), "{merged}");
+        let again = String::from_utf8(etc_hosts(Some(merged.as_bytes()), block).unwrap()).unwrap();
+        assert_eq!(again, merged, "and it stays so");
+        // Not UTF-8, or huge: left alone.
+        assert_eq!(etc_hosts(Some(b"\xff\xfe"), block), None);
+        assert_eq!(etc_hosts(Some(&vec![b'#'; (1 << 20) + 1]), block), None);
     }
 
     #[test]

@@ -117,10 +117,11 @@ pub fn place_cluster(
     let mut room = unit_room(index, &req.member);
     // One unit with room: the fullest that fits (best fit), trying the
     // next when rails or NUMA room make the estimate too hopeful.
+    // Required to share a unit: hosts without one are no unit.
     let mut single: Vec<(Option<u32>, u32)> = room
         .iter()
         .copied()
-        .filter(|(_, n)| *n >= req.size)
+        .filter(|(u, n)| *n >= req.size && (u.is_some() || !req.one_unit))
         .collect();
     single.sort_by_key(|(u, n)| (*n, *u));
     for (unit, _) in single {

@@ -177,6 +177,10 @@ struct Reservation {
 struct SparesKept {
     unit: Option<String>,
     model: Option<String>,
+    /// The hosts the spares were found on, at the revisions seen: claimed
+    /// with the members' hosts, so that a placement another replica makes
+    /// there meanwhile loses its commit (or this one does).
+    hosts: Vec<(Uuid, i64)>,
 }
 
 /// The request for the admission's members (its cluster's own spares open
@@ -268,10 +272,16 @@ fn reserve(
             for x in choices {
                 index.apply(x.host, x.hold.clone());
             }
-            st.capacity.reserving(c.id, true);
+            let mut hosts: Vec<(Uuid, i64)> = spare_choices
+                .iter()
+                .map(|x| (index.hosts[x.host].id, index.hosts[x.host].revision))
+                .collect();
+            hosts.sort();
+            hosts.dedup();
             Some(SparesKept {
                 unit: unit.and_then(|u| index.unit_name(u)).map(str::to_owned),
                 model: model.and_then(|m| index.model_name(m)).map(str::to_owned),
+                hosts,
             })
         }
         _ => None,
@@ -344,12 +354,19 @@ pub async fn check_quota(
     txn: &DatabaseTransaction,
     tenant: &tenants::Model,
     adding: &[&VmSpec],
+    spares: Option<(&VmSpec, u32)>,
 ) -> Result<(), ApiError> {
     crate::store::tenancy::lock_for_quota(txn, tenant.id).await?;
     let quota = crate::store::tenancy::load(txn, tenant.id).await?;
     let mut usage = crate::store::vms::usage(txn, tenant.id).await?;
     for s in adding {
         usage.add(s);
+    }
+    // A new cluster's spares keep its members' compute.
+    if let Some((spec, n)) = spares {
+        for _ in 0..n {
+            usage.keep(spec);
+        }
     }
     usage.check(&quota, &tenant.name)
 }
@@ -658,7 +675,11 @@ async fn commit(
     };
     let cluster_id = match job.rows {
         Rows::New { actor, cluster } => {
-            check_quota(&txn, job.tenant, &specs.iter().collect::<Vec<_>>()).await?;
+            let kept = match (cluster, spares, specs.first()) {
+                (Some(c), Some(_), Some(spec)) => Some((spec, c.spares)),
+                _ => None,
+            };
+            check_quota(&txn, job.tenant, &specs.iter().collect::<Vec<_>>(), kept).await?;
             if let Some(c) = cluster {
                 let state = if placed {
                     ClusterState::Placed
@@ -704,6 +725,14 @@ async fn commit(
             (None, Outcome::Placed(..)) => {
                 return Err(ApiError::Internal("a member without its reservation".into()).into())
             }
+        }
+    }
+    for (h, seen) in spares.map(|s| s.hosts.as_slice()).unwrap_or_default() {
+        if !claimed.contains(h) {
+            if !claim_host(&txn, *h, *seen).await? {
+                return Err(CommitError::Lost);
+            }
+            claimed.push(*h);
         }
     }
     if let Outcome::Waiting(p) = outcome {
@@ -796,9 +825,11 @@ pub async fn preempt(
 
 /// After a commit: the reservation is now the truth, and the commit moved
 /// each host's revision exactly one past what the index saw.
-fn settle(st: &AppState, reserved: &[Reserved]) {
+fn settle(st: &AppState, reserved: &[Reserved], spares: Option<&SparesKept>) {
     let mut hosts: Vec<(Uuid, i64)> = reserved.iter().map(|r| (r.host, r.revision)).collect();
-    hosts.dedup();
+    hosts.extend(spares.map(|s| s.hosts.clone()).unwrap_or_default());
+    hosts.sort();
+    hosts.dedup_by_key(|(h, _)| *h);
     {
         let mut index = st.capacity.lock();
         for (h, seen) in &hosts {
@@ -821,6 +852,9 @@ const CAUGHT_UP_LATELY: std::time::Duration = std::time::Duration::from_millis(2
 async fn place(st: &AppState, job: Admission<'_>, reach: Reach) -> Result<bool, ApiError> {
     let disk_gib = disk_needed(st, job).await?;
     for round in 0..ROUNDS {
+        // Holds a new cluster's spares in the index until its commit (and
+        // takes them out again if the commit fails or is abandoned).
+        let pending = job.new_cluster().map(|c| st.capacity.spares_pending(c.id));
         let Some(Reservation {
             members: reserved,
             spares,
@@ -838,19 +872,29 @@ async fn place(st: &AppState, job: Admission<'_>, reach: Reach) -> Result<bool, 
             return Ok(false);
         };
         let committed = commit(st, job, Outcome::Placed(&reserved, spares.as_ref())).await;
-        if let Some(c) = job.new_cluster() {
-            st.capacity.reserving(c.id, false);
-        }
         match committed {
             Ok(()) => {
-                settle(st, &reserved);
+                if let Some(p) = pending {
+                    p.committed();
+                }
+                settle(st, &reserved, spares.as_ref());
                 return Ok(true);
             }
             Err(e) => {
                 unreserve(st, &job, &reserved);
+                drop(pending);
                 for r in &reserved {
                     st.capacity.refresh_host(&st.db, r.host).await?;
                 }
+                for (h, _) in spares
+                    .as_ref()
+                    .map(|s| s.hosts.as_slice())
+                    .unwrap_or_default()
+                {
+                    st.capacity.refresh_host(&st.db, *h).await?;
+                }
+                // Spares another replica kept meanwhile, before trying again.
+                st.capacity.load_spares(&st.db).await?;
                 match e {
                     CommitError::Lost => continue,
                     CommitError::Api(e) => return Err(e),

@@ -85,6 +85,12 @@ pub async fn create(
             format!("at most the cluster's size ({})", body.size),
         ));
     }
+    if body.spares > 0 && prepared.spec.gpus == 0 {
+        return Err(ApiError::field(
+            "spares",
+            "only for clusters of GPU members (CPU room is not kept)",
+        ));
+    }
     if body.spares > 0 && prepared.spec.service_level == kumo_api_types::ServiceLevel::Spot {
         return Err(ApiError::field(
             "spares",
@@ -290,7 +296,8 @@ pub async fn delete(
     if members.is_empty() {
         crate::store::clusters::forget(&txn, c.id).await?;
     }
-    // Its spares are given up now, not when the last member is gone.
+    // Its spares are given up now, not when the last member is gone (a
+    // cluster whose members were all on their way out already).
     crate::store::clusters::drop_spares(&txn, c.id).await?;
     crate::app::metering::spares_released(&txn, c.id, st.config.clock.now()).await?;
     crate::app::audit::record(&txn, actor, "cluster.delete", Some(&tenant), &c.name).await?;

@@ -84,7 +84,9 @@ pub async fn schedule(
     let moved = h.maintenance_at.is_some();
     let mut a: hosts::ActiveModel = h.clone().into();
     a.maintenance_at = Set(Some(body.at));
-    a.maintenance_told_at = Set(Some(actor.at));
+    // VMs' notice runs from the first announcement: moving the window
+    // does not start it again.
+    a.maintenance_told_at = Set(h.maintenance_told_at.or(Some(actor.at)));
     a.maintenance_reason = Set(reason.clone());
     let updated = a.update(&txn).await?;
     let on_host = crate::store::vms::on_host(&txn, h.id).await?;
@@ -265,8 +267,26 @@ async fn open_window(
     h: &hosts::Model,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), ApiError> {
-    let txn = st.db.begin().await?;
     let opening = host_state(h)? != HostState::Maintenance;
+    let Some(w) = window(h) else {
+        return Ok(());
+    };
+    if !opening {
+        // A host in maintenance already: only when a VM's own time has come
+        // (read first, so a quiet pass takes no write transaction).
+        let mut due = false;
+        for v in crate::store::vms::on_host(&st.reads, h.id).await? {
+            let acts = matches!(
+                action_for(stored_state(&v)?, v.cluster_id.is_some()),
+                Some(ScheduledAction::Evacuate | ScheduledAction::Replace)
+            );
+            due |= acts && acts_at(&w, notice_of(&v)?) <= now;
+        }
+        if !due {
+            return Ok(());
+        }
+    }
+    let txn = st.db.begin().await?;
     if opening {
         // Only once: another replica may have opened it.
         let opened = hosts::Entity::update_many()
@@ -282,9 +302,6 @@ async fn open_window(
             return Ok(());
         }
     }
-    let Some(w) = window(h) else {
-        return Ok(());
-    };
     let why = format!(
         "host {} maintenance{}",
         h.name,
@@ -304,6 +321,10 @@ async fn open_window(
         let Some(v) = crate::store::vms::locked(&txn, v.id).await? else {
             continue;
         };
+        // Moved off meanwhile (by another replica's pass): not ours now.
+        if v.host_id != Some(h.id) {
+            continue;
+        }
         let action = action_for(stored_state(&v)?, v.cluster_id.is_some());
         acted |= matches!(
             action,

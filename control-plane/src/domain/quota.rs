@@ -46,6 +46,11 @@ impl Usage {
         self.hold(spec);
     }
 
+    /// A cluster's spare member: compute kept for it (no VM, no disk).
+    pub fn keep(&mut self, spec: &VmSpec) {
+        self.hold(spec);
+    }
+
     fn hold(&mut self, s: &VmSpec) {
         self.vcpus += u64::from(s.vcpus);
         self.memory_gib += u64::from(s.memory_gib);

@@ -31,6 +31,36 @@ pub const REFRESH: Duration = Duration::from_secs(300);
 /// Hosts read per query by [`Capacity::refresh_all`].
 const REFRESH_PAGE: u64 = 100;
 
+/// See [`Capacity::spares_pending`].
+pub struct SparesPending<'a> {
+    capacity: &'a Capacity,
+    cluster: Uuid,
+    committed: bool,
+}
+
+impl SparesPending<'_> {
+    /// The cluster's row (with its spares) is committed.
+    pub fn committed(mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for SparesPending<'_> {
+    fn drop(&mut self) {
+        self.capacity
+            .reserving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.cluster);
+        if !self.committed {
+            self.capacity
+                .lock()
+                .spares
+                .retain(|s| s.cluster != self.cluster);
+        }
+    }
+}
+
 pub struct Capacity {
     index: Mutex<Index>,
     /// Profiles by topology and rails, so an unchanged host is not
@@ -177,26 +207,37 @@ impl Capacity {
         self.catch_up(db, signals).await
     }
 
-    /// A new cluster's spares are (`true`) or are no longer (`false`)
-    /// in the index ahead of their commit.
-    pub fn reserving(&self, cluster: Uuid, on: bool) {
-        let mut r = self.reserving.lock().unwrap_or_else(|e| e.into_inner());
-        if on {
-            r.insert(cluster);
-        } else {
-            r.remove(&cluster);
+    /// A new cluster's spares go into the index ahead of their commit:
+    /// reloads keep them meanwhile, and they leave the index again when
+    /// the guard is dropped uncommitted (a failed commit, or a request
+    /// abandoned mid-commit).
+    pub fn spares_pending(&self, cluster: Uuid) -> SparesPending<'_> {
+        self.reserving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cluster);
+        SparesPending {
+            capacity: self,
+            cluster,
+            committed: false,
         }
+    }
+
+    fn reserving_now(&self) -> std::collections::HashSet<Uuid> {
+        self.reserving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Re-reads every cluster's spares (a few rows: clusters keeping
     /// spares), keeping those of clusters being created.
-    async fn load_spares(&self, db: &impl ConnectionTrait) -> Result<(), ApiError> {
+    pub async fn load_spares(&self, db: &impl ConnectionTrait) -> Result<(), ApiError> {
+        // Pending before the read, or still pending after it: a cluster
+        // committed in between is in the rows or in the first set.
+        let mut reserving = self.reserving_now();
         let rows = crate::store::clusters::with_spares(db).await?;
-        let reserving = self
-            .reserving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        reserving.extend(self.reserving_now());
         let mut index = self.lock();
         let mut spares: Vec<kumo_scheduler::Spare> = index
             .spares
@@ -205,7 +246,16 @@ impl Capacity {
             .cloned()
             .collect();
         for c in &rows {
-            let spec = crate::store::clusters::stored_cluster_spec(c)?;
+            if reserving.contains(&c.id) {
+                continue; // in the index already
+            }
+            let spec = match crate::store::clusters::stored_cluster_spec(c) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(cluster = %c.id, error = %e, "cluster's spares not kept: unreadable spec");
+                    continue;
+                }
+            };
             // A unit or model no host has any more: nothing to keep.
             let unit = match &c.spare_unit {
                 Some(u) => match index.unit_id(u) {

@@ -96,6 +96,28 @@ pub async fn with_spares(db: &impl ConnectionTrait) -> Result<Vec<clusters::Mode
         .await?)
 }
 
+/// A tenant's clusters' spares: each member spec (with the model the
+/// spares were kept for) and how many.
+pub async fn spares_of(
+    db: &impl ConnectionTrait,
+    tenant: Uuid,
+) -> Result<Vec<(VmSpec, u32)>, ApiError> {
+    let rows = clusters::Entity::find()
+        .filter(clusters::Column::TenantId.eq(tenant))
+        .filter(clusters::Column::Spares.gt(0))
+        .all(db)
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for c in rows {
+        let mut spec = stored_cluster_spec(&c)?;
+        if c.spare_model.is_some() {
+            spec.gpu_model = c.spare_model.clone();
+        }
+        out.push((spec, u32::try_from(c.spares).unwrap_or(0)));
+    }
+    Ok(out)
+}
+
 /// The cluster keeps no spares any more (it is being deleted).
 pub async fn drop_spares(txn: &DatabaseTransaction, cluster: Uuid) -> Result<(), ApiError> {
     clusters::Entity::update_many()

@@ -124,7 +124,14 @@ pub async fn usage(db: &impl ConnectionTrait, tenant: uuid::Uuid) -> Result<Usag
     for v in &rows {
         held.push((stored_state(v)?, stored_spec(v)?));
     }
-    Ok(Usage::of(held.iter().map(|(s, spec)| (*s, spec))))
+    let mut usage = Usage::of(held.iter().map(|(s, spec)| (*s, spec)));
+    // Clusters' spares keep compute of the tenant's as their members do.
+    for (spec, n) in crate::store::clusters::spares_of(db, tenant).await? {
+        for _ in 0..n {
+            usage.keep(&spec);
+        }
+    }
+    Ok(usage)
 }
 
 /// One page of a tenant's VMs, by name.

@@ -788,6 +788,17 @@ on_both_backends! {
         assert_eq!(e.status(), Some(409), "{e}");
         assert!(e.to_string().contains("spare"), "{e}");
         body.spares = 1;
+        // Spares count against the quota as members do: 3 + 1 members' 8
+        // GPUs need 32.
+        let gpus = |n: u32| {
+            let mut q = kumo_api_types::Quota { vcpus: 1_000, memory_gib: 10_000, vms: 100, disk_gib: 10_000, ..Default::default() };
+            q.gpus.insert("H100-SXM5-80GB".into(), n);
+            q
+        };
+        s.quota("lab", &gpus(31)).await;
+        let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &body).await.unwrap_err();
+        assert!(e.to_string().contains("quota"), "{e}");
+        s.quota("lab", &gpus(32)).await;
         let made: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &body).await.unwrap();
         assert_eq!((made.spares, made.spare_unit.as_deref(), made.spares_ready), (1, Some("su-a"), 1));
         assert!(made.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-a")), "{made:#?}");
@@ -806,11 +817,16 @@ on_both_backends! {
         // A spot VM may use it.
         let lent: Vm = s.admin.post("/api/v1/tenants/other/vms", &big("lent", "spot")).await.unwrap();
         assert_eq!(lent.host.as_deref(), Some(format!("gpu{spare}").as_str()));
-        converge_until(s, &mut hosts, "all running", async |s: &TestServer| {
+        // su-b's host free again: room elsewhere, which the repair must not
+        // prefer to its own spare.
+        s.admin.delete("/api/v1/tenants/other/vms/gua-1").await.unwrap();
+        converge_until(s, &mut hosts, "all running, gua-1 gone", async |s: &TestServer| {
             let c = cluster(s).await;
+            let gone = s.admin.get::<Vm>("/api/v1/tenants/other/vms/gua-1").await.is_err();
             c.health == ClusterHealth::Healthy
                 && c.members.iter().all(|m| m.state == VmState::Running)
                 && vm_of(s, "other", "lent").await.state == VmState::Running
+                && gone
         })
         .await;
         assert_eq!(cluster(s).await.spares_ready, 1, "spot VMs on the spare count as gone");
@@ -850,9 +866,11 @@ on_both_backends! {
         // The spare was used: none has room now (the lost host is out).
         assert_eq!((healthy.spares, healthy.spares_ready), (1, 0));
 
-        // Deleting the cluster gives the spare up: its charge ends.
-        let _: Cluster = s.admin.delete_json("/api/v1/tenants/lab/clusters/train").await.unwrap();
+        // A member deleted gives the cluster's spare up: its charge ends.
+        s.admin.delete(&format!("/api/v1/tenants/lab/vms/{}", victim.name)).await.unwrap();
         assert!(spare_runs(s, made.id).await.is_empty());
+        assert_eq!(cluster(s).await.spares, 0);
+        let _: Cluster = s.admin.delete_json("/api/v1/tenants/lab/clusters/train").await.unwrap();
         drop(beats);
     }
 }
