@@ -130,6 +130,9 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
         segments: 8,
         roce_segments: 4,
         public_ips: 12,
+        // Volumes too, so the README's volume walk runs without a quota
+        // line first (issue 43).
+        volume_gib: 2_000,
         share_gib: 10_000,
         ..Quota::default()
     };

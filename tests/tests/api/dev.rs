@@ -231,6 +231,17 @@ fn dev_fleet_runs_an_8_gpu_vm_from_the_cli() {
     assert_eq!(client, "203.0.113.200");
 
     maintenance_moves_a_vm_with_its_disk_and_repairs_a_member_away(&kumo);
+    // The demo project may make volumes without a quota line first.
+    kumo(&[
+        "volume",
+        "create",
+        "scratch",
+        "--tenant",
+        "demo",
+        "--size-gib",
+        "10",
+    ]);
+    kumo(&["volume", "delete", "scratch", "--tenant", "demo"]);
 
     // SIGTERM takes the fleet down with the server.
     assert!(server.stop().success());

@@ -251,6 +251,45 @@ on_both_backends! {
         drop(beats);
     }
 
+    /// A cluster that must keep to one scalable unit is repaired in it or
+    /// not at all: with no room left in its unit, the replacement waits
+    /// although another unit has a free host.
+    async fn a_strict_cluster_waits_for_room_in_its_unit(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut hosts = Vec::new();
+        for (i, su) in ["su-a", "su-a", "su-a", "su-b", "su-b"].iter().enumerate() {
+            hosts.push(host(s, &format!("gpu{i}"), &format!("192.0.2.{}", i + 1), su).await);
+        }
+        let (beats, alive) = beat(&hosts);
+        let body = json!({"name": "train", "size": 2, "gpus": 8, "vcpus": 16, "memory_gib": 32, "disk_gib": 10,
+                          "auto_repair": true, "repair_delay_seconds": 1, "single_su": "required"});
+        let made: Cluster = s.admin.post("/api/v1/tenants/lab/clusters", &body).await.unwrap();
+        // Best fit: the fullest unit that holds both, su-b.
+        assert!(made.members.iter().all(|m| m.scalable_unit.as_deref() == Some("su-b")), "{made:#?}");
+        for h in &mut hosts {
+            h.converge().await;
+        }
+        until(s, "running", Duration::from_secs(10), |c| c.health == ClusterHealth::Healthy).await;
+        let victim = made.members[0].clone();
+        let lost = (3..5).find(|i| victim.host.as_deref() == Some(format!("gpu{i}").as_str())).unwrap();
+        alive[lost].store(false, Ordering::SeqCst);
+        until(s, "repairing", Duration::from_secs(8), |c| c.health == ClusterHealth::Repairing).await;
+        // Several passes later the member still waits: su-a's three free
+        // hosts are not its unit.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let v = vm(s, &victim.name).await;
+        assert_eq!((v.state, v.host.as_deref()), (VmState::Pending, None), "{v:#?}");
+        // Its unit's host back: the host answers again, but it is not the
+        // member's (it was replaced); with room there the member returns.
+        alive[lost].store(true, Ordering::SeqCst);
+        converge_until(s, &mut hosts, "the member placed in su-b again", async |s: &TestServer| {
+            let c = cluster(s).await;
+            c.members.iter().all(|m| m.state == VmState::Running && m.scalable_unit.as_deref() == Some("su-b"))
+        })
+        .await;
+        drop(beats);
+    }
+
     async fn a_repair_by_hand_mends_what_only_replacing_mends(s: &TestServer) {
         s.tenant("lab").await;
         let mut hosts = Vec::new();
