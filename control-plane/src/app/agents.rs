@@ -216,6 +216,8 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             }),
             _ => None,
         };
+        // A member's hostfile and `/etc/hosts` lines, read once per cluster.
+        let cluster_files = v.cluster_id.and_then(|c| hostfiles.get(&c));
         out.push(DesiredVm {
             id: v.id,
             name: v.name.clone(),
@@ -227,14 +229,8 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             events: crate::app::maintenance::scheduled(&v, host)?
                 .into_iter()
                 .collect(),
-            hostfile: v
-                .cluster_id
-                .and_then(|c| hostfiles.get(&c))
-                .map(|(f, _)| f.clone()),
-            members: v
-                .cluster_id
-                .and_then(|c| hostfiles.get(&c))
-                .and_then(|(_, m)| m.clone()),
+            hostfile: cluster_files.map(|(f, _)| f.clone()),
+            members: cluster_files.and_then(|(_, m)| m.clone()),
             nics: net.nics.remove(&v.id).unwrap_or_default(),
             volumes: disks.remove(&v.id).unwrap_or_default(),
             shares: shares.mounts.remove(&v.id).unwrap_or_default(),

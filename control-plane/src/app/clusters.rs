@@ -217,6 +217,17 @@ pub async fn view(
     })
 }
 
+/// The cluster keeps no spares from now on, and their charge ends (its
+/// members' capacity indexes drop them at their next catch-up).
+pub async fn give_up_spares(
+    txn: &sea_orm::DatabaseTransaction,
+    cluster: Uuid,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), ApiError> {
+    crate::store::clusters::drop_spares(txn, cluster).await?;
+    crate::app::metering::spares_released(txn, cluster, now).await
+}
+
 /// How many of the cluster's spares its unit has room for now.
 fn spares_ready(st: &AppState, cluster: Uuid) -> u32 {
     let index = st.capacity.lock();
@@ -298,8 +309,7 @@ pub async fn delete(
     }
     // Its spares are given up now, not when the last member is gone (a
     // cluster whose members were all on their way out already).
-    crate::store::clusters::drop_spares(&txn, c.id).await?;
-    crate::app::metering::spares_released(&txn, c.id, st.config.clock.now()).await?;
+    give_up_spares(&txn, c.id, st.config.clock.now()).await?;
     crate::app::audit::record(&txn, actor, "cluster.delete", Some(&tenant), &c.name).await?;
     txn.commit().await?;
     st.capacity.lock().spares.retain(|s| s.cluster != c.id);

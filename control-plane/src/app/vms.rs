@@ -200,8 +200,7 @@ pub async fn apply_action(
     if let (Action::Delete, Some(c)) = (action, vm.cluster_id) {
         // Spares are kept for the whole cluster: a member deleted (or the
         // cluster) gives them up, with their charge.
-        crate::store::clusters::drop_spares(txn, c).await?;
-        crate::app::metering::spares_released(txn, c, now).await?;
+        crate::app::clusters::give_up_spares(txn, c, now).await?;
     }
     let mut active: vms::ActiveModel = vm.clone().into();
     let mut host = vm.host_id;
