@@ -193,6 +193,15 @@ fn run_one(cfg: &BenchConfig, strategy: Strategy) -> Result<(Figures, u32), Stri
         }
     }
     let fill_reached = used_fraction(&index);
+    // A fleet that could not be filled as asked measures something else:
+    // say so instead of reporting the figures of an emptier fleet.
+    if fill_reached + 0.02 < cfg.fill {
+        return Err(format!(
+            "the fleet filled to {:.1} % of its GPUs, not the {:.1} % asked for",
+            fill_reached * 100.0,
+            cfg.fill * 100.0
+        ));
+    }
     let mut vm_times = Vec::new();
     let mut cluster_times = Vec::new();
     let (mut near, mut possible) = (0u32, 0u32);
