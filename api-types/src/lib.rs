@@ -286,6 +286,13 @@ pub struct Quota {
     /// Project shares' sizes together, GiB.
     #[serde(default)]
     pub share_gib: u32,
+    /// GPUs per model the platform promises the tenant (each at most its
+    /// cap in `gpus`): a request within it gets room, when the fleet is
+    /// full, by reclaiming VMs other tenants run above their own (their
+    /// borrowed VMs). The guarantees of all tenants together never exceed
+    /// the model's GPUs in service.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub guarantee: BTreeMap<String, u32>,
 }
 
 // ---------------------------------------------------------------- audit
@@ -535,13 +542,16 @@ pub enum ScheduledAction {
     Replace,
     /// Stopped where it is (it cannot move: suspended, being reclaimed).
     Stop,
+    /// Nothing yet: a borrowed VM (above its project's guaranteed share)
+    /// may be reclaimed, with its notice, for a project within its own.
+    Reclaimable,
 }
 
 /// An event scheduled for a VM, as the API shows it and as the guest
 /// reads it in `/run/kumo/events` (a JSON array of these, `[]` when none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ScheduledEvent {
-    /// `maintenance`.
+    /// `maintenance`, or `borrowed` (since `at`).
     pub kind: String,
     /// When it happens.
     pub at: DateTime<Utc>,
@@ -1677,6 +1687,12 @@ pub struct Vm {
     /// The training cluster it is a member of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// A guaranteed VM running above its project's guaranteed share of its
+    /// GPU model: it may be reclaimed, with notice, for a project within
+    /// its own share, and may be charged at the `borrowed_gpu:<model>` rate.
+    /// (Since when.) Also an event in `scheduled_events` and in the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed_since: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<VmNetwork>,
     /// Project shares it mounts.

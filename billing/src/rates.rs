@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::Level;
 
-/// `gpu:<model>` (per GPU), `spare_gpu:<model>` (per GPU of a training
+/// `gpu:<model>` (per GPU), `borrowed_gpu:<model>` (per GPU of a VM
+/// above its tenant's guaranteed share; priced as `gpu:<model>` where a
+/// card leaves it out), `spare_gpu:<model>` (per GPU of a training
 /// cluster's spare capacity, held while the cluster lives), `vcpu`, `memory_gib`, `disk_gib`,
 /// `public_ip` (per address held), `volume_gib`, `snapshot_gib` and
 /// `share_gib` (per GiB of volume, snapshot or project share held).
@@ -22,6 +24,18 @@ pub fn gpu_class(model: &str) -> Class {
 
 pub fn spare_gpu_class(model: &str) -> Class {
     format!("spare_gpu:{model}")
+}
+
+const BORROWED_GPU: &str = "borrowed_gpu:";
+
+pub fn borrowed_gpu_class(model: &str) -> Class {
+    format!("{BORROWED_GPU}{model}")
+}
+
+/// Whether a class is a GPU's (what a VM's GPUs are charged under, borrowed
+/// or not).
+pub fn is_vm_gpu_class(class: &str) -> bool {
+    class.starts_with("gpu:") || class.starts_with(BORROWED_GPU)
 }
 
 pub const VCPU: &str = "vcpu";
@@ -70,7 +84,7 @@ pub enum RateError {
     Negative { class: Class },
     #[error("{class}: the spot price is above the guaranteed one")]
     SpotAboveGuaranteed { class: Class },
-    #[error("{0:?} is not a resource class (gpu:<model>, spare_gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib, share_gib)")]
+    #[error("{0:?} is not a resource class (gpu:<model>, borrowed_gpu:<model>, spare_gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib, share_gib)")]
     UnknownClass(String),
 }
 
@@ -78,7 +92,7 @@ impl RateCard {
     pub fn validate(&self) -> Result<(), RateError> {
         for (class, p) in &self.prices {
             let known = FLAT_CLASSES.contains(&class.as_str())
-                || ["gpu:", "spare_gpu:"].iter().any(|p| {
+                || ["gpu:", BORROWED_GPU, "spare_gpu:"].iter().any(|p| {
                     class
                         .strip_prefix(p)
                         .is_some_and(|m| !m.is_empty() && m.len() <= 64)
@@ -125,8 +139,14 @@ impl RateBook {
     /// The price per unit-hour of `class` at `t` (zero where no card
     /// prices it: nothing is charged for what has no price).
     pub fn price(&self, t: DateTime<Utc>, class: &str, level: Level) -> Decimal {
-        self.at(t)
-            .and_then(|c| c.prices.get(class))
+        let card = self.at(t);
+        // A borrowed GPU costs a GPU where the card sets no borrow rate.
+        let fallback = class
+            .strip_prefix(BORROWED_GPU)
+            .map(gpu_class)
+            .and_then(|c| card?.prices.get(&c));
+        card.and_then(|c| c.prices.get(class))
+            .or(fallback)
             .map(|p| p.of(level))
             .unwrap_or(Decimal::ZERO)
     }
@@ -164,17 +184,41 @@ mod tests {
         for class in [
             gpu_class("H100-SXM5-80GB"),
             spare_gpu_class("H100-SXM5-80GB"),
+            borrowed_gpu_class("H100-SXM5-80GB"),
         ]
         .into_iter()
         .chain(FLAT_CLASSES.map(str::to_owned))
         {
             assert_eq!(card(&class).validate(), Ok(()), "{class}");
         }
-        for class in ["spare_gpu:", "gpu:", "spare_vcpu", "gpus:H100"] {
+        for class in ["spare_gpu:", "gpu:", "borrowed_gpu:", "spare_vcpu", "gpus:H100"] {
             assert_eq!(
                 card(class).validate(),
                 Err(RateError::UnknownClass(class.to_owned()))
             );
         }
+    }
+
+    /// A borrowed GPU costs the borrow rate where the card sets one, and a
+    /// GPU's rate where it does not (never nothing).
+    #[test]
+    fn borrowed_gpus_cost_a_gpu_unless_a_borrow_rate_is_set() {
+        let t = DateTime::<Utc>::UNIX_EPOCH;
+        let borrowed = borrowed_gpu_class("H100");
+        let book = RateBook::new(vec![card(&gpu_class("H100"))]);
+        assert_eq!(book.price(t, &borrowed, Level::Guaranteed), Decimal::ONE);
+        let mut with = card(&gpu_class("H100"));
+        with.prices.insert(
+            borrowed.clone(),
+            Price {
+                guaranteed: Decimal::TWO,
+                spot: Decimal::ZERO,
+            },
+        );
+        let book = RateBook::new(vec![with]);
+        assert_eq!(book.price(t, &borrowed, Level::Guaranteed), Decimal::TWO);
+        assert_eq!(book.price(t, &gpu_class("H100"), Level::Guaranteed), Decimal::ONE);
+        assert!(is_vm_gpu_class(&borrowed) && is_vm_gpu_class("gpu:H100"));
+        assert!(!is_vm_gpu_class("spare_gpu:H100"));
     }
 }

@@ -332,6 +332,11 @@ pub enum QuotaCmd {
         /// GPUs per model, e.g. --gpus H100-SXM5-80GB=16 (0 removes the model).
         #[arg(long, value_parser = parse_gpu_limit)]
         gpus: Vec<(String, u32)>,
+        /// GPUs per model guaranteed to the tenant, e.g. --guarantee
+        /// H100-SXM5-80GB=16 (at most the cap; 0 removes it): requests within
+        /// it get room by reclaiming other tenants' borrowed VMs.
+        #[arg(long, value_parser = parse_gpu_limit)]
+        guarantee: Vec<(String, u32)>,
         /// vCPUs over all the tenant's VMs.
         #[arg(long)]
         vcpus: Option<u32>,
@@ -1534,6 +1539,9 @@ fn quota_table(q: &Quota) -> String {
     for (model, n) in &q.gpus {
         t.row(vec![format!("gpus.{model}"), n.to_string()]);
     }
+    for (model, n) in &q.guarantee {
+        t.row(vec![format!("guarantee.{model}"), n.to_string()]);
+    }
     for (name, v) in [
         ("vcpus", q.vcpus),
         ("memory_gib", q.memory_gib),
@@ -1559,6 +1567,7 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
         QuotaCmd::Set {
             tenant,
             gpus,
+            guarantee,
             vcpus,
             memory_gib,
             vms,
@@ -1579,6 +1588,13 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                 }
             }
             q.gpus = models;
+            for (model, n) in guarantee {
+                if *n == 0 {
+                    q.guarantee.remove(model);
+                } else {
+                    q.guarantee.insert(model.clone(), *n);
+                }
+            }
             for (slot, v) in [
                 (&mut q.vcpus, vcpus),
                 (&mut q.memory_gib, memory_gib),
@@ -1595,6 +1611,7 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                 }
             }
             if gpus.is_empty()
+                && guarantee.is_empty()
                 && [
                     vcpus,
                     memory_gib,
@@ -1609,7 +1626,7 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
                 .iter()
                 .all(|v| v.is_none())
             {
-                bail!("nothing to set: give at least one of --gpus, --vcpus, --memory-gib, --vms, --disk-gib, --segments, --roce-segments, --public-ips, --volume-gib, --share-gib");
+                bail!("nothing to set: give at least one of --gpus, --guarantee, --vcpus, --memory-gib, --vms, --disk-gib, --segments, --roce-segments, --public-ips, --volume-gib, --share-gib");
             }
             let q = c.set_quota(&tenant.tenant, &q).await?;
             print_one(out, fmt, &q, || quota_table(&q))?;
@@ -1907,7 +1924,13 @@ fn vms_table(vms: &[Vm]) -> String {
         t.row(vec![
             v.name.clone(),
             v.state.as_str().into(),
-            v.spec.gpus.to_string(),
+            // Borrowed GPUs (above the project's guaranteed share) may be
+            // reclaimed: said where the count is.
+            if v.borrowed_since.is_some() {
+                format!("{} (borrowed)", v.spec.gpus)
+            } else {
+                v.spec.gpus.to_string()
+            },
             v.spec.vcpus.to_string(),
             format!("{} GiB", v.spec.memory_gib),
             opt(&v.host),
@@ -1930,6 +1953,13 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
         v.spec.disk_gib,
     );
     for e in &v.scheduled_events {
+        if e.action == kumo_api_types::ScheduledAction::Reclaimable {
+            s.push_str(&format!(
+                "Borrowed: since {}: above the project's guaranteed share; it may be reclaimed, with notice, for a project within its own\n",
+                e.at.to_rfc3339()
+            ));
+            continue;
+        }
         s.push_str(&format!(
             "Scheduled: {} at {}: {}{}\n",
             e.kind,
@@ -1941,7 +1971,8 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
                 kumo_api_types::ScheduledAction::Replace => {
                     "replaced on another host (same name and address, fresh root disk)"
                 }
-                kumo_api_types::ScheduledAction::Stop => "stopped",
+                kumo_api_types::ScheduledAction::Stop
+                | kumo_api_types::ScheduledAction::Reclaimable => "stopped",
             },
             e.reason
                 .as_deref()

@@ -33,6 +33,9 @@ pub struct AppState {
     /// pass reads its minutes from there on (the VM's idle row carries
     /// the spell), not its policy's whole window.
     pub idle_checked: Arc<IdleChecked>,
+    /// The GPU models last found guaranteed beyond those in service (a
+    /// warning is logged when this changes).
+    pub overpromised: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// VM → the time of its last idle judgement, on this replica.

@@ -21,6 +21,11 @@ pub struct RouteLabels {
     pub route: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model: String,
+}
+
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -40,6 +45,8 @@ pub struct Metrics {
     /// Consoles relayed to another replica: people's, agents' dials.
     console_person_relays: Counter,
     console_dial_relays: Counter,
+    /// GPUs per model guaranteed beyond those in service.
+    overpromised: Family<ModelLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -59,6 +66,12 @@ impl Metrics {
         let lease_batches = Counter::default();
         let console_person_relays = Counter::default();
         let console_dial_relays = Counter::default();
+        let overpromised = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "gpu_guarantees_overpromised_gpus",
+            "GPUs of a model guaranteed to tenants beyond those in service (hosts lost, retired or in repair since they were promised)",
+            overpromised.clone(),
+        );
         registry.register(
             "console_person_relays",
             "People's consoles relayed to the replica holding the VM's console",
@@ -109,6 +122,17 @@ impl Metrics {
             lease_batches,
             console_person_relays,
             console_dial_relays,
+            overpromised,
+        }
+    }
+
+    /// The models promised beyond their GPUs in service now (others 0).
+    pub fn set_overpromised(&self, models: impl IntoIterator<Item = (String, u64)>) {
+        self.overpromised.clear();
+        for (model, n) in models {
+            self.overpromised
+                .get_or_create(&ModelLabels { model })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

@@ -81,6 +81,7 @@ impl RunningServer {
             sso: Arc::default(),
             churn: Arc::default(),
             idle_checked: Arc::default(),
+            overpromised: Arc::default(),
         };
         // Marks first: a change landing during the full read is followed.
         state.capacity.catch_up(&state.db, &state.signals).await?;

@@ -38,6 +38,7 @@ mod m0032_cluster_health;
 mod m0033_lost_vms;
 mod m0034_maintenance;
 mod m0035_spares_and_notices;
+mod m0036_guarantees;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -117,6 +118,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0033_lost_vms::Migration),
             Box::new(m0034_maintenance::Migration),
             Box::new(m0035_spares_and_notices::Migration),
+            Box::new(m0036_guarantees::Migration),
         ]
     }
 }

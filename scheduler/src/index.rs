@@ -27,6 +27,9 @@ pub struct Hold {
     pub vm: Uuid,
     pub tenant: Uuid,
     pub spot: bool,
+    /// A guaranteed VM above its tenant's guaranteed share: reclaimable
+    /// for a tenant within its own share (see [`crate::reclaim::Lenders`]).
+    pub borrowed: bool,
     /// Already being reclaimed (preempting): its capacity is spoken for.
     pub reclaiming: bool,
     /// When it started holding, in seconds (for the run time a
@@ -75,6 +78,7 @@ pub struct VmInput<'a> {
     pub vm: Uuid,
     pub tenant: Uuid,
     pub spot: bool,
+    pub borrowed: bool,
     pub reclaiming: bool,
     pub since: i64,
     pub placement: &'a Placement,
@@ -277,6 +281,7 @@ impl HostCap {
             vm: v.vm,
             tenant: v.tenant,
             spot: v.spot,
+            borrowed: v.borrowed,
             reclaiming: v.reclaiming,
             since: v.since,
             cpu_only: v.placement.gpus.is_empty(),
@@ -334,6 +339,21 @@ impl Index {
                 (self.models.len() - 1) as u16
             }
         }
+    }
+
+    /// GPUs per model on hosts not unavailable, less those out of service:
+    /// what guaranteed shares may promise.
+    pub fn gpus_in_service(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for h in self.hosts.iter().filter(|h| h.state != HostUse::Unavailable) {
+            for (m, mask) in &h.profile.model_masks {
+                if let Some(name) = self.model_name(*m) {
+                    *out.entry(name.to_owned()).or_default() +=
+                        u64::from((mask & !h.gpu_blocked).count_ones());
+                }
+            }
+        }
+        out
     }
 
     pub fn model_id(&self, model: &str) -> Option<u16> {

@@ -391,6 +391,7 @@ fn build_hold(h: &HostCap, req: &Request, gpus: u64, strategy: Strategy) -> Opti
             vm: uuid::Uuid::nil(),
             tenant: uuid::Uuid::nil(),
             spot: false,
+            borrowed: false,
             reclaiming: false,
             since: 0,
             cpu_only: gpus == 0,

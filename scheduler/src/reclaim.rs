@@ -2,7 +2,14 @@
 //! on one host, the fewest VMs, then the least run time lost. Capacity of
 //! spot VMs already being reclaimed counts as free (it soon will be), so
 //! asking again while they drain names no new victims. Spot requests never
-//! reclaim anything, and guaranteed VMs are never victims.
+//! reclaim anything. Guaranteed VMs are victims only when they are
+//! borrowed (above their tenant's guaranteed share) and the request comes
+//! from a tenant within its own share ([`Lenders`]): plans taking spot VMs
+//! alone come first, then those whose borrowers are furthest above their
+//! shares.
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
 
 use uuid::Uuid;
 
@@ -13,6 +20,36 @@ use crate::place::{place_on, Request, Strategy};
 /// Spot VMs of a host considered as victims (the largest first); more
 /// would make the search slow without finding fewer victims.
 const MAX_CANDIDATES: usize = 12;
+
+/// Tenants whose borrowed VMs a request may reclaim: it comes from a
+/// tenant within its guaranteed share, and these run guaranteed VMs above
+/// theirs. Empty: spot VMs only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lenders {
+    /// GPUs each tenant runs above its share of the request's model.
+    pub above: HashMap<Uuid, u64>,
+}
+
+impl Lenders {
+    fn may_take(&self, x: &crate::Hold) -> bool {
+        !x.reclaiming && (x.spot || (x.borrowed && self.above.contains_key(&x.tenant)))
+    }
+
+    /// Plans taking borrowed VMs come after those taking spot VMs only,
+    /// and among them the one whose least-over borrower is furthest above
+    /// its share comes first.
+    fn cost(&self, victims: &[&crate::Hold]) -> (bool, Reverse<u64>) {
+        let least = victims
+            .iter()
+            .filter(|x| !x.spot)
+            .map(|x| self.above.get(&x.tenant).copied().unwrap_or(0))
+            .min();
+        match least {
+            Some(n) => (true, Reverse(n)),
+            None => (false, Reverse(u64::MAX)),
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -60,15 +97,21 @@ fn subsets(n: usize, k: usize, mut f: impl FnMut(&[usize]) -> bool) {
     }
 }
 
-/// The cheapest reclamation for `req` on one host: `(victims, cost)`.
-/// Victims, VMs already being reclaimed, and the cost: (victims, run time lost).
+/// The cheapest reclamation for `req` on one host: victims, VMs already
+/// being reclaimed, and the cost: (whose VMs, victims, run time lost).
 struct HostPlan {
     victims: Vec<Uuid>,
     waiting: Vec<Uuid>,
-    cost: (usize, i64),
+    cost: ((bool, Reverse<u64>), usize, i64),
 }
 
-fn plan_on(index: &Index, at: usize, req: &Request, now: i64) -> Option<HostPlan> {
+fn plan_on(
+    index: &Index,
+    at: usize,
+    req: &Request,
+    now: i64,
+    lenders: &Lenders,
+) -> Option<HostPlan> {
     let h = &index.hosts[at];
     if h.state != HostUse::Ready {
         return None;
@@ -84,7 +127,7 @@ fn plan_on(index: &Index, at: usize, req: &Request, now: i64) -> Option<HostPlan
         base.release(*vm);
     }
     let mut candidates: Vec<&crate::Hold> =
-        h.holds.iter().filter(|x| x.spot && !x.reclaiming).collect();
+        h.holds.iter().filter(|x| lenders.may_take(x)).collect();
     // Upper bound: even with every candidate gone, do enough GPUs free up?
     let spare =
         base.gpu_free.count_ones() + candidates.iter().map(|x| x.gpus.count_ones()).sum::<u32>();
@@ -93,6 +136,7 @@ fn plan_on(index: &Index, at: usize, req: &Request, now: i64) -> Option<HostPlan
     }
     candidates.sort_by_key(|x| {
         (
+            !x.spot,
             std::cmp::Reverse(x.gpus.count_ones()),
             std::cmp::Reverse(x.cpus.iter().map(|(_, c)| c.len()).sum::<usize>()),
             std::cmp::Reverse(x.since),
@@ -100,7 +144,8 @@ fn plan_on(index: &Index, at: usize, req: &Request, now: i64) -> Option<HostPlan
     });
     candidates.truncate(MAX_CANDIDATES);
     for k in 0..=candidates.len() {
-        let mut best: Option<(Vec<Uuid>, i64)> = None;
+        type Best = (Vec<Uuid>, ((bool, Reverse<u64>), i64));
+        let mut best: Option<Best> = None;
         subsets(candidates.len(), k, |set| {
             let mut scratch = base.clone();
             for i in set {
@@ -111,19 +156,20 @@ fn plan_on(index: &Index, at: usize, req: &Request, now: i64) -> Option<HostPlan
             let fits = place_on(&scratch, req, Strategy::BestFit)
                 .is_some_and(|(c, _)| crate::spares::kept(index, at, &c.hold, req));
             if fits {
-                let vms: Vec<Uuid> = set.iter().map(|i| candidates[*i].vm).collect();
-                let cost: i64 = vms.iter().map(|v| lost(h, *v, now)).sum();
+                let taken: Vec<&crate::Hold> = set.iter().map(|i| candidates[*i]).collect();
+                let lost: i64 = taken.iter().map(|x| lost(h, x.vm, now)).sum();
+                let cost = (lenders.cost(&taken), lost);
                 if best.as_ref().is_none_or(|b| cost < b.1) {
-                    best = Some((vms, cost));
+                    best = Some((taken.iter().map(|x| x.vm).collect(), cost));
                 }
             }
             false
         });
-        if let Some((vms, cost)) = best {
+        if let Some((vms, (whose, lost))) = best {
             return Some(HostPlan {
                 victims: vms,
                 waiting,
-                cost: (k, cost),
+                cost: (whose, k, lost),
             });
         }
     }
@@ -133,9 +179,15 @@ fn plan_on(index: &Index, at: usize, req: &Request, now: i64) -> Option<HostPlan
 /// The cheapest reclamation for a guaranteed VM over all hosts, or `None`
 /// when even reclaiming every spot VM would not make room.
 pub fn plan(index: &Index, req: &Request, now: i64) -> Option<Plan> {
+    plan_lending(index, req, now, &Lenders::default())
+}
+
+/// [`plan`], borrowed VMs of `lenders` taken too where spot VMs are not
+/// enough.
+pub fn plan_lending(index: &Index, req: &Request, now: i64, lenders: &Lenders) -> Option<Plan> {
     let mut best: Option<(usize, HostPlan)> = None;
     for i in 0..index.hosts.len() {
-        if let Some(p) = plan_on(index, i, req, now) {
+        if let Some(p) = plan_on(index, i, req, now, lenders) {
             if best.as_ref().is_none_or(|b| p.cost < b.1.cost) {
                 best = Some((i, p));
             }
@@ -151,6 +203,16 @@ pub fn plan(index: &Index, req: &Request, now: i64) -> Option<Plan> {
 /// capacity, the rest each reclaim on one host. The index is left as it
 /// was. `None` when the cluster cannot be made to fit.
 pub fn plan_cluster(index: &Index, req: &ClusterRequest, now: i64) -> Option<Plan> {
+    plan_cluster_lending(index, req, now, &Lenders::default())
+}
+
+/// [`plan_cluster`], borrowed VMs of `lenders` taken too.
+pub fn plan_cluster_lending(
+    index: &Index,
+    req: &ClusterRequest,
+    now: i64,
+    lenders: &Lenders,
+) -> Option<Plan> {
     if req.one_unit && req.member.unit.is_none() {
         // One unit for all: the plan of the unit that reclaims fewest.
         let mut units: Vec<Option<u32>> = index.hosts.iter().map(|h| h.scalable_unit).collect();
@@ -165,13 +227,14 @@ pub fn plan_cluster(index: &Index, req: &ClusterRequest, now: i64) -> Option<Pla
                 };
                 // Hosts without a unit are no unit to keep a cluster in.
                 u?;
-                plan_cluster(
+                plan_cluster_lending(
                     index,
                     &ClusterRequest {
                         member,
                         ..req.clone()
                     },
                     now,
+                    lenders,
                 )
             })
             .min_by_key(|p| (p.victims.len(), p.waiting_on.len()));
@@ -189,7 +252,7 @@ pub fn plan_cluster(index: &Index, req: &ClusterRequest, now: i64) -> Option<Pla
             scratch.apply(c.host, hold);
             continue;
         }
-        let p = plan(&scratch, member, now)?;
+        let p = plan_lending(&scratch, member, now, lenders)?;
         for (h, vm) in p.victims.iter().chain(&p.waiting_on) {
             scratch.release(*h, *vm);
         }

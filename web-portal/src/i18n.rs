@@ -375,7 +375,7 @@ pub struct Scheduled {
     pub host: String,
     /// When, as shown.
     pub at: String,
-    /// `evacuate`, `replace` or `stop`.
+    /// `evacuate`, `replace`, `stop` or `reclaimable` (borrowed).
     pub action: String,
     pub reason: Option<String>,
 }
@@ -406,6 +406,14 @@ pub fn scheduled_sentence(lang: Lang, e: &Scheduled) -> String {
         (Lang::Ja, "replace") => format!(
             "ホスト {} は {} にメンテナンス予定です{why}。このクラスタメンバーはその時点で別のホストに置き換えられます（名前とアドレスは同じ、ルートディスクは新規）。",
             e.host, e.at
+        ),
+        (Lang::En, "reclaimable") => format!(
+            "Borrowed since {}: this VM runs above its project's guaranteed share of GPUs, and may be reclaimed, with notice, for a project within its own share.",
+            e.at
+        ),
+        (Lang::Ja, "reclaimable") => format!(
+            "{} から借用中：この VM はプロジェクトの保証 GPU 枠を超えて動いており、枠内のプロジェクトのために予告の上で回収されることがあります。",
+            e.at
         ),
         (Lang::En, _) => format!(
             "Host {} has maintenance at {}{why}: this VM stays there, stopped, until it is over.",

@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 use kumo_api_types::{HostState, Power, ServiceLevel, VmSpec, VmState};
 use kumo_scheduler::place::Choice;
-use kumo_scheduler::reclaim::{self, Plan};
+use kumo_scheduler::reclaim::{self, Lenders, Plan};
 use kumo_scheduler::{place_cluster, ClusterRequest, Index, Request, Strategy};
 use kumo_topology::guest_layout::Placement;
 use sea_orm::sea_query::Expr;
@@ -549,6 +549,7 @@ async fn insert_vm(
         unshelve_anywhere: Set(false),
         disk_move_token_sha256: Set(None),
         evacuating: Set(None),
+        borrowed_at: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
     }
@@ -739,6 +740,9 @@ async fn commit(
         let victims: Vec<Uuid> = p.victims.iter().map(|(_, v)| *v).collect();
         let why = "reclaimed for a guaranteed request";
         preempt(&txn, &victims, st.config.preemption_grace, why, now).await?;
+    } else {
+        // The new VMs within the tenant's guaranteed share or borrowed.
+        peers.extend(crate::app::guarantees::remark(&txn, Some(job.tenant.id), now).await?);
     }
     txn.commit().await?;
     for h in peers {
@@ -764,15 +768,27 @@ pub async fn preempt(
         let Some(vm) = vms::Entity::find_by_id(*id).one(txn).await? else {
             continue;
         };
+        let spec = crate::store::vms::stored_spec(&vm)?;
         // Its own notice when it asked for one (bounded when it was made),
         // else the platform's.
-        let grace = match crate::store::vms::stored_spec(&vm)?.notice_seconds {
+        let grace = match spec.notice_seconds {
             Some(s) => std::time::Duration::from_secs(u64::from(s)),
             None => grace,
         };
         let deadline: DateTime<Utc> = now
             + chrono::Duration::from_std(grace).unwrap_or_else(|_| chrono::Duration::seconds(30));
         let state = stored_state(&vm)?;
+        // A guaranteed VM only while borrowed (its mark read with the row:
+        // the index's may be a moment old).
+        let borrowed = spec.service_level == ServiceLevel::Guaranteed;
+        if borrowed && vm.borrowed_at.is_none() {
+            continue;
+        }
+        let why = if borrowed {
+            "borrowed (above its project's guaranteed share), reclaimed for a project within its own share"
+        } else {
+            why
+        };
         if !holds(state)
             || matches!(
                 state,
@@ -978,6 +994,7 @@ fn reclaim_plan(
     st: &AppState,
     job: &Admission<'_>,
     beside: bool,
+    lenders: &Lenders,
 ) -> Result<Option<(Plan, Option<String>)>, ApiError> {
     let members = job.members;
     let Some(first) = members.first() else {
@@ -992,14 +1009,14 @@ fn reclaim_plan(
     };
     let now = st.config.clock.now().timestamp();
     let plan = if members.len() == 1 {
-        reclaim::plan(&index, &req, now)
+        reclaim::plan_lending(&index, &req, now, lenders)
     } else {
         let cluster = ClusterRequest {
             size: members.len() as u32,
             member: req,
             one_unit: job.one_unit,
         };
-        reclaim::plan_cluster(&index, &cluster, now)
+        reclaim::plan_cluster_lending(&index, &cluster, now, lenders)
     };
     Ok(plan.map(|p| {
         let model = planned_model(&index, &first.spec, &p);
@@ -1049,13 +1066,42 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
     }
     // Beside a placed sibling: spot VMs in its unit (on the cluster's
     // spares) are reclaimed first; elsewhere only when that cannot work.
-    let mut plan = reclaim_plan(st, &job, true)?;
+    let spot_only = Lenders::default();
+    let mut plan = reclaim_plan(st, &job, true, &spot_only)?;
     if plan.is_none() {
         let restricted = beside_spares(&st.capacity.lock(), &job);
         if restricted && place(st, job, Reach::Anywhere).await? {
             return Ok(Admitted::Placed);
         }
-        plan = reclaim_plan(st, &job, false)?;
+        plan = reclaim_plan(st, &job, false, &spot_only)?;
+    }
+    // Within the tenant's guaranteed share: other tenants' borrowed VMs
+    // too (held to the model the share is of).
+    let for_share: Vec<Member>;
+    let mut job = job;
+    if plan.is_none() && first.spec.gpus > 0 {
+        let named = first.spec.gpu_model.as_deref();
+        if let Some(model) = crate::app::guarantees::model_for(&st.db, job.tenant.id, named).await? {
+            let gpus = u64::from(first.spec.gpus) * job.members.len() as u64;
+            let lenders =
+                crate::app::guarantees::lenders(&st.db, job.tenant.id, &model, gpus).await?;
+            if let Some(lenders) = lenders {
+                for_share = job
+                    .members
+                    .iter()
+                    .cloned()
+                    .map(|mut m| {
+                        m.spec.gpu_model = Some(model.clone());
+                        m
+                    })
+                    .collect();
+                job = Admission {
+                    members: &for_share,
+                    ..job
+                };
+                plan = reclaim_plan(st, &job, false, &lenders)?;
+            }
+        }
     }
     let Some((plan, model)) = plan else {
         return Err(no_room(job.members));

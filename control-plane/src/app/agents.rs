@@ -226,9 +226,7 @@ pub async fn desired(st: &AppState, host: &hosts::Model) -> Result<DesiredState,
             spec,
             placement,
             preemption,
-            events: crate::app::maintenance::scheduled(&v, host)?
-                .into_iter()
-                .collect(),
+            events: crate::app::maintenance::events_of(&v, host)?,
             hostfile: cluster_files.map(|(f, _)| f.clone()),
             members: cluster_files.and_then(|(_, m)| m.clone()),
             nics: net.nics.remove(&v.id).unwrap_or_default(),

@@ -41,6 +41,21 @@ fn notice_of(v: &vms::Model) -> Result<Option<u32>, ApiError> {
     Ok(crate::store::vms::stored_spec(v)?.notice_seconds)
 }
 
+/// What a VM on `host` is told (API, portal, `/run/kumo/events`): its
+/// host's maintenance, and that it is borrowed.
+pub fn events_of(v: &vms::Model, host: &hosts::Model) -> Result<Vec<ScheduledEvent>, ApiError> {
+    let mut out: Vec<ScheduledEvent> = scheduled(v, host)?.into_iter().collect();
+    if let Some(since) = v.borrowed_at {
+        let model = crate::store::vms::stored_spec(v)?.gpu_model;
+        out.push(crate::domain::guarantees::borrowed_event(
+            since,
+            &host.name,
+            model.as_deref(),
+        ));
+    }
+    Ok(out)
+}
+
 /// The event scheduled for a VM on `host`, if its host has a window: at
 /// the window, or later when the VM asked for more notice than it gives.
 pub fn scheduled(v: &vms::Model, host: &hosts::Model) -> Result<Option<ScheduledEvent>, ApiError> {
@@ -102,7 +117,7 @@ pub async fn schedule(
             match e.action {
                 ScheduledAction::Evacuate => "moved to another host with its disks (kumo vm evacuate does it now)",
                 ScheduledAction::Replace => "replaced on another host (a cluster member: same name and address, fresh root disk)",
-                ScheduledAction::Stop => "stopped",
+                ScheduledAction::Stop | ScheduledAction::Reclaimable => "stopped",
             },
             reason.as_deref().map(|r| format!("; {r}")).unwrap_or_default(),
         );
@@ -355,7 +370,7 @@ async fn open_window(
             // Stopped already (suspended to disk) or being shut down by
             // the reaper (reclaimed): they stay, off, until the host is
             // back.
-            Some(ScheduledAction::Stop) | None => {}
+            Some(ScheduledAction::Stop | ScheduledAction::Reclaimable) | None => {}
         }
     }
     if !opening && !acted {

@@ -47,16 +47,74 @@ pub fn level_of(spec: &VmSpec) -> Level {
     }
 }
 
-/// What a running VM is charged for: `(class, quantity)`.
-pub fn compute_resources(spec: &VmSpec, gpu_model: Option<&str>) -> Vec<(String, Decimal)> {
+/// What a running VM is charged for: `(class, quantity)`. Its GPUs at
+/// the borrow rate while it is borrowed.
+pub fn compute_resources(
+    spec: &VmSpec,
+    gpu_model: Option<&str>,
+    borrowed: bool,
+) -> Vec<(String, Decimal)> {
     let mut out = Vec::new();
-    if spec.gpus > 0 {
-        let model = gpu_model.or(spec.gpu_model.as_deref()).unwrap_or("unknown");
-        out.push((gpu_class(model), Decimal::from(spec.gpus)));
+    if let Some(g) = gpu_resource(spec, gpu_model, borrowed) {
+        out.push(g);
     }
     out.push((VCPU.to_owned(), Decimal::from(spec.vcpus)));
     out.push((MEMORY_GIB.to_owned(), Decimal::from(spec.memory_gib)));
     out
+}
+
+fn gpu_resource(
+    spec: &VmSpec,
+    gpu_model: Option<&str>,
+    borrowed: bool,
+) -> Option<(String, Decimal)> {
+    if spec.gpus == 0 {
+        return None;
+    }
+    let model = gpu_model.or(spec.gpu_model.as_deref()).unwrap_or("unknown");
+    let class = if borrowed {
+        kumo_billing::rates::borrowed_gpu_class(model)
+    } else {
+        gpu_class(model)
+    };
+    Some((class, Decimal::from(spec.gpus)))
+}
+
+/// A running VM became borrowed or stopped being: its GPUs' run ends and
+/// one at the other rate begins.
+pub async fn borrowing_changed(
+    txn: &DatabaseTransaction,
+    vm: &vms::Model,
+    borrowed: bool,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let spec = stored_spec(vm)?;
+    let open_runs = meter_runs::Entity::find()
+        .filter(meter_runs::Column::VmId.eq(vm.id))
+        .filter(meter_runs::Column::EndedAt.is_null())
+        .all(txn)
+        .await?;
+    // Not running: the next start opens the right run.
+    let Some(run) = open_runs
+        .iter()
+        .find(|r| kumo_billing::rates::is_vm_gpu_class(&r.class))
+    else {
+        return Ok(());
+    };
+    // The model the run was opened for (its host's), kept.
+    let model = run.class.split_once(':').map(|(_, m)| m.to_owned());
+    let Some(gpus) = gpu_resource(&spec, model.as_deref(), borrowed) else {
+        return Ok(());
+    };
+    if gpus.0 == run.class {
+        return Ok(());
+    }
+    meter_runs::Entity::update_many()
+        .col_expr(meter_runs::Column::EndedAt, Expr::value(Some(at)))
+        .filter(meter_runs::Column::Id.eq(run.id))
+        .exec(txn)
+        .await?;
+    open(txn, vm, level_of(&spec), vec![gpus], at).await
 }
 
 /// The model of the VM's GPUs, from its host's profile.
@@ -156,7 +214,8 @@ pub async fn transition(
     match (billable(from), billable(to)) {
         (false, true) => {
             let spec = stored_spec(vm)?;
-            let resources = compute_resources(&spec, gpu_model.as_deref());
+            let resources =
+                compute_resources(&spec, gpu_model.as_deref(), vm.borrowed_at.is_some());
             open(txn, vm, level_of(&spec), resources, at).await
         }
         (true, false) => close(txn, vm.id, false, at).await,

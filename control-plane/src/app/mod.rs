@@ -22,6 +22,7 @@ pub mod edges;
 pub mod fleet;
 pub mod fleet_metrics;
 pub mod gpu_telemetry;
+pub mod guarantees;
 pub mod host_loss;
 pub mod host_network;
 pub mod hosts;

@@ -17,7 +17,9 @@ pub async fn show(st: &AppState, actor: &Actor, tenant: &str) -> Result<Quota, A
 }
 
 /// Replaces a tenant's quota (platform admins). GPU models left out get
-/// zero.
+/// zero. Guarantees are each within their cap, and never raised beyond
+/// the GPUs in service (all tenants' guarantees of a model together);
+/// VMs' borrowed marks follow at once.
 pub async fn set(
     st: &AppState,
     actor: &Actor,
@@ -27,7 +29,9 @@ pub async fn set(
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require_admin("setting a quota (ask a platform administrator for more)")?;
     crate::domain::quota::validate(body)?;
+    crate::domain::guarantees::validate(body)?;
     let txn = st.db.begin().await?;
+    crate::app::guarantees::check_promise(st, &txn, tenant.id, &body.guarantee).await?;
     let row = tenant_quotas::ActiveModel {
         tenant_id: Set(tenant.id),
         vcpus: Set(i64::from(body.vcpus)),
@@ -59,12 +63,21 @@ pub async fn set(
             tenant_id: Set(tenant.id),
             gpu_model: Set(model.clone()),
             gpus: Set(i64::from(*n)),
+            guarantee: Set(i64::from(
+                body.guarantee.get(model).copied().unwrap_or(0),
+            )),
         }
         .insert(&txn)
         .await?;
     }
     audit::record(&txn, actor, "quota.set", Some(&tenant), &tenant.name).await?;
+    // A model newly promised (or no longer) changes everyone's marks.
+    let woken = crate::app::guarantees::remark(&txn, None, actor.at).await?;
     let stored = load(&txn, tenant.id).await?;
     txn.commit().await?;
+    for h in woken {
+        st.capacity.refresh_host(&st.db, h).await?;
+        st.signals.notify(h);
+    }
     Ok(stored)
 }

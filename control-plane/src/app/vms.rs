@@ -664,12 +664,11 @@ fn view_on(
         guest_condition: v.guest_condition.clone(),
         preempt_deadline: v.preempt_deadline,
         scheduled_events: match host {
-            Some((h, _)) => crate::app::maintenance::scheduled(v, h)?
-                .into_iter()
-                .collect(),
+            Some((h, _)) => crate::app::maintenance::events_of(v, h)?,
             None => Vec::new(),
         },
         cluster: cluster.map(str::to_owned),
+        borrowed_since: v.borrowed_at,
         networks,
         shares,
         created_at: v.created_at,

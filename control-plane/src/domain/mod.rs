@@ -5,6 +5,7 @@ pub mod cluster_health;
 pub mod device_health;
 pub mod faults;
 pub mod gpu_telemetry;
+pub mod guarantees;
 pub mod idle_gpus;
 pub mod imports;
 pub mod ingress;

@@ -8,6 +8,8 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub gpu_model: String,
     pub gpus: i64,
+    /// GPUs of the model promised to the tenant (at most `gpus`).
+    pub guarantee: i64,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

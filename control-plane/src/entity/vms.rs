@@ -36,6 +36,10 @@ pub struct Model {
     /// placed on another host, its disks moving with it, with this desired
     /// power (what it had).
     pub evacuating: Option<String>,
+    /// Since when it runs above its tenant's guaranteed share of its GPU
+    /// model: it may be reclaimed for a tenant within its share
+    /// (`domain::guarantees`).
+    pub borrowed_at: Option<DateTimeUtc>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

@@ -573,6 +573,7 @@ impl Capacity {
                     vm: v.id,
                     tenant: v.tenant_id,
                     spot: *spot,
+                    borrowed: v.borrowed_at.is_some(),
                     reclaiming: *reclaiming,
                     since: v.created_at.timestamp(),
                     placement: p,

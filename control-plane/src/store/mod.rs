@@ -12,6 +12,7 @@ pub mod clusters;
 pub mod consoles;
 pub mod device_health;
 pub mod gpu_telemetry;
+pub mod guarantees;
 pub mod hosts;
 pub mod idempotency;
 pub mod identity;

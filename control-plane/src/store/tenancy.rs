@@ -33,6 +33,11 @@ pub async fn load(db: &impl ConnectionTrait, tenant_id: Uuid) -> Result<Quota, A
         q.volume_gib = to_u32(b.volume_gib);
         q.share_gib = to_u32(b.share_gib);
     }
+    q.guarantee = gpus
+        .iter()
+        .filter(|g| g.guarantee > 0)
+        .map(|g| (g.gpu_model.clone(), to_u32(g.guarantee)))
+        .collect();
     q.gpus = gpus
         .into_iter()
         .map(|g| (g.gpu_model, to_u32(g.gpus)))

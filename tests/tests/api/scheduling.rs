@@ -425,3 +425,124 @@ async fn a_guaranteed_vm_naming_no_model_waits_for_a_reclaim() {
         Some(H100)
     );
 }
+
+/// A tenant's quota with a cap of 16 H100s and `guarantee` of them
+/// promised.
+fn share_quota(guarantee: u32) -> Quota {
+    let mut q = Quota { vcpus: 10_000, memory_gib: 100_000, vms: 100, disk_gib: 100_000, ..Default::default() };
+    q.gpus.insert(H100.into(), 16);
+    if guarantee > 0 {
+        q.guarantee.insert(H100.into(), guarantee);
+    }
+    q
+}
+
+async fn vm_of(s: &TestServer, tenant: &str, name: &str) -> Vm {
+    s.admin.get(&format!("/api/v1/tenants/{tenant}/vms/{name}")).await.unwrap()
+}
+
+on_both_backends! {
+    config = |c| c.preemption_grace = Duration::from_secs(2);
+
+    /// Issue 42, guaranteed shares: alpha (8 of 16 H100s promised) runs
+    /// 16 — its second VM is borrowed, and says so in the API, its events
+    /// and its host's desired state (the guest's events file); beta (8
+    /// promised) asks for 8 on the full fleet → alpha's borrowed VM gets
+    /// its notice, is reclaimed after the grace and beta's VM runs, while
+    /// alpha's VM within its share is never touched. A tenant with no
+    /// share gets no room that way; beta beyond its share waits without
+    /// reclaiming; and the platform promises no more than it has.
+    async fn a_tenant_within_its_share_reclaims_another_tenants_borrowed_vms(s: &TestServer) {
+        for t in ["alpha", "beta", "gamma"] {
+            s.bare_tenant(t).await;
+        }
+        let mut agents = vec![
+            s.sim_agent("gpu-0", "hgx-h100").await,
+            s.sim_agent("gpu-1", "hgx-h100").await,
+        ];
+        // Bad guarantees: over the cap (400), beyond the fleet (409).
+        let mut q = share_quota(8);
+        q.guarantee.insert(H100.into(), 17);
+        let e = s.admin.set_quota("alpha", &q).await.unwrap_err();
+        assert_eq!(e.status(), Some(400), "{e}");
+        s.quota("alpha", &share_quota(8)).await;
+        let e = s.admin.set_quota("beta", &share_quota(9)).await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "{e}");
+        assert!(e.to_string().contains("17") && e.to_string().contains("16 are in service"), "{e}");
+        s.quota("beta", &share_quota(8)).await;
+        s.quota("gamma", &share_quota(0)).await;
+        assert_eq!(s.admin.quota("beta").await.unwrap().guarantee.get(H100), Some(&8));
+
+        let post = async |tenant: &str, name: &str| {
+            s.admin.post::<_, Vm>(&format!("/api/v1/tenants/{tenant}/vms"), &vm(name, 8, ServiceLevel::Guaranteed)).await
+        };
+        let a1 = post("alpha", "a-one").await.unwrap();
+        assert_eq!(a1.borrowed_since, None, "within alpha's share");
+        let a2 = post("alpha", "a-two").await.unwrap();
+        assert!(a2.borrowed_since.is_some(), "beyond alpha's share: {a2:?}");
+        assert!(a2.scheduled_events.iter().any(|e| e.kind == "borrowed"
+            && e.action == kumo_api_types::ScheduledAction::Reclaimable), "{:?}", a2.scheduled_events);
+        assert!(events_of(s, "alpha", &a2).await.contains(&"borrowed".to_string()));
+        for a in agents.iter_mut() {
+            a.converge().await;
+        }
+        // Its host tells the guest (`/run/kumo/events`).
+        let host = a2.host.clone().unwrap();
+        let agent = &agents[usize::from(host == "gpu-1")];
+        let d = agent.desired(None).await;
+        let told = d.vms.iter().find(|v| v.id == a2.id).unwrap();
+        assert!(told.events.iter().any(|e| e.kind == "borrowed"), "{:?}", told.events);
+        // Its GPUs run at the borrow rate class (priced as a GPU unless set).
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        let runs = kumo_server::entity::meter_runs::Entity::find()
+            .filter(kumo_server::entity::meter_runs::Column::VmId.eq(a2.id))
+            .all(s.db()).await.unwrap();
+        assert!(runs.iter().any(|r| r.class == format!("borrowed_gpu:{H100}") && r.ended_at.is_none()), "{runs:?}");
+
+        // No share, or beyond it: no room.
+        for (tenant, name) in [("gamma", "g-one")] {
+            let e = post(tenant, name).await.unwrap_err();
+            assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity");
+        }
+        // Within beta's share: alpha's borrowed VM is reclaimed for it.
+        let asked = Instant::now();
+        let b1 = post("beta", "b-one").await.unwrap();
+        assert_eq!(b1.state, VmState::Pending);
+        let a2_now = vm_of(s, "alpha", "a-two").await;
+        assert_eq!(a2_now.state, VmState::Preempting);
+        assert!(a2_now.preempt_deadline.is_some());
+        assert_eq!(vm_of(s, "alpha", "a-one").await.state, VmState::Running);
+        // Beyond its share now: it waits (on the room being freed, behind
+        // b-one) and reclaims nothing more.
+        let b2 = post("beta", "b-two").await.unwrap();
+        assert_eq!(b2.state, VmState::Pending);
+        assert_eq!(vm_of(s, "alpha", "a-one").await.state, VmState::Running);
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            for a in agents.iter_mut() {
+                a.converge().await;
+            }
+            if vm_of(s, "beta", "b-one").await.state == VmState::Running {
+                break;
+            }
+            assert!(Instant::now() < until, "b1 still {:?}", vm_of(s, "beta", "b-one").await.state);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(asked.elapsed() >= Duration::from_secs(2), "placed before the grace ended");
+        let a2_now = vm_of(s, "alpha", "a-two").await;
+        assert_eq!(a2_now.state, VmState::Preempted);
+        assert_eq!(a2_now.borrowed_since, None, "reclaimed: it borrows nothing now");
+        let a1_now = vm_of(s, "alpha", "a-one").await;
+        assert_eq!(a1_now.state, VmState::Running, "alpha's VM within its share untouched");
+        assert!(!events_of(s, "alpha", &a1).await.iter().any(|k| k == "preempting"));
+        let b1 = vm_of(s, "beta", "b-one").await;
+        assert_eq!(b1.borrowed_since, None);
+        assert_eq!(b1.host, a2.host, "in the room the borrowed VM gave back");
+        // b-two is beyond beta's share: it waits, and alpha keeps its share.
+        for a in agents.iter_mut() {
+            a.converge().await;
+        }
+        assert_eq!(vm_of(s, "beta", "b-two").await.state, VmState::Pending);
+        assert_eq!(vm_of(s, "alpha", "a-one").await.state, VmState::Running);
+    }
+}

@@ -71,6 +71,8 @@ pub async fn run(st: AppState) {
 /// One pass over everything the reaper looks after.
 pub async fn pass(st: &AppState) -> Result<(), ApiError> {
     expire(st).await?;
+    // Marks first: who may lend to a pending request depends on them.
+    crate::app::guarantees::pass(st).await?;
     // Guaranteed VMs waiting for reclaimed room come before the spot VMs
     // that gave it up: resuming first would take the room straight back.
     place_pending(st).await?;
@@ -121,6 +123,11 @@ async fn expire(st: &AppState) -> Result<(), ApiError> {
                 Expr::value(None::<chrono::DateTime<Utc>>),
             )
             .col_expr(vms::Column::UpdatedAt, Expr::value(now))
+            // Reclaimed: it borrows nothing any more.
+            .col_expr(
+                vms::Column::BorrowedAt,
+                Expr::value(None::<chrono::DateTime<Utc>>),
+            )
             .filter(vms::Column::Id.eq(vm.id))
             .filter(vms::Column::State.eq(VmState::Preempting.as_str()));
         if let Some(p) = power {
@@ -168,6 +175,7 @@ async fn resume(st: &AppState) -> Result<(), ApiError> {
                 vm: vm.id,
                 tenant: vm.tenant_id,
                 spot: true,
+                borrowed: false,
                 reclaiming: false,
                 since: vm.created_at.timestamp(),
                 placement: &placement,

@@ -809,6 +809,7 @@ async fn vm_page(
                     kumo_api_types::ScheduledAction::Evacuate => "evacuate",
                     kumo_api_types::ScheduledAction::Replace => "replace",
                     kumo_api_types::ScheduledAction::Stop => "stop",
+                    kumo_api_types::ScheduledAction::Reclaimable => "reclaimable",
                 }
                 .into(),
                 reason: e.reason.clone(),
