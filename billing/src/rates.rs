@@ -191,7 +191,13 @@ mod tests {
         {
             assert_eq!(card(&class).validate(), Ok(()), "{class}");
         }
-        for class in ["spare_gpu:", "gpu:", "borrowed_gpu:", "spare_vcpu", "gpus:H100"] {
+        for class in [
+            "spare_gpu:",
+            "gpu:",
+            "borrowed_gpu:",
+            "spare_vcpu",
+            "gpus:H100",
+        ] {
             assert_eq!(
                 card(class).validate(),
                 Err(RateError::UnknownClass(class.to_owned()))
@@ -217,7 +223,10 @@ mod tests {
         );
         let book = RateBook::new(vec![with]);
         assert_eq!(book.price(t, &borrowed, Level::Guaranteed), Decimal::TWO);
-        assert_eq!(book.price(t, &gpu_class("H100"), Level::Guaranteed), Decimal::ONE);
+        assert_eq!(
+            book.price(t, &gpu_class("H100"), Level::Guaranteed),
+            Decimal::ONE
+        );
         assert!(is_vm_gpu_class(&borrowed) && is_vm_gpu_class("gpu:H100"));
         assert!(!is_vm_gpu_class("spare_gpu:H100"));
     }

@@ -54,8 +54,13 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, m: &SchemaManager) -> Result<(), DbErr> {
-        m.drop_index(Index::drop().name("vms_borrowed_at").table(Vms::Table).to_owned())
-            .await?;
+        m.drop_index(
+            Index::drop()
+                .name("vms_borrowed_at")
+                .table(Vms::Table)
+                .to_owned(),
+        )
+        .await?;
         crate::drop_columns(m, Vms::Table, &[Vms::BorrowedAt]).await?;
         crate::drop_columns(m, TenantGpuQuotas::Table, &[TenantGpuQuotas::Guarantee]).await
     }

@@ -345,7 +345,11 @@ impl Index {
     /// what guaranteed shares may promise.
     pub fn gpus_in_service(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
-        for h in self.hosts.iter().filter(|h| h.state != HostUse::Unavailable) {
+        for h in self
+            .hosts
+            .iter()
+            .filter(|h| h.state != HostUse::Unavailable)
+        {
             for (m, mask) in &h.profile.model_masks {
                 if let Some(name) = self.model_name(*m) {
                     *out.entry(name.to_owned()).or_default() +=

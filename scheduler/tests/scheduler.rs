@@ -1217,3 +1217,60 @@ fn placement_figures_stay_within_twice_the_recorded_ones() {
         );
     }
 }
+
+/// A guaranteed VM of `tenant` on `host`, borrowed or not.
+fn guaranteed_on(index: &mut Index, host: usize, gpus: u32, tenant: Uuid, borrowed: bool) -> Uuid {
+    let mut only = index.clone();
+    for (i, h) in only.hosts.iter_mut().enumerate() {
+        if i != host {
+            h.state = HostUse::Unavailable;
+        }
+    }
+    let c = place(&only, &gpu_req(index, gpus, H100), Strategy::BestFit).unwrap();
+    let vm = Uuid::now_v7();
+    let mut hold = c.hold;
+    hold.vm = vm;
+    hold.tenant = tenant;
+    hold.borrowed = borrowed;
+    index.apply(host, hold);
+    vm
+}
+
+/// Issue 42: borrowed VMs are victims only for a request lent to (a
+/// tenant within its share), after spot VMs, and of the borrower furthest
+/// above its share first; never VMs within a share, never the lenders'
+/// own.
+#[test]
+fn borrowed_vms_are_taken_after_spot_ones_from_the_furthest_above_its_share() {
+    let (near, far) = (Uuid::from_u128(1), Uuid::from_u128(2));
+    let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None), ("hgx-h100", None)]);
+    let near_vm = guaranteed_on(&mut index, 0, 8, near, true);
+    let far_vm = guaranteed_on(&mut index, 1, 8, far, true);
+    let kept = guaranteed_on(&mut index, 2, 4, far, false);
+    let spot_vm = spot(&mut index, 2, 4, 0);
+    let req = gpu_req(&index, 8, H100);
+    assert!(place(&index, &req, Strategy::BestFit).is_none());
+    // Nobody lends: spot VMs alone cannot make 8 GPUs (host 2 keeps a
+    // guaranteed VM).
+    assert!(reclaim::plan(&index, &req, 0).is_none());
+    let lenders = reclaim::Lenders {
+        above: [(near, 8), (far, 16)].into(),
+    };
+    let plan = reclaim::plan_lending(&index, &req, 0, &lenders).unwrap();
+    assert_eq!(
+        plan.victims,
+        vec![(1, far_vm)],
+        "the furthest above its share"
+    );
+    // A 4-GPU request: the spot VM first, borrowed ones untouched.
+    let four = gpu_req(&index, 4, H100);
+    let plan = reclaim::plan_lending(&index, &four, 0, &lenders).unwrap();
+    assert_eq!(plan.victims, vec![(2, spot_vm)]);
+    // A borrower not among the lenders (the requester itself) is not taken.
+    let only_near = reclaim::Lenders {
+        above: [(near, 8)].into(),
+    };
+    let plan = reclaim::plan_lending(&index, &req, 0, &only_near).unwrap();
+    assert_eq!(plan.victims, vec![(0, near_vm)]);
+    assert!(plan.victims.iter().all(|(_, v)| *v != kept));
+}

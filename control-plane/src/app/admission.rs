@@ -1081,7 +1081,8 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
     let mut job = job;
     if plan.is_none() && first.spec.gpus > 0 {
         let named = first.spec.gpu_model.as_deref();
-        if let Some(model) = crate::app::guarantees::model_for(&st.db, job.tenant.id, named).await? {
+        if let Some(model) = crate::app::guarantees::model_for(&st.db, job.tenant.id, named).await?
+        {
             let gpus = u64::from(first.spec.gpus) * job.members.len() as u64;
             let lenders =
                 crate::app::guarantees::lenders(&st.db, job.tenant.id, &model, gpus).await?;

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use kumo_scheduler::reclaim::Lenders;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, TransactionTrait};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter, TransactionTrait,
+};
 use uuid::Uuid;
 
 use crate::context::AppState;
@@ -110,17 +112,13 @@ pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
             *last = broken;
         }
     }
-    st.metrics.set_overpromised(
-        promised
-            .keys()
-            .map(|m| {
-                let n = over
-                    .iter()
-                    .find(|o| &o.model == m)
-                    .map_or(0, |o| o.promised - o.in_service);
-                (m.clone(), n)
-            }),
-    );
+    st.metrics.set_overpromised(promised.keys().map(|m| {
+        let n = over
+            .iter()
+            .find(|o| &o.model == m)
+            .map_or(0, |o| o.promised - o.in_service);
+        (m.clone(), n)
+    }));
     if wrong_marks(&st.reads, None).await?.is_empty() {
         return Ok(0);
     }

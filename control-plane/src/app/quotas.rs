@@ -63,9 +63,7 @@ pub async fn set(
             tenant_id: Set(tenant.id),
             gpu_model: Set(model.clone()),
             gpus: Set(i64::from(*n)),
-            guarantee: Set(i64::from(
-                body.guarantee.get(model).copied().unwrap_or(0),
-            )),
+            guarantee: Set(i64::from(body.guarantee.get(model).copied().unwrap_or(0))),
         }
         .insert(&txn)
         .await?;

@@ -95,7 +95,13 @@ pub fn above(held: &[Holding], guarantees: &Guarantees, model: &str) -> HashMap<
 
 /// Whether `tenant` asking for `gpus` more of `model` stays within its
 /// guarantee.
-pub fn within(held: &[Holding], guarantees: &Guarantees, tenant: Uuid, model: &str, gpus: u64) -> bool {
+pub fn within(
+    held: &[Holding],
+    guarantees: &Guarantees,
+    tenant: Uuid,
+    model: &str,
+    gpus: u64,
+) -> bool {
     let share = guarantees
         .get(&tenant)
         .and_then(|g| g.get(model))
@@ -203,7 +209,10 @@ mod tests {
         // within. A100 is promised to nobody: nothing borrowed.
         assert_eq!(
             b,
-            [2, 3].into_iter().map(Uuid::from_u128).collect::<HashSet<_>>()
+            [2, 3]
+                .into_iter()
+                .map(Uuid::from_u128)
+                .collect::<HashSet<_>>()
         );
         // A tenant with no guarantee of a promised model borrows all of it.
         let b = borrowed(&held, &g(&[(20, "H100", 8)]));
@@ -214,7 +223,11 @@ mod tests {
 
     #[test]
     fn above_and_within_count_the_model_asked_for() {
-        let held = [h(1, 10, "H100", 16), h(2, 20, "H100", 4), h(3, 30, "H100", 12)];
+        let held = [
+            h(1, 10, "H100", 16),
+            h(2, 20, "H100", 4),
+            h(3, 30, "H100", 12),
+        ];
         let guarantees = g(&[(10, "H100", 8), (20, "H100", 8)]);
         let a = above(&held, &guarantees, "H100");
         assert_eq!(a.get(&Uuid::from_u128(10)), Some(&8));

@@ -429,7 +429,13 @@ async fn a_guaranteed_vm_naming_no_model_waits_for_a_reclaim() {
 /// A tenant's quota with a cap of 16 H100s and `guarantee` of them
 /// promised.
 fn share_quota(guarantee: u32) -> Quota {
-    let mut q = Quota { vcpus: 10_000, memory_gib: 100_000, vms: 100, disk_gib: 100_000, ..Default::default() };
+    let mut q = Quota {
+        vcpus: 10_000,
+        memory_gib: 100_000,
+        vms: 100,
+        disk_gib: 100_000,
+        ..Default::default()
+    };
     q.gpus.insert(H100.into(), 16);
     if guarantee > 0 {
         q.guarantee.insert(H100.into(), guarantee);
@@ -438,7 +444,10 @@ fn share_quota(guarantee: u32) -> Quota {
 }
 
 async fn vm_of(s: &TestServer, tenant: &str, name: &str) -> Vm {
-    s.admin.get(&format!("/api/v1/tenants/{tenant}/vms/{name}")).await.unwrap()
+    s.admin
+        .get(&format!("/api/v1/tenants/{tenant}/vms/{name}"))
+        .await
+        .unwrap()
 }
 
 on_both_backends! {
@@ -456,7 +465,7 @@ on_both_backends! {
         for t in ["alpha", "beta", "gamma"] {
             s.bare_tenant(t).await;
         }
-        let mut agents = vec![
+        let mut agents = [
             s.sim_agent("gpu-0", "hgx-h100").await,
             s.sim_agent("gpu-1", "hgx-h100").await,
         ];
