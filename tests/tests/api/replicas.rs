@@ -19,6 +19,27 @@ async fn replica(s: &TestServer) -> (kumo_server::RunningServer, kumo_cli::Clien
     (r, admin)
 }
 
+/// An 8-GPU guaranteed VM: a whole simulated HGX host.
+fn whole_host(name: &str) -> VmCreate {
+    VmCreate {
+        name: name.into(),
+        gpus: 8,
+        gpu_model: None,
+        vcpus: Some(16),
+        memory_gib: Some(64),
+        disk_gib: None,
+        template: None,
+        service_level: ServiceLevel::Guaranteed,
+        ssh_keys: vec![],
+        networks: Vec::new(),
+        volumes: Vec::new(),
+        on_reclaim: None,
+        on_host_loss: None,
+        notice_seconds: None,
+        shares: Vec::new(),
+    }
+}
+
 /// A counter's value in the server's Prometheus text.
 fn counter(text: &str, name: &str) -> u64 {
     text.lines()
@@ -94,6 +115,23 @@ on_both_backends! {
         b.stop().await.unwrap();
     }
 
+    /// A host that came after the follower's last reading and whose
+    /// desired state moved before its next is woken by that next reading:
+    /// its long poll must not sleep its 25 s out (the cause of this file's
+    /// old flake: registered at A just before A's reading, placed on
+    /// through B before the next).
+    async fn a_host_new_to_the_follower_is_woken_when_its_revision_moved(s: &TestServer) {
+        s.tenant("lab").await;
+        let follower = kumo_server::store::capacity::Capacity::default();
+        let signals = kumo_server::signals::HostSignals::default();
+        follower.catch_up(s.db(), &signals).await.unwrap(); // no hosts yet
+        let agent = s.sim_agent("gpu-0", "hgx-h100").await;
+        let seen = signals.seen(agent.host_id);
+        let _: Vm = s.admin.post("/api/v1/tenants/lab/vms", &whole_host("one")).await.unwrap();
+        follower.catch_up(s.db(), &signals).await.unwrap();
+        assert!(signals.seen(agent.host_id) > seen, "the new host's waiters were not woken");
+    }
+
     /// A VM placed through replica B takes its GPUs out of replica A's
     /// index and wakes the host's long poll held at A, both within about
     /// a second (the full re-read is minutes apart); the VM's deletion
@@ -133,26 +171,7 @@ on_both_backends! {
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         let _: Vm = b_admin
-            .post(
-                "/api/v1/tenants/lab/vms",
-                &VmCreate {
-                    name: "whole".into(),
-                    gpus: 8,
-                    gpu_model: None,
-                    vcpus: Some(16),
-                    memory_gib: Some(64),
-                    disk_gib: None,
-                    template: None,
-                    service_level: ServiceLevel::Guaranteed,
-                    ssh_keys: vec![],
-                    networks: Vec::new(),
-                    volumes: Vec::new(),
-                    on_reclaim: None,
-                    on_host_loss: None,
-                    notice_seconds: None,
-                    shares: Vec::new(),
-                },
-            )
+            .post("/api/v1/tenants/lab/vms", &whole_host("whole"))
             .await
             .unwrap();
         let took = within("A's index to see the GPUs taken", Duration::from_secs(3), async || {

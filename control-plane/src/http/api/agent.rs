@@ -111,11 +111,6 @@ pub async fn telemetry(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// How long a woken long poll waits before it reads again when its read
-/// did not show the change yet, and how many times.
-const LAG_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
-const LAG_RETRIES: u32 = 20;
-
 /// Everything that should exist on this host. With `after`, waits until
 /// the revision passes it (at most 25 s), so changes arrive at once.
 #[utoipa::path(
@@ -132,11 +127,6 @@ pub async fn desired(
     let mut seen = st.signals.seen(host.id);
     let mut current = host;
     if let Some(after) = q.after {
-        // Reads left to retry shortly after a wake-up whose change the
-        // read did not show yet (a read connection can trail the writer
-        // that committed it, or the replica whose catch-up woke us, by a
-        // moment); without them such a poll slept its 25 s out.
-        let mut lagging = 0u32;
         loop {
             // Read after taking the count: a change landing meanwhile is
             // either in this row or counted, so no wake-up is missed.
@@ -153,19 +143,8 @@ pub async fn desired(
             }
             // Woken by a change made here, or by the host-change follower
             // for one made by another replica (within a second).
-            let before = seen;
-            let wait = if lagging > 0 {
-                left.min(LAG_RETRY)
-            } else {
-                left
-            };
-            st.signals.wait(current.id, seen, wait).await;
+            st.signals.wait(current.id, seen, left).await;
             seen = st.signals.seen(current.id);
-            lagging = if seen != before {
-                LAG_RETRIES
-            } else {
-                lagging.saturating_sub(1)
-            };
         }
     }
     Ok(axum::Json(
