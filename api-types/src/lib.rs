@@ -295,6 +295,20 @@ pub struct Quota {
     pub guarantee: BTreeMap<String, u32>,
 }
 
+/// A GPU model's guaranteed shares against the fleet: all tenants'
+/// guarantees together, and the model's GPUs in service now (on hosts not
+/// unreachable, retired or in maintenance, less those quarantined or in
+/// repair). `promised` above `in_service` means the platform cannot keep
+/// every promise until hosts come back or guarantees are lowered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct GuaranteeStanding {
+    pub model: String,
+    pub promised: u64,
+    pub in_service: u64,
+    /// Tenants promised some of it, with their guarantee.
+    pub tenants: BTreeMap<String, u32>,
+}
+
 // ---------------------------------------------------------------- audit
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -325,6 +325,9 @@ pub enum QuotaCmd {
         #[command(flatten)]
         tenant: TenantArg,
     },
+    /// Every GPU model's guaranteed shares against its GPUs in service
+    /// (platform admins).
+    Guarantees,
     /// Change the given limits; others keep their value (platform admins).
     Set {
         #[command(flatten)]
@@ -1563,6 +1566,30 @@ async fn quota(cmd: &QuotaCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> 
         QuotaCmd::Show { tenant } => {
             let q = c.quota(&tenant.tenant).await?;
             print_one(out, fmt, &q, || quota_table(&q))?;
+        }
+        QuotaCmd::Guarantees => {
+            let list: Vec<kumo_api_types::GuaranteeStanding> = c.get("/api/v1/guarantees").await?;
+            print_one(out, fmt, &list, || {
+                let mut t = Table::new(&["model", "promised", "in service", "tenants"]);
+                for g in &list {
+                    let short = if g.promised > g.in_service {
+                        " (OVERPROMISED)"
+                    } else {
+                        ""
+                    };
+                    t.row(vec![
+                        g.model.clone(),
+                        format!("{}{short}", g.promised),
+                        g.in_service.to_string(),
+                        g.tenants
+                            .iter()
+                            .map(|(t, n)| format!("{t}={n}"))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                    ]);
+                }
+                t.render()
+            })?;
         }
         QuotaCmd::Set {
             tenant,

@@ -662,11 +662,13 @@ async fn hold(
 
 /// One transaction for the whole admission: the quota, the cluster and
 /// VM rows, the held devices and claimed hosts, or the reclaim plan.
+/// Returns the hosts whose VMs' borrowed marks moved (the new VMs' own
+/// among them): the index re-reads them.
 async fn commit(
     st: &AppState,
     job: Admission<'_>,
     outcome: Outcome<'_>,
-) -> Result<(), CommitError> {
+) -> Result<Vec<Uuid>, CommitError> {
     let now = st.config.clock.now();
     let txn = st.db.begin().await?;
     let specs = placed_specs(job.members, outcome);
@@ -740,15 +742,19 @@ async fn commit(
         let victims: Vec<Uuid> = p.victims.iter().map(|(_, v)| *v).collect();
         let why = "reclaimed for a guaranteed request";
         preempt(&txn, &victims, st.config.preemption_grace, why, now).await?;
-    } else {
-        // The new VMs within the tenant's guaranteed share or borrowed.
-        peers.extend(crate::app::guarantees::remark(&txn, Some(job.tenant.id), now).await?);
     }
+    // The new VMs within the tenant's guaranteed share or borrowed.
+    let remarked = match outcome {
+        Outcome::Placed(..) => {
+            crate::app::guarantees::remark(&txn, Some(job.tenant.id), now).await?
+        }
+        Outcome::Waiting(_) => Vec::new(),
+    };
     txn.commit().await?;
-    for h in peers {
+    for h in peers.into_iter().chain(remarked.iter().copied()) {
         st.signals.notify(h);
     }
-    Ok(())
+    Ok(remarked)
 }
 
 /// Marks spot VMs `preempting` with a deadline and tells their hosts.
@@ -889,11 +895,16 @@ async fn place(st: &AppState, job: Admission<'_>, reach: Reach) -> Result<bool, 
         };
         let committed = commit(st, job, Outcome::Placed(&reserved, spares.as_ref())).await;
         match committed {
-            Ok(()) => {
+            Ok(remarked) => {
                 if let Some(p) = pending {
                     p.committed();
                 }
                 settle(st, &reserved, spares.as_ref());
+                // Their holds' marks, now: a request within its share a
+                // moment later must see these VMs borrowed.
+                for h in remarked {
+                    st.capacity.refresh_host(&st.db, h).await?;
+                }
                 return Ok(true);
             }
             Err(e) => {
@@ -1136,7 +1147,7 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
         return Ok(Admitted::Pending { reclaiming });
     }
     match commit(st, job, Outcome::Waiting(&plan)).await {
-        Ok(()) => {}
+        Ok(_) => {}
         Err(CommitError::Lost) => {
             return Err(ApiError::Conflict(
                 "a VM or cluster of that name was created concurrently".into(),

@@ -218,8 +218,40 @@ pub async fn check_promise(
     Ok(())
 }
 
-/// Whether `txn` saw guarantees (a cheap check before marking an
-/// admission's VMs).
-pub async fn any(db: &impl ConnectionTrait) -> Result<bool, ApiError> {
-    Ok(!rows::all(db).await?.is_empty() || rows::any_borrowed(db).await?)
+/// Every promised model's standing (platform admins).
+pub async fn standing(
+    st: &AppState,
+    actor: &crate::context::Actor,
+) -> Result<Vec<kumo_api_types::GuaranteeStanding>, ApiError> {
+    crate::app::access::require_admin(&actor.caller, "reading the fleet's guarantees")?;
+    let all = rows::all(&st.reads).await?;
+    let names: std::collections::HashMap<Uuid, String> = crate::entity::tenants::Entity::find()
+        .filter(crate::entity::tenants::Column::Id.is_in(all.keys().copied()))
+        .all(&st.reads)
+        .await?
+        .into_iter()
+        .map(|t| (t.id, t.name))
+        .collect();
+    let have = in_service(st);
+    let mut out: BTreeMap<String, kumo_api_types::GuaranteeStanding> = BTreeMap::new();
+    for (tenant, per) in &all {
+        for (model, n) in per {
+            let s = out
+                .entry(model.clone())
+                .or_insert_with(|| kumo_api_types::GuaranteeStanding {
+                    model: model.clone(),
+                    promised: 0,
+                    in_service: have.get(model).copied().unwrap_or(0),
+                    tenants: BTreeMap::new(),
+                });
+            s.promised += n;
+            let name = names
+                .get(tenant)
+                .cloned()
+                .unwrap_or_else(|| tenant.to_string());
+            s.tenants
+                .insert(name, u32::try_from(*n).unwrap_or(u32::MAX));
+        }
+    }
+    Ok(out.into_values().collect())
 }

@@ -481,6 +481,9 @@ on_both_backends! {
         s.quota("beta", &share_quota(8)).await;
         s.quota("gamma", &share_quota(0)).await;
         assert_eq!(s.admin.quota("beta").await.unwrap().guarantee.get(H100), Some(&8));
+        let standing: Vec<kumo_api_types::GuaranteeStanding> = s.admin.get("/api/v1/guarantees").await.unwrap();
+        assert_eq!((standing[0].promised, standing[0].in_service), (16, 16), "{standing:?}");
+        assert_eq!(standing[0].tenants.get("alpha"), Some(&8));
 
         let post = async |tenant: &str, name: &str| {
             s.admin.post::<_, Vm>(&format!("/api/v1/tenants/{tenant}/vms"), &vm(name, 8, ServiceLevel::Guaranteed)).await
@@ -553,5 +556,60 @@ on_both_backends! {
         }
         assert_eq!(vm_of(s, "beta", "b-two").await.state, VmState::Pending);
         assert_eq!(vm_of(s, "alpha", "a-one").await.state, VmState::Running);
+        // A GPU leaves service: the promise of 16 can no longer be kept,
+        // and the fleet says so (API, metric).
+        let bdf = b1.placement.as_ref().unwrap().gpus[0].host_bdf.clone();
+        let _: kumo_api_types::Device = s.admin.post(
+            &format!("/api/v1/hosts/{}/devices/{bdf}/quarantine", b1.host.as_deref().unwrap()),
+            &kumo_api_types::DeviceAction { reason: Some("test".into()) },
+        ).await.unwrap();
+        let standing: Vec<kumo_api_types::GuaranteeStanding> = s.admin.get("/api/v1/guarantees").await.unwrap();
+        assert_eq!((standing[0].promised, standing[0].in_service), (16, 15), "{standing:?}");
+        let metric = format!("kumo_gpu_guarantees_overpromised_gpus{{model=\"{H100}\"}} 1");
+        let until = Instant::now() + Duration::from_secs(5);
+        while !s.server.state.metrics.encode().contains(&metric) {
+            assert!(Instant::now() < until, "{metric} not in {}", s.server.state.metrics.encode());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Nobody may raise a guarantee now; lowering one is fine.
+        let e = s.admin.set_quota("alpha", &share_quota(9)).await.unwrap_err();
+        assert_eq!(e.status(), Some(409));
+        s.quota("alpha", &share_quota(7)).await;
+    }
+
+    /// Marks follow the shares, level-triggered: the VM within alpha's
+    /// share deleted, its borrowed one is within the share again at the
+    /// reaper's next pass — event, API, and its GPUs back at the GPU rate.
+    async fn a_borrowed_vm_is_within_the_share_again_when_room_in_it_frees(s: &TestServer) {
+        s.bare_tenant("alpha").await;
+        let mut agents = [
+            s.sim_agent("gpu-0", "hgx-h100").await,
+            s.sim_agent("gpu-1", "hgx-h100").await,
+        ];
+        s.quota("alpha", &share_quota(8)).await;
+        let post = async |name: &str| {
+            s.admin.post::<_, Vm>("/api/v1/tenants/alpha/vms", &vm(name, 8, ServiceLevel::Guaranteed)).await.unwrap()
+        };
+        let first = post("first").await;
+        let second = post("second").await;
+        assert!(first.borrowed_since.is_none() && second.borrowed_since.is_some());
+        for a in agents.iter_mut() {
+            a.converge().await;
+        }
+        s.admin.delete_vm("alpha", "first").await.unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while vm_of(s, "alpha", "second").await.borrowed_since.is_some() {
+            assert!(Instant::now() < until, "still borrowed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(events_of(s, "alpha", &second).await.contains(&"within-share".to_string()));
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        let runs = kumo_server::entity::meter_runs::Entity::find()
+            .filter(kumo_server::entity::meter_runs::Column::VmId.eq(second.id))
+            .all(s.db()).await.unwrap();
+        let open: Vec<&str> = runs.iter().filter(|r| r.ended_at.is_none()).map(|r| r.class.as_str()).collect();
+        assert!(open.contains(&format!("gpu:{H100}").as_str()), "{runs:?}");
+        assert!(runs.iter().any(|r| r.class == format!("borrowed_gpu:{H100}") && r.ended_at.is_some()), "{runs:?}");
+        assert!(vm_of(s, "alpha", "second").await.scheduled_events.iter().all(|e| e.kind != "borrowed"));
     }
 }

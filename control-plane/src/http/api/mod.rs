@@ -150,6 +150,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(tokens::revoke))
         .routes(routes!(tokens::create_for_user))
         .routes(routes!(quota::show, quota::set))
+        .routes(routes!(quota::guarantees))
         .routes(routes!(audit::list))
         .routes(routes!(hosts::create_join_token, hosts::list_join_tokens))
         .routes(routes!(hosts::revoke_join_token))

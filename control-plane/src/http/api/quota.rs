@@ -1,5 +1,5 @@
 use axum::extract::State;
-use kumo_api_types::Quota;
+use kumo_api_types::{GuaranteeStanding, Quota};
 
 use super::Problems;
 use crate::context::{Actor, AppState};
@@ -37,5 +37,21 @@ pub async fn set(
 ) -> Result<axum::Json<Quota>, ApiError> {
     Ok(axum::Json(
         crate::app::quotas::set(&st, &ctx, &tenant, &body).await?,
+    ))
+}
+
+/// Every GPU model's guaranteed shares against its GPUs in service
+/// (platform admins): what each tenant is promised, and whether the fleet
+/// can keep it.
+#[utoipa::path(
+    get, path = "/api/v1/guarantees", tag = "quota",
+    responses((status = 200, description = "Per GPU model", body = Vec<GuaranteeStanding>), Problems)
+)]
+pub async fn guarantees(
+    State(st): State<AppState>,
+    ctx: Actor,
+) -> Result<axum::Json<Vec<GuaranteeStanding>>, ApiError> {
+    Ok(axum::Json(
+        crate::app::guarantees::standing(&st, &ctx).await?,
     ))
 }
