@@ -13,6 +13,12 @@
 # with its hostname. /etc is a tmpfs, so whatever the host agent writes
 # there is gone after a reboot.
 #
+# SSH for real: Dropbear (Debian's dropbear-bin, with its libraries) on
+# port 22, public keys only, for root, whose authorized_keys are the
+# seed's `ssh_authorized_keys` (as cloud-init writes them for the default
+# user; the test template's default user is root). Its host key is made at
+# boot (ed25519: quick even under TCG); /run/kumo-ssh says when it listens.
+#
 # GPU telemetry without a GPU: /usr/bin/nvidia-smi is a stand-in that
 # prints /run/kumo-fake-gpus.csv (which a test writes through the guest
 # agent, one row per GPU in the order of kumo_topology::gpu_telemetry::
@@ -32,7 +38,7 @@ out=${1:?usage: build-test-guest.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 # Bump when the guest changes, so a cached guest is rebuilt.
-version=9
+version=11
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$version" ] && exit 0
 # In dependency order (the package has no modules.dep; see each module's
 # `depends=` in its .modinfo). The seed is a SATA cdrom on q35's AHCI.
@@ -47,18 +53,28 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 kernel_pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-apt-get download -qq "$kernel_pkg" qemu-guest-agent
+apt-get download -qq "$kernel_pkg" qemu-guest-agent dropbear-bin libtomcrypt1 libtommath1
 mkdir x
 for deb in *.deb; do dpkg-deb -x "$deb" x; done
 kver=$(ls x/lib/modules)
 cp x/boot/vmlinuz-"$kver" "$out/vmlinuz"
 
 root=$work/root
-mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp,usr/bin,lib/modules,lib64,lib/x86_64-linux-gnu}
+mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,run,tmp,root,usr/bin,usr/sbin,lib/modules,lib64,lib/x86_64-linux-gnu}
 cp "$(command -v busybox)" "$root/bin/busybox"
 cp x/usr/sbin/qemu-ga "$root/usr/bin/qemu-ga"
 ldd x/usr/sbin/qemu-ga | awk '/=> \// {print $3} /^\s*\/lib64/ {print $1}' | while read -r lib; do
   cp -L "$lib" "$root$lib"
+done
+# Dropbear's libraries: those of its own packages (not installed here)
+# from the extracted tree, the rest (libc, libcrypt, zlib) the host's.
+cp x/usr/sbin/dropbear x/usr/bin/dropbearkey "$root/usr/sbin/"
+LD_LIBRARY_PATH=$work/x/usr/lib/x86_64-linux-gnu ldd x/usr/sbin/dropbear x/usr/bin/dropbearkey |
+  awk '/=> \// {print $3} /^\s*\/lib64/ {print $1}' | sort -u | while read -r lib; do
+  case "$lib" in
+    "$work"/*) cp -L "$lib" "$root/lib/x86_64-linux-gnu/" ;;
+    *) cp -L "$lib" "$root$lib" ;;
+  esac
 done
 for m in $modules; do
   f=$(find x/lib/modules -name "$m.ko" | head -n 1)
@@ -195,6 +211,39 @@ mv /run/kumo-mounts.tmp /run/kumo-mounts
 say "shares: $(wc -l < /run/kumo-mounts) entries, see /run/kumo-mounts"
 SH
 chmod +x "$root/bin/kumo-mounts"
+# SSH: root's authorized keys from the seed's user-data, which the host
+# agent writes as cloud-init's list, each key a YAML double-quoted string:
+#   ssh_authorized_keys:
+#     - "ssh-ed25519 AAAA… user@laptop"
+# then Dropbear with a host key made now, public keys only.
+cat > "$root/bin/kumo-ssh" <<'SH'
+#!/bin/sh
+say() { echo "kumo test guest: $*"; }
+i=0
+while [ ! -b /dev/sr0 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done
+seed=/run/kumo-ssh-seed
+mkdir -p "$seed" /root/.ssh /etc/dropbear
+chmod 700 /root /root/.ssh
+: > /root/.ssh/authorized_keys
+if mount -t iso9660 -o ro /dev/sr0 "$seed" 2>/dev/null; then
+  awk '
+    /^[^ ]/ { on = ($0 ~ /^ssh_authorized_keys:/); next }
+    on && /^ *- / {
+      sub(/^ *- */, ""); sub(/^"/, ""); sub(/"$/, "")
+      gsub(/\\"/, "\""); gsub(/\\\\/, "\\"); print
+    }' "$seed/user-data" > /root/.ssh/authorized_keys
+  umount "$seed"
+fi
+chmod 600 /root/.ssh/authorized_keys
+dropbearkey -t ed25519 -f /etc/dropbear/dropbear_ed25519_host_key >/dev/null 2>&1
+if dropbear -r /etc/dropbear/dropbear_ed25519_host_key -s -p 22 2>/run/kumo-ssh.err; then
+  up=$(cut -d " " -f 1 /proc/uptime)
+  say "ssh on port 22 for root, $(grep -c . /root/.ssh/authorized_keys) key(s), ${up}s after boot" | tee /run/kumo-ssh
+else
+  say "dropbear failed: $(cat /run/kumo-ssh.err)" | tee /run/kumo-ssh
+fi
+SH
+chmod +x "$root/bin/kumo-ssh"
 # What the guest answers on TCP port 8080: its name.
 cat > "$root/bin/kumo-hello" <<'SH'
 #!/bin/sh
@@ -227,12 +276,18 @@ chmod +x "$root/usr/bin/nvidia-smi"
 cat > "$root/init" <<'SH'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
-export PATH=/bin:/sbin:/usr/bin
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs run /run
 mount -t tmpfs etc /etc
+# Who may log in (SSH): root, with a shell; no password (keys only).
+echo 'root:x:0:0:root:/root:/bin/sh' > /etc/passwd
+echo 'root:x:0:' > /etc/group
+echo /bin/sh > /etc/shells
+mkdir -p /dev/pts
+mount -t devpts devpts /dev/pts
 # Lines a test writes to /dev/kmsg (fake Xids) are rate limited to 10 in 5
 # seconds by default; a burst of them must all reach dmesg.
 { echo on > /proc/sys/kernel/printk_devkmsg; } 2>/dev/null
@@ -242,6 +297,7 @@ done
 ip link set lo up
 kumo-net &
 kumo-mounts &
+kumo-ssh &
 nc -ll -p 8080 -e /bin/kumo-hello &
 port=""
 for i in $(seq 1 50); do

@@ -81,6 +81,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/sbin/nft", "nftables"),
     // Segment edges answer DNS at the gateway.
     ("/usr/sbin/dnsmasq", "dnsmasq-base"),
+    // The QEMU test logs in to its guest with OpenSSH's client.
+    ("ssh", "openssh-client"),
+    ("ssh-keygen", "openssh-client"),
     // The SSO tests run a real OpenID Provider (oidc-provider, from npm),
     // the portal tests a real browser (with Japanese fonts for the
     // screenshots).

@@ -210,6 +210,24 @@ impl ProviderNetwork {
         quiet(&["link", "del", &self.uplink]);
     }
 
+    /// OpenSSH's `ssh` from the outside with `key`, running `command` in
+    /// the guest: its standard output, or `None` when it fails.
+    async fn ssh(&self, key: &Path, args: &[&str]) -> Option<String> {
+        let out = tokio::process::Command::new("ip")
+            .args(["netns", "exec", &self.ns, "ssh"])
+            .args(ssh_options(key))
+            .args(args)
+            .output()
+            .await
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("ssh {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// What `to` answers a TCP connection from the outside, if it answers.
     async fn hello(&self, to: SocketAddr) -> Option<String> {
         let ns = self.ns.clone();
@@ -229,6 +247,57 @@ impl Drop for ProviderNetwork {
         }
         self.remove();
     }
+}
+
+/// A researcher's SSH key pair, made with OpenSSH's `ssh-keygen`: the
+/// private key's path and the public key's line.
+fn ssh_key(dir: &Path) -> (PathBuf, String) {
+    let key = dir.join("id_ed25519");
+    let out = std::process::Command::new("ssh-keygen")
+        .args([
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "researcher@laptop",
+            "-f",
+        ])
+        .arg(&key)
+        .output()
+        .expect("ssh-keygen (openssh-client; `./x test` installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    (key, public.trim().to_owned())
+}
+
+/// ssh's options for a test: this key only, no prompts, a fresh guest's
+/// host key taken as it is, a bounded wait.
+fn ssh_options(key: &Path) -> Vec<String> {
+    [
+        "-i",
+        &key.display().to_string(),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "ConnectTimeout=5",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 /// Runs a program in the guest through its agent; answers its standard
@@ -494,10 +563,12 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         }
     });
 
+    let keys = tempfile::tempdir().unwrap();
+    let (key, public_key) = ssh_key(keys.path());
     let started = Instant::now();
     let vm: Vm = s
         .admin
-        .post("/api/v1/tenants/lab/vms", &json!({"name": "tiny-vm", "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny", "networks": [{"segment": "lan"}]}))
+        .post("/api/v1/tenants/lab/vms", &json!({"name": "tiny-vm", "vcpus": 1, "memory_gib": 1, "disk_gib": 1, "template": "tiny", "networks": [{"segment": "lan"}], "ssh_keys": [public_key]}))
         .await
         .unwrap();
     let _cleanup = Cleanup(vec![vm.id.to_string()]);
@@ -678,8 +749,15 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         "no ingress rule: nothing comes in"
     );
     let allow: IngressRule = format!("tcp:{GUEST_PORT}:0.0.0.0/0").parse().unwrap();
+    let ssh_in: IngressRule = "tcp:22:0.0.0.0/0".parse().unwrap();
     s.admin
-        .set_segment_ingress("lab", "lan", &SegmentIngress { rules: vec![allow] })
+        .set_segment_ingress(
+            "lab",
+            "lan",
+            &SegmentIngress {
+                rules: vec![allow, ssh_in],
+            },
+        )
         .await
         .unwrap();
     let opened = Instant::now();
@@ -695,6 +773,127 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
     println!(
         "floating address reachable {:?} after the ingress rule ({floating})",
         opened.elapsed()
+    );
+
+    // SSH for real (issue 43): OpenSSH's client from the outside logs in
+    // to the guest's Dropbear with the researcher's key from the seed —
+    // on the floating address, and through a port forward of another
+    // address's 2222 to the VM's 22; a key the VM was not given is refused.
+    let fip_ssh = format!("root@{}", fip.address);
+    let logged_in = until(
+        "an SSH login on the floating address",
+        Duration::from_secs(120),
+        async || {
+            let out = wan.ssh(&key, &[&fip_ssh, "hostname"]).await;
+            if out.is_none() {
+                eprintln!("the guest's sshd: {:?}", guest_read(&dom, "/run/kumo-ssh"));
+            }
+            out
+        },
+    )
+    .await;
+    assert_eq!(logged_in.trim(), "tiny-vm");
+    println!(
+        "SSH login on the floating address {:?} after the request",
+        started.elapsed()
+    );
+    let strangers = keys.path().join("stranger");
+    std::fs::create_dir_all(&strangers).unwrap();
+    let (stranger, _) = ssh_key(&strangers);
+    assert_eq!(
+        wan.ssh(&stranger, &[&fip_ssh, "hostname"]).await,
+        None,
+        "a key the VM was not given"
+    );
+    let forwarded: PublicIp = s
+        .admin
+        .post("/api/v1/tenants/lab/public-ips", &json!({}))
+        .await
+        .unwrap();
+    let pf: kumo_api_types::PortForward = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/port-forwards",
+            &json!({"public_ip": forwarded.address, "protocol": "tcp", "public_port": 2222, "vm": "tiny-vm", "private_port": 22}),
+        )
+        .await
+        .unwrap();
+    let via_forward = format!("root@{}", forwarded.address);
+    let out = until(
+        "an SSH login through the port forward",
+        Duration::from_secs(120),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            wan.ssh(
+                &key,
+                &[
+                    "-p",
+                    "2222",
+                    &via_forward,
+                    "cat",
+                    "/proc/sys/kernel/hostname",
+                ],
+            )
+            .await
+        },
+    )
+    .await;
+    assert_eq!(out.trim(), "tiny-vm");
+    s.admin
+        .delete(&format!("/api/v1/tenants/lab/port-forwards/{}", pf.id))
+        .await
+        .unwrap();
+    // `kumo vm ssh` runs the SSH line `kumo vm show` prints. Stand-in for
+    // the routing only: the `ssh` it finds first on PATH is OpenSSH run in
+    // the outside's namespace (the floating address is reachable from
+    // there, not from this test's own namespace).
+    let bin = keys.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let wrapper = bin.join("ssh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec ip netns exec {} /usr/bin/ssh {} \"$@\"\n",
+            wan.ns,
+            ssh_options(&key).join(" ")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kumo = tokio::process::Command::new(crate::harness::bin("kumo"))
+        .args([
+            "vm",
+            "ssh",
+            "tiny-vm",
+            "--tenant",
+            "lab",
+            "--",
+            "echo",
+            "via-kumo",
+            "$(hostname)",
+        ])
+        .env("KUMO_SERVER", &s.url)
+        .env("KUMO_TOKEN", &s.admin_token)
+        .env("HOME", keys.path())
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        kumo.status.success(),
+        "kumo vm ssh: {}",
+        String::from_utf8_lossy(&kumo.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&kumo.stdout).trim(),
+        "via-kumo tiny-vm"
     );
 
     // Reboot through the API: the guest comes back without the file (its
