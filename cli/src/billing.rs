@@ -8,9 +8,9 @@ use chrono::{DateTime, NaiveDate, Utc};
 use clap::Subcommand;
 use kumo_api_types::{ClassPrice, GrantCreate, RateCardInfo, RateCardPut, UsageGroup};
 
+use crate::args::TenantArg;
 use crate::client::Client;
-use crate::commands::{print_one, TenantArg};
-use crate::output::{Format, Table};
+use crate::output::{print_one, Format, Table};
 
 #[derive(Subcommand, Debug)]
 pub enum RateCmd {

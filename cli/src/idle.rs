@@ -9,9 +9,9 @@ use kumo_api_types::{
     IdleAction, IdleExemptionRequest, IdlePolicyUpdate, IdlePolicyView, IdleReport, IdleVm,
 };
 
+use crate::args::TenantArg;
 use crate::client::{segment, Client};
-use crate::commands::{print_one, TenantArg};
-use crate::output::{Format, Table};
+use crate::output::{print_one, Format, Table};
 
 #[derive(Subcommand, Debug)]
 pub enum IdleCmd {

@@ -1,5 +1,7 @@
 //! Output: aligned tables for people, JSON for scripts.
 
+use std::io::Write;
+
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -75,6 +77,21 @@ pub fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref()
         .map(ToString::to_string)
         .unwrap_or_else(|| "-".into())
+}
+
+/// `value` as JSON, or as the table `table` makes, as `fmt` says: every
+/// command but `kumo audit` prints this way.
+pub(crate) fn print_one<T: serde::Serialize>(
+    out: &mut dyn Write,
+    fmt: Format,
+    value: &T,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match fmt {
+        Format::Json => write!(out, "{}", json(value))?,
+        Format::Table => write!(out, "{}", table())?,
+    }
+    Ok(())
 }
 
 #[cfg(test)]

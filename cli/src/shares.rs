@@ -6,9 +6,9 @@ use std::io::Write;
 use clap::Subcommand;
 use kumo_api_types::{Share, ShareCreate, ShareGrow, ShareMountRequest, ShareState};
 
+use crate::args::TenantArg;
 use crate::client::{segment, Client};
-use crate::commands::{print_one, TenantArg};
-use crate::output::{Format, Table};
+use crate::output::{print_one, Format, Table};
 
 #[derive(Subcommand, Debug)]
 pub enum ShareCmd {
