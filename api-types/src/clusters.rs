@@ -219,6 +219,8 @@ impl ClusterCreate {
             on_reclaim: None,
             on_host_loss: None,
             notice_seconds: None,
+            // Members are reached through the cluster's own addresses.
+            public_ip: false,
         }
     }
 }

@@ -74,6 +74,12 @@ pub struct VmCreate {
     /// window's time for maintenance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice_seconds: Option<u32>,
+    /// A public address in the same request: a floating address allocated
+    /// from the pools (counted in the project's `public_ips`), attached to
+    /// the VM's first Ethernet NIC, and SSH (TCP 22) opened in that
+    /// segment's ingress rules. Needs a network.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_ip: bool,
 }
 
 /// What a lost host does to a VM on it.

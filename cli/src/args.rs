@@ -156,6 +156,7 @@ impl SpecArgs {
             on_reclaim: self.on_reclaim,
             on_host_loss: self.on_host_loss,
             notice_seconds: self.notice.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+            public_ip: false,
         })
     }
 }

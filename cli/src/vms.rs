@@ -6,7 +6,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::Subcommand;
-use kumo_api_types::{Vm, VmState};
+use kumo_api_types::{Vm, VmCreate, VmState};
 
 use crate::args::{SpecArgs, TenantArg};
 use crate::client::Client;
@@ -22,6 +22,11 @@ pub enum VmCmd {
         tenant: TenantArg,
         #[command(flatten)]
         spec: SpecArgs,
+        /// A public address with it: a floating address attached to its
+        /// first Ethernet NIC, and SSH (TCP 22) opened on that segment —
+        /// from nothing to `kumo vm ssh` in one command.
+        #[arg(long)]
+        public_ip: bool,
         /// Wait until the VM is running (or fails).
         #[arg(long)]
         wait: bool,
@@ -435,9 +440,14 @@ pub async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
             name,
             tenant,
             spec,
+            public_ip,
             wait,
         } => {
-            let mut v = c.create_vm(&tenant.tenant, &spec.vm(name)?).await?;
+            let body = VmCreate {
+                public_ip: *public_ip,
+                ..spec.vm(name)?
+            };
+            let mut v = c.create_vm(&tenant.tenant, &body).await?;
             if *wait {
                 if let Some(w) =
                     wait_vm(c, &tenant.tenant, v.clone(), Until::Running, TEN_MINUTES).await?

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use kumo_api_types::{
-    GuestNuma, HostState, NetworkRequest, Page, PageParams, PlacedGpu, Role, SegmentKind, Vm,
-    VmCreate, VmEvent, VmNetwork, VmPlacement, VmSpec, VmState,
+    GuestNuma, HostState, IngressRule, NetworkRequest, Page, PageParams, PlacedGpu,
+    PublicIpAllocate, PublicIpAttach, Role, SegmentIngress, SegmentKind, Vm, VmCreate, VmEvent,
+    VmNetwork, VmPlacement, VmSpec, VmState,
 };
 use kumo_topology::guest_layout::{guest_layout, Placement};
 use kumo_topology::sysfs::format_cpulist;
@@ -537,6 +538,15 @@ pub async fn create(
     access.require(Role::Member, "creating VMs")?;
     crate::app::churn::take(st, &tenant, "creating VMs")?;
     let prepared = prepare(st, &tenant, body, "networks.segment", "the VM's").await?;
+    let reachable_on =
+        match (body.public_ip, first_ethernet(&prepared)) {
+            (false, _) => None,
+            (true, Some(segment)) => Some(segment),
+            (true, None) => return Err(ApiError::field(
+                "public_ip",
+                "a public address needs a network: put the VM on an Ethernet segment (networks)",
+            )),
+        };
     budget_allows(st, &tenant, &prepared.spec, actor.at).await?;
     let name_taken = || {
         ApiError::Conflict(format!(
@@ -561,16 +571,95 @@ pub async fn create(
         near: None,
         one_unit: false,
     };
-    match admit(st, job).await {
-        Ok(_) => {}
-        Err(ApiError::Conflict(_)) => return Err(name_taken()),
-        Err(e) => return Err(e),
+    // The address before the VM: a pool or quota without one refuses the
+    // request before anything is made.
+    let address = match reachable_on {
+        Some(_) => Some(
+            crate::app::public_net::allocate(
+                st,
+                actor,
+                &tenant.name,
+                &PublicIpAllocate { pool: None },
+            )
+            .await?
+            .address,
+        ),
+        None => None,
+    };
+    let admitted = match admit(st, job).await {
+        Ok(_) => Ok(()),
+        Err(ApiError::Conflict(_)) => Err(name_taken()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = admitted {
+        // Not made: the address goes back (a failure to is only logged:
+        // the caller's error is the VM's).
+        if let Some(a) = &address {
+            if let Err(r) = crate::app::public_net::release(st, actor, &tenant.name, a).await {
+                tracing::warn!(address = %a, error = %r, "an address allocated for a VM not made was not released");
+            }
+        }
+        return Err(e);
     }
     let vm = vms::Entity::find_by_id(member.id)
         .one(&st.db)
         .await?
         .ok_or_else(name_taken)?;
+    if let (Some(a), Some(segment)) = (address, reachable_on) {
+        open_to_ssh(st, actor, &tenant, &vm, &a, &segment).await?;
+    }
     Ok((tenant, vm))
+}
+
+/// The first Ethernet segment a prepared VM is on.
+fn first_ethernet(p: &Prepared) -> Option<String> {
+    p.nics
+        .iter()
+        .find(|n| n.kind == SegmentKind::Ethernet)
+        .map(|n| n.segment.name.clone())
+}
+
+/// `--public-ip`: the allocated address attached to the VM's NIC on
+/// `segment`, and TCP 22 opened in that segment's ingress rules unless a
+/// rule from anywhere opens it already. Should either fail, the VM stands
+/// and says so in its events, and the address goes back.
+async fn open_to_ssh(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &tenants::Model,
+    vm: &vms::Model,
+    address: &str,
+    segment: &str,
+) -> Result<(), ApiError> {
+    let attach = PublicIpAttach {
+        vm: vm.name.clone(),
+        segment: Some(segment.to_owned()),
+    };
+    let done = async {
+        crate::app::public_net::attach(st, actor, &tenant.name, address, &attach).await?;
+        let seg = crate::app::segments::show(st, actor, &tenant.name, segment).await?;
+        if !crate::domain::ingress::opens_to_all(&seg.ingress, 22) {
+            let ssh: IngressRule = "tcp:22:0.0.0.0/0".parse().map_err(ApiError::Internal)?;
+            let mut rules = seg.ingress.clone();
+            rules.push(ssh);
+            crate::app::segments::set_ingress(
+                st,
+                actor,
+                &tenant.name,
+                segment,
+                &SegmentIngress { rules },
+            )
+            .await?;
+        }
+        Ok::<(), ApiError>(())
+    }
+    .await;
+    if let Err(e) = done {
+        let _ = crate::app::public_net::release(st, actor, &tenant.name, address).await;
+        let message = format!("public address {address} not attached, released: {e}");
+        crate::store::vms::event(&st.db, vm, actor.at, "public-ip", message).await?;
+    }
+    Ok(())
 }
 
 /// The placement as the API shows it: host↔guest addresses, NICs, NUMA map.

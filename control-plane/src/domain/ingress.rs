@@ -48,6 +48,18 @@ pub fn parse_rules(field: &str, rules: &[IngressRule]) -> Result<Vec<Allow>, Api
         .collect()
 }
 
+/// Whether `rules` let TCP `port` in from anywhere (so `--public-ip`
+/// adds no rule of its own). Rules that do not parse open nothing.
+pub fn opens_to_all(rules: &[IngressRule], port: u16) -> bool {
+    parse_rules("rules", rules).is_ok_and(|parsed| {
+        parsed.iter().any(|a| {
+            matches!(a.protocol, Protocol::Tcp | Protocol::Any)
+                && a.ports.is_none_or(|p| p.first <= port && port <= p.last)
+                && a.source.len == 0
+        })
+    })
+}
+
 /// The rules as stored and shown: normalised (`0022` → `22`).
 pub fn rules_json(field: &str, rules: &[IngressRule]) -> Result<Option<String>, ApiError> {
     let parsed = parse_rules(field, rules)?;
@@ -66,4 +78,26 @@ pub fn rules_json(field: &str, rules: &[IngressRule]) -> Result<Option<String>, 
     serde_json::to_string(&normal)
         .map(Some)
         .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssh_from_anywhere_is_opened_by_wide_enough_rules_only() {
+        let r = |s: &str| s.parse::<IngressRule>().unwrap();
+        assert!(opens_to_all(&[r("tcp:22:0.0.0.0/0")], 22));
+        assert!(opens_to_all(
+            &[r("icmp:0.0.0.0/0"), r("tcp:20-30:0.0.0.0/0")],
+            22
+        ));
+        assert!(opens_to_all(&[r("any:0.0.0.0/0")], 22));
+        assert!(!opens_to_all(&[r("tcp:22:192.0.2.0/24")], 22));
+        assert!(!opens_to_all(
+            &[r("tcp:80:0.0.0.0/0"), r("udp:22:0.0.0.0/0")],
+            22
+        ));
+        assert!(!opens_to_all(&[], 22));
+    }
 }

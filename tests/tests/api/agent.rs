@@ -37,6 +37,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 

@@ -35,6 +35,7 @@ fn vm(name: &str) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 

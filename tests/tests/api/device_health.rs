@@ -39,6 +39,7 @@ pub(crate) fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 

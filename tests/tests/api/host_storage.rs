@@ -38,6 +38,7 @@ fn small_vm(name: &str, disk_gib: u32) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 

@@ -1101,3 +1101,66 @@ async fn tenant_id(s: &TestServer, name: &str) -> uuid::Uuid {
         .unwrap();
     t.id
 }
+
+crate::harness::on_both_backends! {
+    config = |_| {};
+    /// `public_ip: true` (`kumo vm create --public-ip`): one request makes
+    /// the VM, attaches a fresh floating address to its NIC and opens SSH
+    /// on its segment (once: a rule already opening 22 is kept as it is).
+    /// Without a network it is refused; with no address left it is refused
+    /// before anything is made, and the VM's own failure gives the address
+    /// back.
+    async fn one_request_makes_a_vm_reachable_by_ssh(s: &TestServer) {
+        s.tenant("lab").await;
+        let mut q = s.admin.quota("lab").await.unwrap();
+        // The segment's egress address and one floating address.
+        q.public_ips = 2;
+        s.quota("lab", &q).await;
+        let _edge = sim_edge_host(s).await;
+        let _: kumo_api_types::PublicIpPool = s
+            .admin
+            .post(
+                "/api/v1/public-ip-pools",
+                &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
+            )
+            .await
+            .unwrap();
+        let _: Segment = s.admin.post("/api/v1/tenants/lab/segments", &segment("lan", "10.1.0.0/24", true)).await.unwrap();
+        // No network: nothing to attach to.
+        let bare = kumo_api_types::VmCreate { public_ip: true, ..vm_on("bare", &[]) };
+        let e = s.admin.create_vm("lab", &bare).await.unwrap_err();
+        let p = e.problem().unwrap();
+        assert_eq!((p.status, p.errors[0].field.as_str()), (400, "public_ip"), "{p:?}");
+
+        let req = kumo_api_types::VmCreate { public_ip: true, ..vm_on("reachable", &[("lan", None)]) };
+        let v = s.admin.create_vm("lab", &req).await.unwrap();
+        let nic = &v.networks[0];
+        let address = nic.public_ip.clone().expect("a floating address on its NIC");
+        let ip: PublicIp = s.admin.get(&format!("/api/v1/tenants/lab/public-ips/{address}")).await.unwrap();
+        assert_eq!(ip.attached.as_ref().map(|n| n.vm.as_str()), Some("reachable"));
+        let lan: Segment = s.admin.get("/api/v1/tenants/lab/segments/lan").await.unwrap();
+        let ssh: IngressRule = "tcp:22:0.0.0.0/0".parse().unwrap();
+        assert_eq!(lan.ingress, vec![ssh.clone()]);
+
+        // The quota is used up: refused before the VM is made.
+        let again = kumo_api_types::VmCreate { public_ip: true, ..vm_on("second", &[("lan", None)]) };
+        let e = s.admin.create_vm("lab", &again).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().resource.as_deref(), Some("public_ips"), "{e}");
+        assert!(s.admin.get::<kumo_api_types::Vm>("/api/v1/tenants/lab/vms/second").await.is_err(), "no VM made");
+
+        // The VM's own failure (its name is taken) gives the address back.
+        s.admin.post::<_, serde_json::Value>(&format!("/api/v1/tenants/lab/public-ips/{address}/detach"), &json!({})).await.unwrap();
+        release(s, "lab", &address).await;
+        let dup = kumo_api_types::VmCreate { public_ip: true, ..vm_on("reachable", &[("lan", None)]) };
+        let e = s.admin.create_vm("lab", &dup).await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "{e}");
+        let held: kumo_api_types::Page<PublicIp> = s.admin.get("/api/v1/tenants/lab/public-ips").await.unwrap();
+        assert!(held.items.is_empty(), "the address went back: {:?}", held.items);
+        // A rule opening 22 already: kept, not doubled.
+        let other = kumo_api_types::VmCreate { public_ip: true, ..vm_on("third", &[("lan", None)]) };
+        let v = s.admin.create_vm("lab", &other).await.unwrap();
+        assert!(v.networks[0].public_ip.is_some());
+        let lan: Segment = s.admin.get("/api/v1/tenants/lab/segments/lan").await.unwrap();
+        assert_eq!(lan.ingress, vec![ssh]);
+    }
+}

@@ -37,6 +37,7 @@ fn whole_host(name: &str) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 

@@ -30,6 +30,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 

@@ -48,6 +48,7 @@ pub(crate) fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 

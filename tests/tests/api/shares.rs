@@ -52,6 +52,7 @@ fn small_vm(name: &str) -> VmCreate {
         on_reclaim: None,
         on_host_loss: None,
         notice_seconds: None,
+        public_ip: false,
     }
 }
 

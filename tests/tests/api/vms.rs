@@ -27,6 +27,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         on_reclaim: None,
         on_host_loss: None,
         notice_seconds: None,
+        public_ip: false,
     }
 }
 

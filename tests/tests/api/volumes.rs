@@ -83,6 +83,7 @@ fn small_vm(name: &str) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         shares: Vec::new(),
+        public_ip: false,
     }
 }
 
