@@ -2,7 +2,7 @@
 //! server serves (SQLite's `VACUUM INTO`, one read transaction, so the
 //! copy is the database at one moment), checked before it is called
 //! done; and a restore into a fresh data directory. PostgreSQL is backed
-//! up with its own tools (`pg_dump`; README, "Backups").
+//! up with its own tools (`pg_dump`; docs/src/operator/backups.md).
 
 use std::path::{Path, PathBuf};
 
@@ -75,7 +75,7 @@ fn private(file: &Path) -> anyhow::Result<()> {
 /// serves.
 pub async fn backup(database_url: &str, to: &Path) -> anyhow::Result<Summary> {
     if sqlite_file(database_url).is_none() {
-        bail!("back up PostgreSQL with pg_dump (README, \"Backups\"); this command copies the embedded SQLite database");
+        bail!("back up PostgreSQL with pg_dump (the manual, docs/src/operator/backups.md); this command copies the embedded SQLite database");
     }
     if to.exists() {
         bail!("{} exists; a backup never overwrites", to.display());
@@ -96,7 +96,9 @@ pub async fn backup(database_url: &str, to: &Path) -> anyhow::Result<Summary> {
 /// it, then renamed, so a failed restore leaves no half database.
 pub async fn restore(from: &Path, database_url: &str) -> anyhow::Result<Summary> {
     let Some(target) = sqlite_file(database_url) else {
-        bail!("restore PostgreSQL with pg_restore or psql (README, \"Backups\")");
+        bail!(
+            "restore PostgreSQL with pg_restore or psql (the manual, docs/src/operator/backups.md)"
+        );
     };
     if target.exists() {
         bail!(

@@ -78,7 +78,7 @@ pub struct FileConfig {
     pub replicas: ReplicasFileConfig,
 }
 
-/// Server replicas on one database (README, "Replicas"): consoles whose
+/// Server replicas on one database (ARCHITECTURE.md): consoles whose
 /// person and agent reach different replicas are relayed between them.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -151,7 +151,7 @@ fn replicas(file: &ReplicasFileConfig) -> Result<ReplicasConfig, ConfigError> {
     })
 }
 
-/// GPU telemetry from guests (README, "GPU telemetry").
+/// GPU telemetry from guests (docs/src/operator/device-health.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryFileConfig {
@@ -186,7 +186,7 @@ fn telemetry(file: &TelemetryFileConfig) -> Result<TelemetryConfig, ConfigError>
     Ok(TelemetryConfig { minutes_days: days })
 }
 
-/// Hosts' storage (README, "Volumes").
+/// Hosts' storage (docs/src/operator/storage.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageFileConfig {
@@ -220,7 +220,7 @@ fn storage(file: &StorageFileConfig) -> Result<StorageConfig, ConfigError> {
     Ok(StorageConfig { overcommit })
 }
 
-/// The platform's idle-GPU policy (README, "Idle GPUs").
+/// The platform's idle-GPU policy (docs/src/researcher/idle-gpus.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdleFileConfig {
@@ -275,7 +275,7 @@ impl Default for IdleConfig {
     }
 }
 
-/// The passed-through devices' health rules (README, "Device health").
+/// The passed-through devices' health rules (docs/src/operator/device-health.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthFileConfig {

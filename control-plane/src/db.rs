@@ -26,7 +26,7 @@ pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
 /// several replicas at once on PostgreSQL: sea-orm runs each in a
 /// transaction and records it in `seaql_migrations`. They only expand the
 /// schema, so replicas of the previous release go on serving beside the
-/// new one (README, "Upgrades").
+/// new one (docs/src/operator/upgrades.md).
 pub async fn open(url: &str) -> Result<DatabaseConnection, DbOpenError> {
     let mut opts = ConnectOptions::new(url.to_owned());
     let sqlite = url.starts_with("sqlite:");

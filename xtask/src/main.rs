@@ -1,5 +1,5 @@
-//! `cargo xtask start | test | openapi`: the project's tasks, in Rust so
-//! they run wherever cargo does.
+//! `cargo xtask start | test | docs | openapi`: the project's tasks, in
+//! Rust so they run wherever cargo does.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -162,6 +162,8 @@ fn test(args: &[String]) -> Result<(), String> {
     run(Command::new("bash").arg("scripts/ensure-libvirtd.sh"))?;
     portal_assets()?;
     check_layers()?;
+    // The manual builds (and the docs test reads its pages).
+    docs()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args([
         "clippy",
@@ -440,6 +442,68 @@ fn deb() -> Result<(), String> {
         .arg(target_dir().join("debian")))
 }
 
+/// The mdBook release the manual is built with.
+const MDBOOK_VERSION: &str = "0.4.52";
+
+/// Builds the manual, `docs/` (mdBook), into `docs/book/`, with a copy of
+/// the OpenAPI document beside its pages. Installs mdBook from crates.io
+/// (into `~/.cargo/bin`) when it is not on PATH.
+fn docs() -> Result<(), String> {
+    let cargo_bin = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .map(|d| d.join("bin/mdbook"));
+    let mdbook = if present("mdbook") {
+        PathBuf::from("mdbook")
+    } else {
+        match cargo_bin {
+            Some(p) if p.is_file() => p,
+            p => {
+                run(cargo().args([
+                    "install",
+                    "mdbook",
+                    "--locked",
+                    "--version",
+                    MDBOOK_VERSION,
+                    "--no-default-features",
+                    "--features",
+                    "search",
+                ]))?;
+                p.filter(|p| p.is_file())
+                    .unwrap_or_else(|| PathBuf::from("mdbook"))
+            }
+        }
+    };
+    let book = root().join("docs/book");
+    // mdBook warns (and goes on) about a missing include: refuse that.
+    let out = Command::new(&mdbook)
+        .args(["build", "docs"])
+        .current_dir(root())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", mdbook.display()))?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    eprint!("{said}");
+    if !out.status.success() {
+        return Err(format!("mdbook build docs failed with {}", out.status));
+    }
+    if let Some(w) = said
+        .lines()
+        .find(|l| l.contains("WARN") || l.contains("ERROR"))
+    {
+        return Err(format!("mdbook build docs warned: {w}"));
+    }
+    std::fs::copy(
+        root().join("api-spec/openapi.json"),
+        book.join("openapi.json"),
+    )
+    .map_err(|e| format!("cannot copy the OpenAPI document into the book: {e}"))?;
+    eprintln!(
+        "xtask: the manual is in {}",
+        book.join("index.html").display()
+    );
+    Ok(())
+}
+
 /// Rewrites `api-spec/openapi.json` from the code.
 fn openapi() -> Result<(), String> {
     let out = cargo()
@@ -481,10 +545,11 @@ fn main() -> ExitCode {
         "start" => start(extra),
         "openapi" => openapi(),
         "deb" => deb(),
+        "docs" => docs(),
         "layers" => check_layers(),
         "previous-release" => previous_release().map(|d| println!("{}", d.display())),
         _ => {
-            eprintln!("usage: cargo xtask <start|test|openapi|deb|…> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  layers   check the control plane's one-way layers\n  previous-release  build the previous release (for the upgrade tests)\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  openapi  regenerate api-spec/openapi.json\n  deb      Debian packages of the release build, into <target>/debian");
+            eprintln!("usage: cargo xtask <start|test|docs|openapi|deb|…> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  layers   check the control plane's one-way layers\n  previous-release  build the previous release (for the upgrade tests)\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  docs     build the manual (mdBook) into docs/book\n  openapi  regenerate api-spec/openapi.json\n  deb      Debian packages of the release build, into <target>/debian");
             return if task == "help" {
                 ExitCode::SUCCESS
             } else {

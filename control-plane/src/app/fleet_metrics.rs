@@ -8,7 +8,7 @@
 //!
 //! `/metrics` (the server's own requests and pool) stays open to scrapers
 //! as usual; these name the fleet's machines and their faults, so they
-//! need an administrator's token (README, "Prometheus and Grafana").
+//! need an administrator's token (docs/src/operator/monitoring.md).
 
 use std::collections::BTreeMap;
 

@@ -9,6 +9,7 @@ mod api_fuzz;
 mod authz;
 mod bad_input;
 mod billing;
+mod book;
 mod cli;
 mod console_replicas;
 mod crash;
