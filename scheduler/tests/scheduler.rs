@@ -8,7 +8,7 @@ use kumo_scheduler::profile::bits;
 use kumo_scheduler::reclaim;
 use kumo_scheduler::{
     place::{place, place_on},
-    place_cluster, ClusterRequest, HostInput, HostProfile, HostUse, Index, Request, Strategy,
+    place_cluster, ClusterRequest, Hold, HostInput, HostProfile, HostUse, Index, Request, Strategy,
 };
 use kumo_topology::{fixtures, sysfs, HostTopology};
 use proptest::prelude::*;
@@ -492,19 +492,25 @@ fn replacements_go_to_the_unit_and_rails_asked_for_or_not_at_all() {
 }
 
 fn spot(index: &mut Index, host: usize, gpus: u32, since: i64) -> Uuid {
-    let req = gpu_req(index, gpus, H100);
+    held_on(index, host, gpus, |h| {
+        h.spot = true;
+        h.since = since;
+    })
+}
+
+/// A VM of `gpus` H100s placed on `host` alone, its hold shaped by `mark`.
+fn held_on(index: &mut Index, host: usize, gpus: u32, mark: impl FnOnce(&mut Hold)) -> Uuid {
     let mut one = index.clone();
     one.hosts.iter_mut().enumerate().for_each(|(i, h)| {
         if i != host {
             h.state = HostUse::Unavailable;
         }
     });
-    let c = place(&one, &req, Strategy::BestFit).unwrap();
+    let c = place(&one, &gpu_req(index, gpus, H100), Strategy::BestFit).unwrap();
     let vm = Uuid::now_v7();
     let mut hold = c.hold;
     hold.vm = vm;
-    hold.spot = true;
-    hold.since = since;
+    mark(&mut hold);
     index.apply(host, hold);
     vm
 }
@@ -1220,20 +1226,10 @@ fn placement_figures_stay_within_twice_the_recorded_ones() {
 
 /// A guaranteed VM of `tenant` on `host`, borrowed or not.
 fn guaranteed_on(index: &mut Index, host: usize, gpus: u32, tenant: Uuid, borrowed: bool) -> Uuid {
-    let mut only = index.clone();
-    for (i, h) in only.hosts.iter_mut().enumerate() {
-        if i != host {
-            h.state = HostUse::Unavailable;
-        }
-    }
-    let c = place(&only, &gpu_req(index, gpus, H100), Strategy::BestFit).unwrap();
-    let vm = Uuid::now_v7();
-    let mut hold = c.hold;
-    hold.vm = vm;
-    hold.tenant = tenant;
-    hold.borrowed = borrowed;
-    index.apply(host, hold);
-    vm
+    held_on(index, host, gpus, |h| {
+        h.tenant = tenant;
+        h.borrowed = borrowed;
+    })
 }
 
 /// Issue 42: borrowed VMs are victims only for a request lent to (a

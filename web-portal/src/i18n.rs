@@ -239,6 +239,10 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
             "Gives it an address; needed for SSH and public addresses",
             "アドレスが付きます。SSH や公開アドレスに必要です",
         ),
+        "public_ip" => (
+            "A floating address from the pools, attached to it, with SSH (TCP 22) opened on its segment; needs a segment",
+            "プールから取得した公開アドレスを割り当て、セグメントで SSH（TCP 22）を開きます。セグメントが必要です",
+        ),
         "ssh_key" => (
             "A public key (ssh-ed25519 AAAA…), written into the guest",
             "公開鍵（ssh-ed25519 AAAA…）。ゲストに書き込まれます",

@@ -376,6 +376,12 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
             )
             .answers(&["networks"])
             .help(help("network")),
+            Field::new(
+                "public_ip",
+                &i18n::word(lang, "Public address"),
+                Input::Checkbox,
+            )
+            .help(help("public_ip")),
             share_field(lang),
             Field::new("ssh_key", "SSH", Input::TextArea)
                 .answers(&["ssh_keys"])

@@ -1098,15 +1098,7 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
             let lenders =
                 crate::app::guarantees::lenders(&st.db, job.tenant.id, &model, gpus).await?;
             if let Some(lenders) = lenders {
-                for_share = job
-                    .members
-                    .iter()
-                    .cloned()
-                    .map(|mut m| {
-                        m.spec.gpu_model = Some(model.clone());
-                        m
-                    })
-                    .collect();
+                for_share = held_to(job.members, &model);
                 job = Admission {
                     members: &for_share,
                     ..job
@@ -1122,19 +1114,15 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
     // against) the model its plan makes room for; the pending row keeps it,
     // so the reaper places it on that model.
     let pinned: Vec<Member>;
-    let job = if first.spec.gpus > 0 && first.spec.gpu_model.is_none() {
+    let unnamed = job
+        .members
+        .first()
+        .is_some_and(|m| m.spec.gpu_model.is_none());
+    let job = if first.spec.gpus > 0 && unnamed {
         let Some(model) = model else {
             return Err(no_room(job.members));
         };
-        pinned = job
-            .members
-            .iter()
-            .cloned()
-            .map(|mut m| {
-                m.spec.gpu_model = Some(model.clone());
-                m
-            })
-            .collect();
+        pinned = held_to(job.members, &model);
         Admission {
             members: &pinned,
             ..job
@@ -1167,6 +1155,18 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
         st.signals.notify(h);
     }
     Ok(Admitted::Pending { reclaiming })
+}
+
+/// The members asking for GPUs of `model`.
+fn held_to(members: &[Member], model: &str) -> Vec<Member> {
+    members
+        .iter()
+        .cloned()
+        .map(|mut m| {
+            m.spec.gpu_model = Some(model.to_owned());
+            m
+        })
+        .collect()
 }
 
 /// Places waiting VMs (one, or members of one cluster, placed together):

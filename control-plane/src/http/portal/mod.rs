@@ -504,7 +504,7 @@ fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
         on_reclaim: None,
         on_host_loss: None,
         notice_seconds: None,
-        public_ip: false,
+        public_ip: text(f, "public_ip").is_some(),
     })
 }
 
