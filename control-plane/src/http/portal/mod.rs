@@ -1151,3 +1151,23 @@ async fn vms_live(
     )
     .into_response())
 }
+
+#[cfg(test)]
+mod vm_form_tests {
+    use super::*;
+
+    /// The form's "Public address" checkbox asks for `public_ip`; left
+    /// unticked (absent from the form), it does not.
+    #[test]
+    fn the_public_address_checkbox_asks_for_one() {
+        let mut f: Fields = [("name", "web"), ("network", "lan")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        assert!(!vm_create(&f).unwrap().public_ip);
+        f.insert("public_ip".into(), "on".into());
+        let v = vm_create(&f).unwrap();
+        assert!(v.public_ip);
+        assert_eq!(v.networks[0].segment, "lan");
+    }
+}
