@@ -1092,19 +1092,15 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
     let mut job = job;
     if plan.is_none() && first.spec.gpus > 0 {
         let named = first.spec.gpu_model.as_deref();
-        if let Some(model) = crate::app::guarantees::model_for(&st.db, job.tenant.id, named).await?
-        {
-            let gpus = u64::from(first.spec.gpus) * job.members.len() as u64;
-            let lenders =
-                crate::app::guarantees::lenders(&st.db, job.tenant.id, &model, gpus).await?;
-            if let Some(lenders) = lenders {
-                for_share = held_to(job.members, &model);
-                job = Admission {
-                    members: &for_share,
-                    ..job
-                };
-                plan = reclaim_plan(st, &job, false, &lenders)?;
-            }
+        let gpus = u64::from(first.spec.gpus) * job.members.len() as u64;
+        let lent = crate::app::guarantees::lenders(&st.db, job.tenant.id, named, gpus).await?;
+        if let Some((model, lenders)) = lent {
+            for_share = held_to(job.members, &model);
+            job = Admission {
+                members: &for_share,
+                ..job
+            };
+            plan = reclaim_plan(st, &job, false, &lenders)?;
         }
     }
     let Some((plan, model)) = plan else {

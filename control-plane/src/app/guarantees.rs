@@ -26,20 +26,20 @@ struct Remark {
     borrowed: bool,
 }
 
-/// The marks that differ from what the shares say, of one tenant's VMs
+/// The marks that differ from what `guarantees` say, of one tenant's VMs
 /// or everyone's. Nothing when nobody is promised anything and nothing is
-/// marked (the common case: two cheap reads).
+/// marked (the common case: one more cheap read).
 async fn wrong_marks(
     db: &impl ConnectionTrait,
+    guarantees: &rules::Guarantees,
     tenant: Option<Uuid>,
 ) -> Result<Vec<Remark>, ApiError> {
-    let guarantees = rows::all(db).await?;
     if guarantees.is_empty() && !rows::any_borrowed(db).await? {
         return Ok(Vec::new());
     }
     let held = rows::held(db, tenant).await?;
     let holdings: Vec<rules::Holding> = held.iter().map(|(h, _)| h.clone()).collect();
-    let borrowed = rules::borrowed(&holdings, &guarantees);
+    let borrowed = rules::borrowed(&holdings, guarantees);
     Ok(held
         .into_iter()
         .filter_map(|(h, vm)| {
@@ -59,7 +59,8 @@ pub async fn remark(
     now: DateTime<Utc>,
 ) -> Result<Vec<Uuid>, ApiError> {
     let mut hosts = Vec::new();
-    for Remark { vm, borrowed } in wrong_marks(txn, tenant).await? {
+    let guarantees = rows::all(txn).await?;
+    for Remark { vm, borrowed } in wrong_marks(txn, &guarantees, tenant).await? {
         let at = borrowed.then_some(now);
         vms::Entity::update_many()
             .col_expr(vms::Column::BorrowedAt, Expr::value(at))
@@ -99,7 +100,8 @@ pub async fn remark(
 /// put right (read first, so a quiet pass takes no write transaction),
 /// and the index told.
 pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
-    let promised = rows::promised(&rows::all(&st.reads).await?);
+    let guarantees = rows::all(&st.reads).await?;
+    let promised = rows::promised(&guarantees);
     let over = rules::overpromised(&promised, &in_service(st));
     let broken: Vec<String> = over.iter().map(|o| o.model.clone()).collect();
     {
@@ -119,7 +121,7 @@ pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
             .map_or(0, |o| o.promised - o.in_service);
         (m.clone(), n)
     }));
-    if wrong_marks(&st.reads, None).await?.is_empty() {
+    if wrong_marks(&st.reads, &guarantees, None).await?.is_empty() {
         return Ok(0);
     }
     let txn = st.db.begin().await?;
@@ -132,48 +134,38 @@ pub async fn pass(st: &AppState) -> Result<usize, ApiError> {
     Ok(hosts.len())
 }
 
-/// Whose borrowed VMs a request of `tenant` for `gpus` GPUs of `model` may
-/// reclaim: none unless it stays within the tenant's guarantee.
+/// Whose borrowed VMs a request of `tenant` for `gpus` GPUs may reclaim,
+/// and the model they are of: the one it names, or else the tenant's only
+/// guaranteed model. None unless the request stays within the tenant's
+/// guarantee of that model and someone runs above theirs.
 pub async fn lenders(
     db: &impl ConnectionTrait,
     tenant: Uuid,
-    model: &str,
+    named: Option<&str>,
     gpus: u64,
-) -> Result<Option<Lenders>, ApiError> {
+) -> Result<Option<(String, Lenders)>, ApiError> {
     let guarantees = rows::all(db).await?;
-    if !guarantees.contains_key(&tenant) {
+    let Some(mine) = guarantees.get(&tenant) else {
         return Ok(None);
-    }
+    };
+    let model = match named {
+        Some(m) => m.to_owned(),
+        None => match mine.keys().collect::<Vec<_>>().as_slice() {
+            [only] => (*only).clone(),
+            _ => return Ok(None),
+        },
+    };
     let held: Vec<rules::Holding> = rows::held(db, None)
         .await?
         .into_iter()
         .map(|(h, _)| h)
         .collect();
-    if !rules::within(&held, &guarantees, tenant, model, gpus) {
+    if !rules::within(&held, &guarantees, tenant, &model, gpus) {
         return Ok(None);
     }
-    let mut above = rules::above(&held, &guarantees, model);
+    let mut above = rules::above(&held, &guarantees, &model);
     above.remove(&tenant);
-    Ok((!above.is_empty()).then_some(Lenders { above }))
-}
-
-/// The model a request within a share is for: the one it names, or the
-/// tenant's only guaranteed model.
-pub async fn model_for(
-    db: &impl ConnectionTrait,
-    tenant: Uuid,
-    named: Option<&str>,
-) -> Result<Option<String>, ApiError> {
-    if let Some(m) = named {
-        return Ok(Some(m.to_owned()));
-    }
-    let mut g = rows::all(db).await?;
-    let mine = g.remove(&tenant).unwrap_or_default();
-    let mut models = mine.into_keys();
-    Ok(match (models.next(), models.next()) {
-        (Some(m), None) => Some(m),
-        _ => None,
-    })
+    Ok((!above.is_empty()).then_some((model, Lenders { above })))
 }
 
 /// GPUs per model on hosts in service (not unavailable), less those out
