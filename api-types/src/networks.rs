@@ -39,6 +39,11 @@ pub struct SegmentCreate {
     pub egress: Option<bool>,
 }
 
+/// The name of the segment a project gets when it is made (where the
+/// platform makes one), which `kumo vm create` uses when given no
+/// network.
+pub const DEFAULT_SEGMENT: &str = "default";
+
 /// What may change of a segment after it is made.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::Subcommand;
-use kumo_api_types::{Vm, VmCreate, VmState};
+use kumo_api_types::{NetworkRequest, SegmentKind, Vm, VmCreate, VmState, DEFAULT_SEGMENT};
 
 use crate::args::{SpecArgs, TenantArg};
 use crate::client::Client;
@@ -27,6 +27,10 @@ pub enum VmCmd {
         /// from nothing to `kumo vm ssh` in one command.
         #[arg(long)]
         public_ip: bool,
+        /// No NIC at all. Without --network the VM goes on the project's
+        /// `default` segment, when it has one.
+        #[arg(long, conflicts_with_all = ["network", "public_ip"])]
+        no_network: bool,
         /// Wait until the VM is running (or fails).
         #[arg(long)]
         wait: bool,
@@ -434,6 +438,17 @@ fn exec_ssh(args: &[String]) -> anyhow::Result<()> {
     }
 }
 
+/// The project's default segment (an Ethernet one named `default`, made
+/// with the project where the platform does so), if it has one.
+async fn default_segment(c: &Client, tenant: &str) -> anyhow::Result<Option<String>> {
+    match c.segment(tenant, DEFAULT_SEGMENT).await {
+        Ok(s) if s.kind == SegmentKind::Ethernet => Ok(Some(s.name)),
+        Ok(_) => Ok(None),
+        Err(e) if e.status() == Some(404) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
     match cmd {
         VmCmd::Create {
@@ -441,12 +456,21 @@ pub async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
             tenant,
             spec,
             public_ip,
+            no_network,
             wait,
         } => {
-            let body = VmCreate {
+            let mut body = VmCreate {
                 public_ip: *public_ip,
                 ..spec.vm(name)?
             };
+            if body.networks.is_empty() && !*no_network {
+                if let Some(segment) = default_segment(c, &tenant.tenant).await? {
+                    eprintln!(
+                        "kumo: on the project's segment {segment:?} (--network names others; --no-network, none)"
+                    );
+                    body.networks.push(NetworkRequest { segment, ip: None });
+                }
+            }
             let mut v = c.create_vm(&tenant.tenant, &body).await?;
             if *wait {
                 if let Some(w) =

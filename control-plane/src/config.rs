@@ -357,6 +357,20 @@ pub struct NetworkFileConfig {
     /// The IPv4 ranges tenant segments' CIDRs must lie in (default: the
     /// RFC 1918 blocks and 100.64.0.0/10).
     pub tenant_ranges: Option<Vec<String>>,
+    /// Each new tenant's first segment: an Ethernet segment named
+    /// `default` on this network, which `kumo vm create` uses when given
+    /// no `--network`. Unset or `""`: none.
+    pub default_segment: Option<String>,
+    /// Whether that segment has egress (default: yes, when the tenant
+    /// can hold its address; else it is made without).
+    pub default_segment_egress: Option<bool>,
+}
+
+/// The segment every new tenant gets (`[network] default_segment`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DefaultSegment {
+    pub cidr: String,
+    pub egress: bool,
 }
 
 /// VNIs below this are the infrastructure's (0 is invalid in VXLAN).
@@ -379,6 +393,7 @@ pub struct NetworkConfig {
     pub tenant_changes: crate::domain::churn::Allowance,
     pub roce_vlans: std::ops::RangeInclusive<u16>,
     pub tenant_ranges: Vec<crate::domain::ipam::Cidr>,
+    pub default_segment: Option<DefaultSegment>,
 }
 
 impl Default for NetworkConfig {
@@ -391,6 +406,7 @@ impl Default for NetworkConfig {
             tenant_changes: crate::domain::churn::Allowance::default(),
             roce_vlans: DEFAULT_ROCE_VLANS,
             tenant_ranges: crate::domain::ipam::default_tenant_ranges(),
+            default_segment: None,
         }
     }
 }
@@ -483,6 +499,22 @@ fn network(file: &NetworkFileConfig) -> Result<NetworkConfig, ConfigError> {
         if out.tenant_ranges.is_empty() {
             return Err(bad("at least one range".into()));
         }
+    }
+    if let Some(cidr) = file.default_segment.as_deref().filter(|c| !c.is_empty()) {
+        crate::domain::ipam::Cidr::for_tenant("default_segment", cidr, &out.tenant_ranges)
+            .map_err(|e| ConfigError::Invalid {
+                key: "network.default_segment",
+                message: e.to_string(),
+            })?;
+        out.default_segment = Some(DefaultSegment {
+            cidr: cidr.to_owned(),
+            egress: file.default_segment_egress.unwrap_or(true),
+        });
+    } else if file.default_segment_egress.is_some() {
+        return Err(ConfigError::Invalid {
+            key: "network.default_segment_egress",
+            message: "needs network.default_segment".into(),
+        });
     }
     Ok(out)
 }
@@ -1072,6 +1104,47 @@ mod tests {
             let e = parse(&format!("[storage]\novercommit = {bad}")).unwrap_err();
             assert!(e.to_string().contains("storage.overcommit"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_default_segment_lies_in_the_tenant_ranges() {
+        let parse = |t: &str| resolve(&ServeArgs::default(), &toml::from_str(t).unwrap());
+        assert_eq!(parse("").unwrap().network.default_segment, None);
+        assert_eq!(
+            parse("[network]\ndefault_segment = \"\"")
+                .unwrap()
+                .network
+                .default_segment,
+            None
+        );
+        let c = parse("[network]\ndefault_segment = \"10.0.0.0/24\"").unwrap();
+        assert_eq!(
+            c.network.default_segment,
+            Some(DefaultSegment {
+                cidr: "10.0.0.0/24".into(),
+                egress: true
+            })
+        );
+        let c =
+            parse("[network]\ndefault_segment = \"10.0.0.0/24\"\ndefault_segment_egress = false")
+                .unwrap();
+        assert!(!c.network.default_segment.unwrap().egress);
+        for bad in [
+            "default_segment = \"8.8.8.0/24\"",
+            "default_segment = \"10.0.0.0\"",
+            "tenant_ranges = [\"10.200.0.0/16\"]\ndefault_segment = \"10.0.0.0/24\"",
+        ] {
+            let e = parse(&format!("[network]\n{bad}")).unwrap_err();
+            assert!(
+                e.to_string().contains("network.default_segment"),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse("[network]\ndefault_segment_egress = true").unwrap_err();
+        assert!(
+            e.to_string().contains("needs network.default_segment"),
+            "{e}"
+        );
     }
 
     #[test]

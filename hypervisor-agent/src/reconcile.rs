@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use crate::storage::root_disks::NVRAM_FILE;
 use kumo_api_types::{
     ActualState, DesiredState, DesiredVm, MountReport, Power, SegmentKind, UnfitDevice, VmStatus,
 };
@@ -34,8 +35,6 @@ const AFFECT_LIVE: u32 = 1;
 const XML_INACTIVE: u32 = 2;
 /// Serials of volume disks start so (the API makes them).
 const VOLUME_SERIAL: &str = "kumo";
-/// A UEFI guest's variable store, in the VM's directory beside its disk.
-pub const NVRAM_FILE: &str = "nvram.fd";
 
 /// The volumes the host's storage holds ready, by id: what a VM's disks
 /// point at. A VM's volume not (yet) among them is left out of it.

@@ -9,6 +9,14 @@
 //! `repquota -P`). Elsewhere usage is measured by walking the directory
 //! and the server turns the share read-only past its size.
 //!
+//! Lustre is both: the agent sets the project's hard limit (`lfs project
+//! -p ID -s -r DIR`, `lfs setquota -p ID -B KIB MOUNT`) and reads its
+//! usage from Lustre's own accounting (`lfs quota -q -p ID MOUNT`, no
+//! walk), but reports the share as measured, so the server still turns
+//! it read-only past its size: Lustre's quotas never bind root, and a
+//! guest's root writes through virtiofsd as root; whether the servers
+//! enforce at all (`quota_slave_dt.enabled`) a client cannot see.
+//!
 //! Read-only mounts are a read-only bind of the share's directory under
 //! the agent's state directory: Debian 12's virtiofsd has no read-only
 //! mode and libvirt 9 refuses `<readonly/>` for virtiofs. The bind is
@@ -113,6 +121,68 @@ pub fn has_project_quota(m: &MountEntry) -> bool {
         && m.options.iter().any(|o| o == "prjquota" || o == "pquota")
 }
 
+/// The tools that set a share's project limit and read its usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaTools {
+    /// ext4 or XFS with `prjquota`: `chattr`, `setquota`, `repquota`.
+    Linux,
+    /// Lustre: `lfs project`, `lfs setquota`, `lfs quota`.
+    Lustre,
+}
+
+impl QuotaTools {
+    /// What the filesystem of `m` takes, given which tools are installed.
+    pub fn of(m: &MountEntry, have: &dyn Fn(&str) -> bool) -> Option<QuotaTools> {
+        if has_project_quota(m) && have("setquota") && have("chattr") {
+            Some(QuotaTools::Linux)
+        } else if m.fstype == "lustre" && have("lfs") {
+            Some(QuotaTools::Lustre)
+        } else {
+            None
+        }
+    }
+
+    /// How a share's size holds: by the filesystem, or measured (and
+    /// read-only past it) where its quota does not bind every writer.
+    pub fn limit(tools: Option<QuotaTools>) -> ShareLimit {
+        match tools {
+            Some(QuotaTools::Linux) => ShareLimit::ProjectQuota,
+            Some(QuotaTools::Lustre) | None => ShareLimit::Measured,
+        }
+    }
+
+    /// The command lines that put `dir` in `project` and limit the
+    /// project to `kib` on the filesystem mounted at `mount`.
+    pub fn set_limit(self, project: u32, dir: &Path, kib: u64, mount: &Path) -> Vec<Vec<String>> {
+        let (project, kib) = (project.to_string(), kib.to_string());
+        let (dir, mount) = (dir.display().to_string(), mount.display().to_string());
+        let line = |args: &[&str]| args.iter().map(|a| (*a).to_owned()).collect();
+        match self {
+            QuotaTools::Linux => vec![
+                line(&["chattr", "+P", "-p", &project, &dir]),
+                line(&["setquota", "-P", &project, "0", &kib, "0", "0", &mount]),
+            ],
+            // -s: new files inherit the project; -r: what is there already.
+            QuotaTools::Lustre => vec![
+                line(&["lfs", "project", "-p", &project, "-s", "-r", &dir]),
+                line(&["lfs", "setquota", "-p", &project, "-B", &kib, &mount]),
+            ],
+        }
+    }
+}
+
+/// `lfs quota -q -p ID MOUNT` output: the bytes the project uses on the
+/// filesystem mounted at `mount` (the figure after the mount point, in
+/// KiB, `*` when past a limit; a long mount point sits on a line of its
+/// own, its figures on the next).
+pub fn parse_lfs_quota(text: &str, mount: &Path) -> Option<u64> {
+    let mount = mount.display().to_string();
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == mount)?;
+    let kib: u64 = words.next()?.trim_end_matches('*').parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// `repquota -P -n` output: project id → bytes used (its block figure is
 /// in KiB; a `+` in the flags marks a project past a limit).
 pub fn parse_repquota(text: &str) -> HashMap<u32, u64> {
@@ -125,6 +195,17 @@ pub fn parse_repquota(text: &str) -> HashMap<u32, u64> {
             Some((id, kib * 1024))
         })
         .collect()
+}
+
+/// A Lustre project's usage, from Lustre's accounting (always whole).
+fn lfs_usage(project: u32, mount: &Path) -> std::io::Result<(u64, bool)> {
+    let text = run(Command::new("lfs")
+        .args(["quota", "-q", "-p", &project.to_string()])
+        .arg(mount))
+    .map_err(std::io::Error::other)?;
+    parse_lfs_quota(&text, mount)
+        .map(|bytes| (bytes, true))
+        .ok_or_else(|| std::io::Error::other(format!("lfs quota said nothing readable: {text}")))
 }
 
 /// Bytes a directory tree takes (allocated blocks, as `du`), staying on
@@ -228,14 +309,9 @@ fn problem(config: &SharesConfig, mounts: &[MountEntry]) -> Option<String> {
     None
 }
 
-/// How a share's size holds on this filesystem.
-fn limit(config: &SharesConfig, mounts: &[MountEntry]) -> ShareLimit {
-    match mount_of(mounts, &config.root) {
-        Some(m) if has_project_quota(m) && have("setquota") && have("chattr") => {
-            ShareLimit::ProjectQuota
-        }
-        _ => ShareLimit::Measured,
-    }
+/// The quota tools of the shares' filesystem, if it has any.
+fn quota_tools(config: &SharesConfig, mounts: &[MountEntry]) -> Option<QuotaTools> {
+    mount_of(mounts, &config.root).and_then(|m| QuotaTools::of(m, &have))
 }
 
 /// The shared filesystem as the heartbeat reports it.
@@ -256,7 +332,7 @@ pub fn survey(config: &SharesConfig) -> SharesStorage {
         root: config.root.display().to_string(),
         capacity_gib,
         free_gib,
-        limit: limit(config, &mounts),
+        limit: QuotaTools::limit(quota_tools(config, &mounts)),
         problem,
     }
 }
@@ -311,8 +387,8 @@ impl Shares {
         problem(&self.config, mounts)
     }
 
-    fn limit(&self, mounts: &[MountEntry]) -> ShareLimit {
-        limit(&self.config, mounts)
+    fn quota_tools(&self, mounts: &[MountEntry]) -> Option<QuotaTools> {
+        quota_tools(&self.config, mounts)
     }
 
     pub fn dir(&self, id: Uuid) -> PathBuf {
@@ -458,10 +534,11 @@ impl Shares {
                 .map(|id| status(id, VolumeActual::Failed, Some(p.clone())))
                 .collect();
         }
-        let limit = self.limit(&mounts);
+        let tools = self.quota_tools(&mounts);
+        let limit = QuotaTools::limit(tools);
         let mount_point = mount_of(&mounts, &self.config.root).map(|m| m.mount_point.clone());
         let mut report = Vec::new();
-        let quota_use = if limit == ShareLimit::ProjectQuota && !kept.is_empty() {
+        let quota_use = if tools == Some(QuotaTools::Linux) && !kept.is_empty() {
             mount_point.as_ref().and_then(|mp| {
                 run(Command::new("repquota").args(["-P", "-n"]).arg(mp))
                     .map(|t| parse_repquota(&t))
@@ -472,7 +549,7 @@ impl Shares {
             None
         };
         for s in kept {
-            match self.keep(s, limit, mount_point.as_deref(), quota_use.as_ref()) {
+            match self.keep(s, tools, mount_point.as_deref(), quota_use.as_ref()) {
                 Ok((used, uncounted)) => report.push(ShareStatus {
                     used_bytes: used,
                     uncounted,
@@ -494,7 +571,7 @@ impl Shares {
     fn keep(
         &mut self,
         s: &DesiredShare,
-        limit: ShareLimit,
+        tools: Option<QuotaTools>,
         mount_point: Option<&Path>,
         quota_use: Option<&HashMap<u32, u64>>,
     ) -> Result<(Option<u64>, bool), String> {
@@ -509,16 +586,13 @@ impl Shares {
             std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
             tracing::info!(share = %s.id, "share directory made");
         }
-        if limit == ShareLimit::ProjectQuota && self.limits.get(&s.id) != Some(&s.size_gib) {
-            let mp = mount_point.ok_or("the shares root's mount is unknown")?;
-            let project = s.project.to_string();
-            run(Command::new("chattr")
-                .args(["+P", "-p", &project])
-                .arg(&dir))?;
-            let kib = (u64::from(s.size_gib) << 20).to_string();
-            run(Command::new("setquota")
-                .args(["-P", &project, "0", &kib, "0", "0"])
-                .arg(mp))?;
+        let mp = mount_point.ok_or("the shares root's mount is unknown");
+        if let Some(tools) = tools.filter(|_| self.limits.get(&s.id) != Some(&s.size_gib)) {
+            let kib = u64::from(s.size_gib) << 20;
+            for line in tools.set_limit(s.project, &dir, kib, mp?) {
+                let (tool, args) = line.split_first().ok_or("an empty command")?;
+                run(Command::new(tool).args(args))?;
+            }
             self.limits.insert(s.id, s.size_gib);
             tracing::info!(share = %s.id, gib = s.size_gib, "share's project quota set");
         }
@@ -532,8 +606,16 @@ impl Shares {
         if stale && !m.walking && walking < WALKS {
             m.walking = true;
             let (all, id) = (self.usage.clone(), s.id);
+            // Lustre keeps the project's usage itself: no walk.
+            let lustre = match (tools, mount_point) {
+                (Some(QuotaTools::Lustre), Some(mp)) => Some((s.project, mp.to_path_buf())),
+                _ => None,
+            };
             std::thread::spawn(move || {
-                let r = measure(&dir);
+                let r = match lustre {
+                    Some((project, mp)) => lfs_usage(project, &mp),
+                    None => measure(&dir),
+                };
                 let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(m) = all.get_mut(&id) else {
                     return; // deleted meanwhile
@@ -658,6 +740,84 @@ garbage line
             Path::new("/")
         );
         assert!(!has_project_quota(mount_of(&m, Path::new("/x")).unwrap()));
+    }
+
+    #[test]
+    fn each_filesystem_gets_its_own_quota_tools_and_lustre_stays_measured() {
+        let m = parse_mountinfo(MOUNTINFO);
+        let at = |p: &str| mount_of(&m, Path::new(p)).unwrap();
+        let all = |_: &str| true;
+        let no_lfs = |t: &str| t != "lfs";
+        assert_eq!(
+            QuotaTools::of(at("/srv/xfs/x"), &all),
+            Some(QuotaTools::Linux)
+        );
+        assert_eq!(
+            QuotaTools::of(at("/srv/lustre/p"), &all),
+            Some(QuotaTools::Lustre)
+        );
+        assert_eq!(QuotaTools::of(at("/srv/lustre/p"), &no_lfs), None);
+        assert_eq!(
+            QuotaTools::of(at("/srv/xfs/x"), &|t: &str| t != "setquota"),
+            None
+        );
+        assert_eq!(
+            QuotaTools::of(at("/x"), &all),
+            None,
+            "ext4 without prjquota"
+        );
+        assert_eq!(
+            QuotaTools::limit(Some(QuotaTools::Linux)),
+            ShareLimit::ProjectQuota
+        );
+        // Lustre's quotas let root past them: the server watches the size.
+        assert_eq!(
+            QuotaTools::limit(Some(QuotaTools::Lustre)),
+            ShareLimit::Measured
+        );
+        assert_eq!(QuotaTools::limit(None), ShareLimit::Measured);
+
+        let dir = Path::new("/srv/lustre/s1");
+        let words = |lines: Vec<Vec<String>>| -> Vec<String> {
+            lines.into_iter().map(|l| l.join(" ")).collect()
+        };
+        assert_eq!(
+            words(QuotaTools::Lustre.set_limit(7, dir, 1 << 20, Path::new("/srv/lustre"))),
+            [
+                "lfs project -p 7 -s -r /srv/lustre/s1",
+                "lfs setquota -p 7 -B 1048576 /srv/lustre",
+            ]
+        );
+        assert_eq!(
+            words(QuotaTools::Linux.set_limit(
+                7,
+                Path::new("/srv/xfs/s1"),
+                2048,
+                Path::new("/srv/xfs")
+            )),
+            [
+                "chattr +P -p 7 /srv/xfs/s1",
+                "setquota -P 7 0 2048 0 0 /srv/xfs"
+            ]
+        );
+    }
+
+    #[test]
+    fn lfs_quota_reads_a_projects_bytes() {
+        let mount = Path::new("/mnt/lustre");
+        let plain =
+            "     /mnt/lustre     4360       0 1048576       -     265       0       0       -\n";
+        assert_eq!(parse_lfs_quota(plain, mount), Some(4360 * 1024));
+        let past = "/mnt/lustre 1048580* 0 1048576 6d 12 0 0 -";
+        assert_eq!(parse_lfs_quota(past, mount), Some(1_048_580 * 1024));
+        let long = "/mnt/a/very/long/lustre/mount/point/name\n        512       0    2048       -       1       0       0       -\n";
+        assert_eq!(
+            parse_lfs_quota(long, Path::new("/mnt/a/very/long/lustre/mount/point/name")),
+            Some(512 * 1024)
+        );
+        assert_eq!(parse_lfs_quota(plain, Path::new("/mnt/other")), None);
+        assert_eq!(parse_lfs_quota("/mnt/lustre", mount), None);
+        assert_eq!(parse_lfs_quota("/mnt/lustre -", mount), None);
     }
 
     #[test]

@@ -26,6 +26,9 @@
 //! for an export on the other host must not hold the slot that export
 //! would need).
 //!
+//! A root disk's move carries the VM's UEFI variable store too
+//! (`/v1/root-disks/<vm>/nvram`, the same token), fetched first.
+//!
 //! What travels is the data only: a destination that asks for
 //! [`extents::CONTENT_TYPE`] gets the volume's data extents (holes and
 //! zeros left out, checked by the stream's own SHA-256); one that does
@@ -243,8 +246,78 @@ impl Transfers {
             .is_some_and(|i| i.running)
     }
 
-    /// Fetches one volume (or root disk) from its source into the pool.
+    /// A moving root disk's UEFI variable store, kept before the disk so
+    /// that the VM, once its disk is here, boots from the store it had.
+    /// A source with none (a BIOS VM: 204) or from before stores moved
+    /// (404, as is a move not under way: the disk's fetch says which)
+    /// sends nothing, and the VM starts from a fresh store.
+    async fn fetch_nvram(&self, w: &DesiredImport, token: &str) -> Result<(), String> {
+        let url = format!(
+            "{}/v1/{}/{}/nvram",
+            w.from.trim_end_matches('/'),
+            path_of(w.kind),
+            w.volume
+        );
+        let resp = self
+            .http
+            .get(&url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach the source at {}: {e}", w.from))?;
+        let status = resp.status();
+        if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_FOUND {
+            return Ok(());
+        }
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            let body: String = body.chars().take(200).collect();
+            return Err(format!(
+                "the source answered {status} for the variable store: {}",
+                body.trim()
+            ));
+        }
+        let sha = resp
+            .headers()
+            .get(SHA256_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+            .map(str::to_owned)
+            .ok_or(format!(
+                "the source sent no {SHA256_HEADER} for the variable store"
+            ))?;
+        if resp
+            .content_length()
+            .is_some_and(|n| n > crate::storage::root_disks::NVRAM_MAX_BYTES)
+        {
+            return Err("the source sent a variable store too large to be one".into());
+        }
+        // Bounded as it arrives, whatever the length said.
+        let mut bytes = Vec::new();
+        let mut resp = resp;
+        while let Some(c) = resp
+            .chunk()
+            .await
+            .map_err(|e| format!("receiving the variable store: {e}"))?
+        {
+            bytes.extend_from_slice(&c);
+            if bytes.len() as u64 > crate::storage::root_disks::NVRAM_MAX_BYTES {
+                return Err("the source sent a variable store too large to be one".into());
+            }
+        }
+        let (disks, vm) = (self.disks.clone(), w.volume);
+        tokio::task::spawn_blocking(move || disks.receive_nvram(vm, &bytes, &sha))
+            .await
+            .map_err(|e| format!("variable store task: {e}"))?
+            .map_err(|e| format!("the variable store: {e}"))
+    }
+
+    /// Fetches one volume (or root disk, with its variable store) from
+    /// its source into the pool.
     async fn fetch(&self, w: &DesiredImport, token: &str) -> Result<(), String> {
+        if w.kind == TransferKind::RootDisk {
+            self.fetch_nvram(w, token).await?;
+        }
         let url = format!(
             "{}/v1/{}/{}",
             w.from.trim_end_matches('/'),
@@ -426,11 +499,9 @@ async fn serve_root_disk(
     serve_one(t, (TransferKind::RootDisk, id), headers).await
 }
 
-/// A volume's (or root disk's) raw contents, `Content-Length` long,
-/// with their SHA-256 in [`SHA256_HEADER`]; only to the bearer of the
-/// move's token, one fetch at a time.
-async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response {
-    let (kind, id) = key;
+/// The refusal of a request whose `headers` do not show the token of a
+/// move of `key` under way; `None` for one that does.
+fn refusal(t: &Transfers, key: Key, headers: &HeaderMap) -> Option<Response> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -442,14 +513,60 @@ async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response 
         .get(&key)
         .cloned();
     let Some(expected) = expected else {
-        return refuse(StatusCode::NOT_FOUND, "no move of this volume is under way");
+        return Some(refuse(
+            StatusCode::NOT_FOUND,
+            "no move of this volume is under way",
+        ));
     };
     let shown = token.map(sha256_hex).unwrap_or_default();
     if !bool::from(subtle::ConstantTimeEq::ct_eq(
         shown.as_bytes(),
         expected.as_bytes(),
     )) {
-        return refuse(StatusCode::UNAUTHORIZED, "not this move's token");
+        return Some(refuse(StatusCode::UNAUTHORIZED, "not this move's token"));
+    }
+    None
+}
+
+/// `GET /v1/root-disks/{vm}/nvram`: the VM's UEFI variable store, to the
+/// bearer of its root disk's move token, with its SHA-256 in
+/// [`SHA256_HEADER`]; 204 when the VM has none (a BIOS VM).
+async fn serve_nvram(
+    State(t): State<Arc<Transfers>>,
+    Path(id): Path<Uuid>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = refusal(&t, (TransferKind::RootDisk, id), &headers) {
+        return refused;
+    }
+    let disks = t.disks.clone();
+    let read = tokio::task::spawn_blocking(move || disks.read_nvram(id)).await;
+    match read {
+        Ok(Ok(Some(bytes))) => {
+            let sha = hex::encode(Sha256::digest(&bytes));
+            (
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+                    (header::HeaderName::from_static(SHA256_HEADER), sha),
+                ],
+                bytes,
+            )
+                .into_response()
+        }
+        Ok(Ok(None)) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Err(e)) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// A volume's (or root disk's) raw contents, `Content-Length` long,
+/// with their SHA-256 in [`SHA256_HEADER`]; only to the bearer of the
+/// move's token, one fetch at a time.
+async fn serve_one(t: Arc<Transfers>, key: Key, headers: HeaderMap) -> Response {
+    let (kind, id) = key;
+    if let Some(refused) = refusal(&t, key, &headers) {
+        return refused;
     }
     if !t
         .serving
@@ -564,6 +681,7 @@ pub fn router(t: Arc<Transfers>) -> axum::Router {
     axum::Router::new()
         .route("/v1/volumes/{id}", axum::routing::get(serve_volume))
         .route("/v1/root-disks/{id}", axum::routing::get(serve_root_disk))
+        .route("/v1/root-disks/{id}/nvram", axum::routing::get(serve_nvram))
         .with_state(t)
 }
 

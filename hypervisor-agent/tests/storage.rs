@@ -899,6 +899,9 @@ mod transfer {
         let vm = Uuid::new_v4();
         let disk = root_disk(a.scratch.path(), vm);
         let sum = contents_sha256(&disk);
+        // A UEFI VM's variable store (OVMF_VARS_4M's size) goes along.
+        let store: Vec<u8> = (0..540_672u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(disk.with_file_name("nvram.fd"), &store).unwrap();
         let source = transfers(&src, a.scratch.path());
         let url = serve(source.clone()).await;
         let dest = transfers(&dst, b.scratch.path());
@@ -918,6 +921,21 @@ mod transfer {
         let r = converge_until_with(&dest, &want, &|_| None, VolumeActual::Failed).await;
         assert!(r.reason.as_deref().unwrap().contains("404"), "{r:?}");
         assert!(!here.present(vm));
+        assert!(!here.nvram_path(vm).exists(), "nor its variable store");
+        // Nor does another token open the store.
+        source.set_exports(&[DesiredExport {
+            volume: vm,
+            token_sha256: hash.clone(),
+            kind: TransferKind::RootDisk,
+            tenant: None,
+        }]);
+        let stranger = reqwest::Client::new()
+            .get(format!("{url}/v1/root-disks/{vm}/nvram"))
+            .bearer_auth("0".repeat(64))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stranger.status(), 401);
 
         source.set_exports(&[DesiredExport {
             volume: vm,
@@ -937,17 +955,81 @@ mod transfer {
             !info.contains("backing-filename"),
             "flattened: no template needed on the new host: {info}"
         );
-        let files: Vec<String> = std::fs::read_dir(moved.parent().unwrap())
+        assert_eq!(
+            std::fs::read(here.nvram_path(vm)).unwrap(),
+            store,
+            "the variable store came along, byte for byte"
+        );
+        let mut files: Vec<String> = std::fs::read_dir(moved.parent().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(files, vec!["disk.qcow2".to_owned()], "no partial left");
+        files.sort();
+        assert_eq!(files, ["disk.qcow2", "nvram.fd"], "no partial left");
         // The source's copy stays until it is told to drop it.
         let there = RootDisks::new(a.scratch.path());
         assert!(there.present(vm));
         assert!(there.remove(vm).unwrap());
         assert!(!there.present(vm));
         assert!(!there.remove(vm).unwrap(), "dropping twice is a no-op");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_root_disk_without_a_variable_store_moves_and_a_huge_one_stops_the_move() {
+        let (a, b) = (Qcow2Pool::new(), Qcow2Pool::new());
+        let (src, dst) = (backend(&a), backend(&b));
+        let source = transfers(&src, a.scratch.path());
+        let url = serve(source.clone()).await;
+        let dest = transfers(&dst, b.scratch.path());
+        let here = RootDisks::new(b.scratch.path());
+        let present = |id| here.present(id).then_some(None);
+        let (bios, huge) = (Uuid::new_v4(), Uuid::new_v4());
+        root_disk(a.scratch.path(), bios);
+        let disk = root_disk(a.scratch.path(), huge);
+        // Past any variable store: the source sends none of it.
+        std::fs::File::create(disk.with_file_name("nvram.fd"))
+            .unwrap()
+            .set_len(kumo_agent::storage::root_disks::NVRAM_MAX_BYTES + 1)
+            .unwrap();
+        let wants = [
+            wanted(bios, url.clone(), TransferKind::RootDisk),
+            wanted(huge, url.clone(), TransferKind::RootDisk),
+        ];
+        let r = dest.converge_imports(TransferKind::RootDisk, &wants, &present);
+        source.set_exports(
+            &r.iter()
+                .map(|v| DesiredExport {
+                    volume: v.id,
+                    token_sha256: v.token_sha256.clone().unwrap(),
+                    kind: TransferKind::RootDisk,
+                    tenant: None,
+                })
+                .collect::<Vec<_>>(),
+        );
+        // Both at once (a pass that wants one only drops the other's
+        // import, and its token); a first try may go before the source
+        // was told.
+        let started = Instant::now();
+        let (bios_state, why) = loop {
+            let r = dest.converge_imports(TransferKind::RootDisk, &wants, &present);
+            let why = r[1].reason.clone().unwrap_or_default();
+            if (r[0].state == VolumeActual::Ready && why.contains("500"))
+                || started.elapsed() > Duration::from_secs(60)
+            {
+                break (r[0].state, why);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(bios_state, VolumeActual::Ready);
+        assert!(
+            !here.nvram_path(bios).exists(),
+            "a BIOS VM has no store to bring"
+        );
+        assert!(
+            why.contains("variable store") && why.contains("500"),
+            "{why}"
+        );
+        assert!(!here.present(huge), "the disk waits for its store");
     }
 
     /// [`converge_until`] with what the pass takes as whole.

@@ -225,10 +225,11 @@ pub fn spread_memory(
     out
 }
 
-/// A simple placement of `gpus` with their paired NICs: vCPUs and memory
-/// split over the NUMA nodes of those devices in proportion to how many sit
-/// on each, at least one vCPU per node so every device has a guest cell to
-/// belong to (a CPU-only VM uses the first node); CPUs are taken from the
+/// A simple placement of `gpus` with a VF of each one's paired RoCE NIC
+/// (what a VM on a RoCE segment gets; an InfiniBand HCA goes to no VM):
+/// vCPUs and memory split over the NUMA nodes of those devices in
+/// proportion to how many sit on each, at least one vCPU per node so every
+/// device has a guest cell to belong to (a CPU-only VM uses the first node); CPUs are taken from the
 /// start of each node's list. The scheduler makes smarter ones; the layout
 /// takes any.
 pub fn place(
@@ -247,8 +248,8 @@ pub struct InUse {
     pub nics: std::collections::BTreeSet<Bdf>,
 }
 
-/// [`place`], leaving alone what `in_use` lists: a GPU whose paired NIC is
-/// taken goes without one (a VF of it comes with the network issue).
+/// [`place`], leaving alone what `in_use` lists: a GPU whose paired NIC
+/// has no VF left goes without one.
 pub fn place_avoiding(
     topo: &HostTopology,
     gpus: &[Bdf],
@@ -279,13 +280,16 @@ pub fn place_avoiding(
         match nics.iter_mut().find(|n| &n.rdma_device == rdma) {
             Some(n) => n.for_gpus.push(*g),
             None => {
-                if let Some(nic) = topo
-                    .nic(rdma)
-                    .filter(|n| !in_use.nics.contains(&n.location.bdf))
-                {
+                // A VF, never the PF: a guest holding a PF could tag any
+                // VLAN on the leaf and rewrite the card's firmware.
+                let vf = topo.nic(rdma).and_then(|n| {
+                    let free = n.vfs.iter().find(|v| !in_use.nics.contains(v));
+                    n.roce_vf().and(free).map(|vf| (*vf, n.location.bdf))
+                });
+                if let Some((vf, pf)) = vf {
                     nics.push(PlacedNic {
-                        host_bdf: nic.location.bdf,
-                        pf: None,
+                        host_bdf: vf,
+                        pf: Some(pf),
                         rdma_device: rdma.clone(),
                         for_gpus: vec![*g],
                     });

@@ -310,6 +310,8 @@ pub struct VmChoices {
     pub templates: Vec<String>,
     /// The project's segments.
     pub segments: Vec<String>,
+    /// The one the form starts on (the project's default segment).
+    pub default_segment: Option<String>,
 }
 
 #[derive(Template)]
@@ -369,13 +371,16 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
             Field::new("spot", &i18n::word(lang, "Spot VM"), Input::Checkbox)
                 .answers(&["service_level"])
                 .help(help("spot")),
-            Field::new(
-                "network",
-                t(lang, Msg::Segment),
-                Input::choices("—", choices.segments.clone()),
-            )
-            .answers(&["networks"])
-            .help(help("network")),
+            Field {
+                value: choices.default_segment.clone().unwrap_or_default(),
+                ..Field::new(
+                    "network",
+                    t(lang, Msg::Segment),
+                    Input::choices("—", choices.segments.clone()),
+                )
+                .answers(&["networks"])
+                .help(help("network"))
+            },
             Field::new(
                 "public_ip",
                 &i18n::word(lang, "Public address"),
@@ -1066,6 +1071,23 @@ mod tests {
         assert!(!none.contains("class=\"boot\""), "{none}");
         assert!(none.contains("only its console reaches it"), "{none}");
         assert!(!none.contains("<h2>Volumes</h2>") && !none.contains("<h2>Shares</h2>"));
+    }
+
+    #[test]
+    fn the_vm_form_starts_on_the_projects_default_segment() {
+        let v = viewer("Aiko");
+        let mut choices = VmChoices {
+            segments: vec!["default".into(), "lab".into()],
+            default_segment: Some("default".into()),
+            ..VmChoices::default()
+        };
+        let page = vms_page(Lang::En, &v, "vision", &[], &choices, None);
+        assert!(page.contains(r#"<option value="default" selected>"#), "{page}");
+        assert!(!page.contains(r#"<option value="lab" selected>"#), "{page}");
+        choices.default_segment = None;
+        let page = vms_page(Lang::En, &v, "vision", &[], &choices, None);
+        assert!(page.contains(r#"<option value="" selected>"#), "{page}");
+        assert!(!page.contains(r#"<option value="default" selected>"#), "{page}");
     }
 
     #[test]

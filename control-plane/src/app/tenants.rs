@@ -1,12 +1,16 @@
 //! Tenant use cases: platform admins create and delete them, owners change
 //! them, members see their own.
 
-use kumo_api_types::{Page, PageParams, Role, Tenant, TenantCreate, TenantUpdate};
+use kumo_api_types::{
+    Page, PageParams, Role, SegmentCreate, SegmentKind, Tenant, TenantCreate, TenantUpdate,
+    DEFAULT_SEGMENT,
+};
 use sea_orm::{ActiveModelTrait, EntityTrait, Set, TransactionTrait};
 use uuid::Uuid;
 
 use crate::app::access::{require_admin, tenant_access, tenant_ids_with_role};
 use crate::app::audit;
+use crate::config::DefaultSegment;
 use crate::context::{Actor, AppState};
 use crate::domain::names;
 use crate::domain::paging::Paging;
@@ -38,12 +42,19 @@ fn validate_texts(display_name: Option<&str>, description: Option<&str>) -> Resu
     Ok(())
 }
 
-/// A platform admin creates a tenant, with an empty quota.
+/// A platform admin creates a tenant, with an empty quota, and its
+/// default segment where the platform has one (`[network]
+/// default_segment`).
 pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result<Tenant, ApiError> {
     require_admin(&actor.caller, "creating tenants")?;
     names::tenant_name("name", &body.name)?;
     validate_texts(body.display_name.as_deref(), body.description.as_deref())?;
     let now = st.config.clock.now();
+    let default_segment = st.config.network.default_segment.clone();
+    // The quota holds the default segment (and its egress address): a
+    // tenant is never over its quota from the start.
+    let segments = i64::from(default_segment.is_some());
+    let public_ips = i64::from(default_segment.as_ref().is_some_and(|d| d.egress));
     let txn = st.db.begin().await?;
     let tenant = tenants::ActiveModel {
         id: Set(Uuid::now_v7()),
@@ -69,9 +80,9 @@ pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result
         memory_gib: Set(0),
         vms: Set(0),
         disk_gib: Set(0),
-        segments: Set(0),
+        segments: Set(segments),
         roce_segments: Set(0),
-        public_ips: Set(0),
+        public_ips: Set(public_ips),
         volume_gib: Set(0),
         share_gib: Set(0),
         updated_at: Set(now),
@@ -80,7 +91,35 @@ pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result
     .await?;
     audit::record(&txn, actor, "tenant.create", Some(&tenant), &tenant.name).await?;
     txn.commit().await?;
+    if let Some(d) = default_segment {
+        make_default_segment(st, actor, &tenant.name, &d).await;
+    }
     Ok(view(tenant))
+}
+
+/// The new tenant's default segment: with egress when so configured and
+/// the tenant can hold the address (points, the pools), else without —
+/// the owner turns it on later (`kumo segment update default --egress`).
+/// A segment that cannot be made at all leaves the tenant as it is (it
+/// is made; the reason is logged): the tenant makes its own segments.
+async fn make_default_segment(st: &AppState, actor: &Actor, tenant: &str, d: &DefaultSegment) {
+    let body = |egress| SegmentCreate {
+        name: DEFAULT_SEGMENT.into(),
+        kind: SegmentKind::Ethernet,
+        cidr: d.cidr.clone(),
+        gateway: None,
+        mtu: None,
+        ingress: Vec::new(),
+        egress: Some(egress),
+    };
+    let mut made = crate::app::segments::create(st, actor, tenant, &body(d.egress)).await;
+    if let (Err(e), true) = (&made, d.egress) {
+        tracing::info!(tenant, error = %e, "default segment made without egress");
+        made = crate::app::segments::create(st, actor, tenant, &body(false)).await;
+    }
+    if let Err(e) = made {
+        tracing::warn!(tenant, error = %e, "default segment not made");
+    }
 }
 
 /// One page of the tenants the actor can see (admins: all), by name.
@@ -134,11 +173,25 @@ pub async fn update(
     Ok(view(updated))
 }
 
-/// A platform admin deletes a tenant with its memberships and quota; it
-/// must have no VMs or segments left.
+/// A platform admin deletes a tenant with its memberships and quota (and
+/// its default segment, when that is all it has left); it must have no
+/// VMs or other segments left.
 pub async fn delete(st: &AppState, actor: &Actor, tenant: &str) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require_admin("deleting a tenant")?;
+    // The default segment made with the tenant goes with it when nothing
+    // else is left (one with VMs on it is refused below, as any segment).
+    let only_default = crate::store::vms::count_of(&st.db, tenant.id).await? == 0
+        && crate::store::segments::count_of(&st.db, tenant.id, None).await? == 1
+        && crate::store::segments::named(&st.db, tenant.id, DEFAULT_SEGMENT)
+            .await?
+            .is_some();
+    if only_default {
+        match crate::app::segments::delete(st, actor, &tenant.name, DEFAULT_SEGMENT).await {
+            Ok(()) | Err(ApiError::Conflict(_)) | Err(ApiError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let txn = st.db.begin().await?;
     // The foreign key refuses it too; asking first gives the clear answer
     // on every database.

@@ -107,6 +107,10 @@ fn agent_binary() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// The dev fleet's projects' default segment (the README's walks use
+/// 10.1–10.3).
+const DEV_DEFAULT_SEGMENT: &str = "10.0.0.0/24";
+
 async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
     let ok_or_exists = |r: Result<(), kumo_cli::ClientError>| match r {
         Err(e) if e.status() == Some(409) => Ok(()),
@@ -140,6 +144,24 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
         quota.gpus.insert(m.into(), 64);
     }
     client.set_quota("demo", &quota).await?;
+    // A demo made before projects got a default segment gets one now.
+    ok_or_exists(
+        client
+            .create_segment(
+                "demo",
+                &kumo_api_types::SegmentCreate {
+                    name: kumo_api_types::DEFAULT_SEGMENT.into(),
+                    kind: kumo_api_types::SegmentKind::Ethernet,
+                    cidr: DEV_DEFAULT_SEGMENT.into(),
+                    gateway: None,
+                    mtu: None,
+                    ingress: Vec::new(),
+                    egress: None,
+                },
+            )
+            .await
+            .map(|_| ()),
+    )?;
     // Prices and points, so the demo's usage and statements fill up.
     if client.rates().await?.cards.is_empty() {
         let prices = demo_prices();
@@ -530,10 +552,19 @@ pub fn banner(f: &BannerFacts<'_>) -> String {
 }
 
 pub async fn dev(
-    config: Config,
+    mut config: Config,
     hosts: usize,
     log: LogLevel,
 ) -> anyhow::Result<(RunningServer, Fleet)> {
+    // Every project the dev fleet makes, the demo first, gets a segment
+    // to be reached on (unless the configuration says otherwise).
+    config
+        .network
+        .default_segment
+        .get_or_insert_with(|| crate::config::DefaultSegment {
+            cidr: DEV_DEFAULT_SEGMENT.into(),
+            egress: true,
+        });
     let data_dir = config.data_dir.clone();
     owner::take_over(&data_dir)?;
     let server = RunningServer::start(config).await?;

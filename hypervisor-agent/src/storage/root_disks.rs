@@ -3,16 +3,29 @@
 //! takes its root disk along. The source sends the disk's guest-visible
 //! contents (its template's backing chain flattened); the destination
 //! keeps them as a flat qcow2 image, and only when whole and matching.
+//! A UEFI guest's variable store (`nvram.fd`: boot entries, Secure Boot
+//! keys the guest enrolled) goes along with it, before the disk, so a
+//! moved VM boots as it was set up rather than from a fresh store.
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 
 use uuid::Uuid;
 
+use sha2::{Digest, Sha256};
+
 use super::qcow2::{read_as_raw, receive_as_qcow2};
 use super::{check_import_size, Claim, Incoming, StorageError};
+
+/// A UEFI VM's variable store, beside its disk.
+pub const NVRAM_FILE: &str = "nvram.fd";
+
+/// The largest variable store that moves: OVMF's are 528 KiB (4 MiB
+/// builds) or 128 KiB; a file far past that is not a store, and is
+/// neither sent nor taken.
+pub const NVRAM_MAX_BYTES: u64 = 16 << 20;
 
 /// The root disks under an agent's state directory.
 #[derive(Debug, Clone)]
@@ -35,6 +48,89 @@ impl RootDisks {
     /// another name).
     pub fn path(&self, vm: Uuid) -> PathBuf {
         self.dir(vm).join("disk.qcow2")
+    }
+
+    /// Where the VM's UEFI variable store is.
+    pub fn nvram_path(&self, vm: Uuid) -> PathBuf {
+        self.dir(vm).join(NVRAM_FILE)
+    }
+
+    /// The VM's variable store, when it has one (a BIOS VM has none).
+    pub fn read_nvram(&self, vm: Uuid) -> Result<Option<Vec<u8>>, StorageError> {
+        let path = self.nvram_path(vm);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StorageError::io(format!("opening {}", path.display()))(e)),
+        };
+        let mut bytes = Vec::new();
+        file.take(NVRAM_MAX_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(StorageError::io(format!("reading {}", path.display())))?;
+        if bytes.len() as u64 > NVRAM_MAX_BYTES {
+            return Err(StorageError::Refused(format!(
+                "{} is over {NVRAM_MAX_BYTES} bytes: not a variable store",
+                path.display()
+            )));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Keeps `bytes` as the VM's variable store when their SHA-256 is
+    /// `expected_sha256`: written under another name and renamed, so a
+    /// torn copy is never booted from. Refused once the disk is here
+    /// (the VM may be running from the store it has).
+    pub fn receive_nvram(
+        &self,
+        vm: Uuid,
+        bytes: &[u8],
+        expected_sha256: &str,
+    ) -> Result<(), StorageError> {
+        if bytes.len() as u64 > NVRAM_MAX_BYTES {
+            return Err(StorageError::Refused(format!(
+                "a variable store of {} bytes (at most {NVRAM_MAX_BYTES})",
+                bytes.len()
+            )));
+        }
+        let actual = hex::encode(Sha256::digest(bytes));
+        if !actual.eq_ignore_ascii_case(expected_sha256) {
+            return Err(StorageError::Checksum {
+                expected: expected_sha256.to_owned(),
+                actual,
+            });
+        }
+        if self.present(vm) {
+            return Err(StorageError::Refused(format!(
+                "the root disk of VM {vm} exists already"
+            )));
+        }
+        let dir = self.ensure_dir(vm)?;
+        let partial = dir.join("nvram.import");
+        let _claim = Claim::take(partial.display().to_string())?;
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&partial)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&partial, self.nvram_path(vm))
+        };
+        write().map_err(StorageError::io(format!("keeping {}", partial.display())))
+    }
+
+    /// The VM's directory, made if need be, as the agent makes it: QEMU's
+    /// user passes through, nobody lists.
+    fn ensure_dir(&self, vm: Uuid) -> Result<PathBuf, StorageError> {
+        let dir = self.dir(vm);
+        std::fs::create_dir_all(&dir)
+            .map_err(StorageError::io(format!("creating {}", dir.display())))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(StorageError::io(format!("chmod {}", dir.display())))?;
+        Ok(dir)
     }
 
     /// Whether the VM's root disk is here, whole.
@@ -91,12 +187,7 @@ impl RootDisks {
         incoming: Incoming<'_>,
     ) -> Result<(), StorageError> {
         check_import_size(size_bytes)?;
-        let dir = self.dir(vm);
-        std::fs::create_dir_all(&dir)
-            .map_err(StorageError::io(format!("creating {}", dir.display())))?;
-        // As the agent makes it: QEMU's user passes through, nobody lists.
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-            .map_err(StorageError::io(format!("chmod {}", dir.display())))?;
+        let dir = self.ensure_dir(vm)?;
         let raw = dir.join("disk.import.raw");
         let _claim = Claim::take(raw.display().to_string())?;
         let disk = self.path(vm);

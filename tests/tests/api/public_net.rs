@@ -1164,3 +1164,89 @@ crate::harness::on_both_backends! {
         assert_eq!(lan.ingress, vec![ssh]);
     }
 }
+
+crate::harness::on_both_backends! {
+    config = |c| {
+        c.network.default_segment = Some(kumo_server::config::DefaultSegment {
+            cidr: "10.0.0.0/24".into(),
+            egress: true,
+        });
+    };
+    /// Each new project gets a segment to be reached on, and `kumo vm
+    /// create` uses it unless told otherwise: from nothing to an address
+    /// in one command.
+    async fn a_new_project_has_a_default_segment_that_vm_create_uses(s: &TestServer) {
+        let _edge = sim_edge_host(s).await;
+        let _: kumo_api_types::PublicIpPool = s
+            .admin
+            .post(
+                "/api/v1/public-ip-pools",
+                &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
+            )
+            .await
+            .unwrap();
+        s.bare_tenant("fresh").await;
+        let d: Segment = s.admin.get("/api/v1/tenants/fresh/segments/default").await.unwrap();
+        assert_eq!((d.kind, d.cidr.as_str(), d.egress), (kumo_api_types::SegmentKind::Ethernet, "10.0.0.0/24", true));
+        let q = s.admin.quota("fresh").await.unwrap();
+        assert_eq!((q.segments, q.public_ips, q.vms), (1, 1, 0), "the quota holds the segment and its address, nothing more");
+        // Deleting the project takes its unused default segment along.
+        s.admin.delete("/api/v1/tenants/fresh").await.unwrap();
+        assert!(s.admin.get::<Segment>("/api/v1/tenants/fresh/segments/default").await.is_err());
+
+        s.tenant("lab").await;
+        let (url, token) = (s.url.clone(), s.admin_token.clone());
+        let (on_default, bare, public) = tokio::task::spawn_blocking(move || {
+            let k = crate::cli::Kumo::new();
+            k.ok(&["login", "--server", &url, "--token", &token], None);
+            let (ok, out, err) = k.run(&["vm", "create", "web", "--tenant", "lab", "--vcpus", "2", "-o", "json"], None);
+            assert!(ok, "{err}");
+            assert!(err.contains("\"default\""), "it says which segment: {err}");
+            let web: kumo_api_types::Vm = serde_json::from_str(&out).unwrap();
+            let (ok, out, err) = k.run(
+                &["vm", "create", "quiet", "--tenant", "lab", "--vcpus", "2", "--no-network", "-o", "json"],
+                None,
+            );
+            assert!(ok, "{err}");
+            let quiet: kumo_api_types::Vm = serde_json::from_str(&out).unwrap();
+            let (ok, _, err) = k.run(&["vm", "create", "x", "--tenant", "lab", "--no-network", "--network", "default"], None);
+            assert!(!ok && err.contains("cannot be used with"), "{err}");
+            let public = k.json(&["vm", "create", "reach", "--tenant", "lab", "--vcpus", "2", "--public-ip"], None);
+            let public: kumo_api_types::Vm = serde_json::from_value(public).unwrap();
+            (web, quiet, public)
+        })
+        .await
+        .unwrap();
+        assert_eq!(on_default.networks.len(), 1);
+        assert_eq!(on_default.networks[0].segment, "default");
+        assert!(on_default.networks[0].ip.starts_with("10.0.0."), "{:?}", on_default.networks);
+        assert!(bare.networks.is_empty(), "--no-network: {:?}", bare.networks);
+        let nic = &public.networks[0];
+        assert_eq!(nic.segment, "default");
+        assert!(nic.public_ip.is_some(), "one command from nothing to an address: {nic:?}");
+        let d: Segment = s.admin.get("/api/v1/tenants/lab/segments/default").await.unwrap();
+        let ssh: IngressRule = "tcp:22:0.0.0.0/0".parse().unwrap();
+        assert_eq!(d.ingress, vec![ssh], "and SSH let in");
+
+        // A project that cannot hold the egress address (public addresses
+        // priced, no points) still gets the segment, without egress.
+        let _: kumo_api_types::Rates = s
+            .admin
+            .put("/api/v1/rates", &json!({"prices": {"public_ip": {"guaranteed": "1", "spot": "1"}}}))
+            .await
+            .unwrap();
+        s.bare_tenant("broke").await;
+        let d: Segment = s.admin.get("/api/v1/tenants/broke/segments/default").await.unwrap();
+        assert!(!d.egress, "{d:?}");
+    }
+}
+
+#[tokio::test]
+async fn without_the_setting_a_new_project_has_no_segment() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    s.bare_tenant("fresh").await;
+    let segments: kumo_api_types::Page<Segment> =
+        s.admin.get("/api/v1/tenants/fresh/segments").await.unwrap();
+    assert!(segments.items.is_empty());
+    s.stop().await;
+}

@@ -757,6 +757,10 @@ on_both_backends! {
         // What the guest wrote: on its root disk and on its volume.
         assert!(qemu_io(&root(&from), "write", 0x5a));
         assert!(qemu_io(&vol(&from), "write", 0xa5));
+        // And its UEFI variable store (boot entries it set).
+        let nvram = |host: &str| root(host).with_file_name("nvram.fd");
+        let store: Vec<u8> = (0..131_072u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(nvram(&from), &store).unwrap();
         let anywhere = |vm: &str, tenant: &str| {
             s.http()
                 .post(format!("{}/api/v1/tenants/{tenant}/vms/{vm}/unshelve?anywhere=true", s.url))
@@ -810,12 +814,14 @@ on_both_backends! {
         assert!(saw_moving, "it waited for its disks in a visible state");
         assert!(qemu_io(&root(to), "read", 0x5a), "its root disk came along");
         assert!(qemu_io(&vol(to), "read", 0xa5), "and its volume");
+        assert_eq!(std::fs::read(nvram(to)).unwrap(), store, "and its variable store");
         let c = volume(s, "ckpt").await;
         assert_eq!((c.state, c.host.as_deref(), c.vm.as_deref()), (VolumeState::Attached, Some(to), Some("work")));
         assert_eq!(serials_in(work.id), [c.serial], "attached on the new host");
         pass().await;
         assert!(!root(&from).exists(), "the old host removed its root disk");
         assert!(!vol(&from).exists(), "and its copy of the volume");
+        assert!(!nvram(&from).exists(), "and its variable store");
 
         // Deleted while its disk moves: neither host keeps a copy.
         let _: serde_json::Value = s.admin.post(&format!("/api/v1/hosts/{from}/undrain"), &json!({})).await.unwrap();

@@ -16,9 +16,10 @@ use proptest::prelude::*;
 
 use crate::common::discover_fixture;
 
-const GPU_MACHINES: [&str; 5] = [
+const GPU_MACHINES: [&str; 6] = [
     "dgx-a100",
     "hgx-h100",
+    "hgx-h100-roce",
     "hgx-h100-2nic",
     "hgx-h200",
     "l40s-pcie",
@@ -120,8 +121,17 @@ pub fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
             continue;
         };
         let nic = topo.nic(nic).unwrap();
+        // The guest has a VF of it, never the PF (nothing of an
+        // InfiniBand HCA).
+        let placed = r.report.placement.nics.iter().find(|n| n.for_gpus.contains(g));
+        let Some(placed) = placed else {
+            assert_eq!(nic.roce_vf(), None, "{g}'s RoCE NIC has a VF to give");
+            continue;
+        };
+        assert_eq!(placed.pf, Some(nic.location.bdf), "a VF of {g}'s paired NIC");
+        assert!(nic.vfs.contains(&placed.host_bdf), "{placed:?}");
         let ge = layout.expander_of(*g).unwrap();
-        let ne = layout.expander_of(nic.location.bdf).unwrap();
+        let ne = layout.expander_of(placed.host_bdf).unwrap();
         let host = pci_relation(&topo.gpu(*g).unwrap().location, &nic.location);
         let same_group =
             switch_group(&topo.gpu(*g).unwrap().location) == switch_group(&nic.location);
@@ -215,11 +225,14 @@ pub fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
         let Some(Some(nic)) = pairs.get(g) else {
             continue;
         };
-        let nic = topo.nic(nic).unwrap();
+        let Some(placed) = r.report.placement.nics.iter().find(|n| n.for_gpus.contains(g)) else {
+            assert_eq!(topo.nic(nic).unwrap().roce_vf(), None);
+            continue;
+        };
         let gs = switch_of(r.report.bdf_map[g].to_string());
-        let ns = switch_of(r.report.bdf_map[&nic.location.bdf].function0().to_string());
+        let ns = switch_of(r.report.bdf_map[&placed.host_bdf].function0().to_string());
         let same_expander = layout.expander_of(*g).unwrap().index
-            == layout.expander_of(nic.location.bdf).unwrap().index;
+            == layout.expander_of(placed.host_bdf).unwrap().index;
         assert_eq!(gs == ns, same_expander);
     }
 
@@ -290,9 +303,11 @@ fn dgx_a100_pairs_share_one_expander_per_upper_switch() {
     let gpus: Vec<Bdf> = topo.gpus.iter().map(|g| g.location.bdf).collect();
     let r = render(topo, &gpus, 64, 512, &spec()).unwrap();
     let layout = &r.report.layout;
-    // Four upper switches with 2 GPUs + 2 NICs each: not one group per NUMA node of 8.
+    // Four upper switches with 2 GPUs each: not one group per NUMA node of
+    // 8. Its HCAs are InfiniBand: no VM gets them (no VFs, no PFs).
+    assert!(r.report.placement.nics.is_empty());
     assert_eq!(layout.expanders.len(), 4);
-    assert!(layout.expanders.iter().all(|e| e.ports.len() == 4));
+    assert!(layout.expanders.iter().all(|e| e.ports.len() == 2));
     assert_eq!(layout.cells.len(), 4);
     let host_nodes: Vec<u32> = layout.cells.iter().map(|c| c.host_node).collect();
     assert_eq!(host_nodes, vec![1, 3, 5, 7]);

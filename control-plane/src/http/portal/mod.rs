@@ -365,16 +365,22 @@ async fn vm_choices(
         .into_iter()
         .map(|t| t.name)
         .collect();
-    let segments = crate::app::segments::list(st, ctx, tenant, &first_page())
-        .await?
-        .items
-        .into_iter()
-        .map(|s| s.name)
-        .collect();
+    let segments: Vec<kumo_api_types::Segment> =
+        crate::app::segments::list(st, ctx, tenant, &first_page())
+            .await?
+            .items;
+    // The form starts on the project's default segment, as the CLI does.
+    let default_segment = segments
+        .iter()
+        .find(|s| {
+            s.name == kumo_api_types::DEFAULT_SEGMENT && s.kind == kumo_api_types::SegmentKind::Ethernet
+        })
+        .map(|s| s.name.clone());
     Ok(kumo_web_portal::VmChoices {
         gpu_models,
         templates,
-        segments,
+        segments: segments.into_iter().map(|s| s.name).collect(),
+        default_segment,
     })
 }
 
