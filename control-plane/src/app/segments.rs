@@ -278,6 +278,9 @@ pub async fn create(
         let row = match row {
             Ok(r) => r,
             Err(e) if is_unique_violation(&e) => {
+                // Done with it first: on SQLite it holds the one writer
+                // connection the lookup below would wait for.
+                txn.rollback().await?;
                 let exists = crate::store::segments::named(&st.db, tenant.id, &body.name).await?;
                 if exists.is_some() {
                     return Err(ApiError::Conflict(format!(

@@ -527,8 +527,9 @@ pub fn banner(f: &BannerFacts<'_>) -> String {
         format!("          and paste the admin's: cat {token}"),
         format!("  CLI     kumo login --server {url} \\"),
         format!("            --token \"$(cat {token})\""),
-        "          kumo vm create demo --tenant demo --gpus 8 --wait".into(),
-        "          kumo vm show demo --tenant demo".into(),
+        // On the demo's default segment, with an address: the SSH line
+        // it prints reaches the stand-in guest from the outside.
+        "          kumo vm create demo --tenant demo --gpus 8 --public-ip --wait".into(),
     ];
     if let (Some(wan), Some(pool)) = (&f.network.wan, &f.network.pool) {
         lines.push(format!(

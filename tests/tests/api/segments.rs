@@ -98,6 +98,19 @@ async fn segments_and_vms(s: &TestServer) {
         (eth.vni, eth.mtu, eth.gateway.as_str(), eth.roce_mtu),
         (5000, 8950, "10.1.0.1", None)
     );
+    // A name taken in the tenant: 409 at once, and its VNI back in the
+    // range (on SQLite the lookup once waited out the pool: 503).
+    let e = s
+        .admin
+        .post::<_, Segment>(
+            "/api/v1/tenants/lab/segments",
+            &seg("eth", SegmentKind::Ethernet, "10.5.0.0/24"),
+        )
+        .await
+        .unwrap_err();
+    let p = e.problem().unwrap();
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.as_deref().unwrap_or("").contains("already has a segment named"), "{p:?}");
     let mut roce = seg("fast", SegmentKind::Roce, "10.2.0.0/24");
     roce.gateway = Some("10.2.0.254".into());
     let roce: Segment = s
