@@ -201,7 +201,7 @@ pub struct NvSwitchPartition {
     pub gpus: Vec<String>,
 }
 
-/// A passed-through device's health (see the README's "Device health").
+/// A passed-through device's health (see the operator guide's "Device health" page).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeviceState {

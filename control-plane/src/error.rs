@@ -292,7 +292,15 @@ pub fn is_fk_violation(e: &sea_orm::DbErr) -> bool {
     matches!(
         e.sql_err(),
         Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
-    )
+    ) || sqlite_fk_in_cascade(e)
+}
+
+/// SQLite reports a foreign key that refuses a row deleted by a cascade
+/// (deleting a tenant cascades to its quota rows) with the trigger code,
+/// 1811, which sea-orm does not map: its message is the same.
+fn sqlite_fk_in_cascade(e: &sea_orm::DbErr) -> bool {
+    let text = e.to_string();
+    text.contains("(code: 1811)") && text.contains("FOREIGN KEY constraint failed")
 }
 
 /// True when the database refused a write because of a unique constraint:
@@ -301,13 +309,6 @@ pub fn is_unique_violation(e: &sea_orm::DbErr) -> bool {
     matches!(
         e.sql_err(),
         Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
-    )
-}
-
-pub fn is_foreign_key_violation(e: &sea_orm::DbErr) -> bool {
-    matches!(
-        e.sql_err(),
-        Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
     )
 }
 

@@ -10,7 +10,7 @@
 //! and the server turns the share read-only past its size.
 //!
 //! Lustre is both: the agent sets the project's hard limit (`lfs project
-//! -p ID -s -r DIR`, `lfs setquota -p ID -B KIB MOUNT`) and reads its
+//! -p ID -s DIR`, `lfs setquota -p ID -B KIB MOUNT`) and reads its
 //! usage from Lustre's own accounting (`lfs quota -q -p ID MOUNT`, no
 //! walk), but reports the share as measured, so the server still turns
 //! it read-only past its size: Lustre's quotas never bind root, and a
@@ -162,9 +162,11 @@ impl QuotaTools {
                 line(&["chattr", "+P", "-p", &project, &dir]),
                 line(&["setquota", "-P", &project, "0", &kib, "0", "0", &mount]),
             ],
-            // -s: new files inherit the project; -r: what is there already.
+            // -s: what is made in it inherits the project. Not -r: a
+            // walk of a tenant's tree, as root, on every resize and
+            // restart; a share is tagged when made, before it holds files.
             QuotaTools::Lustre => vec![
-                line(&["lfs", "project", "-p", &project, "-s", "-r", &dir]),
+                line(&["lfs", "project", "-p", &project, "-s", &dir]),
                 line(&["lfs", "setquota", "-p", &project, "-B", &kib, &mount]),
             ],
         }
@@ -180,7 +182,7 @@ pub fn parse_lfs_quota(text: &str, mount: &Path) -> Option<u64> {
     let mut words = text.split_whitespace();
     words.find(|w| *w == mount)?;
     let kib: u64 = words.next()?.trim_end_matches('*').parse().ok()?;
-    Some(kib * 1024)
+    Some(kib.saturating_mul(1024))
 }
 
 /// `repquota -P -n` output: project id → bytes used (its block figure is
@@ -192,7 +194,7 @@ pub fn parse_repquota(text: &str) -> HashMap<u32, u64> {
             let id: u32 = f.next()?.strip_prefix('#')?.parse().ok()?;
             let _flags = f.next()?;
             let kib: u64 = f.next()?.trim_end_matches('*').parse().ok()?;
-            Some((id, kib * 1024))
+            Some((id, kib.saturating_mul(1024)))
         })
         .collect()
 }
@@ -784,7 +786,7 @@ garbage line
         assert_eq!(
             words(QuotaTools::Lustre.set_limit(7, dir, 1 << 20, Path::new("/srv/lustre"))),
             [
-                "lfs project -p 7 -s -r /srv/lustre/s1",
+                "lfs project -p 7 -s /srv/lustre/s1",
                 "lfs setquota -p 7 -B 1048576 /srv/lustre",
             ]
         );

@@ -249,8 +249,8 @@ impl Transfers {
     /// A moving root disk's UEFI variable store, kept before the disk so
     /// that the VM, once its disk is here, boots from the store it had.
     /// A source with none (a BIOS VM: 204) or from before stores moved
-    /// (404, as is a move not under way: the disk's fetch says which)
-    /// sends nothing, and the VM starts from a fresh store.
+    /// (a bare 404) sends nothing, and the VM starts from a fresh store
+    /// (one left here by an earlier try is dropped).
     async fn fetch_nvram(&self, w: &DesiredImport, token: &str) -> Result<(), String> {
         let url = format!(
             "{}/v1/{}/{}/nvram",
@@ -266,11 +266,20 @@ impl Transfers {
             .await
             .map_err(|e| format!("cannot reach the source at {}: {e}", w.from))?;
         let status = resp.status();
-        if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_FOUND {
-            return Ok(());
-        }
-        if !status.is_success() {
+        if !status.is_success() || status == StatusCode::NO_CONTENT {
             let body = resp.text().await.unwrap_or_default();
+            // None to bring: a BIOS VM (204), or a source from before
+            // stores moved (its router's bare 404; a move it has not
+            // been told of yet is a 404 that says so, and is tried again).
+            let none = status == StatusCode::NO_CONTENT
+                || (status == StatusCode::NOT_FOUND && body.trim().is_empty());
+            if none {
+                let (disks, vm) = (self.disks.clone(), w.volume);
+                return tokio::task::spawn_blocking(move || disks.forget_nvram(vm))
+                    .await
+                    .map_err(|e| format!("variable store task: {e}"))?
+                    .map_err(|e| format!("the variable store: {e}"));
+            }
             let body: String = body.chars().take(200).collect();
             return Err(format!(
                 "the source answered {status} for the variable store: {}",

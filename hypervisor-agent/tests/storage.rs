@@ -1032,6 +1032,49 @@ mod transfer {
         assert!(!here.present(huge), "the disk waits for its store");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_root_disk_from_a_source_before_stores_moved_comes_without_one() {
+        use axum::body::Bytes;
+        // A source that knows root disks (raw) but no variable stores: its
+        // router answers their path with a bare 404.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let data = vec![7u8; MIB as usize];
+        let sum = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(&data))
+        };
+        let app = axum::Router::new().route(
+            "/v1/root-disks/{id}",
+            axum::routing::get(move || {
+                let (data, sum) = (data.clone(), sum.clone());
+                async move {
+                    (
+                        [
+                            ("content-length", data.len().to_string()),
+                            (SHA256_HEADER, sum),
+                        ],
+                        Bytes::from(data),
+                    )
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let b = Qcow2Pool::new();
+        let dest = transfers(&backend(&b), b.scratch.path());
+        let here = RootDisks::new(b.scratch.path());
+        let vm = Uuid::new_v4();
+        // A store an earlier try left: not this VM's any more.
+        std::fs::create_dir_all(here.nvram_path(vm).parent().unwrap()).unwrap();
+        std::fs::write(here.nvram_path(vm), b"stale").unwrap();
+        let want = wanted(vm, url, TransferKind::RootDisk);
+        let present = |id| here.present(id).then_some(None);
+        let r = converge_until_with(&dest, &want, &present, VolumeActual::Ready).await;
+        assert_eq!(r.state, VolumeActual::Ready, "{r:?}");
+        assert!(here.present(vm));
+        assert!(!here.nvram_path(vm).exists(), "the stale store is gone");
+    }
+
     /// [`converge_until`] with what the pass takes as whole.
     async fn converge_until_with(
         t: &Arc<Transfers>,

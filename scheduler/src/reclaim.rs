@@ -214,7 +214,10 @@ pub fn plan_cluster_lending(
     lenders: &Lenders,
 ) -> Option<Plan> {
     if req.one_unit && req.member.unit.is_none() {
-        // One unit for all: the plan of the unit that reclaims fewest.
+        // One unit for all: the plan of the unit whose victims cost least
+        // as one host's would (spot VMs only before borrowed ones, then
+        // the borrower furthest above its share), then that reclaims
+        // fewest.
         let mut units: Vec<Option<u32>> = index.hosts.iter().map(|h| h.scalable_unit).collect();
         units.sort();
         units.dedup();
@@ -237,7 +240,14 @@ pub fn plan_cluster_lending(
                     lenders,
                 )
             })
-            .min_by_key(|p| (p.victims.len(), p.waiting_on.len()));
+            .min_by_key(|p| {
+                let taken: Vec<&crate::Hold> = p
+                    .victims
+                    .iter()
+                    .filter_map(|(h, vm)| index.hosts.get(*h)?.holds.iter().find(|x| x.vm == *vm))
+                    .collect();
+                (lenders.cost(&taken), p.victims.len(), p.waiting_on.len())
+            });
     }
     let mut scratch = index.clone();
     let mut out = Plan {

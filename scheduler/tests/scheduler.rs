@@ -1270,3 +1270,44 @@ fn borrowed_vms_are_taken_after_spot_ones_from_the_furthest_above_its_share() {
     assert_eq!(plan.victims, vec![(0, near_vm)]);
     assert!(plan.victims.iter().all(|(_, v)| *v != kept));
 }
+
+/// A cluster kept in one unit reclaims in the unit whose victims cost
+/// least as one VM's plan would: spot VMs before borrowed ones, though
+/// that takes more of them.
+#[test]
+fn a_strict_cluster_reclaims_spot_vms_in_one_unit_before_borrowed_ones_in_another() {
+    let borrower = Uuid::from_u128(7);
+    // su-a: one whole host free and one held by a borrowed VM; su-b: one
+    // free, and one host with two 4-GPU spot VMs.
+    let hosts = [
+        ("hgx-h100", Some("su-a")),
+        ("hgx-h100", Some("su-a")),
+        ("hgx-h100", Some("su-b")),
+        ("hgx-h100", Some("su-b")),
+    ];
+    let mut index = fleet(&hosts);
+    let borrowed = guaranteed_on(&mut index, 1, 8, borrower, true);
+    let spot_a = spot(&mut index, 3, 4, 0);
+    let spot_b = spot(&mut index, 3, 4, 0);
+    let pair = ClusterRequest {
+        size: 2,
+        member: gpu_req(&index, 8, H100),
+        one_unit: true,
+    };
+    let lenders = reclaim::Lenders {
+        above: [(borrower, 8)].into(),
+    };
+    let plan = reclaim::plan_cluster_lending(&index, &pair, 0, &lenders).unwrap();
+    let mut victims: Vec<Uuid> = plan.victims.iter().map(|(_, v)| *v).collect();
+    victims.sort();
+    let mut spots = vec![spot_a, spot_b];
+    spots.sort();
+    assert_eq!(
+        victims, spots,
+        "two spot VMs in su-b, not the borrowed one in su-a"
+    );
+    assert!(plan.victims.iter().all(|(_, v)| *v != borrowed));
+    // With nothing lent, su-b's spot VMs are all there is.
+    let plan = reclaim::plan_cluster(&index, &pair, 0).unwrap();
+    assert_eq!(plan.victims.len(), 2);
+}

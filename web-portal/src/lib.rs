@@ -1082,12 +1082,18 @@ mod tests {
             ..VmChoices::default()
         };
         let page = vms_page(Lang::En, &v, "vision", &[], &choices, None);
-        assert!(page.contains(r#"<option value="default" selected>"#), "{page}");
+        assert!(
+            page.contains(r#"<option value="default" selected>"#),
+            "{page}"
+        );
         assert!(!page.contains(r#"<option value="lab" selected>"#), "{page}");
         choices.default_segment = None;
         let page = vms_page(Lang::En, &v, "vision", &[], &choices, None);
         assert!(page.contains(r#"<option value="" selected>"#), "{page}");
-        assert!(!page.contains(r#"<option value="default" selected>"#), "{page}");
+        assert!(
+            !page.contains(r#"<option value="default" selected>"#),
+            "{page}"
+        );
     }
 
     #[test]

@@ -451,7 +451,25 @@ pub async fn delete(
     access.require(Role::Member, "deleting segments")?;
     let txn = st.db.begin().await?;
     let s = crate::store::segments::find(&txn, &tenant, segment).await?;
-    let n = count_attached(&txn, s.id).await?;
+    let edge = remove(st, &txn, actor, &tenant, s).await?;
+    txn.commit().await?;
+    if let Some(h) = edge {
+        st.signals.notify(h);
+    }
+    Ok(())
+}
+
+/// Deletes segment `s` in `txn` (refused while VMs are attached): its
+/// egress address back to the pool, its VNI (and VLAN) to rest. Answers
+/// its edge's host, to be woken once `txn` commits.
+pub(crate) async fn remove(
+    st: &AppState,
+    txn: &DatabaseTransaction,
+    actor: &Actor,
+    tenant: &tenants::Model,
+    s: segments::Model,
+) -> Result<Option<Uuid>, ApiError> {
+    let n = count_attached(txn, s.id).await?;
     if n > 0 {
         return Err(ApiError::Conflict(format!(
             "segment {:?} has {n} VM attachment(s); delete or detach them first",
@@ -461,20 +479,16 @@ pub async fn delete(
     // The attachment FK (RESTRICT) makes a concurrent attach fail rather
     // than dangle. Its egress address goes back to the pool (to rest
     // there) and its edge host drops the edge.
-    if let Some(snat) = crate::store::public_net::snat_of(&txn, s.id).await? {
+    if let Some(snat) = crate::store::public_net::snat_of(txn, s.id).await? {
         let rest = crate::app::public_net::address_rest(st);
-        crate::store::public_net::give_back(&txn, &snat, s.tenant_id, actor.at, rest).await?;
-        crate::app::metering::public_ip_released(&txn, &snat, actor.at).await?;
+        crate::store::public_net::give_back(txn, &snat, s.tenant_id, actor.at, rest).await?;
+        crate::app::metering::public_ip_released(txn, &snat, actor.at).await?;
     }
     if let Some(h) = s.edge_host_id {
-        crate::app::host_network::touch_hosts(&txn, &[h]).await?;
+        crate::app::host_network::touch_hosts(txn, &[h]).await?;
     }
-    segments::Entity::delete_by_id(s.id).exec(&txn).await?;
-    crate::store::segments::release_vni(&txn, s.vni, s.vlan, st.config.clock.now()).await?;
-    audit::record(&txn, actor, "segment.delete", Some(&tenant), &s.name).await?;
-    txn.commit().await?;
-    if let Some(h) = s.edge_host_id {
-        st.signals.notify(h);
-    }
-    Ok(())
+    segments::Entity::delete_by_id(s.id).exec(txn).await?;
+    crate::store::segments::release_vni(txn, s.vni, s.vlan, st.config.clock.now()).await?;
+    audit::record(txn, actor, "segment.delete", Some(tenant), &s.name).await?;
+    Ok(s.edge_host_id)
 }

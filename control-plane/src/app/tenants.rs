@@ -14,6 +14,7 @@ use crate::config::DefaultSegment;
 use crate::context::{Actor, AppState};
 use crate::domain::names;
 use crate::domain::paging::Paging;
+use crate::domain::states::StoredText;
 use crate::entity::{tenant_quotas, tenants};
 use crate::error::{conflict_if_unique, ApiError};
 
@@ -92,7 +93,17 @@ pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result
     audit::record(&txn, actor, "tenant.create", Some(&tenant), &tenant.name).await?;
     txn.commit().await?;
     if let Some(d) = default_segment {
-        make_default_segment(st, actor, &tenant.name, &d).await;
+        let (made, egress) = make_default_segment(st, actor, &tenant.name, &d).await;
+        // The quota holds what was made, no more.
+        if (i64::from(made), i64::from(egress)) != (segments, public_ips) {
+            let quota = tenant_quotas::ActiveModel {
+                tenant_id: Set(tenant.id),
+                segments: Set(i64::from(made)),
+                public_ips: Set(i64::from(egress)),
+                ..Default::default()
+            };
+            quota.update(&st.db).await?;
+        }
     }
     Ok(view(tenant))
 }
@@ -102,7 +113,13 @@ pub async fn create(st: &AppState, actor: &Actor, body: &TenantCreate) -> Result
 /// the owner turns it on later (`kumo segment update default --egress`).
 /// A segment that cannot be made at all leaves the tenant as it is (it
 /// is made; the reason is logged): the tenant makes its own segments.
-async fn make_default_segment(st: &AppState, actor: &Actor, tenant: &str, d: &DefaultSegment) {
+/// Answers whether it was made, and with egress.
+async fn make_default_segment(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &str,
+    d: &DefaultSegment,
+) -> (bool, bool) {
     let body = |egress| SegmentCreate {
         name: DEFAULT_SEGMENT.into(),
         kind: SegmentKind::Ethernet,
@@ -117,8 +134,12 @@ async fn make_default_segment(st: &AppState, actor: &Actor, tenant: &str, d: &De
         tracing::info!(tenant, error = %e, "default segment made without egress");
         made = crate::app::segments::create(st, actor, tenant, &body(false)).await;
     }
-    if let Err(e) = made {
-        tracing::warn!(tenant, error = %e, "default segment not made");
+    match made {
+        Ok(s) => (true, s.egress),
+        Err(e) => {
+            tracing::warn!(tenant, error = %e, "default segment not made");
+            (false, false)
+        }
     }
 }
 
@@ -179,19 +200,6 @@ pub async fn update(
 pub async fn delete(st: &AppState, actor: &Actor, tenant: &str) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require_admin("deleting a tenant")?;
-    // The default segment made with the tenant goes with it when nothing
-    // else is left (one with VMs on it is refused below, as any segment).
-    let only_default = crate::store::vms::count_of(&st.db, tenant.id).await? == 0
-        && crate::store::segments::count_of(&st.db, tenant.id, None).await? == 1
-        && crate::store::segments::named(&st.db, tenant.id, DEFAULT_SEGMENT)
-            .await?
-            .is_some();
-    if only_default {
-        match crate::app::segments::delete(st, actor, &tenant.name, DEFAULT_SEGMENT).await {
-            Ok(()) | Err(ApiError::Conflict(_)) | Err(ApiError::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-    }
     let txn = st.db.begin().await?;
     // The foreign key refuses it too; asking first gives the clear answer
     // on every database.
@@ -201,6 +209,16 @@ pub async fn delete(st: &AppState, actor: &Actor, tenant: &str) -> Result<(), Ap
             "tenant {:?} still has {vms} VM(s); delete them first",
             tenant.name
         )));
+    }
+    // Its default segment goes with it when nothing else is left and no
+    // VM is on it; in this transaction, so a refusal below (a volume, a
+    // share, an address still held) leaves it as it was.
+    let mut edge = None;
+    if crate::store::segments::count_of(&txn, tenant.id, None).await? == 1 {
+        let default = crate::store::segments::named(&txn, tenant.id, DEFAULT_SEGMENT).await?;
+        if let Some(d) = default.filter(|d| d.kind == SegmentKind::Ethernet.to_text()) {
+            edge = crate::app::segments::remove(st, &txn, actor, &tenant, d).await?;
+        }
     }
     let segments = crate::store::segments::count_of(&txn, tenant.id, None).await?;
     if segments > 0 {
@@ -224,5 +242,8 @@ pub async fn delete(st: &AppState, actor: &Actor, tenant: &str) -> Result<(), Ap
         })?;
     audit::record(&txn, actor, "tenant.delete", Some(&tenant), &tenant.name).await?;
     txn.commit().await?;
+    if let Some(h) = edge {
+        st.signals.notify(h);
+    }
     Ok(())
 }

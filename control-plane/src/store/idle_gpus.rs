@@ -135,7 +135,7 @@ pub async fn put_vm(
             Ok(_) => Ok(true),
             Err(e) if crate::error::is_unique_violation(&e) => Ok(false),
             // The VM was deleted since the pass read it: nothing to keep.
-            Err(e) if crate::error::is_foreign_key_violation(&e) => Ok(false),
+            Err(e) if crate::error::is_fk_violation(&e) => Ok(false),
             Err(e) => Err(e.into()),
         };
     };

@@ -58,22 +58,33 @@ impl RootDisks {
     /// The VM's variable store, when it has one (a BIOS VM has none).
     pub fn read_nvram(&self, vm: Uuid) -> Result<Option<Vec<u8>>, StorageError> {
         let path = self.nvram_path(vm);
-        let file = match File::open(&path) {
+        // The agent's own file, never what a link points at.
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+        {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StorageError::io(format!("opening {}", path.display()))(e)),
+            Err(e) => {
+                return Err(StorageError::io(format!(
+                    "opening VM {vm}'s variable store"
+                ))(e))
+            }
         };
         let mut bytes = Vec::new();
         file.take(NVRAM_MAX_BYTES + 1)
             .read_to_end(&mut bytes)
-            .map_err(StorageError::io(format!("reading {}", path.display())))?;
+            .map_err(StorageError::io(format!(
+                "reading VM {vm}'s variable store"
+            )))?;
         if bytes.len() as u64 > NVRAM_MAX_BYTES {
             return Err(StorageError::Refused(format!(
-                "{} is over {NVRAM_MAX_BYTES} bytes: not a variable store",
-                path.display()
+                "VM {vm}'s variable store is over {NVRAM_MAX_BYTES} bytes: not one"
             )));
         }
-        Ok(Some(bytes))
+        // An empty file is no store (QEMU would refuse it).
+        Ok(Some(bytes).filter(|b| !b.is_empty()))
     }
 
     /// Keeps `bytes` as the VM's variable store when their SHA-256 is
@@ -108,6 +119,7 @@ impl RootDisks {
         let partial = dir.join("nvram.import");
         let _claim = Claim::take(partial.display().to_string())?;
         let write = || -> std::io::Result<()> {
+            let _ = std::fs::remove_file(&partial);
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -119,7 +131,24 @@ impl RootDisks {
             f.sync_all()?;
             std::fs::rename(&partial, self.nvram_path(vm))
         };
-        write().map_err(StorageError::io(format!("keeping {}", partial.display())))
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&partial);
+            StorageError::io(format!("keeping VM {vm}'s variable store"))(e)
+        })
+    }
+
+    /// Drops a variable store an earlier move left here, for a VM whose
+    /// disk is not here yet (its source now sends none).
+    pub fn forget_nvram(&self, vm: Uuid) -> Result<(), StorageError> {
+        if self.present(vm) {
+            return Ok(());
+        }
+        match std::fs::remove_file(self.nvram_path(vm)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StorageError::io(format!(
+                "removing VM {vm}'s variable store"
+            ))(e)),
+            _ => Ok(()),
+        }
     }
 
     /// The VM's directory, made if need be, as the agent makes it: QEMU's

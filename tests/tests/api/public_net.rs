@@ -1190,7 +1190,17 @@ crate::harness::on_both_backends! {
         assert_eq!((d.kind, d.cidr.as_str(), d.egress), (kumo_api_types::SegmentKind::Ethernet, "10.0.0.0/24", true));
         let q = s.admin.quota("fresh").await.unwrap();
         assert_eq!((q.segments, q.public_ips, q.vms), (1, 1, 0), "the quota holds the segment and its address, nothing more");
-        // Deleting the project takes its unused default segment along.
+        // Deleting the project takes its unused default segment along, and
+        // a deletion refused (an address still held) leaves it as it was.
+        let mut q = s.admin.quota("fresh").await.unwrap();
+        q.public_ips = 2;
+        s.quota("fresh", &q).await;
+        let held = allocate(s, "fresh").await.unwrap();
+        let e = s.admin.delete("/api/v1/tenants/fresh").await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "{e}");
+        let d: Segment = s.admin.get("/api/v1/tenants/fresh/segments/default").await.unwrap();
+        assert!(d.egress, "untouched: {d:?}");
+        s.admin.delete(&format!("/api/v1/tenants/fresh/public-ips/{held}")).await.unwrap();
         s.admin.delete("/api/v1/tenants/fresh").await.unwrap();
         assert!(s.admin.get::<Segment>("/api/v1/tenants/fresh/segments/default").await.is_err());
 
@@ -1238,6 +1248,8 @@ crate::harness::on_both_backends! {
         s.bare_tenant("broke").await;
         let d: Segment = s.admin.get("/api/v1/tenants/broke/segments/default").await.unwrap();
         assert!(!d.egress, "{d:?}");
+        let q = s.admin.quota("broke").await.unwrap();
+        assert_eq!((q.segments, q.public_ips), (1, 0), "the quota holds what was made");
     }
 }
 

@@ -123,12 +123,21 @@ pub fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
         let nic = topo.nic(nic).unwrap();
         // The guest has a VF of it, never the PF (nothing of an
         // InfiniBand HCA).
-        let placed = r.report.placement.nics.iter().find(|n| n.for_gpus.contains(g));
+        let placed = r
+            .report
+            .placement
+            .nics
+            .iter()
+            .find(|n| n.for_gpus.contains(g));
         let Some(placed) = placed else {
             assert_eq!(nic.roce_vf(), None, "{g}'s RoCE NIC has a VF to give");
             continue;
         };
-        assert_eq!(placed.pf, Some(nic.location.bdf), "a VF of {g}'s paired NIC");
+        assert_eq!(
+            placed.pf,
+            Some(nic.location.bdf),
+            "a VF of {g}'s paired NIC"
+        );
         assert!(nic.vfs.contains(&placed.host_bdf), "{placed:?}");
         let ge = layout.expander_of(*g).unwrap();
         let ne = layout.expander_of(placed.host_bdf).unwrap();
@@ -225,7 +234,13 @@ pub fn check(topo: &HostTopology, gpus: &[Bdf], r: &Rendered) {
         let Some(Some(nic)) = pairs.get(g) else {
             continue;
         };
-        let Some(placed) = r.report.placement.nics.iter().find(|n| n.for_gpus.contains(g)) else {
+        let Some(placed) = r
+            .report
+            .placement
+            .nics
+            .iter()
+            .find(|n| n.for_gpus.contains(g))
+        else {
             assert_eq!(topo.nic(nic).unwrap().roce_vf(), None);
             continue;
         };

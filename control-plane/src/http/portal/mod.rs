@@ -373,7 +373,8 @@ async fn vm_choices(
     let default_segment = segments
         .iter()
         .find(|s| {
-            s.name == kumo_api_types::DEFAULT_SEGMENT && s.kind == kumo_api_types::SegmentKind::Ethernet
+            s.name == kumo_api_types::DEFAULT_SEGMENT
+                && s.kind == kumo_api_types::SegmentKind::Ethernet
         })
         .map(|s| s.name.clone());
     Ok(kumo_web_portal::VmChoices {
