@@ -677,14 +677,7 @@ async fn public_addresses_hold_their_limits() {
     q.public_ips = 3;
     s.quota("lab", &q).await;
     let _agent = s.sim_agent_at("net-1", "cpu-only", "192.0.2.1").await;
-    let _: kumo_api_types::PublicIpPool = s
-        .admin
-        .post(
-            "/api/v1/public-ip-pools",
-            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
-        )
-        .await
-        .unwrap();
+    dev_pool(&s).await;
     let _ = s
         .admin
         .create_segment(
@@ -802,6 +795,18 @@ async fn sim_edge_host(s: &TestServer) -> crate::harness::SimAgent {
         },
     )
     .await
+}
+
+/// The pool `dev`: 203.0.113.0/24 with its router at .1.
+async fn dev_pool(s: &TestServer) {
+    let _: kumo_api_types::PublicIpPool = s
+        .admin
+        .post(
+            "/api/v1/public-ip-pools",
+            &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
+        )
+        .await
+        .unwrap();
 }
 
 async fn allocate(s: &TestServer, tenant: &str) -> Result<String, kumo_cli::ClientError> {
@@ -1117,14 +1122,7 @@ crate::harness::on_both_backends! {
         q.public_ips = 2;
         s.quota("lab", &q).await;
         let _edge = sim_edge_host(s).await;
-        let _: kumo_api_types::PublicIpPool = s
-            .admin
-            .post(
-                "/api/v1/public-ip-pools",
-                &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
-            )
-            .await
-            .unwrap();
+        dev_pool(s).await;
         let _: Segment = s.admin.post("/api/v1/tenants/lab/segments", &segment("lan", "10.1.0.0/24", true)).await.unwrap();
         // No network: nothing to attach to.
         let bare = kumo_api_types::VmCreate { public_ip: true, ..vm_on("bare", &[]) };
@@ -1177,14 +1175,7 @@ crate::harness::on_both_backends! {
     /// in one command.
     async fn a_new_project_has_a_default_segment_that_vm_create_uses(s: &TestServer) {
         let _edge = sim_edge_host(s).await;
-        let _: kumo_api_types::PublicIpPool = s
-            .admin
-            .post(
-                "/api/v1/public-ip-pools",
-                &json!({"name": "dev", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1"}),
-            )
-            .await
-            .unwrap();
+        dev_pool(s).await;
         s.bare_tenant("fresh").await;
         let d: Segment = s.admin.get("/api/v1/tenants/fresh/segments/default").await.unwrap();
         assert_eq!((d.kind, d.cidr.as_str(), d.egress), (kumo_api_types::SegmentKind::Ethernet, "10.0.0.0/24", true));
