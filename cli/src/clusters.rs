@@ -40,6 +40,11 @@ pub enum ClusterCmd {
         /// unit when one has room, else the fewest units.
         #[arg(long, value_parser = parse_single_su, default_value = "preferred")]
         single_su: kumo_api_types::SingleSu,
+        /// No NIC at all. Without --network the members go on the
+        /// project's `default` segment, when it has one (the network
+        /// they reach each other on).
+        #[arg(long, conflicts_with = "network")]
+        no_network: bool,
         #[command(flatten)]
         spec: Box<SpecArgs>,
     },
@@ -163,9 +168,13 @@ pub async fn cluster(
             repair_delay,
             spares,
             single_su,
+            no_network,
             spec,
         } => {
-            let v = spec.vm(name)?;
+            let mut v = spec.vm(name)?;
+            if v.networks.is_empty() && !*no_network {
+                v.networks = crate::vms::on_default_segment(c, &tenant.tenant).await?;
+            }
             if v.networks.iter().any(|n| n.ip.is_some()) {
                 anyhow::bail!(
                     "cluster members get their addresses from the segment: --network SEGMENT"

@@ -438,15 +438,24 @@ fn exec_ssh(args: &[String]) -> anyhow::Result<()> {
     }
 }
 
-/// The project's default segment (an Ethernet one named `default`, made
-/// with the project where the platform does so), if it has one.
-async fn default_segment(c: &Client, tenant: &str) -> anyhow::Result<Option<String>> {
-    match c.segment(tenant, DEFAULT_SEGMENT).await {
-        Ok(s) if s.kind == SegmentKind::Ethernet => Ok(Some(s.name)),
-        Ok(_) => Ok(None),
-        Err(e) if e.status() == Some(404) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+/// What a create given no `--network` asks for: a NIC on the project's
+/// default segment (an Ethernet one named `default`, made with the
+/// project where the platform does so) when it has one, said on stderr;
+/// else none.
+pub(crate) async fn on_default_segment(
+    c: &Client,
+    tenant: &str,
+) -> anyhow::Result<Vec<NetworkRequest>> {
+    let segment = match c.segment(tenant, DEFAULT_SEGMENT).await {
+        Ok(s) if s.kind == SegmentKind::Ethernet => s.name,
+        Ok(_) => return Ok(Vec::new()),
+        Err(e) if e.status() == Some(404) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    eprintln!(
+        "kumo: on the project's segment {segment:?} (--network names others; --no-network, none)"
+    );
+    Ok(vec![NetworkRequest { segment, ip: None }])
 }
 
 pub async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -464,12 +473,7 @@ pub async fn vm(cmd: &VmCmd, c: &Client, fmt: Format, out: &mut dyn Write) -> an
                 ..spec.vm(name)?
             };
             if body.networks.is_empty() && !*no_network {
-                if let Some(segment) = default_segment(c, &tenant.tenant).await? {
-                    eprintln!(
-                        "kumo: on the project's segment {segment:?} (--network names others; --no-network, none)"
-                    );
-                    body.networks.push(NetworkRequest { segment, ip: None });
-                }
+                body.networks = on_default_segment(c, &tenant.tenant).await?;
             }
             let mut v = c.create_vm(&tenant.tenant, &body).await?;
             if *wait {

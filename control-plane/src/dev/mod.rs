@@ -527,9 +527,17 @@ pub fn banner(f: &BannerFacts<'_>) -> String {
         format!("          and paste the admin's: cat {token}"),
         format!("  CLI     kumo login --server {url} \\"),
         format!("            --token \"$(cat {token})\""),
-        // On the demo's default segment, with an address: the SSH line
-        // it prints reaches the stand-in guest from the outside.
-        "          kumo vm create demo --tenant demo --gpus 8 --public-ip --wait".into(),
+        // On the demo's default segment, with an address where there is a
+        // pool (as root): the SSH line it prints reaches the stand-in
+        // guest from the outside.
+        format!(
+            "          kumo vm create demo --tenant demo --gpus 8{} --wait",
+            if f.network.pool.is_some() {
+                " --public-ip"
+            } else {
+                ""
+            }
+        ),
     ];
     if let (Some(wan), Some(pool)) = (&f.network.wan, &f.network.pool) {
         lines.push(format!(
@@ -711,8 +719,21 @@ mod banner_tests {
                 "{b}"
             );
             assert!(b.contains("ip netns exec kumo-dev-12345-wan"), "{b}");
+            assert!(b.contains("--gpus 8 --public-ip --wait"), "{b}");
             assert_eq!(b.contains("-v: every request"), !verbose);
         }
+        // Without a pool (not root): no address to ask for.
+        let b = banner(&BannerFacts {
+            url: "http://127.0.0.1:8080",
+            hosts: 4,
+            data_dir: Path::new("./.kumo"),
+            network: &FleetNetwork::default(),
+            verbose: false,
+        });
+        assert!(
+            b.contains("--gpus 8 --wait") && !b.contains("--public-ip"),
+            "{b}"
+        );
     }
 
     #[test]

@@ -1212,6 +1212,9 @@ crate::harness::on_both_backends! {
             let quiet: kumo_api_types::Vm = serde_json::from_str(&out).unwrap();
             let (ok, _, err) = k.run(&["vm", "create", "x", "--tenant", "lab", "--no-network", "--network", "default"], None);
             assert!(!ok && err.contains("cannot be used with"), "{err}");
+            // A cluster's members reach each other on it too.
+            let (ok, _, err) = k.run(&["cluster", "create", "pair", "--tenant", "lab", "--size", "2", "--vcpus", "1"], None);
+            assert!(ok && err.contains("\"default\""), "{err}");
             let public = k.json(&["vm", "create", "reach", "--tenant", "lab", "--vcpus", "2", "--public-ip"], None);
             let public: kumo_api_types::Vm = serde_json::from_value(public).unwrap();
             (web, quiet, public)
@@ -1222,6 +1225,10 @@ crate::harness::on_both_backends! {
         assert_eq!(on_default.networks[0].segment, "default");
         assert!(on_default.networks[0].ip.starts_with("10.0.0."), "{:?}", on_default.networks);
         assert!(bare.networks.is_empty(), "--no-network: {:?}", bare.networks);
+        for member in ["pair-0", "pair-1"] {
+            let m = s.admin.vm("lab", member).await.unwrap();
+            assert_eq!(m.networks.first().map(|n| n.segment.as_str()), Some("default"), "{m:?}");
+        }
         let nic = &public.networks[0];
         assert_eq!(nic.segment, "default");
         assert!(nic.public_ip.is_some(), "one command from nothing to an address: {nic:?}");
