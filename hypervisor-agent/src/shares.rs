@@ -588,10 +588,10 @@ impl Shares {
             std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
             tracing::info!(share = %s.id, "share directory made");
         }
-        let mp = mount_point.ok_or("the shares root's mount is unknown");
         if let Some(tools) = tools.filter(|_| self.limits.get(&s.id) != Some(&s.size_gib)) {
+            let mp = mount_point.ok_or("the shares root's mount is unknown")?;
             let kib = u64::from(s.size_gib) << 20;
-            for line in tools.set_limit(s.project, &dir, kib, mp?) {
+            for line in tools.set_limit(s.project, &dir, kib, mp) {
                 let (tool, args) = line.split_first().ok_or("an empty command")?;
                 run(Command::new(tool).args(args))?;
             }

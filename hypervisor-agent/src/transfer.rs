@@ -274,11 +274,8 @@ impl Transfers {
             let none = status == StatusCode::NO_CONTENT
                 || (status == StatusCode::NOT_FOUND && body.trim().is_empty());
             if none {
-                let (disks, vm) = (self.disks.clone(), w.volume);
-                return tokio::task::spawn_blocking(move || disks.forget_nvram(vm))
-                    .await
-                    .map_err(|e| format!("variable store task: {e}"))?
-                    .map_err(|e| format!("the variable store: {e}"));
+                let vm = w.volume;
+                return self.on_disks(move |disks| disks.forget_nvram(vm)).await;
             }
             let body: String = body.chars().take(200).collect();
             return Err(format!(
@@ -286,22 +283,10 @@ impl Transfers {
                 body.trim()
             ));
         }
-        let sha = resp
-            .headers()
-            .get(SHA256_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
-            .map(str::to_owned)
-            .ok_or(format!(
-                "the source sent no {SHA256_HEADER} for the variable store"
-            ))?;
-        if resp
-            .content_length()
-            .is_some_and(|n| n > crate::storage::root_disks::NVRAM_MAX_BYTES)
-        {
-            return Err("the source sent a variable store too large to be one".into());
-        }
-        // Bounded as it arrives, whatever the length said.
+        let sha = sha256_of(resp.headers()).ok_or(format!(
+            "the source sent no {SHA256_HEADER} for the variable store"
+        ))?;
+        // Bounded as it arrives, whatever a length would say.
         let mut bytes = Vec::new();
         let mut resp = resp;
         while let Some(c) = resp
@@ -314,8 +299,19 @@ impl Transfers {
                 return Err("the source sent a variable store too large to be one".into());
             }
         }
-        let (disks, vm) = (self.disks.clone(), w.volume);
-        tokio::task::spawn_blocking(move || disks.receive_nvram(vm, &bytes, &sha))
+        let vm = w.volume;
+        self.on_disks(move |disks| disks.receive_nvram(vm, &bytes, &sha))
+            .await
+    }
+
+    /// Runs `f` on the root disks off the async threads (file IO), its
+    /// failure said as the variable store's.
+    async fn on_disks(
+        &self,
+        f: impl FnOnce(&RootDisks) -> Result<(), StorageError> + Send + 'static,
+    ) -> Result<(), String> {
+        let disks = self.disks.clone();
+        tokio::task::spawn_blocking(move || f(&disks))
             .await
             .map_err(|e| format!("variable store task: {e}"))?
             .map_err(|e| format!("the variable store: {e}"))
@@ -366,9 +362,8 @@ impl Transfers {
             let size = resp
                 .content_length()
                 .ok_or("the source sent no Content-Length")?;
-            let sha = header_of(SHA256_HEADER)
-                .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
-                .ok_or(format!("the source sent no {SHA256_HEADER}"))?;
+            let sha =
+                sha256_of(resp.headers()).ok_or(format!("the source sent no {SHA256_HEADER}"))?;
             (size, Some(sha))
         };
         if size > u64::from(w.size_gib).saturating_mul(GIB) {
@@ -463,6 +458,15 @@ impl Write for ChannelWriter {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// The SHA-256 a response announces, when it is one (64 hex digits).
+fn sha256_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(SHA256_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_owned)
 }
 
 /// The transfer server's path for a kind.

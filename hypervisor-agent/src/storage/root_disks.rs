@@ -119,7 +119,6 @@ impl RootDisks {
         let partial = dir.join("nvram.import");
         let _claim = Claim::take(partial.display().to_string())?;
         let write = || -> std::io::Result<()> {
-            let _ = std::fs::remove_file(&partial);
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
