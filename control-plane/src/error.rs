@@ -266,13 +266,19 @@ impl From<sea_orm::DbErr> for ApiError {
 /// PostgreSQL gave the transaction up for another: a deadlock (40P01)
 /// or a serialization failure (40001).
 pub fn is_contention(e: &sea_orm::DbErr) -> bool {
+    matches!(db_code(e).as_deref(), Some("40P01" | "40001"))
+}
+
+/// The database's own code for an error a statement met (PostgreSQL's
+/// SQLSTATE, SQLite's extended result code).
+fn db_code(e: &sea_orm::DbErr) -> Option<String> {
     use sea_orm::{DbErr, RuntimeErr};
     match e {
         DbErr::Exec(RuntimeErr::SqlxError(sea_orm::sqlx::Error::Database(d)))
         | DbErr::Query(RuntimeErr::SqlxError(sea_orm::sqlx::Error::Database(d))) => {
-            matches!(d.code().as_deref(), Some("40P01" | "40001"))
+            d.code().map(|c| c.into_owned())
         }
-        _ => false,
+        _ => None,
     }
 }
 
@@ -297,10 +303,9 @@ pub fn is_fk_violation(e: &sea_orm::DbErr) -> bool {
 
 /// SQLite reports a foreign key that refuses a row deleted by a cascade
 /// (deleting a tenant cascades to its quota rows) with the trigger code,
-/// 1811, which sea-orm does not map: its message is the same.
+/// 1811 (`SQLITE_CONSTRAINT_TRIGGER`), which sea-orm does not map.
 fn sqlite_fk_in_cascade(e: &sea_orm::DbErr) -> bool {
-    let text = e.to_string();
-    text.contains("(code: 1811)") && text.contains("FOREIGN KEY constraint failed")
+    db_code(e).as_deref() == Some("1811") && e.to_string().contains("FOREIGN KEY constraint failed")
 }
 
 /// True when the database refused a write because of a unique constraint:
