@@ -241,22 +241,6 @@ fn report_has_the_documented_shape() {
     assert_eq!(v["pairing"]["0000:18:00.0"], "mlx5_0");
 }
 
-/// Copies a tree, symlinks as symlinks.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let dst = to.join(e.file_name());
-        let ft = e.file_type().unwrap();
-        if ft.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(e.path()).unwrap(), &dst).unwrap();
-        } else if ft.is_dir() {
-            copy_tree(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), &dst).unwrap();
-        }
-    }
-}
-
 fn all_paths(root: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(root).unwrap().flatten() {
         out.push(e.path());
@@ -283,20 +267,20 @@ fn damage() -> impl Strategy<Value = Damage> {
     ]
 }
 
-/// The undamaged tree and its GPUs, made once per test process.
-fn pristine() -> &'static (tempfile::TempDir, Vec<Bdf>) {
-    static PRISTINE: std::sync::OnceLock<(tempfile::TempDir, Vec<Bdf>)> =
-        std::sync::OnceLock::new();
-    PRISTINE.get_or_init(|| {
+/// The undamaged tree's GPUs, found once per test process (the tree
+/// itself is written again for each case: a tree kept in a static would
+/// never be removed).
+fn pristine_gpus() -> &'static Vec<Bdf> {
+    static GPUS: std::sync::OnceLock<Vec<Bdf>> = std::sync::OnceLock::new();
+    GPUS.get_or_init(|| {
         let dir = scratch();
         fixtures::write(&fixtures::machine("dgx-a100").unwrap(), dir.path()).unwrap();
-        let gpus = sysfs::discover(dir.path(), None)
+        sysfs::discover(dir.path(), None)
             .unwrap()
             .gpus
             .iter()
             .map(|g| g.location.bdf)
-            .collect();
-        (dir, gpus)
+            .collect()
     })
 }
 
@@ -308,10 +292,10 @@ proptest! {
     /// and never invents a GPU.
     #[test]
     fn garbled_trees_never_panic(picks in proptest::collection::vec((any::<prop::sample::Index>(), damage()), 1..12)) {
-        let (pristine, good) = pristine();
+        let good = pristine_gpus();
         let dir = scratch();
         let root = dir.path().join("garbled");
-        copy_tree(pristine.path(), &root);
+        fixtures::write(&fixtures::machine("dgx-a100").unwrap(), &root).unwrap();
         let mut paths = Vec::new();
         all_paths(&root, &mut paths);
         for (idx, dmg) in picks {
