@@ -205,6 +205,13 @@ impl HostCap {
         }
     }
 
+    /// Whether the hold's NUMA nodes are this host's (a host whose
+    /// topology changed under a reservation does not take it).
+    fn fits_nodes(&self, h: &Hold) -> bool {
+        h.cpus.iter().all(|(n, _)| *n < self.cpu_free.len())
+            && h.memory.iter().all(|(n, _)| *n < self.mem_free.len())
+    }
+
     /// Frees a VM's share; returns what it held.
     pub fn release(&mut self, vm: Uuid) -> Option<Hold> {
         let i = self.holds.iter().position(|x| x.vm == vm)?;
@@ -323,6 +330,10 @@ pub struct Index {
     /// Training clusters' spare capacity, kept free of other guaranteed
     /// VMs ([`crate::spares`]).
     pub spares: Vec<crate::Spare>,
+    /// Holds reserved and not yet committed, by host: a reading of the
+    /// host taken before their commit does not show them, and must not
+    /// give their room to the next request.
+    in_flight: HashMap<Uuid, Vec<Hold>>,
 }
 
 impl Index {
@@ -459,8 +470,18 @@ impl Index {
         self.position(id).map(|i| &self.hosts[i])
     }
 
-    /// Replaces what the index knows of a host with a fresh reading.
-    pub fn upsert(&mut self, h: HostInput, vms: &[VmInput]) {
+    /// Replaces what the index knows of a host with a fresh reading, and
+    /// says whether it did. A reading older than the revision held is
+    /// dropped: it was taken before a commit this index has settled since
+    /// (a refresh racing an admission), and would give the commit's room
+    /// away. Holds in flight on the host stay taken.
+    pub fn upsert(&mut self, h: HostInput, vms: &[VmInput]) -> bool {
+        if self
+            .host(h.id)
+            .is_some_and(|known| known.revision > h.revision)
+        {
+            return false;
+        }
         let su = h
             .scalable_unit
             .as_deref()
@@ -477,6 +498,13 @@ impl Index {
             cap.account(&hold, true);
             cap.holds.push(hold);
         }
+        for hold in self.in_flight.get(&cap.id).into_iter().flatten() {
+            let shown = cap.holds.iter().any(|x| x.vm == hold.vm);
+            if !shown && cap.fits_nodes(hold) {
+                cap.account(hold, true);
+                cap.holds.push(hold.clone());
+            }
+        }
         let i = match self.by_id.get(&cap.id).copied() {
             Some(i) => {
                 self.unfile(i);
@@ -490,6 +518,27 @@ impl Index {
             }
         };
         self.file(i);
+        true
+    }
+
+    /// Keeps `vm`'s hold on `host` (applied already) against readings
+    /// that predate its commit, until [`Index::landed`].
+    pub fn in_flight(&mut self, host: usize, vm: Uuid) {
+        let Some(h) = self.hosts.get(host) else {
+            return;
+        };
+        if let Some(hold) = h.holds.iter().find(|x| x.vm == vm) {
+            self.in_flight.entry(h.id).or_default().push(hold.clone());
+        }
+    }
+
+    /// `vm`'s reservation is committed or given up: readings decide its
+    /// hold from now on.
+    pub fn landed(&mut self, vm: Uuid) {
+        self.in_flight.retain(|_, holds| {
+            holds.retain(|x| x.vm != vm);
+            !holds.is_empty()
+        });
     }
 
     pub fn remove(&mut self, id: Uuid) {

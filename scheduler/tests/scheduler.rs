@@ -1311,3 +1311,47 @@ fn a_strict_cluster_reclaims_spot_vms_in_one_unit_before_borrowed_ones_in_anothe
     let plan = reclaim::plan_cluster(&index, &pair, 0).unwrap();
     assert_eq!(plan.victims.len(), 2);
 }
+
+/// The race behind a flaky API test: a refresh reads a host, an
+/// admission reserves and commits on it, and the refresh's reading lands
+/// after. Neither an in-flight reservation nor a settled one may be
+/// undone by a reading that predates it.
+#[test]
+fn readings_older_than_a_reservation_do_not_give_its_room_away() {
+    let mut index = fleet(&[("hgx-h100", None)]);
+    let h = index.hosts[0].clone();
+    let stale = |index: &mut Index, revision: i64| {
+        index.upsert(
+            HostInput {
+                revision,
+                ..ready_host(0, None, h.profile.clone())
+            },
+            &[],
+        )
+    };
+    let r = gpu_req(&index, 8, H100);
+    let (_, vm) = take(&mut index, &r).unwrap();
+    index.in_flight(0, vm);
+    // Read before the commit (same revision): the hold stays taken.
+    assert!(stale(&mut index, 1));
+    assert_eq!(index.hosts[0].gpu_free, 0);
+    assert!(place(&index, &r, Strategy::BestFit).is_none());
+    // Committed and settled one revision on: a reading from before is
+    // dropped, even once the hold is no longer in flight.
+    index.set_revision(0, 2);
+    index.landed(vm);
+    assert!(!stale(&mut index, 1));
+    assert_eq!(index.hosts[0].gpu_free, 0);
+    assert!(place(&index, &r, Strategy::BestFit).is_none());
+    // A reading at the settled revision is the truth (here: the VM is
+    // gone again).
+    assert!(stale(&mut index, 2));
+    assert_eq!(index.hosts[0].gpu_free.count_ones(), 8);
+    // A reservation given up is not kept against readings.
+    let (_, other) = take(&mut index, &r).unwrap();
+    index.in_flight(0, other);
+    index.release(0, other);
+    index.landed(other);
+    assert!(stale(&mut index, 2));
+    assert_eq!(index.hosts[0].gpu_free.count_ones(), 8);
+}

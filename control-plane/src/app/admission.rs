@@ -305,6 +305,7 @@ fn reserve(
             placement: h.placement(&c.hold),
             model: model.and_then(|m| index.model_name(m)).map(str::to_owned),
         });
+        index.in_flight(c.host, c.hold.vm);
     }
     Ok(Some(Reservation {
         members: out,
@@ -893,6 +894,10 @@ async fn place(st: &AppState, job: Admission<'_>, reach: Reach) -> Result<bool, 
             }
             return Ok(false);
         };
+        // Until it lands, the reservation outlives readings older than it.
+        let flying = st
+            .capacity
+            .in_flight(job.members.iter().map(|m| m.id).collect());
         let committed = commit(st, job, Outcome::Placed(&reserved, spares.as_ref())).await;
         match committed {
             Ok(remarked) => {
@@ -900,6 +905,7 @@ async fn place(st: &AppState, job: Admission<'_>, reach: Reach) -> Result<bool, 
                     p.committed();
                 }
                 settle(st, &reserved, spares.as_ref());
+                drop(flying);
                 // Their holds' marks, now: a request within its share a
                 // moment later must see these VMs borrowed.
                 for h in remarked {
@@ -909,6 +915,7 @@ async fn place(st: &AppState, job: Admission<'_>, reach: Reach) -> Result<bool, 
             }
             Err(e) => {
                 unreserve(st, &job, &reserved);
+                drop(flying);
                 drop(pending);
                 for r in &reserved {
                     st.capacity.refresh_host(&st.db, r.host).await?;

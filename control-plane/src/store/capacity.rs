@@ -61,6 +61,24 @@ impl Drop for SparesPending<'_> {
     }
 }
 
+/// Reservations applied to the index and not yet committed (see
+/// [`Capacity::in_flight`]): however the admission ends (committed,
+/// lost, or its request dropped mid-way), dropping this lets readings
+/// decide their holds again.
+pub struct InFlight<'a> {
+    capacity: &'a Capacity,
+    vms: Vec<Uuid>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut index = self.capacity.lock();
+        for vm in &self.vms {
+            index.landed(*vm);
+        }
+    }
+}
+
 pub struct Capacity {
     index: Mutex<Index>,
     /// Profiles by topology and rails, so an unchanged host is not
@@ -283,6 +301,15 @@ impl Capacity {
         }
         index.spares = spares;
         Ok(())
+    }
+
+    /// Owns the in-flight marks of `vms`, which the reservation put in
+    /// the index under its lock ([`Index::in_flight`]).
+    pub fn in_flight(&self, vms: Vec<Uuid>) -> InFlight<'_> {
+        InFlight {
+            capacity: self,
+            vms,
+        }
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Index> {
