@@ -65,6 +65,11 @@ pub struct ClusterCreate {
     /// the unit rather than leave it).
     #[serde(default)]
     pub single_su: SingleSu,
+    /// Wait in the fair queue as `queued` when there is no room for all
+    /// its members, instead of being refused; admitted whole (see
+    /// `VmCreate::queue`). Not with spares.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queue: bool,
 }
 
 /// How strictly a cluster keeps to one scalable unit.
@@ -221,6 +226,8 @@ impl ClusterCreate {
             notice_seconds: None,
             // Members are reached through the cluster's own addresses.
             public_ip: false,
+            // The cluster waits whole, not its members one by one.
+            queue: false,
         }
     }
 }
@@ -246,7 +253,8 @@ pub struct Cluster {
     pub name: String,
     pub tenant: String,
     pub size: u32,
-    /// `placed`, or `pending` while spot VMs are reclaimed for it.
+    /// `placed`, `pending` while spot VMs are reclaimed for it, or
+    /// `queued` in the fair queue (see `queue`).
     pub state: String,
     pub spec: VmSpec,
     pub members: Vec<ClusterMember>,
@@ -275,5 +283,8 @@ pub struct Cluster {
     /// a host of the unit left service.
     #[serde(default)]
     pub spares_ready: u32,
+    /// A `queued` cluster's place in the fair queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<crate::vms::QueueStanding>,
     pub created_at: DateTime<Utc>,
 }

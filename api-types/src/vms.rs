@@ -80,6 +80,31 @@ pub struct VmCreate {
     /// segment's ingress rules. Needs a network.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub public_ip: bool,
+    /// When no host has room (and no reclaim would make it), wait in the
+    /// fair queue as `queued` instead of being refused: admitted in fair
+    /// order (the project furthest below its guaranteed share first, then
+    /// first come first served), charged nothing while it waits, cancelled
+    /// by deleting it, dropped after the platform's `[queue]
+    /// expire_after_seconds`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queue: bool,
+}
+
+/// Where a queued VM or cluster stands in the fair queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QueueStanding {
+    /// 1 is admitted next, as soon as room for it frees.
+    pub position: u32,
+    /// Why it waits, e.g. what it is waiting for or who is ahead.
+    pub reason: String,
+    /// When it is expected to start, if every VM runs the platform's
+    /// assumed run time (`[queue] assumed_runtime_seconds`); none when no
+    /// host could ever take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<DateTime<Utc>>,
+    pub queued_at: DateTime<Utc>,
+    /// When it leaves the queue unplaced.
+    pub expires_at: DateTime<Utc>,
 }
 
 /// What a lost host does to a VM on it.
@@ -241,6 +266,9 @@ pub struct KernelBoot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VmState {
+    /// Waiting in the fair queue for room (`queue` in the request): holds
+    /// nothing and is charged nothing; see the VM's `queue`.
+    Queued,
     Pending,
     Scheduled,
     Provisioning,
@@ -271,6 +299,7 @@ pub enum VmState {
 impl VmState {
     pub fn as_str(self) -> &'static str {
         match self {
+            VmState::Queued => "queued",
             VmState::Pending => "pending",
             VmState::Scheduled => "scheduled",
             VmState::Provisioning => "provisioning",
@@ -290,7 +319,8 @@ impl VmState {
     }
 
     /// Every state, in lifecycle order.
-    pub const ALL: [VmState; 15] = [
+    pub const ALL: [VmState; 16] = [
+        VmState::Queued,
         VmState::Pending,
         VmState::Scheduled,
         VmState::Provisioning,
@@ -411,6 +441,9 @@ pub struct Vm {
     /// (Since when.) Also an event in `scheduled_events` and in the guest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub borrowed_since: Option<DateTime<Utc>>,
+    /// A `queued` VM's place in the fair queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStanding>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<VmNetwork>,
     /// Project shares it mounts.

@@ -91,6 +91,10 @@ pub struct SpecArgs {
     /// window gives it.
     #[arg(long, value_parser = parse_duration)]
     notice: Option<u64>,
+    /// When no host has room, wait in the fair queue (`queued`) instead of
+    /// being refused: free while waiting; delete to cancel.
+    #[arg(long)]
+    queue: bool,
 }
 
 fn parse_host_loss(s: &str) -> Result<kumo_api_types::HostLossAction, String> {
@@ -157,6 +161,7 @@ impl SpecArgs {
             on_host_loss: self.on_host_loss,
             notice_seconds: self.notice.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
             public_ip: false,
+            queue: self.queue,
         })
     }
 }

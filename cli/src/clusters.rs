@@ -118,6 +118,9 @@ fn cluster_detail(cl: &Cluster) -> String {
     for p in &cl.problems {
         s.push_str(&format!("  {}: {}\n", p.member, p.detail));
     }
+    if let Some(q) = &cl.queue {
+        s.push_str(&crate::output::queue_lines(q));
+    }
     if cl.single_su == kumo_api_types::SingleSu::Required {
         s.push_str("Units:   one scalable unit required\n");
     }
@@ -207,6 +210,7 @@ pub async fn cluster(
                             .map(|d| u32::try_from(d).unwrap_or(u32::MAX)),
                         spares: *spares,
                         single_su: *single_su,
+                        queue: v.queue,
                     },
                 )
                 .await?;

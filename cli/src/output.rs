@@ -94,6 +94,20 @@ pub(crate) fn print_one<T: serde::Serialize>(
     Ok(())
 }
 
+/// A queued VM's or cluster's place in the fair queue, for `show`.
+pub fn queue_lines(q: &kumo_api_types::QueueStanding) -> String {
+    format!(
+        "Queue:   #{} since {}, {}\nEstimate: {}\nExpires: {} (delete it to cancel)\n",
+        q.position,
+        q.queued_at.to_rfc3339(),
+        printable(&q.reason),
+        q.estimate
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_else(|| "none".into()),
+        q.expires_at.to_rfc3339(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -174,7 +174,10 @@ fn vms_table(vms: &[Vm]) -> String {
     for v in vms {
         t.row(vec![
             v.name.clone(),
-            v.state.as_str().into(),
+            match &v.queue {
+                Some(q) => format!("{} (#{})", v.state.as_str(), q.position),
+                None => v.state.as_str().into(),
+            },
             // Borrowed GPUs (above the project's guaranteed share) may be
             // reclaimed: said where the count is.
             if v.borrowed_since.is_some() {
@@ -203,6 +206,9 @@ fn vm_detail(v: &Vm, user: Option<&str>) -> String {
         v.spec.memory_gib,
         v.spec.disk_gib,
     );
+    if let Some(q) = &v.queue {
+        s.push_str(&crate::output::queue_lines(q));
+    }
     for e in &v.scheduled_events {
         if e.action == kumo_api_types::ScheduledAction::Reclaimable {
             s.push_str(&format!(

@@ -76,6 +76,75 @@ pub struct FileConfig {
     pub telemetry: TelemetryFileConfig,
     #[serde(default)]
     pub replicas: ReplicasFileConfig,
+    #[serde(default)]
+    pub queue: QueueFileConfig,
+}
+
+/// The fair queue (`queue` in a VM or cluster request).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueFileConfig {
+    /// How long a request waits before it leaves the queue unplaced
+    /// [default: 604800, a week].
+    pub expire_after_seconds: Option<u64>,
+    /// Requests (a VM, or a cluster) one project may have queued at once
+    /// [default: 16].
+    pub max_per_project: Option<u32>,
+    /// How long the estimates take every VM to run (VMs have no end time
+    /// of their own) [default: 86400, a day].
+    pub assumed_runtime_seconds: Option<u64>,
+}
+
+/// The fair queue's settings, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    pub expire_after: Duration,
+    pub max_per_project: u32,
+    pub assumed_runtime: Duration,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            expire_after: Duration::from_secs(7 * 86_400),
+            max_per_project: 16,
+            assumed_runtime: Duration::from_secs(86_400),
+        }
+    }
+}
+
+fn queue(file: &QueueFileConfig) -> Result<QueueConfig, ConfigError> {
+    let d = QueueConfig::default();
+    let expire = file
+        .expire_after_seconds
+        .unwrap_or(d.expire_after.as_secs());
+    if !(60..=90 * 86_400).contains(&expire) {
+        return Err(ConfigError::Invalid {
+            key: "queue.expire_after_seconds",
+            message: "between 60 and 90 days (7776000)".into(),
+        });
+    }
+    let max = file.max_per_project.unwrap_or(d.max_per_project);
+    if !(1..=1000).contains(&max) {
+        return Err(ConfigError::Invalid {
+            key: "queue.max_per_project",
+            message: "1 to 1000".into(),
+        });
+    }
+    let runtime = file
+        .assumed_runtime_seconds
+        .unwrap_or(d.assumed_runtime.as_secs());
+    if !(60..=365 * 86_400).contains(&runtime) {
+        return Err(ConfigError::Invalid {
+            key: "queue.assumed_runtime_seconds",
+            message: "between 60 and a year (31536000)".into(),
+        });
+    }
+    Ok(QueueConfig {
+        expire_after: Duration::from_secs(expire),
+        max_per_project: max,
+        assumed_runtime: Duration::from_secs(runtime),
+    })
 }
 
 /// Server replicas on one database (ARCHITECTURE.md): consoles whose
@@ -574,6 +643,7 @@ pub struct Config {
     pub storage: StorageConfig,
     pub telemetry: TelemetryConfig,
     pub replicas: ReplicasConfig,
+    pub queue: QueueConfig,
     /// What metering and charging take as now.
     pub clock: crate::clock::Clock,
 }
@@ -746,6 +816,7 @@ impl Config {
             storage: StorageConfig::default(),
             telemetry: TelemetryConfig::default(),
             replicas: ReplicasConfig::default(),
+            queue: QueueConfig::default(),
             clock: crate::clock::Clock::default(),
         }
     }
@@ -878,6 +949,7 @@ pub fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigErro
         storage: storage(&file.storage)?,
         telemetry: telemetry(&file.telemetry)?,
         replicas: replicas(&file.replicas)?,
+        queue: queue(&file.queue)?,
         clock: crate::clock::Clock::default(),
     })
 }
@@ -1087,6 +1159,22 @@ mod tests {
         assert_eq!(parse("").unwrap().max_notice, Duration::from_secs(1800));
         assert!(parse("[scheduler]\npreemption_grace_secs = 60\nmax_notice_secs = 30\n").is_err());
         assert!(parse("[scheduler]\nmax_notice_secs = 90000\n").is_err());
+    }
+
+    #[test]
+    fn the_queue_settings_are_bounded() {
+        let parse = |t: &str| resolve(&ServeArgs::default(), &toml::from_str(t).unwrap());
+        assert!(parse("[queue]\nmax_per_project = 0\n").is_err());
+        assert!(parse("[queue]\nexpire_after_seconds = 5\n").is_err());
+        assert!(parse("[queue]\nassumed_runtime_seconds = 1\n").is_err());
+        let q = parse("[queue]\nmax_per_project = 3\nexpire_after_seconds = 3600\n")
+            .unwrap()
+            .queue;
+        assert_eq!(
+            (q.max_per_project, q.expire_after),
+            (3, Duration::from_secs(3600))
+        );
+        assert_eq!(q.assumed_runtime, Duration::from_secs(86_400));
     }
 
     #[test]

@@ -39,6 +39,7 @@ mod m0033_lost_vms;
 mod m0034_maintenance;
 mod m0035_spares_and_notices;
 mod m0036_guarantees;
+mod m0037_queue;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -119,6 +120,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0034_maintenance::Migration),
             Box::new(m0035_spares_and_notices::Migration),
             Box::new(m0036_guarantees::Migration),
+            Box::new(m0037_queue::Migration),
         ]
     }
 }

@@ -94,6 +94,7 @@ pub fn word(lang: Lang, w: &str) -> String {
         "Segment" => "セグメント",
         "Address" => "アドレス",
         "Public address" => "公開アドレス",
+        "Wait for room" => "空きを待つ",
         "Size" => "サイズ",
         "State" => "状態",
         "Volume" => "ボリューム",
@@ -242,6 +243,10 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
         "public_ip" => (
             "A floating address from the pools, attached to it, with SSH (TCP 22) opened on its segment; needs a segment",
             "プールから取得した公開アドレスを割り当て、セグメントで SSH（TCP 22）を開きます。セグメントが必要です",
+        ),
+        "queue" => (
+            "When no host has room, wait in the fair queue (free while waiting; delete to cancel) instead of being refused",
+            "空きがないとき、拒否せず公平キューで待ちます（待つ間は無料、削除で取り消し）",
         ),
         "ssh_key" => (
             "A public key (ssh-ed25519 AAAA…), written into the guest",

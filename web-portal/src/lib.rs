@@ -387,6 +387,8 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
                 Input::Checkbox,
             )
             .help(help("public_ip")),
+            Field::new("queue", &i18n::word(lang, "Wait for room"), Input::Checkbox)
+                .help(help("queue")),
             share_field(lang),
             Field::new("ssh_key", "SSH", Input::TextArea)
                 .answers(&["ssh_keys"])

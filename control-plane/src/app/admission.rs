@@ -64,6 +64,8 @@ pub enum Admitted {
     Placed,
     /// Waiting for these spot VMs to be reclaimed.
     Pending { reclaiming: usize },
+    /// Waiting in the fair queue ([`crate::app::queue`]).
+    Queued,
 }
 
 /// A reserved placement, applied to the index until committed or undone.
@@ -204,6 +206,23 @@ fn requests(
     Ok((req, hinted))
 }
 
+/// A new request does not take (or reclaim) the room the fair queue's
+/// waiting requests are planned on: that would delay them. The queue
+/// admits its own with the hosts to keep off named.
+fn keep_off_queue(
+    st: &AppState,
+    job: &Admission<'_>,
+    req: &mut Request,
+    hinted: Option<&mut Request>,
+) {
+    if matches!(job.rows, Rows::New { .. }) {
+        let held = st.capacity.held_for_queue();
+        for r in std::iter::once(req).chain(hinted) {
+            r.avoid.extend(held.iter().copied());
+        }
+    }
+}
+
 /// Places every member (all or nothing) and applies them to the index,
 /// with a new cluster's spares kept beside them (one scalable unit for
 /// all, or no room). `disk_gib`: the disk the (one) member takes on its
@@ -223,10 +242,11 @@ fn reserve(
         }));
     };
     let mut index = st.capacity.lock();
-    let (mut req, hinted) = requests(&index, job, first)?;
+    let (mut req, mut hinted) = requests(&index, job, first)?;
     if let Some(gib) = disk_gib {
         req.disk_gib = gib;
     }
+    keep_off_queue(st, job, &mut req, hinted.as_mut());
     let spot = first.spec.service_level == ServiceLevel::Spot;
     let mut ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
     let spares = job.new_cluster().map(|c| c.spares).unwrap_or(0);
@@ -427,6 +447,8 @@ pub struct Admission<'a> {
     /// The cluster's members all in one scalable unit (new members and
     /// replacements alike), or nowhere.
     pub one_unit: bool,
+    /// A new request that waits in the fair queue rather than be refused.
+    pub queue: bool,
 }
 
 impl Admission<'_> {
@@ -452,13 +474,23 @@ impl Admission<'_> {
 enum Outcome<'a> {
     Placed(&'a [Reserved], Option<&'a SparesKept>),
     Waiting(&'a Plan),
+    /// In the fair queue: nothing held, nothing reclaimed, nothing charged.
+    Queued,
 }
 
 impl Outcome<'_> {
     fn reserved(&self, i: usize) -> Option<&Reserved> {
         match self {
             Outcome::Placed(r, _) => r.get(i),
-            Outcome::Waiting(_) => None,
+            Outcome::Waiting(_) | Outcome::Queued => None,
+        }
+    }
+
+    /// The state of a member the outcome does not place.
+    fn waiting(&self) -> VmState {
+        match self {
+            Outcome::Queued => VmState::Queued,
+            _ => VmState::Pending,
         }
     }
 }
@@ -520,6 +552,13 @@ async fn insert_cluster(
     Ok(())
 }
 
+/// How a new VM's row starts: on its reservation, or waiting (`pending`
+/// or `queued`).
+enum Start<'a> {
+    Placed(&'a Reserved),
+    Waiting(VmState),
+}
+
 /// A new VM's row with its NICs, its first charge and its `created`
 /// event.
 async fn insert_vm(
@@ -528,15 +567,19 @@ async fn insert_vm(
     tenant: &tenants::Model,
     m: &Member,
     spec: &VmSpec,
-    r: Option<&Reserved>,
+    start: Start<'_>,
     cluster: Option<Uuid>,
 ) -> Result<vms::Model, CommitError> {
     let now = actor.at;
+    let (state, r) = match start {
+        Start::Placed(r) => (VmState::Scheduled, Some(r)),
+        Start::Waiting(state) => (state, None),
+    };
     let vm = vms::ActiveModel {
         id: Set(m.id),
         tenant_id: Set(tenant.id),
         name: Set(m.name.clone()),
-        state: Set(placed_state(r).as_str().to_owned()),
+        state: Set(state.as_str().to_owned()),
         reason: Set(None),
         host_id: Set(r.map(|r| r.host)),
         spec: Set(serde_json::to_string(spec).map_err(internal)?),
@@ -556,7 +599,10 @@ async fn insert_vm(
     }
     .insert(txn)
     .await?;
-    crate::app::metering::created(txn, &vm, now).await?;
+    // Queued requests are free: charges open when it leaves the queue.
+    if state != VmState::Queued {
+        crate::app::metering::created(txn, &vm, now).await?;
+    }
     crate::store::segments::attach(txn, vm.id, &m.nics, now).await??;
     if !crate::store::volumes::attach_new(txn, vm.id, &m.volumes).await? {
         return Err(CommitError::Api(ApiError::Conflict(
@@ -577,22 +623,14 @@ async fn insert_vm(
     Ok(vm)
 }
 
-fn placed_state(r: Option<&Reserved>) -> VmState {
-    if r.is_some() {
-        VmState::Scheduled
-    } else {
-        VmState::Pending
-    }
-}
-
 fn placement_json(r: Option<&Reserved>) -> Result<Option<String>, ApiError> {
     r.map(|r| serde_json::to_string(&r.placement))
         .transpose()
         .map_err(internal)
 }
 
-/// A pending VM's row, moved to its placement; lost when another replica
-/// placed or deleted it meanwhile.
+/// A pending (or queued) VM's row, moved to its placement; lost when
+/// another replica placed or deleted it meanwhile.
 async fn place_pending(
     txn: &DatabaseTransaction,
     m: &Member,
@@ -600,13 +638,26 @@ async fn place_pending(
     r: Option<&Reserved>,
     now: DateTime<Utc>,
 ) -> Result<vms::Model, CommitError> {
+    let was = vms::Entity::find_by_id(m.id)
+        .one(txn)
+        .await?
+        .ok_or(CommitError::Lost)?;
+    let from = stored_state(&was)?;
+    if !matches!(from, VmState::Pending | VmState::Queued) {
+        return Err(CommitError::Lost);
+    }
+    let state = if r.is_some() {
+        VmState::Scheduled
+    } else {
+        VmState::Pending
+    };
     let mut update = vms::Entity::update_many();
     if r.is_some() {
         // Placed: an `--anywhere` unshelve has its host.
         update = update.col_expr(vms::Column::UnshelveAnywhere, Expr::value(false));
     }
     let res = update
-        .col_expr(vms::Column::State, Expr::value(placed_state(r).as_str()))
+        .col_expr(vms::Column::State, Expr::value(state.as_str()))
         .col_expr(vms::Column::HostId, Expr::value(r.map(|r| r.host)))
         .col_expr(vms::Column::Placement, Expr::value(placement_json(r)?))
         .col_expr(
@@ -615,16 +666,22 @@ async fn place_pending(
         )
         .col_expr(vms::Column::UpdatedAt, Expr::value(now))
         .filter(vms::Column::Id.eq(m.id))
-        .filter(vms::Column::State.eq(VmState::Pending.as_str()))
+        .filter(vms::Column::State.eq(from.as_str()))
         .exec(txn)
         .await?;
     if res.rows_affected != 1 {
         return Err(CommitError::Lost);
     }
-    vms::Entity::find_by_id(m.id)
+    let vm = vms::Entity::find_by_id(m.id)
         .one(txn)
         .await?
-        .ok_or(CommitError::Lost)
+        .ok_or(CommitError::Lost)?;
+    if from == VmState::Queued {
+        // Out of the queue: its charges open now, as a new VM's do.
+        crate::store::queue::remove(txn, &[vm.id]).await?;
+        crate::app::metering::created(txn, &vm, now).await?;
+    }
+    Ok(vm)
 }
 
 /// The devices of a placement held by the VM, its host claimed at the
@@ -675,7 +732,7 @@ async fn commit(
     let specs = placed_specs(job.members, outcome);
     let (placed, spares) = match outcome {
         Outcome::Placed(_, spares) => (true, spares),
-        Outcome::Waiting(_) => (false, None),
+        Outcome::Waiting(_) | Outcome::Queued => (false, None),
     };
     let cluster_id = match job.rows {
         Rows::New { actor, cluster } => {
@@ -684,11 +741,26 @@ async fn commit(
                 _ => None,
             };
             check_quota(&txn, job.tenant, &specs.iter().collect::<Vec<_>>(), kept).await?;
+            if let Outcome::Queued = outcome {
+                // Under the tenant's row lock check_quota took: two
+                // requests at once cannot both be the last allowed.
+                let max = st.config.queue.max_per_project;
+                if crate::store::queue::requests(&txn, Some(job.tenant.id)).await? >= max as usize {
+                    return Err(ApiError::QuotaExceeded {
+                        resource: "queued requests".into(),
+                        detail: format!(
+                            "project {:?} has {max} queued, the most the platform allows ([queue] max_per_project): cancel one (delete it) or wait",
+                            job.tenant.name
+                        ),
+                    }
+                    .into());
+                }
+            }
             if let Some(c) = cluster {
-                let state = if placed {
-                    ClusterState::Placed
-                } else {
-                    ClusterState::Pending
+                let state = match outcome {
+                    Outcome::Placed(..) => ClusterState::Placed,
+                    Outcome::Waiting(_) => ClusterState::Pending,
+                    Outcome::Queued => ClusterState::Queued,
                 };
                 let size = job.members.len();
                 insert_cluster(&txn, actor, job.tenant, c, size, state, spares).await?;
@@ -708,7 +780,11 @@ async fn commit(
         let r = outcome.reserved(i);
         let vm = match job.rows {
             Rows::New { actor, .. } => {
-                insert_vm(&txn, actor, job.tenant, m, spec, r, cluster_id).await?
+                let start = match r {
+                    Some(r) => Start::Placed(r),
+                    None => Start::Waiting(outcome.waiting()),
+                };
+                insert_vm(&txn, actor, job.tenant, m, spec, start, cluster_id).await?
             }
             Rows::Pending { .. } => {
                 let vm = place_pending(&txn, m, spec, r, now).await?;
@@ -726,10 +802,32 @@ async fn commit(
                 let why = format!("waiting for {n} spot VM(s) to be reclaimed");
                 event(&txn, &vm, now, "pending", why).await?;
             }
+            (None, Outcome::Queued) => {
+                let why = "no host has room: waiting in the fair queue";
+                event(&txn, &vm, now, "queued", why).await?;
+            }
             (None, Outcome::Placed(..)) => {
                 return Err(ApiError::Internal("a member without its reservation".into()).into())
             }
         }
+    }
+    if let Outcome::Queued = outcome {
+        let ids: Vec<Uuid> = job.members.iter().map(|m| m.id).collect();
+        let expires = now
+            + chrono::Duration::from_std(st.config.queue.expire_after)
+                .unwrap_or_else(|_| chrono::Duration::days(7));
+        let behind = crate::store::queue::requests(&txn, None).await?;
+        let position = u32::try_from(behind).unwrap_or(u32::MAX).saturating_add(1);
+        crate::store::queue::insert(
+            &txn,
+            job.tenant.id,
+            cluster_id,
+            &ids,
+            now,
+            expires,
+            position,
+        )
+        .await?;
     }
     for (h, seen) in spares.map(|s| s.hosts.as_slice()).unwrap_or_default() {
         if !claimed.contains(h) {
@@ -749,7 +847,7 @@ async fn commit(
         Outcome::Placed(..) => {
             crate::app::guarantees::remark(&txn, Some(job.tenant.id), now).await?
         }
-        Outcome::Waiting(_) => Vec::new(),
+        Outcome::Waiting(_) | Outcome::Queued => Vec::new(),
     };
     txn.commit().await?;
     for h in peers.into_iter().chain(remarked.iter().copied()) {
@@ -1019,7 +1117,8 @@ fn reclaim_plan(
         return Ok(None);
     };
     let index = st.capacity.lock();
-    let (req, hinted) = requests(&index, job, first)?;
+    let (mut req, mut hinted) = requests(&index, job, first)?;
+    keep_off_queue(st, job, &mut req, hinted.as_mut());
     let req = match (beside || (job.one_unit && job.near.is_some()), hinted) {
         (false, _) => req,
         (true, Some(h)) => h,
@@ -1060,10 +1159,51 @@ fn planned_model(index: &Index, spec: &VmSpec, plan: &Plan) -> Option<String> {
     index.model_name(*m).map(str::to_owned)
 }
 
+/// Admits a new request: placed now, pending while spot VMs are reclaimed
+/// for it, or, asked to queue, queued when neither is possible or others
+/// wait already (they go first, in fair order). `Err(InsufficientCapacity)`
+/// when none of these is.
+pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiError> {
+    if job.queue {
+        if let Some(c) = job.new_cluster().filter(|c| c.spares > 0) {
+            return Err(ApiError::field(
+                "queue",
+                format!(
+                    "a cluster with spares is placed on free room only ({} spare(s) asked)",
+                    c.spares
+                ),
+            ));
+        }
+        if crate::store::queue::any(&st.db).await? {
+            return enqueue(st, job).await;
+        }
+    }
+    match admit_now(st, job).await {
+        Err(ApiError::InsufficientCapacity(_)) if job.queue => enqueue(st, job).await,
+        other => other,
+    }
+}
+
+/// The request's rows as `queued`, and every standing ordered again so its
+/// answer shows where it stands.
+async fn enqueue(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiError> {
+    match commit(st, job, Outcome::Queued).await {
+        Ok(_) => {}
+        Err(CommitError::Lost) => {
+            return Err(ApiError::Conflict(
+                "a VM or cluster of that name was created concurrently".into(),
+            ))
+        }
+        Err(CommitError::Api(e)) => return Err(e),
+    }
+    crate::app::queue::order(st).await?;
+    Ok(Admitted::Queued)
+}
+
 /// Places the admission's members now, or for a guaranteed request that
 /// does not fit, reclaims spot VMs and records the members as pending.
 /// `Err(InsufficientCapacity)` when neither is possible.
-pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiError> {
+async fn admit_now(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiError> {
     let Some(first) = job.members.first() else {
         return Ok(Admitted::Placed);
     };
@@ -1182,14 +1322,97 @@ pub async fn admit_pending(
     cluster_id: Option<Uuid>,
     rows: &[vms::Model],
 ) -> Result<(), ApiError> {
-    let Some(first) = rows.first() else {
+    let Some(Waiting {
+        tenant,
+        members,
+        near,
+        one_unit,
+    }) = waiting(st, cluster_id, rows).await?
+    else {
         return Ok(());
+    };
+    let job = Admission {
+        tenant: &tenant,
+        members: &members,
+        rows: Rows::Pending {
+            cluster: cluster_id,
+        },
+        near: near.as_ref(),
+        one_unit,
+        queue: false,
+    };
+    match admit_now(st, job).await {
+        Ok(Admitted::Placed) => {
+            if let (Some(c), Some(near)) = (cluster_id, &near) {
+                let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
+                crate::app::cluster_repair::placed_near(st, c, &ids, near).await?;
+            }
+            Ok(())
+        }
+        Ok(Admitted::Pending { .. } | Admitted::Queued)
+        | Err(ApiError::InsufficientCapacity(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Places a queued request (one VM, or a cluster's members together) on
+/// free room only, off `keep_off` (hosts those ahead of it wait for).
+/// `Ok(false)`: no room for it now.
+pub async fn admit_queued(
+    st: &AppState,
+    cluster_id: Option<Uuid>,
+    rows: &[vms::Model],
+    keep_off: &[Uuid],
+) -> Result<bool, ApiError> {
+    let Some(Waiting {
+        tenant,
+        mut members,
+        one_unit,
+        ..
+    }) = waiting(st, cluster_id, rows).await?
+    else {
+        return Ok(false);
+    };
+    for m in &mut members {
+        m.avoid.extend(keep_off.iter().copied());
+    }
+    let job = Admission {
+        tenant: &tenant,
+        members: &members,
+        rows: Rows::Pending {
+            cluster: cluster_id,
+        },
+        near: None,
+        one_unit,
+        queue: false,
+    };
+    place(st, job, Reach::Anywhere).await
+}
+
+/// A waiting request's rows as members to place.
+struct Waiting {
+    tenant: tenants::Model,
+    members: Vec<Member>,
+    /// A placed sibling of its cluster, to go beside.
+    near: Option<Near>,
+    one_unit: bool,
+}
+
+/// What waiting rows (pending or queued) ask for: their rows say what they
+/// need (segments, shares, volumes, the host that keeps their disks).
+async fn waiting(
+    st: &AppState,
+    cluster_id: Option<Uuid>,
+    rows: &[vms::Model],
+) -> Result<Option<Waiting>, ApiError> {
+    let Some(first) = rows.first() else {
+        return Ok(None);
     };
     let Some(tenant) = tenants::Entity::find_by_id(first.tenant_id)
         .one(&st.db)
         .await?
     else {
-        return Ok(());
+        return Ok(None);
     };
     let mut members = Vec::with_capacity(rows.len());
     for v in rows {
@@ -1237,26 +1460,12 @@ pub async fn admit_pending(
             .is_some_and(|c| c.single_su == kumo_api_types::SingleSu::Required.as_str()),
         None => false,
     };
-    let job = Admission {
-        tenant: &tenant,
-        members: &members,
-        rows: Rows::Pending {
-            cluster: cluster_id,
-        },
-        near: near.as_ref(),
+    Ok(Some(Waiting {
+        tenant,
+        members,
+        near,
         one_unit,
-    };
-    match admit(st, job).await {
-        Ok(Admitted::Placed) => {
-            if let (Some(c), Some(near)) = (cluster_id, &near) {
-                let ids: Vec<Uuid> = members.iter().map(|m| m.id).collect();
-                crate::app::cluster_repair::placed_near(st, c, &ids, near).await?;
-            }
-            Ok(())
-        }
-        Ok(Admitted::Pending { .. }) | Err(ApiError::InsufficientCapacity(_)) => Ok(()),
-        Err(e) => Err(e),
-    }
+    }))
 }
 
 /// A running member of the cluster, to place the others beside.

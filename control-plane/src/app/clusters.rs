@@ -14,6 +14,7 @@ use crate::app::vms::{act_on, prepare};
 use crate::context::{Actor, AppState};
 use crate::domain::lifecycle::Action;
 use crate::domain::paging::Paging;
+use crate::domain::states::{ClusterState, StoredText};
 use crate::entity::{clusters, hosts, tenants};
 use crate::error::ApiError;
 use crate::store::clusters::{hostfile, members_of, stored_cluster_spec};
@@ -115,6 +116,7 @@ pub async fn create(
         },
         near: None,
         one_unit: body.single_su == kumo_api_types::SingleSu::Required,
+        queue: body.queue,
     };
     match admit(st, job).await {
         Ok(_) => {}
@@ -213,6 +215,15 @@ pub async fn view(
         spares: u32::try_from(c.spares).unwrap_or(0),
         spare_unit: c.spare_unit.clone(),
         spares_ready: spares_ready(st, c.id),
+        // Its members wait together: the first's standing is the cluster's.
+        queue: match rows.first() {
+            Some((v, _)) if c.state == ClusterState::Queued.to_text() => {
+                crate::store::queue::standings(db, &[v.id])
+                    .await?
+                    .remove(&v.id)
+            }
+            _ => None,
+        },
         created_at: c.created_at,
     })
 }

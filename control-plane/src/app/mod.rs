@@ -32,6 +32,7 @@ pub mod maintenance;
 pub mod members;
 pub mod metering;
 pub mod public_net;
+pub mod queue;
 pub mod quotas;
 pub mod segments;
 pub mod shares;

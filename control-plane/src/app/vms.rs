@@ -300,6 +300,8 @@ pub async fn delete_row(
     now: DateTime<Utc>,
 ) -> Result<Vec<Uuid>, ApiError> {
     crate::app::metering::gone(txn, vm.id, now).await?;
+    // A queued VM deleted is a request cancelled.
+    crate::store::queue::remove(txn, &[vm.id]).await?;
     if let Some(d) = vm.disk_host_id.filter(|d| Some(*d) != vm.host_id) {
         // Deleted while its root disk moved: the old copy goes too.
         crate::store::vms::mark_stale_disk(txn, vm.id, d, now).await?;
@@ -570,6 +572,7 @@ pub async fn create(
         },
         near: None,
         one_unit: false,
+        queue: body.queue,
     };
     // The address before the VM: a pool or quota without one refuses the
     // request before anything is made.
@@ -728,6 +731,7 @@ fn view_on(
     cluster: Option<&str>,
     networks: Vec<VmNetwork>,
     shares: Vec<kumo_api_types::ShareMount>,
+    queue: Option<kumo_api_types::QueueStanding>,
 ) -> Result<Vm, ApiError> {
     let mut state = stored_state(v)?;
     let unreachable = match host {
@@ -758,6 +762,7 @@ fn view_on(
         },
         cluster: cluster.map(str::to_owned),
         borrowed_since: v.borrowed_at,
+        queue,
         networks,
         shares,
         created_at: v.created_at,
@@ -784,6 +789,9 @@ pub async fn view(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Re
         .await?
         .remove(&v.id)
         .unwrap_or_default();
+    let queue = crate::store::queue::standings(db, &[v.id])
+        .await?
+        .remove(&v.id);
     view_on(
         v,
         tenant,
@@ -791,6 +799,7 @@ pub async fn view(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Re
         cluster.as_deref(),
         networks,
         shares,
+        queue,
     )
 }
 
@@ -821,6 +830,12 @@ pub async fn list(
     .await?;
     let named: Vec<(Uuid, &str)> = rows.iter().map(|v| (v.id, v.name.as_str())).collect();
     let mut shares = crate::app::shares::mounts_shown(&st.reads, &named).await?;
+    let queued: Vec<Uuid> = rows
+        .iter()
+        .filter(|v| v.state == VmState::Queued.as_str())
+        .map(|v| v.id)
+        .collect();
+    let mut standings = crate::store::queue::standings(&st.reads, &queued).await?;
     let mut items = Vec::with_capacity(rows.len());
     for v in &rows {
         let host = v
@@ -838,6 +853,7 @@ pub async fn list(
             cluster,
             networks.remove(&v.id).unwrap_or_default(),
             shares.remove(&v.id).unwrap_or_default(),
+            standings.remove(&v.id),
         )?);
     }
     Ok(Page {

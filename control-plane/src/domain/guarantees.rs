@@ -31,7 +31,8 @@ pub fn counts(state: VmState, spec: &VmSpec) -> bool {
         && spec.gpus > 0
         && !matches!(
             state,
-            VmState::Pending
+            VmState::Queued
+                | VmState::Pending
                 | VmState::Preempting
                 | VmState::Preempted
                 | VmState::Suspended

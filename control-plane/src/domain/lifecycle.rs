@@ -79,8 +79,9 @@ pub fn apply(
         }
         (Action::Delete, _) if !has_host => effect(Deleted, Power::Stopped, false),
         (Action::Delete, _) => effect(Deleting, Power::Stopped, false),
-        // Spot VMs being reclaimed, or reclaimed, can only be deleted.
-        (_, Preempting | Preempted | Suspended | Pending) => Err(state),
+        // Spot VMs being reclaimed, or reclaimed, and VMs waiting for room
+        // can only be deleted (a queued one's deletion is its cancel).
+        (_, Preempting | Preempted | Suspended | Pending | Queued) => Err(state),
         (Action::Start, Stopped) => effect(Provisioning, Power::Running, false),
         (Action::Stop, Running | Provisioning | Scheduled | Unknown)
             if desired == Power::Running =>
@@ -125,7 +126,7 @@ pub fn observe(state: VmState, desired: Power, actual: ActualState) -> Option<Vm
         (Deleting | Deleted | Preempted, _) => None,
         (Preempting, ActualState::Suspended) => Some(Suspended),
         // Shutting down on the notice is expected; the deadline decides.
-        (Preempting | Suspended | Pending, _) => None,
+        (Preempting | Suspended | Pending | Queued, _) => None,
         (_, ActualState::Failed) => Some(Error),
         // Its host came back with it.
         (Lost, ActualState::Running) if desired == Power::Running => Some(Running),
@@ -166,6 +167,14 @@ mod tests {
             ["unshelve", "unshelve-anywhere", "delete"]
         );
         assert_eq!(offered(Pending, Power::Running, false), ["delete"]);
+        assert_eq!(offered(Queued, Power::Running, false), ["delete"]);
+        assert_eq!(
+            apply(Queued, Power::Running, Action::Delete, false)
+                .unwrap()
+                .state,
+            Deleted,
+            "cancelled at once: nothing is on a host"
+        );
         assert!(offered(Deleting, Power::Stopped, true).is_empty());
     }
 

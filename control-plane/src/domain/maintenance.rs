@@ -9,7 +9,7 @@ use kumo_api_types::{ScheduledAction, ScheduledEvent, VmState};
 pub fn action_for(state: VmState, cluster_member: bool) -> Option<ScheduledAction> {
     use VmState::*;
     match state {
-        Deleting | Deleted | Pending | Shelving | Shelved | Preempted | Lost => None,
+        Deleting | Deleted | Queued | Pending | Shelving | Shelved | Preempted | Lost => None,
         // Placed but never started: placed again elsewhere.
         Scheduled => Some(ScheduledAction::Replace),
         Running | Stopped | Provisioning | Error | Unknown if cluster_member => {

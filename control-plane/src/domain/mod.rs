@@ -15,6 +15,7 @@ pub mod maintenance;
 pub mod names;
 pub mod paging;
 pub mod public_net;
+pub mod queue;
 pub mod quota;
 pub mod sessions;
 pub mod shares;

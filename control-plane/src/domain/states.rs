@@ -127,15 +127,22 @@ impl StoredText for kumo_api_types::ClusterHealth {
 /// Whether a cluster's members are all placed or some wait for room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterState {
+    /// In the fair queue, its members `queued`.
+    Queued,
     Pending,
     Placed,
 }
 
 impl StoredText for ClusterState {
     const WHAT: &'static str = "cluster state";
-    const ALL: &'static [ClusterState] = &[ClusterState::Pending, ClusterState::Placed];
+    const ALL: &'static [ClusterState] = &[
+        ClusterState::Queued,
+        ClusterState::Pending,
+        ClusterState::Placed,
+    ];
     fn to_text(self) -> &'static str {
         match self {
+            ClusterState::Queued => "queued",
             ClusterState::Pending => "pending",
             ClusterState::Placed => "placed",
         }

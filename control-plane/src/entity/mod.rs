@@ -44,6 +44,7 @@ pub mod user_identities;
 pub mod users;
 pub mod vm_events;
 pub mod vm_idle;
+pub mod vm_queue;
 pub mod vm_telemetry;
 pub mod vms;
 pub mod vni_leases;

@@ -96,6 +96,9 @@ pub struct Capacity {
     /// New clusters whose spares are in the index but not yet committed:
     /// a reload of the spares from the database keeps them.
     reserving: Mutex<std::collections::HashSet<Uuid>>,
+    /// Hosts the fair queue's waiting requests are planned on (its last
+    /// pass): new requests keep off them, so those ahead are not delayed.
+    held_for_queue: Mutex<Vec<Uuid>>,
 }
 
 impl Default for Capacity {
@@ -127,7 +130,11 @@ pub fn host_use(h: &hosts::Model) -> Result<HostUse, ApiError> {
 pub fn holds(state: VmState) -> bool {
     !matches!(
         state,
-        VmState::Pending | VmState::Suspended | VmState::Deleted | VmState::Shelved
+        VmState::Queued
+            | VmState::Pending
+            | VmState::Suspended
+            | VmState::Deleted
+            | VmState::Shelved
     )
 }
 
@@ -149,6 +156,7 @@ impl Capacity {
             marks: Mutex::default(),
             caught_up_at: Mutex::default(),
             reserving: Mutex::default(),
+            held_for_queue: Mutex::default(),
         }
     }
 
@@ -310,6 +318,20 @@ impl Capacity {
             capacity: self,
             vms,
         }
+    }
+
+    pub fn held_for_queue(&self) -> Vec<Uuid> {
+        self.held_for_queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn hold_for_queue(&self, hosts: Vec<Uuid>) {
+        *self
+            .held_for_queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = hosts;
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Index> {

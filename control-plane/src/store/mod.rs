@@ -18,6 +18,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod idle_gpus;
 pub mod public_net;
+pub mod queue;
 pub mod segments;
 pub mod shares;
 pub mod templates;

@@ -38,6 +38,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 

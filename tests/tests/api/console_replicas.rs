@@ -36,6 +36,7 @@ fn vm(name: &str) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 

@@ -40,6 +40,7 @@ pub(crate) fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 

@@ -156,6 +156,7 @@ on_both_backends! {
             repair_delay_seconds: Some(86_401),
             spares: 0,
             single_su: Default::default(),
+            queue: false,
         };
         let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &body).await.unwrap_err();
         assert_eq!(e.status(), Some(400), "{e}");
@@ -817,6 +818,7 @@ on_both_backends! {
             repair_delay_seconds: Some(1),
             spares: 4,
             single_su: Default::default(),
+            queue: false,
         };
         // More spares than members, or spares no unit has room for, are
         // refused.

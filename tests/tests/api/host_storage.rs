@@ -39,6 +39,7 @@ fn small_vm(name: &str, disk_gib: u32) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 

@@ -38,6 +38,7 @@ fn whole_host(name: &str) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 

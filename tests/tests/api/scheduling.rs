@@ -31,6 +31,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 
@@ -250,6 +251,7 @@ fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCrea
         repair_delay_seconds: None,
         spares: 0,
         single_su: Default::default(),
+        queue: false,
     }
 }
 
@@ -336,6 +338,7 @@ on_both_backends! {
         }
         let strict = ClusterCreate {
             single_su: kumo_api_types::SingleSu::Required,
+            queue: false,
             ..cluster("strict", 3, 8, ServiceLevel::Guaranteed)
         };
         let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &strict).await.unwrap_err();
@@ -612,5 +615,204 @@ on_both_backends! {
         assert!(open.contains(&format!("gpu:{H100}").as_str()), "{runs:?}");
         assert!(runs.iter().any(|r| r.class == format!("borrowed_gpu:{H100}") && r.ended_at.is_some()), "{runs:?}");
         assert!(vm_of(s, "alpha", "second").await.scheduled_events.iter().all(|e| e.kind != "borrowed"));
+    }
+}
+
+/// Every simulated host reports what it was asked for, then the queue
+/// takes one pass (the reaper takes them too, each second).
+async fn settle_queue(s: &TestServer, agents: &mut [crate::harness::SimAgent]) {
+    for a in agents.iter_mut() {
+        a.converge().await;
+    }
+    kumo_server::app::queue::pass(&s.server.state)
+        .await
+        .unwrap();
+    for a in agents.iter_mut() {
+        a.converge().await;
+    }
+}
+
+fn queued(mut v: VmCreate) -> VmCreate {
+    v.queue = true;
+    v
+}
+
+async fn standing(s: &TestServer, tenant: &str, name: &str) -> (VmState, Option<u32>) {
+    let v = vm_of(s, tenant, name).await;
+    (v.state, v.queue.map(|q| q.position))
+}
+
+on_both_backends! {
+    config = |c| {
+        c.queue.max_per_project = 3;
+        c.clock = kumo_server::clock::Clock::manual(
+            chrono::TimeZone::with_ymd_and_hms(&chrono::Utc, 2026, 11, 2, 9, 0, 0).unwrap(),
+        );
+    };
+
+    /// Issue 42, the fair queue: on a full fleet of three 8-GPU hosts,
+    /// requests made with `queue` wait as `queued` in fair order (the
+    /// project using least first, first come first served within one),
+    /// with positions, reasons and estimates; as room frees in steps they
+    /// are admitted in that order, a cluster whole; a request that would
+    /// take room the head waits for is held back (queued, or refused
+    /// without `queue`), one that delays no one backfills; queued requests
+    /// are free, cancelled by deleting them, bounded per project, and
+    /// expire.
+    async fn queued_requests_are_admitted_in_fair_order_as_room_frees(s: &TestServer) {
+        let clock = s.server.state.config.clock.clone();
+        let t0 = clock.now();
+        let runtime = chrono::Duration::from_std(s.server.state.config.queue.assumed_runtime).unwrap();
+        for t in ["alpha", "beta", "gamma"] {
+            s.tenant(t).await;
+        }
+        let mut agents = vec![
+            s.sim_agent("gpu-0", "hgx-h100").await,
+            s.sim_agent("gpu-1", "hgx-h100").await,
+            s.sim_agent("gpu-2", "hgx-h100").await,
+        ];
+        let post = async |tenant: &str, body: VmCreate| {
+            s.admin.post::<_, Vm>(&format!("/api/v1/tenants/{tenant}/vms"), &body).await
+        };
+        let g = ServiceLevel::Guaranteed;
+        // Alpha's two halves share host X (best fit) from t0; an hour later
+        // alpha fills Y and gamma Z.
+        let a1a = post("alpha", vm("a-half-1", 4, g)).await.unwrap();
+        let a1b = post("alpha", vm("a-half-2", 4, g)).await.unwrap();
+        assert_eq!(a1a.host, a1b.host);
+        let x = a1a.host.clone().unwrap();
+        clock.advance(chrono::Duration::hours(1));
+        for (tenant, name) in [("alpha", "a-two"), ("gamma", "g-one")] {
+            assert_ne!(post(tenant, vm(name, 8, g)).await.unwrap().host.as_deref(), Some(x.as_str()));
+        }
+        settle_queue(s, &mut agents).await;
+        let e = post("beta", vm("b-now", 8, g)).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity", "full, and not asked to queue");
+
+        // Queued a minute apart: alpha, gamma, beta, then beta's cluster.
+        for (tenant, name) in [("alpha", "a-q1"), ("gamma", "g-q1"), ("beta", "b-q1")] {
+            clock.advance(chrono::Duration::minutes(1));
+            let v = post(tenant, queued(vm(name, 8, g))).await.unwrap();
+            assert_eq!(v.state, VmState::Queued, "{name}");
+            let q = v.queue.expect("a queued VM shows its standing");
+            assert_eq!(q.queued_at, clock.now());
+            assert_eq!(q.expires_at, clock.now() + chrono::Duration::days(7));
+        }
+        clock.advance(chrono::Duration::minutes(1));
+        let mut train = cluster("b-train", 2, 8, g);
+        train.queue = true;
+        let c: Cluster = s.admin.post("/api/v1/tenants/beta/clusters", &train).await.unwrap();
+        assert_eq!(c.state, "queued");
+        assert!(c.members.iter().all(|m| m.state == VmState::Queued), "{:?}", c.members);
+        // Fair order: beta uses nothing, so its VM goes first; gamma (8 in
+        // use) and beta (8 once b-q1 runs) tie, and gamma asked first;
+        // then beta's cluster, then alpha (16 in use).
+        settle_queue(s, &mut agents).await;
+        assert_eq!(standing(s, "beta", "b-q1").await, (VmState::Queued, Some(1)));
+        assert_eq!(standing(s, "gamma", "g-q1").await, (VmState::Queued, Some(2)));
+        assert_eq!(standing(s, "beta", "b-train-0").await, (VmState::Queued, Some(3)));
+        assert_eq!(standing(s, "alpha", "a-q1").await, (VmState::Queued, Some(4)));
+        let c: Cluster = s.admin.get("/api/v1/tenants/beta/clusters/b-train").await.unwrap();
+        assert_eq!(c.queue.as_ref().map(|q| q.position), Some(3));
+        // The head's estimate: when X's VMs have run the assumed run time.
+        let head = vm_of(s, "beta", "b-q1").await.queue.unwrap();
+        assert_eq!(head.estimate, Some(t0 + runtime), "{head:?}");
+        assert!(head.reason.starts_with("first in line"), "{}", head.reason);
+        let third = vm_of(s, "alpha", "a-q1").await.queue.unwrap();
+        assert!(third.reason.contains("3 request(s) ahead"), "{}", third.reason);
+
+        // Half of X frees. The head needs all of X: a 4-GPU request that
+        // would take the other half is held back, queued or not.
+        s.admin.delete_vm("alpha", "a-half-1").await.unwrap();
+        settle_queue(s, &mut agents).await;
+        assert_eq!(standing(s, "beta", "b-q1").await, (VmState::Queued, Some(1)));
+        let e = post("gamma", vm("g-small", 4, g)).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity", "X's free half is held for the head");
+        let small = post("gamma", queued(vm("g-small", 4, g))).await.unwrap();
+        assert_eq!(small.state, VmState::Queued, "others wait: it queues behind them");
+        settle_queue(s, &mut agents).await;
+        assert_eq!(standing(s, "gamma", "g-small").await, (VmState::Queued, Some(5)), "would delay the head: held back");
+        assert_eq!(vm_of(s, "beta", "b-q1").await.queue.unwrap().estimate, Some(t0 + runtime), "the head's estimate did not move");
+        // A CPU-only request behind them all delays no one: it backfills.
+        let cpu = post("alpha", queued(vm("a-cpu", 0, g))).await.unwrap();
+        assert_eq!(cpu.state, VmState::Queued);
+        settle_queue(s, &mut agents).await;
+        let cpu = vm_of(s, "alpha", "a-cpu").await;
+        assert_eq!(cpu.state, VmState::Running, "{cpu:?}");
+        assert_ne!(cpu.host.as_deref(), Some(x.as_str()), "kept off the head's host");
+
+        // All of X frees: the head is admitted there. Alpha now uses no
+        // more than the others (8 GPUs each) and asked first: it moves up.
+        clock.advance(chrono::Duration::minutes(1));
+        let admitted_at = clock.now();
+        s.admin.delete_vm("alpha", "a-half-2").await.unwrap();
+        settle_queue(s, &mut agents).await;
+        let b = vm_of(s, "beta", "b-q1").await;
+        assert_eq!((b.state, b.host.as_deref(), b.queue.is_some()), (VmState::Running, Some(x.as_str()), false));
+        assert_eq!(standing(s, "alpha", "a-q1").await, (VmState::Queued, Some(1)));
+        assert_eq!(standing(s, "gamma", "g-q1").await, (VmState::Queued, Some(2)));
+        assert_eq!(standing(s, "beta", "b-train-0").await, (VmState::Queued, Some(3)));
+        assert_eq!(standing(s, "gamma", "g-small").await, (VmState::Queued, Some(4)));
+        // Free while queued: its charges open when it is admitted.
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        let runs = kumo_server::entity::meter_runs::Entity::find()
+            .filter(kumo_server::entity::meter_runs::Column::VmId.eq(b.id))
+            .all(s.db()).await.unwrap();
+        assert!(!runs.is_empty() && runs.iter().all(|r| r.started_at >= admitted_at), "{runs:?}");
+        let runs = kumo_server::entity::meter_runs::Entity::find()
+            .filter(kumo_server::entity::meter_runs::Column::VmId.eq(small.id))
+            .all(s.db()).await.unwrap();
+        assert!(runs.is_empty(), "a queued VM is charged nothing: {runs:?}");
+
+        // Y and Z free together: the two VMs ahead are admitted.
+        s.admin.delete_vm("alpha", "a-two").await.unwrap();
+        s.admin.delete_vm("gamma", "g-one").await.unwrap();
+        settle_queue(s, &mut agents).await;
+        assert_eq!(vm_of(s, "alpha", "a-q1").await.state, VmState::Running);
+        assert_eq!(vm_of(s, "gamma", "g-q1").await.state, VmState::Running);
+        assert_eq!(standing(s, "beta", "b-train-1").await, (VmState::Queued, Some(1)));
+        assert_eq!(standing(s, "gamma", "g-small").await, (VmState::Queued, Some(2)));
+        // An hour on, X frees: the cluster needs two hosts at once and
+        // waits whole, expected when Y's VM has run its day; the 4-GPU VM
+        // behind it would still hold X then: held back.
+        clock.advance(chrono::Duration::hours(1));
+        s.admin.delete_vm("beta", "b-q1").await.unwrap();
+        settle_queue(s, &mut agents).await;
+        let estimate = vm_of(s, "beta", "b-train-0").await.queue.unwrap().estimate.unwrap();
+        assert!(estimate < clock.now() + runtime, "{estimate}");
+        let c: Cluster = s.admin.get("/api/v1/tenants/beta/clusters/b-train").await.unwrap();
+        assert_eq!(c.state, "queued");
+        assert!(c.members.iter().all(|m| m.state == VmState::Queued && m.host.is_none()), "never half placed: {:?}", c.members);
+        assert_eq!(standing(s, "gamma", "g-small").await, (VmState::Queued, Some(2)));
+        // A second host frees: the cluster is admitted whole.
+        s.admin.delete_vm("alpha", "a-q1").await.unwrap();
+        settle_queue(s, &mut agents).await;
+        let c: Cluster = s.admin.get("/api/v1/tenants/beta/clusters/b-train").await.unwrap();
+        assert_eq!(c.state, "placed");
+        assert!(c.members.iter().all(|m| m.state == VmState::Running), "{:?}", c.members);
+        assert_eq!(c.queue, None);
+        assert_eq!(standing(s, "gamma", "g-small").await, (VmState::Queued, Some(1)));
+
+        // Cancelled by deleting it: gone at once, never charged.
+        s.admin.delete_vm("gamma", "g-small").await.unwrap();
+        let e = s.admin.get::<Vm>("/api/v1/tenants/gamma/vms/g-small").await.unwrap_err();
+        assert_eq!(e.status(), Some(404));
+        // At most three queued per project.
+        for n in 1..=3 {
+            let v = post("gamma", queued(vm(&format!("g-w{n}"), 8, g))).await.unwrap();
+            assert_eq!(v.state, VmState::Queued);
+        }
+        let e = post("gamma", queued(vm("g-w4", 8, g))).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/quota-exceeded", "{e}");
+        assert!(e.to_string().contains("max_per_project"), "{e}");
+        assert!(s.admin.get::<Vm>("/api/v1/tenants/gamma/vms/g-w4").await.is_err(), "refused: not made");
+        // A week later, still unplaced: they leave the queue.
+        clock.advance(chrono::Duration::days(7));
+        settle_queue(s, &mut agents).await;
+        for n in 1..=3 {
+            let e = s.admin.get::<Vm>(&format!("/api/v1/tenants/gamma/vms/g-w{n}")).await.unwrap_err();
+            assert_eq!(e.status(), Some(404), "g-w{n} expired");
+        }
+        assert!(!kumo_server::store::queue::any(s.db()).await.unwrap());
     }
 }

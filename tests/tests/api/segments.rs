@@ -49,6 +49,7 @@ pub(crate) fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 

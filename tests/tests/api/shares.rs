@@ -53,6 +53,7 @@ fn small_vm(name: &str) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         public_ip: false,
+        queue: false,
     }
 }
 

@@ -28,6 +28,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         on_host_loss: None,
         notice_seconds: None,
         public_ip: false,
+        queue: false,
     }
 }
 

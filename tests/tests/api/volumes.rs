@@ -84,6 +84,7 @@ fn small_vm(name: &str) -> VmCreate {
         notice_seconds: None,
         shares: Vec::new(),
         public_ip: false,
+        queue: false,
     }
 }
 

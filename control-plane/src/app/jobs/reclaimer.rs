@@ -8,6 +8,7 @@
 //!   has none;
 //! - `pending` guaranteed VMs and clusters are placed once the spot VMs
 //!   they wait for are gone (or reclaim more if someone took the room);
+//! - `queued` requests are admitted in fair order ([`crate::app::queue`]);
 //! - a `suspended` VM resumes when exactly what it had is free again
 //!   (after pending VMs had their turn).
 
@@ -76,6 +77,9 @@ pub async fn pass(st: &AppState) -> Result<(), ApiError> {
     // Guaranteed VMs waiting for reclaimed room come before the spot VMs
     // that gave it up: resuming first would take the room straight back.
     place_pending(st).await?;
+    // The fair queue after pending requests (they have reclaimed their
+    // room already) and before suspended spot VMs resume.
+    crate::app::queue::pass(st).await?;
     resume(st).await
 }
 

@@ -512,6 +512,7 @@ fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
         on_host_loss: None,
         notice_seconds: None,
         public_ip: text(f, "public_ip").is_some(),
+        queue: text(f, "queue").is_some(),
     })
 }
 

@@ -232,6 +232,7 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
             Field::new("auto_repair", &word(l, "Repair by itself"), Input::Checkbox)
                 .help(help(l, "auto_repair")),
             Field::new("spares", &word(l, "Spares"), Input::NUMBER).help(help(l, "cluster_spares")),
+            Field::new("queue", &word(l, "Wait for room"), Input::Checkbox).help(help(l, "queue")),
             kumo_web_portal::share_field(l),
         ],
     ))
@@ -1092,6 +1093,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 repair_delay_seconds: None,
                 spares: number(f, "spares")?.unwrap_or(0),
                 single_su: Default::default(),
+                queue: f.contains_key("queue"),
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
