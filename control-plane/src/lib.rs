@@ -17,6 +17,7 @@
 
 pub mod app;
 pub mod backup;
+pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod consoles;

@@ -96,6 +96,21 @@ enum Bench {
         #[arg(long)]
         partitions: bool,
     },
+    /// A month of GPU requests from projects with guaranteed shares,
+    /// replayed under refuse-and-retry and under the fair queue.
+    Scheduling {
+        #[arg(long, default_value_t = 256)]
+        hosts: usize,
+        #[arg(long, default_value_t = 16)]
+        tenants: usize,
+        #[arg(long, default_value_t = 30)]
+        days: u32,
+        /// GPU-hours asked for, as a fraction of the fleet's.
+        #[arg(long, default_value_t = 1.0)]
+        load: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Rating a month of synthetic lifecycle events and building every
     /// tenant's statement.
     Billing {
@@ -287,6 +302,24 @@ fn main() -> ExitCode {
             requests,
             seed,
             partitions,
+        })
+        .map_err(anyhow::Error::msg)
+        .and_then(|r| {
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }),
+        Command::Bench(Bench::Scheduling {
+            hosts,
+            tenants,
+            days,
+            load,
+            seed,
+        }) => kumo_server::bench::run(&kumo_server::bench::SchedulingConfig {
+            hosts,
+            tenants,
+            days,
+            load,
+            seed,
         })
         .map_err(anyhow::Error::msg)
         .and_then(|r| {

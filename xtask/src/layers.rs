@@ -37,7 +37,7 @@ impl Layer {
             "context" => Layer::Context,
             "app" => Layer::App,
             "http" => Layer::Http,
-            "server" | "dev" | "main" | "lib" => Layer::Root,
+            "server" | "dev" | "main" | "lib" | "bench" => Layer::Root,
             n if FOUNDATION.contains(&n) => Layer::Foundation,
             _ => return None,
         })

@@ -8,10 +8,10 @@
 //!   served within a project) and plans when each would start if every VM
 //!   ran the assumed run time ([`crate::domain::queue::plan`], conservative
 //!   backfill);
-//! - admits, in that order, each request its plan starts now, keeping it
-//!   off the hosts that requests ahead of it wait for — so a smaller request
-//!   backfills only where it delays no one ahead; a cluster is admitted
-//!   whole or not at all;
+//! - admits, in that order, what fits now: the first in line anywhere,
+//!   the rest only off the room the first in line's plan holds for it — so
+//!   a request further back backfills only where it does not delay the
+//!   head (EASY backfill); a cluster is admitted whole or not at all;
 //! - writes each request's position, reason and estimate, and tells new
 //!   requests which hosts the queue is waiting for (they keep off them).
 
@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::context::AppState;
 use crate::domain::lifecycle::Action;
-use crate::domain::queue::{fair_order, plan, Host, Plan, Standing, Waiting};
+use crate::domain::queue::{fair_order, plan, Host, Plan, Standing, Waiting, PLANNED};
 use crate::entity::{vm_queue, vms};
 use crate::error::ApiError;
 use crate::store::vms::{stored_spec, stored_state};
@@ -68,37 +68,49 @@ async fn run(st: &AppState, admit: bool) -> Result<(), ApiError> {
     let waiting: Vec<Waiting> = requests.iter().map(|r| r.waiting.clone()).collect();
     let order = fair_order(&waiting, &standings(st).await?);
     let runtime = i64::try_from(st.config.queue.assumed_runtime.as_secs()).unwrap_or(86_400);
-    let ordered: Vec<&Waiting> = order.iter().map(|i| &waiting[*i]).collect();
-    let plans = plan(
+    let ordered: Vec<&Waiting> = order.iter().take(PLANNED).map(|i| &waiting[*i]).collect();
+    let mut plans = plan(
         &hosts(st, now.timestamp(), runtime),
         &ordered,
         now.timestamp(),
         runtime,
     );
-    // Hosts that requests still waiting are planned on within one run time
-    // (what a request placed now would overlap): those behind keep off.
-    let mut keep_off: Vec<Uuid> = Vec::new();
+    // Those further back are not planned this pass: no estimate, no start.
+    plans.resize(
+        order.len(),
+        Plan {
+            start: None,
+            hosts: Vec::new(),
+        },
+    );
+    // The first request that can start at all holds the room its plan
+    // names (its reservation); those behind it start whenever they fit
+    // off that room, so none of them delays it (EASY backfill: a
+    // reservation for every request made the fleet idle waiting for
+    // estimates, since VMs have no end time and run shorter than assumed).
+    let mut keep_off: Option<Vec<Uuid>> = None;
     let mut position = 0u32;
-    for (i, p) in order.iter().zip(&plans) {
+    for (n, (i, p)) in order.iter().zip(&plans).enumerate() {
         let r = &requests[*i];
-        let starts_now = r.waiting.gpus == 0 || p.start.is_some_and(|t| t <= now.timestamp());
-        if admit && starts_now {
-            let placed =
-                crate::app::admission::admit_queued(st, r.cluster, &r.rows, &keep_off).await?;
+        if admit && n < PLANNED {
+            let off = keep_off.as_deref().unwrap_or_default();
+            let placed = crate::app::admission::admit_queued(st, r.cluster, &r.rows, off).await?;
             if placed {
                 tracing::info!(vms = r.rows.len(), tenant = %r.waiting.tenant, "queued request admitted");
                 continue;
             }
         }
         position += 1;
-        if p.start.is_some_and(|t| t < now.timestamp() + runtime) {
-            keep_off.extend(p.hosts.iter().copied());
+        let head = keep_off.is_none() && p.start.is_some();
+        if head {
+            keep_off = Some(p.hosts.clone());
         }
-        let reason = reason(r, p, position, starts_now, now.timestamp());
+        let reason = reason(r, p, position, head, now.timestamp());
         let estimate = p.start.and_then(|t| Utc.timestamp_opt(t, 0).single());
         let ids: Vec<Uuid> = r.rows.iter().map(|v| v.id).collect();
         crate::store::queue::set_standing(&st.db, &ids, position, &reason, estimate).await?;
     }
+    let mut keep_off = keep_off.unwrap_or_default();
     keep_off.sort();
     keep_off.dedup();
     st.capacity.hold_for_queue(keep_off);
@@ -106,7 +118,7 @@ async fn run(st: &AppState, admit: bool) -> Result<(), ApiError> {
 }
 
 /// Why a request waits, in a researcher's words.
-fn reason(r: &Request, p: &Plan, position: u32, starts_now: bool, now: i64) -> String {
+fn reason(r: &Request, p: &Plan, position: u32, head: bool, now: i64) -> String {
     let w = &r.waiting;
     let what = format!(
         "{}{} GPU(s){}",
@@ -122,16 +134,20 @@ fn reason(r: &Request, p: &Plan, position: u32, starts_now: bool, now: i64) -> S
             .unwrap_or_default()
     );
     match p.start {
-        None => format!("no host could take {what} even when empty: it will not start as asked"),
-        Some(_) if starts_now => format!(
-            "{what} fit by GPU count, but no host has room for its CPUs, memory, NICs or disk beside the room held for those ahead"
+        None if position as usize > PLANNED => format!(
+            "{} request(s) ahead in fair order; planned once among the first {PLANNED}; needs {what}",
+            position - 1
         ),
-        Some(t) if position == 1 => format!(
-            "first in line: waiting for {what} to free (in about {})",
+        None => format!("no host could take {what} even when empty: it will not start as asked"),
+        Some(t) if head && t <= now => format!(
+            "first in line: {what} fit by GPU count, but no host has room for its CPUs, memory, NICs or disk"
+        ),
+        Some(t) if head => format!(
+            "first in line: the room it needs is held for it until {what} free (in about {})",
             in_words(t - now)
         ),
         Some(_) => format!(
-            "{} request(s) ahead in fair order (the project furthest below its guaranteed share first); needs {what}",
+            "{} request(s) ahead in fair order (the project furthest below its guaranteed share first); needs {what}, and starts sooner if that frees off the room held for the first in line",
             position - 1
         ),
     }

@@ -18,6 +18,12 @@ use std::iter;
 
 use uuid::Uuid;
 
+/// How many requests, in fair order, one pass plans (and may admit): a
+/// plan's cost grows with the queue and the fleet, and the server passes
+/// every second. Those further back wait to move up (Slurm's backfill
+/// bounds itself the same way, `bf_max_job_test`).
+pub const PLANNED: usize = 64;
+
 /// A queued request: one VM, or a cluster's members together (a gang).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiting {
