@@ -55,6 +55,7 @@ impl Lang {
 /// the API's word).
 pub fn word(lang: Lang, w: &str) -> String {
     let ja = match w {
+        "queued" => "順番待ち",
         "pending" => "待機中",
         "scheduled" => "配置済み",
         "provisioning" => "準備中",
