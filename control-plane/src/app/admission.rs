@@ -955,7 +955,9 @@ fn settle(st: &AppState, reserved: &[Reserved], spares: Option<&SparesKept>) {
         let mut index = st.capacity.lock();
         for (h, seen) in &hosts {
             if let Some(pos) = index.position(*h) {
-                index.set_revision(pos, seen + 1);
+                // A reading may have brought it further already.
+                let held = index.hosts[pos].revision;
+                index.set_revision(pos, held.max(seen + 1));
             }
         }
     }
@@ -1185,8 +1187,35 @@ pub async fn admit(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiErr
 }
 
 /// The request's rows as `queued`, and every standing ordered again so its
-/// answer shows where it stands.
+/// answer shows where it stands. Waiting is for room that will free: a
+/// request no host of the fleet could ever take is refused, and a GPU
+/// request naming no model waits for (and is counted against) the model
+/// with the most hosts that could take it.
 async fn enqueue(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiError> {
+    let Some(first) = job.members.first() else {
+        return Ok(Admitted::Placed);
+    };
+    let model = {
+        let index = st.capacity.lock();
+        ever_fits(&index, job.members.len(), &first.spec, job.one_unit)
+    };
+    let Some(model) = model else {
+        return Err(ApiError::InsufficientCapacity(format!(
+            "no host of the fleet, even empty, could take {}: not queued",
+            shape(job.members)
+        )));
+    };
+    let pinned: Vec<Member>;
+    let job = match model {
+        Some(m) if first.spec.gpu_model.is_none() => {
+            pinned = held_to(job.members, &m);
+            Admission {
+                members: &pinned,
+                ..job
+            }
+        }
+        _ => job,
+    };
     match commit(st, job, Outcome::Queued).await {
         Ok(_) => {}
         Err(CommitError::Lost) => {
@@ -1196,8 +1225,68 @@ async fn enqueue(st: &AppState, job: Admission<'_>) -> Result<Admitted, ApiError
         }
         Err(CommitError::Api(e)) => return Err(e),
     }
-    crate::app::queue::order(st).await?;
+    // Queued is committed: a failure to order it now is the next pass's.
+    if let Err(e) = crate::app::queue::order(st).await {
+        tracing::warn!(error = %e, "ordering the queue after a request joined it failed");
+    }
     Ok(Admitted::Queued)
+}
+
+/// Whether `members` VMs of `spec` could ever be placed, were the fleet
+/// empty (by GPU counts: hosts in service with that many GPUs of a model,
+/// one member per host, in one scalable unit if asked): `Some` with the
+/// model that could take them (the named one, or the one with the most
+/// such hosts), `None` when nothing could.
+fn ever_fits(
+    index: &Index,
+    members: usize,
+    spec: &VmSpec,
+    one_unit: bool,
+) -> Option<Option<String>> {
+    if spec.gpus == 0 {
+        return Some(None);
+    }
+    let mut best: Option<(usize, u16)> = None;
+    for m in index.model_ids() {
+        let name = index.model_name(m)?;
+        if spec.gpu_model.as_deref().is_some_and(|want| want != name) {
+            continue;
+        }
+        let mut per_unit: std::collections::HashMap<Option<u32>, usize> = Default::default();
+        for h in index
+            .hosts
+            .iter()
+            .filter(|h| h.state != kumo_scheduler::HostUse::Unavailable)
+        {
+            let takes =
+                h.profile.model_masks.iter().any(|(id, mask)| {
+                    *id == m && (mask & !h.gpu_blocked).count_ones() >= spec.gpus
+                });
+            if takes {
+                *per_unit
+                    .entry(if one_unit { h.scalable_unit } else { None })
+                    .or_default() += 1;
+            }
+        }
+        let hosts = per_unit.values().copied().max().unwrap_or(0);
+        if hosts >= members && best.is_none_or(|(n, _)| hosts > n) {
+            best = Some((hosts, m));
+        }
+    }
+    best.map(|(_, m)| index.model_name(m).map(str::to_owned))
+}
+
+/// What the members are, for a refusal.
+fn shape(members: &[Member]) -> String {
+    let spec = members.first().map(|m| &m.spec);
+    format!(
+        "{} VM(s) of {} {}GPU(s)",
+        members.len(),
+        spec.map(|s| s.gpus).unwrap_or(0),
+        spec.and_then(|s| s.gpu_model.as_deref())
+            .map(|m| format!("{m} "))
+            .unwrap_or_default()
+    )
 }
 
 /// Places the admission's members now, or for a guaranteed request that
@@ -1386,7 +1475,11 @@ pub async fn admit_queued(
         one_unit,
         queue: false,
     };
-    place(st, job, Reach::Anywhere).await
+    match place(st, job, Reach::Anywhere).await {
+        // Its model left the fleet meanwhile: it waits (and expires).
+        Err(ApiError::InsufficientCapacity(_)) => Ok(false),
+        other => other,
+    }
 }
 
 /// A waiting request's rows as members to place.

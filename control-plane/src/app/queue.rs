@@ -37,6 +37,8 @@ struct Request {
     rows: Vec<vms::Model>,
     waiting: Waiting,
     expires_at: DateTime<Utc>,
+    /// Its standing as the last pass wrote it.
+    standing: vm_queue::Model,
 }
 
 /// One pass: expire, order, admit what may start, write the standings.
@@ -69,12 +71,8 @@ async fn run(st: &AppState, admit: bool) -> Result<(), ApiError> {
     let order = fair_order(&waiting, &standings(st).await?);
     let runtime = i64::try_from(st.config.queue.assumed_runtime.as_secs()).unwrap_or(86_400);
     let ordered: Vec<&Waiting> = order.iter().take(PLANNED).map(|i| &waiting[*i]).collect();
-    let mut plans = plan(
-        &hosts(st, now.timestamp(), runtime),
-        &ordered,
-        now.timestamp(),
-        runtime,
-    );
+    let hosts = gpu_hosts(st, now.timestamp(), runtime);
+    let mut plans = plan(&hosts, &ordered, now.timestamp(), runtime);
     // Those further back are not planned this pass: no estimate, no start.
     plans.resize(
         order.len(),
@@ -92,12 +90,21 @@ async fn run(st: &AppState, admit: bool) -> Result<(), ApiError> {
     let mut position = 0u32;
     for (n, (i, p)) in order.iter().zip(&plans).enumerate() {
         let r = &requests[*i];
-        if admit && n < PLANNED {
-            let off = keep_off.as_deref().unwrap_or_default();
-            let placed = crate::app::admission::admit_queued(st, r.cluster, &r.rows, off).await?;
-            if placed {
-                tracing::info!(vms = r.rows.len(), tenant = %r.waiting.tenant, "queued request admitted");
-                continue;
+        let off = keep_off.as_deref().unwrap_or_default();
+        // Tried only where GPU counts say it fits now (an admission reads
+        // and writes the database; most of the queue does not fit).
+        if admit && n < PLANNED && fits_now(&hosts, off, &r.waiting, now.timestamp()) {
+            // One request's failure is its own: the rest of the queue,
+            // and the reaper's other work, go on.
+            match crate::app::admission::admit_queued(st, r.cluster, &r.rows, off).await {
+                Ok(true) => {
+                    tracing::info!(vms = r.rows.len(), tenant = %r.waiting.tenant, "queued request admitted");
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, vm = %r.waiting.key, "admitting a queued request failed");
+                }
             }
         }
         position += 1;
@@ -105,10 +112,16 @@ async fn run(st: &AppState, admit: bool) -> Result<(), ApiError> {
         if head {
             keep_off = Some(p.hosts.clone());
         }
-        let reason = reason(r, p, position, head, now.timestamp());
+        let reason = reason(r, p, n, position, head, now.timestamp());
         let estimate = p.start.and_then(|t| Utc.timestamp_opt(t, 0).single());
-        let ids: Vec<Uuid> = r.rows.iter().map(|v| v.id).collect();
-        crate::store::queue::set_standing(&st.db, &ids, position, &reason, estimate).await?;
+        let was = &r.standing;
+        let moved = i64::from(was.position) != i64::from(position)
+            || was.reason != reason
+            || was.estimate != estimate;
+        if moved {
+            let ids: Vec<Uuid> = r.rows.iter().map(|v| v.id).collect();
+            crate::store::queue::set_standing(&st.db, &ids, position, &reason, estimate).await?;
+        }
     }
     let mut keep_off = keep_off.unwrap_or_default();
     keep_off.sort();
@@ -117,8 +130,34 @@ async fn run(st: &AppState, admit: bool) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Why a request waits, in a researcher's words.
-fn reason(r: &Request, p: &Plan, position: u32, head: bool, now: i64) -> String {
+/// Whether GPU counts let `w` start now off `keep_off`: a host of its
+/// model with the GPUs free for each member.
+fn fits_now(hosts: &[Host], keep_off: &[Uuid], w: &Waiting, now: i64) -> bool {
+    if w.gpus == 0 {
+        return true;
+    }
+    let mut ids: Vec<Uuid> = hosts
+        .iter()
+        .filter(|h| !keep_off.contains(&h.id))
+        .filter(|h| w.model.as_ref().is_none_or(|m| *m == h.model))
+        .filter(|h| {
+            let held: u32 = h
+                .held
+                .iter()
+                .filter(|(_, end)| *end > now)
+                .map(|(g, _)| g)
+                .sum();
+            h.gpus.saturating_sub(held) >= w.gpus
+        })
+        .map(|h| h.id)
+        .collect();
+    ids.dedup();
+    ids.len() >= w.members as usize
+}
+
+/// Why a request waits, in a researcher's words (`n`: its place in fair
+/// order before this pass's admissions).
+fn reason(r: &Request, p: &Plan, n: usize, position: u32, head: bool, now: i64) -> String {
     let w = &r.waiting;
     let what = format!(
         "{}{} GPU(s){}",
@@ -134,7 +173,7 @@ fn reason(r: &Request, p: &Plan, position: u32, head: bool, now: i64) -> String 
             .unwrap_or_default()
     );
     match p.start {
-        None if position as usize > PLANNED => format!(
+        None if n >= PLANNED => format!(
             "{} request(s) ahead in fair order; planned once among the first {PLANNED}; needs {what}",
             position - 1
         ),
@@ -220,6 +259,7 @@ async fn queued(st: &AppState) -> Result<Vec<Request>, ApiError> {
                 one_unit,
             },
             expires_at: first.expires_at,
+            standing: first,
             rows,
         });
     }
@@ -256,7 +296,7 @@ async fn standings(st: &AppState) -> Result<Vec<Standing>, ApiError> {
 /// The ready hosts' GPUs per model, as the index holds them: each VM's
 /// GPUs are expected back `runtime` after it started (a VM being reclaimed
 /// gives them back now).
-fn hosts(st: &AppState, now: i64, runtime: i64) -> Vec<Host> {
+fn gpu_hosts(st: &AppState, now: i64, runtime: i64) -> Vec<Host> {
     let index = st.capacity.lock();
     let mut out = Vec::new();
     for h in index.hosts.iter().filter(|h| h.state == HostUse::Ready) {

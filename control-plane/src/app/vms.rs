@@ -538,6 +538,13 @@ pub async fn create(
 ) -> Result<(tenants::Model, vms::Model), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Member, "creating VMs")?;
+    if body.queue && body.public_ip {
+        // The address would be held (and charged) while the VM waits.
+        return Err(ApiError::field(
+            "queue",
+            "a queued VM gets no public address in the same request: attach one once it runs",
+        ));
+    }
     crate::app::churn::take(st, &tenant, "creating VMs")?;
     let prepared = prepare(st, &tenant, body, "networks.segment", "the VM's").await?;
     let reachable_on =
@@ -789,9 +796,13 @@ pub async fn view(db: &impl ConnectionTrait, v: &vms::Model, tenant: &str) -> Re
         .await?
         .remove(&v.id)
         .unwrap_or_default();
-    let queue = crate::store::queue::standings(db, &[v.id])
-        .await?
-        .remove(&v.id);
+    let queue = if v.state == VmState::Queued.as_str() {
+        crate::store::queue::standings(db, &[v.id])
+            .await?
+            .remove(&v.id)
+    } else {
+        None
+    };
     view_on(
         v,
         tenant,

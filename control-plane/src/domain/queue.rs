@@ -8,10 +8,10 @@
 //!   tenant with many queued requests cannot take every front position while another tenant is
 //!   as far below its share.
 //! - [`plan`] estimates when each request starts and where, in fair order, by conservative
-//!   backfill (as Slurm does it) over GPU counts per host: every request is given a reservation
-//!   at the earliest time it fits beside what is held and what was reserved for those ahead of
-//!   it, so a smaller request may start sooner only in room nobody ahead was planned to use, and
-//!   no estimate ahead of it moves. [`delays_ahead`] checks exactly that for one admission.
+//!   backfill (as Slurm does it) over GPU counts per host: every request is given a slot at the
+//!   earliest time it fits beside what is held and what was planned for those ahead of it. The
+//!   server shows these as estimates and holds room only for the first in line's slot (EASY
+//!   backfill, `app::queue`): holding every slot idled the fleet (BENCHMARKS.md, "Scheduling").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::iter;
@@ -88,8 +88,10 @@ pub fn fair_order(waiting: &[Waiting], standing: &[Standing]) -> Vec<usize> {
             }
         }
         let w = &waiting[i];
+        // A CPU-only request counts as one per VM, so a project's many of
+        // them do not all sort to the front.
         *room.entry((tenant, w.model.clone())).or_default() -=
-            i128::from(w.members) * i128::from(w.gpus);
+            i128::from(w.members) * i128::from(w.gpus.max(1));
         order.push(i);
     }
     order
@@ -288,7 +290,8 @@ fn pick(
 /// Whether starting `candidate` now, on `on` (the hosts of its plan), moves the planned start of
 /// any request ahead of it. Convenience over `plan`: true when plan(hosts, ahead) and
 /// plan(hosts with the candidate held from now for runtime, ahead) differ in any start.
-pub fn delays_ahead(
+#[cfg(test)]
+fn delays_ahead(
     hosts: &[Host],
     ahead: &[&Waiting],
     candidate: &Waiting,

@@ -630,7 +630,7 @@ impl Capacity {
                 })
             })
             .collect::<Result<_, ApiError>>()?;
-        self.lock().upsert(
+        let taken = self.lock().upsert(
             HostInput {
                 id: h.id,
                 name: h.name.clone(),
@@ -651,6 +651,19 @@ impl Capacity {
             },
             &inputs,
         );
+        if !taken {
+            // Older than a commit the index has settled: what else it
+            // carried (its state, its storage) is read again at the next
+            // catch-up, which would otherwise see no mark moved.
+            if let Some(marks) = self
+                .marks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
+            {
+                marks.remove(&h.id);
+            }
+        }
         Ok(())
     }
 

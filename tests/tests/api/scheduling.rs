@@ -826,6 +826,17 @@ on_both_backends! {
         assert_eq!(e.problem().unwrap().kind, "/problems/quota-exceeded", "{e}");
         assert!(e.to_string().contains("max_per_project"), "{e}");
         assert!(s.admin.get::<Vm>("/api/v1/tenants/gamma/vms/g-w4").await.is_err(), "refused: not made");
+        // Only what could ever run waits: a GPU request naming no model
+        // waits for (and is counted against) the one that could take it;
+        // more GPUs than any host has is refused; an address is not held
+        // while waiting.
+        let any = post("beta", queued(VmCreate { gpu_model: None, ..vm("b-any", 8, g) })).await.unwrap();
+        assert_eq!((any.state, any.spec.gpu_model.as_deref()), (VmState::Queued, Some(H100)));
+        let e = post("beta", queued(vm("b-huge", 16, g))).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().kind, "/problems/insufficient-capacity", "{e}");
+        assert!(e.to_string().contains("not queued"), "{e}");
+        let e = post("beta", VmCreate { public_ip: true, ..queued(vm("b-addr", 8, g)) }).await.unwrap_err();
+        assert_eq!(e.problem().unwrap().errors[0].field, "queue", "{e}");
         // A week later, still unplaced: they leave the queue.
         clock.advance(chrono::Duration::days(7));
         settle_queue(s, &mut agents).await;
@@ -833,6 +844,7 @@ on_both_backends! {
             let e = s.admin.get::<Vm>(&format!("/api/v1/tenants/gamma/vms/g-w{n}")).await.unwrap_err();
             assert_eq!(e.status(), Some(404), "g-w{n} expired");
         }
+        assert_eq!(s.admin.get::<Vm>("/api/v1/tenants/beta/vms/b-any").await.unwrap_err().status(), Some(404));
         assert!(!kumo_server::store::queue::any(s.db()).await.unwrap());
     }
 }
