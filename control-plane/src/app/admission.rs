@@ -1547,12 +1547,7 @@ async fn waiting(
         Some(c) => placed_sibling(st, c).await?,
         None => None,
     };
-    let one_unit = match cluster_id {
-        Some(c) => crate::store::clusters::by_id(&st.db, c)
-            .await?
-            .is_some_and(|c| c.single_su == kumo_api_types::SingleSu::Required.as_str()),
-        None => false,
-    };
+    let one_unit = crate::store::clusters::keeps_to_one_unit(&st.db, cluster_id).await?;
     Ok(Some(Waiting {
         tenant,
         members,

@@ -241,12 +241,7 @@ async fn queued(st: &AppState) -> Result<Vec<Request>, ApiError> {
             continue;
         };
         let spec = stored_spec(v)?;
-        let one_unit = match first.cluster_id {
-            Some(c) => crate::store::clusters::by_id(&st.db, c)
-                .await?
-                .is_some_and(|c| c.single_su == kumo_api_types::SingleSu::Required.as_str()),
-            None => false,
-        };
+        let one_unit = crate::store::clusters::keeps_to_one_unit(&st.db, first.cluster_id).await?;
         out.push(Request {
             cluster: first.cluster_id,
             waiting: Waiting {

@@ -320,6 +320,20 @@ pub async fn by_id(
     Ok(clusters::Entity::find_by_id(id).one(db).await?)
 }
 
+/// Whether the VMs of `cluster` (if any) must share one scalable unit
+/// (`single_su = required`).
+pub async fn keeps_to_one_unit(
+    db: &impl ConnectionTrait,
+    cluster: Option<Uuid>,
+) -> Result<bool, ApiError> {
+    Ok(match cluster {
+        Some(c) => by_id(db, c)
+            .await?
+            .is_some_and(|c| c.single_su == kumo_api_types::SingleSu::Required.as_str()),
+        None => false,
+    })
+}
+
 /// A tenant's cluster by exact name.
 pub async fn named(
     db: &impl ConnectionTrait,
