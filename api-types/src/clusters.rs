@@ -70,6 +70,10 @@ pub struct ClusterCreate {
     /// `VmCreate::queue`). Not with spares.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub queue: bool,
+    /// Its members run on the project's reservation of this name (see
+    /// `VmCreate::reservation`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 /// How strictly a cluster keeps to one scalable unit.
@@ -228,6 +232,7 @@ impl ClusterCreate {
             public_ip: false,
             // The cluster waits whole, not its members one by one.
             queue: false,
+            reservation: self.reservation.clone(),
         }
     }
 }

@@ -88,6 +88,11 @@ pub struct VmCreate {
     /// expire_after_seconds`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub queue: bool,
+    /// Runs on the capacity the project's reservation of this name holds
+    /// (while it is active): its GPU model, guaranteed, within the GPUs
+    /// reserved. See `Reservation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 /// Where a queued VM or cluster stands in the fair queue.
@@ -252,6 +257,9 @@ pub struct VmSpec {
     /// grace) and before a maintenance window acts on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice_seconds: Option<u32>,
+    /// The reservation whose held capacity it runs on (its id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<uuid::Uuid>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

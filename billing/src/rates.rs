@@ -13,7 +13,9 @@ use crate::Level;
 /// `gpu:<model>` (per GPU), `borrowed_gpu:<model>` (per GPU of a VM
 /// above its tenant's guaranteed share; priced as `gpu:<model>` where a
 /// card leaves it out), `spare_gpu:<model>` (per GPU of a training
-/// cluster's spare capacity, held while the cluster lives), `vcpu`, `memory_gib`, `disk_gib`,
+/// cluster's spare capacity, held while the cluster lives),
+/// `reserved_gpu:<model>` (per GPU a reservation holds, from its start to
+/// its end), `vcpu`, `memory_gib`, `disk_gib`,
 /// `public_ip` (per address held), `volume_gib`, `snapshot_gib` and
 /// `share_gib` (per GiB of volume, snapshot or project share held).
 pub type Class = String;
@@ -24,6 +26,10 @@ pub fn gpu_class(model: &str) -> Class {
 
 pub fn spare_gpu_class(model: &str) -> Class {
     format!("spare_gpu:{model}")
+}
+
+pub fn reserved_gpu_class(model: &str) -> Class {
+    format!("reserved_gpu:{model}")
 }
 
 const BORROWED_GPU: &str = "borrowed_gpu:";
@@ -84,7 +90,7 @@ pub enum RateError {
     Negative { class: Class },
     #[error("{class}: the spot price is above the guaranteed one")]
     SpotAboveGuaranteed { class: Class },
-    #[error("{0:?} is not a resource class (gpu:<model>, borrowed_gpu:<model>, spare_gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib, share_gib)")]
+    #[error("{0:?} is not a resource class (gpu:<model>, borrowed_gpu:<model>, spare_gpu:<model>, reserved_gpu:<model>, vcpu, memory_gib, disk_gib, public_ip, volume_gib, snapshot_gib, share_gib)")]
     UnknownClass(String),
 }
 
@@ -92,11 +98,13 @@ impl RateCard {
     pub fn validate(&self) -> Result<(), RateError> {
         for (class, p) in &self.prices {
             let known = FLAT_CLASSES.contains(&class.as_str())
-                || ["gpu:", BORROWED_GPU, "spare_gpu:"].iter().any(|p| {
-                    class
-                        .strip_prefix(p)
-                        .is_some_and(|m| !m.is_empty() && m.len() <= 64)
-                });
+                || ["gpu:", BORROWED_GPU, "spare_gpu:", "reserved_gpu:"]
+                    .iter()
+                    .any(|p| {
+                        class
+                            .strip_prefix(p)
+                            .is_some_and(|m| !m.is_empty() && m.len() <= 64)
+                    });
             if !known {
                 return Err(RateError::UnknownClass(class.clone()));
             }
@@ -184,6 +192,7 @@ mod tests {
         for class in [
             gpu_class("H100-SXM5-80GB"),
             spare_gpu_class("H100-SXM5-80GB"),
+            reserved_gpu_class("H100-SXM5-80GB"),
             borrowed_gpu_class("H100-SXM5-80GB"),
         ]
         .into_iter()

@@ -95,6 +95,10 @@ pub struct SpecArgs {
     /// being refused: free while waiting; delete to cancel.
     #[arg(long)]
     queue: bool,
+    /// Run on the project's reservation of this name (while it is active):
+    /// its GPU model, on the hosts it holds.
+    #[arg(long, value_name = "NAME")]
+    reservation: Option<String>,
 }
 
 fn parse_host_loss(s: &str) -> Result<kumo_api_types::HostLossAction, String> {
@@ -162,6 +166,7 @@ impl SpecArgs {
             notice_seconds: self.notice.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
             public_ip: false,
             queue: self.queue,
+            reservation: self.reservation.clone(),
         })
     }
 }

@@ -104,12 +104,18 @@ fn parse_price(s: &str) -> Result<(String, ClassPrice), String> {
     ))
 }
 
-fn parse_time(s: &str) -> anyhow::Result<DateTime<Utc>> {
+/// RFC 3339, a date (UTC midnight), or `+DURATION` from now (`+7d`).
+pub(crate) fn parse_time(s: &str) -> anyhow::Result<DateTime<Utc>> {
+    if let Some(ahead) = s.strip_prefix('+') {
+        let secs = crate::args::parse_duration(ahead).map_err(anyhow::Error::msg)?;
+        let secs = i64::try_from(secs).context("too far ahead")?;
+        return Ok(Utc::now() + chrono::Duration::seconds(secs));
+    }
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));
     }
     let d = NaiveDate::parse_from_str(s, "%Y-%m-%d")
-        .with_context(|| format!("{s:?}: expected RFC 3339 or YYYY-MM-DD"))?;
+        .with_context(|| format!("{s:?}: expected RFC 3339, YYYY-MM-DD or +DURATION (+7d)"))?;
     d.and_hms_opt(0, 0, 0)
         .map(|t| t.and_utc())
         .context("not a time")

@@ -211,6 +211,7 @@ pub async fn cluster(
                         spares: *spares,
                         single_su: *single_su,
                         queue: v.queue,
+                        reservation: v.reservation,
                     },
                 )
                 .await?;

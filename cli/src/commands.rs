@@ -144,6 +144,10 @@ pub enum Command {
     /// mounted into VMs and whole clusters (virtiofs).
     #[command(subcommand)]
     Share(crate::shares::ShareCmd),
+    /// Reservations: GPUs held for the project over a window, used by
+    /// VMs and clusters that name them.
+    #[command(subcommand)]
+    Reservation(crate::reservations::ReservationCmd),
     /// Idle GPUs: the project's policy and webhook, its idle VMs,
     /// exemptions.
     #[command(subcommand)]
@@ -280,6 +284,9 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         Command::Volume(cmd) => crate::volumes::volume(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::Share(cmd) => crate::shares::share(cmd, &client(&cli, &env)?, fmt, out).await?,
+        Command::Reservation(cmd) => {
+            crate::reservations::reservation(cmd, &client(&cli, &env)?, fmt, out).await?
+        }
         Command::Idle(cmd) => crate::idle::idle(cmd, &client(&cli, &env)?, fmt, out).await?,
         Command::PortForward(cmd) => {
             crate::public_net::port_forward(cmd, &client(&cli, &env)?, fmt, out).await?

@@ -20,6 +20,7 @@ pub mod profile;
 pub mod progress;
 pub mod public_net;
 pub mod quota;
+pub mod reservations;
 pub mod segments;
 pub mod shares;
 pub mod ssh;

@@ -1185,6 +1185,7 @@ pub(crate) mod tests {
                 on_reclaim: Default::default(),
                 on_host_loss: Default::default(),
                 notice_seconds: None,
+                reservation: None,
             },
             preemption: None,
             events: Vec::new(),

@@ -40,6 +40,7 @@ mod m0034_maintenance;
 mod m0035_spares_and_notices;
 mod m0036_guarantees;
 mod m0037_queue;
+mod m0038_reservations;
 
 /// Adds columns to `table`, one statement each: SQLite alters one column
 /// at a time.
@@ -121,6 +122,7 @@ impl MigratorTrait for Migrator {
             Box::new(m0035_spares_and_notices::Migration),
             Box::new(m0036_guarantees::Migration),
             Box::new(m0037_queue::Migration),
+            Box::new(m0038_reservations::Migration),
         ]
     }
 }

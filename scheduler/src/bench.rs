@@ -136,6 +136,7 @@ fn vm_request(rng: &mut StdRng, models: &[u16]) -> Request {
         disk_gib: 100 * u64::from(gpus),
         spot: false,
         cluster: None,
+        reservation: None,
     }
 }
 

@@ -112,6 +112,9 @@ pub struct HostCap {
     /// counted.
     pub disk_free: Option<i64>,
     pub holds: Vec<Hold>,
+    /// The reservation holding the whole host: only its VMs may start here
+    /// ([`Index::set_reserved`]).
+    pub reserved_for: Option<Uuid>,
 }
 
 impl HostCap {
@@ -152,6 +155,7 @@ impl HostCap {
             disk_free: h.disk_free_gib,
             profile: p,
             holds: Vec::new(),
+            reserved_for: None,
         }
     }
 
@@ -334,6 +338,8 @@ pub struct Index {
     /// host taken before their commit does not show them, and must not
     /// give their room to the next request.
     in_flight: HashMap<Uuid, Vec<Hold>>,
+    /// Hosts held by reservations: host → reservation.
+    reserved: HashMap<Uuid, Uuid>,
 }
 
 impl Index {
@@ -493,6 +499,7 @@ impl Index {
                 }
             });
         let mut cap = HostCap::new(h, su);
+        cap.reserved_for = self.reserved.get(&cap.id).copied();
         for v in vms {
             let hold = cap.hold_of(v);
             cap.account(&hold, true);
@@ -519,6 +526,21 @@ impl Index {
         };
         self.file(i);
         true
+    }
+
+    /// Which hosts reservations hold (host → reservation), replacing what
+    /// was held before: a reserved host takes only its reservation's VMs,
+    /// and its reservation's VMs go only to its hosts.
+    pub fn set_reserved(&mut self, reserved: HashMap<Uuid, Uuid>) {
+        for h in &mut self.hosts {
+            h.reserved_for = reserved.get(&h.id).copied();
+        }
+        self.reserved = reserved;
+    }
+
+    /// The hosts reservations hold: host → reservation.
+    pub fn reserved(&self) -> &HashMap<Uuid, Uuid> {
+        &self.reserved
     }
 
     /// Keeps `vm`'s hold on `host` (applied already) against readings

@@ -10,6 +10,7 @@ pub mod index;
 pub mod place;
 pub mod profile;
 pub mod reclaim;
+pub mod reservations;
 pub mod spares;
 
 pub use cluster::{place_cluster, ClusterRequest};

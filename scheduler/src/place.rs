@@ -54,6 +54,9 @@ pub struct Request {
     pub spot: bool,
     /// A member of this cluster: it may use the cluster's own spares.
     pub cluster: Option<Uuid>,
+    /// Runs on this reservation's hosts, and only there; `None`: on hosts
+    /// no reservation holds.
+    pub reservation: Option<Uuid>,
 }
 
 /// A proposed placement: not yet applied to the index.
@@ -85,6 +88,7 @@ pub fn rails_of(h: &HostCap, gpus: u64) -> Vec<Option<u32>> {
 
 fn host_takes(h: &HostCap, req: &Request) -> bool {
     h.state == HostUse::Ready
+        && h.reserved_for == req.reservation
         && req.host.is_none_or(|id| h.id == id)
         && !req.avoid.contains(&h.id)
         && req.unit.is_none_or(|u| h.scalable_unit == Some(u))

@@ -78,6 +78,7 @@ fn gpu_req(index: &Index, gpus: u32, model: &str) -> Request {
         disk_gib: 0,
         spot: false,
         cluster: None,
+        reservation: None,
     }
 }
 
@@ -1354,4 +1355,92 @@ fn readings_older_than_a_reservation_do_not_give_its_room_away() {
     index.landed(other);
     assert!(stale(&mut index, 2));
     assert_eq!(index.hosts[0].gpu_free.count_ones(), 8);
+}
+
+/// Places `gpus` GPUs on host position `at` as a VM, spot or guaranteed.
+fn put_on(index: &mut Index, at: usize, gpus: u32, spot: bool) -> Uuid {
+    let req = Request {
+        host: Some(index.hosts[at].id),
+        spot,
+        ..gpu_req(index, gpus, H100)
+    };
+    let c = place(index, &req, Strategy::BestFit).unwrap();
+    let vm = Uuid::now_v7();
+    let mut hold = c.hold;
+    hold.vm = vm;
+    hold.spot = spot;
+    index.apply(c.host, hold);
+    vm
+}
+
+#[test]
+fn a_reservation_holds_whole_hosts_free_of_vms_that_stay_and_reclaims_spot_ones() {
+    use kumo_scheduler::reservations::hold;
+    let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None), ("hgx-h100", None)]);
+    let model = index.model_id(H100).unwrap();
+    let ids: Vec<Uuid> = index.hosts.iter().map(|h| h.id).collect();
+    // h0 runs a guaranteed VM on 2 GPUs; h1 a spot VM on 4.
+    put_on(&mut index, 0, 2, false);
+    let spot = put_on(&mut index, 1, 4, true);
+    let r = Uuid::from_u128(7);
+    let h = hold(&index, r, model, 16, &[], &BTreeSet::new());
+    // h1 and h2 give 8 each (the spot VM's GPUs count: it has notice); h0
+    // only 6, and was not needed.
+    assert_eq!(h.usable, 16);
+    let mut got = h.hosts.clone();
+    got.sort();
+    assert_eq!(got, vec![ids[1], ids[2]]);
+    assert_eq!(h.victims, vec![spot]);
+    // Held, the hosts take only the reservation's VMs, and its VMs only them.
+    index.set_reserved(h.hosts.iter().map(|x| (*x, r)).collect());
+    assert!(
+        place(&index, &gpu_req(&index, 1, H100), Strategy::BestFit).is_some_and(|c| c.host == 0)
+    );
+    let mine = Request {
+        reservation: Some(r),
+        ..gpu_req(&index, 8, H100)
+    };
+    assert_eq!(
+        place(&index, &mine, Strategy::BestFit).map(|c| c.host),
+        Some(2)
+    );
+    let mine_small = Request {
+        reservation: Some(r),
+        ..gpu_req(&index, 4, H100)
+    };
+    assert!(place(&index, &mine_small, Strategy::BestFit).is_some_and(|c| c.host != 0));
+    assert!(
+        reclaim::plan(&index, &gpu_req(&index, 8, H100), 0).is_none(),
+        "nobody else reclaims on a reserved host"
+    );
+    // A reading of a host keeps its mark.
+    index.upsert(ready_host(2, None, index.hosts[2].profile.clone()), &[]);
+    assert_eq!(index.hosts[2].reserved_for, Some(r));
+    // The choice stays from pass to pass; a host out of service is
+    // replaced by the next best.
+    index.set_state(ids[2], HostUse::Unavailable);
+    let again = hold(&index, r, model, 16, &h.hosts, &BTreeSet::new());
+    assert_eq!(again.dropped, vec![ids[2]]);
+    assert_eq!(again.hosts, vec![ids[1], ids[0]]);
+    assert_eq!(again.usable, 14, "the guaranteed VM's 2 GPUs stay its own");
+}
+
+#[test]
+fn a_reservation_never_takes_another_ones_host_and_its_own_vms_count_as_its_room() {
+    use kumo_scheduler::reservations::hold;
+    let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None)]);
+    let model = index.model_id(H100).unwrap();
+    let ids: Vec<Uuid> = index.hosts.iter().map(|h| h.id).collect();
+    let (a, b) = (Uuid::from_u128(7), Uuid::from_u128(8));
+    let mine = put_on(&mut index, 1, 8, false);
+    index.set_reserved([(ids[0], a), (ids[1], b)].into_iter().collect());
+    let h = hold(&index, b, model, 16, &[ids[1]], &BTreeSet::from([mine]));
+    assert_eq!(h.hosts, vec![ids[1]], "not a's host");
+    assert_eq!(h.usable, 8, "its own VM's GPUs are its own");
+    assert!(h.victims.is_empty());
+    // Counted as someone else's guaranteed VM, the host gives nothing.
+    assert_eq!(
+        hold(&index, b, model, 8, &[ids[1]], &BTreeSet::new()).usable,
+        0
+    );
 }

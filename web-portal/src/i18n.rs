@@ -96,6 +96,7 @@ pub fn word(lang: Lang, w: &str) -> String {
         "Address" => "アドレス",
         "Public address" => "公開アドレス",
         "Wait for room" => "空きを待つ",
+        "Reservation" => "予約",
         "Size" => "サイズ",
         "State" => "状態",
         "Volume" => "ボリューム",
@@ -248,6 +249,10 @@ pub fn help(lang: Lang, key: &str) -> &'static str {
         "queue" => (
             "When no host has room, wait in the fair queue (free while waiting; delete to cancel) instead of being refused",
             "空きがないとき、拒否せず公平キューで待ちます（待つ間は無料、削除で取り消し）",
+        ),
+        "reservation" => (
+            "The name of the project's active reservation to run on (its GPU model, on the hosts it holds)",
+            "使う予約の名前（プロジェクトの有効な予約。その GPU モデルで、予約したホストで動きます）",
         ),
         "ssh_key" => (
             "A public key (ssh-ed25519 AAAA…), written into the guest",

@@ -389,6 +389,8 @@ pub fn vm_form(lang: Lang, tenant: &str, choices: &VmChoices) -> listing::Form {
             .help(help("public_ip")),
             Field::new("queue", &i18n::word(lang, "Wait for room"), Input::Checkbox)
                 .help(help("queue")),
+            Field::new("reservation", &i18n::word(lang, "Reservation"), Input::Text)
+                .help(help("reservation")),
             share_field(lang),
             Field::new("ssh_key", "SSH", Input::TextArea)
                 .answers(&["ssh_keys"])

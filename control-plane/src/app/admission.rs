@@ -102,6 +102,7 @@ pub fn request(index: &Index, member: &Member) -> Result<Request, ApiError> {
         disk_gib: u64::from(spec.disk_gib),
         spot: spec.service_level == ServiceLevel::Spot,
         cluster: None,
+        reservation: spec.reservation,
     })
 }
 
@@ -594,6 +595,7 @@ async fn insert_vm(
         disk_move_token_sha256: Set(None),
         evacuating: Set(None),
         borrowed_at: Set(None),
+        reservation_id: Set(spec.reservation),
         created_at: Set(now),
         updated_at: Set(now),
     }
@@ -741,6 +743,10 @@ async fn commit(
                 _ => None,
             };
             check_quota(&txn, job.tenant, &specs.iter().collect::<Vec<_>>(), kept).await?;
+            if let Some(r) = specs.first().and_then(|s| s.reservation) {
+                let adding = specs.iter().map(|s| u64::from(s.gpus)).sum();
+                crate::app::reservations::check_room(&txn, r, adding).await?;
+            }
             if let Outcome::Queued = outcome {
                 // Under the tenant's row lock check_quota took: two
                 // requests at once cannot both be the last allowed.

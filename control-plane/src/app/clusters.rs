@@ -80,6 +80,12 @@ pub async fn create(
             ),
         ));
     }
+    if body.queue && body.reservation.is_some() {
+        return Err(ApiError::field(
+            "queue",
+            "a reservation's clusters do not queue: its hosts are the project's own",
+        ));
+    }
     if body.spares > body.size {
         return Err(ApiError::field(
             "spares",

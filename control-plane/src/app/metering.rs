@@ -282,6 +282,35 @@ pub async fn spares_released(
     close(txn, cluster, true, at).await
 }
 
+/// A reservation's held GPUs are charged at the `reserved_gpu:<model>`
+/// rate from `at` (its start), under its id and name.
+pub async fn reservation_held(
+    txn: &DatabaseTransaction,
+    tenant: &tenants::Model,
+    r: &crate::entity::reservations::Model,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let class = kumo_billing::rates::reserved_gpu_class(&r.gpu_model);
+    hold(
+        txn,
+        tenant,
+        (r.id, &r.name),
+        &class,
+        Decimal::from(r.gpus),
+        at,
+    )
+    .await
+}
+
+/// The reservation ended (or was cancelled) at `at`.
+pub async fn reservation_released(
+    txn: &DatabaseTransaction,
+    reservation: Uuid,
+    at: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    close(txn, reservation, true, at).await
+}
+
 /// A tenant took a public address: charged from now on.
 pub async fn public_ip_allocated(
     txn: &DatabaseTransaction,

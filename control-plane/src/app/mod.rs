@@ -34,6 +34,7 @@ pub mod metering;
 pub mod public_net;
 pub mod queue;
 pub mod quotas;
+pub mod reservations;
 pub mod segments;
 pub mod shares;
 pub mod templates;

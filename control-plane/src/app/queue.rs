@@ -290,11 +290,14 @@ async fn standings(st: &AppState) -> Result<Vec<Standing>, ApiError> {
 
 /// The ready hosts' GPUs per model, as the index holds them: each VM's
 /// GPUs are expected back `runtime` after it started (a VM being reclaimed
-/// gives them back now).
+/// gives them back now). Hosts reservations hold are no room for the
+/// queue (it never names a reservation).
 fn gpu_hosts(st: &AppState, now: i64, runtime: i64) -> Vec<Host> {
     let index = st.capacity.lock();
     let mut out = Vec::new();
-    for h in index.hosts.iter().filter(|h| h.state == HostUse::Ready) {
+    let ready =
+        |h: &&kumo_scheduler::index::HostCap| h.state == HostUse::Ready && h.reserved_for.is_none();
+    for h in index.hosts.iter().filter(ready) {
         for (m, mask) in &h.profile.model_masks {
             let Some(model) = index.model_name(*m) else {
                 continue;

@@ -407,7 +407,10 @@ pub async fn prepare(
     field: &str,
     whose: &str,
 ) -> Result<Prepared, ApiError> {
-    let spec = resolve_spec(st, body).await?;
+    let mut spec = resolve_spec(st, body).await?;
+    if let Some(name) = &body.reservation {
+        crate::app::reservations::assign(st, tenant, name, &mut spec, body.queue).await?;
+    }
     let max = st.config.max_notice.as_secs();
     if body.notice_seconds.is_some_and(|n| u64::from(n) > max) {
         return Err(ApiError::field(

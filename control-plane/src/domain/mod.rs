@@ -17,6 +17,7 @@ pub mod paging;
 pub mod public_net;
 pub mod queue;
 pub mod quota;
+pub mod reservations;
 pub mod sessions;
 pub mod shares;
 pub mod specs;

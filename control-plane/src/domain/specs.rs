@@ -67,6 +67,8 @@ pub fn validate(body: &VmCreate) -> Result<VmSpec, ApiError> {
         on_reclaim: body.on_reclaim.unwrap_or_default(),
         on_host_loss: body.on_host_loss.unwrap_or_default(),
         notice_seconds: body.notice_seconds,
+        // Set by the reservation's own check ([`crate::app::reservations::assign`]).
+        reservation: None,
     })
 }
 

@@ -48,6 +48,22 @@ impl StoredText for VolumeState {
     }
 }
 
+impl StoredText for kumo_api_types::ReservationState {
+    const WHAT: &'static str = "reservation state";
+    const ALL: &'static [Self] = &[Self::Scheduled, Self::Preparing, Self::Active, Self::Ended];
+    fn to_text(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl StoredText for kumo_api_types::EndPolicy {
+    const WHAT: &'static str = "reservation end policy";
+    const ALL: &'static [Self] = &[Self::Release, Self::Stop];
+    fn to_text(self) -> &'static str {
+        self.as_str()
+    }
+}
+
 impl StoredText for ShareState {
     const WHAT: &'static str = "share state";
     const ALL: &'static [ShareState] = &ShareState::ALL;

@@ -30,6 +30,8 @@ pub mod public_ip_releases;
 pub mod public_ips;
 pub mod rate_cards;
 pub mod replicas;
+pub mod reservation_hosts;
+pub mod reservations;
 pub mod segments;
 pub mod sessions;
 pub mod share_mounts;

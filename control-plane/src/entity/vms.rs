@@ -40,6 +40,8 @@ pub struct Model {
     /// model: it may be reclaimed for a tenant within its share
     /// (`domain::guarantees`).
     pub borrowed_at: Option<DateTimeUtc>,
+    /// The reservation it runs on (also in its spec), while that lasts.
+    pub reservation_id: Option<Uuid>,
     pub created_at: DateTimeUtc,
     pub updated_at: DateTimeUtc,
 }

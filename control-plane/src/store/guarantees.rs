@@ -64,7 +64,9 @@ pub async fn held(
     let mut out = Vec::new();
     for v in rows {
         let spec = stored_spec(&v)?;
-        if !counts(stored_state(&v)?, &spec) {
+        // A reservation's VMs run on capacity the tenant pays to hold: no
+        // share of the pool, never borrowed.
+        if spec.reservation.is_some() || !counts(stored_state(&v)?, &spec) {
             continue;
         }
         out.push((

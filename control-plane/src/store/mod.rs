@@ -19,6 +19,7 @@ pub mod identity;
 pub mod idle_gpus;
 pub mod public_net;
 pub mod queue;
+pub mod reservations;
 pub mod segments;
 pub mod shares;
 pub mod templates;

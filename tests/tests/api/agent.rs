@@ -39,6 +39,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

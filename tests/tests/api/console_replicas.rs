@@ -37,6 +37,7 @@ fn vm(name: &str) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

@@ -41,6 +41,7 @@ pub(crate) fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

@@ -157,6 +157,7 @@ on_both_backends! {
             spares: 0,
             single_su: Default::default(),
             queue: false,
+            reservation: None,
         };
         let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &body).await.unwrap_err();
         assert_eq!(e.status(), Some(400), "{e}");
@@ -819,6 +820,7 @@ on_both_backends! {
             spares: 4,
             single_su: Default::default(),
             queue: false,
+            reservation: None,
         };
         // More spares than members, or spares no unit has room for, are
         // refused.

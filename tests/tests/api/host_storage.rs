@@ -40,6 +40,7 @@ fn small_vm(name: &str, disk_gib: u32) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

@@ -37,6 +37,7 @@ mod process;
 mod public_net;
 mod readme;
 mod replicas;
+mod reservations;
 mod resources;
 mod scheduling;
 mod segments;

@@ -39,6 +39,7 @@ fn whole_host(name: &str) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

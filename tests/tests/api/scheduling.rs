@@ -32,6 +32,7 @@ fn vm(name: &str, gpus: u32, level: ServiceLevel) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 
@@ -252,6 +253,7 @@ fn cluster(name: &str, size: u32, gpus: u32, level: ServiceLevel) -> ClusterCrea
         spares: 0,
         single_su: Default::default(),
         queue: false,
+        reservation: None,
     }
 }
 
@@ -339,6 +341,7 @@ on_both_backends! {
         let strict = ClusterCreate {
             single_su: kumo_api_types::SingleSu::Required,
             queue: false,
+            reservation: None,
             ..cluster("strict", 3, 8, ServiceLevel::Guaranteed)
         };
         let e = s.admin.post::<_, Cluster>("/api/v1/tenants/lab/clusters", &strict).await.unwrap_err();

@@ -50,6 +50,7 @@ pub(crate) fn vm_on(name: &str, networks: &[(&str, Option<&str>)]) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

@@ -54,6 +54,7 @@ fn small_vm(name: &str) -> VmCreate {
         notice_seconds: None,
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

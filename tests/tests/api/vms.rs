@@ -29,6 +29,7 @@ fn vm(name: &str, gpus: u32) -> VmCreate {
         notice_seconds: None,
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

@@ -85,6 +85,7 @@ fn small_vm(name: &str) -> VmCreate {
         shares: Vec::new(),
         public_ip: false,
         queue: false,
+        reservation: None,
     }
 }
 

@@ -72,6 +72,9 @@ pub async fn run(st: AppState) {
 /// One pass over everything the reaper looks after.
 pub async fn pass(st: &AppState) -> Result<(), ApiError> {
     expire(st).await?;
+    // Reservations' hosts before anything is placed: nothing else may
+    // start on them.
+    crate::app::reservations::pass(st).await?;
     // Marks first: who may lend to a pending request depends on them.
     crate::app::guarantees::pass(st).await?;
     // Guaranteed VMs waiting for reclaimed room come before the spot VMs
@@ -175,6 +178,10 @@ async fn resume(st: &AppState) -> Result<(), ApiError> {
                 continue;
             };
             let h = &index.hosts[pos];
+            // A reserved host takes back none of the VMs that left it.
+            if h.reserved_for.is_some() {
+                continue;
+            }
             let hold = h.hold_of(&VmInput {
                 vm: vm.id,
                 tenant: vm.tenant_id,

@@ -29,6 +29,7 @@ pub mod idle;
 pub mod members;
 pub mod public_net;
 pub mod quota;
+pub mod reservations;
 pub mod segments;
 pub mod shares;
 pub mod templates;
@@ -68,6 +69,7 @@ pub mod volumes;
         (name = "public-ips", description = "Public addresses: pools, floating IPs and port forwards, carried by segment edges"),
         (name = "volumes", description = "Block volumes that outlive VMs, attached to VMs on their host"),
         (name = "shares", description = "Project shares: directories on the filesystem every host mounts, mounted into VMs with virtiofs"),
+        (name = "reservations", description = "GPUs held for a project over a window, used by the VMs and clusters that name them"),
         (name = "idle", description = "Idle GPUs: a project's policy and webhook, its idle VMs, exemptions"),
         (name = "billing", description = "Rate cards, prepaid points, statements"),
         (name = "agent", description = "The protocol between host agents and the server"),
@@ -204,6 +206,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(volumes::move_to))
         .routes(routes!(volumes::create_snapshot, volumes::list_snapshots))
         .routes(routes!(volumes::delete_snapshot))
+        .routes(routes!(reservations::create, reservations::list))
+        .routes(routes!(reservations::show, reservations::delete))
         .routes(routes!(shares::create, shares::list))
         .routes(routes!(shares::show, shares::delete))
         .routes(routes!(shares::grow))

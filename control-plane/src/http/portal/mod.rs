@@ -513,6 +513,7 @@ fn vm_create(f: &Fields) -> Result<kumo_api_types::VmCreate, ApiError> {
         notice_seconds: None,
         public_ip: text(f, "public_ip").is_some(),
         queue: text(f, "queue").is_some(),
+        reservation: text(f, "reservation"),
     })
 }
 

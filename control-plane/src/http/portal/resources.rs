@@ -233,6 +233,8 @@ async fn clusters_listing(v: &Visit, page: &Page, tenant: &str) -> Result<Listin
                 .help(help(l, "auto_repair")),
             Field::new("spares", &word(l, "Spares"), Input::NUMBER).help(help(l, "cluster_spares")),
             Field::new("queue", &word(l, "Wait for room"), Input::Checkbox).help(help(l, "queue")),
+            Field::new("reservation", &word(l, "Reservation"), Input::Text)
+                .help(help(l, "reservation")),
             kumo_web_portal::share_field(l),
         ],
     ))
@@ -1094,6 +1096,7 @@ async fn act(v: &Visit, page: &Page, op: Op, f: &Fields) -> Result<Option<String
                 spares: number(f, "spares")?.unwrap_or(0),
                 single_su: Default::default(),
                 queue: f.contains_key("queue"),
+                reservation: text(f, "reservation"),
             };
             crate::app::clusters::create(&v.st, &v.ctx, tn, &body).await?;
         }
