@@ -108,8 +108,11 @@ fn parse_price(s: &str) -> Result<(String, ClassPrice), String> {
 pub(crate) fn parse_time(s: &str) -> anyhow::Result<DateTime<Utc>> {
     if let Some(ahead) = s.strip_prefix('+') {
         let secs = crate::args::parse_duration(ahead).map_err(anyhow::Error::msg)?;
-        let secs = i64::try_from(secs).context("too far ahead")?;
-        return Ok(Utc::now() + chrono::Duration::seconds(secs));
+        return i64::try_from(secs)
+            .ok()
+            .and_then(chrono::Duration::try_seconds)
+            .and_then(|d| Utc::now().checked_add_signed(d))
+            .with_context(|| format!("{s:?} is too far ahead"));
     }
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));

@@ -20,7 +20,7 @@ use crate::Hold;
 pub struct Holding {
     /// Hosts held after this pass (those kept, then those added).
     pub hosts: Vec<Uuid>,
-    /// Hosts held before and let go (out of service).
+    /// Hosts held before and let go (out of service, or not needed).
     pub dropped: Vec<Uuid>,
     /// GPUs the held hosts give it.
     pub usable: u32,
@@ -54,10 +54,11 @@ fn usable(h: &HostCap, model: u16, mine: &BTreeSet<Uuid>) -> u32 {
 }
 
 /// The hosts reservation `id` holds for `gpus` GPUs of `model` after this
-/// pass: those in `held` still in service, then more (those free of VMs
-/// that stay and with the fewest VMs to reclaim first, fuller hosts first)
-/// until they give `gpus`, from hosts no other reservation holds. Fewer
-/// when the fleet has no more (`usable` says how many).
+/// pass: those in `held` still in service, then more (the host giving the
+/// most GPUs first, then the one with the fewest VMs to move off it) until
+/// they give `gpus`, from hosts no other reservation holds; held hosts it
+/// no longer needs (none of its VMs on them) are let go. Fewer when the
+/// fleet has no more (`usable` says how many).
 pub fn hold(
     index: &Index,
     id: Uuid,
@@ -93,6 +94,26 @@ pub fn hold(
             }
             out.usable += n;
             out.hosts.push(h.id);
+        }
+    } else {
+        // More than it needs (a VM that stayed has left a held host, or a
+        // host came back): let go of held hosts none of its VMs are on,
+        // those giving least first, while the rest still give enough.
+        let mut spare: Vec<(u32, Uuid)> = out
+            .hosts
+            .iter()
+            .filter_map(|h| index.host(*h))
+            .filter(|cap| !cap.holds.iter().any(|x| mine.contains(&x.vm)))
+            .map(|cap| (usable(cap, model, mine), cap.id))
+            .collect();
+        spare.sort();
+        for (n, h) in spare {
+            if out.usable - n < gpus {
+                break;
+            }
+            out.usable -= n;
+            out.hosts.retain(|x| *x != h);
+            out.dropped.push(h);
         }
     }
     for h in &out.hosts {

@@ -1444,3 +1444,18 @@ fn a_reservation_never_takes_another_ones_host_and_its_own_vms_count_as_its_room
         0
     );
 }
+
+#[test]
+fn a_reservation_lets_go_of_hosts_it_no_longer_needs_but_never_one_its_vms_are_on() {
+    use kumo_scheduler::reservations::hold;
+    let mut index = fleet(&[("hgx-h100", None), ("hgx-h100", None), ("hgx-h100", None)]);
+    let model = index.model_id(H100).unwrap();
+    let ids: Vec<Uuid> = index.hosts.iter().map(|h| h.id).collect();
+    let r = Uuid::from_u128(7);
+    let mine = put_on(&mut index, 0, 8, false);
+    // Held three hosts for 16 GPUs (one had a guaranteed VM that left).
+    let h = hold(&index, r, model, 16, &ids, &BTreeSet::from([mine]));
+    assert_eq!(h.usable, 16);
+    assert_eq!(h.dropped.len(), 1);
+    assert!(h.hosts.contains(&ids[0]), "its VM's host stays held");
+}

@@ -817,6 +817,19 @@ async fn commit(
             }
         }
     }
+    if let Outcome::Placed(reserved, _) = outcome {
+        // The index's marks of reserved hosts come from the last pass; the
+        // table is the truth (a host held a moment ago on another replica).
+        let held = crate::store::reservations::held_hosts(&txn).await?;
+        let wrong = reserved
+            .iter()
+            .zip(&specs)
+            .any(|(r, spec)| held.get(&r.host).copied() != spec.reservation);
+        if wrong {
+            st.capacity.lock().set_reserved(held);
+            return Err(CommitError::Lost);
+        }
+    }
     if let Outcome::Queued = outcome {
         let ids: Vec<Uuid> = job.members.iter().map(|m| m.id).collect();
         let expires = now

@@ -80,6 +80,12 @@ pub async fn create(
             ),
         ));
     }
+    if body.spares > 0 && body.reservation.is_some() {
+        return Err(ApiError::field(
+            "spares",
+            "a reservation's cluster keeps no spares: its reservation's hosts are its room",
+        ));
+    }
     if body.queue && body.reservation.is_some() {
         return Err(ApiError::field(
             "queue",

@@ -43,7 +43,9 @@ async fn wrong_marks(
     Ok(held
         .into_iter()
         .filter_map(|(h, vm)| {
-            let want = borrowed.contains(&h.vm);
+            // A reservation's VM runs on hosts held for it: never taken
+            // for anyone else's share.
+            let want = borrowed.contains(&h.vm) && vm.reservation_id.is_none();
             (want != vm.borrowed_at.is_some()).then_some(Remark { vm, borrowed: want })
         })
         .collect())

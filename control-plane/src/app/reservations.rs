@@ -23,8 +23,8 @@ use kumo_api_types::{
 };
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, QueryFilter,
-    Set, TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait,
+    PaginatorTrait, QueryFilter, QuerySelect, Set, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -70,16 +70,42 @@ pub async fn create(
     rules::check_gpus(body.gpus)?;
     let now = st.config.clock.now();
     rules::check_window(body.starts_at, body.ends_at, now)?;
-    let in_service = crate::app::guarantees::in_service(st)
-        .get(&body.gpu_model)
-        .copied()
-        .unwrap_or(0);
-    if in_service == 0 {
+    let (in_service, per_host) = {
+        let index = st.capacity.lock();
+        let in_service = index
+            .gpus_in_service()
+            .get(&body.gpu_model)
+            .copied()
+            .unwrap_or(0);
+        let per_host = index.model_id(&body.gpu_model).and_then(|m| {
+            index
+                .hosts
+                .iter()
+                .flat_map(|h| h.profile.model_masks.iter())
+                .filter(|(x, _)| *x == m)
+                .map(|(_, mask)| mask.count_ones())
+                .max()
+        });
+        (in_service, per_host.unwrap_or(0))
+    };
+    if in_service == 0 || per_host == 0 {
         return Err(ApiError::field(
             "gpu_model",
             format!("no host in service has {} GPUs", body.gpu_model),
         ));
     }
+    // Whole hosts are held: what is reserved (and charged) is what is
+    // taken from everyone else.
+    if body.gpus % per_host != 0 {
+        return Err(ApiError::field(
+            "gpus",
+            format!(
+                "a reservation holds whole hosts: a multiple of {per_host} ({} hosts have {per_host})",
+                body.gpu_model
+            ),
+        ));
+    }
+    crate::app::churn::take(st, &tenant, "reserving capacity")?;
     let asked = Window {
         starts_at: body.starts_at,
         ends_at: body.ends_at,
@@ -97,6 +123,19 @@ pub async fn create(
         .filter(same_model)
         .map(window)
         .collect();
+    let kept = reservations::Entity::find()
+        .filter(reservations::Column::TenantId.eq(tenant.id))
+        .count(&txn)
+        .await?;
+    if kept >= rules::MAX_KEPT as u64 {
+        return Err(ApiError::QuotaExceeded {
+            resource: "reservations".into(),
+            detail: format!(
+                "tenant {:?} keeps {kept} reservations, ended ones included: delete ended ones first",
+                tenant.name
+            ),
+        });
+    }
     if live.iter().filter(|r| r.tenant_id == tenant.id).count() >= rules::MAX_PER_TENANT {
         return Err(ApiError::QuotaExceeded {
             resource: "reservations".into(),
@@ -206,22 +245,42 @@ pub async fn delete(
 ) -> Result<(), ApiError> {
     let (tenant, access) = tenant_access(&st.db, &actor.caller, tenant).await?;
     access.require(Role::Owner, "cancelling a reservation")?;
-    let r = store::find(&st.db, &tenant, reservation).await?;
     let now = st.config.clock.now();
-    if store::stored_state(&r)? == ReservationState::Ended {
+    // A pass may move it meanwhile (preparing → active): read again and
+    // end what it is now.
+    for _ in 0..3 {
+        let r = store::find(&st.db, &tenant, reservation).await?;
+        if store::stored_state(&r)? == ReservationState::Ended {
+            return forget(st, actor, &tenant, &r).await;
+        }
+        if let Some(hosts) = end(st, &r, now, "cancelled").await? {
+            audit::record(&st.db, actor, "reservation.cancel", Some(&tenant), &r.name).await?;
+            return refresh(st, &hosts).await;
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "reservation {reservation:?} kept changing while being cancelled: try again"
+    )))
+}
+
+/// An ended reservation's row removed (its name is free again).
+async fn forget(
+    st: &AppState,
+    actor: &Actor,
+    tenant: &tenants::Model,
+    r: &reservations::Model,
+) -> Result<(), ApiError> {
+    {
         let gone = reservations::Entity::delete_many()
             .filter(reservations::Column::Id.eq(r.id))
             .filter(reservations::Column::State.eq(ReservationState::Ended.as_str()))
             .exec(&st.db)
             .await?;
         if gone.rows_affected == 1 {
-            audit::record(&st.db, actor, "reservation.delete", Some(&tenant), &r.name).await?;
+            audit::record(&st.db, actor, "reservation.delete", Some(tenant), &r.name).await?;
         }
-        return Ok(());
+        Ok(())
     }
-    let hosts = end(st, &r, now, "cancelled").await?;
-    audit::record(&st.db, actor, "reservation.cancel", Some(&tenant), &r.name).await?;
-    refresh(st, &hosts).await
 }
 
 async fn view(
@@ -306,7 +365,13 @@ pub async fn assign(
 /// In an admission's transaction: the reservation `id` is still active
 /// and its VMs with `adding` stay within its GPUs.
 pub async fn check_room(txn: &DatabaseTransaction, id: Uuid, adding: u64) -> Result<(), ApiError> {
-    let Some(r) = reservations::Entity::find_by_id(id).one(txn).await? else {
+    // Locked (PostgreSQL) against its end: a VM committed on it is one
+    // the end sees and releases, or the end comes first and this fails.
+    let Some(r) = reservations::Entity::find_by_id(id)
+        .lock_exclusive()
+        .one(txn)
+        .await?
+    else {
         return Err(ApiError::Conflict("the reservation was deleted".into()));
     };
     if store::stored_state(&r)? != ReservationState::Active {
@@ -361,15 +426,16 @@ async fn step(
 ) -> Result<(), ApiError> {
     let want = rules::state_at(r.starts_at, r.ends_at, lead, now);
     if want == ReservationState::Ended {
-        let hosts = end(st, r, r.ends_at, "ended").await?;
+        let hosts = end(st, r, r.ends_at, "ended").await?.unwrap_or_default();
         return refresh(st, &hosts).await;
     }
     if want == ReservationState::Scheduled {
         return Ok(());
     }
     keep_hosts(st, r, now).await?;
-    let state = store::stored_state(r)?;
-    if state == want {
+    // Only forwards: a replica whose clock lags must not take an active
+    // reservation back (and open its charge twice).
+    if rules::rank(want) <= rules::rank(store::stored_state(r)?) {
         return Ok(());
     }
     let txn = st.db.begin().await?;
@@ -444,6 +510,7 @@ async fn keep_hosts(
             .col_expr(reservations::Column::Short, Expr::value(short.clone()))
             .filter(reservations::Column::Id.eq(r.id))
             .filter(reservations::Column::Revision.eq(r.revision))
+            .filter(reservations::Column::State.ne(ReservationState::Ended.as_str()))
             .exec(&txn)
             .await?;
         if claimed.rows_affected != 1 {
@@ -455,6 +522,9 @@ async fn keep_hosts(
                 .filter(reservation_hosts::Column::HostId.is_in(holding.dropped.iter().copied()))
                 .exec(&txn)
                 .await?;
+            for h in &holding.dropped {
+                crate::store::hosts::bump_revision(&txn, *h).await?;
+            }
         }
         for h in &added {
             let row = reservation_hosts::ActiveModel {
@@ -473,16 +543,27 @@ async fn keep_hosts(
             crate::store::hosts::bump_revision(&txn, *h).await?;
         }
         txn.commit().await?;
-        if !added.is_empty() {
+        {
             let mut index = st.capacity.lock();
             let mut map = index.reserved().clone();
+            map.retain(|h, _| !holding.dropped.contains(h));
             map.extend(added.iter().map(|h| (*h, r.id)));
             index.set_reserved(map);
         }
         refresh(st, &added).await?;
+        refresh(st, &holding.dropped).await?;
     }
     if !holding.victims.is_empty() {
         let txn = st.db.begin().await?;
+        // Not if it ended meanwhile (cancelled on another replica).
+        let still = reservations::Entity::find_by_id(r.id)
+            .lock_exclusive()
+            .one(&txn)
+            .await?
+            .is_some_and(|x| x.state != ReservationState::Ended.as_str());
+        if !still {
+            return Ok(());
+        }
         let why = format!(
             "its host is held for a reservation from {}",
             r.starts_at.to_rfc3339()
@@ -502,14 +583,16 @@ async fn keep_hosts(
 }
 
 /// Ends a reservation at `at` (`why`: "ended" or "cancelled"): its hosts
-/// let go, its charge closed, its VMs ordinary again or stopped. Returns
-/// the hosts it held; nothing when another replica ended it first.
+/// let go, its charge closed, its VMs ordinary again or stopped. One
+/// cancelled while its hosts were held before its start pays for that
+/// time. Returns the hosts touched; `None` when its state moved since it
+/// was read (another replica ended or advanced it).
 async fn end(
     st: &AppState,
     r: &reservations::Model,
     at: DateTime<Utc>,
     why: &str,
-) -> Result<Vec<Uuid>, ApiError> {
+) -> Result<Option<Vec<Uuid>>, ApiError> {
     let policy = store::stored_policy(r)?;
     let now = st.config.clock.now();
     let txn = st.db.begin().await?;
@@ -521,12 +604,26 @@ async fn end(
         .col_expr(reservations::Column::EndedAt, Expr::value(Some(at)))
         .col_expr(reservations::Column::HeldGpus, Expr::value(0i64))
         .col_expr(reservations::Column::Short, Expr::value(None::<String>))
+        // A pass that read it before must not hold hosts for it after.
+        .col_expr(
+            reservations::Column::Revision,
+            Expr::col(reservations::Column::Revision).add(1),
+        )
         .filter(reservations::Column::Id.eq(r.id))
         .filter(reservations::Column::State.eq(r.state.clone()))
         .exec(&txn)
         .await?;
     if moved.rows_affected != 1 {
-        return Ok(Vec::new());
+        return Ok(None);
+    }
+    if store::stored_state(r)? == ReservationState::Preparing {
+        // Held, not yet started: charged from when its hosts were held.
+        let tenant = tenants::Entity::find_by_id(r.tenant_id)
+            .one(&txn)
+            .await?
+            .ok_or_else(|| ApiError::Internal(format!("reservation {} has no tenant", r.id)))?;
+        let held_from = (r.starts_at - lead(st)).max(r.created_at).min(at);
+        crate::app::metering::reservation_held(&txn, &tenant, r, held_from).await?;
     }
     let hosts = store::hosts_of(&txn, r.id).await?;
     reservation_hosts::Entity::delete_many()
@@ -560,7 +657,7 @@ async fn end(
     touched.sort_unstable();
     touched.dedup();
     tracing::info!(reservation = %r.id, name = %r.name, why, "reservation ended");
-    Ok(touched)
+    Ok(Some(touched))
 }
 
 /// A VM of an ended reservation, ordinary again: its spec and row name no

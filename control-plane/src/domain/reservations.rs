@@ -13,6 +13,9 @@ pub const MAX_AHEAD: Duration = Duration::days(366);
 /// Reservations a tenant may hold at once (not ended): each is a row every
 /// pass reads, and hosts taken from everyone else.
 pub const MAX_PER_TENANT: usize = 16;
+/// Reservations a tenant keeps, ended ones included (deleting an ended one
+/// forgets it).
+pub const MAX_KEPT: usize = 64;
 /// Most GPUs one reservation asks for.
 pub const MAX_GPUS: u32 = 4096;
 
@@ -72,6 +75,16 @@ pub fn state_at(
         ReservationState::Preparing
     } else {
         ReservationState::Scheduled
+    }
+}
+
+/// The order states come in: a reservation only moves forwards.
+pub fn rank(s: ReservationState) -> u8 {
+    match s {
+        ReservationState::Scheduled => 0,
+        ReservationState::Preparing => 1,
+        ReservationState::Active => 2,
+        ReservationState::Ended => 3,
     }
 }
 

@@ -789,6 +789,15 @@ impl Capacity {
                 index.remove(id);
             }
         }
-        self.load_spares(db).await
+        self.load_spares(db).await?;
+        // The hosts reservations hold, from the first reading on: a server
+        // just started must not place on them before the reaper's first
+        // pass.
+        let held = crate::store::reservations::held_hosts(db).await?;
+        let mut index = self.lock();
+        if *index.reserved() != held {
+            index.set_reserved(held);
+        }
+        Ok(())
     }
 }

@@ -47,7 +47,7 @@ pub async fn any_borrowed(db: &impl ConnectionTrait) -> Result<bool, ApiError> {
 }
 
 /// The guaranteed GPU VMs holding their GPUs (of one tenant, or all),
-/// oldest first, with their rows.
+/// reservations' VMs first, then oldest first, with their rows.
 pub async fn held(
     db: &impl ConnectionTrait,
     tenant: Option<Uuid>,
@@ -61,12 +61,16 @@ pub async fn held(
         .order_by_asc(vms::Column::Id)
         .all(db)
         .await?;
+    // A reservation's VMs first: they use the tenant's share before its
+    // other VMs do (the owners' reservations are within it), and so are
+    // never the ones above it.
+    let (mut rows, rest): (Vec<vms::Model>, Vec<vms::Model>) =
+        rows.into_iter().partition(|v| v.reservation_id.is_some());
+    rows.extend(rest);
     let mut out = Vec::new();
     for v in rows {
         let spec = stored_spec(&v)?;
-        // A reservation's VMs run on capacity the tenant pays to hold: no
-        // share of the pool, never borrowed.
-        if spec.reservation.is_some() || !counts(stored_state(&v)?, &spec) {
+        if !counts(stored_state(&v)?, &spec) {
             continue;
         }
         out.push((

@@ -119,7 +119,7 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
     };
     let e = s
         .admin
-        .post::<_, Reservation>("/api/v1/tenants/lab/reservations", &ask(17))
+        .post::<_, Reservation>("/api/v1/tenants/lab/reservations", &ask(24))
         .await
         .unwrap_err();
     assert_eq!(
@@ -127,6 +127,13 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
         "/problems/insufficient-capacity",
         "{e:?}"
     );
+    // Whole hosts are held, and charged: 8-GPU hosts are reserved by 8s.
+    let e = s
+        .admin
+        .post::<_, Reservation>("/api/v1/tenants/lab/reservations", &ask(4))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(400), "{e:?}");
     let (owner, _) = s.user("olive").await;
     s.add("lab", "olive", kumo_api_types::Role::Owner).await;
     let e = owner
@@ -151,13 +158,12 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(r.state, ReservationState::Scheduled);
-    // The second one would take 16 of 16 at once with the first: too many
-    // with a third; another window is fine.
+    // Another 16 overlapping the first's window would promise 24 of 16.
     let e = s
         .admin
         .post::<_, Reservation>(
             "/api/v1/tenants/other/reservations",
-            &json!({"name": "xmas", "gpus": 9, "gpu_model": H100, "starts_at": from + Duration::hours(1),
+            &json!({"name": "xmas", "gpus": 16, "gpu_model": H100, "starts_at": from + Duration::hours(1),
                     "ends_at": to + Duration::hours(1)}),
         )
         .await
@@ -345,6 +351,45 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
         .find(|l| l.vm == "again")
         .map(|l| (l.seconds, d(&l.amount)));
     assert_eq!(again_line, Some((600, d("80"))), "{dec:?}");
+    // One cancelled after its hosts were held but before its start pays
+    // for the time they were held.
+    let now = clock.now();
+    let _: Reservation = s
+        .admin
+        .post(
+            "/api/v1/tenants/lab/reservations",
+            &json!({"name": "soon", "gpus": 8, "gpu_model": H100,
+                    "starts_at": now + Duration::minutes(10), "ends_at": now + Duration::hours(1)}),
+        )
+        .await
+        .unwrap();
+    pass().await.unwrap();
+    let soon: Reservation = s
+        .admin
+        .get("/api/v1/tenants/lab/reservations/soon")
+        .await
+        .unwrap();
+    assert_eq!(
+        (soon.state, soon.held_gpus),
+        (ReservationState::Preparing, 8)
+    );
+    clock.advance(Duration::minutes(5));
+    s.admin
+        .delete("/api/v1/tenants/lab/reservations/soon")
+        .await
+        .unwrap();
+    kumo_server::app::metering::post_due(st).await.unwrap();
+    let dec: Statement = s
+        .admin
+        .get("/api/v1/tenants/lab/statements/2026-12")
+        .await
+        .unwrap();
+    let soon_line = dec
+        .lines
+        .iter()
+        .find(|l| l.vm == "soon")
+        .map(|l| (l.seconds, d(&l.amount)));
+    assert_eq!(soon_line, Some((300, d("40"))), "{dec:?}");
     // An ended reservation is forgotten when deleted; its name is free.
     s.admin
         .delete("/api/v1/tenants/lab/reservations/week")
@@ -356,7 +401,7 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
         .await
         .unwrap();
     let names: Vec<&str> = left.items.iter().map(|r| r.name.as_str()).collect();
-    assert_eq!(names, ["again"]);
+    assert_eq!(names, ["again", "soon"]);
     s.stop().await;
 }
 

@@ -71,10 +71,12 @@ pub async fn run(st: AppState) {
 
 /// One pass over everything the reaper looks after.
 pub async fn pass(st: &AppState) -> Result<(), ApiError> {
-    expire(st).await?;
     // Reservations' hosts before anything is placed: nothing else may
-    // start on them.
-    crate::app::reservations::pass(st).await?;
+    // start on them. Their failure stops nothing else.
+    if let Err(e) = crate::app::reservations::pass(st).await {
+        tracing::warn!(error = %e, "reservations pass failed; retrying");
+    }
+    expire(st).await?;
     // Marks first: who may lend to a pending request depends on them.
     crate::app::guarantees::pass(st).await?;
     // Guaranteed VMs waiting for reclaimed room come before the spot VMs
