@@ -46,6 +46,7 @@ pub enum ReservationCmd {
     },
     /// One reservation: its window, state and GPUs held and used.
     Show {
+        /// The reservation's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,
@@ -53,6 +54,7 @@ pub enum ReservationCmd {
     /// Cancel a reservation (it ends now, per its end policy), or forget
     /// one that has ended.
     Delete {
+        /// The reservation's name.
         name: String,
         #[command(flatten)]
         tenant: TenantArg,

@@ -664,6 +664,27 @@ const MATRIX: &[(&str, &str, [u16; 8])] = &[
         "/api/v1/tenants/{tenant}/shares",
         [201, 201, 201, 403, 404, 401, 401, 401],
     ),
+    // Owners reserve within their guarantee (alpha has none: 409).
+    (
+        "POST",
+        "/api/v1/tenants/{tenant}/reservations",
+        [201, 409, 403, 403, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/reservations",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "GET",
+        "/api/v1/tenants/{tenant}/reservations/{reservation}",
+        [200, 200, 200, 200, 404, 401, 401, 401],
+    ),
+    (
+        "DELETE",
+        "/api/v1/tenants/{tenant}/reservations/{reservation}",
+        [204, 204, 403, 403, 404, 401, 401, 401],
+    ),
     (
         "GET",
         "/api/v1/tenants/{tenant}/shares",
@@ -898,8 +919,33 @@ async fn prepare(s: &TestServer, w: &World, method: &str, template: &str) -> Cal
         path = path.replace("{share}", &name);
         w.last_share.lock().unwrap().clone_from(&name);
     }
+    // Reservations: a fresh one of alpha's, an hour of its own (windows
+    // never overlap, so none is refused for the GPUs promised).
+    let window = |n: u32| {
+        let start = Utc::now() + Duration::hours(i64::from(n) + 1);
+        (start, start + Duration::minutes(30))
+    };
+    if template.contains("{reservation}") {
+        let name = format!("res-{n}");
+        let (from, to) = window(n);
+        let _: kumo_api_types::Reservation = s
+            .admin
+            .post(
+                &format!("/api/v1/tenants/{tenant}/reservations"),
+                &json!({"name": name, "gpus": 8, "gpu_model": "H100-SXM5-80GB",
+                        "starts_at": from, "ends_at": to}),
+            )
+            .await
+            .unwrap();
+        path = path.replace("{reservation}", &name);
+    }
     let body = match (method, template) {
         ("POST", "/api/v1/tenants") => Some(json!({"name": format!("new-{n}")})),
+        ("POST", "/api/v1/tenants/{tenant}/reservations") => {
+            let (from, to) = window(n);
+            Some(json!({"name": format!("made-res-{n}"), "gpus": 8,
+                        "gpu_model": "H100-SXM5-80GB", "starts_at": from, "ends_at": to}))
+        }
         ("POST", "/api/v1/tenants/{tenant}/shares") => {
             Some(json!({"name": format!("made-share-{n}"), "size_gib": 1}))
         }
