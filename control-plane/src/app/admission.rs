@@ -820,13 +820,15 @@ async fn commit(
     if let Outcome::Placed(reserved, _) = outcome {
         // The index's marks of reserved hosts come from the last pass; the
         // table is the truth (a host held a moment ago on another replica).
-        let held = crate::store::reservations::held_hosts(&txn).await?;
+        let hosts: Vec<Uuid> = reserved.iter().map(|r| r.host).collect();
+        let held = crate::store::reservations::holding(&txn, &hosts).await?;
         let wrong = reserved
             .iter()
             .zip(&specs)
             .any(|(r, spec)| held.get(&r.host).copied() != spec.reservation);
         if wrong {
-            st.capacity.lock().set_reserved(held);
+            let all = crate::store::reservations::held_hosts(&txn).await?;
+            st.capacity.lock().set_reserved(all);
             return Err(CommitError::Lost);
         }
     }

@@ -82,6 +82,20 @@ pub async fn held_hosts(db: &impl ConnectionTrait) -> Result<HashMap<Uuid, Uuid>
         .collect())
 }
 
+/// Which of `hosts` reservations hold: host → reservation.
+pub async fn holding(
+    db: &impl ConnectionTrait,
+    hosts: &[Uuid],
+) -> Result<HashMap<Uuid, Uuid>, ApiError> {
+    Ok(reservation_hosts::Entity::find()
+        .filter(reservation_hosts::Column::HostId.is_in(hosts.iter().copied()))
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|r| (r.host_id, r.reservation_id))
+        .collect())
+}
+
 /// The VMs that run on reservation `id` (not deleted).
 pub async fn vms_of(db: &impl ConnectionTrait, id: Uuid) -> Result<Vec<vms::Model>, ApiError> {
     Ok(vms::Entity::find()

@@ -51,6 +51,13 @@ async fn reservation(s: &TestServer) -> Reservation {
         .unwrap()
 }
 
+async fn december(s: &TestServer) -> Statement {
+    s.admin
+        .get("/api/v1/tenants/lab/statements/2026-12")
+        .await
+        .unwrap()
+}
+
 fn d(s: &str) -> kumo_billing::Decimal {
     s.parse().unwrap()
 }
@@ -267,11 +274,7 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
             .find(|l| l.vm == "week" && l.resource == format!("reserved_gpu:{H100}"))
             .map(|l| (l.seconds, d(&l.amount)))
     };
-    let dec: Statement = s
-        .admin
-        .get("/api/v1/tenants/lab/statements/2026-12")
-        .await
-        .unwrap();
+    let dec = december(&s).await;
     assert_eq!(line(&dec), Some((3600, d("480"))), "{dec:?}");
 
     // At its end: hosts let go, the charge closed at the end, its VM
@@ -291,11 +294,7 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
         "stopped at the end (its policy)"
     );
     kumo_server::app::metering::post_due(st).await.unwrap();
-    let dec: Statement = s
-        .admin
-        .get("/api/v1/tenants/lab/statements/2026-12")
-        .await
-        .unwrap();
+    let dec = december(&s).await;
     assert_eq!(
         line(&dec),
         Some((7200, d("960"))),
@@ -340,11 +339,7 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
     );
     assert!(st.capacity.lock().reserved().is_empty());
     kumo_server::app::metering::post_due(st).await.unwrap();
-    let dec: Statement = s
-        .admin
-        .get("/api/v1/tenants/lab/statements/2026-12")
-        .await
-        .unwrap();
+    let dec = december(&s).await;
     let again_line = dec
         .lines
         .iter()
@@ -379,11 +374,7 @@ async fn reservations_hold_hosts_reclaim_spot_vms_and_charge(backend: Backend) {
         .await
         .unwrap();
     kumo_server::app::metering::post_due(st).await.unwrap();
-    let dec: Statement = s
-        .admin
-        .get("/api/v1/tenants/lab/statements/2026-12")
-        .await
-        .unwrap();
+    let dec = december(&s).await;
     let soon_line = dec
         .lines
         .iter()
