@@ -110,9 +110,13 @@ pub async fn heartbeat(
                                   // the lease keeper writes it with others (see `crate::leases`).
     let updated = if a.is_changed() {
         a.last_heartbeat_at = Set(now);
-        a.update(&st.db)
+        let written = a
+            .update(&st.db)
             .await
-            .map_err(|e| crate::app::hosts::underlay_taken(e, body.underlay_ip))?
+            .map_err(|e| crate::app::hosts::underlay_taken(e, body.underlay_ip));
+        // The next request reads the row as written (or as it stayed).
+        st.capacity.host_rows.forget([&id]);
+        written?
     } else {
         st.leases.renew(id, now);
         a.try_into_model()

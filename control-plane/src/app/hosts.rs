@@ -149,7 +149,7 @@ pub async fn allow_rejoin(st: &AppState, actor: &Actor, host: &str) -> Result<()
     let h = crate::store::hosts::find(&txn, host)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("host {host:?}")))?;
-    let name = h.name.clone();
+    let (id, name) = (h.id, h.name.clone());
     let mut a: hosts::ActiveModel = h.into();
     // No secret hashes to this: the old credential is dead.
     a.credential_hash = Set(String::new());
@@ -157,6 +157,7 @@ pub async fn allow_rejoin(st: &AppState, actor: &Actor, host: &str) -> Result<()
     a.update(&txn).await?;
     audit::record(&txn, actor, "host.rejoin", None, &name).await?;
     txn.commit().await?;
+    st.capacity.host_rows.forget([&id]);
     Ok(())
 }
 
@@ -465,6 +466,9 @@ pub async fn register(
     )
     .await?;
     txn.commit().await?;
+    // Its old credential is refused here at once (other replicas follow
+    // within a second: the row's mark moved).
+    st.capacity.host_rows.forget([&id]);
     st.capacity.refresh_host(&st.db, id).await?;
     tracing::info!(host = %body.name, %id, action, "host registered");
     Ok((id, minted.token))

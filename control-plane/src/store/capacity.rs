@@ -99,6 +99,9 @@ pub struct Capacity {
     /// Hosts the fair queue's waiting requests are planned on (its last
     /// pass): new requests keep off them, so those ahead are not delayed.
     held_for_queue: Mutex<Vec<Uuid>>,
+    /// Hosts' rows as their agents' requests last read them; the marks
+    /// read here say when to forget them.
+    pub host_rows: crate::store::hosts::HostRows,
 }
 
 impl Default for Capacity {
@@ -157,6 +160,7 @@ impl Capacity {
             caught_up_at: Mutex::default(),
             reserving: Mutex::default(),
             held_for_queue: Mutex::default(),
+            host_rows: Default::default(),
         }
     }
 
@@ -183,6 +187,9 @@ impl Capacity {
             return Ok(0);
         };
         let moved = crate::store::hosts::moved_marks(&before, &now);
+        if !moved.changed.is_empty() {
+            self.host_rows.forget(&moved.changed);
+        }
         if moved != crate::store::hosts::MovedMarks::default() {
             tracing::debug!(?moved, "hosts changed elsewhere");
         }

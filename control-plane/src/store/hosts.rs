@@ -16,9 +16,9 @@ use crate::error::ApiError;
 
 /// What other replicas need to notice of a host, read for every host in
 /// one narrow query (no topology): the revision its agent long-polls on,
-/// and a digest of what the capacity index is built from. The
-/// allocations under a host change only with its revision (every commit
-/// and release bumps it).
+/// a digest of what the capacity index is built from, and a digest of the
+/// rest of the row an agent's requests work with. The allocations under a
+/// host change only with its revision (every commit and release bumps it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChangeMark {
     pub seen_revision: i64,
@@ -26,56 +26,114 @@ pub struct ChangeMark {
     pub revision: i64,
     /// A digest of the other columns the index is built from.
     pub capacity: u64,
+    /// A digest of the row's other columns but its topology, fabric and
+    /// last beat: when it moves, [`HostRows`] forgets the host.
+    pub row: u64,
+}
+
+#[derive(sea_orm::FromQueryResult)]
+struct MarkRow {
+    id: Uuid,
+    revision: i64,
+    network_revision: i64,
+    state: String,
+    drained: bool,
+    scalable_unit: Option<String>,
+    underlay_ip: Option<String>,
+    topology_digest: Option<String>,
+    rails: Option<String>,
+    disk_capacity_gib: Option<i64>,
+    root_disk_capacity_gib: Option<i64>,
+    shares_storage: Option<String>,
+    name: String,
+    credential_hash: String,
+    virt_type: String,
+    rejoin_allowed: bool,
+    segment_faults: Option<String>,
+    edge_uplink: Option<String>,
+    transfer_url: Option<String>,
+    disk_free_gib: Option<i64>,
+    unreachable_since: Option<chrono::DateTime<chrono::Utc>>,
+    maintenance_at: Option<chrono::DateTime<chrono::Utc>>,
+    maintenance_reason: Option<String>,
+    maintenance_told_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 pub async fn change_marks(
     db: &impl ConnectionTrait,
 ) -> Result<std::collections::HashMap<Uuid, ChangeMark>, ApiError> {
+    use hosts::Column as C;
     use std::hash::{Hash, Hasher};
-    type Row = (
-        Uuid,
-        i64,
-        i64,
-        String,
-        bool,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<i64>,
-        Option<i64>,
-        Option<String>,
-    );
-    let rows: Vec<Row> = hosts::Entity::find()
+    let rows: Vec<MarkRow> = hosts::Entity::find()
         .select_only()
         .columns([
-            hosts::Column::Id,
-            hosts::Column::Revision,
-            hosts::Column::NetworkRevision,
-            hosts::Column::State,
-            hosts::Column::Drained,
-            hosts::Column::ScalableUnit,
-            hosts::Column::UnderlayIp,
-            hosts::Column::TopologyDigest,
-            hosts::Column::Rails,
-            hosts::Column::DiskCapacityGib,
-            hosts::Column::RootDiskCapacityGib,
-            hosts::Column::SharesStorage,
+            C::Id,
+            C::Revision,
+            C::NetworkRevision,
+            C::State,
+            C::Drained,
+            C::ScalableUnit,
+            C::UnderlayIp,
+            C::TopologyDigest,
+            C::Rails,
+            C::DiskCapacityGib,
+            C::RootDiskCapacityGib,
+            C::SharesStorage,
+            C::Name,
+            C::CredentialHash,
+            C::VirtType,
+            C::RejoinAllowed,
+            C::SegmentFaults,
+            C::EdgeUplink,
+            C::TransferUrl,
+            C::DiskFreeGib,
+            C::UnreachableSince,
+            C::MaintenanceAt,
+            C::MaintenanceReason,
+            C::MaintenanceToldAt,
         ])
-        .into_tuple()
+        .into_model()
         .all(db)
         .await?;
     Ok(rows
         .into_iter()
         .map(|r| {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (&r.3, r.4, &r.5, &r.6, &r.7, &r.8, r.9, r.10, &r.11).hash(&mut h);
+            let mut capacity = std::collections::hash_map::DefaultHasher::new();
+            (
+                &r.state,
+                r.drained,
+                &r.scalable_unit,
+                &r.underlay_ip,
+                &r.topology_digest,
+                &r.rails,
+                r.disk_capacity_gib,
+                r.root_disk_capacity_gib,
+                &r.shares_storage,
+            )
+                .hash(&mut capacity);
+            let mut row = std::collections::hash_map::DefaultHasher::new();
+            (
+                &r.name,
+                &r.credential_hash,
+                &r.virt_type,
+                r.rejoin_allowed,
+                &r.segment_faults,
+                &r.edge_uplink,
+                &r.transfer_url,
+                r.disk_free_gib,
+                r.unreachable_since,
+                r.maintenance_at,
+                &r.maintenance_reason,
+                r.maintenance_told_at,
+            )
+                .hash(&mut row);
             let mark = ChangeMark {
-                seen_revision: r.1.saturating_add(r.2),
-                revision: r.1,
-                capacity: h.finish(),
+                seen_revision: r.revision.saturating_add(r.network_revision),
+                revision: r.revision,
+                capacity: capacity.finish(),
+                row: row.finish(),
             };
-            (r.0, mark)
+            (r.id, mark)
         })
         .collect())
 }
@@ -92,6 +150,9 @@ pub struct MovedMarks {
     pub revised: Vec<(Uuid, i64)>,
     /// No longer there.
     pub gone: Vec<Uuid>,
+    /// Any part of their mark moved, or they are new or gone: their rows
+    /// as agents' requests last read them are stale.
+    pub changed: Vec<Uuid>,
 }
 
 pub fn moved_marks(
@@ -115,13 +176,22 @@ pub fn moved_marks(
         } else if b.is_some_and(|b| b.revision != m.revision) {
             out.revised.push((*id, m.revision));
         }
+        if b != Some(m) {
+            out.changed.push(*id);
+        }
     }
     out.gone = before
         .keys()
         .filter(|id| !now.contains_key(id))
         .copied()
         .collect();
-    for v in [&mut out.woken, &mut out.reread, &mut out.gone] {
+    out.changed.extend(&out.gone);
+    for v in [
+        &mut out.woken,
+        &mut out.reread,
+        &mut out.gone,
+        &mut out.changed,
+    ] {
         v.sort_unstable();
     }
     out.revised.sort_unstable();
@@ -317,6 +387,82 @@ pub async fn by_id_without_topology(
         .await?)
 }
 
+/// Hosts' rows (without topology) as agents' requests last read them, so
+/// that a beat that changes nothing reads no database: at 2,000 hosts
+/// every request of an agent read its host's row, 550 reads a second.
+/// A host is forgotten when its change mark moves ([`ChangeMark::row`] and
+/// the rest; `Capacity::catch_up` reads them every second, this replica's
+/// changes and other replicas' alike), when this replica rewrites the row
+/// for its agent (a heartbeat that changed something, a registration)
+/// and after [`HostRows::MAX_AGE`]. So a row served here is at most about
+/// a second behind the database: a credential replaced or a host retired
+/// on another replica is refused here within that second.
+#[derive(Default)]
+pub struct HostRows {
+    inner: std::sync::Mutex<HostRowsInner>,
+}
+
+#[derive(Default)]
+struct HostRowsInner {
+    rows: std::collections::HashMap<Uuid, (hosts::Model, std::time::Instant)>,
+    /// Moves with every forgetting: a read that began before one may hold
+    /// what was just forgotten, and is not kept.
+    generation: u64,
+}
+
+impl HostRows {
+    /// A backstop: no row is kept longer, whatever the marks say.
+    pub const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HostRowsInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The host's row, kept or read (and kept).
+    pub async fn get(
+        &self,
+        db: &impl ConnectionTrait,
+        id: Uuid,
+    ) -> Result<Option<hosts::Model>, ApiError> {
+        let generation = {
+            let inner = self.lock();
+            if let Some((row, at)) = inner.rows.get(&id) {
+                if at.elapsed() < Self::MAX_AGE {
+                    return Ok(Some(row.clone()));
+                }
+            }
+            inner.generation
+        };
+        let row = by_id_without_topology(db, id).await?;
+        if let Some(r) = &row {
+            let mut inner = self.lock();
+            if inner.generation == generation {
+                inner
+                    .rows
+                    .insert(id, (r.clone(), std::time::Instant::now()));
+            }
+        }
+        Ok(row)
+    }
+
+    pub fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a Uuid>) {
+        let mut inner = self.lock();
+        inner.generation = inner.generation.wrapping_add(1);
+        for id in ids {
+            inner.rows.remove(id);
+        }
+    }
+
+    /// How many rows are kept (for tests).
+    pub fn len(&self) -> usize {
+        self.lock().rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The host whole: `h` itself, or its row read again when `h` was read
 /// without its topology.
 pub async fn with_topology<'h>(
@@ -395,21 +541,36 @@ mod tests {
 
     #[test]
     fn moved_marks_wake_revised_and_new_hosts_and_reread_changed_ones() {
-        let (a, b, c, d) = (
+        let (a, b, c, d, e) = (
             Uuid::from_u128(1),
             Uuid::from_u128(2),
             Uuid::from_u128(3),
             Uuid::from_u128(4),
+            Uuid::from_u128(5),
         );
-        let m = |seen, revision, capacity| ChangeMark {
+        let m = |seen, revision, capacity, row| ChangeMark {
             seen_revision: seen,
             revision,
             capacity,
+            row,
         };
-        let before = [(a, m(1, 1, 7)), (b, m(5, 5, 7)), (c, m(3, 3, 7))].into();
+        let before = [
+            (a, m(1, 1, 7, 9)),
+            (b, m(5, 5, 7, 9)),
+            (c, m(3, 3, 7, 9)),
+            (e, m(4, 4, 7, 9)),
+        ]
+        .into();
         // a: a placement (revision); b: drained (capacity); c: gone;
-        // d: new (woken: its revision may have moved since it came).
-        let now = [(a, m(2, 2, 7)), (b, m(5, 5, 8)), (d, m(0, 0, 7))].into();
+        // d: new (woken: its revision may have moved since it came);
+        // e: a new credential (only the rest of its row).
+        let now = [
+            (a, m(2, 2, 7, 9)),
+            (b, m(5, 5, 8, 9)),
+            (d, m(0, 0, 7, 9)),
+            (e, m(4, 4, 7, 10)),
+        ]
+        .into();
         assert_eq!(
             moved_marks(&before, &now),
             MovedMarks {
@@ -417,6 +578,7 @@ mod tests {
                 reread: vec![b, d],
                 revised: vec![(a, 2)],
                 gone: vec![c],
+                changed: vec![a, b, c, d, e],
             }
         );
         assert_eq!(moved_marks(&now, &now), MovedMarks::default());

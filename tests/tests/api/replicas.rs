@@ -118,6 +118,44 @@ on_both_backends! {
         b.stop().await.unwrap();
     }
 
+    /// Replica A keeps each host's row between its agent's requests (a
+    /// beat that changes nothing reads no database), yet a credential
+    /// revoked through replica B is refused at A within about a second
+    /// (A's reading of the marks forgets the row), and one revoked at A
+    /// is refused there at once.
+    async fn a_credential_revoked_at_either_replica_is_refused_at_a_replica_keeping_rows(
+        s: &TestServer,
+    ) {
+        let (b, _) = replica(s).await;
+        let far = s.sim_agent("gpu-0", "hgx-h100").await;
+        let near = s.sim_agent("gpu-1", "hgx-h100").await;
+        for a in [&far, &near] {
+            assert_eq!(a.heartbeat().await, 204);
+            assert_eq!(a.heartbeat().await, 204);
+        }
+        assert_eq!(s.server.state.capacity.host_rows.len(), 2, "rows not kept");
+        let rejoin = async |url: &str, host: &str| {
+            let r = s
+                .http()
+                .post(format!("{url}/api/v1/hosts/{host}/rejoin"))
+                .bearer_auth(&s.admin_token)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{}", r.status());
+        };
+        rejoin(&b.url(), "gpu-0").await;
+        let took = within("B's revocation to reach A", Duration::from_secs(5), async || {
+            far.heartbeat().await == 401
+        })
+        .await;
+        eprintln!("a credential revoked at B was refused at A after {took:?}");
+        assert_eq!(near.heartbeat().await, 204);
+        rejoin(&s.url, "gpu-1").await;
+        assert_eq!(near.heartbeat().await, 401, "revoked here, still let in here");
+        b.stop().await.unwrap();
+    }
+
     /// A host that came after the follower's last reading and whose
     /// desired state moved before its next is woken by that next reading:
     /// its long poll must not sleep its 25 s out (the cause of this file's

@@ -39,7 +39,12 @@ impl FromRequestParts<AppState> for HostCaller {
             .and_then(Result::ok)
             .ok_or_else(invalid)?;
         let (id, secret) = auth::parse_prefixed(token, auth::HOST_PREFIX).ok_or_else(invalid)?;
-        let host = crate::store::hosts::by_id_without_topology(&st.reads, id)
+        // Kept between the host's changes (`HostRows`): a beat that
+        // changes nothing reads no database.
+        let host = st
+            .capacity
+            .host_rows
+            .get(&st.reads, id)
             .await?
             .ok_or_else(invalid)?;
         if !auth::secret_matches(secret, &host.credential_hash)
@@ -126,6 +131,12 @@ pub async fn desired(
     let deadline = tokio::time::Instant::now() + LONG_POLL;
     let mut seen = st.signals.seen(host.id);
     let mut current = host;
+    if q.after.is_none() {
+        // The revision answered is read now, not kept from a beat ago.
+        current = crate::store::hosts::by_id_without_topology(&st.reads, current.id)
+            .await?
+            .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
+    }
     if let Some(after) = q.after {
         loop {
             // Read after taking the count: a change landing meanwhile is
