@@ -28,6 +28,20 @@ pub async fn heartbeat(
     body: &AgentHeartbeat,
     origin: &crate::context::Origin,
 ) -> Result<(), ApiError> {
+    // The row may be kept from an earlier request (`HostRows`); after a
+    // silence it is read afresh, for another replica may have found the
+    // host lost meanwhile.
+    let host = if st
+        .capacity
+        .host_rows
+        .beat(host.id, st.config.heartbeat_timeout / 2)
+    {
+        host
+    } else {
+        crate::store::hosts::by_id_without_topology(&st.reads, host.id)
+            .await?
+            .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?
+    };
     let back = host.state == HostState::Unreachable.as_str();
     let name = host.name.clone();
     let id = host.id;

@@ -405,6 +405,8 @@ pub struct HostRows {
 #[derive(Default)]
 struct HostRowsInner {
     rows: std::collections::HashMap<Uuid, (hosts::Model, std::time::Instant)>,
+    /// Each host's last beat answered here.
+    beats: std::collections::HashMap<Uuid, std::time::Instant>,
     /// Moves with every forgetting: a read that began before one may hold
     /// what was just forgotten, and is not kept.
     generation: u64,
@@ -443,6 +445,21 @@ impl HostRows {
             }
         }
         Ok(row)
+    }
+
+    /// Notes a beat of the host; true when its last beat here was within
+    /// `quiet`. A host only turns unreachable after a silence of the
+    /// heartbeat timeout in the database, so one that beat here within
+    /// half of it cannot have (its beat is written within a quarter):
+    /// the kept row's state stands. After a longer silence the beat
+    /// reads the row afresh, and a host back from `unreachable` is
+    /// written back at once, whichever replica marked it.
+    pub fn beat(&self, id: Uuid, quiet: std::time::Duration) -> bool {
+        let now = std::time::Instant::now();
+        self.lock()
+            .beats
+            .insert(id, now)
+            .is_some_and(|last| now.duration_since(last) <= quiet)
     }
 
     pub fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a Uuid>) {
