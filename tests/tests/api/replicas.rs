@@ -123,9 +123,7 @@ on_both_backends! {
     /// revoked through replica B is refused at A within about a second
     /// (A's reading of the marks forgets the row), and one revoked at A
     /// is refused there at once.
-    async fn a_credential_revoked_at_either_replica_is_refused_at_a_replica_keeping_rows(
-        s: &TestServer,
-    ) {
+    async fn a_revoked_credential_is_refused_at_a_replica_keeping_rows(s: &TestServer) {
         let (b, _) = replica(s).await;
         let far = s.sim_agent("gpu-0", "hgx-h100").await;
         let near = s.sim_agent("gpu-1", "hgx-h100").await;
