@@ -1205,13 +1205,24 @@ fn placement_figures_stay_within_twice_the_recorded_ones() {
         assert!(r.kumo.vms_placed > 2000, "{r:?}");
         r
     };
-    let small = at(500);
-    let large = at(4000);
-    let best_over_first = large.kumo.p50_us / large.first_fit.p50_us;
-    let growth = large.kumo.p50_us / small.kumo.p50_us;
+    // Each figure is the least of three rounds: one run's p50 is a median
+    // over seconds in which a test beside this one (nextest runs several)
+    // can slow a whole phase — CI once read best / first fit 1.60 against
+    // 0.77 recorded on a change that did not touch the scheduler, its
+    // best-fit phase run beside a build. A slower build is slower in
+    // every round.
+    let rounds: Vec<_> = (0..3).map(|_| (at(500), at(4000))).collect();
+    let least =
+        |f: &dyn Fn(&(kumo_scheduler::bench::Report, kumo_scheduler::bench::Report)) -> f64| {
+            rounds.iter().map(f).fold(f64::INFINITY, f64::min)
+        };
+    let small_best = least(&|r| r.0.kumo.p50_us);
+    let large_best = least(&|r| r.1.kumo.p50_us);
+    let large_first = least(&|r| r.1.first_fit.p50_us);
+    let best_over_first = large_best / large_first;
+    let growth = large_best / small_best;
     eprintln!(
-        "best fit / first fit p50 at 4,000 hosts: {best_over_first:.2}; best fit p50 4,000 / 500 hosts: {growth:.2} ({:.1} µs / {:.1} µs)",
-        large.kumo.p50_us, small.kumo.p50_us
+        "best fit / first fit p50 at 4,000 hosts: {best_over_first:.2}; best fit p50 4,000 / 500 hosts: {growth:.2} ({large_best:.1} µs / {small_best:.1} µs; first fit {large_first:.1} µs; least of 3 rounds)"
     );
     for (name, v) in [
         ("placement_best_over_first_p50", best_over_first),
