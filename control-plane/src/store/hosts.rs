@@ -462,6 +462,7 @@ impl HostRows {
             .is_some_and(|last| now.duration_since(last) <= quiet)
     }
 
+    /// Drops the hosts' kept rows; reads under way are not kept.
     pub fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a Uuid>) {
         let mut inner = self.lock();
         inner.generation = inner.generation.wrapping_add(1);

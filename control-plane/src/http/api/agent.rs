@@ -130,34 +130,30 @@ pub async fn desired(
 ) -> Result<axum::Json<DesiredState>, ApiError> {
     let deadline = tokio::time::Instant::now() + LONG_POLL;
     let mut seen = st.signals.seen(host.id);
-    let mut current = host;
-    if q.after.is_none() {
-        // The revision answered is read now, not kept from a beat ago.
-        current = crate::store::hosts::by_id_without_topology(&st.reads, current.id)
+    // The row is read afresh here, not taken as `HostCaller` kept it: the
+    // revision answered and compared is the database's.
+    let current = loop {
+        // Read after taking the count: a change landing meanwhile is
+        // either in this row or counted, so no wake-up is missed.
+        let current = crate::store::hosts::by_id_without_topology(&st.reads, host.id)
             .await?
             .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
-    }
-    if let Some(after) = q.after {
-        loop {
-            // Read after taking the count: a change landing meanwhile is
-            // either in this row or counted, so no wake-up is missed.
-            current = crate::store::hosts::by_id_without_topology(&st.reads, current.id)
-                .await?
-                .ok_or_else(|| ApiError::Unauthenticated("host no longer exists".into()))?;
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            tracing::debug!(host = %current.id, seen, revision = crate::app::agents::seen_revision(&current), after, "long poll read");
-            if crate::app::agents::seen_revision(&current) > after
-                || left.is_zero()
-                || st.signals.closing()
-            {
-                break;
-            }
-            // Woken by a change made here, or by the host-change follower
-            // for one made by another replica (within a second).
-            st.signals.wait(current.id, seen, left).await;
-            seen = st.signals.seen(current.id);
+        let Some(after) = q.after else {
+            break current;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        tracing::debug!(host = %current.id, seen, revision = crate::app::agents::seen_revision(&current), after, "long poll read");
+        if crate::app::agents::seen_revision(&current) > after
+            || left.is_zero()
+            || st.signals.closing()
+        {
+            break current;
         }
-    }
+        // Woken by a change made here, or by the host-change follower
+        // for one made by another replica (within a second).
+        st.signals.wait(current.id, seen, left).await;
+        seen = st.signals.seen(current.id);
+    };
     Ok(axum::Json(
         crate::app::agents::desired(&st, &current).await?,
     ))
