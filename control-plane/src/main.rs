@@ -32,6 +32,14 @@ enum Command {
         /// Simulated hosts (H100, A100, 2-NIC H100, L40S, CPU-only, repeating).
         #[arg(long, default_value_t = 4)]
         hosts: usize,
+        /// Also one real host, `qemu-001` (run as root, libvirtd on
+        /// qemu:///system): a CPU-only machine whose VMs boot this guest
+        /// (a directory with `vmlinuz` and `initrd.img`, made by
+        /// scripts/build-test-guest.sh) from the template `tiny`, reached
+        /// over SSH from this machine. `./x start --qemu` builds the guest
+        /// and passes it.
+        #[arg(long, value_name = "DIR")]
+        qemu_guest: Option<std::path::PathBuf>,
         /// More log: -v every request (heartbeats and polls too) and the
         /// agents' own lines, -vv debug. Without it: warnings, errors and
         /// one line per user action.
@@ -187,7 +195,12 @@ fn human_field(
 /// What `serve` logs unless told otherwise: every request.
 const SERVE_LOG: &str = "info,sqlx=warn,sea_orm=warn";
 
-async fn dev(mut args: ServeArgs, hosts: usize, verbose: u8) -> anyhow::Result<()> {
+async fn dev(
+    mut args: ServeArgs,
+    hosts: usize,
+    qemu_guest: Option<std::path::PathBuf>,
+    verbose: u8,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     // A person reads dev's terminal: text unless JSON is asked for.
     if args.log_format.is_none() && std::env::var_os("KUMO_LOG_FORMAT").is_none() {
@@ -199,7 +212,8 @@ async fn dev(mut args: ServeArgs, hosts: usize, verbose: u8) -> anyhow::Result<(
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let data_dir = config.data_dir.clone();
-    let (mut server, fleet) = kumo_server::dev::dev(config, hosts, level).await?;
+    let (mut server, fleet) =
+        kumo_server::dev::dev(config, hosts, level, qemu_guest.as_deref()).await?;
     let url = server.url();
     // Written whole and without panicking: a reader that went away (a
     // pipe closed early) must not take the fleet down.
@@ -379,12 +393,13 @@ fn main() -> ExitCode {
         Command::Dev {
             serve,
             hosts,
+            qemu_guest,
             verbose,
         } => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(dev(serve, hosts, verbose))),
+            .and_then(|rt| rt.block_on(dev(serve, hosts, qemu_guest, verbose))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -425,10 +425,25 @@ fn release_build() -> Result<(), String> {
 /// under `./.kumo`, a simulated fleet of GPU hosts, a demo tenant.
 fn start(extra: &[String]) -> Result<(), String> {
     ensure_tools(PACKAGES)?;
+    ensure_tools(AFTER)?;
+    // `--qemu`: one real host beside the simulated ones, booting the tiny
+    // guest (busybox, Dropbear) under libvirtd, for an SSH session in a
+    // real VM. libvirtd is started as for the tests (TCG unless
+    // KUMO_TEST_USE_KVM=1 says KVM works here).
+    let qemu = extra.iter().any(|a| a == "--qemu");
+    let extra: Vec<&String> = extra.iter().filter(|a| *a != "--qemu").collect();
+    let mut dev = Command::new(target_dir().join("release/kumo-server"));
+    dev.arg("dev");
+    if qemu {
+        run(Command::new("bash").arg("scripts/ensure-libvirtd.sh"))?;
+        let guest = target_dir().join("dev-guest");
+        run(Command::new("bash")
+            .arg("scripts/build-test-guest.sh")
+            .arg(&guest))?;
+        dev.arg("--qemu-guest").arg(guest);
+    }
     release_build()?;
-    run(Command::new(target_dir().join("release/kumo-server"))
-        .arg("dev")
-        .args(extra))
+    run(dev.args(extra))
 }
 
 /// Debian packages of the release build (kumo-server, kumo-agent, kumo)
@@ -549,7 +564,7 @@ fn main() -> ExitCode {
         "layers" => check_layers(),
         "previous-release" => previous_release().map(|d| println!("{}", d.display())),
         _ => {
-            eprintln!("usage: cargo xtask <start|test|docs|openapi|deb|…> [args…]\n  start    run kumo-server on SQLite under ./.kumo\n  layers   check the control plane's one-way layers\n  previous-release  build the previous release (for the upgrade tests)\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  docs     build the manual (mdBook) into docs/book\n  openapi  regenerate api-spec/openapi.json\n  deb      Debian packages of the release build, into <target>/debian");
+            eprintln!("usage: cargo xtask <start|test|docs|openapi|deb|…> [args…]\n  start    run kumo-server on SQLite under ./.kumo (--qemu: and a real host)\n  layers   check the control plane's one-way layers\n  previous-release  build the previous release (for the upgrade tests)\n  test     fmt, clippy and every test (starts PostgreSQL if needed);\n           --extended adds the long runs: 5x crash rounds, fuzzing\n  fuzz     only the fuzz targets (KUMO_FUZZ_SECONDS each, default 120)\n  docs     build the manual (mdBook) into docs/book\n  openapi  regenerate api-spec/openapi.json\n  deb      Debian packages of the release build, into <target>/debian");
             return if task == "help" {
                 ExitCode::SUCCESS
             } else {

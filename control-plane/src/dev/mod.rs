@@ -13,6 +13,7 @@
 
 mod guests;
 pub mod network;
+pub mod qemu;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,8 @@ pub struct Fleet {
     /// The fleet's network as it was made (`network.json` also lists the
     /// guests as they come and go).
     pub network: FleetNetwork,
+    /// What the real (QEMU) host made on this machine, where there is one.
+    qemu: Option<qemu::Leftovers>,
 }
 
 impl Drop for Fleet {
@@ -67,6 +70,11 @@ impl Drop for Fleet {
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // Its agent is gone: its domains and links go before the
+        // namespaces their peers are in.
+        if let Some(q) = &self.qemu {
+            qemu::remove(q);
         }
         // The agents died without a word: their edges (and edge DNS) go too.
         if let Some(prefix) = &self.prefix {
@@ -107,15 +115,30 @@ fn agent_binary() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// The simulated hosts' designs: with a real (QEMU) host, which is a
+/// CPU-only machine, no simulated one is, so CPU-only VMs go to it first
+/// (placement prefers hosts without GPUs for them).
+fn designs(real_host: bool) -> Vec<&'static str> {
+    FLEET
+        .iter()
+        .copied()
+        .filter(|d| !(real_host && *d == "cpu-only"))
+        .collect()
+}
+
 /// The dev fleet's projects' default segment (the README's walks use
 /// 10.1–10.3).
 const DEV_DEFAULT_SEGMENT: &str = "10.0.0.0/24";
 
-async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
-    let ok_or_exists = |r: Result<(), kumo_cli::ClientError>| match r {
+/// A create that finds its object made by an earlier start is fine.
+fn ok_or_exists(r: Result<(), kumo_cli::ClientError>) -> Result<(), kumo_cli::ClientError> {
+    match r {
         Err(e) if e.status() == Some(409) => Ok(()),
         other => other,
-    };
+    }
+}
+
+async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
     ok_or_exists(
         client
             .create_tenant(&TenantCreate {
@@ -226,14 +249,19 @@ pub async fn start_fleet(
     hosts: usize,
     data_dir: &Path,
     log: LogLevel,
+    qemu_guest: Option<&Path>,
 ) -> anyhow::Result<Fleet> {
     let client = Client::new(server, Some(admin_token.to_owned()))?;
+    if let Some(guest) = qemu_guest {
+        qemu::preflight(guest)?;
+    }
     seed(&client, data_dir).await?;
+    let all = hosts + usize::from(qemu_guest.is_some());
     let join = client
         .create_join_token(&JoinTokenCreate {
             description: Some("kumo-server dev fleet".into()),
             ttl_seconds: Some(3600),
-            uses: Some(u32::try_from(hosts).unwrap_or(u32::MAX)),
+            uses: Some(u32::try_from(all).unwrap_or(u32::MAX)),
         })
         .await?;
     let bin = agent_binary()?;
@@ -243,6 +271,7 @@ pub async fn start_fleet(
         guest_keeper: None,
         guests: Arc::new(Mutex::new(guests::Guests::new(&prefix()))),
         network: FleetNetwork::default(),
+        qemu: None,
     };
     let mut net = FleetNetwork {
         hosts: (0..hosts)
@@ -258,6 +287,7 @@ pub async fn start_fleet(
         pool: None,
         guests: Vec::new(),
     };
+    let designs = designs(qemu_guest.is_some());
     for (i, h) in net.hosts.iter_mut().enumerate() {
         if let Some(ns) = host_namespace(i) {
             fleet.prefix = Some(prefix());
@@ -290,9 +320,53 @@ pub async fn start_fleet(
         }
         net.pool = Some(p);
     }
+    // The real host: in this namespace (libvirtd's taps are made here),
+    // joined to the underlay and the provider network. It needs both.
+    if let Some(guest) = qemu_guest {
+        let (Some(underlay), Some(wan)) = (&net.underlay, &net.wan) else {
+            anyhow::bail!("a QEMU host needs the fleet's networks: run as root");
+        };
+        let address = network::underlay_ip(hosts);
+        let work = qemu::work_dir(data_dir);
+        // Recorded before anything is made, so a failure half way (or a
+        // kill) leaves nothing the next start does not remove.
+        let mut left = qemu::Leftovers {
+            work: work.clone(),
+            links: Vec::new(),
+            underlay_ip: address,
+        };
+        let record = |left: &qemu::Leftovers| {
+            owner::record(
+                data_dir,
+                &owner::Owner {
+                    server_pid: std::process::id(),
+                    prefix: prefix(),
+                    agents: Vec::new(),
+                    qemu: Some(left.clone()),
+                },
+            )
+        };
+        record(&left)?;
+        let joined = qemu::join_networks(underlay, wan, &mut left);
+        fleet.qemu = Some(left.clone());
+        joined?;
+        record(&left)?;
+        let template = qemu::prepare(&work, guest)?;
+        ok_or_exists(client.create_template(&template).await.map(|_| ()))?;
+        net.hosts.push(network::HostNet {
+            name: qemu::HOST.into(),
+            namespace: None,
+            underlay_ip: Some(address),
+            edge_uplink: None,
+        });
+    }
     std::fs::create_dir_all(data_dir.join("fleet").join("shared-fs"))?;
     for (i, h) in net.hosts.iter().enumerate() {
-        let design = FLEET[i % FLEET.len()];
+        let real = fleet.qemu.as_ref().filter(|_| h.name == qemu::HOST);
+        let design = match real {
+            Some(_) => "cpu-only",
+            None => designs[i % designs.len()],
+        };
         let dir = data_dir.join("fleet").join(&h.name);
         let sysfs = dir.join("sysfs");
         let m = kumo_topology::fixtures::machine(design).context("fixture")?;
@@ -332,32 +406,32 @@ pub async fn start_fleet(
             })
             .transpose()?;
         let mut cmd = Command::new(&bin);
-        cmd.args([
-            "run",
-            "--server",
-            server,
-            "--libvirt-uri",
-            "test:///default",
-            "--virt-type",
-            "qemu",
-            "--heartbeat-secs",
-            "5",
-        ])
-        .arg("--name")
-        .arg(&h.name)
-        .arg("--sysfs-root")
-        .arg(&sysfs)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        // Simulated hosts share this machine's one disk: each says it has
-        // its own 4 TiB, as a real host's NVMe pool would.
-        .args(["--storage-capacity-gib", "4096"])
-        // Every simulated host sees one directory as the shared filesystem
-        // of project shares (a real fleet mounts Lustre, NFS or CephFS).
-        .arg("--shares-root")
-        .arg(data_dir.join("fleet").join("shared-fs"))
-        .arg("--shares-root-local")
-        .env("KUMO_JOIN_TOKEN", &join.token);
+        cmd.args(["run", "--server", server, "--heartbeat-secs", "5"])
+            .arg("--name")
+            .arg(&h.name)
+            .arg("--sysfs-root")
+            .arg(&sysfs);
+        match real {
+            // Its disks, seeds and firmware where QEMU's user reaches
+            // them; its pool is this machine's real free space.
+            Some(left) => cmd
+                .args(qemu::agent_args(left))
+                .arg("--state-dir")
+                .arg(left.work.join("state")),
+            // Simulated hosts share this machine's one disk: each says it
+            // has its own 4 TiB, as a real host's NVMe pool would.
+            None => cmd
+                .args(["--libvirt-uri", "test:///default", "--virt-type", "qemu"])
+                .arg("--state-dir")
+                .arg(dir.join("state"))
+                .args(["--storage-capacity-gib", "4096"]),
+        };
+        // Every host sees one directory as the shared filesystem of
+        // project shares (a real fleet mounts Lustre, NFS or CephFS).
+        cmd.arg("--shares-root")
+            .arg(data_dir.join("fleet").join("shared-fs"))
+            .arg("--shares-root-local")
+            .env("KUMO_JOIN_TOKEN", &join.token);
         if let Some(fm) = &fabric_manager {
             cmd.arg("--fabric-manager").arg(fm);
         }
@@ -386,6 +460,7 @@ pub async fn start_fleet(
             server_pid: std::process::id(),
             prefix: prefix(),
             agents: fleet.children.iter().map(Child::id).collect(),
+            qemu: fleet.qemu.clone(),
         },
     )?;
     net.write(data_dir)?;
@@ -398,14 +473,16 @@ pub async fn start_fleet(
             data_dir.to_owned(),
         )));
     }
-    // Wait for every host to register, so the first request finds them.
-    for _ in 0..200 {
-        if client.list_hosts().await?.len() >= hosts {
+    // Wait for every host to register, so the first request finds them
+    // (libvirtd may probe QEMU first on the real host's first connection).
+    let limit = if fleet.qemu.is_some() { 60 } else { 10 };
+    for _ in 0..limit * 20 {
+        if client.list_hosts().await?.len() >= all {
             return Ok(fleet);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    anyhow::bail!("the simulated hosts did not register within 10 s")
+    anyhow::bail!("the fleet's hosts did not register within {limit} s")
 }
 
 /// Every second: the stand-in guests the VMs call for, and
@@ -549,6 +626,19 @@ pub fn banner(f: &BannerFacts<'_>) -> String {
             wan.client_address, wan.namespace
         ));
     }
+    if f.network.hosts.iter().any(|h| h.name == qemu::HOST) {
+        lines.push(format!(
+            "  Real VM kumo vm create shell --tenant demo --template {} --vcpus 1 \\",
+            qemu::TEMPLATE
+        ));
+        lines.push(
+            "            --memory 1 --ssh-key ~/.ssh/id_ed25519.pub --public-ip --wait".into(),
+        );
+        lines.push(format!(
+            "          kumo vm ssh shell --tenant demo     (on {}, under QEMU)",
+            qemu::HOST
+        ));
+    }
     lines.push(String::new());
     lines.push(if f.verbose {
         "Logging every request. Ctrl-C stops the server and its fleet.".into()
@@ -564,6 +654,7 @@ pub async fn dev(
     mut config: Config,
     hosts: usize,
     log: LogLevel,
+    qemu_guest: Option<&Path>,
 ) -> anyhow::Result<(RunningServer, Fleet)> {
     // Every project the dev fleet makes, the demo first, gets a segment
     // to be reached on (unless the configuration says otherwise).
@@ -582,7 +673,7 @@ pub async fn dev(
         .with_context(|| format!("reading {}", token_path.display()))?
         .trim()
         .to_owned();
-    let fleet = start_fleet(&server.url(), &token, hosts, &data_dir, log).await?;
+    let fleet = start_fleet(&server.url(), &token, hosts, &data_dir, log, qemu_guest).await?;
     Ok((server, fleet))
 }
 
@@ -722,6 +813,28 @@ mod banner_tests {
             assert!(b.contains("--gpus 8 --public-ip --wait"), "{b}");
             assert_eq!(b.contains("-v: every request"), !verbose);
         }
+        // With the real host: how to reach a real guest, still on 80×24
+        // with log lines below.
+        let mut with_real = network.clone();
+        with_real.hosts.push(network::HostNet {
+            name: qemu::HOST.into(),
+            namespace: None,
+            underlay_ip: None,
+            edge_uplink: None,
+        });
+        let b = banner(&BannerFacts {
+            url: "http://127.0.0.1:8080",
+            hosts: 4,
+            data_dir: Path::new("./.kumo"),
+            network: &with_real,
+            verbose: false,
+        });
+        assert!(b.lines().count() <= 15, "{b}");
+        assert!(b.lines().all(|l| l.chars().count() <= 80), "{b}");
+        assert!(
+            b.contains("--template tiny") && b.contains("kumo vm ssh shell"),
+            "{b}"
+        );
         // Without a pool (not root): no address to ask for.
         let b = banner(&BannerFacts {
             url: "http://127.0.0.1:8080",

@@ -25,7 +25,7 @@ pub const POOL_RANGE: &str = "203.0.113.10-203.0.113.99";
 /// The uplink of the edge host, in its namespace.
 pub const UPLINK: &str = "up0";
 /// The underlay: RFC 2544's benchmarking block, one subnet for the fleet.
-const UNDERLAY_PREFIX: u8 = 15;
+pub const UNDERLAY_PREFIX: u8 = 15;
 
 /// The underlay address of dev host `i`.
 pub fn underlay_ip(i: usize) -> Ipv4Addr {

@@ -13,6 +13,9 @@ pub struct Owner {
     pub server_pid: u32,
     pub prefix: String,
     pub agents: Vec<u32>,
+    /// The real host's leftovers, where the fleet has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu: Option<super::qemu::Leftovers>,
 }
 
 fn path(data_dir: &Path) -> PathBuf {
@@ -69,6 +72,9 @@ pub fn take_over(data_dir: &Path) -> anyhow::Result<()> {
         if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
             killed += 1;
         }
+    }
+    if let Some(q) = &old.qemu {
+        super::qemu::remove(q);
     }
     super::network::remove_all(&old.prefix);
     tracing::info!(

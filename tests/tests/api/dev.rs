@@ -12,27 +12,32 @@ fn start_dev(data: &std::path::Path) -> (DevServer, String) {
 
 /// `kumo-server dev` on `data` with `hosts` hosts.
 pub fn start_dev_with(data: &std::path::Path, hosts: usize) -> (DevServer, String) {
+    start_dev_args(data, &["--hosts".as_ref(), hosts.to_string().as_ref()])
+}
+
+/// `kumo-server dev` on `data` with `args`.
+pub fn start_dev_args(data: &std::path::Path, args: &[&std::ffi::OsStr]) -> (DevServer, String) {
     let mut server = Command::new(bin("kumo-server"))
-        .args([
-            "dev",
-            "--hosts",
-            &hosts.to_string(),
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "text",
-        ])
+        .arg("dev")
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--log-format", "text"])
         .arg("--data-dir")
         .arg(data)
         .env("KUMO_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        // Its log beside the data directory, for a failing test to show.
+        .stderr(std::fs::File::create(data.with_file_name("dev.log")).unwrap())
         .spawn()
         .unwrap();
     let mut out = BufReader::new(server.stdout.take().unwrap());
     let (url, said) = crate::harness::announced_url(&mut out);
-    let url =
-        url.unwrap_or_else(|| panic!("dev server did not start on {}: {said:?}", data.display()));
+    let url = url.unwrap_or_else(|| {
+        let log = std::fs::read_to_string(data.with_file_name("dev.log")).unwrap_or_default();
+        panic!(
+            "dev server did not start on {}: {said:?}\n{log}",
+            data.display()
+        )
+    });
     // Keep reading: the banner goes on after the address, and a closed
     // pipe would kill the server at its next line (EPIPE).
     std::thread::spawn(move || {
@@ -451,7 +456,7 @@ fn a_killed_dev_fleet_takes_its_agents_along_and_the_next_clears_the_rest() {
     assert!(next.stop().success());
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -16,6 +16,7 @@ mod crash;
 mod dev;
 mod device_health;
 mod e2e_console;
+mod e2e_dev;
 mod e2e_firmware;
 mod e2e_qemu;
 mod e2e_shares;

@@ -9,10 +9,17 @@ use crate::harness::{bin, scratch};
 /// The commands of the README's "Quick start" section: every line of its
 /// `sh` blocks but `./x` itself (this is its test), comments cut off.
 pub fn quick_start_commands(readme: &str) -> Vec<String> {
-    let start = readme
-        .find("\n## Quick start")
-        .expect("a Quick start section");
-    let rest = &readme[start + 1..];
+    section_commands(readme, "## Quick start")
+}
+
+/// The commands of the `sh` blocks of the section under `heading` (a
+/// level-2 heading's start) of a Markdown page, as
+/// [`quick_start_commands`] reads them.
+pub fn section_commands(md: &str, heading: &str) -> Vec<String> {
+    let start = md
+        .find(&format!("\n{heading}"))
+        .unwrap_or_else(|| panic!("a section {heading:?}"));
+    let rest = &md[start + 1..];
     let section = &rest[..rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3)];
     let mut out = Vec::new();
     let mut in_sh = false;
