@@ -11,6 +11,9 @@
 #   scripts/bench-fleet.sh                      # SQLite (the embedded default)
 #   scripts/bench-fleet.sh postgres://root@127.0.0.1:5432/test
 # HOSTS (2000), SECONDS_ (120), CHANGES (20), READS (100), WARMUP (30) override.
+# REPLICAS=2 (PostgreSQL only) starts a second server on the same database
+# and puts HAProxy (Debian's) in front of both, every request balanced on
+# its own; the server figures are then the two replicas' together.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p kumo-server -p kumo-tests --bin kumo-server --bin kumo-load
@@ -21,6 +24,35 @@ source scripts/server-under-test.sh
 # database the schema is in (its growth during the run).
 db="$work/data/kumo.db"
 if [ $# -ge 1 ]; then db="$1"; fi
+pids=(--server-pid "$pid")
+if [ "${REPLICAS:-1}" = 2 ]; then
+  [ $# -ge 1 ] || { echo "REPLICAS=2 needs a PostgreSQL URL" >&2; exit 1; }
+  KUMO_LOG=warn "$bin"/kumo-server serve --listen 127.0.0.1:$((port + 1)) --data-dir "$work/data2" \
+    --database-url "$database_url" >"$work/server2.log" 2>&1 &
+  pid2=$!
+  for _ in $(seq 100); do curl -sf localhost:$((port + 1))/readyz >/dev/null && break; sleep 0.2; done
+  cat >"$work/haproxy.cfg" <<CFG
+global
+  maxconn 40000
+defaults
+  mode http
+  option http-server-close
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend kumo
+  bind 127.0.0.1:$((port + 2))
+  default_backend replicas
+backend replicas
+  balance roundrobin
+  server a 127.0.0.1:$port
+  server b 127.0.0.1:$((port + 1))
+CFG
+  haproxy -f "$work/haproxy.cfg" -D -p "$work/haproxy.pid"
+  trap 'kill $pid $pid2 $(cat "$work/haproxy.pid") 2>/dev/null || true; psql "$1" -qc "SET client_min_messages=warning; DROP SCHEMA $schema CASCADE"; rm -rf "$work"' EXIT
+  S=http://127.0.0.1:$((port + 2))
+  pids+=(--server-pid "$pid2")
+fi
 "$bin"/kumo-load --url $S --token "$T" fleet --hosts "${HOSTS:-2000}" \
   --seconds "${SECONDS_:-120}" --warmup-secs "${WARMUP:-30}" --change-rate "${CHANGES:-20}" --read-rate "${READS:-100}" \
-  --server-pid $pid --database "$db"
+  "${pids[@]}" --database "$db"

@@ -12,7 +12,8 @@ if [ $# -ge 1 ]; then
   psql "$1" -qc "CREATE SCHEMA $schema"
   trap 'kill $pid 2>/dev/null || true; psql "$1" -qc "SET client_min_messages=warning; DROP SCHEMA $schema CASCADE"; rm -rf "$work"' EXIT
   sep='?'; [[ $1 == *\?* ]] && sep='&'
-  args+=(--database-url "$1${sep}options[search_path]=$schema")
+  database_url="$1${sep}options[search_path]=$schema"
+  args+=(--database-url "$database_url")
   label=postgres
 fi
 KUMO_LOG=warn "$bin"/kumo-server serve "${args[@]}" >"$work/server.log" 2>&1 &

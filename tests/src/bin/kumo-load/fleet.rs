@@ -41,8 +41,8 @@ pub struct FleetArgs {
     pub change_rate: f64,
     /// API reads per second.
     pub read_rate: f64,
-    /// The server's process, for its CPU time and memory.
-    pub server_pid: Option<u32>,
+    /// The server's processes (replicas), for their CPU time and memory.
+    pub server_pids: Vec<u32>,
     /// What the database's size is read from: a SQLite file's path, or
     /// a PostgreSQL URL (`psql`).
     pub database: Option<String>,
@@ -431,6 +431,41 @@ fn server_usage(pid: u32) -> Option<(f64, f64)> {
     Some((ticks / 100.0, rss_kib / 1024.0))
 }
 
+/// The servers' CPU seconds and resident MiB together; `None` when there
+/// are none or one cannot be read.
+fn servers_usage(pids: &[u32]) -> Option<(f64, f64)> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().try_fold((0.0, 0.0), |(cpu, rss), pid| {
+        let (c, r) = server_usage(*pid)?;
+        Some((cpu + c, rss + r))
+    })
+}
+
+/// This machine's CPU time so far, busy and all, in USER_HZ ticks over
+/// every core (`/proc/stat`'s first line): whether the run had a core to
+/// spare, or the server and the simulator queued for them.
+fn machine_ticks() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal …
+    let idle = cpu.get(3)? + cpu.get(4).unwrap_or(&0.0);
+    let all: f64 = cpu.iter().take(8).sum();
+    Some((all - idle, all))
+}
+
+/// This process's CPU seconds so far.
+fn own_cpu_s() -> Option<f64> {
+    server_usage(std::process::id()).map(|(cpu, _)| cpu)
+}
+
 /// The database's size in MiB: a SQLite file with its WAL, or a
 /// PostgreSQL database through `psql`.
 fn database_mib(db: &str) -> Option<f64> {
@@ -610,7 +645,8 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
         args.hosts,
         errors.iter().take(3).collect::<Vec<_>>()
     );
-    let usage_before = args.server_pid.and_then(server_usage);
+    let usage_before = servers_usage(&args.server_pids);
+    let (machine_before, own_before) = (machine_ticks(), own_cpu_s());
     let db_before = args.database.as_deref().and_then(database_mib);
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let figures: Arc<Mutex<Figures>> = Arc::default();
@@ -645,7 +681,8 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
     // are in.
     hosts.abort_all();
     let elapsed = start.elapsed();
-    let usage_after = args.server_pid.and_then(server_usage);
+    let usage_after = servers_usage(&args.server_pids);
+    let (machine_after, own_after) = (machine_ticks(), own_cpu_s());
     let db_after = args.database.as_deref().and_then(database_mib);
     let seen = std::mem::take(&mut *seen.lock().await);
     let f = std::mem::take(&mut *figures.lock().await);
@@ -708,6 +745,17 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
         },
         "server_cpu_share": match (usage_before, usage_after) {
             (Some(b), Some(a)) => json!(((a.0 - b.0) / elapsed.as_secs_f64() * 100.0).round() / 100.0),
+            _ => Value::Null,
+        },
+        // Cores: the machine's busy share of all of them, and the
+        // simulator's own use (the server's is above).
+        "machine_busy_share": match (machine_before, machine_after) {
+            (Some(b), Some(a)) if a.1 > b.1 => json!((((a.0 - b.0) / (a.1 - b.1)) * 100.0).round() / 100.0),
+            _ => Value::Null,
+        },
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "simulator_cpu_share": match (own_before, own_after) {
+            (Some(b), Some(a)) => json!(((a - b) / elapsed.as_secs_f64() * 100.0).round() / 100.0),
             _ => Value::Null,
         },
         "server_rss_mib_per_1000_hosts": usage_after.map(|a| (a.1 / per_k * 10.0).round() / 10.0),

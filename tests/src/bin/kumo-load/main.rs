@@ -65,9 +65,10 @@ enum What {
         /// API reads per second.
         #[arg(long, default_value_t = 100.0)]
         read_rate: f64,
-        /// The server's process id (its CPU time and memory).
+        /// The server's process id (its CPU time and memory); repeat it
+        /// for replicas, whose figures are then summed.
         #[arg(long)]
-        server_pid: Option<u32>,
+        server_pid: Vec<u32>,
         /// The database (a SQLite file or a PostgreSQL URL), for its growth.
         #[arg(long)]
         database: Option<String>,
@@ -242,7 +243,7 @@ async fn main() -> std::process::ExitCode {
                 parallel: *parallel,
                 change_rate: *change_rate,
                 read_rate: *read_rate,
-                server_pid: *server_pid,
+                server_pids: server_pid.clone(),
                 database: database.clone(),
             };
             fleet::run(&c.url, &c.token, args).await
