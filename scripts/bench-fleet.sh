@@ -27,13 +27,16 @@ if [ $# -ge 1 ]; then db="$1"; fi
 pids=(--server-pid "$pid")
 if [ "${REPLICAS:-1}" = 2 ]; then
   [ $# -ge 1 ] || { echo "REPLICAS=2 needs a PostgreSQL URL" >&2; exit 1; }
+  # Replicas prove themselves to each other with one key.
+  mkdir -p "$work/data2"
+  cp "$work/data/replica.key" "$work/data2/"
   KUMO_LOG=warn "$bin"/kumo-server serve --listen 127.0.0.1:$((port + 1)) --data-dir "$work/data2" \
     --database-url "$database_url" >"$work/server2.log" 2>&1 &
   pid2=$!
   for _ in $(seq 100); do curl -sf localhost:$((port + 1))/readyz >/dev/null && break; sleep 0.2; done
   cat >"$work/haproxy.cfg" <<CFG
 global
-  maxconn 40000
+  maxconn 9000
 defaults
   mode http
   option http-server-close

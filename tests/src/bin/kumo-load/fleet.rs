@@ -488,6 +488,9 @@ struct ApiFigures {
     /// VM → when its create was sent, and when it was answered.
     created: HashMap<Uuid, (Instant, Instant)>,
     refused: u64,
+    /// Creates refused as bad requests: the load's own mistake, which
+    /// would make it measure less than it says.
+    rejected: Vec<String>,
 }
 
 /// The second load: VM changes and API reads, open loop.
@@ -552,7 +555,7 @@ async fn api_load(
                 };
                 ("delete", http.delete(vm), None)
             } else if n.is_multiple_of(20) {
-                let name = format!("c{n}");
+                let name = format!("cl-{n}");
                 let body = json!({
                     "name": name, "size": 2, "gpus": 8, "gpu_model": H100,
                     "vcpus": 32, "memory_gib": 128, "service_level": "guaranteed",
@@ -569,7 +572,8 @@ async fn api_load(
                 let url = format!("{}/{action}", v.0);
                 ("start/stop", http.post(url), None)
             } else {
-                let name = format!("v{n}");
+                // Names take 3–63 characters: "v1" … "v9" were refused (400).
+                let name = format!("vm-{n}");
                 let body = json!({
                     "name": name, "gpus": 8, "gpu_model": H100, "vcpus": 32,
                     "memory_gib": 128, "service_level": "guaranteed",
@@ -591,6 +595,10 @@ async fn api_load(
                     }
                 } else if r.status() == 409 {
                     f.refused += 1;
+                } else if r.status() == 400 {
+                    let status = r.status();
+                    let said = r.text().await.unwrap_or_default();
+                    f.rejected.push(format!("{status}: {said}"));
                 }
             }
         });
@@ -764,6 +772,12 @@ pub async fn run(url: &str, token: &str, args: FleetArgs) -> anyhow::Result<Valu
             _ => Value::Null,
         },
     });
+    anyhow::ensure!(
+        api.rejected.is_empty(),
+        "{} creates were refused as bad requests (the load's own fault); first: {:?}",
+        api.rejected.len(),
+        api.rejected.first()
+    );
     anyhow::ensure!(
         heartbeat_failures == 0,
         "{heartbeat_failures} heartbeats failed: {out}"
