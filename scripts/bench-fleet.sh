@@ -33,11 +33,16 @@ if [ "${REPLICAS:-1}" = 2 ]; then
   KUMO_LOG=warn "$bin"/kumo-server serve --listen 127.0.0.1:$((port + 1)) --data-dir "$work/data2" \
     --database-url "$database_url" >"$work/server2.log" 2>&1 &
   pid2=$!
-  for _ in $(seq 100); do curl -sf localhost:$((port + 1))/readyz >/dev/null && break; sleep 0.2; done
+  # From here the second server and HAProxy go too, however the run ends.
+  trap 'kill $pid $pid2 $(cat "$work/haproxy.pid" 2>/dev/null) 2>/dev/null || true; psql "$1" -qc "SET client_min_messages=warning; DROP SCHEMA $schema CASCADE"; rm -rf "$work"' EXIT
+  ready=
+  for _ in $(seq 100); do curl -sf localhost:$((port + 1))/readyz >/dev/null && ready=1 && break; sleep 0.2; done
+  [ -n "$ready" ] || { echo "the second replica did not start:" >&2; cat "$work/server2.log" >&2; exit 1; }
   cat >"$work/haproxy.cfg" <<CFG
 global
   maxconn 9000
 defaults
+  maxconn 9000
   mode http
   option http-server-close
   timeout connect 5s
@@ -52,7 +57,6 @@ backend replicas
   server b 127.0.0.1:$((port + 1))
 CFG
   haproxy -f "$work/haproxy.cfg" -D -p "$work/haproxy.pid"
-  trap 'kill $pid $pid2 $(cat "$work/haproxy.pid") 2>/dev/null || true; psql "$1" -qc "SET client_min_messages=warning; DROP SCHEMA $schema CASCADE"; rm -rf "$work"' EXIT
   S=http://127.0.0.1:$((port + 2))
   pids+=(--server-pid "$pid2")
 fi

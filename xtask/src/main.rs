@@ -435,6 +435,9 @@ fn start(extra: &[String]) -> Result<(), String> {
     let mut dev = Command::new(target_dir().join("release/kumo-server"));
     dev.arg("dev");
     if qemu {
+        if !is_root() {
+            return Err("./x start --qemu runs a real host: run it as root".into());
+        }
         run(Command::new("bash").arg("scripts/ensure-libvirtd.sh"))?;
         let guest = target_dir().join("dev-guest");
         run(Command::new("bash")

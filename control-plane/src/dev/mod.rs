@@ -326,7 +326,7 @@ pub async fn start_fleet(
         let (Some(underlay), Some(wan)) = (&net.underlay, &net.wan) else {
             anyhow::bail!("a QEMU host needs the fleet's networks: run as root");
         };
-        let address = network::underlay_ip(hosts);
+        let address = qemu::UNDERLAY_IP;
         let work = qemu::work_dir(data_dir);
         // Recorded before anything is made, so a failure half way (or a
         // kill) leaves nothing the next start does not remove.
@@ -334,6 +334,7 @@ pub async fn start_fleet(
             work: work.clone(),
             links: Vec::new(),
             underlay_ip: address,
+            table: None,
         };
         let record = |left: &qemu::Leftovers| {
             owner::record(
@@ -628,11 +629,12 @@ pub fn banner(f: &BannerFacts<'_>) -> String {
     }
     if f.network.hosts.iter().any(|h| h.name == qemu::HOST) {
         lines.push(format!(
-            "  Real VM kumo vm create shell --tenant demo --template {} --vcpus 1 \\",
+            "  Real VM kumo vm create shell --tenant demo --template {} --public-ip \\",
             qemu::TEMPLATE
         ));
         lines.push(
-            "            --memory 1 --ssh-key ~/.ssh/id_ed25519.pub --public-ip --wait".into(),
+            "            --vcpus 1 --memory 1 --disk 2 --ssh-key ~/.ssh/id_ed25519.pub --wait"
+                .into(),
         );
         lines.push(format!(
             "          kumo vm ssh shell --tenant demo     (on {}, under QEMU)",

@@ -28,6 +28,13 @@ pub const HOST: &str = "qemu-001";
 pub const TEMPLATE: &str = "tiny";
 /// This machine's address on the provider network (outside the pool).
 pub const WAN_LOCAL: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 201);
+/// The host's underlay address: the underlay's last, far from the
+/// simulated hosts' (198.18.0.1 up) and from those other agents in this
+/// namespace use (the QEMU tests').
+pub const UNDERLAY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 254);
+/// Where the work directories live: root's own (`/var/lib` is), and
+/// searchable by QEMU's user, which opens the disks inside.
+const WORK_ROOT: &str = "/var/lib/kumo-dev";
 const LIBVIRT: &str = "qemu:///system";
 
 /// What a QEMU host left on this machine, to be removed when its fleet
@@ -43,6 +50,10 @@ pub struct Leftovers {
     /// Its underlay address: the VXLAN devices its agent made here have
     /// it as their local address.
     pub underlay_ip: Ipv4Addr,
+    /// Its nftables table here (`inet`), which keeps the provider network
+    /// from reaching this machine but for answers.
+    #[serde(default)]
+    pub table: Option<String>,
 }
 
 /// The work directory for the fleet on `data_dir`: one per data
@@ -51,7 +62,21 @@ pub fn work_dir(data_dir: &Path) -> PathBuf {
     use sha2::Digest;
     let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
     let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
-    PathBuf::from("/var/tmp").join(format!("kumo-dev-qemu-{}", &hex::encode(digest)[..12]))
+    PathBuf::from(WORK_ROOT).join(&hex::encode(digest)[..12])
+}
+
+/// Refuses a directory that is not root's own, a real directory, and
+/// closed to others' writes: root copies files into it and QEMU boots
+/// from it, so no one else may have planted anything there.
+fn ours(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    anyhow::ensure!(
+        m.file_type().is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0,
+        "{} is not a directory of root's that only root writes to: remove it",
+        dir.display()
+    );
+    Ok(())
 }
 
 /// `kvm` where libvirt offers it, else `qemu` (TCG).
@@ -67,8 +92,9 @@ fn virt_type() -> &'static str {
 
 /// Checks what the host needs before anything is made: libvirtd
 /// answering on `qemu:///system`, the guest's kernel and initrd, and no
-/// other fleet's QEMU host on this machine (the provider network's
-/// addresses would clash).
+/// other Kumo agent's networks in this namespace (another fleet's QEMU
+/// host, a real agent, a QEMU test): an agent removes the segment devices
+/// it does not want, so two would undo each other.
 pub fn preflight(guest: &Path) -> anyhow::Result<()> {
     for f in ["vmlinuz", "initrd.img"] {
         anyhow::ensure!(
@@ -95,15 +121,42 @@ pub fn preflight(guest: &Path) -> anyhow::Result<()> {
         !String::from_utf8_lossy(&routes.stdout).contains("dst"),
         "this machine already has a route to {WAN_CIDR}: another dev fleet with a QEMU host runs (stop it first)"
     );
+    if let Some(link) = segment_links().first() {
+        anyhow::bail!(
+            "another Kumo agent's segment device {link} is in this network namespace (a QEMU host, a test): stop it first"
+        );
+    }
     Ok(())
+}
+
+/// This namespace's segment devices (`kbr…` bridges, `kvx…` VXLAN).
+fn segment_links() -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["-br", "link"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|n| n.split('@').next().unwrap_or(n))
+        .filter(|n| n.starts_with("kbr") || n.starts_with("kvx"))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Makes the work directory with the guest's kernel, initrd and an empty
 /// base image in it; answers the template's request.
 pub fn prepare(work: &Path, guest: &Path) -> anyhow::Result<kumo_api_types::TemplateCreate> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
-    std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    for dir in [Path::new(WORK_ROOT), work] {
+        match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+        ours(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
     for f in ["vmlinuz", "initrd.img"] {
         std::fs::copy(guest.join(f), work.join(f))
             .with_context(|| format!("copying {} into {}", f, work.display()))?;
@@ -175,10 +228,48 @@ pub fn join_networks(
     ])?;
     let ul_addr = format!("{}/{}", left.underlay_ip, super::network::UNDERLAY_PREFIX);
     let wl_addr = format!("{WAN_LOCAL}/24");
+    // Before the address: from the provider network — where tenants'
+    // VMs leave through their edges — only answers to this machine's own
+    // connections come in (no VXLAN from a VM into the host's segments,
+    // no services, no routing through it).
+    let table = format!("kumo_dev_{pid}");
+    left.table = Some(table.clone());
+    nft(&format!(
+        "table inet {table} {{\n\
+         chain input {{ type filter hook input priority -10; policy accept;\n\
+           iifname \"{wl}\" ct state established,related accept\n\
+           iifname \"{wl}\" drop\n\
+         }}\n\
+         chain forward {{ type filter hook forward priority -10; policy accept;\n\
+           iifname \"{wl}\" drop\n\
+         }}\n\
+         }}\n"
+    ))?;
     for (link, addr) in [(&ul, &ul_addr), (&wl, &wl_addr)] {
         ip(&["addr", "add", addr, "dev", link])?;
         ip(&["link", "set", link, "up"])?;
     }
+    Ok(())
+}
+
+/// Runs `nft -f -` with `rules`.
+fn nft(rules: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running nft (Debian: nftables)")?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(rules.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "nft: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     Ok(())
 }
 
@@ -201,6 +292,10 @@ pub fn agent_args(left: &Leftovers) -> Vec<String> {
 /// rest goes on.
 pub fn remove(left: &Leftovers) {
     if !left.work.as_os_str().is_empty() {
+        // The agent's read-only binds of project shares, for virtiofsd.
+        for m in mounts_under(&left.work) {
+            let _ = Command::new("umount").arg("-l").arg(&m).output();
+        }
         for dom in domains_under(&left.work) {
             let _ = virsh(&["destroy", &dom]);
             if virsh(&["undefine", "--nvram", &dom]).is_err() {
@@ -212,9 +307,14 @@ pub fn remove(left: &Leftovers) {
     }
     for (vxlan, bridge) in vxlans_from(left.underlay_ip) {
         let _ = ip(&["link", "del", &vxlan]);
-        if let Some(b) = bridge {
+        if let Some(b) = bridge.filter(|b| b.starts_with("kbr")) {
             let _ = ip(&["link", "del", &b]);
         }
+    }
+    if let Some(t) = &left.table {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", t])
+            .output();
     }
     for l in &left.links {
         if let Err(e) = ip(&["link", "del", l]) {
@@ -223,12 +323,7 @@ pub fn remove(left: &Leftovers) {
     }
     // The agent's bridge filters, unless another agent's segments still
     // use this namespace (a segment bridge `kbr…` left): then its table.
-    let bridges = Command::new("ip")
-        .args(["-br", "link", "show", "type", "bridge"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    if !bridges.lines().any(|l| l.starts_with("kbr")) {
+    if segment_links().is_empty() {
         let _ = Command::new("nft")
             .args(["delete", "table", "bridge", vxlan_manager::filter::TABLE])
             .output();
@@ -265,7 +360,23 @@ fn domains_under(work: &Path) -> Vec<String> {
         .collect()
 }
 
-/// This namespace's VXLAN devices whose local address is `local`, with
+/// Mount points at or under `dir` (`/proc/self/mountinfo`'s fifth field;
+/// octal escapes are left as they are: the agent's paths have none).
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let dir = dir.display().to_string();
+    let mut out: Vec<String> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&dir))
+        .map(str::to_owned)
+        .collect();
+    // Deepest first.
+    out.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    out
+}
+
+/// This namespace's VXLAN devices (`kvx…`) whose local address is `local`, with
 /// the bridge each is a port of.
 fn vxlans_from(local: Ipv4Addr) -> Vec<(String, Option<String>)> {
     let Ok(out) = Command::new("ip")
@@ -278,6 +389,7 @@ fn vxlans_from(local: Ipv4Addr) -> Vec<(String, Option<String>)> {
     links
         .iter()
         .filter(|l| l["linkinfo"]["info_data"]["local"].as_str() == Some(&local.to_string()))
+        .filter(|l| l["ifname"].as_str().is_some_and(|n| n.starts_with("kvx")))
         .filter_map(|l| {
             Some((
                 l["ifname"].as_str()?.to_owned(),
@@ -296,7 +408,32 @@ mod tests {
         let a = work_dir(Path::new("/root/kumo/.kumo"));
         assert_eq!(a, work_dir(Path::new("/root/kumo/.kumo")));
         assert_ne!(a, work_dir(Path::new("/root/other/.kumo")));
-        assert!(a.starts_with("/var/tmp"), "{}", a.display());
+        assert!(a.starts_with(WORK_ROOT), "{}", a.display());
+    }
+
+    #[test]
+    fn a_work_directory_others_could_write_or_a_link_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("w");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata("/proc/self").unwrap().uid() == 0
+        };
+        assert_eq!(ours(&dir).is_ok(), root, "a 0755 directory of ours");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(ours(&dir).is_err(), "writable by others");
+        let link = t.path().join("l");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(ours(&link).is_err(), "a link");
+    }
+
+    #[test]
+    fn the_underlay_address_is_in_the_underlay_and_not_a_simulated_hosts() {
+        assert_eq!(UNDERLAY_IP.octets()[..2], [198, 19]);
+        assert!((0..1000).all(|i| super::super::network::underlay_ip(i) != UNDERLAY_IP));
     }
 
     #[test]
