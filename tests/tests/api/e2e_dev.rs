@@ -55,18 +55,17 @@ fn the_guide_goes_from_x_start_to_an_ssh_session_in_a_real_vm() {
         return;
     }
     // The real host refuses to start beside another agent's segments in
-    // this namespace (a person's `./x start --qemu` left running): say so
-    // rather than fail on what this test did not make.
-    if links()
+    // this namespace: say plainly what is in the way (a person's `./x
+    // start --qemu` left running, or a test that left its segment).
+    let foreign: Vec<String> = links()
         .lines()
-        .any(|l| l.starts_with("kbr") || l.starts_with("kvx"))
-    {
-        eprintln!(
-            "skipped: another Kumo agent's segments are in this namespace:\n{}",
-            links()
-        );
-        return;
-    }
+        .filter(|l| l.starts_with("kbr") || l.starts_with("kvx"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "another Kumo agent's segment devices are in this namespace (stop that fleet, or remove them): {foreign:?}"
+    );
     let page = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/researcher/vms.md"),
     )

@@ -1273,7 +1273,7 @@ async fn qemu_cluster_members_get_their_hostfile_hosts_and_scheduled_events() {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
     });
-    let _: Segment = s
+    let duo_lan: Segment = s
         .admin
         .post(
             "/api/v1/tenants/lab/segments",
@@ -1458,6 +1458,28 @@ async fn qemu_cluster_members_get_their_hostfile_hosts_and_scheduled_events() {
             .then_some(())
     })
     .await;
+    // The segment too: its bridge and VXLAN device are in this machine's
+    // own namespace and would outlive the test (and keep the dev fleet's
+    // real host from starting beside them).
+    until("the segment deleted", Duration::from_secs(60), async || {
+        agent.sync_once(None).await.unwrap();
+        s.admin
+            .delete("/api/v1/tenants/lab/segments/duo-lan")
+            .await
+            .ok()
+    })
+    .await;
+    agent.sync_once(None).await.unwrap();
+    let host = vxlan_manager::Kernel::connect(None)
+        .unwrap()
+        .observe()
+        .await
+        .unwrap();
+    assert!(
+        !host.links.contains_key(&format!("kbr{}", duo_lan.vni)),
+        "{:?}",
+        host.links.keys()
+    );
     heartbeat.abort();
     s.stop().await;
 }
