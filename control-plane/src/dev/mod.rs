@@ -211,19 +211,7 @@ async fn seed(client: &Client, data_dir: &Path) -> anyhow::Result<()> {
     let images = data_dir.join("images");
     std::fs::create_dir_all(&images)?;
     let base = images.join("debian-12.qcow2");
-    if !base.exists() {
-        let out = Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2"])
-            .arg(&base)
-            .arg("2G")
-            .output()
-            .context("running qemu-img (Debian: qemu-utils)")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "qemu-img: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    network::empty_image(&base, "2G")?;
     let base = std::fs::canonicalize(&base)?;
     ok_or_exists(
         client

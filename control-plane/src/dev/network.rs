@@ -33,19 +33,40 @@ pub fn underlay_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, (i / 250) as u8, (i % 250 + 1) as u8)
 }
 
-/// Runs `ip` (iproute2) with `args`; a failure names the command.
-pub fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
+/// Runs `program` (from Debian's `package`) with `args`: its standard
+/// output, or an error naming the command and what it said.
+pub fn run(program: &str, package: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
         .args(args)
         .output()
-        .context("running ip (Debian: iproute2)")?;
+        .with_context(|| format!("running {program} (Debian: {package})"))?;
     anyhow::ensure!(
         out.status.success(),
-        "ip {}: {}",
+        "{program} {}: {}",
         args.join(" "),
         String::from_utf8_lossy(&out.stderr).trim()
     );
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `ip` (iproute2) with `args`; a failure names the command.
+pub fn ip(args: &[&str]) -> anyhow::Result<()> {
+    run("ip", "iproute2", args).map(|_| ())
+}
+
+/// An empty qcow2 image of `size` (`2G`) at `path`, unless one is there:
+/// a template's base, so VM disks are real overlays.
+pub fn empty_image(path: &Path, size: &str) -> anyhow::Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let path = path.to_string_lossy();
+    run(
+        "qemu-img",
+        "qemu-utils",
+        &["create", "-q", "-f", "qcow2", &path, size],
+    )
+    .map(|_| ())
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -20,7 +20,7 @@ use std::process::Command;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::network::{ip, WAN_CIDR};
+use super::network::{ip, run, WAN_CIDR};
 
 /// The host's name in the fleet.
 pub const HOST: &str = "qemu-001";
@@ -104,21 +104,12 @@ pub fn preflight(guest: &Path) -> anyhow::Result<()> {
             guest.display()
         );
     }
-    let answers = Command::new("virsh")
-        .args(["-c", LIBVIRT, "version"])
-        .output()
-        .context("running virsh (Debian: libvirt-clients)")?;
+    virsh(&["version"]).with_context(|| {
+        format!("libvirtd does not answer on {LIBVIRT} (start it: scripts/ensure-libvirtd.sh)")
+    })?;
+    let routes = run("ip", "iproute2", &["-j", "route", "show", WAN_CIDR])?;
     anyhow::ensure!(
-        answers.status.success(),
-        "libvirtd does not answer on {LIBVIRT} (start it: scripts/ensure-libvirtd.sh): {}",
-        String::from_utf8_lossy(&answers.stderr).trim()
-    );
-    let routes = Command::new("ip")
-        .args(["-j", "route", "show", WAN_CIDR])
-        .output()
-        .context("running ip (Debian: iproute2)")?;
-    anyhow::ensure!(
-        !String::from_utf8_lossy(&routes.stdout).contains("dst"),
+        !routes.contains("dst"),
         "this machine already has a route to {WAN_CIDR}: another dev fleet with a QEMU host runs (stop it first)"
     );
     if let Some(link) = segment_links().first() {
@@ -162,19 +153,7 @@ pub fn prepare(work: &Path, guest: &Path) -> anyhow::Result<kumo_api_types::Temp
             .with_context(|| format!("copying {} into {}", f, work.display()))?;
     }
     let base = work.join("base.qcow2");
-    if !base.exists() {
-        let out = Command::new("qemu-img")
-            .args(["create", "-q", "-f", "qcow2"])
-            .arg(&base)
-            .arg("1G")
-            .output()
-            .context("running qemu-img (Debian: qemu-utils)")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "qemu-img: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    super::network::empty_image(&base, "1G")?;
     Ok(kumo_api_types::TemplateCreate {
         name: TEMPLATE.into(),
         image_path: base.display().to_string(),
@@ -331,18 +310,8 @@ pub fn remove(left: &Leftovers) {
 }
 
 fn virsh(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("virsh")
-        .args(["-q", "-c", LIBVIRT])
-        .args(args)
-        .output()
-        .context("running virsh")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "virsh {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let all: Vec<&str> = ["-q", "-c", LIBVIRT].iter().chain(args).copied().collect();
+    super::network::run("virsh", "libvirt-clients", &all)
 }
 
 /// The agent's domains (`kumo-…`) whose definition names `work`.

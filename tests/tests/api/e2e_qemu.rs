@@ -447,6 +447,32 @@ pub(crate) async fn until<T>(
     }
 }
 
+/// Deletes `lab`'s segment (retried while the host still reports its VMs)
+/// and asserts its bridge left this namespace with it.
+async fn segment_and_bridge_gone(s: &TestServer, agent: &Agent, seg: &Segment) {
+    let path = format!("/api/v1/tenants/lab/segments/{}", seg.name);
+    until(
+        "the segment's deletion",
+        Duration::from_secs(60),
+        async || {
+            agent.sync_once(None).await.unwrap();
+            s.admin.delete(&path).await.ok()
+        },
+    )
+    .await;
+    agent.sync_once(None).await.unwrap();
+    let host = vxlan_manager::Kernel::connect(None)
+        .unwrap()
+        .observe()
+        .await
+        .unwrap();
+    assert!(
+        !host.links.contains_key(&format!("kbr{}", seg.vni)),
+        "{:?}",
+        host.links.keys()
+    );
+}
+
 /// A host for the QEMU tests: a work directory QEMU's own user can
 /// reach (it must open what it is given), the template `tiny` (the test
 /// guest's kernel and initrd over an empty base image), and the agent's
@@ -1045,29 +1071,7 @@ async fn qemu_guest_gets_its_nccl_file_and_gets_it_back_after_a_reboot() {
         .await
         .unwrap();
     // (Once the host reported the VM gone, its attachment is no more.)
-    until(
-        "the segment's deletion",
-        Duration::from_secs(60),
-        async || {
-            agent.sync_once(None).await.unwrap();
-            s.admin
-                .delete("/api/v1/tenants/lab/segments/lan")
-                .await
-                .ok()
-        },
-    )
-    .await;
-    agent.sync_once(None).await.unwrap();
-    let host = vxlan_manager::Kernel::connect(None)
-        .unwrap()
-        .observe()
-        .await
-        .unwrap();
-    assert!(
-        !host.links.contains_key(&format!("kbr{}", lan.vni)),
-        "{:?}",
-        host.links.keys()
-    );
+    segment_and_bridge_gone(&s, &agent, &lan).await;
     assert!(!netns_exists(&edge_ns), "{edge_ns} is gone");
     heartbeat.abort();
     s.stop().await;
@@ -1461,25 +1465,7 @@ async fn qemu_cluster_members_get_their_hostfile_hosts_and_scheduled_events() {
     // The segment too: its bridge and VXLAN device are in this machine's
     // own namespace and would outlive the test (and keep the dev fleet's
     // real host from starting beside them).
-    until("the segment deleted", Duration::from_secs(60), async || {
-        agent.sync_once(None).await.unwrap();
-        s.admin
-            .delete("/api/v1/tenants/lab/segments/duo-lan")
-            .await
-            .ok()
-    })
-    .await;
-    agent.sync_once(None).await.unwrap();
-    let host = vxlan_manager::Kernel::connect(None)
-        .unwrap()
-        .observe()
-        .await
-        .unwrap();
-    assert!(
-        !host.links.contains_key(&format!("kbr{}", duo_lan.vni)),
-        "{:?}",
-        host.links.keys()
-    );
+    segment_and_bridge_gone(&s, &agent, &duo_lan).await;
     heartbeat.abort();
     s.stop().await;
 }
